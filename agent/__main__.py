@@ -1,0 +1,45 @@
+"""``python -m agent``: serve the coord protocol on stdin/stdout, logs on stderr."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# An installed bundle carries a pure-Python msgpack for nodes whose Python lacks one;
+# the node's own msgpack, when present, is preferred.
+try:
+    import msgpack  # noqa: F401
+except ImportError:
+    sys.path.append(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_vendor"))
+
+import asyncio  # noqa: E402
+
+from shared.logs import configure_logging  # noqa: E402
+
+
+async def serve_stdio() -> None:
+    from agent.server import serve
+
+    loop = asyncio.get_running_loop()
+    # The protocol gets a private copy of fd 1; fd 1 itself now points at stderr,
+    # so a stray print() from any library cannot corrupt the frame stream.
+    protocol_out = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    reader = asyncio.StreamReader(limit=2**20)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin.buffer)
+    transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, protocol_out)
+    writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+    await serve(reader, writer, name="agent")
+
+
+def main() -> None:
+    configure_logging(json=True, level=os.environ.get("COORD_AGENT_LOG_LEVEL", "info"))
+    try:
+        asyncio.run(serve_stdio())
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

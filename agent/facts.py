@@ -1,0 +1,303 @@
+"""What a node is: OS, chip, memory, disk, Python and MLX, measured on the node itself.
+
+``collect_facts`` never raises for a fact it cannot read: that fact is ``None``. Every
+value is a plain str/int/float/bool/None/list/dict so the result can cross the wire as is.
+Child processes get ``stdin=DEVNULL``: the agent's own stdin carries protocol frames.
+"""
+
+from __future__ import annotations
+
+import getpass
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+from typing import Any
+
+from agent import facts_parsers
+
+COMMAND_TIMEOUT_S = 10.0
+GPU_PROBE_TIMEOUT_S = 30.0
+
+# Run in the node's Python; imports MLX there so the agent's own process never does.
+_GPU_PROBE = """\
+import json
+import mlx.core as mx
+def available(name):
+    try:
+        backend = getattr(mx, name, None)
+        return None if backend is None else bool(backend.is_available())
+    except Exception:
+        return None
+print(json.dumps({"metal": available("metal"), "cuda": available("cuda"),
+                  "device": str(mx.default_device())}))
+"""
+
+# Asks another interpreter for its versions without importing mlx.
+_VERSIONS_PROBE = """\
+import json, platform
+from importlib import metadata
+def version(name):
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+print(json.dumps({"python_version": platform.python_version(),
+                  "mlx_version": version("mlx"), "mlx_lm_version": version("mlx-lm")}))
+"""
+
+
+def collect_facts(workdir: str | None = None, python_executable: str | None = None) -> dict:
+    """Describe this node; ``python_executable`` is the interpreter ranks will use
+    (default: the agent's own), and the Python, MLX and GPU facts are about it."""
+    python = python_executable or sys.executable
+    workdir_path = _expand(workdir)
+    facts: dict[str, Any] = {
+        "hostname": socket.gethostname() or None,
+        "user": read_user(),
+        "home": read_home(),
+        "arch": platform.machine() or None,
+        "workdir": workdir_path,
+        "disk_free_bytes": read_disk_free(workdir_path),
+        "python_executable": python,
+    }
+    facts.update(read_system_facts())
+    facts.update(read_python_facts(python))
+    gpu, gpu_detail = _gpu_facts(python, facts["mlx_version"])
+    facts["gpu"] = gpu
+    facts["gpu_detail"] = gpu_detail
+    return facts
+
+
+def read_system_facts() -> dict[str, Any]:
+    """OS, chip, cores and memory, read the way this OS allows."""
+    system = platform.system()
+    if system == "Darwin":
+        facts = read_macos_facts()
+    elif system == "Linux":
+        facts = read_linux_facts()
+    else:
+        facts = _generic_os_facts(system)
+    if facts["cores"] is None:
+        facts["cores"] = os.cpu_count()
+    if facts["memory_bytes"] is None:
+        facts["memory_bytes"] = read_physical_memory()
+    return facts
+
+
+def read_macos_facts() -> dict[str, Any]:
+    versions = facts_parsers.parse_sw_vers(run_command(["sw_vers"]) or "")
+    hardware = facts_parsers.parse_sp_hardware(
+        run_command(["system_profiler", "SPHardwareDataType", "-json"]) or ""
+    )
+    name = versions["product_name"] or "macOS"
+    version = versions["product_version"] or platform.mac_ver()[0] or None
+    return {
+        "os": "macOS",
+        "os_version": version,
+        "os_build": versions["build_version"],
+        "os_pretty": f"{name} {version}" if version else None,
+        "chip": hardware["chip"],
+        "cores": hardware["cores"],
+        "performance_cores": hardware["performance_cores"],
+        "efficiency_cores": hardware["efficiency_cores"],
+        "memory_bytes": hardware["memory_bytes"],
+    }
+
+
+def read_linux_facts() -> dict[str, Any]:
+    cpu = facts_parsers.parse_proc_cpuinfo(read_text("/proc/cpuinfo") or "")
+    release_text = read_text("/etc/os-release") or read_text("/usr/lib/os-release") or ""
+    release = facts_parsers.parse_os_release(release_text)
+    return {
+        "os": "Linux",
+        "os_version": release["version"] or platform.release() or None,
+        "os_build": platform.release() or None,
+        "os_pretty": release["name"],
+        "chip": cpu["chip"],
+        "cores": cpu["cores"],
+        "performance_cores": None,
+        "efficiency_cores": None,
+        "memory_bytes": facts_parsers.parse_meminfo(read_text("/proc/meminfo") or ""),
+    }
+
+
+def _generic_os_facts(system: str) -> dict[str, Any]:
+    return {
+        "os": system or None,
+        "os_version": platform.release() or None,
+        "os_build": platform.version() or None,
+        "os_pretty": None,
+        "chip": platform.processor() or None,
+        "cores": None,
+        "performance_cores": None,
+        "efficiency_cores": None,
+        "memory_bytes": None,
+    }
+
+
+def read_python_facts(python: str) -> dict[str, Any]:
+    """Python, mlx and mlx-lm versions of ``python``, without importing mlx."""
+    if _is_this_interpreter(python):
+        return {
+            "python_version": platform.python_version(),
+            "mlx_version": read_package_version("mlx"),
+            "mlx_lm_version": read_package_version("mlx-lm"),
+        }
+    return read_other_python_facts(python)
+
+
+def read_other_python_facts(python: str) -> dict[str, Any]:
+    """Ask another interpreter for its versions; all None if it cannot answer."""
+    unknown = dict.fromkeys(("python_version", "mlx_version", "mlx_lm_version"))
+    output = run_command([python, "-c", _VERSIONS_PROBE], timeout=GPU_PROBE_TIMEOUT_S)
+    answer = _last_json_line(output or "")
+    if answer is None:
+        return unknown
+    return {key: _str_or_none(answer.get(key)) for key in unknown}
+
+
+def read_package_version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def detect_gpu(python: str) -> tuple[str | None, str]:
+    """Ask MLX in ``python`` which accelerator it has: ("metal"|"cuda"|"none"|None, detail)."""
+    try:
+        completed = subprocess.run(
+            [python, "-c", _GPU_PROBE],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=GPU_PROBE_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return None, f"mlx GPU probe timed out after {GPU_PROBE_TIMEOUT_S:.0f} s"
+    except (OSError, ValueError) as error:
+        return None, f"could not run {python}: {error}"
+    if completed.returncode != 0:
+        return None, f"mlx GPU probe failed: {_last_line(completed.stderr) or completed.returncode}"
+    answer = _last_json_line(completed.stdout)
+    if answer is None:
+        return None, f"mlx GPU probe gave no answer: {_last_line(completed.stdout)!r}"
+    return _classify_gpu(answer)
+
+
+def _classify_gpu(answer: dict[str, Any]) -> tuple[str | None, str]:
+    device = _str_or_none(answer.get("device")) or "unknown device"
+    metal, cuda = answer.get("metal"), answer.get("cuda")
+    if metal is True:
+        return "metal", device
+    if cuda is True:
+        return "cuda", device
+    if metal is False and cuda is False:
+        return "none", device
+    return None, f"mlx could not say whether Metal or CUDA is available ({device})"
+
+
+def _gpu_facts(python: str, mlx_version: str | None) -> tuple[str | None, str]:
+    if mlx_version is None:
+        return None, "mlx is not installed"
+    return detect_gpu(python)
+
+
+def read_disk_free(workdir: str | None) -> int | None:
+    """Free bytes on the filesystem that holds (or will hold) ``workdir``."""
+    if workdir is None:
+        return None
+    path = _nearest_existing(workdir)
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
+def read_physical_memory() -> int | None:
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
+    return total if total > 0 else None
+
+
+def read_user() -> str | None:
+    try:
+        return getpass.getuser() or None
+    except (OSError, KeyError, ImportError):
+        return None
+
+
+def read_home() -> str | None:
+    home = os.path.expanduser("~")
+    return home if home and home != "~" else None
+
+
+def read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def run_command(argv: list[str], timeout: float = COMMAND_TIMEOUT_S) -> str | None:
+    """Stdout of ``argv`` (no shell), or None if it is missing, fails or overruns."""
+    try:
+        completed = subprocess.run(
+            argv,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+    return completed.stdout if completed.returncode == 0 else None
+
+
+def _expand(workdir: str | None) -> str | None:
+    if not workdir:
+        return None
+    return os.path.abspath(os.path.expanduser(workdir))
+
+
+def _nearest_existing(path: str) -> str:
+    while not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path
+
+
+def _is_this_interpreter(python: str) -> bool:
+    # Compare paths, not inodes: a venv's python is a symlink to the base interpreter,
+    # yet it sees different packages.
+    return os.path.abspath(python) == os.path.abspath(sys.executable)
+
+
+def _last_json_line(text: str) -> dict[str, Any] | None:
+    # MLX or site hooks may print before the probe does; its answer is the last line.
+    try:
+        answer = json.loads(_last_line(text))
+    except ValueError:
+        return None
+    return answer if isinstance(answer, dict) else None
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in (text or "").splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None

@@ -1,0 +1,293 @@
+"""The cluster file: parsed, checked, and turned into typed settings.
+
+Every mistake is refused with the file, the line and the key it concerns, so a
+user never has to guess which of sixteen ``[[nodes]]`` tables is wrong.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+LOCAL_HOST = "local"
+NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+# Unix socket paths are limited to 104 bytes on macOS (108 on Linux).
+MAX_SOCKET_PATH = 103
+
+
+class ConfigError(Exception):
+    """A cluster file that cannot be used; the message names the file, line and key."""
+
+
+@dataclass(frozen=True)
+class SshSettings:
+    known_hosts: str | None = None  # None: the user's ~/.ssh/known_hosts, as OpenSSH does
+    identity_file: str | None = None
+    config: str | None = None  # None: ~/.ssh/config when it exists
+    keepalive_s: float = 2.0
+    connect_timeout_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    name: str
+    host: str
+    python: str
+    workdir: str
+    user: str | None = None
+    port: int | None = None
+    ips: tuple[str, ...] = ()
+
+    @property
+    def is_local(self) -> bool:
+        return self.host == LOCAL_HOST
+
+    @property
+    def address(self) -> str:
+        """user@host[:port], as shown to people."""
+        if self.is_local:
+            return LOCAL_HOST
+        who = f"{self.user}@" if self.user else ""
+        port = f":{self.port}" if self.port else ""
+        return f"{who}{self.host}{port}"
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    name: str
+    state_dir: Path
+    socket: Path
+    ssh: SshSettings
+    nodes: tuple[NodeConfig, ...]
+    path: Path | None = None
+
+
+# key -> (accepted types, required)
+_CLUSTER_KEYS = {"name": (str, True), "state_dir": (str, False), "socket": (str, False)}
+_SSH_KEYS = {
+    "known_hosts": (str, False),
+    "identity_file": (str, False),
+    "config": (str, False),
+    "keepalive_s": ((int, float), False),
+    "connect_timeout_s": ((int, float), False),
+}
+_NODE_KEYS = {
+    "name": (str, True),
+    "host": (str, True),
+    "user": (str, False),
+    "port": (int, False),
+    "python": (str, False),  # required unless host = "local"
+    "workdir": (str, True),
+    "ips": (list, False),
+}
+_TOP_KEYS = {"cluster": dict, "ssh": dict, "nodes": list}
+
+
+def default_state_dir() -> Path:
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Application Support" / "coord"
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "coord"
+
+
+def load_config(path: str | os.PathLike) -> ClusterConfig:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such cluster file (write an example with: coord init {path})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the cluster file: {exc}") from None
+    return parse_config(text, path)
+
+
+def parse_config(text: str, path: Path | None = None) -> ClusterConfig:
+    where = str(path) if path else "<cluster file>"
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{where}: not valid TOML: {exc}") from None
+    locate = _Locator(text, where)
+    base = path.resolve().parent if path else Path.cwd()
+
+    for key, value in raw.items():
+        kind = _TOP_KEYS.get(key)
+        if kind is None:
+            raise ConfigError(locate.message(None, None, key, f"unknown key {key!r} (expected one of: cluster, ssh, nodes)"))
+        if not isinstance(value, kind):
+            raise ConfigError(locate.message(None, None, key, f"{key!r} must be a table" + ("s ([[nodes]])" if kind is list else "")))
+
+    cluster = raw.get("cluster")
+    if cluster is None:
+        raise ConfigError(f"{where}: missing the [cluster] table (with at least name = \"...\")")
+    _check_table(cluster, _CLUSTER_KEYS, "cluster", None, locate)
+    ssh_raw = raw.get("ssh", {})
+    _check_table(ssh_raw, _SSH_KEYS, "ssh", None, locate)
+
+    nodes_raw = raw.get("nodes", [])
+    if not nodes_raw:
+        raise ConfigError(f"{where}: no nodes: add at least one [[nodes]] table")
+    nodes = tuple(_parse_node(entry, i, locate, base) for i, entry in enumerate(nodes_raw))
+    seen: dict[str, int] = {}
+    for i, node in enumerate(nodes):
+        if node.name in seen:
+            raise ConfigError(locate.message("nodes", i, "name",
+                                             f"duplicate node name {node.name!r} (first used by nodes[{seen[node.name]}])"))
+        seen[node.name] = i
+
+    state_dir = _resolve(cluster["state_dir"], base) if "state_dir" in cluster else default_state_dir()
+    socket = _resolve(cluster["socket"], base) if "socket" in cluster else state_dir / "coord.sock"
+    if len(str(socket).encode()) > MAX_SOCKET_PATH:
+        raise ConfigError(locate.message("cluster", None, "socket" if "socket" in cluster else "state_dir",
+                                         f"control socket path {socket} is longer than {MAX_SOCKET_PATH} bytes, "
+                                         "which Unix sockets do not allow; set a shorter cluster.socket"))
+    ssh = SshSettings(
+        known_hosts=str(_resolve(ssh_raw["known_hosts"], base)) if "known_hosts" in ssh_raw else None,
+        identity_file=str(_resolve(ssh_raw["identity_file"], base)) if "identity_file" in ssh_raw else None,
+        config=str(_resolve(ssh_raw["config"], base)) if "config" in ssh_raw else None,
+        keepalive_s=float(ssh_raw.get("keepalive_s", 2.0)),
+        connect_timeout_s=float(ssh_raw.get("connect_timeout_s", 10.0)),
+    )
+    for key in ("keepalive_s", "connect_timeout_s"):
+        if getattr(ssh, key) <= 0:
+            raise ConfigError(locate.message("ssh", None, key, f"{key} must be greater than 0"))
+    return ClusterConfig(name=cluster["name"], state_dir=state_dir, socket=socket, ssh=ssh, nodes=nodes, path=path)
+
+
+def _parse_node(entry: Any, index: int, locate: "_Locator", base: Path) -> NodeConfig:
+    if not isinstance(entry, dict):
+        raise ConfigError(locate.message("nodes", index, None, "each node must be a [[nodes]] table"))
+    _check_table(entry, _NODE_KEYS, "nodes", index, locate)
+    name = entry["name"]
+    if not NODE_NAME.match(name):
+        raise ConfigError(locate.message("nodes", index, "name",
+                                         f"node name {name!r} must be letters, digits, '.', '_' or '-' (at most 63)"))
+    host = entry["host"].strip()
+    if not host or any(c.isspace() for c in host) or host.startswith("-"):
+        raise ConfigError(locate.message("nodes", index, "host", f"host {entry['host']!r} is not an address or ssh alias"))
+    port = entry.get("port")
+    if port is not None and not 0 < port < 65536:
+        raise ConfigError(locate.message("nodes", index, "port", f"port {port} is not between 1 and 65535"))
+    user = entry.get("user")
+    if user is not None and not re.match(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$", user):
+        raise ConfigError(locate.message("nodes", index, "user", f"user {user!r} is not a valid user name"))
+    python = entry.get("python")
+    if python is None:
+        if host != LOCAL_HOST:
+            raise ConfigError(locate.message("nodes", index, None,
+                                             f"node {name!r} is missing the key 'python' (the node's training Python, "
+                                             "e.g. \"/Users/alice/venv/bin/python\")"))
+        python = sys.executable
+    for key, value in (("python", python), ("workdir", entry["workdir"])):
+        if not value.startswith("/"):
+            raise ConfigError(locate.message("nodes", index, key,
+                                             f"{key} must be an absolute path on the node, got {value!r}"))
+    ips = entry.get("ips", [])
+    if not all(isinstance(ip, str) and ip for ip in ips):
+        raise ConfigError(locate.message("nodes", index, "ips", "ips must be a list of address strings"))
+    return NodeConfig(name=name, host=host, python=python, workdir=entry["workdir"].rstrip("/") or "/",
+                      user=user, port=port, ips=tuple(ips))
+
+
+def _check_table(table: dict, schema: dict, name: str, index: int | None, locate: "_Locator") -> None:
+    label = f"{name}[{index}]" if index is not None else name
+    for key, value in table.items():
+        if key not in schema:
+            raise ConfigError(locate.message(name, index, key,
+                                             f"unknown key {label}.{key} (expected one of: {', '.join(schema)})"))
+        kind, _ = schema[key]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            expected = " or ".join({"str": "a string", "int": "an integer", "float": "a number",
+                                    "list": "a list", "dict": "a table"}[k.__name__] for k in kinds)
+            raise ConfigError(locate.message(name, index, key,
+                                             f"{label}.{key} must be {expected}, got {_toml_type(value)} {value!r}"))
+    for key, (_, required) in schema.items():
+        if required and key not in table:
+            raise ConfigError(locate.message(name, index, None, f"{label} is missing the required key {key!r}"))
+
+
+def _toml_type(value: Any) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            list: "a list", dict: "a table"}.get(type(value), type(value).__name__)
+
+
+def _resolve(value: str, base: Path) -> Path:
+    path = Path(os.path.expanduser(value))
+    return path if path.is_absolute() else base / path
+
+
+class _Locator:
+    """Finds the line of a key in the source, since tomllib keeps no positions."""
+
+    _HEADER = re.compile(r"^\s*(\[\[?)\s*([A-Za-z0-9_.\-\"' ]+?)\s*\]\]?")
+    _KEY = re.compile(r"^\s*([A-Za-z0-9_\-]+|\"[^\"]*\"|'[^']*')\s*=")
+
+    def __init__(self, text: str, where: str):
+        self.lines = text.splitlines()
+        self.where = where
+
+    def line_of(self, table: str | None, index: int | None, key: str | None) -> int | None:
+        current, occurrence = None, -1
+        for number, line in enumerate(self.lines, start=1):
+            header = self._HEADER.match(line)
+            if header:
+                current = header.group(2).strip().strip("\"'")
+                if current == table:
+                    occurrence += 1
+                    if occurrence == (index or 0) and key is None:
+                        return number
+                continue
+            found = self._KEY.match(line)
+            if key is not None and found and found.group(1).strip("\"'") == key:
+                in_place = (table is None and current is None) or (
+                    current == table and (index is None or occurrence == index))
+                if in_place:
+                    return number
+        if table is None and key is not None:  # a top-level table named by a header
+            for number, line in enumerate(self.lines, start=1):
+                header = self._HEADER.match(line)
+                if header and header.group(2).strip() == key:
+                    return number
+        return None
+
+    def message(self, table: str | None, index: int | None, key: str | None, text: str) -> str:
+        line = self.line_of(table, index, key)
+        return f"{self.where}:{line}: {text}" if line else f"{self.where}: {text}"
+
+
+EXAMPLE_CLUSTER = '''\
+# coord cluster file. Check it with: coord daemon --config THIS_FILE
+# Each node may have its own user, home, Python and workdir.
+
+[cluster]
+name = "lab"
+# state_dir = "..."    # default: ~/Library/Application Support/coord on macOS, ~/.local/state/coord elsewhere
+# socket = "..."       # default: <state_dir>/coord.sock
+
+[ssh]                  # defaults for every node, all optional
+# known_hosts = "~/.ssh/known_hosts"     # host keys are always verified against this file
+# identity_file = "~/.ssh/id_ed25519"    # key authentication only, never passwords
+# config = "~/.ssh/config"               # honoured by default: Host aliases, HostName, User, Port
+# keepalive_s = 2                        # a lost node is noticed within about 3 keepalives
+
+[[nodes]]
+name = "n1"
+host = "local"                           # "local" = this machine, no SSH
+workdir = "/Users/alice/coord-work"      # where code, data and checkpoints live on that node
+# python = "/Users/alice/venv/bin/python"  # default for "local": the Python running coord
+
+[[nodes]]
+name = "n2"
+host = "10.0.0.2"                        # an address, or a Host alias from the ssh config
+user = "bob"                             # optional
+# port = 22                              # optional
+python = "/opt/mlx/bin/python"           # the node's training Python (has mlx and mlx-lm)
+workdir = "/Users/bob/work"
+# ips = ["192.168.2.2"]                  # optional: addresses ranks should talk over
+'''

@@ -1,0 +1,138 @@
+"""The wire format spoken agent<->daemon and CLI<->daemon.
+
+A frame is a 4-byte big-endian length followed by that many bytes of msgpack.
+Each frame holds one message, a map with a type tag ``t``:
+
+    {"t": "req", "id": 7, "m": "facts", "a": {...}}      a call
+    {"t": "res", "id": 7, "r": ...}                       its result
+    {"t": "err", "id": 7, "code": "...", "msg": "..."}    or its error
+    {"t": "evt", "id": 7, "e": ...}                       an event of call 7's stream
+
+Every call gets exactly one ``res`` or ``err``. Nothing here ever unpickles or
+evaluates what it reads: msgpack decodes to plain data only, and a frame larger
+than the connection's limit is refused before its body is read.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+PROTOCOL_VERSION = 1
+
+HEADER = struct.Struct(">I")
+#: Frames above this are refused. Sync chunks are sent well below it.
+DEFAULT_MAX_FRAME = 16 * 1024 * 1024
+
+# Error codes carried in "err" messages; the CLI maps some of them to exit statuses.
+BAD_FRAME = "bad_frame"
+FRAME_TOO_LARGE = "frame_too_large"
+BAD_MESSAGE = "bad_message"
+UNKNOWN_METHOD = "unknown_method"
+BAD_ARGS = "bad_args"
+PROTOCOL_MISMATCH = "protocol_mismatch"
+INTERNAL = "internal"
+CONNECTION_LOST = "connection_lost"
+NOT_FOUND = "not_found"
+REFUSED = "refused"
+
+
+class ProtocolError(Exception):
+    """A peer sent something that is not a valid frame or message."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    id: int
+    method: str
+    args: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    id: int
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    id: int | None
+    code: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    id: int
+    data: Any
+
+
+Message = Request | Result | Error | Event
+
+
+def pack(message: Message) -> bytes:
+    """Encode one message as a complete frame (header included)."""
+    if isinstance(message, Request):
+        body = {"t": "req", "id": message.id, "m": message.method, "a": message.args}
+    elif isinstance(message, Result):
+        body = {"t": "res", "id": message.id, "r": message.value}
+    elif isinstance(message, Error):
+        body = {"t": "err", "id": message.id, "code": message.code, "msg": message.message}
+    elif isinstance(message, Event):
+        body = {"t": "evt", "id": message.id, "e": message.data}
+    else:  # pragma: no cover - a programming error, not wire input
+        raise TypeError(f"not a message: {message!r}")
+    payload = msgpack.packb(body, use_bin_type=True)
+    return HEADER.pack(len(payload)) + payload
+
+
+def frame_length(header: bytes, max_frame: int) -> int:
+    """Read a frame header; refuse lengths over the limit before reading the body."""
+    (length,) = HEADER.unpack(header)
+    if length > max_frame:
+        raise ProtocolError(FRAME_TOO_LARGE, f"frame of {length} bytes exceeds the limit of {max_frame}")
+    return length
+
+
+def unpack(payload: bytes) -> Message:
+    """Decode a frame body into a message, or raise ProtocolError saying what is wrong."""
+    try:
+        body = msgpack.unpackb(payload, raw=False, strict_map_key=True, use_list=True)
+    except Exception as exc:  # msgpack raises several unrelated types for garbage
+        raise ProtocolError(BAD_FRAME, f"frame is not valid msgpack: {exc.__class__.__name__}") from None
+    if not isinstance(body, dict):
+        raise ProtocolError(BAD_MESSAGE, f"message must be a map, got {type(body).__name__}")
+    kind = body.get("t")
+    msg_id = body.get("id")
+    if kind != "err" or msg_id is not None:
+        if not _is_int(msg_id) or msg_id < 0:
+            raise ProtocolError(BAD_MESSAGE, "message id must be a non-negative integer")
+    if kind == "req":
+        method, args = body.get("m"), body.get("a", {})
+        if not isinstance(method, str) or not method:
+            raise ProtocolError(BAD_MESSAGE, "request method must be a non-empty string")
+        if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
+            raise ProtocolError(BAD_MESSAGE, "request arguments must be a map with string keys")
+        return Request(msg_id, method, args)
+    if kind == "res":
+        return Result(msg_id, body.get("r"))
+    if kind == "err":
+        code, text = body.get("code"), body.get("msg")
+        if not isinstance(code, str) or not isinstance(text, str):
+            raise ProtocolError(BAD_MESSAGE, "error must carry a string code and message")
+        return Error(msg_id, code, text)
+    if kind == "evt":
+        return Event(msg_id, body.get("e"))
+    raise ProtocolError(BAD_MESSAGE, f"unknown message type {kind!r}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
