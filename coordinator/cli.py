@@ -1,0 +1,179 @@
+"""`coord`: the command line. Talks to coordd over its control socket."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from coordinator.config import EXAMPLE_CLUSTER, ConfigError, default_state_dir, load_config
+from coordinator.control import DaemonNotRunning, call_daemon
+from shared.rpc import RemoteError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class CliError(Exception):
+    def __init__(self, message: str, status: int = EXIT_FAILED):
+        super().__init__(message)
+        self.status = status
+
+
+def resolve_socket(args: argparse.Namespace) -> Path:
+    """--socket, then COORD_SOCKET, then --config (or COORD_CONFIG), then the default state dir."""
+    if getattr(args, "socket", None):
+        return Path(args.socket)
+    if os.environ.get("COORD_SOCKET"):
+        return Path(os.environ["COORD_SOCKET"])
+    config_path = getattr(args, "config", None) or os.environ.get("COORD_CONFIG")
+    if config_path:
+        try:
+            return load_config(config_path).socket
+        except ConfigError as exc:
+            raise CliError(str(exc), EXIT_USAGE) from None
+    return default_state_dir() / "coord.sock"
+
+
+def ask_daemon(socket: Path, method: str, args: dict[str, Any] | None = None, *, config_hint: str | None = None) -> Any:
+    try:
+        return asyncio.run(call_daemon(socket, method, args))
+    except DaemonNotRunning:
+        start = f"coord daemon --config {config_hint}" if config_hint else "coord daemon --config CLUSTER.toml"
+        raise CliError(f"coordd is not running (no daemon answers on {socket}).\n"
+                       f"Start it with: {start}\n"
+                       f"(or as a service: see deploy/ for launchd and systemd)", EXIT_USAGE) from None
+    except RemoteError as exc:
+        raise CliError(f"coordd refused {method}: {exc.message}") from None
+    except TimeoutError:
+        raise CliError(f"coordd did not answer {method} in time on {socket}") from None
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    socket = resolve_socket(args)
+    hint = args.config or os.environ.get("COORD_CONFIG")
+    if args.watch:
+        return _watch_status(args, socket, hint)
+    doc = ask_daemon(socket, "status", {"events": args.events}, config_hint=hint)
+    if args.json:
+        json.dump(doc, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        from coordinator.commands.status import render_status
+        render_status(doc, make_console())
+    return EXIT_OK if doc["summary"]["up"] == doc["summary"]["nodes"] or not args.check else EXIT_FAILED
+
+
+def make_console():
+    """A console as wide as the terminal, or wide enough for a whole table when piped."""
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
+def _watch_status(args: argparse.Namespace, socket: Path, hint: str | None) -> int:
+    from rich.console import Console
+    from rich.live import Live
+
+    from coordinator.commands.status import render_status
+
+    console = Console()
+    try:
+        with Live(console=console, auto_refresh=False, screen=False) as live:
+            while True:
+                doc = ask_daemon(socket, "status", {"events": args.events}, config_hint=hint)
+                capture = Console(record=True, width=console.width, file=open(os.devnull, "w"))
+                render_status(doc, capture)
+                from rich.text import Text
+                live.update(Text.from_ansi(capture.export_text(styles=True)), refresh=True)
+                time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    path = Path(args.path)
+    if path.exists() and not args.force:
+        raise CliError(f"{path} already exists; use --force to overwrite it", EXIT_USAGE)
+    path.write_text(EXAMPLE_CLUSTER)
+    print(f"wrote {path}; edit the nodes, then start the daemon with: coord daemon --config {path}")
+    return EXIT_OK
+
+
+def cmd_daemon(args: argparse.Namespace) -> int:
+    from coordinator.daemon import run_daemon
+    return run_daemon(args.config, log_file=args.log_file, log_level=args.log_level)
+
+
+def cmd_agent_bundle(args: argparse.Namespace) -> int:
+    from coordinator.agent_bundle import write_bundle
+    bundle = write_bundle(args.output)
+    print(json.dumps({"path": args.output, "bundle_id": bundle.bundle_id, "sha256": bundle.digest}))
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="coord",
+        description="Turn a handful of Macs into one MLX training cluster and keep a training run alive on it.",
+        epilog="The daemon (coord daemon / coordd) holds a session to every node; the other commands ask it "
+               "over its control socket, found from --socket, $COORD_SOCKET, --config or $COORD_CONFIG.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def client_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--config", "-c", help="cluster file, to find the daemon's socket")
+        p.add_argument("--socket", help="the daemon's control socket")
+
+    p = sub.add_parser("status", help="nodes (up/down, chip, memory, versions) and recent events",
+                       description="Ask the daemon what the cluster is doing.")
+    client_options(p)
+    p.add_argument("--json", action="store_true", help="print the status document as JSON")
+    p.add_argument("--watch", "-w", action="store_true", help="refresh until interrupted")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes with --watch")
+    p.add_argument("--events", type=int, default=10, help="how many recent events to show (default 10)")
+    p.add_argument("--check", action="store_true", help="exit 1 unless every node is up")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("init", help="write a commented example cluster file",
+                       description="Write a commented example cluster file to edit.")
+    p.add_argument("path", nargs="?", default="coord.toml", help="where to write it (default: coord.toml)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing file")
+    p.set_defaults(func=cmd_init)
+
+    p = sub.add_parser("daemon", help="run coordd in the foreground",
+                       description="Run the daemon in the foreground (launchd and systemd run `coordd`, the same).")
+    from coordinator.daemon import add_daemon_arguments
+    add_daemon_arguments(p)
+    p.set_defaults(func=cmd_daemon)
+
+    p = sub.add_parser("agent-bundle", help="write the agent bundle zip (for deploy/install-agent.sh)",
+                       description="Write the zip the daemon installs on nodes, to install it by hand.")
+    p.add_argument("--output", "-o", default="coord-agent.zip")
+    p.set_defaults(func=cmd_agent_bundle)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        sys.exit(EXIT_USAGE)
+    try:
+        sys.exit(args.func(args))
+    except CliError as exc:
+        print(f"coord: {exc}", file=sys.stderr)
+        sys.exit(exc.status)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BrokenPipeError:  # `coord status | head`: the reader left, nothing to report
+        sys.stderr.close()
+        sys.exit(EXIT_OK)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""`coord status`: what the cluster looks like, from the daemon's memory."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from coordinator.daemon import Daemon
+
+
+def serve_status(daemon: "Daemon", *, events: int = 10) -> dict[str, Any]:
+    """The daemon half: a plain document, the same one `--json` prints."""
+    nodes = daemon.cluster.node_views()
+    recent = list(daemon.cluster.events)[-max(0, events):] if events else []
+    return {
+        "cluster": {"name": daemon.config.name},
+        "daemon": daemon.info(),
+        "time": time.time(),
+        "summary": {"nodes": len(nodes), "up": sum(n["state"] == "up" for n in nodes)},
+        "nodes": nodes,
+        "jobs": [],
+        "events": recent,
+    }
+
+
+def render_status(doc: dict[str, Any], console) -> None:
+    """The CLI half: a table of nodes, the reasons of those not up, the last events."""
+    from rich.table import Table
+
+    now = doc.get("time", time.time())
+    summary = doc["summary"]
+    console.print(f"cluster [bold]{doc['cluster']['name']}[/]: {summary['up']}/{summary['nodes']} nodes up "
+                  f"(coordd pid {doc['daemon']['pid']}, up {_age(now - doc['daemon']['started'])})")
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in ("NODE", "USER@HOST", "STATE", "CHIP", "MEMORY", "OS", "PYTHON", "MLX", "MLX-LM", "LAST SEEN"):
+        table.add_column(column, no_wrap=True)
+    styles = {"up": "green", "down": "red", "connecting": "yellow", "installing": "yellow"}
+    for node in doc["nodes"]:
+        facts = node.get("facts") or {}
+        user = facts.get("user") or node.get("user")
+        where = node["address"] if node["address"] == "local" else f"{user}@{node['host']}" if user else node["host"]
+        table.add_row(
+            node["name"], where, f"[{styles.get(node['state'], 'white')}]{node['state']}[/]",
+            _text(facts.get("chip")), _bytes(facts.get("memory_bytes")),
+            _text(" ".join(x for x in (facts.get("os"), facts.get("os_version")) if x) or None),
+            _text(facts.get("python_version")), _text(facts.get("mlx_version")), _text(facts.get("mlx_lm_version")),
+            _age(now - node["last_seen"]) + " ago" if node.get("last_seen") else "never",
+        )
+    console.print(table)
+    for node in doc["nodes"]:
+        if node["state"] != "up" and node.get("reason"):
+            console.print(f"[red]{node['name']}[/] {node['state']}: {node['reason']}", soft_wrap=True)
+    if doc.get("events"):
+        console.print("\n[bold]recent events[/]")
+        for event in doc["events"]:
+            stamp = time.strftime("%H:%M:%S", time.localtime(event["ts"]))
+            console.print(f"  {stamp}  {event['message']}", soft_wrap=True, markup=False, highlight=False)
+
+
+def _text(value: Any) -> str:
+    return "unknown" if value is None else str(value)
+
+
+def _bytes(value: int | None) -> str:
+    if value is None:
+        return "unknown"
+    return f"{value / 2**30:.0f} GiB" if value >= 2**30 else f"{value / 2**20:.0f} MiB"
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"

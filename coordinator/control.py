@@ -1,0 +1,125 @@
+"""The control socket: a Unix socket only its owner may use, speaking the coord protocol.
+
+The socket lives in a 0700 directory and is itself 0600; a connection from any
+other uid is refused even so (checked with the peer's credentials), because the
+daemon can run commands on every node of the cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import stat
+import struct
+import sys
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from shared.rpc import Dispatcher, Peer
+
+log = structlog.get_logger("control")
+
+# macOS: getsockopt(SOL_LOCAL=0, LOCAL_PEERCRED=1) returns a struct xucred.
+_SOL_LOCAL, _LOCAL_PEERCRED = 0, 1
+
+
+class ControlSocketError(Exception):
+    pass
+
+
+def peer_uid(sock: socket.socket) -> int | None:
+    """The uid of the process on the other end of a Unix socket, or None if unknown."""
+    try:
+        if hasattr(socket, "SO_PEERCRED"):
+            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            _pid, uid, _gid = struct.unpack("3i", creds)
+            return uid
+        if sys.platform == "darwin":
+            creds = sock.getsockopt(_SOL_LOCAL, _LOCAL_PEERCRED, struct.calcsize("IIh16I"))
+            return struct.unpack_from("II", creds)[1]
+    except OSError:
+        return None
+    return None
+
+
+def prepare_socket_dir(path: Path) -> None:
+    """Make the socket's directory private (0700, ours), or refuse to use it."""
+    directory = path.parent
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    info = directory.stat()
+    if info.st_uid != os.getuid():
+        raise ControlSocketError(f"socket directory {directory} belongs to uid {info.st_uid}, not to us; "
+                                 "choose another cluster.socket")
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        os.chmod(directory, 0o700)
+
+
+class ControlServer:
+    def __init__(self, path: Path, dispatcher: Dispatcher):
+        self.path = path
+        self._dispatcher = dispatcher
+        self._server: asyncio.AbstractServer | None = None
+        self._peers: set[Peer] = set()
+
+    async def start(self) -> None:
+        prepare_socket_dir(self.path)
+        if self.path.exists() or self.path.is_symlink():
+            # Only reached while we hold the state-dir lock, so this is a crashed daemon's socket.
+            self.path.unlink()
+        old_umask = os.umask(0o177)
+        try:
+            self._server = await asyncio.start_unix_server(self._accept, path=str(self.path))
+        finally:
+            os.umask(old_umask)
+        os.chmod(self.path, 0o600)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for peer in list(self._peers):
+            await peer.close()
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        uid = peer_uid(writer.get_extra_info("socket"))
+        if uid != os.getuid():
+            log.warning("control connection refused", peer_uid=uid)
+            writer.close()
+            return
+        peer = Peer(reader, writer, dispatcher=self._dispatcher, name="control")
+        self._peers.add(peer)
+        try:
+            await peer.run()
+        finally:
+            self._peers.discard(peer)
+            writer.close()
+
+
+class DaemonNotRunning(Exception):
+    pass
+
+
+async def call_daemon(path: Path, method: str, args: dict[str, Any] | None = None, *,
+                      timeout: float = 30.0) -> Any:
+    """One call to the daemon over its control socket (the client half)."""
+    try:
+        reader, writer = await asyncio.open_unix_connection(str(path))
+    except (FileNotFoundError, ConnectionRefusedError) as exc:
+        raise DaemonNotRunning(str(exc)) from None
+    peer = Peer(reader, writer, name="coord")
+    runner = asyncio.ensure_future(peer.run())
+    try:
+        return await peer.call(method, args, timeout=timeout)
+    finally:
+        await peer.close()
+        runner.cancel()
+        try:
+            await runner
+        except (asyncio.CancelledError, Exception):
+            pass

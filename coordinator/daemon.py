@@ -1,0 +1,170 @@
+"""coordd: the daemon on the head node.
+
+It holds a session to every node's agent, keeps state in SQLite, and answers
+the CLI on the control socket. ``coordd --config FILE`` (launchd, systemd) and
+``coord daemon --config FILE`` run the same code in the foreground.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import structlog
+
+from coordinator.agent_bundle import AgentBundle, build_bundle
+from coordinator.cluster import Cluster
+from coordinator.commands import status as status_command
+from coordinator.config import ClusterConfig, ConfigError, load_config
+from coordinator.control import ControlServer, ControlSocketError
+from coordinator.node_session import Connect, open_transport
+from coordinator.state import StateError, StateStore
+from shared.logs import configure_logging
+from shared.rpc import Dispatcher
+from shared.version import COORD_VERSION
+
+log = structlog.get_logger("coordd")
+
+
+class DaemonError(Exception):
+    pass
+
+
+class StateDirLock:
+    """One daemon per state dir: an exclusive flock held for the daemon's life."""
+
+    def __init__(self, state_dir: Path):
+        self.path = state_dir / "coordd.lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise DaemonError(f"another coordd (pid {holder}) is already running on {self.path.parent}") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class Daemon:
+    def __init__(self, config: ClusterConfig, state: StateStore, bundle: AgentBundle, *,
+                 connect: Connect = open_transport):
+        self.config = config
+        self.state = state
+        self.started = time.time()
+        self.cluster = Cluster(config, state, bundle, connect=connect)
+        self.control = ControlServer(config.socket, self._dispatcher())
+
+    def _dispatcher(self) -> Dispatcher:
+        table = Dispatcher()
+        table.add("status", self._status, optional={"events": int})
+        table.add("ping", self._ping)
+        return table
+
+    async def _status(self, events: int = 10) -> dict[str, Any]:
+        return status_command.serve_status(self, events=events)
+
+    async def _ping(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "version": COORD_VERSION}
+
+    def info(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "version": COORD_VERSION, "started": self.started,
+                "socket": str(self.config.socket), "state_dir": str(self.config.state_dir),
+                "config": str(self.config.path) if self.config.path else None}
+
+    async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled or SIGTERM/SIGINT; clean up the socket either way."""
+        await self.control.start()
+        self.cluster.record_event("daemon.started", f"coordd {COORD_VERSION} started (pid {os.getpid()})")
+        log.info("daemon started", socket=str(self.config.socket), nodes=len(self.config.nodes))
+        try:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(self._stop_on_signal, tasks.cancel_scope)
+                tasks.start_soon(self.cluster.run)
+                task_status.started(self)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.control.close()
+                self.cluster.record_event("daemon.stopped", "coordd stopped")
+                log.info("daemon stopped")
+
+    async def _stop_on_signal(self, scope: anyio.CancelScope) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                log.info("stopping on signal", signal=signal.Signals(signum).name)
+                scope.cancel()
+                return
+
+
+def open_state(config: ClusterConfig) -> tuple[StateDirLock, StateStore]:
+    try:
+        config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise DaemonError(f"cannot create the state dir {config.state_dir}: {exc}") from None
+    lock = StateDirLock(config.state_dir)
+    lock.acquire()
+    try:
+        return lock, StateStore(config.state_dir / "coord.db")
+    except StateError:
+        lock.release()
+        raise
+
+
+def run_daemon(config_path: str, *, log_file: str | None = None, log_level: str = "info") -> int:
+    """Run the daemon in the foreground; the exit status for the shell."""
+    os.umask(0o077)  # state, logs and the socket are the owner's alone
+    stream = open(log_file, "a", buffering=1) if log_file else sys.stderr
+    configure_logging(json=True, level=log_level, stream=stream)
+    try:
+        config = load_config(config_path)
+        lock, state = open_state(config)
+    except (ConfigError, DaemonError, StateError) as exc:
+        print(f"coordd: {exc}", file=sys.stderr)
+        return 2
+    try:
+        daemon = Daemon(config, state, build_bundle())
+        anyio.run(daemon.run)
+    except ControlSocketError as exc:
+        print(f"coordd: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        pass
+    finally:
+        state.close()
+        lock.release()
+    return 0
+
+
+def add_daemon_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", "-c", required=True, help="the cluster file (TOML); see: coord init")
+    parser.add_argument("--log-file", help="append JSON log lines here instead of stderr")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="coordd", description="The coord daemon: keeps a session to every node's agent and "
+                                   "answers `coord` on its control socket. Runs in the foreground.")
+    add_daemon_arguments(parser)
+    args = parser.parse_args(argv)
+    sys.exit(run_daemon(args.config, log_file=args.log_file, log_level=args.log_level))
+
+
+if __name__ == "__main__":
+    main()

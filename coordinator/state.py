@@ -1,0 +1,96 @@
+"""The daemon's durable state: SQLite in the state dir.
+
+It holds what must survive a daemon restart: the nodes as last seen, their facts,
+and a timestamped event log. Writes are small and few (a node changes state, an
+event happens), so they run on the event loop's thread; WAL keeps readers apart.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS nodes (
+    name TEXT PRIMARY KEY,
+    address TEXT NOT NULL,
+    state TEXT NOT NULL,
+    reason TEXT,
+    facts TEXT,
+    last_seen REAL,
+    updated REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    ts REAL NOT NULL,
+    kind TEXT NOT NULL,
+    node TEXT,
+    message TEXT NOT NULL,
+    data TEXT
+);
+CREATE INDEX IF NOT EXISTS events_ts ON events (ts);
+"""
+
+
+class StateError(Exception):
+    pass
+
+
+class StateStore:
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            raise StateError(f"state database {path} cannot be opened: {exc}; "
+                             "move it aside to start with empty state") from None
+        row = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+        if row is None:
+            self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+        elif int(row[0]) > SCHEMA_VERSION:
+            raise StateError(f"state database {path} is from a newer coord (schema {row[0]})")
+
+    def close(self) -> None:
+        self._db.close()
+
+    def save_node(self, name: str, address: str, state: str, reason: str | None,
+                  facts: dict[str, Any] | None, last_seen: float | None) -> None:
+        self._db.execute(
+            "INSERT INTO nodes (name, address, state, reason, facts, last_seen, updated) VALUES (?,?,?,?,?,?,?) "
+            "ON CONFLICT(name) DO UPDATE SET address=excluded.address, state=excluded.state, "
+            "reason=excluded.reason, facts=COALESCE(excluded.facts, nodes.facts), "
+            "last_seen=COALESCE(excluded.last_seen, nodes.last_seen), updated=excluded.updated",
+            (name, address, state, reason, json.dumps(facts) if facts is not None else None, last_seen, time.time()),
+        )
+
+    def nodes(self) -> dict[str, dict[str, Any]]:
+        rows = self._db.execute("SELECT name, address, state, reason, facts, last_seen, updated FROM nodes")
+        return {
+            name: {"name": name, "address": address, "state": state, "reason": reason,
+                   "facts": json.loads(facts) if facts else None, "last_seen": last_seen, "updated": updated}
+            for name, address, state, reason, facts, last_seen, updated in rows
+        }
+
+    def add_event(self, kind: str, message: str, *, node: str | None = None,
+                  data: dict[str, Any] | None = None, ts: float | None = None) -> dict[str, Any]:
+        ts = time.time() if ts is None else ts
+        cursor = self._db.execute(
+            "INSERT INTO events (ts, kind, node, message, data) VALUES (?,?,?,?,?)",
+            (ts, kind, node, message, json.dumps(data) if data else None),
+        )
+        return {"id": cursor.lastrowid, "ts": ts, "kind": kind, "node": node, "message": message, "data": data}
+
+    def recent_events(self, limit: int = 20) -> list[dict[str, Any]]:
+        rows = self._db.execute(
+            "SELECT id, ts, kind, node, message, data FROM events ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
+        return [{"id": i, "ts": ts, "kind": kind, "node": node, "message": message,
+                 "data": json.loads(data) if data else None} for i, ts, kind, node, message, data in reversed(rows)]
