@@ -1,0 +1,140 @@
+"""A node session over a real SSH session: an in-process asyncssh server runs the agent.
+
+No system sshd: the server, its host key and the client key are generated here,
+as asyncssh's own tests do, so host-key checking stays on and is exercised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import sys
+import time
+
+import asyncssh
+import pytest
+
+from agent.server import serve
+from coordinator.agent_bundle import build_bundle
+from coordinator.config import NodeConfig, SshSettings
+from coordinator.node_session import DOWN, UP, NodeSession
+
+
+class SshFixture:
+    def __init__(self, tmp_path):
+        self.tmp = tmp_path
+        self.host_key = asyncssh.generate_private_key("ssh-ed25519")
+        self.client_key = asyncssh.generate_private_key("ssh-ed25519")
+        self.client_key_path = tmp_path / "id_ed25519"
+        self.client_key.write_private_key(str(self.client_key_path))
+        self.empty_config = tmp_path / "ssh_config"
+        self.empty_config.write_text("")
+        self.known_hosts = tmp_path / "known_hosts"
+        self.trusted = True
+        self.agent_sessions = 0
+        self.processes: list[asyncssh.SSHServerProcess] = []
+
+    async def start(self):
+        authorized = asyncssh.import_authorized_keys(self.client_key.export_public_key().decode())
+
+        async def run_agent(process: asyncssh.SSHServerProcess) -> None:
+            self.agent_sessions += 1
+            self.processes.append(process)
+            await serve(process.stdin, process.stdout, name="in-process-agent")
+            process.exit(0)
+
+        self.server = await asyncssh.create_server(
+            asyncssh.SSHServer, "127.0.0.1", 0, server_host_keys=[self.host_key],
+            authorized_client_keys=authorized, process_factory=run_agent, encoding=None)
+        self.port = self.server.sockets[0].getsockname()[1]
+        public = self.host_key.export_public_key().decode().strip()
+        self.known_hosts.write_text(f"[127.0.0.1]:{self.port} {public}\n" if self.trusted else "")
+
+    def node(self) -> NodeConfig:
+        return NodeConfig(name="ssh1", host="127.0.0.1", port=self.port, user=getpass.getuser(),
+                          python=sys.executable, workdir=str(self.tmp / "work"))
+
+    def settings(self, **overrides) -> SshSettings:
+        values = dict(known_hosts=str(self.known_hosts), identity_file=str(self.client_key_path),
+                      config=str(self.empty_config), keepalive_s=0.5, connect_timeout_s=5)
+        values.update(overrides)
+        return SshSettings(**values)
+
+    def close(self):
+        self.server.close()
+
+
+async def _until(predicate, timeout: float) -> float:
+    start = time.monotonic()
+    while not predicate():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"condition not met within {timeout} s")
+        await asyncio.sleep(0.05)
+    return time.monotonic() - start
+
+
+async def _with_session(fixture: SshFixture, settings: SshSettings, body):
+    await fixture.start()
+    session = NodeSession(fixture.node(), settings, build_bundle())
+    task = asyncio.ensure_future(session.run())
+    try:
+        await asyncio.wait_for(body(session), 60)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        fixture.close()
+
+
+def test_a_node_comes_up_over_ssh_with_its_facts(tmp_path):
+    fixture = SshFixture(tmp_path)
+
+    async def body(session: NodeSession):
+        await _until(lambda: session.state == UP, 20)
+        facts = session.view.facts
+        assert facts["user"] == getpass.getuser()
+        assert facts["python_version"] and facts["memory_bytes"] > 0
+        assert session.view.agent["protocol"] == 1
+        assert "time" in await session.call("ping", timeout=5)
+
+    asyncio.run(_with_session(fixture, fixture.settings(), body))
+
+
+def test_an_agent_that_dies_is_reconnected(tmp_path):
+    fixture = SshFixture(tmp_path)
+
+    async def body(session: NodeSession):
+        await _until(lambda: session.state == UP, 20)
+        fixture.processes[-1].channel.close()  # the agent's session ends under the daemon
+        await _until(lambda: session.state != UP, 10)
+        assert await _until(lambda: session.state == UP, 10) < 10
+        assert fixture.agent_sessions == 2
+
+    asyncio.run(_with_session(fixture, fixture.settings(), body))
+
+
+def test_an_unknown_host_key_keeps_the_node_down_with_the_fingerprint_and_the_fix(tmp_path):
+    fixture = SshFixture(tmp_path)
+    fixture.trusted = False  # nobody has trusted this host yet
+
+    async def body(session: NodeSession):
+        await _until(lambda: session.state == DOWN, 20)
+        reason = session.view.reason
+        assert fixture.host_key.get_fingerprint("sha256") in reason
+        assert f"ssh-keyscan -p {fixture.port} -t ed25519 127.0.0.1 >> {fixture.known_hosts}" in reason
+        await asyncio.sleep(2)
+        assert session.state == DOWN and fixture.agent_sessions == 0
+
+    asyncio.run(_with_session(fixture, fixture.settings(), body))
+
+
+def test_a_refused_key_is_reported_not_retried_with_passwords(tmp_path):
+    fixture = SshFixture(tmp_path)
+    other = tmp_path / "other_key"
+    asyncssh.generate_private_key("ssh-ed25519").write_private_key(str(other))
+
+    async def body(session: NodeSession):
+        await _until(lambda: session.state == DOWN, 20)
+        assert "key authentication refused" in session.view.reason
+        assert fixture.agent_sessions == 0
+
+    asyncio.run(_with_session(fixture, fixture.settings(identity_file=str(other)), body))
