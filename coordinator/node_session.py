@@ -100,7 +100,7 @@ class NodeSession:
             )
             async for attempt in retrying:
                 with attempt:
-                    await self._session_once()
+                    await self._session_once_guarded()
             # A session that was up ended: reconnect at once with a fresh backoff.
             await anyio.sleep(0.2)
 
@@ -117,6 +117,19 @@ class NodeSession:
             outcome = self._on_change(self, state, reason)
             if outcome is not None:
                 await outcome
+
+    async def _session_once_guarded(self) -> None:
+        # The edge of a node's life: a bug or surprise here marks the node down and is
+        # retried, instead of taking the daemon (and every other node) with it.
+        try:
+            await self._session_once()
+        except NodeUnreachable:
+            raise
+        except Exception as exc:
+            self.log.exception("node session failed")
+            reason = f"internal error: {exc.__class__.__name__}: {exc}"
+            await self._set(DOWN, reason)
+            raise NodeUnreachable(reason) from None
 
     async def _session_once(self) -> None:
         """Connect and serve until lost. Raises NodeUnreachable if never up; returns after an up period."""

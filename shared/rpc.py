@@ -170,6 +170,10 @@ class Peer:
                 tasks.cancel_scope.cancel()
         finally:
             self._shut(reason)
+            try:
+                self._writer.close()  # whatever ended reading ends the connection
+            except Exception:  # already closed or broken
+                pass
 
     async def close(self) -> None:
         self._shut("closed locally")
@@ -268,8 +272,12 @@ class Peer:
         if self._closed_reason is not None and not isinstance(message, p.Error):
             raise ConnectionLost(self._closed_reason)
         async with self._write_lock:
-            self._writer.write(frame)
-            await self._writer.drain()
+            try:
+                self._writer.write(frame)
+                await self._writer.drain()
+            except (OSError, EOFError) as exc:  # e.g. a pipe whose reader exited
+                self._shut(f"connection lost while writing: {exc}")
+                raise ConnectionLost(self._closed_reason) from None
 
     async def _send_quietly(self, message: p.Message) -> None:
         try:

@@ -1,0 +1,102 @@
+"""Start a real coordd as a subprocess and talk to it with the real `coord` CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def coord(*args: str, env: dict[str, str] | None = None, timeout: float = 60, prefix: list[str] | None = None,
+          check: bool = False) -> subprocess.CompletedProcess:
+    """Run the coord CLI as a user would (optionally through a prefix such as `ip netns exec`)."""
+    argv = (prefix or []) + [sys.executable, "-m", "coordinator.cli", *args]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+    if check and result.returncode != 0:
+        raise AssertionError(f"coord {' '.join(args)} exited {result.returncode}: {result.stderr}")
+    return result
+
+
+def short_tempdir(prefix: str = "coord-") -> Path:
+    """Unix socket paths are short (104 bytes on macOS): keep test state dirs near /tmp."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+
+
+class DaemonProcess:
+    def __init__(self, config: Path, *, env: dict[str, str] | None = None, prefix: list[str] | None = None,
+                 log_file: Path | None = None):
+        self.config = config
+        self.env = env
+        self.prefix = prefix or []
+        self.log_file = log_file or config.with_suffix(".log")
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "DaemonProcess":
+        argv = self.prefix + [sys.executable, "-m", "coordinator.cli", "daemon", "--config", str(self.config),
+                              "--log-file", str(self.log_file)]
+        self.proc = subprocess.Popen(argv, cwd=REPO, env=self.env, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, text=True)
+        return self
+
+    def status(self, timeout: float = 30) -> dict[str, Any]:
+        result = coord("status", "--json", "--config", str(self.config), env=self.env, timeout=timeout)
+        if result.returncode != 0:
+            raise AssertionError(f"coord status failed ({result.returncode}): {result.stderr}")
+        return json.loads(result.stdout)
+
+    def wait_for(self, predicate: Callable[[dict[str, Any]], bool], timeout: float, what: str) -> dict[str, Any]:
+        """Poll `coord status --json` until predicate holds; returns the last document."""
+        deadline = time.monotonic() + timeout
+        doc: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"coordd exited {self.proc.returncode}: {self.proc.stderr.read()}\n{self.log_tail()}")
+            result = coord("status", "--json", "--config", str(self.config), env=self.env, timeout=30)
+            if result.returncode == 0:
+                doc = json.loads(result.stdout)
+                if predicate(doc):
+                    return doc
+            time.sleep(0.2)
+        raise AssertionError(f"not {what} within {timeout} s; last status: {json.dumps(doc, indent=1)[:3000]}\n"
+                             f"{self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_file.read_text().splitlines()[-lines:])
+        except OSError:
+            return "(no daemon log)"
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(5)
+
+
+def node_states(doc: dict[str, Any]) -> dict[str, str]:
+    return {node["name"]: node["state"] for node in doc["nodes"]}
+
+
+def all_up(doc: dict[str, Any]) -> bool:
+    return bool(doc["nodes"]) and all(node["state"] == "up" for node in doc["nodes"])
+
+
+def environment(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("COORD_SOCKET", None)
+    env.pop("COORD_CONFIG", None)
+    env["PYTHONPATH"] = str(REPO)
+    env.update(extra)
+    return env
