@@ -14,7 +14,7 @@ except ImportError:
 
 import asyncio  # noqa: E402
 
-from shared.logs import configure_logging  # noqa: E402
+from shared.log import configure_json_logging  # noqa: E402
 
 
 async def serve_stdio() -> None:
@@ -34,7 +34,7 @@ async def serve_stdio() -> None:
 
 
 def main() -> None:
-    configure_logging(json=True, level=os.environ.get("COORD_AGENT_LOG_LEVEL", "info"))
+    configure_json_logging(level=os.environ.get("COORD_AGENT_LOG_LEVEL", "info"))
     try:
         asyncio.run(serve_stdio())
     except KeyboardInterrupt:

@@ -8,8 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import anyio
-
+import asyncio
 from shared import protocol as p
 from shared.rpc import Dispatcher, Peer, Reader, RemoteError, Writer
 from shared.version import COORD_VERSION
@@ -43,7 +42,7 @@ async def facts(workdir: str | None = None) -> dict[str, Any]:
     if workdir is not None and not os.path.isabs(workdir):
         raise RemoteError(p.BAD_ARGS, f"workdir must be an absolute path, got {workdir!r}")
     # Facts run commands (system_profiler can take seconds): keep the loop free for pings.
-    return await anyio.to_thread.run_sync(node_facts.collect_facts, workdir)
+    return await asyncio.to_thread(node_facts.collect_facts, workdir)
 
 
 async def ping() -> dict[str, Any]:

@@ -92,7 +92,7 @@ class ControlServer:
             log.warning("control connection refused", peer_uid=uid)
             writer.close()
             return
-        peer = Peer(reader, writer, dispatcher=self._dispatcher, name="control")
+        peer = Peer(reader, writer, dispatcher=self._dispatcher, name="control", log=log)
         self._peers.add(peer)
         try:
             await peer.run()

@@ -26,7 +26,7 @@ from coordinator.config import ClusterConfig, ConfigError, load_config
 from coordinator.control import ControlServer, ControlSocketError
 from coordinator.node_session import Connect, open_transport
 from coordinator.state import StateError, StateStore
-from shared.logs import configure_logging
+from coordinator.logs import configure_logging
 from shared.rpc import Dispatcher
 from shared.version import COORD_VERSION
 

@@ -165,7 +165,7 @@ class NodeSession:
 
     async def _serve_agent(self, proc) -> bool | None:
         """Handshake and watch; True after an up period, None when the bundle is not installed."""
-        peer = Peer(proc.reader, proc.writer, name=self.node.name)
+        peer = Peer(proc.reader, proc.writer, name=self.node.name, log=self.log)
         lost_reason = "agent connection closed"
         up = False
         async with anyio.create_task_group() as tasks:

@@ -21,12 +21,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import anyio
-import structlog
-
 from shared import protocol as p
-
-log = structlog.get_logger("rpc")
+from shared.log import Logger, get_logger
 
 #: Calls served at once on one connection; further requests wait, so a flood of
 #: requests costs bounded memory.
@@ -128,7 +124,7 @@ class Dispatcher:
 
 class Peer:
     def __init__(self, reader: Reader, writer: Writer, *, dispatcher: Dispatcher | None = None,
-                 max_frame: int = p.DEFAULT_MAX_FRAME, name: str = "peer"):
+                 max_frame: int = p.DEFAULT_MAX_FRAME, name: str = "peer", log: Logger | None = None):
         self._reader = reader
         self._writer = writer
         self._dispatcher = dispatcher
@@ -136,9 +132,10 @@ class Peer:
         self._ids = itertools.count(1)
         self._pending: dict[int, tuple[asyncio.Future, Callable[[Any], Any] | None]] = {}
         self._write_lock = asyncio.Lock()
-        self._call_slots = anyio.Semaphore(MAX_CONCURRENT_CALLS)
+        self._call_slots = asyncio.Semaphore(MAX_CONCURRENT_CALLS)
+        self._serving: set[asyncio.Task] = set()
         self._closed_reason: str | None = None
-        self.log = log.bind(peer=name)
+        self.log = (log or get_logger("rpc")).bind(peer=name)
 
     @property
     def closed(self) -> bool:
@@ -156,8 +153,10 @@ class Peer:
             await self._send(p.Request(msg_id, method, args or {}))
             if timeout is None:
                 return await future
-            with anyio.fail_after(timeout):
-                return await future
+            try:
+                return await asyncio.wait_for(future, timeout)
+            except asyncio.TimeoutError:
+                raise TimeoutError(f"{method} got no answer within {timeout:g} s") from None
         finally:
             self._pending.pop(msg_id, None)
 
@@ -165,10 +164,10 @@ class Peer:
         """Read and handle frames until the connection ends; then fail every pending call."""
         reason = "connection closed"
         try:
-            async with anyio.create_task_group() as tasks:
-                reason = await self._read_loop(tasks)
-                tasks.cancel_scope.cancel()
+            reason = await self._read_loop()
         finally:
+            for task in list(self._serving):
+                task.cancel()
             self._shut(reason)
             try:
                 self._writer.close()  # whatever ended reading ends the connection
@@ -190,7 +189,7 @@ class Peer:
                 future.set_exception(ConnectionLost(self._closed_reason))
         self._pending.clear()
 
-    async def _read_loop(self, tasks) -> str:
+    async def _read_loop(self) -> str:
         while True:
             try:
                 header = await self._reader.readexactly(p.HEADER.size)
@@ -214,12 +213,14 @@ class Peer:
                 self.log.warning("bad frame refused", code=exc.code, reason=exc.message)
                 await self._send_quietly(p.Error(None, exc.code, exc.message))
                 continue
-            await self._handle(message, tasks)
+            await self._handle(message)
 
-    async def _handle(self, message: p.Message, tasks) -> None:
+    async def _handle(self, message: p.Message) -> None:
         if isinstance(message, p.Request):
             await self._call_slots.acquire()
-            tasks.start_soon(self._serve, message)
+            task = asyncio.ensure_future(self._serve(message))
+            self._serving.add(task)
+            task.add_done_callback(self._serving.discard)
         elif isinstance(message, p.Event):
             entry = self._pending.get(message.id)
             if entry and entry[1] is not None:

@@ -1,4 +1,4 @@
-"""Logging set-up shared by the daemon, the CLI and the agent.
+"""Logging set-up of the daemon and the CLI (the agent uses shared.log, stdlib only).
 
 Logs are structlog events written as JSON lines (or a readable console form) to
 stderr or a file. Never to stdout: the agent's stdout carries the protocol.
