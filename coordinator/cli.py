@@ -116,6 +116,11 @@ def cmd_agent_bundle(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from coordinator.demo import run_demo
+    return run_demo(Path(args.dir), keep=args.keep)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="coord",
@@ -149,6 +154,13 @@ def build_parser() -> argparse.ArgumentParser:
     from coordinator.daemon import add_daemon_arguments
     add_daemon_arguments(p)
     p.set_defaults(func=cmd_daemon)
+
+    p = sub.add_parser("demo", help="start a local cluster on this machine and show its status",
+                       description="Start coordd with two local nodes (no SSH needed), wait until they are up, "
+                                   "and print `coord status`.")
+    p.add_argument("--dir", default="demo-state", help="where the demo's cluster file, state and logs go")
+    p.add_argument("--keep", action="store_true", help="leave the daemon running afterwards")
+    p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("agent-bundle", help="write the agent bundle zip (for deploy/install-agent.sh)",
                        description="Write the zip the daemon installs on nodes, to install it by hand.")

@@ -39,7 +39,7 @@ def render_status(doc: dict[str, Any], console) -> None:
     for node in doc["nodes"]:
         facts = node.get("facts") or {}
         user = facts.get("user") or node.get("user")
-        where = node["address"] if node["address"] == "local" else f"{user}@{node['host']}" if user else node["host"]
+        where = f"{user}@{node['host']}" if user else node["host"]
         table.add_row(
             node["name"], where, f"[{styles.get(node['state'], 'white')}]{node['state']}[/]",
             _text(facts.get("chip")), _bytes(facts.get("memory_bytes")),
