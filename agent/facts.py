@@ -206,7 +206,43 @@ def _classify_gpu(answer: dict[str, Any]) -> tuple[str | None, str]:
 def _gpu_facts(python: str, mlx_version: str | None) -> tuple[str | None, str]:
     if mlx_version is None:
         return None, "mlx is not installed"
-    return detect_gpu(python)
+    # Importing MLX in a child costs a second of CPU; every agent start (reconnects
+    # included) would pay it. The answer only changes with the interpreter or MLX.
+    key = f"{os.path.abspath(python)}|{mlx_version}"
+    cached = _read_gpu_cache().get(key)
+    if isinstance(cached, list) and len(cached) == 2 and cached[0] in ("metal", "cuda", "none"):
+        return cached[0], str(cached[1])
+    gpu, detail = detect_gpu(python)
+    if gpu is not None:
+        _write_gpu_cache(key, gpu, detail)
+    return gpu, detail
+
+
+def _gpu_cache_path() -> str:
+    return os.path.join(os.path.expanduser("~"), ".coord", "cache", "gpu.json")
+
+
+def _read_gpu_cache() -> dict[str, Any]:
+    try:
+        with open(_gpu_cache_path(), encoding="utf-8") as handle:
+            data = json.load(handle)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_gpu_cache(key: str, gpu: str, detail: str) -> None:
+    path = _gpu_cache_path()
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        data = _read_gpu_cache()
+        data[key] = [gpu, detail]
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(data, handle)
+        os.replace(tmp, path)  # atomic: concurrent agents never read half a file
+    except OSError:
+        pass  # a cache that cannot be written only costs time
 
 
 def read_disk_free(workdir: str | None) -> int | None:

@@ -121,6 +121,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(Path(args.dir), keep=args.keep)
 
 
+def add_daemon_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", "-c", required=True, help="the cluster file (TOML); see: coord init")
+    parser.add_argument("--log-file", help="append JSON log lines here instead of stderr")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="coord",
@@ -151,7 +157,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("daemon", help="run coordd in the foreground",
                        description="Run the daemon in the foreground (launchd and systemd run `coordd`, the same).")
-    from coordinator.daemon import add_daemon_arguments
     add_daemon_arguments(p)
     p.set_defaults(func=cmd_daemon)
 

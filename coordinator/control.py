@@ -16,11 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from shared.rpc import Dispatcher, Peer
-
-log = structlog.get_logger("control")
 
 # macOS: getsockopt(SOL_LOCAL=0, LOCAL_PEERCRED=1) returns a struct xucred.
 _SOL_LOCAL, _LOCAL_PEERCRED = 0, 1
@@ -63,6 +59,9 @@ class ControlServer:
         self._dispatcher = dispatcher
         self._server: asyncio.AbstractServer | None = None
         self._peers: set[Peer] = set()
+        import structlog  # the daemon's logger; kept out of the CLI's start-up time
+
+        self.log = structlog.get_logger("control")
 
     async def start(self) -> None:
         prepare_socket_dir(self.path)
@@ -89,10 +88,10 @@ class ControlServer:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         uid = peer_uid(writer.get_extra_info("socket"))
         if uid != os.getuid():
-            log.warning("control connection refused", peer_uid=uid)
+            self.log.warning("control connection refused", peer_uid=uid)
             writer.close()
             return
-        peer = Peer(reader, writer, dispatcher=self._dispatcher, name="control", log=log)
+        peer = Peer(reader, writer, dispatcher=self._dispatcher, name="control", log=self.log)
         self._peers.add(peer)
         try:
             await peer.run()

@@ -151,16 +151,11 @@ def run_daemon(config_path: str, *, log_file: str | None = None, log_level: str 
     return 0
 
 
-def add_daemon_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", "-c", required=True, help="the cluster file (TOML); see: coord init")
-    parser.add_argument("--log-file", help="append JSON log lines here instead of stderr")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="coordd", description="The coord daemon: keeps a session to every node's agent and "
                                    "answers `coord` on its control socket. Runs in the foreground.")
+    from coordinator.cli import add_daemon_arguments
     add_daemon_arguments(parser)
     args = parser.parse_args(argv)
     sys.exit(run_daemon(args.config, log_file=args.log_file, log_level=args.log_level))

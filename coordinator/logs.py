@@ -12,6 +12,8 @@ from typing import TextIO
 
 import structlog
 
+from shared.log import JsonLineFormatter
+
 
 def configure_logging(*, json: bool = True, level: str = "info", stream: TextIO | None = None) -> None:
     """Route structlog (and stdlib logging, e.g. asyncssh's) to one stream."""
@@ -31,7 +33,7 @@ def configure_logging(*, json: bool = True, level: str = "info", stream: TextIO 
         cache_logger_on_first_use=False,
     )
     handler = logging.StreamHandler(stream)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(JsonLineFormatter() if json else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(numeric)
