@@ -148,6 +148,8 @@ def run_daemon(config_path: str, *, log_file: str | None = None, log_level: str 
     finally:
         state.close()
         lock.release()
+        if log_file:
+            stream.close()
     return 0
 
 

@@ -168,25 +168,28 @@ class NodeSession:
         peer = Peer(proc.reader, proc.writer, name=self.node.name, log=self.log)
         lost_reason = "agent connection closed"
         up = False
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(self._pump_stderr, proc.stderr)
+        try:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(self._pump_stderr, proc.stderr)
 
-            async def serve_peer() -> None:
-                await peer.run()
+                async def serve_peer() -> None:
+                    await peer.run()
+                    tasks.cancel_scope.cancel()
+
+                tasks.start_soon(serve_peer)
+                try:
+                    await self._handshake(peer)
+                    up = True
+                    lost_reason = await self._watch(peer)
+                except (ConnectionLost, TimeoutError) as exc:
+                    lost_reason = str(exc) or "agent did not answer"
+                except RemoteError as exc:
+                    lost_reason = f"agent refused: {exc.message}"
                 tasks.cancel_scope.cancel()
-
-            tasks.start_soon(serve_peer)
-            try:
-                await self._handshake(peer)
-                up = True
-                lost_reason = await self._watch(peer)
-            except (ConnectionLost, TimeoutError) as exc:
-                lost_reason = str(exc) or "agent did not answer"
-            except RemoteError as exc:
-                lost_reason = f"agent refused: {exc.message}"
-            tasks.cancel_scope.cancel()
-        self._peer = None
-        proc.terminate()
+        finally:
+            # Also on cancellation (daemon shutdown): no agent outlives its session.
+            self._peer = None
+            proc.terminate()
         status = None
         with anyio.move_on_after(2, shield=True):
             status = await proc.wait()
