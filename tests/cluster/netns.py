@@ -1,0 +1,946 @@
+"""A multi-host test cluster on one Linux machine, built from network namespaces.
+
+Layout (``P`` is a short per-instance prefix such as ``c4170``)::
+
+    P-br   bridge namespace: Linux bridge ``br0`` plus one veth end per host
+    P-hd   head namespace:  ``eth0`` = 10.231.K.1   (coordd runs here)
+    P-1    node 1:          ``eth0`` = 10.231.K.11  sshd on :22, user/home/venv of node 1
+    P-2    node 2:          ``eth0`` = 10.231.K.12  ...
+
+Each node is a different Unix user with its own home and venv (``/usr/bin/python3`` plus
+mlx[cpu] and mlx-lm at the versions of the running interpreter; no coord). Each node runs
+the system OpenSSH ``sshd`` with its own host key; the head holds one client key, a plain
+``known_hosts`` and an ``ssh_config``.
+
+Everything created is recorded in a state file under ``/run/coord-netns-test`` so a later
+run can remove what a crashed run left behind. ``close()`` is idempotent and registered
+with ``atexit``.
+
+Needs root, Linux, iproute2 (``ip netns``), ``/usr/sbin/sshd`` and ``uv``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import dataclasses
+import importlib.metadata
+import json
+import os
+import pwd
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "DEFAULT_NODES",
+    "NetnsCluster",
+    "NetnsClusterError",
+    "NodeSpec",
+    "cluster_available",
+]
+
+SSHD = "/usr/sbin/sshd"
+SYSTEM_PYTHON = "/usr/bin/python3"
+STATE_DIR = Path("/run/coord-netns-test")
+USER_MARKER = "coord netns test user"  # GECOS of users this module creates
+_NS_RE = re.compile(r"^c\d{3}[0-9a-z]-(br|hd|\d+)$")
+_B36 = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+_instance_counter = 0
+_counter_lock = threading.Lock()
+
+
+class NetnsClusterError(RuntimeError):
+    """Raised when the cluster cannot be built or a helper fails."""
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    user: str
+    home: str
+    venv: str
+    #: extra requirement specifiers installed into this node's venv (e.g. "tokenizers")
+    extra_packages: tuple[str, ...] = ()
+    #: install this mlx version instead of the running interpreter's (mlx-cpu follows)
+    mlx_version: str | None = None
+    #: install this mlx-lm version instead of the running interpreter's
+    mlx_lm_version: str | None = None
+
+    @property
+    def python(self) -> str:
+        return f"{self.venv}/bin/python"
+
+    @property
+    def workdir(self) -> str:
+        return f"{self.home}/work"
+
+
+DEFAULT_NODES: tuple[NodeSpec, ...] = (
+    NodeSpec("n1", "coordalice", "/home/coordalice", "/home/coordalice/venv"),
+    NodeSpec("n2", "coordbob", "/srv/coordbob", "/srv/coordbob/mlx/env"),
+    NodeSpec("n3", "coordcarol", "/var/tmp/coordcarol-home", "/var/tmp/coordcarol-home/py"),
+)
+
+
+def cluster_available() -> tuple[bool, str]:
+    """Whether this machine can build a NetnsCluster, and why not if it cannot."""
+    if not sys.platform.startswith("linux"):
+        return False, f"netns cluster needs Linux (this is {sys.platform})"
+    if os.geteuid() != 0:
+        return False, "netns cluster needs root (ip netns, useradd, sshd)"
+    if shutil.which("ip") is None:
+        return False, "netns cluster needs iproute2 ('ip' not on PATH)"
+    if not os.access(SSHD, os.X_OK):
+        return False, f"netns cluster needs OpenSSH server ({SSHD} missing; apt install openssh-server)"
+    for tool in ("uv", "ssh", "ssh-keygen", "useradd", "userdel", "usermod", "runuser"):
+        if shutil.which(tool) is None:
+            return False, f"netns cluster needs '{tool}' on PATH"
+    if not os.access(SYSTEM_PYTHON, os.X_OK):
+        return False, f"netns cluster needs {SYSTEM_PYTHON}"
+    return True, ""
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _run(argv: Sequence[str], *, check: bool = True, timeout: float = 120, **kw: Any) -> subprocess.CompletedProcess:
+    kw.setdefault("capture_output", True)
+    kw.setdefault("text", True)
+    proc = subprocess.run(list(argv), timeout=timeout, **kw)
+    if check and proc.returncode != 0:
+        raise NetnsClusterError(
+            f"command failed (exit {proc.returncode}): {shlex.join(argv)}\n"
+            f"stdout: {(proc.stdout or '').strip()[-2000:]}\nstderr: {(proc.stderr or '').strip()[-2000:]}"
+        )
+    return proc
+
+
+def _proc_start_time(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]  # field 22: starttime
+
+
+def _pid_alive(pid: int, start_time: str | None) -> bool:
+    now = _proc_start_time(pid)
+    return now is not None and (start_time is None or now == start_time)
+
+
+def _children_map() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def _process_tree(pid: int) -> list[int]:
+    """pid and all its descendants (parents first)."""
+    children = _children_map()
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, ()))
+    return out
+
+
+def _kill_pids(pids: Sequence[int], sig: int = signal.SIGKILL) -> None:
+    for p in pids:
+        try:
+            os.kill(p, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _wait_gone(pids: Sequence[int], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    pending = list(pids)
+    while pending and time.monotonic() < deadline:
+        pending = [p for p in pending if Path(f"/proc/{p}").exists() and not _is_zombie(p)]
+        if pending:
+            time.sleep(0.02)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def _ns_list() -> list[str]:
+    proc = _run(["ip", "netns", "list"], check=False)
+    return [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
+
+
+def _ns_pids(ns: str) -> list[int]:
+    proc = _run(["ip", "netns", "pids", ns], check=False)
+    return [int(x) for x in proc.stdout.split() if x.isdigit()]
+
+
+def _delete_ns(ns: str) -> None:
+    for _ in range(3):
+        pids = _ns_pids(ns)
+        if not pids:
+            break
+        _kill_pids(pids)
+        _wait_gone(pids, 2)
+    _run(["ip", "netns", "del", ns], check=False)
+
+
+def _user_exists(user: str) -> pwd.struct_passwd | None:
+    try:
+        return pwd.getpwnam(user)
+    except KeyError:
+        return None
+
+
+def _kill_user_procs(user: str) -> None:
+    for _ in range(20):
+        _run(["pkill", "-KILL", "-u", user], check=False)
+        if _run(["pgrep", "-u", user], check=False).returncode != 0:
+            return
+        time.sleep(0.05)
+
+
+def _remove_user(user: str) -> None:
+    if _user_exists(user) is None:
+        return
+    _kill_user_procs(user)
+    _run(["userdel", user], check=False)
+    if _user_exists(user) is not None:  # e.g. a process slipped in; try once more
+        _kill_user_procs(user)
+        _run(["userdel", "-f", user], check=False)
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (str, os.PathLike)):
+        return json.dumps(os.fspath(value))
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{ " + ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+# --------------------------------------------------------------------------- stale cleanup
+
+
+def _cleanup_record(record: Mapping[str, Any]) -> None:
+    """Undo what a (possibly crashed) cluster recorded. Tolerates anything already gone."""
+    for pid, start in record.get("sshd", {}).values():
+        if _pid_alive(pid, start):
+            _kill_pids(_process_tree(pid))
+    for ns in record.get("namespaces", []):
+        if ns in _ns_list():
+            _delete_ns(ns)
+    for user in record.get("users", []):
+        entry = _user_exists(user)
+        if entry is not None and entry.pw_gecos.split(",")[0] == USER_MARKER:
+            _remove_user(user)
+    for path in sorted(record.get("paths", []), key=len, reverse=True):
+        if os.path.lexists(path):
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+    tmp = record.get("tmpdir")
+    if tmp:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _live_records() -> tuple[list[dict], list[Path]]:
+    """Return (records of live instances, state files of dead instances)."""
+    live, dead = [], []
+    if not STATE_DIR.is_dir():
+        return live, dead
+    for f in STATE_DIR.glob("*.json"):
+        try:
+            rec = json.loads(f.read_text())
+        except (OSError, ValueError):
+            dead.append(f)
+            continue
+        if rec.get("pid") == os.getpid() or _pid_alive(rec.get("pid", -1), rec.get("pid_start")):
+            live.append(rec)
+        else:
+            dead.append(f)
+    return live, dead
+
+
+def cleanup_stale() -> None:
+    """Remove what earlier, no longer running clusters left behind."""
+    live, dead = _live_records()
+    for f in dead:
+        try:
+            rec = json.loads(f.read_text())
+        except (OSError, ValueError):
+            rec = {}
+        _cleanup_record(rec)
+        f.unlink(missing_ok=True)
+    claimed = {ns for rec in live for ns in rec.get("namespaces", [])}
+    for ns in _ns_list():
+        if _NS_RE.match(ns) and ns not in claimed:
+            _delete_ns(ns)
+
+
+# --------------------------------------------------------------------------- the cluster
+
+
+class NetnsCluster:
+    """A bridge, a head namespace and one namespace + sshd + user + venv per node.
+
+    Use as a context manager, or call ``start()`` and ``close()``.
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[NodeSpec] = DEFAULT_NODES,
+        *,
+        extra_packages: Sequence[str] = (),
+        mlx_version: str | None = None,
+        mlx_lm_version: str | None = None,
+        ssh_port: int = 22,
+    ) -> None:
+        if not nodes:
+            raise ValueError("a cluster needs at least one node")
+        names = [n.name for n in nodes]
+        users = [n.user for n in nodes]
+        if len(set(names)) != len(names) or len(set(users)) != len(users):
+            raise ValueError("node names and users must be unique")
+        if len(nodes) > 200:
+            raise ValueError("at most 200 nodes")
+        self.nodes: tuple[NodeSpec, ...] = tuple(nodes)
+        self._by_name = {n.name: n for n in self.nodes}
+        self._extra_packages = tuple(extra_packages)
+        self._mlx_version = mlx_version
+        self._mlx_lm_version = mlx_lm_version
+        self.ssh_port = ssh_port
+
+        global _instance_counter
+        with _counter_lock:
+            idx = _instance_counter
+            _instance_counter += 1
+        pid = os.getpid()
+        self.prefix = f"c{pid % 1000:03d}{_B36[idx % 36]}"
+        self.subnet_k = (pid * 7 + idx * 31) % 250 + 1
+        self.bridge_ns = f"{self.prefix}-br"
+        self.head_ns = f"{self.prefix}-hd"
+        self._ns = {n.name: f"{self.prefix}-{i + 1}" for i, n in enumerate(self.nodes)}
+        self._veth = {n.name: f"{self.prefix}v{i + 1}" for i, n in enumerate(self.nodes)}
+        self._head_veth = f"{self.prefix}vh"
+        self._ip = {n.name: f"10.231.{self.subnet_k}.{11 + i}" for i, n in enumerate(self.nodes)}
+        self.head_ip = f"10.231.{self.subnet_k}.1"
+
+        self._tmpdir: Path | None = None
+        self._sshd: dict[str, subprocess.Popen] = {}
+        self._record: dict[str, Any] = {
+            "pid": pid,
+            "pid_start": _proc_start_time(pid),
+            "prefix": self.prefix,
+            "namespaces": [],
+            "users": [],
+            "paths": [],
+            "tmpdir": None,
+            "sshd": {},
+        }
+        self._state_file = STATE_DIR / f"{self.prefix}-{pid}.json"
+        self._lock = threading.RLock()
+        self._started = False
+        self._closed = False
+        self.start_seconds: float | None = None
+
+    # ----------------------------------------------------------------- properties
+
+    @property
+    def tmpdir(self) -> Path:
+        self._need_started()
+        assert self._tmpdir is not None
+        return self._tmpdir
+
+    @property
+    def client_key(self) -> Path:
+        """Private key (ed25519, no passphrase) the head uses to log in to every node."""
+        return self.tmpdir / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        """Plain known_hosts with every node's host key, keyed by its IP."""
+        return self.tmpdir / "known_hosts"
+
+    @property
+    def ssh_config(self) -> Path:
+        """OpenSSH client config with a ``Host <name> <ip>`` entry per node."""
+        return self.tmpdir / "ssh_config"
+
+    @property
+    def empty_ssh_config(self) -> Path:
+        return self.tmpdir / "ssh_config.empty"
+
+    def node(self, name: str) -> NodeSpec:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise KeyError(f"no node named {name!r} (have {sorted(self._by_name)})") from None
+
+    def node_ip(self, node: str) -> str:
+        self.node(node)
+        return self._ip[node]
+
+    def node_ns(self, node: str) -> str:
+        self.node(node)
+        return self._ns[node]
+
+    def sshd_log(self, node: str) -> Path:
+        return self.tmpdir / node / "sshd.log"
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def __enter__(self) -> NetnsCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> NetnsCluster:
+        with self._lock:
+            if self._started:
+                return self
+            if self._closed:
+                raise NetnsClusterError("a closed NetnsCluster cannot be started again")
+            ok, reason = cluster_available()
+            if not ok:
+                raise NetnsClusterError(reason)
+            t0 = time.monotonic()
+            self._started = True
+        atexit.register(self.close)
+        try:
+            self._start()  # not under self._lock: worker threads record what they make
+        except BaseException:
+            self.close()
+            raise
+        self.start_seconds = time.monotonic() - t0
+        return self
+
+    def _start(self) -> None:
+        cleanup_stale()
+        live, _ = _live_records()
+        for rec in live:
+            if rec.get("pid") == os.getpid() and rec.get("prefix") == self.prefix:
+                continue
+            clash = set(rec.get("users", [])) & {n.user for n in self.nodes}
+            if clash:
+                raise NetnsClusterError(
+                    f"users {sorted(clash)} are in use by another live test cluster (pid {rec.get('pid')})"
+                )
+        for ns in [self.bridge_ns, self.head_ns, *self._ns.values()]:
+            if ns in _ns_list():
+                _delete_ns(ns)
+
+        self._tmpdir = Path(tempfile.mkdtemp(prefix=f"coord-netns-{self.prefix}-"))
+        os.chmod(self._tmpdir, 0o700)
+        self._record["tmpdir"] = str(self._tmpdir)
+        self._save_record()
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(self.nodes) + 2) as pool:
+            # Users first (venvs are chowned to them), then venvs in the background
+            # while namespaces, keys and sshds come up.
+            for n in self.nodes:
+                self._make_user(n)
+            versions = self._versions()
+            # One after another: copying ~200 MB per venv is CPU-bound in the kernel, and
+            # parallel installs were twice as slow as sequential ones on 2 cores.
+            venv_futs = [pool.submit(lambda: [self._make_venv(n, versions) for n in self.nodes])]
+            key_futs = [pool.submit(self._keygen, self._tmpdir / "id_ed25519", "coord-netns-head")]
+            for n in self.nodes:
+                (self._tmpdir / n.name).mkdir(mode=0o700)
+                key_futs.append(
+                    pool.submit(self._keygen, self._tmpdir / n.name / "ssh_host_ed25519_key", f"host-{n.name}")
+                )
+            self._make_network()
+            for f in key_futs:
+                f.result()
+            self._write_client_files()
+            for n in self.nodes:
+                self._install_authorized_key(n)
+            Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+            os.chmod("/run/sshd", 0o755)
+            for n in self.nodes:
+                self.start_sshd(n.name)
+            self._check_network()
+            for f in venv_futs:
+                f.result()
+        for n in self.nodes:
+            self._wait_ssh(n.name)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed or not self._started:
+                self._closed = True
+                return
+            self._closed = True
+        try:
+            atexit.unregister(self.close)
+        except Exception:
+            pass
+        errors: list[str] = []
+        for name in list(self._sshd):
+            try:
+                self.stop_sshd(name)
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"stop sshd {name}: {e}")
+        try:
+            _cleanup_record(self._record)
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"cleanup: {e}")
+        try:
+            self._state_file.unlink(missing_ok=True)
+        except OSError:
+            pass
+        if errors:
+            print(f"NetnsCluster {self.prefix} close: " + "; ".join(errors), file=sys.stderr)
+
+    # ----------------------------------------------------------------- record
+
+    def _save_record(self) -> None:
+        STATE_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = self._state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self._record))
+        os.replace(tmp, self._state_file)
+
+    def _add_record(self, key: str, value: Any) -> None:
+        with self._lock:
+            if value not in self._record[key]:
+                self._record[key].append(value)
+            self._save_record()
+
+    # ----------------------------------------------------------------- users and venvs
+
+    def _make_dir_chain(self, path: Path, owner: pwd.struct_passwd | None, mode: int) -> None:
+        """mkdir -p path; record the directories made; chown them to owner."""
+        missing = []
+        p = path
+        while not p.exists():
+            missing.append(p)
+            p = p.parent
+        for d in reversed(missing):
+            d.mkdir(mode=mode)
+            os.chmod(d, mode)
+            self._add_record("paths", str(d))
+            if owner is not None:
+                os.chown(d, owner.pw_uid, owner.pw_gid)
+
+    def _make_user(self, n: NodeSpec) -> None:
+        home = Path(n.home)
+        entry = _user_exists(n.user)
+        if entry is not None:
+            if entry.pw_gecos.split(",")[0] != USER_MARKER:
+                raise NetnsClusterError(
+                    f"user {n.user!r} exists and was not made by this test cluster; refusing to touch it"
+                )
+            # Left over from a crashed run: reset it.
+            self._add_record("users", n.user)
+            _kill_user_procs(n.user)
+            _run(["usermod", "-d", str(home), "-s", "/bin/bash", n.user])
+            if home.exists():
+                self._add_record("paths", str(home))
+                shutil.rmtree(home)
+        else:
+            self._add_record("users", n.user)
+            if home.exists():
+                raise NetnsClusterError(f"home {home} of new user {n.user} already exists; remove it first")
+            _run(["useradd", "-M", "-d", str(home), "-s", "/bin/bash", "-c", USER_MARKER, n.user])
+        _run(["usermod", "-p", "*", n.user])  # unlocked, no password: key login only
+        entry = pwd.getpwnam(n.user)
+        self._make_dir_chain(home.parent, None, 0o755)
+        self._make_dir_chain(home, entry, 0o700)
+        for sub in (".ssh", "work"):
+            d = home / sub
+            d.mkdir(mode=0o700)
+            os.chown(d, entry.pw_uid, entry.pw_gid)
+
+    def _versions(self) -> tuple[str, str]:
+        mlx = self._mlx_version or importlib.metadata.version("mlx")
+        mlx_lm = self._mlx_lm_version or importlib.metadata.version("mlx-lm")
+        return mlx, mlx_lm
+
+    def _make_venv(self, n: NodeSpec, versions: tuple[str, str]) -> None:
+        venv = Path(n.venv)
+        entry = pwd.getpwnam(n.user)
+        inside_home = venv.is_relative_to(n.home)
+        if venv.exists():
+            raise NetnsClusterError(f"venv path {venv} of node {n.name} already exists")
+        self._make_dir_chain(venv.parent, entry if inside_home else None, 0o755)
+        if not inside_home:
+            self._add_record("paths", str(venv))
+        mlx = n.mlx_version or versions[0]
+        mlx_lm = n.mlx_lm_version or versions[1]
+        packages = [f"mlx[cpu]=={mlx}", f"mlx-lm=={mlx_lm}", *self._extra_packages, *n.extra_packages]
+        env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "UV_PYTHON", "PYTHONPATH")}
+        _run(["uv", "venv", "-q", "-p", SYSTEM_PYTHON, str(venv)], env=env)
+        py = str(venv / "bin" / "python")
+        base = ["uv", "pip", "install", "-q", "-p", py, "--link-mode=copy"]
+        # Offline first: fast and deterministic with a warm cache; then the index.
+        proc = _run([*base, "--offline", *packages], check=False, env=env, timeout=300)
+        if proc.returncode != 0:
+            _run([*base, *packages], env=env, timeout=600)
+        _run(["chown", "-R", f"{entry.pw_uid}:{entry.pw_gid}", str(venv)])
+
+    # ----------------------------------------------------------------- network
+
+    def _ip_ns(self, ns: str, *args: str) -> None:
+        _run(["ip", "-n", ns, *args])
+
+    def _add_ns(self, ns: str) -> None:
+        self._add_record("namespaces", ns)
+        _run(["ip", "netns", "add", ns])
+        self._ip_ns(ns, "link", "set", "lo", "up")
+
+    def _make_network(self) -> None:
+        br = self.bridge_ns
+        self._add_ns(br)
+        self._ip_ns(br, "link", "add", "br0", "type", "bridge")
+        # No STP forwarding delay: ports forward at once.
+        self._ip_ns(br, "link", "set", "br0", "type", "bridge", "forward_delay", "0", "stp_state", "0")
+        self._ip_ns(br, "link", "set", "br0", "up")
+        hosts = [(self.head_ns, self._head_veth, self.head_ip)] + [
+            (self._ns[n.name], self._veth[n.name], self._ip[n.name]) for n in self.nodes
+        ]
+        for ns, veth, ip in hosts:
+            self._add_ns(ns)
+            self._ip_ns(br, "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            self._ip_ns(br, "link", "set", veth, "master", "br0")
+            self._ip_ns(br, "link", "set", veth, "up")
+            self._ip_ns(ns, "addr", "add", f"{ip}/24", "dev", "eth0")
+            self._ip_ns(ns, "link", "set", "eth0", "up")
+
+    def _check_network(self) -> None:
+        """Head reaches every node: ping when iputils is installed, and a TCP connect
+        to every node's sshd (one process in the head namespace)."""
+        if shutil.which("ping"):
+            for n in self.nodes:
+                ip = self._ip[n.name]
+                for _ in range(10):
+                    proc = _run(["ip", "netns", "exec", self.head_ns, "ping", "-c", "1", "-W", "1", ip], check=False)
+                    if proc.returncode == 0:
+                        break
+                    time.sleep(0.1)
+                else:
+                    raise NetnsClusterError(f"head cannot ping {n.name} ({ip}): {proc.stdout}{proc.stderr}")
+        script = (
+            "import socket, sys, time\n"
+            "bad = []\n"
+            "for host in sys.argv[2:]:\n"
+            "    for i in range(20):\n"
+            "        try:\n"
+            "            socket.create_connection((host, int(sys.argv[1])), timeout=2).close(); break\n"
+            "        except OSError as e:\n"
+            "            err = e; time.sleep(0.1)\n"
+            "    else:\n"
+            "        bad.append(f'{host}: {err}')\n"
+            "sys.exit('; '.join(bad) if bad else 0)\n"
+        )
+        proc = _run(
+            ["ip", "netns", "exec", self.head_ns, SYSTEM_PYTHON, "-c", script, str(self.ssh_port),
+             *(self._ip[n.name] for n in self.nodes)],
+            check=False,
+        )
+        if proc.returncode != 0:
+            raise NetnsClusterError(f"head cannot reach node sshd: {proc.stderr.strip()}")
+
+    # ----------------------------------------------------------------- ssh
+
+    @staticmethod
+    def _keygen(path: Path, comment: str) -> None:
+        _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)])
+
+    def _write_client_files(self) -> None:
+        tmp = self.tmpdir
+        lines = []
+        for n in self.nodes:
+            pub = (tmp / n.name / "ssh_host_ed25519_key.pub").read_text().split()
+            host = self._ip[n.name] if self.ssh_port == 22 else f"[{self._ip[n.name]}]:{self.ssh_port}"
+            lines.append(f"{host} {pub[0]} {pub[1]}\n")
+        self.known_hosts.write_text("".join(lines))
+        cfg = []
+        for n in self.nodes:
+            cfg.append(
+                f"Host {n.name} {self._ip[n.name]}\n"
+                f"    HostName {self._ip[n.name]}\n"
+                f"    Port {self.ssh_port}\n"
+                f"    User {n.user}\n"
+                f"    IdentityFile {self.client_key}\n"
+                f"    IdentitiesOnly yes\n"
+                f"    UserKnownHostsFile {self.known_hosts}\n"
+                f"    GlobalKnownHostsFile /dev/null\n"
+                f"    StrictHostKeyChecking yes\n"
+                f"    BatchMode yes\n"
+                f"    ConnectTimeout 10\n"
+            )
+        self.ssh_config.write_text("\n".join(cfg))
+        self.empty_ssh_config.write_text("")
+
+    def _install_authorized_key(self, n: NodeSpec) -> None:
+        entry = pwd.getpwnam(n.user)
+        ak = Path(n.home) / ".ssh" / "authorized_keys"
+        ak.write_text((self.tmpdir / "id_ed25519.pub").read_text())
+        os.chmod(ak, 0o600)
+        os.chown(ak, entry.pw_uid, entry.pw_gid)
+
+    def _sshd_config(self, n: NodeSpec) -> Path:
+        d = self.tmpdir / n.name
+        path = d / "sshd_config"
+        path.write_text(
+            f"ListenAddress {self._ip[n.name]}:{self.ssh_port}\n"
+            f"HostKey {d / 'ssh_host_ed25519_key'}\n"
+            f"PidFile {d / 'sshd.pid'}\n"
+            "UsePAM no\n"
+            "PasswordAuthentication no\n"
+            "KbdInteractiveAuthentication no\n"
+            "PubkeyAuthentication yes\n"
+            "PermitRootLogin no\n"
+            "AuthorizedKeysFile .ssh/authorized_keys\n"
+            f"AllowUsers {n.user}\n"
+            "StrictModes yes\n"
+            "MaxStartups 100\n"
+            "MaxSessions 100\n"
+            "LogLevel VERBOSE\n"
+            "PrintMotd no\n"
+            "X11Forwarding no\n"
+            "Subsystem sftp /usr/lib/openssh/sftp-server\n"
+        )
+        return path
+
+    def start_sshd(self, node: str) -> None:
+        """Start (or restart) the node's sshd in its namespace and wait until it listens."""
+        n = self.node(node)
+        with self._lock:
+            old = self._sshd.get(node)
+            if old is not None and old.poll() is None:
+                return
+            cfg = self._sshd_config(n)
+            log = self.sshd_log(node)
+            with open(log, "ab") as logf:
+                proc = subprocess.Popen(
+                    ["ip", "netns", "exec", self._ns[node], SSHD, "-D", "-e", "-f", str(cfg)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=logf,
+                    stderr=logf,
+                    start_new_session=True,
+                )
+            self._sshd[node] = proc
+            self._record["sshd"][node] = [proc.pid, _proc_start_time(proc.pid)]
+            self._save_record()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise NetnsClusterError(
+                    f"sshd for {node} exited with {proc.returncode}; log {log}:\n{_tail(log)}"
+                )
+            if self._listening(node):
+                return
+            time.sleep(0.02)
+        raise NetnsClusterError(f"sshd for {node} did not start listening; log {log}:\n{_tail(log)}")
+
+    def _listening(self, node: str) -> bool:
+        proc = _run(
+            ["ip", "netns", "exec", self._ns[node], "ss", "-Hltn", f"sport = :{self.ssh_port}"], check=False
+        )
+        return self._ip[node] in proc.stdout
+
+    def stop_sshd(self, node: str, *, kill_sessions: bool = True) -> None:
+        """Stop the node's sshd. With kill_sessions (default) its open sessions and
+        everything started through them die too, as when the node's sshd goes away."""
+        self.node(node)
+        with self._lock:
+            proc = self._sshd.pop(node, None)
+            self._record["sshd"].pop(node, None)
+            if self._tmpdir is not None and self._state_file.parent.exists():
+                self._save_record()
+        if proc is None:
+            return
+        if proc.poll() is None:
+            if kill_sessions:
+                pids = _process_tree(proc.pid)
+                _kill_pids(pids)
+            else:
+                proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+    def _wait_ssh(self, node: str, timeout: float = 15) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            proc = self.ssh(node, "true", timeout=10)
+            if proc.returncode == 0:
+                return
+            if time.monotonic() > deadline:
+                raise NetnsClusterError(
+                    f"ssh to {node} failed (exit {proc.returncode}): {proc.stderr.strip()}\n"
+                    f"sshd log {self.sshd_log(node)}:\n{_tail(self.sshd_log(node))}"
+                )
+            time.sleep(0.1)
+
+    # ----------------------------------------------------------------- helpers for tests
+
+    def _resolve_ns(self, ns_or_node: str) -> str:
+        if ns_or_node in self._ns:
+            return self._ns[ns_or_node]
+        if ns_or_node == "head":
+            return self.head_ns
+        if ns_or_node == "bridge":
+            return self.bridge_ns
+        if ns_or_node in (self.head_ns, self.bridge_ns, *self._ns.values()):
+            return ns_or_node
+        raise KeyError(f"unknown namespace or node {ns_or_node!r}")
+
+    def ns_argv(self, ns_or_node: str, argv: Sequence[str], user: str | None = None) -> list[str]:
+        """The argv that runs argv in a namespace ("head", "bridge", a node name or a
+        namespace name), optionally as user (via runuser)."""
+        ns = self._resolve_ns(ns_or_node)
+        prefix = ["ip", "netns", "exec", ns]
+        if user is not None:
+            prefix += ["runuser", "-u", user, "--"]
+        return prefix + [os.fspath(a) for a in argv]
+
+    def exec_in(self, ns_or_node: str, argv: Sequence[str], user: str | None = None, **kw: Any) -> subprocess.CompletedProcess:
+        """subprocess.run argv in a namespace; captures text output unless told otherwise."""
+        if "stdout" not in kw and "stderr" not in kw:
+            kw.setdefault("capture_output", True)
+        kw.setdefault("text", True)
+        return subprocess.run(self.ns_argv(ns_or_node, argv, user), **kw)
+
+    def popen_in(self, ns_or_node: str, argv: Sequence[str], user: str | None = None, **kw: Any) -> subprocess.Popen:
+        """subprocess.Popen argv in a namespace (for daemons: coordd in "head")."""
+        return subprocess.Popen(self.ns_argv(ns_or_node, argv, user), **kw)
+
+    def ssh_argv(self, node: str, command: str | Sequence[str], options: Sequence[str] = ()) -> list[str]:
+        """argv (to run inside the head namespace) of ssh to node with the cluster's config."""
+        self.node(node)
+        cmd = command if isinstance(command, str) else shlex.join(command)
+        return ["ssh", "-F", str(self.ssh_config), *options, node, cmd]
+
+    def ssh(
+        self,
+        node: str,
+        command: str | Sequence[str],
+        *,
+        options: Sequence[str] = (),
+        timeout: float = 60,
+        **kw: Any,
+    ) -> subprocess.CompletedProcess:
+        """Run command on node over SSH from the head namespace, as the node's user."""
+        return self.exec_in("head", self.ssh_argv(node, command, options), timeout=timeout, **kw)
+
+    def cut_link(self, node: str) -> None:
+        """Take the node's link to the bridge down: it becomes unreachable."""
+        self.node(node)
+        _run(["ip", "-n", self.bridge_ns, "link", "set", self._veth[node], "down"])
+
+    def restore_link(self, node: str) -> None:
+        self.node(node)
+        _run(["ip", "-n", self.bridge_ns, "link", "set", self._veth[node], "up"])
+
+    def write_cluster_toml(
+        self,
+        path: str | os.PathLike,
+        *,
+        state_dir: str | os.PathLike,
+        socket: str | os.PathLike | None = None,
+        extra_node_fields: Mapping[str, Mapping[str, Any]] | None = None,
+        nodes: Sequence[str] | None = None,
+    ) -> Path:
+        """Write a coord cluster file for this cluster.
+
+        extra_node_fields maps a node name (or "*" for every node) to extra keys of its
+        [[nodes]] table. nodes limits the file to those node names, in that order.
+        """
+        extra = dict(extra_node_fields or {})
+        unknown = set(extra) - set(self._by_name) - {"*"}
+        if unknown:
+            raise KeyError(f"extra_node_fields names unknown nodes {sorted(unknown)}")
+        out = [
+            "[cluster]",
+            'name = "netns-test"',
+            f"state_dir = {_toml_value(state_dir)}",
+        ]
+        if socket is not None:
+            out.append(f"socket = {_toml_value(socket)}")
+        out += [
+            "",
+            "[ssh]",
+            f"known_hosts = {_toml_value(self.known_hosts)}",
+            f"identity_file = {_toml_value(self.client_key)}",
+            f"config = {_toml_value(self.empty_ssh_config)}",
+            "keepalive_s = 1",
+        ]
+        for name in nodes if nodes is not None else [n.name for n in self.nodes]:
+            n = self.node(name)
+            fields: dict[str, Any] = {
+                "name": n.name,
+                "host": self._ip[n.name],
+                "user": n.user,
+                "port": self.ssh_port,
+                "python": n.python,
+                "workdir": n.workdir,
+            }
+            fields.update(extra.get("*", {}))
+            fields.update(extra.get(n.name, {}))
+            out += ["", "[[nodes]]"] + [f"{k} = {_toml_value(v)}" for k, v in fields.items()]
+        p = Path(path)
+        p.write_text("\n".join(out) + "\n")
+        return p
+
+    # ----------------------------------------------------------------- misc
+
+    def _need_started(self) -> None:
+        if self._tmpdir is None:
+            raise NetnsClusterError("cluster not started")
+
+    def __repr__(self) -> str:
+        return f"NetnsCluster(prefix={self.prefix!r}, nodes={[n.name for n in self.nodes]})"
+
+
+if __name__ == "__main__":  # manual check: python -m tests.cluster.netns
+    with NetnsCluster() as c:
+        print(f"started in {c.start_seconds:.2f}s; head ns {c.head_ns}; tmp {c.tmpdir}")
+        for n in c.nodes:
+            r = c.ssh(n.name, [n.python, "-c", "import mlx.core, getpass; print(getpass.getuser(), mlx.core.__version__)"])
+            print(n.name, c.node_ip(n.name), r.returncode, r.stdout.strip(), r.stderr.strip())

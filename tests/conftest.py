@@ -1,0 +1,36 @@
+"""Shared pytest fixtures."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# --- multi-host network-namespace test cluster (tests/cluster/netns.py) -------------
+
+
+def cluster_available() -> tuple[bool, str]:
+    """(True, "") where the netns test cluster can run: Linux, root, ip, sshd, uv."""
+    from tests.cluster.netns import cluster_available as _available
+
+    return _available()
+
+
+@pytest.fixture(scope="session")
+def netns_cluster():
+    """A started 3-node NetnsCluster (n1, n2, n3 as coordalice, coordbob, coordcarol).
+
+    Skipped with the reason where it cannot run, except under CI=true, where it fails.
+    """
+    ok, reason = cluster_available()
+    if not ok:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"netns cluster unavailable under CI=true: {reason}")
+        pytest.skip(reason)
+    from tests.cluster.netns import NetnsCluster
+
+    with NetnsCluster() as cluster:
+        yield cluster
+
+
+# --- end netns cluster ---------------------------------------------------------------
