@@ -14,6 +14,7 @@ from shared.rpc import Dispatcher, Peer, Reader, RemoteError, Writer
 from shared.version import COORD_VERSION
 
 from agent import facts as node_facts
+from agent import sync as node_sync
 
 
 def bundle_id() -> str:
@@ -49,11 +50,32 @@ async def ping() -> dict[str, Any]:
     return {"time": time.time()}
 
 
+def _in_thread(func):
+    """Disk work runs off the event loop, so pings are answered during a long hash."""
+
+    async def call(**args):
+        return await asyncio.to_thread(func, **args)
+
+    return call
+
+
 def build_dispatcher() -> Dispatcher:
     table = Dispatcher()
     table.add("hello", hello, required={"protocol": int}, optional={"client": str})
     table.add("facts", facts, optional={"workdir": (str, type(None))})
     table.add("ping", ping)
+
+    uploads = node_sync.Uploads()
+    table.add("manifest", _in_thread(node_sync.describe), required={"root": str, "patterns": list})
+    table.add("put_files", _in_thread(node_sync.put_files), required={"root": str, "files": list})
+    table.add("upload_begin", _in_thread(uploads.begin),
+              required={"root": str, "path": str, "size": int, "mode": int, "sha256": str})
+    table.add("upload_chunk", _in_thread(uploads.chunk), required={"upload": int, "offset": int, "data": bytes})
+    table.add("upload_finish", _in_thread(uploads.finish), required={"upload": int})
+    table.add("delete_files", _in_thread(node_sync.delete_files), required={"root": str, "paths": list})
+    table.add("set_modes", _in_thread(node_sync.set_modes), required={"root": str, "modes": list})
+    table.add("inspect_files", _in_thread(node_sync.inspect_files), required={"root": str, "paths": list},
+              optional={"count_lines": bool})
     return table
 
 

@@ -39,9 +39,10 @@ def resolve_socket(args: argparse.Namespace) -> Path:
     return default_state_dir() / "coord.sock"
 
 
-def ask_daemon(socket: Path, method: str, args: dict[str, Any] | None = None, *, config_hint: str | None = None) -> Any:
+def ask_daemon(socket: Path, method: str, args: dict[str, Any] | None = None, *, config_hint: str | None = None,
+               timeout: float | None = 30.0, on_event=None) -> Any:
     try:
-        return asyncio.run(call_daemon(socket, method, args))
+        return asyncio.run(call_daemon(socket, method, args, timeout=timeout, on_event=on_event))
     except DaemonNotRunning:
         start = f"coord daemon --config {config_hint}" if config_hint else "coord daemon --config CLUSTER.toml"
         raise CliError(f"coordd is not running (no daemon answers on {socket}).\n"
@@ -93,6 +94,26 @@ def _watch_status(args: argparse.Namespace, socket: Path, hint: str | None) -> i
                 time.sleep(args.interval)
     except KeyboardInterrupt:
         return EXIT_OK
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    socket = resolve_socket(args)
+    hint = args.config or os.environ.get("COORD_CONFIG")
+    source = str(Path(args.source).resolve()) if args.source else None
+    request = {"source": source, "delete": args.delete, "dry_run": args.dry_run}
+    if args.json:
+        report = ask_daemon(socket, "sync", request, config_hint=hint, timeout=None)
+        json.dump(report, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        from coordinator.commands.sync import render_sync
+        from coordinator.progress import SyncProgress
+
+        console = make_console()
+        with SyncProgress(console) as progress:
+            report = ask_daemon(socket, "sync", request, config_hint=hint, timeout=None, on_event=progress.update)
+        render_sync(report, console)
+    return EXIT_OK if report["status"] == "ok" else EXIT_FAILED
 
 
 def cmd_init(args: argparse.Namespace) -> int:
@@ -148,6 +169,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--events", type=int, default=10, help="how many recent events to show (default 10)")
     p.add_argument("--check", action="store_true", help="exit 1 unless every node is up")
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("sync", help="send the project tree to every node (only what each lacks)",
+                       description="Hash the source tree on the head and each node's copy under its workdir, "
+                                   "send only the files a node lacks or holds with other content, then check "
+                                   "that every node agrees. Ignores .git, __pycache__, virtualenvs, checkpoints "
+                                   "and what .coordignore (gitignore syntax) lists.")
+    client_options(p)
+    p.add_argument("--source", help="the project directory on this machine (default: sync.source)")
+    p.add_argument("--delete", action="store_true", help="remove files on nodes that the source does not have")
+    p.add_argument("--dry-run", action="store_true", help="say what would be sent or deleted, change nothing")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_sync)
 
     p = sub.add_parser("init", help="write a commented example cluster file",
                        description="Write a commented example cluster file to edit.")

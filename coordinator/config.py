@@ -34,6 +34,17 @@ class SshSettings:
 
 
 @dataclass(frozen=True)
+class SyncSettings:
+    source: Path | None = None  # the project directory on the head; `coord sync --source` overrides
+    hook: str | None = None  # a script under the source, run before every sync
+    ignore: tuple[str, ...] = ()  # more patterns, on top of .coordignore and the defaults
+    threshold: float = 0.95  # agreement ratio below which a launch is blocked
+    script: str | None = None  # training script, data and model, relative to each workdir
+    data: tuple[str, ...] = ()
+    model: str | None = None
+
+
+@dataclass(frozen=True)
 class NodeConfig:
     name: str
     host: str
@@ -42,6 +53,10 @@ class NodeConfig:
     user: str | None = None
     port: int | None = None
     ips: tuple[str, ...] = ()
+    # Per-node overrides of [sync] script/data/model, relative to this node's workdir.
+    script: str | None = None
+    data: tuple[str, ...] | None = None
+    model: str | None = None
 
     @property
     def is_local(self) -> bool:
@@ -65,6 +80,13 @@ class ClusterConfig:
     ssh: SshSettings
     nodes: tuple[NodeConfig, ...]
     path: Path | None = None
+    sync: SyncSettings = SyncSettings()
+
+    def node_files(self, node: NodeConfig) -> dict[str, object]:
+        """The training script, data files and model of a node, relative to its workdir."""
+        return {"script": node.script if node.script is not None else self.sync.script,
+                "data": list(node.data if node.data is not None else self.sync.data),
+                "model": node.model if node.model is not None else self.sync.model}
 
 
 # key -> (accepted types, required)
@@ -84,8 +106,20 @@ _NODE_KEYS = {
     "python": (str, False),  # required unless host = "local"
     "workdir": (str, True),
     "ips": (list, False),
+    "script": (str, False),
+    "data": (list, False),
+    "model": (str, False),
 }
-_TOP_KEYS = {"cluster": dict, "ssh": dict, "nodes": list}
+_SYNC_KEYS = {
+    "source": (str, False),
+    "hook": (str, False),
+    "ignore": (list, False),
+    "threshold": ((int, float), False),
+    "script": (str, False),
+    "data": (list, False),
+    "model": (str, False),
+}
+_TOP_KEYS = {"cluster": dict, "ssh": dict, "nodes": list, "sync": dict}
 
 
 def default_state_dir() -> Path:
@@ -118,7 +152,7 @@ def parse_config(text: str, path: Path | None = None) -> ClusterConfig:
     for key, value in raw.items():
         kind = _TOP_KEYS.get(key)
         if kind is None:
-            raise ConfigError(locate.message(None, None, key, f"unknown key {key!r} (expected one of: cluster, ssh, nodes)"))
+            raise ConfigError(locate.message(None, None, key, f"unknown key {key!r} (expected one of: cluster, ssh, sync, nodes)"))
         if not isinstance(value, kind):
             raise ConfigError(locate.message(None, None, key, f"{key!r} must be a table" + ("s ([[nodes]])" if kind is list else "")))
 
@@ -128,6 +162,7 @@ def parse_config(text: str, path: Path | None = None) -> ClusterConfig:
     _check_table(cluster, _CLUSTER_KEYS, "cluster", None, locate)
     ssh_raw = raw.get("ssh", {})
     _check_table(ssh_raw, _SSH_KEYS, "ssh", None, locate)
+    sync = _parse_sync(raw.get("sync", {}), locate, base)
 
     nodes_raw = raw.get("nodes", [])
     if not nodes_raw:
@@ -156,7 +191,39 @@ def parse_config(text: str, path: Path | None = None) -> ClusterConfig:
     for key in ("keepalive_s", "connect_timeout_s"):
         if getattr(ssh, key) <= 0:
             raise ConfigError(locate.message("ssh", None, key, f"{key} must be greater than 0"))
-    return ClusterConfig(name=cluster["name"], state_dir=state_dir, socket=socket, ssh=ssh, nodes=nodes, path=path)
+    return ClusterConfig(name=cluster["name"], state_dir=state_dir, socket=socket, ssh=ssh, nodes=nodes, path=path,
+                         sync=sync)
+
+
+def _relative_paths(values: list, table: str, index: int | None, key: str, locate: "_Locator") -> tuple[str, ...]:
+    from shared.paths import UnsafePath, check_relative
+
+    out = []
+    for value in values:
+        try:
+            out.append(check_relative(value))
+        except UnsafePath as exc:
+            raise ConfigError(locate.message(table, index, key, f"{key}: {exc} (paths are relative to the workdir)"))
+    return tuple(out)
+
+
+def _parse_sync(raw: dict, locate: "_Locator", base: Path) -> SyncSettings:
+    _check_table(raw, _SYNC_KEYS, "sync", None, locate)
+    threshold = float(raw.get("threshold", 0.95))
+    if not 0 < threshold <= 1:
+        raise ConfigError(locate.message("sync", None, "threshold", "threshold must be in (0, 1]"))
+    for key in ("ignore", "data"):
+        if not all(isinstance(v, str) and v for v in raw.get(key, [])):
+            raise ConfigError(locate.message("sync", None, key, f"sync.{key} must be a list of strings"))
+    single = {key: _relative_paths([raw[key]], "sync", None, key, locate)[0] for key in ("hook", "script", "model")
+              if key in raw}
+    return SyncSettings(
+        source=_resolve(raw["source"], base) if "source" in raw else None,
+        ignore=tuple(raw.get("ignore", [])),
+        threshold=threshold,
+        data=_relative_paths(raw.get("data", []), "sync", None, "data", locate),
+        **single,
+    )
 
 
 def _parse_node(entry: Any, index: int, locate: "_Locator", base: Path) -> NodeConfig:
@@ -190,8 +257,13 @@ def _parse_node(entry: Any, index: int, locate: "_Locator", base: Path) -> NodeC
     ips = entry.get("ips", [])
     if not all(isinstance(ip, str) and ip for ip in ips):
         raise ConfigError(locate.message("nodes", index, "ips", "ips must be a list of address strings"))
+    if not all(isinstance(v, str) and v for v in entry.get("data", [])):
+        raise ConfigError(locate.message("nodes", index, "data", "data must be a list of paths"))
+    files = {key: _relative_paths([entry[key]], "nodes", index, key, locate)[0] for key in ("script", "model")
+             if key in entry}
+    data = _relative_paths(entry["data"], "nodes", index, "data", locate) if "data" in entry else None
     return NodeConfig(name=name, host=host, python=python, workdir=entry["workdir"].rstrip("/") or "/",
-                      user=user, port=port, ips=tuple(ips))
+                      user=user, port=port, ips=tuple(ips), data=data, **files)
 
 
 def _check_table(table: dict, schema: dict, name: str, index: int | None, locate: "_Locator") -> None:
@@ -275,6 +347,15 @@ name = "lab"
 # identity_file = "~/.ssh/id_ed25519"    # key authentication only, never passwords
 # config = "~/.ssh/config"               # honoured by default: Host aliases, HostName, User, Port
 # keepalive_s = 2                        # a lost node is noticed within about 3 keepalives
+
+[sync]                 # what `coord sync` sends, and what pre-flight compares; all optional
+# source = "~/project"                   # the project directory on this machine (default: --source)
+# hook = "scripts/pre-sync.sh"           # run before each sync, relative to the source; non-zero blocks
+# ignore = ["*.log", "outputs/"]         # on top of .coordignore and the defaults (.git, venvs, checkpoints...)
+# threshold = 0.95                       # agreement ratio below which a launch is blocked
+# script = "train.py"                    # relative to each node's workdir; a node may override these
+# data = ["data/train.jsonl", "data/valid.jsonl"]
+# model = "models/tiny"
 
 [[nodes]]
 name = "n1"

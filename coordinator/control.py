@@ -105,7 +105,7 @@ class DaemonNotRunning(Exception):
 
 
 async def call_daemon(path: Path, method: str, args: dict[str, Any] | None = None, *,
-                      timeout: float = 30.0) -> Any:
+                      timeout: float | None = 30.0, on_event=None) -> Any:
     """One call to the daemon over its control socket (the client half)."""
     try:
         reader, writer = await asyncio.open_unix_connection(str(path))
@@ -114,7 +114,7 @@ async def call_daemon(path: Path, method: str, args: dict[str, Any] | None = Non
     peer = Peer(reader, writer, name="coord")
     runner = asyncio.ensure_future(peer.run())
     try:
-        return await peer.call(method, args, timeout=timeout)
+        return await peer.call(method, args, timeout=timeout, on_event=on_event)
     finally:
         await peer.close()
         runner.cancel()

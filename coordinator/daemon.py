@@ -22,6 +22,7 @@ import structlog
 from coordinator.agent_bundle import AgentBundle, build_bundle
 from coordinator.cluster import Cluster
 from coordinator.commands import status as status_command
+from coordinator.commands import sync as sync_command
 from coordinator.config import ClusterConfig, ConfigError, load_config
 from coordinator.control import ControlServer, ControlSocketError
 from coordinator.node_session import Connect, open_transport
@@ -75,7 +76,12 @@ class Daemon:
         table = Dispatcher()
         table.add("status", self._status, optional={"events": int})
         table.add("ping", self._ping)
+        table.add("sync", self._sync, optional={"source": (str, type(None)), "delete": bool, "dry_run": bool},
+                  streams=True)
         return table
+
+    async def _sync(self, emit, **args: Any) -> dict[str, Any]:
+        return await sync_command.serve_sync(self, emit, **args)
 
     async def _status(self, events: int = 10) -> dict[str, Any]:
         return status_command.serve_status(self, events=events)

@@ -1,0 +1,231 @@
+"""The node side of sync: describe the workdir, write what the head sends, delete what it says.
+
+Every path is checked by ``shared.paths`` against the workdir before use, and
+every write goes to a temporary name in the target's directory, is checked
+against the SHA256 the head sent, fsynced, and renamed into place: a node never
+holds half a file under its real name, and nothing outside the workdir is
+touched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import stat
+from typing import Any
+
+from shared import protocol as p
+from shared.ignore import IgnoreRules
+from shared.manifest import HashCache, scan_tree, sha256_file, tree_hash
+from shared.paths import UnsafePath, resolve_under
+from shared.rpc import RemoteError
+
+CACHE_NAME = os.path.join(".coord", "hashcache.json")
+_upload_ids = itertools.count(1)
+
+
+def _root(root: str, create: bool = False) -> str:
+    if not isinstance(root, str) or not os.path.isabs(root):
+        raise RemoteError(p.BAD_ARGS, f"workdir must be an absolute path, got {root!r}")
+    if create:
+        os.makedirs(root, exist_ok=True)
+    elif not os.path.isdir(root):
+        raise RemoteError(p.NOT_FOUND, f"workdir {root} does not exist")
+    return root
+
+
+def _safe(root: str, rel: str, *, must_exist: bool = False) -> str:
+    try:
+        return resolve_under(root, rel, must_exist=must_exist)
+    except UnsafePath as exc:
+        raise RemoteError(p.REFUSED, str(exc)) from None
+
+
+def _mode(mode: int) -> int:
+    return mode & 0o777  # permission bits only: never setuid, setgid or sticky from the wire
+
+
+def describe(root: str, patterns: list[str]) -> dict[str, Any]:
+    root = _root(root, create=True)
+    rules = IgnoreRules(patterns)
+    cache = HashCache(os.path.join(root, CACHE_NAME))
+    manifest, stats = scan_tree(root, rules, cache=cache)
+    return {"files": [[rel, *entry] for rel, entry in manifest.items()], "tree_hash": tree_hash(manifest),
+            "stats": stats.as_dict()}
+
+
+def _write_atomically(target: str, data_chunks, mode: int, sha256: str) -> int:
+    directory = os.path.dirname(target)
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".{os.path.basename(target)}.coord-{os.getpid()}-{next(_upload_ids)}")
+    digest = hashlib.sha256()
+    size = 0
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            for chunk in data_chunks:
+                handle.write(chunk)
+                digest.update(chunk)
+                size += len(chunk)
+            handle.flush()
+            if digest.hexdigest() != sha256:
+                raise RemoteError(p.BAD_ARGS, f"content of {target} does not match its SHA256")
+            os.fchmod(handle.fileno(), _mode(mode))
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return size
+
+
+def put_files(root: str, files: list) -> dict[str, Any]:
+    """Write whole small files: [[rel, mode, sha256, data], ...]."""
+    root = _root(root, create=True)
+    written = 0
+    touched_dirs = set()
+    for item in files:
+        if not (isinstance(item, list) and len(item) == 4 and isinstance(item[0], str) and isinstance(item[1], int)
+                and isinstance(item[2], str) and isinstance(item[3], bytes)):
+            raise RemoteError(p.BAD_ARGS, "each file must be [path, mode, sha256, data]")
+        rel, mode, sha, data = item
+        target = _safe(root, rel)
+        written += _write_atomically(target, [data], mode, sha)
+        touched_dirs.add(os.path.dirname(target))
+    _fsync_dirs(touched_dirs)
+    return {"files": len(files), "bytes": written}
+
+
+class Uploads:
+    """Large files arrive in chunks into a temporary file; the rename waits for the last one."""
+
+    def __init__(self) -> None:
+        self._open: dict[int, dict[str, Any]] = {}
+
+    def begin(self, root: str, path: str, size: int, mode: int, sha256: str) -> dict[str, Any]:
+        root = _root(root, create=True)
+        target = _safe(root, path)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        upload = next(_upload_ids)
+        tmp = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.coord-{os.getpid()}-{upload}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        self._open[upload] = {"fd": fd, "tmp": tmp, "target": target, "size": size, "mode": mode,
+                              "sha256": sha256, "digest": hashlib.sha256(), "offset": 0}
+        return {"upload": upload}
+
+    def chunk(self, upload: int, offset: int, data: bytes) -> dict[str, Any]:
+        state = self._get(upload)
+        if offset != state["offset"]:
+            self.abort(upload)
+            raise RemoteError(p.BAD_ARGS, f"chunk at {offset}, expected {state['offset']}")
+        if state["offset"] + len(data) > state["size"]:
+            self.abort(upload)
+            raise RemoteError(p.BAD_ARGS, "more data than the announced size")
+        os.write(state["fd"], data)
+        state["digest"].update(data)
+        state["offset"] += len(data)
+        return {"offset": state["offset"]}
+
+    def finish(self, upload: int) -> dict[str, Any]:
+        state = self._get(upload)
+        try:
+            if state["offset"] != state["size"] or state["digest"].hexdigest() != state["sha256"]:
+                raise RemoteError(p.BAD_ARGS, f"{state['target']}: received content does not match its size and SHA256")
+            os.fchmod(state["fd"], _mode(state["mode"]))
+            os.fsync(state["fd"])
+            os.close(state["fd"])
+            state["fd"] = None
+            os.replace(state["tmp"], state["target"])
+            _fsync_dirs({os.path.dirname(state["target"])})
+        except BaseException:
+            self.abort(upload)
+            raise
+        self._open.pop(upload, None)
+        return {"bytes": state["size"]}
+
+    def abort(self, upload: int) -> None:
+        state = self._open.pop(upload, None)
+        if state is None:
+            return
+        if state["fd"] is not None:
+            os.close(state["fd"])
+        try:
+            os.unlink(state["tmp"])
+        except OSError:
+            pass
+
+    def abort_all(self) -> None:
+        for upload in list(self._open):
+            self.abort(upload)
+
+    def _get(self, upload: int) -> dict[str, Any]:
+        state = self._open.get(upload)
+        if state is None:
+            raise RemoteError(p.NOT_FOUND, f"no upload {upload} in progress")
+        return state
+
+
+def delete_files(root: str, paths: list) -> dict[str, Any]:
+    root = _root(root)
+    deleted = 0
+    for rel in paths:
+        target = _safe(root, rel)
+        try:
+            info = os.lstat(target)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISDIR(info.st_mode):
+            raise RemoteError(p.REFUSED, f"refused path {rel!r}: a directory, not a file")
+        os.unlink(target)
+        deleted += 1
+    return {"deleted": deleted}
+
+
+def set_modes(root: str, modes: list) -> dict[str, Any]:
+    root = _root(root)
+    for item in modes:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], int)):
+            raise RemoteError(p.BAD_ARGS, "each entry must be [path, mode]")
+        os.chmod(_safe(root, item[0], must_exist=True), _mode(item[1]))
+    return {"changed": len(modes)}
+
+
+def inspect_files(root: str, paths: list, count_lines: bool = False) -> dict[str, Any]:
+    """Size, mode, SHA256 (and line count) of named files; None for a missing one."""
+    root = _root(root)
+    found: dict[str, Any] = {}
+    for rel in paths:
+        target = _safe(root, rel)
+        try:
+            info = os.stat(target)
+        except FileNotFoundError:
+            found[rel] = None
+            continue
+        if not stat.S_ISREG(info.st_mode):
+            found[rel] = None
+            continue
+        entry = {"size": info.st_size, "mode": stat.S_IMODE(info.st_mode), "sha256": sha256_file(target)}
+        if count_lines:
+            with open(target, "rb") as handle:
+                entry["lines"] = sum(block.count(b"\n") for block in iter(lambda: handle.read(1 << 20), b""))
+        found[rel] = entry
+    return {"files": found}
+
+
+def _fsync_dirs(directories: set[str]) -> None:
+    # The renames themselves are durable only once their directories are.
+    for directory in directories:
+        try:
+            fd = os.open(directory, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)

@@ -1,0 +1,221 @@
+"""`coord sync`: send the project tree to every node, then check they agree."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from coordinator.consistency import compare_nodes, diff_manifests
+from coordinator.node_session import UP
+from coordinator.sync import manifest_from_wire, plan_sync, sync_node
+from shared import protocol as p
+from shared.ignore import DEFAULT_PATTERNS, IgnoreRules, read_ignore_file
+from shared.manifest import HashCache, scan_tree, tree_hash
+from shared.paths import UnsafePath, resolve_under
+from shared.rpc import RemoteError
+
+if TYPE_CHECKING:
+    from coordinator.daemon import Daemon
+
+HOOK_TIMEOUT_S = 600
+
+
+def resolve_source(daemon: "Daemon", source: str | None) -> Path:
+    chosen = Path(source) if source else daemon.config.sync.source
+    if chosen is None:
+        raise RemoteError(p.BAD_ARGS, "no source directory: pass --source DIR or set sync.source in the cluster file")
+    if not chosen.is_absolute():
+        raise RemoteError(p.BAD_ARGS, f"source must be an absolute path, got {chosen}")
+    if not chosen.is_dir():
+        raise RemoteError(p.NOT_FOUND, f"source directory {chosen} does not exist on the head")
+    return chosen
+
+
+def ignore_patterns(daemon: "Daemon", source: Path) -> list[str]:
+    patterns = list(DEFAULT_PATTERNS)
+    try:
+        patterns += read_ignore_file((source / ".coordignore").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        pass
+    return patterns + list(daemon.config.sync.ignore)
+
+
+def run_hook(daemon: "Daemon", source: Path) -> dict[str, Any] | None:
+    """The user's pre-sync hook: its exit code and output are recorded; missing is a warning."""
+    hook = daemon.config.sync.hook
+    if not hook:
+        return None
+    try:
+        path = resolve_under(str(source), hook)
+    except UnsafePath as exc:
+        return {"status": "fail", "path": hook, "detail": str(exc), "exit_code": None, "output": ""}
+    if not os.path.isfile(path):
+        return {"status": "warn", "path": path, "detail": f"sync hook {path} does not exist; nothing was run",
+                "exit_code": None, "output": ""}
+    with open(path, "rb") as handle:
+        has_shebang = handle.read(2) == b"#!"
+    # As a shell would: an executable with a #! line runs itself, anything else runs under sh.
+    argv = [path] if has_shebang and os.access(path, os.X_OK) else ["/bin/sh", path]
+    started = time.monotonic()
+    try:
+        done = subprocess.run(argv, cwd=source, capture_output=True, text=True, timeout=HOOK_TIMEOUT_S,
+                              stdin=subprocess.DEVNULL)
+        code, output = done.returncode, (done.stdout + done.stderr)[-4000:]
+    except subprocess.TimeoutExpired:
+        code, output = None, f"timed out after {HOOK_TIMEOUT_S} s"
+    except OSError as exc:
+        code, output = None, str(exc)
+    status = "pass" if code == 0 else "fail"
+    return {"status": status, "path": path, "exit_code": code, "output": output,
+            "seconds": round(time.monotonic() - started, 3),
+            "detail": f"sync hook {path} exited {code}" if code is not None else f"sync hook {path}: {output}"}
+
+
+def source_manifest(daemon: "Daemon", source: Path, patterns: list[str]) -> tuple[dict, dict]:
+    key = hashlib.sha256(str(source).encode()).hexdigest()[:16]
+    cache = HashCache(str(daemon.config.state_dir / "hashcache" / f"{key}.json"))
+    manifest, stats = scan_tree(str(source), IgnoreRules(patterns), cache=cache)
+    return manifest, stats.as_dict()
+
+
+async def node_manifests(daemon: "Daemon", patterns: list[str]) -> tuple[dict[str, dict], dict[str, str]]:
+    """Every up node's manifest of its workdir; the others with the reason they are missing."""
+    manifests: dict[str, dict] = {}
+    missing: dict[str, str] = {}
+
+    async def one(session) -> None:
+        if session.state != UP:
+            missing[session.node.name] = f"node is {session.state}" + (
+                f": {session.view.reason}" if session.view.reason else "")
+            return
+        try:
+            answer = await session.call("manifest", {"root": session.node.workdir, "patterns": patterns},
+                                        timeout=3600)
+            manifests[session.node.name] = manifest_from_wire(answer["files"])
+        except RemoteError as exc:
+            missing[session.node.name] = exc.message
+
+    async with anyio.create_task_group() as tasks:
+        for session in daemon.cluster.sessions.values():
+            tasks.start_soon(one, session)
+    return manifests, missing
+
+
+async def serve_sync(daemon: "Daemon", emit, source: str | None = None, delete: bool = False,
+                     dry_run: bool = False) -> dict[str, Any]:
+    started = time.monotonic()
+    source_dir = resolve_source(daemon, source)
+    patterns = ignore_patterns(daemon, source_dir)
+    report: dict[str, Any] = {"source": str(source_dir), "dry_run": dry_run, "delete": delete, "nodes": {}}
+    hook = await anyio.to_thread.run_sync(run_hook, daemon, source_dir)
+    report["hook"] = hook
+    if hook is not None:
+        daemon.cluster.record_event("sync.hook", f"sync hook: {hook['detail']}", data={"exit_code": hook["exit_code"]})
+        if hook["status"] == "fail":
+            report["status"] = "failed"
+            report["detail"] = f"{hook['detail']}; nothing was synced"
+            return report
+    await emit({"phase": "hash", "node": "head"})
+    source_files, source_stats = await anyio.to_thread.run_sync(source_manifest, daemon, source_dir, patterns)
+    report["source_files"] = len(source_files)
+    report["source_bytes"] = sum(entry[0] for entry in source_files.values())
+    report["source_tree_hash"] = tree_hash(source_files)
+    report["source_scan"] = source_stats
+    await emit({"phase": "compare"})
+    remote, missing = await node_manifests(daemon, patterns)
+    plans = {name: plan_sync(source_files, manifest, delete=delete) for name, manifest in remote.items()}
+    await emit({"phase": "plan", "files_total": sum(len(pl.send) for pl in plans.values()),
+                "bytes_total": sum(pl.bytes_to_send for pl in plans.values())})
+    for name, reason in missing.items():
+        report["nodes"][name] = {"status": "skipped", "detail": reason}
+
+    async def one(name: str) -> None:
+        plan = plans[name]
+        entry = {"plan": plan.as_dict()}
+        report["nodes"][name] = entry
+        if dry_run or plan.empty:
+            entry["status"] = "planned" if dry_run else "unchanged"
+            return
+        try:
+            entry["result"] = await sync_node(daemon.cluster.sessions[name], str(source_dir), source_files, plan,
+                                              progress=emit)
+            entry["status"] = "synced"
+        except RemoteError as exc:
+            entry["status"] = "failed"
+            entry["detail"] = exc.message
+
+    async with anyio.create_task_group() as tasks:
+        for name in plans:
+            tasks.start_soon(one, name)
+
+    if not dry_run:
+        await emit({"phase": "verify"})
+        remote, more_missing = await node_manifests(daemon, patterns)
+        missing.update(more_missing)
+    report["consistency"] = compare_nodes(remote, threshold=daemon.config.sync.threshold, what="code")
+    report["versus_source"] = {
+        name: {"matches": tree_hash(manifest) == report["source_tree_hash"],
+               "differences": diff_manifests(source_files, manifest)[:20]}
+        for name, manifest in remote.items()}
+    failed = [n for n, e in report["nodes"].items() if e["status"] in ("failed", "skipped")]
+    mismatched = [n for n, v in report["versus_source"].items() if not v["matches"]]
+    if failed:
+        report["status"] = "failed"
+        report["detail"] = f"not synced: {', '.join(sorted(failed))}"
+    elif mismatched and not dry_run:
+        report["status"] = "failed"
+        report["detail"] = f"differs from the source after sync: {', '.join(sorted(mismatched))}"
+    else:
+        report["status"] = "ok"
+        report["detail"] = "dry run: nothing was changed" if dry_run else "every node matches the source"
+    report["seconds"] = round(time.monotonic() - started, 3)
+    sent = sum(e.get("result", {}).get("files_sent", 0) for e in report["nodes"].values())
+    daemon.cluster.record_event("sync.done" if report["status"] == "ok" else "sync.failed",
+                                f"sync {report['status']}: {sent} files sent; {report['detail']}",
+                                data={"seconds": report["seconds"], "files_sent": sent})
+    return report
+
+
+def render_sync(report: dict[str, Any], console) -> None:
+    from rich.table import Table
+
+    console.print(f"source {report['source']}: {report.get('source_files', 0)} files, "
+                  f"{_size(report.get('source_bytes', 0))}")
+    hook = report.get("hook")
+    if hook:
+        console.print(f"hook: {hook['detail']}")
+        if hook.get("output") and hook["status"] != "pass":
+            console.print(hook["output"], markup=False, highlight=False)
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in ("NODE", "STATUS", "SENT", "BYTES", "MODES", "DELETED", "EXTRA KEPT", "TIME"):
+        table.add_column(column)
+    for name, entry in sorted(report["nodes"].items()):
+        plan = entry.get("plan", {})
+        result = entry.get("result", {})
+        table.add_row(name, entry["status"], str(result.get("files_sent", plan.get("send", 0))),
+                      _size(result.get("bytes_sent", plan.get("bytes_to_send", 0))), str(plan.get("chmod", 0)),
+                      str(result.get("deleted", plan.get("delete", 0))), str(plan.get("extra_kept", 0)),
+                      f"{result['seconds']:.2f}s" if "seconds" in result else "-")
+    console.print(table)
+    for name, entry in sorted(report["nodes"].items()):
+        if entry.get("detail"):
+            console.print(f"[red]{name}[/]: {entry['detail']}", soft_wrap=True)
+    consistency = report.get("consistency")
+    if consistency:
+        console.print(f"consistency: {consistency['status']}: {consistency['detail']}", soft_wrap=True,
+                      markup=False)
+    console.print(f"{report['status']}: {report['detail']}", soft_wrap=True, markup=False)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"

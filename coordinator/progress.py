@@ -1,0 +1,39 @@
+"""Progress bars for the CLI, fed by the daemon's events (rich does the drawing)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class SyncProgress:
+    """One bar per node for bytes sent (files in the description), plus a phase line."""
+
+    def __init__(self, console):
+        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn,
+                                   TransferSpeedColumn)
+
+        self._progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                                  TransferSpeedColumn(), TimeElapsedColumn(), console=console, transient=False,
+                                  disable=not console.is_terminal)
+        self._phase = self._progress.add_task("starting", total=None)
+        self._nodes: dict[str, Any] = {}
+
+    def __enter__(self) -> "SyncProgress":
+        self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._progress.__exit__(*exc)
+
+    def update(self, event: dict[str, Any]) -> None:
+        phase = event.get("phase")
+        if phase == "send":
+            node = event["node"]
+            if node not in self._nodes:
+                self._nodes[node] = self._progress.add_task(node, total=event["bytes_total"] or 1)
+            self._progress.update(self._nodes[node], completed=event["bytes_done"],
+                                  description=f"{node} {event['files_done']}/{event['files_total']} files")
+        elif phase:
+            labels = {"hash": "hashing the source", "compare": "reading node manifests", "plan": "sending",
+                      "verify": "verifying nodes"}
+            self._progress.update(self._phase, description=labels.get(phase, phase))

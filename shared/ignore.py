@@ -1,0 +1,131 @@
+"""Ignore rules in gitignore syntax, for the trees coord syncs and hashes.
+
+Both sides apply the same rules (the daemon sends its patterns to the agents),
+so a node never reports a file the head would not send. Stdlib only: this runs
+with the node's Python.
+
+Supported, as in git: comments, ``\\#`` and ``\\!`` escapes, ``!`` negation
+(last match wins), a trailing ``/`` for directories only, anchoring by a leading
+or inner ``/``, ``*``, ``?``, ``[...]`` and ``**`` (leading, trailing, inner).
+As in git, nothing inside an ignored directory can be re-included.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+#: Always ignored: version control, caches, virtual environments, coord's own
+#: state and the checkpoint directory (which a sync must never send or delete).
+DEFAULT_PATTERNS = (
+    ".git/",
+    ".hg/",
+    ".svn/",
+    "__pycache__/",
+    "*.pyc",
+    ".DS_Store",
+    ".venv/",
+    "venv/",
+    ".coord/",
+    ".coordignore.local",
+    "/checkpoints/",
+    "/adapters/",
+    ".mypy_cache/",
+    ".pytest_cache/",
+    ".ipynb_checkpoints/",
+)
+
+
+@dataclass(frozen=True)
+class Rule:
+    pattern: str
+    regex: re.Pattern
+    negate: bool
+    dir_only: bool
+
+
+def _translate(glob: str) -> str:
+    """A gitignore glob (without anchoring and trailing slash) to a regex body."""
+    out = []
+    i, n = 0, len(glob)
+    while i < n:
+        c = glob[i]
+        if c == "*":
+            if glob.startswith("**", i):
+                before_ok = i == 0 or glob[i - 1] == "/"
+                after = glob[i + 2:i + 3]
+                if before_ok and after == "/":
+                    out.append("(?:.*/)?")  # "**/": zero or more directories
+                    i += 3
+                    continue
+                if before_ok and after == "":
+                    out.append(".*")  # trailing "/**": everything inside
+                    i += 2
+                    continue
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif c == "[":
+            end = glob.find("]", i + 2 if glob[i + 1:i + 2] in ("!", "^") else i + 1)
+            if end == -1:
+                out.append(re.escape(c))
+            else:
+                body = glob[i + 1:end]
+                if body[:1] in ("!", "^"):
+                    body = "^" + body[1:]
+                out.append("[" + body.replace("\\", "\\\\") + "]")
+                i = end
+        elif c == "\\" and i + 1 < n:
+            i += 1
+            out.append(re.escape(glob[i]))
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return "".join(out)
+
+
+def compile_rule(line: str) -> Rule | None:
+    text = line.rstrip("\n").rstrip("\r")
+    # Trailing spaces are ignored unless escaped.
+    while text.endswith(" ") and not text.endswith("\\ "):
+        text = text[:-1]
+    if not text or text.startswith("#"):
+        return None
+    negate = text.startswith("!")
+    if negate:
+        text = text[1:]
+    elif text.startswith("\\!") or text.startswith("\\#"):
+        text = text[1:]
+    dir_only = text.endswith("/")
+    text = text.rstrip("/")
+    if not text:
+        return None
+    anchored = "/" in text
+    text = text.lstrip("/")
+    body = _translate(text)
+    prefix = "" if anchored else "(?:.*/)?"
+    return Rule(line, re.compile(f"^{prefix}{body}$", re.DOTALL), negate, dir_only)
+
+
+class IgnoreRules:
+    def __init__(self, patterns: list[str] | tuple[str, ...] = ()):
+        self.patterns = list(patterns)
+        self.rules = [rule for rule in map(compile_rule, self.patterns) if rule is not None]
+
+    @classmethod
+    def with_defaults(cls, extra: list[str] | tuple[str, ...] = ()) -> "IgnoreRules":
+        return cls(list(DEFAULT_PATTERNS) + list(extra))
+
+    def matches(self, path: str, is_dir: bool) -> bool:
+        """Whether this path itself is ignored (its parents are the walker's business)."""
+        ignored = False
+        for rule in self.rules:
+            if rule.dir_only and not is_dir:
+                continue
+            if rule.regex.match(path):
+                ignored = not rule.negate
+        return ignored
+
+
+def read_ignore_file(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]

@@ -1,0 +1,173 @@
+"""A tree described as (relative path, size, mode, SHA256), with a hash cache.
+
+The same code describes the head's source tree and each node's copy of it, so
+two manifests compare entry by entry. Hashes are cached per file by (size,
+mtime_ns, inode): re-checking an unchanged tree costs one stat per file. A cold
+hash reads files in a few threads (hashlib releases the GIL), like running one
+sha256sum per core. Stdlib only: this runs with the node's Python.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable
+
+from shared.ignore import IgnoreRules
+
+READ_CHUNK = 1 << 20
+CACHE_VERSION = 1
+
+
+@dataclass
+class ScanStats:
+    files: int = 0
+    bytes: int = 0
+    hashed_files: int = 0
+    hashed_bytes: int = 0
+    skipped: list[str] = field(default_factory=list)  # symlinks and special files, not synced
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        return {"files": self.files, "bytes": self.bytes, "hashed_files": self.hashed_files,
+                "hashed_bytes": self.hashed_bytes, "skipped": self.skipped[:50],
+                "skipped_count": len(self.skipped), "seconds": round(self.seconds, 4)}
+
+
+class HashCache:
+    """path -> (size, mtime_ns, inode, sha256), kept in one JSON file."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+        self.entries: dict[str, list] = {}
+        self.dirty = False
+        if path:
+            try:
+                with open(path, encoding="utf-8") as handle:
+                    data = json.load(handle)
+                if isinstance(data, dict) and data.get("version") == CACHE_VERSION:
+                    self.entries = data.get("entries", {})
+            except (OSError, ValueError):
+                self.entries = {}  # a missing or damaged cache only costs a re-hash
+
+    def lookup(self, rel: str, info: os.stat_result) -> str | None:
+        entry = self.entries.get(rel)
+        if entry and entry[0] == info.st_size and entry[1] == info.st_mtime_ns and entry[2] == info.st_ino:
+            return entry[3]
+        return None
+
+    def store(self, rel: str, info: os.stat_result, digest: str) -> None:
+        self.entries[rel] = [info.st_size, info.st_mtime_ns, info.st_ino, digest]
+        self.dirty = True
+
+    def prune(self, keep: set[str]) -> None:
+        stale = set(self.entries) - keep
+        for rel in stale:
+            del self.entries[rel]
+        self.dirty = self.dirty or bool(stale)
+
+    def save(self) -> None:
+        if not self.path or not self.dirty:
+            return
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump({"version": CACHE_VERSION, "entries": self.entries}, handle, separators=(",", ":"))
+        os.replace(tmp, self.path)
+        self.dirty = False
+
+
+def sha256_file(path: str) -> str:
+    with open(path, "rb") as handle:
+        if hasattr(hashlib, "file_digest"):
+            return hashlib.file_digest(handle, "sha256").hexdigest()
+        digest = hashlib.sha256()
+        for block in iter(lambda: handle.read(READ_CHUNK), b""):
+            digest.update(block)
+        return digest.hexdigest()
+
+
+def walk_tree(root: str, rules: IgnoreRules, stats: ScanStats) -> list[tuple[str, os.stat_result]]:
+    """Regular files under root, sorted, minus ignored ones; links and specials are skipped."""
+    found: list[tuple[str, os.stat_result]] = []
+
+    def visit(directory: str, prefix: str) -> None:
+        try:
+            entries = sorted(os.scandir(directory), key=lambda e: e.name)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        for entry in entries:
+            rel = f"{prefix}{entry.name}"
+            if entry.is_symlink():
+                stats.skipped.append(rel)
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                if rules.matches(rel, True) or os.path.exists(os.path.join(entry.path, "pyvenv.cfg")):
+                    continue  # ignored directories and virtual environments are not descended
+                visit(entry.path, rel + "/")
+            elif entry.is_file(follow_symlinks=False):
+                if not rules.matches(rel, False):
+                    found.append((rel, entry.stat(follow_symlinks=False)))
+            else:
+                stats.skipped.append(rel)
+
+    visit(root, "")
+    return found
+
+
+def scan_tree(root: str, rules: IgnoreRules, *, cache: HashCache | None = None, threads: int | None = None,
+              on_progress: Callable[[int, int], None] | None = None) -> tuple[dict[str, list], ScanStats]:
+    """Describe root: {rel: [size, mode, sha256]} and what it cost."""
+    started = time.monotonic()
+    stats = ScanStats()
+    cache = cache or HashCache(None)
+    files = walk_tree(root, rules, stats)
+    manifest: dict[str, list] = {}
+    todo: list[tuple[str, os.stat_result]] = []
+    for rel, info in files:
+        stats.files += 1
+        stats.bytes += info.st_size
+        digest = cache.lookup(rel, info)
+        if digest is None:
+            todo.append((rel, info))
+        else:
+            manifest[rel] = [info.st_size, stat.S_IMODE(info.st_mode), digest]
+    if todo:
+        workers = max(1, min(threads or os.cpu_count() or 1, 8, len(todo)))
+
+        def digest_one(item: tuple[str, os.stat_result]) -> tuple[str, os.stat_result, str | None]:
+            rel, info = item
+            try:
+                return rel, info, sha256_file(os.path.join(root, rel))
+            except OSError:
+                return rel, info, None  # vanished or unreadable since the walk
+
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            for rel, info, digest in pool.map(digest_one, todo):
+                if digest is None:
+                    stats.skipped.append(rel)
+                    continue
+                cache.store(rel, info, digest)
+                manifest[rel] = [info.st_size, stat.S_IMODE(info.st_mode), digest]
+                stats.hashed_files += 1
+                stats.hashed_bytes += info.st_size
+                if on_progress is not None:
+                    on_progress(stats.hashed_files, stats.hashed_bytes)
+    cache.prune(set(manifest))
+    cache.save()
+    stats.seconds = time.monotonic() - started
+    return dict(sorted(manifest.items())), stats
+
+
+def tree_hash(manifest: dict[str, list]) -> str:
+    """One digest for a whole tree: paths, modes and contents."""
+    digest = hashlib.sha256()
+    for rel in sorted(manifest):
+        size, mode, sha = manifest[rel]
+        digest.update(f"{rel}\0{mode:o}\0{sha}\n".encode("utf-8", "surrogateescape"))
+    return digest.hexdigest()
