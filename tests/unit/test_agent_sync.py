@@ -1,0 +1,73 @@
+"""The agent's disk side of sync: atomic verified writes, and nothing outside the workdir."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+
+from agent import sync as node_sync
+from shared.rpc import RemoteError
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_files_land_with_their_modes_and_no_temporary_is_left(tmp_path):
+    root = str(tmp_path / "work")
+    node_sync.put_files(root, [["bin/run.sh", 0o755, _sha(b"#!/bin/sh\n"), b"#!/bin/sh\n"],
+                               ["a.txt", 0o4644, _sha(b"a"), b"a"]])
+    assert oct(os.stat(tmp_path / "work/bin/run.sh").st_mode & 0o7777) == oct(0o755)
+    assert oct(os.stat(tmp_path / "work/a.txt").st_mode & 0o7777) == oct(0o644)  # no setuid from the wire
+    assert sorted(os.listdir(tmp_path / "work/bin")) == ["run.sh"]
+
+
+def test_content_that_does_not_match_its_hash_is_not_written(tmp_path):
+    root = str(tmp_path / "work")
+    with pytest.raises(RemoteError, match="does not match"):
+        node_sync.put_files(root, [["a.txt", 0o644, _sha(b"other"), b"a"]])
+    assert os.listdir(root) == []
+
+
+@pytest.mark.parametrize("bad", ["../escape.txt", "/tmp/abs.txt", "sub/../../escape.txt", "link/x.txt"])
+def test_traversal_attempts_are_refused_and_nothing_is_written_outside(tmp_path, bad):
+    root = tmp_path / "work"
+    root.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.symlink(outside, root / "link")
+    before = sorted(p for p in tmp_path.rglob("*"))
+    with pytest.raises(RemoteError) as caught:
+        node_sync.put_files(str(root), [[bad, 0o644, _sha(b"x"), b"x"]])
+    assert bad.split("/")[0] in caught.value.message or "refused" in caught.value.message
+    with pytest.raises(RemoteError):
+        node_sync.Uploads().begin(str(root), bad, 1, 0o644, _sha(b"x"))
+    with pytest.raises(RemoteError):
+        node_sync.delete_files(str(root), [bad])
+    assert sorted(p for p in tmp_path.rglob("*")) == before
+    assert list(outside.iterdir()) == []
+
+
+def test_a_chunked_upload_is_renamed_only_when_complete_and_verified(tmp_path):
+    root = str(tmp_path / "work")
+    data = os.urandom(3000)
+    uploads = node_sync.Uploads()
+    upload = uploads.begin(root, "big.bin", len(data), 0o644, _sha(data))["upload"]
+    uploads.chunk(upload, 0, data[:1000])
+    assert not os.path.exists(os.path.join(root, "big.bin"))
+    with pytest.raises(RemoteError, match="expected 1000"):
+        uploads.chunk(upload, 5, data[1000:])
+    upload = uploads.begin(root, "big.bin", len(data), 0o644, _sha(data))["upload"]
+    uploads.chunk(upload, 0, data[:1000])
+    uploads.chunk(upload, 1000, data[1000:])
+    uploads.finish(upload)
+    assert open(os.path.join(root, "big.bin"), "rb").read() == data
+    assert os.listdir(root) == ["big.bin"]
+
+
+def test_inspect_reports_hashes_line_counts_and_missing_files(tmp_path):
+    (tmp_path / "d.jsonl").write_text('{"a": 1}\n{"a": 2}\n')
+    found = node_sync.inspect_files(str(tmp_path), ["d.jsonl", "nope.txt"], count_lines=True)["files"]
+    assert found["d.jsonl"]["lines"] == 2 and found["nope.txt"] is None

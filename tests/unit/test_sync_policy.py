@@ -1,0 +1,130 @@
+"""Sync policy with plain data: ignore rules, path checks, plans, consistency reports."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from coordinator.consistency import compare_nodes, diff_manifests
+from coordinator.sync import plan_sync
+from shared.ignore import IgnoreRules
+from shared.manifest import HashCache, scan_tree, tree_hash
+from shared.paths import UnsafePath, check_relative, resolve_under
+
+
+@pytest.mark.parametrize("patterns,path,is_dir,ignored", [
+    (["*.log"], "a/b/x.log", False, True),
+    (["*.log", "!keep.log"], "a/keep.log", False, False),
+    (["/build"], "build", True, True),
+    (["/build"], "src/build", True, False),
+    (["build/"], "src/build", True, True),
+    (["build/"], "src/build", False, False),
+    (["docs/*.md"], "docs/a.md", False, True),
+    (["docs/*.md"], "docs/sub/a.md", False, False),
+    (["**/tmp"], "a/b/tmp", True, True),
+    (["a/**/z"], "a/z", False, True),
+    (["a/**/z"], "a/b/c/z", False, True),
+    (["out/**"], "out/x/y", False, True),
+    (["\\#notes"], "#notes", False, True),
+    (["# comment"], "# comment", False, False),
+    (["data?.bin"], "data1.bin", False, True),
+    (["[ab].txt"], "b.txt", False, True),
+    (["[!ab].txt"], "b.txt", False, False),
+])
+def test_ignore_rules_follow_gitignore(patterns, path, is_dir, ignored):
+    assert IgnoreRules(patterns).matches(path, is_dir) is ignored
+
+
+def test_defaults_skip_vcs_caches_venvs_and_checkpoints(tmp_path):
+    for rel in (".git/HEAD", "pkg/__pycache__/m.pyc", "venv/bin/python", "checkpoints/0000010.safetensors",
+                "env2/pyvenv.cfg", "env2/lib/x.py", "pkg/m.py", "train.py", "nested/checkpoints/keep.txt"):
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(rel)
+    manifest, _ = scan_tree(str(tmp_path), IgnoreRules.with_defaults())
+    assert sorted(manifest) == ["nested/checkpoints/keep.txt", "pkg/m.py", "train.py"]
+
+
+def test_a_warm_rescan_reads_no_file_and_a_change_is_rehashed(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(50):
+        (src / f"f{i}").write_text(str(i))
+    cache_path = str(tmp_path / "cache.json")
+    first, cold = scan_tree(str(src), IgnoreRules(), cache=HashCache(cache_path))
+    assert cold.hashed_files == 50
+    second, warm = scan_tree(str(src), IgnoreRules(), cache=HashCache(cache_path))
+    assert warm.hashed_files == 0 and second == first
+    (src / "f7").write_text("changed")
+    third, again = scan_tree(str(src), IgnoreRules(), cache=HashCache(cache_path))
+    assert again.hashed_files == 1 and third["f7"][2] != first["f7"][2]
+    assert tree_hash(third) != tree_hash(first)
+
+
+@pytest.mark.parametrize("bad", ["../x", "/etc/passwd", "a/../../x", "", ".", "a\0b", "c:/x", "a\\..\\b"])
+def test_unsafe_relative_paths_are_refused_by_form(bad):
+    with pytest.raises(UnsafePath):
+        check_relative(bad)
+
+
+def test_a_symlink_out_of_the_root_is_refused(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.symlink(outside, root / "escape")
+    os.symlink(root / "inside", root / "fine")
+    (root / "inside").mkdir()
+    with pytest.raises(UnsafePath, match="symlink leads outside"):
+        resolve_under(str(root), "escape/x")
+    assert resolve_under(str(root), "fine/x").endswith("fine/x")
+    assert check_relative("./a//b/") == "a/b"
+
+
+def test_a_device_file_is_refused(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    os.symlink("/dev/null", root / "null")
+    with pytest.raises(UnsafePath):
+        resolve_under(str(root), "null")
+
+
+def test_a_plan_sends_only_what_a_node_lacks():
+    source = {"a": [1, 0o644, "h1"], "b": [2, 0o755, "h2"], "c": [3, 0o644, "h3"]}
+    remote = {"a": [1, 0o644, "h1"], "b": [2, 0o644, "h2"], "c": [3, 0o644, "old"], "x": [1, 0o644, "hx"]}
+    plan = plan_sync(source, remote, delete=False)
+    assert plan.send == ["c"] and plan.bytes_to_send == 3
+    assert plan.chmod == [("b", 0o755)]
+    assert plan.delete == [] and plan.extra == ["x"]
+    assert plan_sync(source, remote, delete=True).delete == ["x"]
+    assert plan_sync(source, source, delete=True).empty
+
+
+def test_one_divergent_node_is_named_with_its_files():
+    good = {"train.py": [1, 0o644, "aaa"], "run.sh": [1, 0o755, "bbb"], "data.jsonl": [1, 0o644, "ccc"]}
+    bad = dict(good)
+    bad["train.py"] = [1, 0o644, "zzz"]
+    bad["run.sh"] = [1, 0o644, "bbb"]
+    del bad["data.jsonl"]
+    report = compare_nodes({"n1": good, "n2": good, "n3": bad}, threshold=0.95)
+    assert report["status"] == "fail" and report["ratio"] == pytest.approx(2 / 3, abs=1e-3)
+    [entry] = report["divergent"]
+    assert entry["node"] == "n3"
+    hows = {d["path"]: d["how"] for d in entry["differences"]}
+    assert hows == {"train.py": "other hash", "run.sh": "other mode", "data.jsonl": "missing"}
+    assert "n3: " in report["detail"] and "train.py (other hash)" in report["detail"]
+    assert compare_nodes({"n1": good, "n2": good, "n3": bad}, threshold=0.6)["status"] == "pass"
+
+
+def test_no_majority_is_insufficient_consensus_and_one_node_passes():
+    a, b = {"x": [1, 0o644, "1"]}, {"x": [1, 0o644, "2"]}
+    report = compare_nodes({"n1": a, "n2": b})
+    assert report["status"] == "fail" and "insufficient consensus" in report["detail"]
+    assert {d["node"] for d in report["divergent"]} == {"n1", "n2"}
+    single = compare_nodes({"n1": a})
+    assert single["status"] == "pass" and "nothing to compare" in single["detail"]
+
+
+def test_diff_reports_extra_files():
+    assert diff_manifests({}, {"x": [1, 0o644, "h"]}) == [{"path": "x", "how": "extra"}]
