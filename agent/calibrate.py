@@ -194,7 +194,9 @@ class Calibration:
             return dict(metal.device_info()), "mx.metal.device_info()"
         if hasattr(mx, "device_info"):
             return dict(mx.device_info()), "mx.device_info()"
-        raise RuntimeError(f"this MLX ({mx.__version__}) has no device_info for {mx.default_device()}")
+        raise RuntimeError(
+            f"this MLX ({mx.__version__}) has no device_info for {mx.default_device()}"
+        )
 
     # -- training steps ---------------------------------------------------------------
 
@@ -208,7 +210,11 @@ class Calibration:
                 super().__init__()
                 self.embedding = nn.Embedding(cfg["vocab"], cfg["dim"])
                 self.encoder = nn.TransformerEncoder(
-                    cfg["layers"], cfg["dim"], cfg["heads"], mlp_dims=4 * cfg["dim"], norm_first=True
+                    cfg["layers"],
+                    cfg["dim"],
+                    cfg["heads"],
+                    mlp_dims=4 * cfg["dim"],
+                    norm_first=True,
                 )
                 self.head = nn.Linear(cfg["dim"], cfg["vocab"])
 
@@ -285,7 +291,8 @@ class Calibration:
         result["matmul_sizes"] = dict(self.matmul_sizes)
 
         _emit_progress("memory bandwidth", 0.35)
-        result["memory_bandwidth_gbps"] = self._guard("memory_bandwidth_gbps", self.memory_bandwidth_gbps)
+        bandwidth = self._guard("memory_bandwidth_gbps", self.memory_bandwidth_gbps)
+        result["memory_bandwidth_gbps"] = bandwidth
         result["memory_bandwidth_method"] = self.bandwidth_method
         self._release()
 
@@ -306,16 +313,19 @@ class Calibration:
         return result
 
     def _release(self) -> None:
-        clear = getattr(self.mx, "clear_cache", None) or getattr(getattr(self.mx, "metal", None), "clear_cache", None)
+        clear = self._mlx_function("clear_cache")
         if clear is not None:
             try:
                 clear()
             except Exception:
                 pass
 
+    def _mlx_function(self, name: str) -> Any:
+        """mx.<name>, or mx.metal.<name> in older MLX that only had the Metal one."""
+        return getattr(self.mx, name, None) or getattr(getattr(self.mx, "metal", None), name, None)
+
     def _mlx_peak_used(self) -> Optional[int]:
-        mx = self.mx
-        getter = getattr(mx, "get_peak_memory", None) or getattr(getattr(mx, "metal", None), "get_peak_memory", None)
+        getter = self._mlx_function("get_peak_memory")
         return int(getter()) if getter is not None else None
 
 
@@ -331,7 +341,9 @@ def _clean(value: Any) -> Any:
 
 
 def main(argv: Optional[list] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agent.calibrate", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m agent.calibrate", description=(__doc__ or "").split("\n")[0]
+    )
     parser.add_argument("--quick", action="store_true", help="short timed loops (about a second)")
     args = parser.parse_args(argv)
 

@@ -37,7 +37,9 @@ def calibration_command(python: str, *, quick: bool = False) -> list[str]:
     return command
 
 
-def calibration_env(base: Mapping[str, str] | None = None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def calibration_env(
+    base: Mapping[str, str] | None = None, extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """``base`` (default: this process's environment) with the package root first on
     PYTHONPATH, so the child can import ``agent.calibrate`` whatever its cwd."""
     env = dict(os.environ if base is None else base)

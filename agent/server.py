@@ -14,7 +14,9 @@ from shared.rpc import Dispatcher, Peer, Reader, RemoteError, Writer
 from shared.version import COORD_VERSION
 
 from agent import facts as node_facts
+from agent import launch as node_launch
 from agent import sync as node_sync
+from agent.calibration_runner import run_calibration
 
 
 def bundle_id() -> str:
@@ -76,7 +78,27 @@ def build_dispatcher() -> Dispatcher:
     table.add("set_modes", _in_thread(node_sync.set_modes), required={"root": str, "modes": list})
     table.add("inspect_files", _in_thread(node_sync.inspect_files), required={"root": str, "paths": list},
               optional={"count_lines": bool})
+    table.add("prepare_rank", _in_thread(node_launch.prepare_rank),
+              required={"job": str, "rank": int, "workdir": str, "python": str, "argv": list, "env": dict})
+    table.add("calibrate", calibrate, required={"python": str, "workdir": str},
+              optional={"quick": bool, "timeout": (int, float)}, streams=True)
     return table
+
+
+async def calibrate(emit, python: str, workdir: str, quick: bool = False, timeout: float = 600) -> dict[str, Any]:
+    """Measure this node with its training Python, in a child process; progress goes out as events."""
+    if not os.path.isabs(workdir):
+        raise RemoteError(p.BAD_ARGS, f"workdir must be an absolute path, got {workdir!r}")
+    loop = asyncio.get_running_loop()
+    # MLX's CPU backend compiles kernels under $TMPDIR; users sharing a machine must not share it.
+    tmpdir = os.path.join(workdir, ".coord", "tmp", "calibrate")
+    os.makedirs(tmpdir, exist_ok=True)
+
+    def forward(progress: dict) -> None:
+        asyncio.run_coroutine_threadsafe(emit(progress), loop)
+
+    return await asyncio.to_thread(run_calibration, python, quick=quick, timeout=timeout, on_progress=forward,
+                                   env={"TMPDIR": tmpdir})
 
 
 async def serve(reader: Reader, writer: Writer, *, name: str = "agent") -> None:

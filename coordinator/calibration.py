@@ -47,7 +47,9 @@ def calibration_record(facts: Mapping[str, Any], result: Mapping[str, Any]) -> d
     return {"key": calibration_key(facts), "result": dict(result)}
 
 
-def is_stale(stored: Mapping[str, Any] | None, facts: Mapping[str, Any], *, refresh: bool) -> tuple[bool, str]:
+def is_stale(
+    stored: Mapping[str, Any] | None, facts: Mapping[str, Any], *, refresh: bool
+) -> tuple[bool, str]:
     """(True, why) when the node must be calibrated again, else (False, why not).
 
     Reasons: ``"--refresh"``, ``"no calibration yet"``, ``"last calibration failed: ..."``,
@@ -107,7 +109,7 @@ def workload_shares(
     nodes = list(rates)
     if not nodes:
         return {"policy": "equal", "shares": {}, "reason": "no nodes"}
-    known = {node: float(rate) for node, rate in rates.items() if _usable(rate)}  # type: ignore[arg-type]
+    known = {node: float(rate) for node, rate in rates.items() if _usable(rate)}  # type: ignore
     unknown = [node for node in nodes if node not in known]
     equal = {node: 1.0 / len(nodes) for node in nodes}
     if not known:
@@ -120,7 +122,10 @@ def workload_shares(
     note = ""
     if unknown:
         verb = "has" if len(unknown) == 1 else "have"
-        note = f"; {_names(unknown)} {verb} no measured rate, counted at the mean of the others ({mean:.4g}/s)"
+        note = (
+            f"; {_names(unknown)} {verb} no measured rate, "
+            f"counted at the mean of the others ({mean:.4g}/s)"
+        )
     fastest = max(known, key=lambda node: known[node])
     slowest = min(known, key=lambda node: known[node])
     spread = known[fastest] / known[slowest]
@@ -128,7 +133,10 @@ def workload_shares(
         return {
             "policy": "equal",
             "shares": equal,
-            "reason": f"rates within {tolerance:.0%} of each other (max/min {spread:.3f}): equal shares{note}",
+            "reason": (
+                f"rates within {tolerance:.0%} of each other (max/min {spread:.3f}): "
+                f"equal shares{note}"
+            ),
         }
     filled = {node: known.get(node, mean) for node in nodes}
     total = sum(filled.values())

@@ -116,6 +116,26 @@ def cmd_sync(args: argparse.Namespace) -> int:
     return EXIT_OK if report["status"] == "ok" else EXIT_FAILED
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    socket = resolve_socket(args)
+    hint = args.config or os.environ.get("COORD_CONFIG")
+    request = {"refresh": args.refresh, "quick": args.quick}
+    if args.json:
+        report = ask_daemon(socket, "calibrate", request, config_hint=hint, timeout=None)
+        json.dump(report, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        from coordinator.commands.calibrate import render_calibrate
+        from coordinator.progress import NodeProgress
+
+        console = make_console()
+        with NodeProgress(console) as progress:
+            report = ask_daemon(socket, "calibrate", request, config_hint=hint, timeout=None,
+                                on_event=progress.update)
+        render_calibrate(report, console)
+    return EXIT_OK if report["status"] == "ok" else EXIT_FAILED
+
+
 def cmd_init(args: argparse.Namespace) -> int:
     path = Path(args.path)
     if path.exists() and not args.force:
@@ -181,6 +201,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="say what would be sent or deleted, change nothing")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_sync)
+
+    p = sub.add_parser("calibrate", help="measure every node: matmul rate, memory bandwidth, training steps",
+                       description="Measure every node at once with its own training Python: MLX matmul rate "
+                                   "(float32, bfloat16), memory bandwidth, memory available, and a short "
+                                   "training-step rate. Results are kept until --refresh or a node's chip, OS or "
+                                   "MLX changes; the workload share per node follows from them.")
+    client_options(p)
+    p.add_argument("--refresh", action="store_true", help="measure again even if nothing changed")
+    p.add_argument("--quick", action="store_true", help="a shorter, rougher measurement")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("init", help="write a commented example cluster file",
                        description="Write a commented example cluster file to edit.")

@@ -21,6 +21,7 @@ import structlog
 
 from coordinator.agent_bundle import AgentBundle, build_bundle
 from coordinator.cluster import Cluster
+from coordinator.commands import calibrate as calibrate_command
 from coordinator.commands import status as status_command
 from coordinator.commands import sync as sync_command
 from coordinator.config import ClusterConfig, ConfigError, load_config
@@ -78,7 +79,11 @@ class Daemon:
         table.add("ping", self._ping)
         table.add("sync", self._sync, optional={"source": (str, type(None)), "delete": bool, "dry_run": bool},
                   streams=True)
+        table.add("calibrate", self._calibrate, optional={"refresh": bool, "quick": bool}, streams=True)
         return table
+
+    async def _calibrate(self, emit, **args: Any) -> dict[str, Any]:
+        return await calibrate_command.serve_calibrate(self, emit, **args)
 
     async def _sync(self, emit, **args: Any) -> dict[str, Any]:
         return await sync_command.serve_sync(self, emit, **args)

@@ -82,12 +82,13 @@ class NodeSession:
     def state(self) -> str:
         return self.view.state
 
-    async def call(self, method: str, args: dict[str, Any] | None = None, *, timeout: float | None = None) -> Any:
+    async def call(self, method: str, args: dict[str, Any] | None = None, *, timeout: float | None = None,
+                   on_event=None) -> Any:
         """Call the node's agent; fails at once with NodeDown when the node is not up."""
         peer = self._peer
         if peer is None or self.view.state != UP:
             raise NodeDown(self.node.name, self.view.reason)
-        return await peer.call(method, args, timeout=timeout)
+        return await peer.call(method, args, timeout=timeout, on_event=on_event)
 
     async def run(self) -> None:
         """Keep the node connected until cancelled."""

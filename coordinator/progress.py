@@ -37,3 +37,30 @@ class SyncProgress:
             labels = {"hash": "hashing the source", "compare": "reading node manifests", "plan": "sending",
                       "verify": "verifying nodes"}
             self._progress.update(self._phase, description=labels.get(phase, phase))
+
+
+class NodeProgress:
+    """One bar per node for a fraction-complete measurement (calibration, pre-flight)."""
+
+    def __init__(self, console):
+        from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(TextColumn("{task.fields[node]:<12}"), BarColumn(), TaskProgressColumn(),
+                                  TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
+                                  disable=not console.is_terminal)
+        self._nodes: dict[str, Any] = {}
+
+    def __enter__(self) -> "NodeProgress":
+        self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._progress.__exit__(*exc)
+
+    def update(self, event: dict[str, Any]) -> None:
+        node = event.get("node", "")
+        if node not in self._nodes:
+            self._nodes[node] = self._progress.add_task("", total=1.0, node=node)
+        fraction = event.get("fraction")
+        self._progress.update(self._nodes[node], description=str(event.get("progress", "")),
+                              completed=fraction if isinstance(fraction, (int, float)) else None)

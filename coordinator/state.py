@@ -35,6 +35,11 @@ CREATE TABLE IF NOT EXISTS events (
     data TEXT
 );
 CREATE INDEX IF NOT EXISTS events_ts ON events (ts);
+CREATE TABLE IF NOT EXISTS calibrations (
+    node TEXT PRIMARY KEY,
+    record TEXT NOT NULL,
+    measured_at REAL NOT NULL
+);
 """
 
 
@@ -94,3 +99,15 @@ class StateStore:
             "SELECT id, ts, kind, node, message, data FROM events ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
         return [{"id": i, "ts": ts, "kind": kind, "node": node, "message": message,
                  "data": json.loads(data) if data else None} for i, ts, kind, node, message, data in reversed(rows)]
+
+    def save_calibration(self, node: str, record: dict[str, Any], measured_at: float | None = None) -> None:
+        self._db.execute("INSERT OR REPLACE INTO calibrations (node, record, measured_at) VALUES (?,?,?)",
+                         (node, json.dumps(record), time.time() if measured_at is None else measured_at))
+
+    def calibration(self, node: str) -> dict[str, Any] | None:
+        row = self._db.execute("SELECT record, measured_at FROM calibrations WHERE node=?", (node,)).fetchone()
+        if row is None:
+            return None
+        record = json.loads(row[0])
+        record["measured_at"] = row[1]
+        return record

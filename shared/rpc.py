@@ -187,6 +187,7 @@ class Peer:
         for future, _ in list(self._pending.values()):
             if not future.done():
                 future.set_exception(ConnectionLost(self._closed_reason))
+                future.exception()  # a caller that already gave up must not leave a "never retrieved" log
         self._pending.clear()
 
     async def _read_loop(self) -> str:

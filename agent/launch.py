@@ -1,0 +1,70 @@
+"""Per-rank launch scripts, so one mlx.launch command fits nodes that differ.
+
+mlx.launch runs the same command on every host. Nodes differ in Python, workdir
+and user, so that command is ``sh -c 'exec "$HOME/.coord/jobs/JOB/rank-$MLX_RANK.sh"'``
+and each node's agent writes its own rank's script: it enters the node's
+workdir, gives the rank a private TMPDIR (MLX's CPU backend compiles kernels
+under $TMPDIR, where two users of one machine collide), sets the environment and
+execs the command with the node's Python.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from typing import Any
+
+from shared import protocol as p
+from shared.rpc import RemoteError
+
+JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def jobs_dir() -> str:
+    return os.path.join(os.path.expanduser("~"), ".coord", "jobs")
+
+
+def rank_command(job: str) -> list[str]:
+    """The command mlx.launch runs on every host (expanded there, with that host's $HOME)."""
+    return ["/bin/sh", "-c", f'exec "$HOME/.coord/jobs/{job}/rank-$MLX_RANK.sh"']
+
+
+def render_rank_script(*, workdir: str, python: str, argv: list[str], env: dict[str, str], tmpdir: str) -> str:
+    # A leading "python" means this node's Python.
+    command = [python, *argv[1:]] if argv and argv[0] in ("python", "python3") else list(argv)
+    lines = ["#!/bin/sh", "# Written by the coord agent: one rank of a job on this node.",
+             f"cd {shlex.quote(workdir)} || exit 97",
+             f"TMPDIR={shlex.quote(tmpdir)}; export TMPDIR",
+             'mkdir -p "$TMPDIR"']
+    for key, value in sorted(env.items()):
+        lines.append(f"{key}={shlex.quote(value)}; export {key}")
+    lines.append("exec " + " ".join(shlex.quote(word) for word in command))
+    return "\n".join(lines) + "\n"
+
+
+def prepare_rank(job: str, rank: int, workdir: str, python: str, argv: list, env: dict) -> dict[str, Any]:
+    if not JOB_NAME.match(job):
+        raise RemoteError(p.BAD_ARGS, f"job name {job!r} must be letters, digits, '.', '_' or '-'")
+    if rank < 0 or rank > 4096:
+        raise RemoteError(p.BAD_ARGS, f"rank {rank} is out of range")
+    for path, what in ((workdir, "workdir"), (python, "python")):
+        if not isinstance(path, str) or not os.path.isabs(path):
+            raise RemoteError(p.BAD_ARGS, f"{what} must be an absolute path, got {path!r}")
+    if not argv or not all(isinstance(word, str) for word in argv):
+        raise RemoteError(p.BAD_ARGS, "argv must be a non-empty list of strings")
+    for key, value in env.items():
+        if not ENV_NAME.match(key) or not isinstance(value, str):
+            raise RemoteError(p.BAD_ARGS, f"environment entry {key!r} is not NAME=string")
+    directory = os.path.join(jobs_dir(), job)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    tmpdir = os.path.join(workdir, ".coord", "tmp", job, f"rank-{rank}")
+    script = render_rank_script(workdir=workdir, python=python, argv=list(argv), env=dict(env), tmpdir=tmpdir)
+    path = os.path.join(directory, f"rank-{rank}.sh")
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(script)
+    os.chmod(tmp, 0o700)
+    os.replace(tmp, path)
+    return {"script": path, "tmpdir": tmpdir}

@@ -1,0 +1,98 @@
+"""`coord calibrate`: measure every node at once, keep the results until something changes."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from coordinator.calibration import calibration_record, is_stale, train_rate, workload_shares
+from coordinator.node_session import UP
+from shared.rpc import RemoteError
+
+if TYPE_CHECKING:
+    from coordinator.daemon import Daemon
+
+
+async def serve_calibrate(daemon: "Daemon", emit, refresh: bool = False, quick: bool = False) -> dict[str, Any]:
+    report: dict[str, Any] = {"nodes": {}}
+
+    async def one(session) -> None:
+        name = session.node.name
+        if session.state != UP or not session.view.facts:
+            report["nodes"][name] = {"status": "skipped", "detail": f"node is {session.state}"}
+            return
+        facts = session.view.facts
+        stored = daemon.state.calibration(name)
+        stale, reason = is_stale(stored, facts, refresh=refresh)
+        if not stale:
+            report["nodes"][name] = {"status": "reused", "detail": reason, "result": stored["result"],
+                                     "measured_at": stored["measured_at"]}
+            return
+
+        async def progress(event: dict[str, Any]) -> None:
+            await emit({"node": name, **event})
+
+        await emit({"node": name, "progress": f"measuring ({reason})", "fraction": 0.0})
+        try:
+            result = await session.call("calibrate", {"python": session.node.python, "workdir": session.node.workdir,
+                                                      "quick": quick}, timeout=900, on_event=progress)
+        except RemoteError as exc:
+            report["nodes"][name] = {"status": "failed", "detail": exc.message}
+            return
+        if not result.get("ok"):
+            report["nodes"][name] = {"status": "failed", "detail": result.get("error", "calibration failed"),
+                                     "result": result}
+            return
+        record = calibration_record(facts, result)
+        daemon.state.save_calibration(name, record)
+        report["nodes"][name] = {"status": "measured", "detail": reason, "result": result,
+                                 "measured_at": time.time()}
+
+    async with anyio.create_task_group() as tasks:
+        for session in daemon.cluster.sessions.values():
+            tasks.start_soon(one, session)
+    rates = {name: train_rate(entry.get("result")) if entry["status"] in ("measured", "reused") else None
+             for name, entry in report["nodes"].items()}
+    report["shares"] = workload_shares(rates)
+    failed = [n for n, e in report["nodes"].items() if e["status"] in ("failed", "skipped")]
+    report["status"] = "failed" if failed else "ok"
+    measured = [n for n, e in report["nodes"].items() if e["status"] == "measured"]
+    daemon.cluster.record_event("calibrate.done", f"calibration {report['status']}: measured {len(measured)}, "
+                                f"reused {sum(e['status'] == 'reused' for e in report['nodes'].values())}, "
+                                f"shares {report['shares']['policy']}")
+    return report
+
+
+def render_calibrate(report: dict[str, Any], console) -> None:
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in ("NODE", "STATUS", "DEVICE", "FP32 GFLOP/S", "BF16 GFLOP/S", "MEM GB/S", "PEAK MEM",
+                   "TRAIN SAMPLES/S", "SHARE", "MEASURED"):
+        table.add_column(column)
+    shares = report["shares"]["shares"]
+    for name, entry in sorted(report["nodes"].items()):
+        result = entry.get("result") or {}
+        gflops = result.get("matmul_gflops") or {}
+        table.add_row(name, entry["status"], str(result.get("device", "-")), _num(gflops.get("float32")),
+                      _num(gflops.get("bfloat16")), _num(result.get("memory_bandwidth_gbps")),
+                      _gib(result.get("peak_memory_bytes")), _num(result.get("train_samples_per_s")),
+                      f"{shares.get(name, 0):.3f}",
+                      time.strftime("%Y-%m-%d %H:%M", time.localtime(entry["measured_at"]))
+                      if entry.get("measured_at") else "-")
+    console.print(table)
+    for name, entry in sorted(report["nodes"].items()):
+        if entry["status"] in ("failed", "skipped"):
+            console.print(f"[red]{name}[/]: {entry['detail']}", soft_wrap=True)
+    console.print(f"workload shares: {report['shares']['policy']} ({report['shares']['reason']})", soft_wrap=True,
+                  markup=False)
+
+
+def _num(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:,.1f}"
+
+
+def _gib(value: int | None) -> str:
+    return "unknown" if value is None else f"{value / 2**30:.0f} GiB"
