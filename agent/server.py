@@ -17,6 +17,7 @@ from agent import facts as node_facts
 from agent import launch as node_launch
 from agent import sync as node_sync
 from agent.calibration_runner import run_calibration
+from agent.topology import collect_topology
 
 
 def bundle_id() -> str:
@@ -78,6 +79,8 @@ def build_dispatcher() -> Dispatcher:
     table.add("set_modes", _in_thread(node_sync.set_modes), required={"root": str, "modes": list})
     table.add("inspect_files", _in_thread(node_sync.inspect_files), required={"root": str, "paths": list},
               optional={"count_lines": bool})
+    table.add("topology", _in_thread(collect_topology))
+    table.add("check_writable", _in_thread(node_sync.check_writable), required={"root": str, "subdir": str})
     table.add("prepare_rank", _in_thread(node_launch.prepare_rank),
               required={"job": str, "rank": int, "workdir": str, "python": str, "argv": list, "env": dict})
     table.add("calibrate", calibrate, required={"python": str, "workdir": str},

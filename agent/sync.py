@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+import shutil
 import stat
 from typing import Any
 
@@ -229,3 +230,22 @@ def _fsync_dirs(directories: set[str]) -> None:
             pass
         finally:
             os.close(fd)
+
+
+def check_writable(root: str, subdir: str) -> dict[str, Any]:
+    """Can this node write (and fsync) a file where its checkpoints go? And how much room is there?"""
+    root = _root(root, create=True)
+    directory = _safe(root, subdir)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        probe = os.path.join(directory, f".coord-probe-{os.getpid()}")
+        with open(probe, "wb") as handle:
+            handle.write(b"coord")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.unlink(probe)
+        writable, detail = True, f"{directory} is writable"
+    except OSError as exc:
+        writable, detail = False, f"cannot write in {directory}: {exc.strerror or exc}"
+    usage = shutil.disk_usage(root)
+    return {"writable": writable, "detail": detail, "free_bytes": usage.free, "path": directory}

@@ -136,6 +136,45 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return EXIT_OK if report["status"] == "ok" else EXIT_FAILED
 
 
+def cmd_preflight(args: argparse.Namespace) -> int:
+    socket = resolve_socket(args)
+    hint = args.config or os.environ.get("COORD_CONFIG")
+    request = {"backend": args.backend}
+    if args.json:
+        result = ask_daemon(socket, "preflight", request, config_hint=hint, timeout=None)
+        json.dump(result, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        from coordinator.commands.preflight import render_preflight
+        from coordinator.progress import NodeProgress
+
+        console = make_console()
+        with NodeProgress(console) as progress:
+            result = ask_daemon(socket, "preflight", request, config_hint=hint, timeout=None,
+                                on_event=progress.update)
+        render_preflight(result, console)
+    return EXIT_FAILED if result["status"] == "fail" else EXIT_OK
+
+
+def cmd_hostfile(args: argparse.Namespace) -> int:
+    socket = resolve_socket(args)
+    hint = args.config or os.environ.get("COORD_CONFIG")
+    output = str(Path(args.output).resolve()) if args.output else None
+    result = ask_daemon(socket, "hostfile", {"output": output, "backend": args.backend}, config_hint=hint,
+                        timeout=300)
+    if args.json:
+        json.dump(result, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    elif output:
+        print(f"wrote {output} ({result['hostfile']['backend']}, {len(result['hostfile']['hosts'])} hosts); "
+              f"ranks reach nodes through {result['files']['ssh_config']}: run mlx.launch with "
+              f"PATH={result['files']['path_prefix']}:$PATH")
+    else:
+        json.dump(result["hostfile"], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    return EXIT_OK
+
+
 def cmd_init(args: argparse.Namespace) -> int:
     path = Path(args.path)
     if path.exists() and not args.force:
@@ -212,6 +251,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="a shorter, rougher measurement")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser("preflight", help="every check a launch must pass, on all nodes at once",
+                       description="Run the pre-flight checks on all nodes: reachability, agent, Python/mlx/mlx-lm "
+                                   "and OS versions, code, script, data and model consistency, disk and checkpoint "
+                                   "directory, memory, calibration, sync hook, RDMA and backend, hostfile. "
+                                   "Exits 1 when any check fails.")
+    client_options(p)
+    p.add_argument("--backend", choices=["ring", "jaccl", "jaccl-ring"], help="check this backend instead of the "
+                   "one chosen from the measured links")
+    p.add_argument("--json", action="store_true", help="print the checks as JSON")
+    p.set_defaults(func=cmd_preflight)
+
+    p = sub.add_parser("hostfile", help="write the mlx.launch hostfile chosen from the measured links",
+                       description="Write the JSON hostfile mlx.launch reads: backend (jaccl for a full RDMA mesh, "
+                                   "jaccl-ring for an RDMA ring, ring over TCP otherwise), each node's address on "
+                                   "its best link, RDMA devices. Without -o it is printed.")
+    client_options(p)
+    p.add_argument("-o", "--output", help="write it here")
+    p.add_argument("--backend", choices=["ring", "jaccl", "jaccl-ring"], help="force a backend (checked against "
+                   "the links)")
+    p.add_argument("--json", action="store_true", help="print the hostfile, the backend choice and file paths")
+    p.set_defaults(func=cmd_hostfile)
 
     p = sub.add_parser("init", help="write a commented example cluster file",
                        description="Write a commented example cluster file to edit.")

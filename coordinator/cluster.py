@@ -22,6 +22,7 @@ class Cluster:
                  connect: Connect = open_transport):
         self.config = config
         self.state = state
+        self.bundle = bundle
         self.sessions = {
             node.name: NodeSession(node, config.ssh, bundle, on_change=self._node_changed, connect=connect)
             for node in config.nodes

@@ -22,6 +22,8 @@ import structlog
 from coordinator.agent_bundle import AgentBundle, build_bundle
 from coordinator.cluster import Cluster
 from coordinator.commands import calibrate as calibrate_command
+from coordinator.commands import hostfile as hostfile_command
+from coordinator.commands import preflight as preflight_command
 from coordinator.commands import status as status_command
 from coordinator.commands import sync as sync_command
 from coordinator.config import ClusterConfig, ConfigError, load_config
@@ -80,7 +82,15 @@ class Daemon:
         table.add("sync", self._sync, optional={"source": (str, type(None)), "delete": bool, "dry_run": bool},
                   streams=True)
         table.add("calibrate", self._calibrate, optional={"refresh": bool, "quick": bool}, streams=True)
+        table.add("preflight", self._preflight, optional={"backend": (str, type(None))}, streams=True)
+        table.add("hostfile", self._hostfile, optional={"output": (str, type(None)), "backend": (str, type(None))})
         return table
+
+    async def _preflight(self, emit, **args: Any) -> dict[str, Any]:
+        return await preflight_command.run_preflight(self, emit, **args)
+
+    async def _hostfile(self, **args: Any) -> dict[str, Any]:
+        return await hostfile_command.serve_hostfile(self, **args)
 
     async def _calibrate(self, emit, **args: Any) -> dict[str, Any]:
         return await calibrate_command.serve_calibrate(self, emit, **args)

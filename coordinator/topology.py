@@ -49,6 +49,7 @@ def connectivity_matrix(topologies: dict[str, dict[str, Any] | None]) -> dict[st
                           "rdma_os_ok": bool | None, "rdma_state", "rdma_devices",
                           "rdma_active_devices", "thunderbolt_readable",
                           "thunderbolt_bridge_enabled", "thunderbolt_bridge_interface",
+                          "ipv4": [{"kind", "interface", "address", "prefixlen"}],
                           "detail"}},
          "pairs": {a: {b: PairView}},                # both directions, each from a's side
          "notes": [str, ...]}                        # one-sided or outside cables
@@ -91,7 +92,7 @@ def _node_summary(topology: dict[str, Any] | None) -> dict[str, Any]:
             "rdma_os_ok": None, "rdma_state": None, "rdma_devices": None,
             "rdma_active_devices": [], "thunderbolt_readable": False,
             "thunderbolt_bridge_enabled": None, "thunderbolt_bridge_interface": None,
-            "detail": {},
+            "ipv4": [], "detail": {},
         }
     platform = topology.get("platform")
     macos = platform in ("macOS", "Darwin")
@@ -114,6 +115,10 @@ def _node_summary(topology: dict[str, Any] | None) -> dict[str, Any]:
         "thunderbolt_readable": isinstance(topology.get("thunderbolt"), dict),
         "thunderbolt_bridge_enabled": bridge.get("enabled"),
         "thunderbolt_bridge_interface": bridge.get("interface"),
+        "ipv4": [
+            {"kind": kind, "interface": name, "address": str(ip.ip), "prefixlen": ip.network.prefixlen}
+            for kind, name, ip in _ipv4_interfaces(topology)
+        ],
         "detail": dict(topology.get("detail") or {}),
     }
 
@@ -793,7 +798,7 @@ def _tcp_ring(
         best = pairs[name][left]["best"]
         ip = best["local_ip"] if best else None
         if best is None:
-            ip = _fallback_address(name, pairs, ring)
+            ip = _fallback_address(name, pairs, ring, nodes)
             result["warnings"].append(
                 f"{left} and {name} share no IPv4 subnet ({pairs[name][left]['link_detail']})"
                 + (f"; using {name}'s address {ip}, which must be routable from {left}"
@@ -816,12 +821,21 @@ def _tcp_ring(
     result["hosts"] = hosts
 
 
-def _fallback_address(name: str, pairs: dict[str, Any], ring: list[str]) -> str | None:
-    """Any address of this node that another node shares a subnet with, best kind first."""
+_FALLBACK_KINDS = ("ethernet", "wifi", "other", "thunderbolt")
+
+
+def _fallback_address(
+    name: str, pairs: dict[str, Any], ring: list[str], nodes: dict[str, Any]
+) -> str | None:
+    """An address of this node for a neighbour it shares no subnet with (a routed
+    network): one another node does share a subnet with, else any, LAN kinds first
+    (Thunderbolt addresses are point-to-point)."""
     seen = []
     for other in ring:
         if other != name:
-            seen.extend(pairs[name][other]["links"])
+            seen.extend((link["kind"], link["local_ip"]) for link in pairs[name][other]["links"])
+    if not seen:
+        seen = [(entry["kind"], entry["address"]) for entry in nodes[name]["ipv4"]]
     if not seen:
         return None
-    return min(seen, key=lambda link: LINK_KINDS.index(link["kind"]))["local_ip"]
+    return min(seen, key=lambda item: _FALLBACK_KINDS.index(item[0]))[1]
