@@ -24,6 +24,7 @@ from coordinator.cluster import Cluster
 from coordinator.commands import calibrate as calibrate_command
 from coordinator.commands import hostfile as hostfile_command
 from coordinator.commands import preflight as preflight_command
+from coordinator.commands import prepare as prepare_command
 from coordinator.commands import status as status_command
 from coordinator.commands import sync as sync_command
 from coordinator.config import ClusterConfig, ConfigError, load_config
@@ -83,11 +84,16 @@ class Daemon:
                   streams=True)
         table.add("calibrate", self._calibrate, optional={"refresh": bool, "quick": bool}, streams=True)
         table.add("preflight", self._preflight, optional={"backend": (str, type(None))}, streams=True)
+        table.add("prepare_job", self._prepare_job, required={"job": str, "argv": list},
+                  optional={"env": dict, "backend": (str, type(None))})
         table.add("hostfile", self._hostfile, optional={"output": (str, type(None)), "backend": (str, type(None))})
         return table
 
     async def _preflight(self, emit, **args: Any) -> dict[str, Any]:
         return await preflight_command.run_preflight(self, emit, **args)
+
+    async def _prepare_job(self, **args: Any) -> dict[str, Any]:
+        return await prepare_command.prepare_job(self, **args)
 
     async def _hostfile(self, **args: Any) -> dict[str, Any]:
         return await hostfile_command.serve_hostfile(self, **args)

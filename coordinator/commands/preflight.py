@@ -40,6 +40,8 @@ async def gather(daemon: "Daemon", emit) -> dict[str, Any]:
         await emit({"node": name, "progress": "hashing the workdir", "fraction": 0.1})
         files = config.node_files(node)
         try:
+            # Facts again: a venv changed since the node came up must show in the version checks.
+            session.view.facts = await session.call("facts", {"workdir": node.workdir}, timeout=120)
             answer = await session.call("manifest", {"root": node.workdir, "patterns": patterns}, timeout=3600)
             found["manifests"][name] = manifest_from_wire(answer["files"])
             if files["script"]:
@@ -74,11 +76,11 @@ async def gather(daemon: "Daemon", emit) -> dict[str, Any]:
 async def run_preflight(daemon: "Daemon", emit, backend: str | None = None) -> dict[str, Any]:
     started = time.monotonic()
     config = daemon.config
+    found = await gather(daemon, emit)
     views = daemon.cluster.node_views()
     nodes = {v["name"]: {**v, "port": next(n.port for n in config.nodes if n.name == v["name"])} for v in views}
     up = {n: v for n, v in nodes.items() if v["state"] == "up"}
     facts = {n: v["facts"] for n, v in up.items() if v.get("facts")}
-    found = await gather(daemon, emit)
 
     report = []
     report += checks.reachability(list(nodes.values()))

@@ -1,0 +1,55 @@
+"""Prepare a job for mlx.launch: hostfile, ssh settings, and each node's rank script."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from agent.launch import rank_command
+from coordinator.commands.hostfile import node_topologies, plan_backend, write_launch_files
+from shared import protocol as p
+from shared.rpc import RemoteError
+
+if TYPE_CHECKING:
+    from coordinator.daemon import Daemon
+
+JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+async def prepare_job(daemon: "Daemon", job: str, argv: list, env: dict | None = None,
+                      backend: str | None = None) -> dict[str, Any]:
+    """Everything a launch needs; returns the exact mlx.launch argv and its environment."""
+    if not JOB_NAME.match(job):
+        raise RemoteError(p.BAD_ARGS, f"job name {job!r} must be letters, digits, '.', '_' or '-' (at most 64)")
+    if not argv or not all(isinstance(word, str) for word in argv):
+        raise RemoteError(p.BAD_ARGS, "the command must be a non-empty list of words")
+    topologies = await node_topologies(daemon)
+    choice, document, error = plan_backend(daemon, topologies, forced=backend)
+    if document is None:
+        raise RemoteError(p.REFUSED, f"cannot launch: {error}")
+    files = write_launch_files(daemon.config.state_dir / "jobs" / job, daemon.config, document)
+    order = choice.get("order") or [n.name for n in daemon.config.nodes]
+    sessions = daemon.cluster.sessions
+    down = [name for name in order if sessions[name].state != "up"]
+    if down:
+        raise RemoteError(p.REFUSED, f"cannot launch: {', '.join(down)} not up")
+    scripts: dict[str, Any] = {}
+
+    async def one(rank: int, name: str) -> None:
+        node = sessions[name].node
+        scripts[name] = await sessions[name].call("prepare_rank", {
+            "job": job, "rank": rank, "workdir": node.workdir, "python": node.python, "argv": list(argv),
+            "env": dict(env or {})}, timeout=60)
+
+    async with anyio.create_task_group() as tasks:
+        for rank, name in enumerate(order):
+            tasks.start_soon(one, rank, name)
+    launcher = shutil.which("mlx.launch") or "mlx.launch"
+    command = [launcher, "--hostfile", files["hostfile"], "--", *rank_command(job)]
+    path = files["path_prefix"] + os.pathsep + os.environ.get("PATH", "/usr/bin:/bin")
+    return {"job": job, "argv": command, "env": {"PATH": path}, "order": order, "hostfile": document,
+            "files": files, "scripts": scripts, "backend": choice}
