@@ -280,7 +280,7 @@ def parse_thunderbolt(json_text: str | bytes | None) -> dict[str, Any] | None:
     if not isinstance(raw_buses, list) or not all(isinstance(b, dict) for b in raw_buses):
         return None
     buses = [_parse_bus(raw, index) for index, raw in enumerate(raw_buses)]
-    buses.sort(key=lambda bus: bus["bus"])
+    buses.sort(key=_natural_key)
     return {
         "buses": buses,
         "own_domain_uuids": {b["bus"]: b["domain_uuid"] for b in buses if b["domain_uuid"]},
@@ -343,6 +343,14 @@ def _parse_bus(raw: dict[str, Any], index: int) -> dict[str, Any]:
         "devices": devices,
         "indirect_peers": indirect,
     }
+
+
+def _natural_key(bus: dict[str, Any]) -> tuple[Any, ...]:
+    """thunderboltusb4_bus_2 before thunderboltusb4_bus_10."""
+    return tuple(
+        (0, int(part), "") if part.isdigit() else (1, 0, part)
+        for part in re.split(r"(\d+)", bus["bus"])
+    )
 
 
 def _first_receptacle_tag(raw: dict[str, Any]) -> dict[str, Any] | None:

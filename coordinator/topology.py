@@ -540,7 +540,8 @@ def choose_backend(
          "order": [node, ...],                      # rank order (the ring for rings)
          "ring": [node, ...] | None,                # jaccl-ring and ring: the cycle
          "hosts": [{"node", "rank",
-                    "ip": str | None,               # for the hostfile's "ips"
+                    "ip": str | None,               # for the hostfile's "ips"; None
+                                                    # (with a warning) when unmeasured
                     "ips": [ip] | [],
                     "rdma": [device | None per rank] | [],
                     "neighbours": [node, ...],      # ring: [left, right]; jaccl: all
@@ -593,6 +594,11 @@ def choose_backend(
     missing = [(a, b) for i, a in enumerate(order) for b in order[i + 1:] if not rdma(a, b)]
     mesh = not missing
     rdma_ring = order if mesh else find_ring(order, rdma)
+    if rdma_ring is None and len(order) > MAX_RING_SEARCH_NODES:
+        result["warnings"].append(
+            f"{len(order)} nodes: an RDMA ring is searched for up to {MAX_RING_SEARCH_NODES} "
+            "nodes only; list the nodes in ring order to use one"
+        )
 
     if forced == "jaccl" and not mesh:
         return _fail(result, "jaccl needs an active RDMA link between every pair of nodes: "
@@ -752,9 +758,10 @@ def _jaccl(result: dict[str, Any], order: list[str], pairs: dict[str, Any], ring
             "neighbours": neighbours,
             "toward": {other: _toward(pairs[name][other]) for other in neighbours},
         })
-        if rank == 0 and ip is None:
-            result.update(ok=False, error=f"rank 0 ({name}) has no address the others can reach")
-            result["reasons"].append(result["error"])
+        if ip is None:
+            result["warnings"].append(
+                f"no address measured for {name}: the cluster file must give one"
+            )
     result["hosts"] = hosts
 
 
@@ -816,8 +823,9 @@ def _tcp_ring(
             "toward": {other: _toward(pairs[name][other]) for other in neighbours},
         })
         if ip is None:
-            result.update(ok=False, error=f"{name} has no IPv4 address its ring neighbour can use")
-            result["reasons"].append(result["error"])
+            result["warnings"].append(
+                f"no address measured for {name}: the cluster file must give one"
+            )
     result["hosts"] = hosts
 
 
