@@ -9,17 +9,19 @@ touched.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import itertools
 import os
 import shutil
 import stat
+import sys
 from typing import Any
 
 from shared import protocol as p
 from shared.ignore import IgnoreRules
 from shared.manifest import HashCache, scan_tree, sha256_file, tree_hash
-from shared.paths import UnsafePath, resolve_under
+from shared.paths import PathGuard, UnsafePath, resolve_under
 from shared.rpc import RemoteError
 
 CACHE_NAME = os.path.join(".coord", "hashcache.json")
@@ -47,58 +49,109 @@ def _mode(mode: int) -> int:
     return mode & 0o777  # permission bits only: never setuid, setgid or sticky from the wire
 
 
+_caches: dict[str, HashCache] = {}
+
+
+def cache_for(root: str) -> HashCache:
+    """One hash cache per workdir for the agent's life: files it writes are entered as written,
+    so the check after a sync costs a stat per file, not a read."""
+    cache = _caches.get(root)
+    if cache is None:
+        cache = _caches[root] = HashCache(os.path.join(root, CACHE_NAME))
+    return cache
+
+
+def _syncfs(path: str) -> bool:
+    """Flush the filesystem holding path in one call (Linux); False where not available."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            return libc.syncfs(fd) == 0
+        finally:
+            os.close(fd)
+    except (OSError, AttributeError):
+        return False
+
+
 def describe(root: str, patterns: list[str]) -> dict[str, Any]:
     root = _root(root, create=True)
     rules = IgnoreRules(patterns)
-    cache = HashCache(os.path.join(root, CACHE_NAME))
-    manifest, stats = scan_tree(root, rules, cache=cache)
+    manifest, stats = scan_tree(root, rules, cache=cache_for(root))
     return {"files": [[rel, *entry] for rel, entry in manifest.items()], "tree_hash": tree_hash(manifest),
             "stats": stats.as_dict()}
 
 
-def _write_atomically(target: str, data_chunks, mode: int, sha256: str) -> int:
+def _write_temporary(target: str, data: bytes, mode: int, sha256: str, *, fsync: bool) -> str:
+    """The verified content in a temporary beside target; the caller renames it."""
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise RemoteError(p.BAD_ARGS, f"content of {target} does not match its SHA256")
     directory = os.path.dirname(target)
-    os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, f".{os.path.basename(target)}.coord-{os.getpid()}-{next(_upload_ids)}")
-    digest = hashlib.sha256()
-    size = 0
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     try:
-        with os.fdopen(fd, "wb") as handle:
-            for chunk in data_chunks:
-                handle.write(chunk)
-                digest.update(chunk)
-                size += len(chunk)
-            handle.flush()
-            if digest.hexdigest() != sha256:
-                raise RemoteError(p.BAD_ARGS, f"content of {target} does not match its SHA256")
-            os.fchmod(handle.fileno(), _mode(mode))
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
+        fd = os.open(tmp, flags, 0o600)
+    except FileNotFoundError:  # first file in a new directory
+        os.makedirs(directory, exist_ok=True)
+        fd = os.open(tmp, flags, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fchmod(fd, _mode(mode))
+        if fsync:
+            os.fsync(fd)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        os.close(fd)
+        os.unlink(tmp)
         raise
-    return size
+    os.close(fd)
+    return tmp
 
 
 def put_files(root: str, files: list) -> dict[str, Any]:
-    """Write whole small files: [[rel, mode, sha256, data], ...]."""
+    """Write whole small files: [[rel, mode, sha256, data], ...], each verified, durable, then renamed.
+
+    Every temporary is flushed to disk before any rename: on Linux with one syncfs for
+    the batch, elsewhere with an fsync per file.
+    """
     root = _root(root, create=True)
-    written = 0
-    touched_dirs = set()
     for item in files:
         if not (isinstance(item, list) and len(item) == 4 and isinstance(item[0], str) and isinstance(item[1], int)
                 and isinstance(item[2], str) and isinstance(item[3], bytes)):
             raise RemoteError(p.BAD_ARGS, "each file must be [path, mode, sha256, data]")
-        rel, mode, sha, data = item
-        target = _safe(root, rel)
-        written += _write_atomically(target, [data], mode, sha)
-        touched_dirs.add(os.path.dirname(target))
-    _fsync_dirs(touched_dirs)
-    return {"files": len(files), "bytes": written}
+    guard = PathGuard(root)
+    try:
+        targets = [guard.resolve(item[0]) for item in files]  # every path checked before any write
+    except UnsafePath as exc:
+        raise RemoteError(p.REFUSED, str(exc)) from None
+    batch_sync = sys.platform.startswith("linux")
+    written: list[tuple[str, str]] = []
+    try:
+        for (rel, mode, sha, data), target in zip(files, targets):
+            written.append((_write_temporary(target, data, mode, sha, fsync=not batch_sync), target))
+        if batch_sync and not _syncfs(root):
+            for tmp, _ in written:
+                fd = os.open(tmp, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+    except BaseException:
+        for tmp, _ in written:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        raise
+    cache = cache_for(root)
+    for (tmp, target), item in zip(written, files):
+        os.replace(tmp, target)
+        cache.store(item[0], os.stat(target), item[2])
+    _fsync_dirs({os.path.dirname(target) for target in targets})
+    return {"files": len(files), "bytes": sum(len(item[3]) for item in files)}
 
 
 class Uploads:
@@ -115,6 +168,7 @@ class Uploads:
         tmp = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.coord-{os.getpid()}-{upload}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
         self._open[upload] = {"fd": fd, "tmp": tmp, "target": target, "size": size, "mode": mode,
+                              "root": root, "rel": path,
                               "sha256": sha256, "digest": hashlib.sha256(), "offset": 0}
         return {"upload": upload}
 
@@ -142,6 +196,7 @@ class Uploads:
             state["fd"] = None
             os.replace(state["tmp"], state["target"])
             _fsync_dirs({os.path.dirname(state["target"])})
+            cache_for(state["root"]).store(state["rel"], os.stat(state["target"]), state["sha256"])
         except BaseException:
             self.abort(upload)
             raise

@@ -119,13 +119,12 @@ async def sync_node(session: NodeSession, source_dir: str, source: Manifest, pla
     small, large = _batches(source, plan.send)
     limiter = anyio.Semaphore(IN_FLIGHT)
 
+    def read_batch(batch: list[str]) -> list[list]:
+        return [[rel, source[rel][1], source[rel][2], _read(os.path.join(source_dir, rel))] for rel in batch]
+
     async def send_batch(batch: list[str]) -> None:
         async with limiter:
-            files = []
-            for rel in batch:
-                data = await anyio.to_thread.run_sync(_read, os.path.join(source_dir, rel))
-                size, mode, sha = source[rel]
-                files.append([rel, mode, sha, data])
+            files = await anyio.to_thread.run_sync(read_batch, batch)
             await session.call("put_files", {"root": root, "files": files})
             await meter.add(len(batch), sum(len(f[3]) for f in files))
 

@@ -111,6 +111,14 @@ class IgnoreRules:
     def __init__(self, patterns: list[str] | tuple[str, ...] = ()):
         self.patterns = list(patterns)
         self.rules = [rule for rule in map(compile_rule, self.patterns) if rule is not None]
+        # Without negations the order of rules does not matter: one alternation per kind
+        # of path replaces a dozen regex calls per file (a 10,000-file tree notices).
+        self._combined: tuple[re.Pattern | None, re.Pattern | None] | None = None
+        if not any(rule.negate for rule in self.rules):
+            any_path = [r.regex.pattern for r in self.rules if not r.dir_only]
+            dir_only = [r.regex.pattern for r in self.rules if r.dir_only]
+            self._combined = (re.compile("|".join(f"(?:{p})" for p in any_path), re.DOTALL) if any_path else None,
+                              re.compile("|".join(f"(?:{p})" for p in dir_only), re.DOTALL) if dir_only else None)
 
     @classmethod
     def with_defaults(cls, extra: list[str] | tuple[str, ...] = ()) -> "IgnoreRules":
@@ -118,6 +126,10 @@ class IgnoreRules:
 
     def matches(self, path: str, is_dir: bool) -> bool:
         """Whether this path itself is ignored (its parents are the walker's business)."""
+        if self._combined is not None:
+            any_path, dir_only = self._combined
+            return bool((any_path is not None and any_path.match(path)) or
+                        (is_dir and dir_only is not None and dir_only.match(path)))
         ignored = False
         for rule in self.rules:
             if rule.dir_only and not is_dir:

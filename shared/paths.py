@@ -44,14 +44,52 @@ def check_relative(path: object) -> str:
     return "/".join(clean)
 
 
-def resolve_under(root: str, path: str, *, must_exist: bool = False) -> str:
+class PathGuard:
+    """``resolve_under`` for many paths under one root: a directory checked once is not
+    checked again by the same guard (a sync batch touches each directory many times)."""
+
+    def __init__(self, root: str):
+        self.root = root
+        self.real_root = os.path.realpath(root)
+        self._safe_dirs: set[str] = set()
+
+    def resolve(self, path: str, *, must_exist: bool = False) -> str:
+        relative = check_relative(path)
+        parent = relative.rpartition("/")[0]
+        if parent and parent in self._safe_dirs:
+            full = os.path.join(self.real_root, *relative.split("/"))
+            _check_last(path, full, self.real_root, must_exist)
+            return full
+        full = resolve_under(self.root, relative, must_exist=must_exist, real_root=self.real_root)
+        if parent and os.path.isdir(os.path.join(self.real_root, *parent.split("/"))):
+            self._safe_dirs.add(parent)
+        return full
+
+
+def _check_last(path: str, full: str, real_root: str, must_exist: bool) -> None:
+    try:
+        info = os.lstat(full)
+    except FileNotFoundError:
+        if must_exist:
+            raise UnsafePath(path, "no such file") from None
+        return
+    if stat.S_ISLNK(info.st_mode):
+        target = os.path.realpath(full)
+        if target != real_root and not target.startswith(real_root + os.sep):
+            raise UnsafePath(path, "a symlink leads outside the workdir")
+        info = os.stat(full)
+    if not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):
+        raise UnsafePath(path, "not a regular file or directory")
+
+
+def resolve_under(root: str, path: str, *, must_exist: bool = False, real_root: str | None = None) -> str:
     """The absolute path of ``path`` under ``root``, refusing any way out of ``root``.
 
     Every existing component is checked: a symlink whose target is outside the
     root is refused, and so is a device, socket or FIFO.
     """
     relative = check_relative(path)
-    real_root = os.path.realpath(root)
+    real_root = real_root or os.path.realpath(root)
     full = os.path.join(real_root, *relative.split("/"))
     # Walk the existing prefix: realpath follows links, so an escape shows up here.
     current = real_root
