@@ -79,6 +79,12 @@ def cli_latency(config: Path, runs: int) -> float:
     return statistics.median(samples)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
@@ -95,8 +101,9 @@ def measure(size: int, calls: int, ssh: dict | None) -> dict:
         doc = asyncio.run(wait_all_up(socket, size, timeout=300))
         # From the daemon's start to the moment its last node went up, by the daemon's clock.
         connect_all = max(node["since"] for node in doc["nodes"]) - doc["daemon"]["started"]
+        daemon_cpu = cpu_seconds(daemon.pid)
         samples = asyncio.run(status_latencies(socket, calls))
-        return {"nodes": size, "connect_all_s": connect_all, "status_p50_ms": percentile(samples, 0.5) * 1000,
+        return {"nodes": size, "connect_all_s": connect_all, "daemon_cpu_s": daemon_cpu, "status_p50_ms": percentile(samples, 0.5) * 1000,
                 "status_p99_ms": percentile(samples, 0.99) * 1000, "cli_median_ms": cli_latency(config, 5) * 1000}
     finally:
         daemon.terminate()
@@ -150,11 +157,13 @@ def main() -> None:
         shutil.rmtree(ssh_root, ignore_errors=True)
     transport = "SSH sessions to one sshd" if args.ssh else "local agents"
     print(f"\ncoord status and connect-all, {transport}, {os.cpu_count()} cores, {args.calls} status calls per size\n")
-    print("| nodes | connect-all (s) | vs 4 nodes | status p50 (ms) | status p99 (ms) | `coord status --json` CLI (ms) |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    print("| nodes | connect-all (s) | vs 4 nodes | daemon CPU to connect (s) | status p50 (ms) | status p99 (ms) "
+          "| `coord status --json` CLI (ms) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     base = rows[0]["connect_all_s"]
     for row in rows:
         print(f"| {row['nodes']} | {row['connect_all_s']:.2f} | {row['connect_all_s'] / base:.2f}x | "
+              f"{row['daemon_cpu_s']:.2f} | "
               f"{row['status_p50_ms']:.1f} | {row['status_p99_ms']:.1f} | {row['cli_median_ms']:.0f} |")
 
 

@@ -18,8 +18,8 @@ import anyio
 from coordinator.node_session import NodeSession
 
 SMALL_FILE = 1 << 20
-BATCH_BYTES = 4 << 20
-BATCH_FILES = 512
+BATCH_BYTES = 8 << 20
+BATCH_FILES = 2048
 CHUNK_BYTES = 4 << 20
 IN_FLIGHT = 4
 

@@ -84,12 +84,15 @@ def source_manifest(daemon: "Daemon", source: Path, patterns: list[str]) -> tupl
     return manifest, stats.as_dict()
 
 
-async def node_manifests(daemon: "Daemon", patterns: list[str]) -> tuple[dict[str, dict], dict[str, str]]:
+async def node_manifests(daemon: "Daemon", patterns: list[str], only: set[str] | None = None
+                         ) -> tuple[dict[str, dict], dict[str, str]]:
     """Every up node's manifest of its workdir; the others with the reason they are missing."""
     manifests: dict[str, dict] = {}
     missing: dict[str, str] = {}
 
     async def one(session) -> None:
+        if only is not None and session.node.name not in only:
+            return
         if session.state != UP:
             missing[session.node.name] = f"node is {session.state}" + (
                 f": {session.view.reason}" if session.view.reason else "")
@@ -154,9 +157,14 @@ async def serve_sync(daemon: "Daemon", emit, source: str | None = None, delete: 
         for name in plans:
             tasks.start_soon(one, name)
 
-    if not dry_run:
+    changed = {name for name, entry in report["nodes"].items() if entry["status"] in ("synced", "failed")}
+    if changed and not dry_run:
+        # Read back the nodes that were written to; the others were read a moment ago.
         await emit({"phase": "verify"})
-        remote, more_missing = await node_manifests(daemon, patterns)
+        fresh, more_missing = await node_manifests(daemon, patterns, only=changed)
+        remote.update(fresh)
+        for name in changed - set(fresh):
+            remote.pop(name, None)
         missing.update(more_missing)
     report["consistency"] = compare_nodes(remote, threshold=daemon.config.sync.threshold, what="code")
     report["versus_source"] = {
