@@ -31,20 +31,31 @@ def rank_command(job: str) -> list[str]:
     return ["/bin/sh", "-c", f'exec "$HOME/.coord/jobs/{job}/rank-$MLX_RANK.sh"']
 
 
-def render_rank_script(*, workdir: str, python: str, argv: list[str], env: dict[str, str], tmpdir: str) -> str:
+def bundle_root() -> str:
+    """The directory holding this agent's packages (the installed bundle, or a checkout)."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def render_rank_script(*, workdir: str, python: str, argv: list[str], env: dict[str, str], tmpdir: str,
+                       rank_dir: str) -> str:
     # A leading "python" means this node's Python.
     command = [python, *argv[1:]] if argv and argv[0] in ("python", "python3") else list(argv)
+    root = shlex.quote(bundle_root())
     lines = ["#!/bin/sh", "# Written by the coord agent: one rank of a job on this node.",
              f"cd {shlex.quote(workdir)} || exit 97",
              f"TMPDIR={shlex.quote(tmpdir)}; export TMPDIR",
-             'mkdir -p "$TMPDIR"']
+             'mkdir -p "$TMPDIR"',
+             # coord's rank runner and trainers come from the agent's bundle.
+             f'PYTHONPATH={root}${{PYTHONPATH:+:$PYTHONPATH}}; export PYTHONPATH']
     for key, value in sorted(env.items()):
         lines.append(f"{key}={shlex.quote(value)}; export {key}")
-    lines.append("exec " + " ".join(shlex.quote(word) for word in command))
+    runner = [python, "-m", "agent.rank_runner", "--dir", rank_dir, "--"]
+    lines.append("exec " + " ".join(shlex.quote(word) for word in runner + command))
     return "\n".join(lines) + "\n"
 
 
-def prepare_rank(job: str, rank: int, workdir: str, python: str, argv: list, env: dict) -> dict[str, Any]:
+def prepare_rank(job: str, rank: int, workdir: str, python: str, argv: list, env: dict,
+                 attempt: int = 0) -> dict[str, Any]:
     if not JOB_NAME.match(job):
         raise RemoteError(p.BAD_ARGS, f"job name {job!r} must be letters, digits, '.', '_' or '-'")
     if rank < 0 or rank > 4096:
@@ -60,11 +71,15 @@ def prepare_rank(job: str, rank: int, workdir: str, python: str, argv: list, env
     directory = os.path.join(jobs_dir(), job)
     os.makedirs(directory, mode=0o700, exist_ok=True)
     tmpdir = os.path.join(workdir, ".coord", "tmp", job, f"rank-{rank}")
-    script = render_rank_script(workdir=workdir, python=python, argv=list(argv), env=dict(env), tmpdir=tmpdir)
+    rank_dir = os.path.join(workdir, ".coord", "jobs", job, f"attempt-{attempt}", f"rank-{rank}")
+    os.makedirs(rank_dir, exist_ok=True)
+    env = {key.replace("{rank_dir}", rank_dir): value.replace("{rank_dir}", rank_dir) for key, value in env.items()}
+    script = render_rank_script(workdir=workdir, python=python, argv=list(argv), env=dict(env), tmpdir=tmpdir,
+                                rank_dir=rank_dir)
     path = os.path.join(directory, f"rank-{rank}.sh")
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as handle:
         handle.write(script)
     os.chmod(tmp, 0o700)
     os.replace(tmp, path)
-    return {"script": path, "tmpdir": tmpdir}
+    return {"script": path, "tmpdir": tmpdir, "rank_dir": rank_dir}

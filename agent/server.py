@@ -15,6 +15,7 @@ from shared.version import COORD_VERSION
 
 from agent import facts as node_facts
 from agent import launch as node_launch
+from agent import ranks as node_ranks
 from agent import sync as node_sync
 from agent.calibration_runner import run_calibration
 from agent.topology import collect_topology
@@ -82,7 +83,19 @@ def build_dispatcher() -> Dispatcher:
     table.add("topology", _in_thread(collect_topology))
     table.add("check_writable", _in_thread(node_sync.check_writable), required={"root": str, "subdir": str})
     table.add("prepare_rank", _in_thread(node_launch.prepare_rank),
-              required={"job": str, "rank": int, "workdir": str, "python": str, "argv": list, "env": dict})
+              required={"job": str, "rank": int, "workdir": str, "python": str, "argv": list, "env": dict},
+              optional={"attempt": int})
+    rank = {"workdir": str, "job": str, "attempt": int, "rank": int}
+    table.add("rank_status", _in_thread(node_ranks.rank_status), required=rank, optional={"progress_offset": int})
+    table.add("read_log", _in_thread(node_ranks.read_log), required=rank, optional={"offset": int})
+    table.add("dump_stacks", _in_thread(node_ranks.dump_stacks), required=rank)
+    table.add("stop_rank", _in_thread(node_ranks.stop_rank), required=rank, optional={"grace": (int, float)})
+    table.add("list_checkpoints", _in_thread(node_ranks.list_checkpoints),
+              required={"workdir": str, "job": str, "attempt": int}, optional={"known": list})
+    table.add("remove_checkpoints", _in_thread(node_ranks.remove_checkpoints),
+              required={"workdir": str, "job": str, "attempt": int, "names": list})
+    table.add("read_file", _in_thread(node_ranks.read_file), required={"workdir": str, "path": str},
+              optional={"offset": int})
     table.add("calibrate", calibrate, required={"python": str, "workdir": str},
               optional={"quick": bool, "timeout": (int, float)}, streams=True)
     return table

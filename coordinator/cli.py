@@ -175,6 +175,88 @@ def cmd_hostfile(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+TERMINAL = ("succeeded", "failed", "stopped")
+
+
+def _follow_job(socket: Path, name: str, hint: str | None, *, quiet: bool = False) -> dict[str, Any]:
+    """Poll the job until it ends, printing each change of state and step."""
+    from coordinator.commands.jobs import render_job
+
+    shown = None
+    while True:
+        job = ask_daemon(socket, "job", {"name": name}, config_hint=hint)
+        line = render_job(job)
+        key = (job["state"], job["step"], job["restarts"])
+        if not quiet and key != shown:
+            print(line, flush=True)
+            shown = key
+        if job["state"] in TERMINAL:
+            return job
+        time.sleep(1.0)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from coordinator.jobs.spec import JobSpec, JobSpecError, load_job_file, validate
+
+    socket = resolve_socket(args)
+    hint = args.config or os.environ.get("COORD_CONFIG")
+    command = args.command[1:] if args.command[:1] == ["--"] else list(args.command)
+    try:
+        if len(command) == 1 and command[0].endswith(".toml"):
+            spec = load_job_file(Path(command[0]))
+        else:
+            name = args.name or f"job-{time.strftime('%Y%m%d-%H%M%S')}"
+            source = str(Path(args.source).resolve()) if args.source else None
+            spec = validate(JobSpec(name=name, command=command, save_every=args.save_every,
+                                    max_restarts=args.max_restarts, hang_timeout=args.hang_timeout, keep=args.keep,
+                                    force=args.force, source=source, backend=args.backend))
+    except JobSpecError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+    job = ask_daemon(socket, "run", {"spec": spec.as_dict()}, config_hint=hint)
+    print(f"submitted {job['name']}: {' '.join(spec.command)}")
+    if args.detach:
+        print(f"follow it with: coord status   coord logs -f {job['name']}   coord wait {job['name']}")
+        return EXIT_OK
+    final = _follow_job(socket, job["name"], hint)
+    return EXIT_OK if final["state"] == "succeeded" else EXIT_FAILED
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    socket = resolve_socket(args)
+    hint = args.config or os.environ.get("COORD_CONFIG")
+    final = _follow_job(socket, args.job, hint, quiet=args.quiet)
+    if args.json:
+        json.dump(final, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    return EXIT_OK if final["state"] == "succeeded" else EXIT_FAILED
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    socket = resolve_socket(args)
+    hint = args.config or os.environ.get("COORD_CONFIG")
+    ask_daemon(socket, "stop", {"name": args.job}, config_hint=hint)
+    final = _follow_job(socket, args.job, hint, quiet=True)
+    print(f"{args.job}: {final['state']}")
+    return EXIT_OK
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    socket = resolve_socket(args)
+    hint = args.config or os.environ.get("COORD_CONFIG")
+    offset = 0
+    while True:
+        piece = ask_daemon(socket, "logs", {"name": args.job, "rank": args.rank, "attempt": args.attempt,
+                                            "offset": offset}, config_hint=hint)
+        if piece["data"]:
+            sys.stdout.buffer.write(piece["data"])
+            sys.stdout.flush()
+        offset = piece["offset"]
+        if not args.follow or (piece["done"] and not piece["data"]):
+            return EXIT_OK
+        if not piece["data"]:
+            time.sleep(0.5)
+
+
 def cmd_init(args: argparse.Namespace) -> int:
     path = Path(args.path)
     if path.exists() and not args.force:
@@ -273,6 +355,51 @@ def build_parser() -> argparse.ArgumentParser:
                    "the links)")
     p.add_argument("--json", action="store_true", help="print the hostfile, the backend choice and file paths")
     p.set_defaults(func=cmd_hostfile)
+
+    p = sub.add_parser("run", help="launch a distributed job with mlx.launch and keep it running",
+                       description="Run pre-flight (stopping on a failure unless --force), sync (with --source), "
+                                   "write the hostfile and start `mlx.launch`, one rank per node, each in its "
+                                   "node's workdir with its node's Python. A failed rank, a lost node or a hang "
+                                   "stops the job everywhere and resumes it from the newest valid checkpoint. "
+                                   "`python -m mlx_lm lora ...` is understood (adapter path, --save-every, "
+                                   "resume); any other command gets the COORD_* environment contract.",
+                       usage="coord run [options] -- COMMAND...  |  coord run JOB.toml")
+    client_options(p)
+    p.add_argument("--name", help="job name (default: job-DATE-TIME)")
+    p.add_argument("--source", help="sync this project directory to every node first")
+    p.add_argument("--save-every", type=int, default=10, help="checkpoint every N steps (default 10)")
+    p.add_argument("--max-restarts", type=int, default=3, help="restarts before the job fails (default 3)")
+    p.add_argument("--hang-timeout", type=float, help="seconds without progress that count as a hang "
+                   "(default: ten times the step time, at least 60)")
+    p.add_argument("--keep", type=int, default=3, help="checkpoints to keep (default 3)")
+    p.add_argument("--force", action="store_true", help="launch even if pre-flight fails")
+    p.add_argument("--backend", choices=["ring", "jaccl", "jaccl-ring"], help="force a backend")
+    p.add_argument("--detach", action="store_true", help="return once submitted instead of following the job")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND... or a job file")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("wait", help="block until a job ends; exit 0 only if it succeeded",
+                       description="Follow a job until it succeeds, fails or is stopped.")
+    client_options(p)
+    p.add_argument("job")
+    p.add_argument("--quiet", "-q", action="store_true", help="print nothing while waiting")
+    p.add_argument("--json", action="store_true", help="print the final job document as JSON")
+    p.set_defaults(func=cmd_wait)
+
+    p = sub.add_parser("stop", help="stop every rank of a job on every node",
+                       description="Stop a job: every rank on every node is stopped and confirmed gone.")
+    client_options(p)
+    p.add_argument("job")
+    p.set_defaults(func=cmd_stop)
+
+    p = sub.add_parser("logs", help="a rank's output, per attempt, kept on the head",
+                       description="Print a rank's output (kept on the head per attempt and per rank).")
+    client_options(p)
+    p.add_argument("job")
+    p.add_argument("--rank", type=int, default=0, help="which rank (default 0)")
+    p.add_argument("--attempt", type=int, help="which attempt (default: the current one)")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing as the rank writes")
+    p.set_defaults(func=cmd_logs)
 
     p = sub.add_parser("init", help="write a commented example cluster file",
                        description="Write a commented example cluster file to edit.")

@@ -23,6 +23,7 @@ from coordinator.agent_bundle import AgentBundle, build_bundle
 from coordinator.cluster import Cluster
 from coordinator.commands import calibrate as calibrate_command
 from coordinator.commands import hostfile as hostfile_command
+from coordinator.commands import jobs as jobs_command
 from coordinator.commands import preflight as preflight_command
 from coordinator.commands import prepare as prepare_command
 from coordinator.commands import status as status_command
@@ -75,6 +76,32 @@ class Daemon:
         self.started = time.time()
         self.cluster = Cluster(config, state, bundle, connect=connect)
         self.control = ControlServer(config.socket, self._dispatcher())
+        self.jobs: dict[str, Any] = {}
+        self._tasks = None
+        self._pending_tasks: list[tuple[Any, str]] = []
+
+    def start_task(self, func, *, name: str) -> None:
+        """Run func in the daemon's task group (jobs live as long as the daemon)."""
+        if self._tasks is None:
+            self._pending_tasks.append((func, name))
+        else:
+            self._tasks.start_soon(func, name=name)
+
+    def _reattach_jobs(self) -> None:
+        """Jobs that were running when the daemon stopped are supervised again, not relaunched."""
+        from coordinator.jobs.spec import JobSpec
+        from coordinator.jobs.supervisor import ACTIVE, JobRunner
+
+        for row in self.state.jobs():
+            runner = JobRunner(self, JobSpec.from_dict(row["spec"]), record=row["record"])
+            runner.state = row["state"]
+            self.jobs[row["name"]] = runner
+            if row["state"] in ACTIVE:
+                if row["record"].get("attempt", -1) >= 0 and row["state"] in ("running", "starting"):
+                    self.start_task(lambda r=runner: r.run(reattach=True), name=f"job:{row['name']}")
+                else:
+                    runner.record["error"] = f"the daemon stopped while the job was {row['state']}"
+                    runner.set_state("failed")
 
     def _dispatcher(self) -> Dispatcher:
         table = Dispatcher()
@@ -84,6 +111,11 @@ class Daemon:
                   streams=True)
         table.add("calibrate", self._calibrate, optional={"refresh": bool, "quick": bool}, streams=True)
         table.add("preflight", self._preflight, optional={"backend": (str, type(None))}, streams=True)
+        table.add("run", self._run_job, required={"spec": dict})
+        table.add("stop", self._stop_job, required={"name": str})
+        table.add("job", self._job, required={"name": str})
+        table.add("logs", self._logs, required={"name": str},
+                  optional={"rank": int, "attempt": (int, type(None)), "offset": int})
         table.add("prepare_job", self._prepare_job, required={"job": str, "argv": list},
                   optional={"env": dict, "backend": (str, type(None))})
         table.add("hostfile", self._hostfile, optional={"output": (str, type(None)), "backend": (str, type(None))})
@@ -91,6 +123,18 @@ class Daemon:
 
     async def _preflight(self, emit, **args: Any) -> dict[str, Any]:
         return await preflight_command.run_preflight(self, emit, **args)
+
+    async def _run_job(self, spec: dict) -> dict[str, Any]:
+        return jobs_command.start_job(self, spec)
+
+    async def _stop_job(self, name: str) -> dict[str, Any]:
+        return jobs_command.stop_job(self, name)
+
+    async def _job(self, name: str) -> dict[str, Any]:
+        return jobs_command.find(self, name).view()
+
+    async def _logs(self, **args: Any) -> dict[str, Any]:
+        return jobs_command.job_logs(self, **args)
 
     async def _prepare_job(self, **args: Any) -> dict[str, Any]:
         return await prepare_command.prepare_job(self, **args)
@@ -122,8 +166,13 @@ class Daemon:
         log.info("daemon started", socket=str(self.config.socket), nodes=len(self.config.nodes))
         try:
             async with anyio.create_task_group() as tasks:
+                self._tasks = tasks
                 tasks.start_soon(self._stop_on_signal, tasks.cancel_scope)
                 tasks.start_soon(self.cluster.run)
+                self._reattach_jobs()
+                for func, name in self._pending_tasks:
+                    tasks.start_soon(func, name=name)
+                self._pending_tasks.clear()
                 task_status.started(self)
         finally:
             with anyio.CancelScope(shield=True):

@@ -35,6 +35,27 @@ CREATE TABLE IF NOT EXISTS events (
     data TEXT
 );
 CREATE INDEX IF NOT EXISTS events_ts ON events (ts);
+CREATE TABLE IF NOT EXISTS jobs (
+    name TEXT PRIMARY KEY,
+    spec TEXT NOT NULL,
+    state TEXT NOT NULL,
+    record TEXT NOT NULL,
+    created REAL NOT NULL,
+    updated REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    job TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    node TEXT NOT NULL,
+    path TEXT NOT NULL,
+    sha256 TEXT,
+    size INTEGER,
+    valid INTEGER NOT NULL,
+    detail TEXT,
+    created REAL NOT NULL,
+    PRIMARY KEY (job, attempt, path)
+);
 CREATE TABLE IF NOT EXISTS calibrations (
     node TEXT PRIMARY KEY,
     record TEXT NOT NULL,
@@ -111,3 +132,37 @@ class StateStore:
         record = json.loads(row[0])
         record["measured_at"] = row[1]
         return record
+
+    # --- jobs ---------------------------------------------------------------------------
+
+    def save_job(self, name: str, spec: dict[str, Any], state: str, record: dict[str, Any]) -> None:
+        now = time.time()
+        self._db.execute(
+            "INSERT INTO jobs (name, spec, state, record, created, updated) VALUES (?,?,?,?,?,?) "
+            "ON CONFLICT(name) DO UPDATE SET spec=excluded.spec, state=excluded.state, record=excluded.record, "
+            "updated=excluded.updated", (name, json.dumps(spec), state, json.dumps(record), now, now))
+
+    def jobs(self) -> list[dict[str, Any]]:
+        rows = self._db.execute("SELECT name, spec, state, record, created, updated FROM jobs ORDER BY created")
+        return [{"name": name, "spec": json.loads(spec), "state": state, "record": json.loads(record),
+                 "created": created, "updated": updated} for name, spec, state, record, created, updated in rows]
+
+    def job(self, name: str) -> dict[str, Any] | None:
+        return next((job for job in self.jobs() if job["name"] == name), None)
+
+    def add_checkpoint(self, job: str, entry: dict[str, Any]) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO checkpoints (job, step, attempt, node, path, sha256, size, valid, detail, created) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?)",
+            (job, entry["step"], entry["attempt"], entry["node"], entry["path"], entry.get("sha256"),
+             entry.get("size"), int(bool(entry["valid"])), entry.get("detail"), entry.get("created", time.time())))
+
+    def checkpoints(self, job: str) -> list[dict[str, Any]]:
+        rows = self._db.execute("SELECT step, attempt, node, path, sha256, size, valid, detail, created FROM checkpoints "
+                                "WHERE job=? ORDER BY step, attempt", (job,))
+        return [{"step": step, "attempt": attempt, "node": node, "path": path, "sha256": sha, "size": size,
+                 "valid": bool(valid), "detail": detail, "created": created}
+                for step, attempt, node, path, sha, size, valid, detail, created in rows]
+
+    def remove_checkpoint(self, job: str, attempt: int, path: str) -> None:
+        self._db.execute("DELETE FROM checkpoints WHERE job=? AND attempt=? AND path=?", (job, attempt, path))

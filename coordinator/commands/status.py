@@ -19,7 +19,7 @@ def serve_status(daemon: "Daemon", *, events: int = 10) -> dict[str, Any]:
         "time": time.time(),
         "summary": {"nodes": len(nodes), "up": sum(n["state"] == "up" for n in nodes)},
         "nodes": nodes,
-        "jobs": [],
+        "jobs": [runner.view() for runner in daemon.jobs.values()],
         "events": recent,
     }
 
@@ -51,6 +51,15 @@ def render_status(doc: dict[str, Any], console) -> None:
     for node in doc["nodes"]:
         if node["state"] != "up" and node.get("reason"):
             console.print(f"[red]{node['name']}[/] {node['state']}: {node['reason']}", soft_wrap=True)
+    if doc.get("jobs"):
+        from coordinator.commands.jobs import render_job
+
+        console.print("\n[bold]jobs[/]")
+        for job in doc["jobs"]:
+            console.print("  " + render_job(job), soft_wrap=True, markup=False, highlight=False)
+        active = [j["name"] for j in doc["jobs"] if j["state"] not in ("succeeded", "failed", "stopped")]
+        if active:
+            console.print(f"  next: coord logs -f {active[0]}   coord stop {active[0]}", markup=False)
     if doc.get("events"):
         console.print("\n[bold]recent events[/]")
         for event in doc["events"]:

@@ -1,0 +1,103 @@
+"""``python -m agent.rank_runner --dir RANKDIR -- COMMAND...``: one rank, watched.
+
+mlx.launch starts this on each node (through the rank script). It starts the
+training command in a session of its own, so the whole rank can be killed as
+one process group, and it leaves facts the agent reads without being the
+rank's parent: ``pid`` (the rank's process group), ``exit`` (its exit status,
+written when it ends), ``output.log`` (everything it printed, also passed on to
+mlx.launch). A SIGTERM or SIGHUP (mlx.launch stopping, ssh hanging up) stops
+the rank's whole group. Stdlib only: it runs with the node's Python.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+KILL_GRACE_S = 5.0
+
+
+def write_atomically(path: str, text: str) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def stop_group(pgid: int, grace: float = KILL_GRACE_S) -> None:
+    """SIGTERM the group, then SIGKILL whatever is left after the grace period."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    timer = threading.Timer(grace, _kill_group, args=(pgid,))
+    timer.daemon = True
+    timer.start()
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def exit_status(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="agent.rank_runner")
+    parser.add_argument("--dir", required=True, help="where pid, exit and output.log go")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no command")
+    os.makedirs(args.dir, exist_ok=True)
+    for stale in ("exit", "pid"):
+        try:
+            os.unlink(os.path.join(args.dir, stale))
+        except FileNotFoundError:
+            pass
+    log = open(os.path.join(args.dir, "output.log"), "ab", buffering=0)
+    try:
+        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    except OSError as exc:
+        log.write(f"coord: cannot start {command[0]}: {exc}\n".encode())
+        write_atomically(os.path.join(args.dir, "exit"), "127\n")
+        return 127
+    write_atomically(os.path.join(args.dir, "pid"), f"{child.pid}\n")
+    write_atomically(os.path.join(args.dir, "runner.pid"), f"{os.getpid()}\n")
+
+    def forward(signum, _frame) -> None:
+        stop_group(child.pid)
+
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(signum, forward)
+    out = sys.stdout.buffer
+    while True:
+        chunk = child.stdout.read1(65536) if hasattr(child.stdout, "read1") else child.stdout.read(4096)
+        if not chunk:
+            break
+        log.write(chunk)
+        try:
+            out.write(chunk)
+            out.flush()
+        except (BrokenPipeError, OSError):
+            pass  # mlx.launch went away; the log on the node still has everything
+    code = exit_status(child.wait())
+    write_atomically(os.path.join(args.dir, "exit"), f"{code}\n")
+    log.close()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

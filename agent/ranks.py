@@ -1,0 +1,264 @@
+"""The agent's view of its node's rank: status, progress, log, stacks, stop, checkpoints.
+
+Everything a rank leaves lives under ``<workdir>/.coord/jobs/<job>/attempt-<A>/rank-<R>``
+(written by ``agent.rank_runner``); checkpoints under ``<workdir>/checkpoints/<job>``.
+Paths are built here from validated names, never taken from the wire.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import struct
+import time
+from typing import Any
+
+from agent.launch import JOB_NAME
+from shared import protocol as p
+from shared.manifest import sha256_file
+from shared.rpc import RemoteError
+
+CHECKPOINT_NAME = re.compile(r"^(\d{7})_adapters\.safetensors$")
+MAX_READ = 4 << 20
+MAX_HEADER = 100 << 20
+
+
+def rank_dir(workdir: str, job: str, attempt: int, rank: int) -> str:
+    if not JOB_NAME.match(job) or not 0 <= attempt < 100000 or not 0 <= rank < 4096:
+        raise RemoteError(p.BAD_ARGS, f"bad job {job!r}, attempt {attempt} or rank {rank}")
+    if not os.path.isabs(workdir):
+        raise RemoteError(p.BAD_ARGS, f"workdir must be absolute, got {workdir!r}")
+    return os.path.join(workdir, ".coord", "jobs", job, f"attempt-{attempt}", f"rank-{rank}")
+
+
+def checkpoint_dir(workdir: str, job: str, attempt: int) -> str:
+    if not JOB_NAME.match(job) or not 0 <= attempt < 100000 or not os.path.isabs(workdir):
+        raise RemoteError(p.BAD_ARGS, f"bad job {job!r} or attempt {attempt}")
+    return os.path.join(workdir, "checkpoints", job, f"attempt-{attempt}")
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return int(handle.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return not _is_zombie(pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return False
+
+
+def _rss_bytes(pid: int | None) -> int | None:
+    if not pid:
+        return None
+    try:
+        with open(f"/proc/{pid}/statm", encoding="utf-8") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Processes in a process group (Linux /proc; elsewhere only the leader is known)."""
+    members = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return [pgid] if _alive(pgid) else []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry)) == pgid and not _is_zombie(int(entry)):
+                members.append(int(entry))
+        except (ProcessLookupError, PermissionError):
+            continue
+    return members
+
+
+def rank_status(workdir: str, job: str, attempt: int, rank: int, progress_offset: int = 0) -> dict[str, Any]:
+    directory = rank_dir(workdir, job, attempt, rank)
+    pid = _read_int(os.path.join(directory, "pid"))
+    code = _read_int(os.path.join(directory, "exit"))
+    alive = _alive(pid) if code is None else False
+    state = "running" if alive else ("exited" if code is not None else ("starting" if pid is None else "vanished"))
+    progress, offset = _read_progress(os.path.join(directory, "progress.jsonl"), progress_offset)
+    try:
+        log_size = os.path.getsize(os.path.join(directory, "output.log"))
+    except OSError:
+        log_size = 0
+    return {"state": state, "pid": pid, "exit": code, "rss_bytes": _rss_bytes(pid) if alive else None,
+            "progress": progress, "progress_offset": offset, "log_size": log_size, "time": time.time()}
+
+
+def _read_progress(path: str, offset: int) -> tuple[list[dict], int]:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            data = handle.read(MAX_READ)
+    except OSError:
+        return [], offset
+    end = data.rfind(b"\n")
+    if end < 0:
+        return [], offset
+    records = []
+    for line in data[:end].splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records, offset + end + 1
+
+
+def read_log(workdir: str, job: str, attempt: int, rank: int, offset: int = 0) -> dict[str, Any]:
+    path = os.path.join(rank_dir(workdir, job, attempt, rank), "output.log")
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            data = handle.read(MAX_READ)
+    except FileNotFoundError:
+        data = b""
+    return {"data": data, "offset": offset + len(data)}
+
+
+def dump_stacks(workdir: str, job: str, attempt: int, rank: int) -> dict[str, Any]:
+    """Ask a hung rank to print its Python stacks (coord's trainers register SIGUSR1 for it)."""
+    pid = _read_int(os.path.join(rank_dir(workdir, job, attempt, rank), "pid"))
+    if not _alive(pid):
+        return {"sent": False, "detail": "rank is not running"}
+    try:
+        os.kill(pid, signal.SIGUSR1)
+    except OSError as exc:
+        return {"sent": False, "detail": str(exc)}
+    return {"sent": True, "detail": f"SIGUSR1 sent to {pid}"}
+
+
+def stop_rank(workdir: str, job: str, attempt: int, rank: int, grace: float = 5.0) -> dict[str, Any]:
+    """Stop the rank's whole process group (SIGCONT first: a stopped rank cannot act on SIGTERM)."""
+    directory = rank_dir(workdir, job, attempt, rank)
+    pgid = _read_int(os.path.join(directory, "pid"))
+    runner = _read_int(os.path.join(directory, "runner.pid"))
+    if pgid is None:
+        return {"stopped": True, "left": [], "detail": "rank never started"}
+    for sig in (signal.SIGCONT, signal.SIGTERM):
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and _group_members(pgid):
+        time.sleep(0.1)
+    for pid in _group_members(pgid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if runner and _alive(runner):
+        try:
+            os.kill(runner, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and (_group_members(pgid) or _alive(runner)):
+        time.sleep(0.05)
+    left = _group_members(pgid) + ([runner] if _alive(runner) else [])
+    return {"stopped": not left, "left": left, "detail": "stopped" if not left else f"still running: {left}"}
+
+
+def validate_safetensors(path: str) -> tuple[bool, str]:
+    """Complete and readable: a header that parses and tensors that fit in the file."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as handle:
+            head = handle.read(8)
+            if len(head) < 8:
+                return False, "shorter than a safetensors header"
+            (length,) = struct.unpack("<Q", head)
+            if length > MAX_HEADER or 8 + length > size:
+                return False, "header length beyond the end of the file"
+            header = json.loads(handle.read(length))
+    except (OSError, ValueError) as exc:
+        return False, f"header unreadable: {exc}"
+    if not isinstance(header, dict):
+        return False, "header is not a JSON object"
+    end = 0
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(entry, dict) or not isinstance(entry.get("data_offsets"), list):
+            return False, f"tensor {name!r} has no data offsets"
+        end = max(end, int(entry["data_offsets"][1]))
+    if 8 + length + end != size:
+        return False, f"file is {size} bytes, its tensors need {8 + length + end}"
+    return True, f"{len(header) - ('__metadata__' in header)} tensors"
+
+
+def list_checkpoints(workdir: str, job: str, attempt: int, known: list | None = None) -> dict[str, Any]:
+    """Checkpoint files of one attempt, validated, with SHA256 (skipping ones already known)."""
+    directory = checkpoint_dir(workdir, job, attempt)
+    skip = set(known or [])
+    found = []
+    try:
+        names = sorted(os.listdir(directory))
+    except FileNotFoundError:
+        names = []
+    for name in names:
+        match = CHECKPOINT_NAME.match(name)
+        if not match or name in skip:
+            continue
+        path = os.path.join(directory, name)
+        valid, detail = validate_safetensors(path)
+        found.append({"name": name, "iteration": int(match.group(1)), "path": path, "valid": valid,
+                      "detail": detail, "size": os.path.getsize(path),
+                      "sha256": sha256_file(path) if valid else None})
+    return {"dir": directory, "checkpoints": found}
+
+
+def read_file(workdir: str, path: str, offset: int = 0) -> dict[str, Any]:
+    """A chunk of a file under the workdir (to copy a checkpoint to another node)."""
+    from shared.paths import UnsafePath, resolve_under
+
+    try:
+        full = resolve_under(workdir, os.path.relpath(path, workdir) if os.path.isabs(path) else path,
+                             must_exist=True)
+    except (UnsafePath, ValueError) as exc:
+        raise RemoteError(p.REFUSED, str(exc)) from None
+    with open(full, "rb") as handle:
+        handle.seek(offset)
+        data = handle.read(MAX_READ)
+    return {"data": data, "offset": offset + len(data), "size": os.path.getsize(full)}
+
+
+def remove_checkpoints(workdir: str, job: str, attempt: int, names: list) -> dict[str, Any]:
+    directory = checkpoint_dir(workdir, job, attempt)
+    removed = 0
+    for name in names:
+        if not isinstance(name, str) or not CHECKPOINT_NAME.match(name):
+            raise RemoteError(p.BAD_ARGS, f"not a checkpoint name: {name!r}")
+        try:
+            os.unlink(os.path.join(directory, name))
+            removed += 1
+        except FileNotFoundError:
+            pass
+    return {"removed": removed}

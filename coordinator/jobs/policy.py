@@ -1,0 +1,53 @@
+"""When a job's attempt ends: succeed, restart (with backoff) or fail. Pure, tested without processes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAX_BACKOFF_S = 30.0
+
+SUCCEEDED, RANK_FAILED, NODE_LOST, HUNG, LAUNCH_FAILED, STOPPED = (
+    "succeeded", "rank_failed", "node_lost", "hung", "launch_failed", "stopped")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one attempt ended, as facts."""
+
+    kind: str
+    detail: str
+    reached_first_step: bool
+    signature: str = ""  # what failed, to tell "the same failure again" from a new one
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str  # "succeed" | "restart" | "fail" | "stop"
+    reason: str
+    delay_s: float = 0.0
+
+
+def backoff(restarts_used: int) -> float:
+    return min(MAX_BACKOFF_S, 1.0 * 2 ** restarts_used)
+
+
+def decide(outcome: Outcome, history: list[Outcome], *, max_restarts: int, restarts_used: int) -> Decision:
+    """``history`` holds the earlier attempts' outcomes, oldest first (not this one)."""
+    if outcome.kind == SUCCEEDED:
+        return Decision("succeed", outcome.detail)
+    if outcome.kind == STOPPED:
+        return Decision("stop", outcome.detail)
+    previous = history[-1] if history else None
+    if (not outcome.reached_first_step and previous is not None and not previous.reached_first_step
+            and previous.kind == outcome.kind and previous.signature == outcome.signature):
+        return Decision("fail", f"failed twice in a row before its first step with the same error: {outcome.detail}")
+    if restarts_used >= max_restarts:
+        return Decision("fail", f"{outcome.detail}; no restarts left ({restarts_used} of {max_restarts} used)")
+    return Decision("restart", outcome.detail, backoff(restarts_used))
+
+
+def hang_timeout(configured: float | None, step_seconds: float | None) -> float:
+    """Configured, or ten times the observed step time and at least 60 s."""
+    if configured is not None:
+        return configured
+    return max(60.0, 10.0 * step_seconds) if step_seconds else 60.0

@@ -1,0 +1,158 @@
+"""What a job is, and how its command becomes each attempt's command.
+
+An ``mlx_lm`` fine-tune (``python -m mlx_lm lora ...``) is understood: coord runs
+it through ``agent.mlx_lm_train`` (mlx-lm's own trainer plus a progress
+callback), sets the adapter path inside each node's workdir (one directory per
+attempt, so a resume never overwrites an earlier checkpoint), ``--save-every``,
+``--num-layers -1`` for full fine-tunes, and on a resume the checkpoint and the
+remaining iterations. Any other command is run as given, with the environment
+contract of ``COORD_*`` variables (see README).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+MLX_LM_FORMS = (["-m", "mlx_lm", "lora"], ["-m", "mlx_lm.lora"])
+
+
+class JobSpecError(ValueError):
+    pass
+
+
+@dataclass
+class JobSpec:
+    name: str
+    command: list[str]
+    save_every: int = 10
+    max_restarts: int = 3
+    hang_timeout: float | None = None  # None: ten times the observed step time, at least 60 s
+    keep: int = 3
+    force: bool = False
+    source: str | None = None
+    backend: str | None = None
+    total_steps: int | None = field(default=None)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "JobSpec":
+        return cls(**data)
+
+
+def validate(spec: JobSpec) -> JobSpec:
+    if not JOB_NAME.match(spec.name):
+        raise JobSpecError(f"job name {spec.name!r} must be letters, digits, '.', '_' or '-' (at most 64)")
+    if not spec.command or not all(isinstance(word, str) and word for word in spec.command):
+        raise JobSpecError("the command must be given after --, e.g. coord run -- python -m mlx_lm lora ...")
+    for key in ("save_every", "keep"):
+        if getattr(spec, key) < 1:
+            raise JobSpecError(f"{key.replace('_', '-')} must be at least 1")
+    if spec.max_restarts < 0:
+        raise JobSpecError("max-restarts must be 0 or more")
+    if spec.hang_timeout is not None and spec.hang_timeout <= 0:
+        raise JobSpecError("hang-timeout must be greater than 0 seconds")
+    if is_mlx_lm(spec.command):
+        iters = option_value(mlx_lm_args(spec.command), "--iters")
+        if iters is None:
+            raise JobSpecError("give the mlx_lm fine-tune its length with --iters N (coord resumes toward it)")
+        try:
+            spec.total_steps = int(iters)
+        except ValueError:
+            raise JobSpecError(f"--iters must be a whole number, got {iters!r}") from None
+    return spec
+
+
+_JOB_FILE_KEYS = {"name": str, "command": list, "save_every": int, "max_restarts": int,
+                  "hang_timeout": (int, float), "keep": int, "force": bool, "source": str, "backend": str}
+
+
+def load_job_file(path: Path) -> JobSpec:
+    """A job file: the same fields as `coord run`'s options, with the command as a list."""
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise JobSpecError(f"{path}: no such job file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise JobSpecError(f"{path}: not valid TOML: {exc}") from None
+    job = raw.get("job", raw)
+    for key, value in job.items():
+        kind = _JOB_FILE_KEYS.get(key)
+        if kind is None:
+            raise JobSpecError(f"{path}: unknown key {key!r} (expected one of: {', '.join(_JOB_FILE_KEYS)})")
+        if isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
+            raise JobSpecError(f"{path}: {key} has the wrong type ({type(value).__name__})")
+    if "name" not in job or "command" not in job:
+        raise JobSpecError(f"{path}: a job file needs name and command")
+    if job.get("source"):
+        source = Path(job["source"]).expanduser()
+        job["source"] = str(source if source.is_absolute() else (path.parent / source).resolve())
+    return validate(JobSpec(**job))
+
+
+def is_mlx_lm(command: list[str]) -> bool:
+    return _mlx_lm_split(command) is not None
+
+
+def _mlx_lm_split(command: list[str]) -> int | None:
+    """Index where mlx_lm lora's own options start, or None if this is not mlx_lm lora."""
+    if command[:1] in (["mlx_lm.lora"],):
+        return 1
+    if command and command[0].split("/")[-1].startswith("python"):
+        for form in MLX_LM_FORMS:
+            if command[1:1 + len(form)] == form:
+                return 1 + len(form)
+    return None
+
+
+def mlx_lm_args(command: list[str]) -> list[str]:
+    start = _mlx_lm_split(command)
+    return command[start:] if start is not None else []
+
+
+def option_value(args: list[str], option: str) -> str | None:
+    for i, word in enumerate(args):
+        if word == option and i + 1 < len(args):
+            return args[i + 1]
+        if word.startswith(option + "="):
+            return word.split("=", 1)[1]
+    return None
+
+
+def without_options(args: list[str], options: set[str]) -> list[str]:
+    out, skip = [], False
+    for word in args:
+        if skip:
+            skip = False
+            continue
+        if word in options:
+            skip = True
+            continue
+        if any(word.startswith(o + "=") for o in options):
+            continue
+        out.append(word)
+    return out
+
+
+def attempt_command(spec: JobSpec, *, adapter_path: str, resume_file: str | None, start_step: int) -> list[str]:
+    """The command one node runs for one attempt (the adapter path is that node's own)."""
+    if not is_mlx_lm(spec.command):
+        return list(spec.command)
+    args = mlx_lm_args(spec.command)
+    owned = {"--adapter-path", "--save-every", "--resume-adapter-file", "--iters"}
+    kept = without_options(args, owned)
+    out = ["python", "-m", "agent.mlx_lm_train", *kept, "--adapter-path", adapter_path,
+           "--save-every", str(spec.save_every), "--iters", str(spec.total_steps - start_step)]
+    if option_value(args, "--fine-tune-type") == "full" and option_value(args, "--num-layers") is None:
+        out += ["--num-layers", "-1"]  # mlx-lm's default of 16 would train only the top layers
+    if option_value(args, "--steps-per-report") is None:
+        out += ["--steps-per-report", "1"]  # progress every step keeps hang detection tight
+    if resume_file:
+        out += ["--resume-adapter-file", resume_file]
+    return out

@@ -1,0 +1,552 @@
+"""One job's life: launch an attempt, watch it through the agents, recover, finish.
+
+The loop is small on purpose (after torch elastic's agent): launch, monitor until
+the attempt ends, stop every rank everywhere, then ``policy.decide`` says
+succeed, restart or fail. mlx.launch starts the ranks, but its exit code is not
+trusted: each node's agent reports its rank (running, exit status, progress),
+and a node whose session drops counts as lost.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import structlog
+
+from agent.launch import rank_command
+from coordinator.commands.hostfile import node_topologies, plan_backend, write_launch_files
+from coordinator.jobs import catalog
+from coordinator.jobs.policy import (HUNG, LAUNCH_FAILED, NODE_LOST, RANK_FAILED, STOPPED, SUCCEEDED, Decision,
+                                     Outcome, decide, hang_timeout)
+from coordinator.jobs.spec import JobSpec, attempt_command
+from coordinator.node_session import UP
+from shared.rpc import RemoteError
+
+if TYPE_CHECKING:
+    from coordinator.daemon import Daemon
+
+log = structlog.get_logger("job")
+
+POLL_S = 0.5
+CHECKPOINT_POLL_S = 2.0
+NODE_WAIT_S = 600.0
+FIRST_STEP_TIMEOUT_S = 600.0
+ACTIVE = ("pending", "preflight", "syncing", "starting", "running", "recovering")
+COPY_CHUNK = 4 << 20
+
+
+class JobRunner:
+    def __init__(self, daemon: "Daemon", spec: JobSpec, record: dict[str, Any] | None = None):
+        self.daemon = daemon
+        self.spec = spec
+        self.record = record or {"attempt": -1, "restarts": 0, "step": 0, "total_steps": spec.total_steps,
+                                 "loss": None, "tokens_per_second": None, "history": [], "order": [],
+                                 "start_step": 0, "launcher_pid": None, "error": None, "started": time.time(),
+                                 "step_seconds": None, "last_progress": None, "first_step_at": None}
+        self.state = "pending"
+        self.stop_requested = False
+        self.log = log.bind(job=spec.name)
+        self._progress_offsets: dict[int, int] = {}
+        self._log_offsets: dict[int, int] = {}
+        self._known_checkpoints: set[str] = set()
+        self.done = anyio.Event()
+
+    # --- persistence and events ---------------------------------------------------------
+
+    def save(self) -> None:
+        self.daemon.state.save_job(self.spec.name, self.spec.as_dict(), self.state, self.record)
+
+    def event(self, kind: str, message: str, **data: Any) -> None:
+        self.log.info(kind, message=message, **data)
+        self.daemon.cluster.record_event(f"job.{kind}", f"{self.spec.name}: {message}", data=data or None)
+
+    def set_state(self, state: str) -> None:
+        self.state = state
+        self.save()
+
+    def attempt_dir(self, attempt: int | None = None) -> Path:
+        attempt = self.record["attempt"] if attempt is None else attempt
+        return self.daemon.config.state_dir / "jobs" / self.spec.name / f"attempt-{attempt}"
+
+    # --- the loop -------------------------------------------------------------------------
+
+    async def run(self, *, reattach: bool = False) -> None:
+        try:
+            await self._run(reattach)
+        except Exception as exc:  # the edge: a bug fails this job, never the daemon
+            self.log.exception("job supervisor failed")
+            self.record["error"] = f"internal error: {exc.__class__.__name__}: {exc}"
+            await self._stop_everything()
+            self.set_state("failed")
+            self.event("failed", self.record["error"])
+        finally:
+            self.done.set()
+
+    async def _run(self, reattach: bool) -> None:
+        if not reattach:
+            if not await self._prepare():
+                return
+            await self._launch()
+        else:
+            self.event("reattached", f"supervising attempt {self.record['attempt']} again after a daemon restart")
+        while True:
+            outcome = await self._monitor()
+            stop_started = time.monotonic()
+            stopped = await self._stop_everything()
+            self.event("stopped_ranks", f"attempt {self.record['attempt']}: every rank stopped"
+                       if stopped else "some ranks could not be confirmed stopped",
+                       seconds=round(time.monotonic() - stop_started, 3))
+            self.record["history"].append(outcome.__dict__)
+            history = [Outcome(**h) for h in self.record["history"][:-1]]
+            decision = decide(outcome, history, max_restarts=self.spec.max_restarts,
+                              restarts_used=self.record["restarts"])
+            if await self._finish(decision, outcome):
+                return
+            self.record["restarts"] += 1
+            self.set_state("recovering")
+            self.event("restart", f"restart {self.record['restarts']} of {self.spec.max_restarts} in "
+                       f"{decision.delay_s:g} s: {decision.reason}", delay_s=decision.delay_s)
+            await anyio.sleep(decision.delay_s)
+            if not await self._wait_for_nodes():
+                return
+            await self._launch()
+
+    async def _finish(self, decision: Decision, outcome: Outcome) -> bool:
+        if decision.action == "succeed":
+            self.set_state("succeeded")
+            self.event("succeeded", f"finished at step {self.record['step']} with {self.record['restarts']} restarts")
+            return True
+        if decision.action == "stop":
+            self.set_state("stopped")
+            self.event("stopped", "stopped on request")
+            return True
+        if decision.action == "fail":
+            self.record["error"] = decision.reason
+            self.set_state("failed")
+            self.event("failed", decision.reason)
+            return True
+        return False
+
+    # --- before the first attempt ---------------------------------------------------------
+
+    async def _prepare(self) -> bool:
+        from coordinator.commands.preflight import run_preflight
+        from coordinator.commands.sync import serve_sync
+
+        async def quiet(_event) -> None:
+            return None
+
+        if self.spec.source:
+            self.set_state("syncing")
+            report = await serve_sync(self.daemon, quiet, source=self.spec.source)
+            if report["status"] != "ok":
+                return self._fail_early(f"sync failed: {report['detail']}")
+        if not await self._wait_for_nodes():
+            return False
+        self.set_state("preflight")
+        result = await run_preflight(self.daemon, quiet, backend=self.spec.backend)
+        failed = [c for c in result["checks"] if c["status"] == "fail"]
+        if failed and not self.spec.force:
+            reasons = "; ".join(f"{c['name']}: {c['detail']}" for c in failed[:5])
+            return self._fail_early(f"pre-flight failed (use --force to launch anyway): {reasons}")
+        if failed:
+            self.event("preflight_forced", f"launching despite {len(failed)} failed pre-flight checks")
+        return True
+
+    def _fail_early(self, reason: str) -> bool:
+        self.record["error"] = reason
+        self.set_state("failed")
+        self.event("failed", reason)
+        return False
+
+    async def _wait_for_nodes(self) -> bool:
+        """Wait (with backoff, bounded) until every node is up again; a stop request ends the wait."""
+        started = time.monotonic()
+        delay = 0.5
+        announced = False
+        while True:
+            down = [s.node.name for s in self.daemon.cluster.sessions.values() if s.state != UP]
+            if not down:
+                if announced:
+                    self.event("nodes_back", f"every node is up again after {time.monotonic() - started:.1f} s")
+                return True
+            if self.stop_requested:
+                self.set_state("stopped")
+                self.event("stopped", "stopped on request while waiting for nodes")
+                return False
+            if time.monotonic() - started > NODE_WAIT_S:
+                return self._fail_early(f"nodes did not come back within {NODE_WAIT_S:g} s: {', '.join(down)}")
+            if not announced:
+                self.event("waiting_for_nodes", f"waiting for {', '.join(down)} to come back")
+                announced = True
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    # --- one attempt ------------------------------------------------------------------------
+
+    async def _launch(self) -> None:
+        started = time.monotonic()
+        self.record["attempt"] += 1
+        attempt = self.record["attempt"]
+        self.set_state("starting")
+        self._progress_offsets.clear()
+        self._log_offsets.clear()
+        self._known_checkpoints.clear()
+        resume = catalog.newest_valid(self.daemon.state.checkpoints(self.spec.name))
+        start_step = resume["step"] if resume else 0
+        self.record["start_step"] = start_step
+        self.record["first_step_at"] = None
+        self.record["last_progress"] = time.time()
+        if resume:
+            self.event("resume_from", f"resuming from the checkpoint of step {resume['step']} "
+                       f"({resume['node']}:{resume['path']})", step=resume["step"])
+        topologies = await node_topologies(self.daemon)
+        choice, document, error = plan_backend(self.daemon, topologies, forced=self.spec.backend)
+        if document is None:
+            raise RemoteError("refused", f"no hostfile: {error}")
+        order = choice.get("order") or [n.name for n in self.daemon.config.nodes]
+        self.record["order"] = order
+        sessions = self.daemon.cluster.sessions
+        resume_files = await self._place_resume_file(resume, order) if resume else {}
+        directory = self.attempt_dir()
+        files = write_launch_files(directory, self.daemon.config, document)
+
+        async def prepare(rank: int, name: str) -> None:
+            node = sessions[name].node
+            adapter_path = posixpath.join(node.workdir, "checkpoints", self.spec.name, f"attempt-{attempt}")
+            argv = attempt_command(self.spec, adapter_path=adapter_path, resume_file=resume_files.get(name),
+                                   start_step=start_step)
+            env = {"COORD_JOB": self.spec.name, "COORD_ATTEMPT": str(attempt), "COORD_RANK": str(rank),
+                   "COORD_PROGRESS_FILE": "{rank_dir}/progress.jsonl", "COORD_STEP_OFFSET": str(start_step),
+                   "COORD_CHECKPOINT_DIR": adapter_path, "COORD_SAVE_EVERY": str(self.spec.save_every)}
+            if self.spec.total_steps is not None:
+                env["COORD_TOTAL_STEPS"] = str(self.spec.total_steps)
+            if resume_files.get(name):
+                env["COORD_RESUME_FILE"] = resume_files[name]
+                env["COORD_RESUME_STEP"] = str(start_step)
+            await sessions[name].call("prepare_rank", {"job": self.spec.name, "rank": rank, "attempt": attempt,
+                                                       "workdir": node.workdir, "python": node.python,
+                                                       "argv": argv, "env": env}, timeout=60)
+
+        async with anyio.create_task_group() as tasks:
+            for rank, name in enumerate(order):
+                tasks.start_soon(prepare, rank, name)
+        launcher = [_mlx_launch(), "--hostfile", files["hostfile"], "--", *rank_command(self.spec.name)]
+        env = dict(os.environ, PATH=files["path_prefix"] + os.pathsep + os.environ.get("PATH", "/usr/bin:/bin"))
+        with open(directory / "launcher.log", "ab") as output:
+            proc = subprocess.Popen(launcher, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
+                                    env=env, start_new_session=True, cwd=str(directory))
+        self._launcher = proc
+        self.record["launcher_pid"] = proc.pid
+        self.set_state("running")
+        self.event("launched", f"attempt {attempt} launched on {', '.join(order)} from step {start_step} "
+                   f"({choice['backend']})", attempt=attempt, seconds=round(time.monotonic() - started, 3))
+
+    async def _place_resume_file(self, checkpoint: dict[str, Any], order: list[str]) -> dict[str, str]:
+        """Every node needs the checkpoint to resume from; copy it from where it was written."""
+        sessions = self.daemon.cluster.sessions
+        source = sessions[checkpoint["node"]]
+        started = time.monotonic()
+        placed: dict[str, str] = {checkpoint["node"]: checkpoint["path"]}
+        name = f"{checkpoint['step']:07d}_adapters.safetensors"
+        chunks: list[bytes] = []
+        offset = 0
+        while True:
+            piece = await source.call("read_file", {"workdir": source.node.workdir, "path": checkpoint["path"],
+                                                    "offset": offset}, timeout=120)
+            if not piece["data"]:
+                break
+            chunks.append(piece["data"])
+            offset = piece["offset"]
+            if offset >= piece["size"]:
+                break
+        import hashlib
+        data = b"".join(chunks)
+        sha = hashlib.sha256(data).hexdigest()
+        if checkpoint.get("sha256") and sha != checkpoint["sha256"]:
+            raise RemoteError("refused", f"checkpoint {checkpoint['path']} changed since it was validated")
+
+        async def copy(node_name: str) -> None:
+            session = sessions[node_name]
+            rel = f"checkpoints/{self.spec.name}/resume/{name}"
+            begun = await session.call("upload_begin", {"root": session.node.workdir, "path": rel, "size": len(data),
+                                                        "mode": 0o644, "sha256": sha}, timeout=60)
+            for at in range(0, len(data), COPY_CHUNK):
+                await session.call("upload_chunk", {"upload": begun["upload"], "offset": at,
+                                                    "data": data[at:at + COPY_CHUNK]}, timeout=120)
+            await session.call("upload_finish", {"upload": begun["upload"]}, timeout=60)
+            placed[node_name] = posixpath.join(session.node.workdir, rel)
+
+        async with anyio.create_task_group() as tasks:
+            for node_name in order:
+                if node_name != checkpoint["node"]:
+                    tasks.start_soon(copy, node_name)
+        self.event("checkpoint_placed", f"checkpoint of step {checkpoint['step']} placed on {len(order)} nodes",
+                   seconds=round(time.monotonic() - started, 3))
+        return placed
+
+    async def _monitor(self) -> Outcome:
+        """Poll every rank through its node's agent until the attempt ends one way or another."""
+        attempt = self.record["attempt"]
+        order = self.record["order"]
+        sessions = self.daemon.cluster.sessions
+        exited: dict[int, int] = {}
+        last_checkpoint_poll = 0.0
+        while True:
+            if self.stop_requested:
+                return await self._ended(STOPPED, "stop requested", "")
+            failures: list[tuple[int, str, int]] = []
+            for rank, name in enumerate(order):
+                session = sessions[name]
+                if session.state != UP:
+                    return await self._ended(NODE_LOST, f"node {name} (rank {rank}) lost: {session.view.reason}",
+                                             f"node:{name}")
+                try:
+                    status = await session.call("rank_status", {
+                        "workdir": session.node.workdir, "job": self.spec.name, "attempt": attempt, "rank": rank,
+                        "progress_offset": self._progress_offsets.get(rank, 0)}, timeout=10)
+                except RemoteError as exc:
+                    return await self._ended(NODE_LOST, f"node {name} (rank {rank}) did not answer: {exc.message}",
+                                             f"node:{name}")
+                self._progress_offsets[rank] = status["progress_offset"]
+                for record in status["progress"]:
+                    self._on_progress(record)
+                await self._pull_log(rank, name, status["log_size"])
+                if status["state"] == "exited":
+                    exited[rank] = status["exit"]
+                    if status["exit"] != 0:
+                        failures.append((rank, name, status["exit"]))
+                elif status["state"] == "vanished":
+                    return await self._ended(RANK_FAILED, f"rank {rank} on {name} disappeared without an exit "
+                                             "status", "vanished")
+            if failures:
+                # The root cause is the rank that died on its own, not the peers the launcher
+                # terminated afterwards (SIGTERM: 143) or that lost their ring connection.
+                rank, name, code = min(failures, key=lambda f: (f[2] in (143, 129), f[0]))
+                tail = await self._log_tail(rank)
+                return await self._ended(RANK_FAILED, f"rank {rank} on {name} exited with status {code}"
+                                         + (f" ({_signal_name(code)})" if _signal_name(code) else "")
+                                         + (f": {tail}" if tail else ""), f"exit:{code}:{tail}")
+            if len(exited) == len(order):
+                await self._poll_checkpoints()
+                done = self.spec.total_steps is None or self.record["step"] >= self.spec.total_steps
+                if done:
+                    return await self._ended(SUCCEEDED, "every rank finished", "")
+                return await self._ended(RANK_FAILED, f"every rank exited 0 at step {self.record['step']} of "
+                                         f"{self.spec.total_steps}", "early-exit")
+            now = time.monotonic()
+            if now - last_checkpoint_poll >= CHECKPOINT_POLL_S:
+                last_checkpoint_poll = now
+                await self._poll_checkpoints()
+            hung = self._hung()
+            if hung:
+                await self._capture_stacks()
+                return await self._ended(HUNG, hung, "hang")
+            await anyio.sleep(POLL_S)
+
+    async def _ended(self, kind: str, detail: str, signature: str) -> Outcome:
+        # Checkpoints written up to the end count: catalogue them before choosing where to resume.
+        await self._poll_checkpoints()
+        return self._outcome(kind, detail, signature)
+
+    def _outcome(self, kind: str, detail: str, signature: str) -> Outcome:
+        self.event("attempt_ended", f"attempt {self.record['attempt']}: {kind}: {detail}", outcome=kind)
+        return Outcome(kind, detail, self.record["first_step_at"] is not None, signature[:300])
+
+    def _hung(self) -> str | None:
+        last = self.record.get("last_progress") or time.time()
+        quiet = time.time() - last
+        if self.record["first_step_at"] is None:
+            limit = max(FIRST_STEP_TIMEOUT_S, self.spec.hang_timeout or 0)
+            return f"no first step within {limit:g} s of the launch" if quiet > limit else None
+        limit = hang_timeout(self.spec.hang_timeout, self.record.get("step_seconds"))
+        return f"no progress for {quiet:.0f} s (hang timeout {limit:g} s)" if quiet > limit else None
+
+    def _on_progress(self, record: dict[str, Any]) -> None:
+        if record.get("kind") != "train":
+            return
+        now = float(record.get("time") or time.time())
+        step = int(record["step"])
+        if self.record["first_step_at"] is None:
+            self.record["first_step_at"] = now
+            self.event("first_step", f"attempt {self.record['attempt']} reached step {step}",
+                       seconds=round(now - (self.record.get("last_progress") or now), 3), step=step)
+        previous_step = self.record["step"]
+        previous_time = self.record.get("last_progress")
+        if step > previous_step and previous_time and self.record["first_step_at"] != now:
+            per_step = (now - previous_time) / max(1, step - previous_step)
+            self.record["step_seconds"] = per_step
+        self.record["step"] = max(step, self.record["step"])
+        self.record["loss"] = record.get("loss")
+        self.record["tokens_per_second"] = record.get("tokens_per_second")
+        self.record["peak_memory_gb"] = record.get("peak_memory_gb")
+        self.record["last_progress"] = now
+        self.save()
+
+    async def _pull_log(self, rank: int, name: str, size: int) -> None:
+        """Keep each rank's output on the head, per attempt and per rank."""
+        offset = self._log_offsets.get(rank, 0)
+        if size <= offset:
+            return
+        session = self.daemon.cluster.sessions[name]
+        try:
+            piece = await session.call("read_log", {"workdir": session.node.workdir, "job": self.spec.name,
+                                                    "attempt": self.record["attempt"], "rank": rank,
+                                                    "offset": offset}, timeout=30)
+        except RemoteError:
+            return
+        directory = self.attempt_dir()
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(directory / f"rank-{rank}.log", "ab") as handle:
+            handle.write(piece["data"])
+        self._log_offsets[rank] = piece["offset"]
+
+    async def _log_tail(self, rank: int) -> str:
+        name = self.record["order"][rank]
+        session = self.daemon.cluster.sessions[name]
+        if session.state == UP:
+            status_size = 1 << 62
+            await self._pull_log(rank, name, status_size)
+        try:
+            text = (self.attempt_dir() / f"rank-{rank}.log").read_bytes()[-2000:].decode("utf-8", "replace")
+        except OSError:
+            return ""
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        return lines[-1][:300] if lines else ""
+
+    async def _capture_stacks(self) -> None:
+        for rank, name in enumerate(self.record["order"]):
+            session = self.daemon.cluster.sessions[name]
+            if session.state != UP:
+                continue
+            try:
+                result = await session.call("dump_stacks", {"workdir": session.node.workdir, "job": self.spec.name,
+                                                            "attempt": self.record["attempt"], "rank": rank},
+                                            timeout=10)
+                self.event("stacks", f"rank {rank} on {name}: {result['detail']}")
+            except RemoteError:
+                pass
+        await anyio.sleep(1.0)  # let the ranks print their stacks before the logs are pulled
+        for rank, name in enumerate(self.record["order"]):
+            await self._pull_log(rank, name, 1 << 62)
+
+    async def _poll_checkpoints(self) -> None:
+        """Find new checkpoints on rank 0's node, validate them, enter them in the catalog, apply retention."""
+        if not self.record["order"]:
+            return
+        name = self.record["order"][0]
+        session = self.daemon.cluster.sessions[name]
+        if session.state != UP:
+            return
+        attempt = self.record["attempt"]
+        try:
+            found = await session.call("list_checkpoints", {"workdir": session.node.workdir, "job": self.spec.name,
+                                                            "attempt": attempt,
+                                                            "known": sorted(self._known_checkpoints)}, timeout=60)
+        except RemoteError:
+            return
+        for entry in found["checkpoints"]:
+            self._known_checkpoints.add(entry["name"])
+            step = self.record["start_step"] + entry["iteration"]
+            self.daemon.state.add_checkpoint(self.spec.name, {
+                "step": step, "attempt": attempt, "node": name, "path": entry["path"], "sha256": entry["sha256"],
+                "size": entry["size"], "valid": entry["valid"], "detail": entry["detail"]})
+            if entry["valid"]:
+                self.record["last_checkpoint"] = {"step": step, "time": time.time(), "node": name}
+                self.event("checkpoint", f"checkpoint of step {step} validated ({entry['detail']})", step=step)
+            else:
+                self.event("checkpoint_invalid", f"checkpoint of step {step} is not valid: {entry['detail']}",
+                           step=step)
+        await self._retain()
+        self.save()
+
+    async def _retain(self) -> None:
+        for old in catalog.to_remove(self.daemon.state.checkpoints(self.spec.name), self.spec.keep):
+            session = self.daemon.cluster.sessions.get(old["node"])
+            if session is None or session.state != UP:
+                continue
+            try:
+                await session.call("remove_checkpoints", {"workdir": session.node.workdir, "job": self.spec.name,
+                                                          "attempt": old["attempt"],
+                                                          "names": [posixpath.basename(old["path"])]}, timeout=60)
+                self.daemon.state.remove_checkpoint(self.spec.name, old["attempt"], old["path"])
+            except RemoteError:
+                continue
+
+    async def _stop_everything(self) -> bool:
+        """Stop every rank on every node, and the launcher; True when none is left anywhere."""
+        attempt = self.record["attempt"]
+        if attempt < 0:
+            return True
+        pid = self.record.get("launcher_pid")
+        if pid:
+            try:
+                os.killpg(pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
+        results: dict[str, bool] = {}
+
+        async def stop(rank: int, name: str) -> None:
+            session = self.daemon.cluster.sessions[name]
+            if session.state != UP:
+                results[name] = False
+                return
+            try:
+                answer = await session.call("stop_rank", {"workdir": session.node.workdir, "job": self.spec.name,
+                                                          "attempt": attempt, "rank": rank}, timeout=30)
+                results[name] = answer["stopped"]
+            except RemoteError:
+                results[name] = False
+
+        async with anyio.create_task_group() as tasks:
+            for rank, name in enumerate(self.record.get("order", [])):
+                tasks.start_soon(stop, rank, name)
+        if pid:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            launcher = getattr(self, "_launcher", None)
+            if launcher is not None:
+                with anyio.move_on_after(5):
+                    while launcher.poll() is None:
+                        await anyio.sleep(0.05)
+        for rank in range(len(self.record.get("order", []))):
+            await self._pull_log(rank, self.record["order"][rank], 1 << 62)
+        return all(results.values())
+
+    def view(self) -> dict[str, Any]:
+        record = self.record
+        eta = None
+        if record.get("step_seconds") and self.spec.total_steps and self.state == "running":
+            eta = record["step_seconds"] * max(0, self.spec.total_steps - record["step"])
+        last = record.get("last_checkpoint")
+        return {"name": self.spec.name, "state": self.state, "step": record["step"],
+                "total_steps": self.spec.total_steps, "loss": record.get("loss"),
+                "tokens_per_second": record.get("tokens_per_second"), "eta_s": eta,
+                "last_checkpoint_step": last["step"] if last else None,
+                "last_checkpoint_age_s": time.time() - last["time"] if last else None,
+                "restarts": record["restarts"], "max_restarts": self.spec.max_restarts,
+                "attempt": record["attempt"], "error": record.get("error"), "nodes": record.get("order", []),
+                "command": self.spec.command}
+
+
+def _signal_name(status: int) -> str | None:
+    if status > 128:
+        try:
+            return signal.Signals(status - 128).name
+        except ValueError:
+            return None
+    return None
+
+
+def _mlx_launch() -> str:
+    import shutil
+    return shutil.which("mlx.launch") or "mlx.launch"
