@@ -1,14 +1,17 @@
-"""`coord demo`: a local cluster on this machine, started and shown in one command.
+"""`coord demo`: the whole story on one machine, in one command.
 
-Two local nodes (agents over the local transport, no SSH), each with its own
-workdir, under a daemon started for the demo. It shows the same status a real
-cluster shows, then stops the daemon unless asked to keep it.
+A local cluster of two nodes (agents over the local transport, no SSH), a tiny
+llama-style model and data set made on the spot, a real `mlx_lm` full fine-tune
+across both ranks under coord, one rank killed midway, the run resumed from its
+newest checkpoint and finished. It prints the status and the recovery events.
+Nothing is downloaded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -23,6 +26,14 @@ name = "demo"
 state_dir = "{state}"
 socket = "{socket}"
 
+[ssh]
+keepalive_s = 1
+
+[sync]
+source = "{project}"
+data = ["data/train.jsonl", "data/valid.jsonl"]
+model = "model"
+
 [[nodes]]
 name = "local-a"
 host = "local"
@@ -34,63 +45,98 @@ host = "local"
 workdir = "{root}/node-b"
 """
 
+ITERS, SAVE_EVERY, KILL_AT = 60, 10, 25
+TRAIN = ["python", "-m", "mlx_lm", "lora", "--model", "model", "--train", "--data", "data",
+         "--fine-tune-type", "full", "--batch-size", "4", "--iters", str(ITERS), "--learning-rate", "1e-4"]
+
 
 def write_demo_cluster(root: Path) -> Path:
+    from coordinator.tinymodel import write_project
+
     root.mkdir(parents=True, exist_ok=True)
+    project = root / "project"
+    if not (project / "model" / "model.safetensors").exists():
+        write_project(project)
     # The socket goes in a short private path: Unix socket paths are limited to ~104 bytes.
     socket = Path(f"/tmp/coord-demo-{os.getuid()}") / "coord.sock"
     config = root / "cluster.toml"
-    config.write_text(DEMO_CLUSTER.format(state=root / "state", socket=socket, root=root))
+    config.write_text(DEMO_CLUSTER.format(state=root / "state", socket=socket, root=root, project=project))
     return config
 
 
-def run_demo(root: Path, *, keep: bool, timeout: float = 60.0) -> int:
+def _ask(socket: Path, method: str, args: dict | None = None):
+    return asyncio.run(call_daemon(socket, method, args or {}, timeout=60))
+
+
+def _wait(what: str, predicate, timeout: float, daemon: subprocess.Popen, log_file: Path):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if daemon.poll() is not None:
+            raise RuntimeError(f"coordd exited with status {daemon.returncode}; see {log_file}")
+        try:
+            value = predicate()
+        except DaemonNotRunning:
+            value = None
+        if value:
+            return value
+        time.sleep(0.25)
+    raise RuntimeError(f"{what}: not within {timeout:g} s; see {log_file}")
+
+
+def run_demo(root: Path, *, keep: bool, timeout: float = 600.0) -> int:
     from coordinator.cli import make_console
+    from coordinator.commands.jobs import render_job
     from coordinator.commands.status import render_status
     from coordinator.config import load_config
 
     console = make_console()
-    config_path = write_demo_cluster(root.resolve())
+    root = root.resolve()
+    console.print(f"making a tiny llama model and data set in {root / 'project'}")
+    config_path = write_demo_cluster(root)
     config = load_config(config_path)
     log_file = root / "coordd.log"
-    console.print(f"starting coordd for a local cluster of {len(config.nodes)} nodes "
-                  f"(cluster file {config_path}, log {log_file})")
+    console.print(f"starting coordd with {len(config.nodes)} local nodes (cluster file {config_path})")
+    stderr = open(root / "coordd.stderr", "ab")
     daemon = subprocess.Popen([sys.executable, "-m", "coordinator.cli", "daemon", "--config", str(config_path),
-                               "--log-file", str(log_file)], stdin=subprocess.DEVNULL, start_new_session=True)
-    doc = None
+                               "--log-file", str(log_file)], stdin=subprocess.DEVNULL, stderr=stderr,
+                              start_new_session=True)
+    job_name = f"demo-{time.strftime('%H%M%S')}"
     try:
-        deadline = time.monotonic() + timeout
-        shown = None
-        while time.monotonic() < deadline:
-            if daemon.poll() is not None:
-                console.print(f"[red]coordd exited with status {daemon.returncode}; see {log_file}[/]")
-                return 1
-            try:
-                doc = asyncio.run(call_daemon(config.socket, "status", {"events": 10}, timeout=10))
-            except DaemonNotRunning:
-                doc = None
-            if doc is not None:
-                progress = f"{doc['summary']['up']}/{doc['summary']['nodes']} nodes up"
-                if progress != shown:
-                    console.print(f"  {progress}")
-                    shown = progress
-                if doc["summary"]["up"] == doc["summary"]["nodes"]:
-                    break
-            time.sleep(0.2)
-        else:
-            console.print(f"[red]not every node came up within {timeout:g} s; see {log_file}[/]")
-        if doc is not None:
-            console.print()
-            render_status(doc, console)
-        up = doc is not None and doc["summary"]["up"] == doc["summary"]["nodes"]
+        _wait("nodes up", lambda: (doc := _ask(config.socket, "status"))["summary"]["up"] == doc["summary"]["nodes"],
+              60, daemon, log_file)
+        console.print("both nodes are up; submitting a full fine-tune of "
+                      f"{ITERS} steps, a checkpoint every {SAVE_EVERY}")
+        _ask(config.socket, "run", {"spec": {"name": job_name, "command": TRAIN, "source": str(root / "project"),
+                                             "save_every": SAVE_EVERY, "hang_timeout": 120}})
+        job = _wait(f"step {KILL_AT}", lambda: (j := _ask(config.socket, "job", {"name": job_name}))["step"] >= KILL_AT
+                    or j["state"] in ("failed", "stopped", "succeeded") and j, timeout, daemon, log_file)
+        job = _ask(config.socket, "job", {"name": job_name})
+        if job["state"] != "running":
+            console.print(render_job(job), markup=False)
+            return 1
+        victim_rank = len(job["nodes"]) - 1
+        victim_node = next(n for n in config.nodes if n.name == job["nodes"][victim_rank])
+        pid_file = Path(victim_node.workdir, ".coord", "jobs", job_name, f"attempt-{job['attempt']}",
+                        f"rank-{victim_rank}", "pid")
+        pid = int(pid_file.read_text())
+        console.print(f"at step {job['step']}: killing rank {victim_rank} on {victim_node.name} (pid {pid}) "
+                      "with SIGKILL")
+        os.kill(pid, signal.SIGKILL)
+        final = _wait("the job to end", lambda: (j := _ask(config.socket, "job", {"name": job_name}))["state"]
+                      in ("succeeded", "failed", "stopped") and j, timeout, daemon, log_file)
+        console.print()
+        render_status(_ask(config.socket, "status", {"events": 14}), console)
+        console.print(f"\nlogs: coord logs --config {config_path} --rank 0 {job_name}")
         if keep:
-            console.print(f"\ncoordd keeps running (pid {daemon.pid}). Ask it: coord status --config {config_path}"
-                          f"\nStop it with: kill {daemon.pid}")
-        return 0 if up else 1
+            console.print(f"coordd keeps running (pid {daemon.pid}); stop it with: kill {daemon.pid}")
+        return 0 if final["state"] == "succeeded" and final["restarts"] == 1 else 1
+    except RuntimeError as exc:
+        console.print(f"[red]demo failed: {exc}[/]")
+        return 1
     finally:
         if not keep and daemon.poll() is None:
             daemon.terminate()
             try:
-                daemon.wait(20)
+                daemon.wait(30)
             except subprocess.TimeoutExpired:
                 daemon.kill()
