@@ -1,0 +1,28 @@
+"""The README's first command: `coord demo` trains a tiny model on two local ranks, survives a killed rank."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+from tests.integration.daemon_harness import coord, environment, short_tempdir
+
+
+def test_the_demo_resumes_a_killed_rank_from_its_checkpoint_and_finishes():
+    root = short_tempdir("coord-demo-test-")
+    try:
+        result = coord("demo", "--dir", str(root), env=environment(), timeout=900)
+        out = result.stdout
+        assert result.returncode == 0, out + result.stderr
+        assert "killing rank 1" in out
+        assert "exited with status 137 (SIGKILL)" in out
+        assert "resuming from the checkpoint of step" in out
+        assert "succeeded, step 60/60" in out and "restarts 1/3" in out
+        # no rank is left running anywhere
+        left = subprocess.run(["pgrep", "-f", f"rank_runner --dir {root}"], capture_output=True, text=True)
+        assert left.stdout.strip() == ""
+        # the resume never overwrote an earlier checkpoint: each attempt has its own directory
+        attempts = sorted(p.name for p in (root / "node-a" / "checkpoints").glob("*/attempt-*"))
+        assert attempts == ["attempt-0", "attempt-1"]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

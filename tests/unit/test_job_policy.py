@@ -1,0 +1,109 @@
+"""Restart policy, job commands and the checkpoint catalog, with plain data and no processes."""
+
+from __future__ import annotations
+
+import pytest
+
+from coordinator.jobs import catalog
+from coordinator.jobs.policy import (HUNG, NODE_LOST, RANK_FAILED, STOPPED, SUCCEEDED, Outcome, backoff, decide,
+                                     hang_timeout)
+from coordinator.jobs.spec import JobSpec, JobSpecError, attempt_command, is_mlx_lm, validate
+
+FAIL_EARLY = Outcome(RANK_FAILED, "rank 1 exited with status 1: ImportError", False, "exit:1:ImportError")
+
+
+def test_a_success_succeeds_and_a_stop_stops():
+    assert decide(Outcome(SUCCEEDED, "done", True), [], max_restarts=3, restarts_used=0).action == "succeed"
+    assert decide(Outcome(STOPPED, "stop", True), [], max_restarts=3, restarts_used=0).action == "stop"
+
+
+@pytest.mark.parametrize("kind", [RANK_FAILED, NODE_LOST, HUNG])
+def test_failures_restart_with_growing_backoff_until_restarts_run_out(kind):
+    outcome = Outcome(kind, "it broke", True, "x")
+    delays = []
+    for used in range(3):
+        decision = decide(outcome, [outcome] * used, max_restarts=3, restarts_used=used)
+        assert decision.action == "restart"
+        delays.append(decision.delay_s)
+    assert delays == sorted(delays) and delays[0] > 0
+    final = decide(outcome, [outcome] * 3, max_restarts=3, restarts_used=3)
+    assert final.action == "fail" and "no restarts left" in final.reason
+
+
+def test_the_same_failure_before_the_first_step_twice_fails_with_that_error():
+    first = decide(FAIL_EARLY, [], max_restarts=10, restarts_used=0)
+    assert first.action == "restart"
+    second = decide(FAIL_EARLY, [FAIL_EARLY], max_restarts=10, restarts_used=1)
+    assert second.action == "fail" and "ImportError" in second.reason and "twice" in second.reason
+
+
+def test_an_early_failure_after_a_different_one_is_retried():
+    other = Outcome(RANK_FAILED, "exit 137", False, "exit:137:")
+    assert decide(FAIL_EARLY, [other], max_restarts=10, restarts_used=1).action == "restart"
+    after_progress = Outcome(RANK_FAILED, "same", True, FAIL_EARLY.signature)
+    assert decide(FAIL_EARLY, [after_progress], max_restarts=10, restarts_used=1).action == "restart"
+
+
+def test_backoff_is_capped_and_hang_timeout_follows_the_step_time():
+    assert backoff(100) == 30.0
+    assert hang_timeout(None, None) == 60.0
+    assert hang_timeout(None, 0.5) == 60.0
+    assert hang_timeout(None, 12.0) == 120.0
+    assert hang_timeout(5.0, 12.0) == 5.0
+
+
+MLX = ["python", "-m", "mlx_lm", "lora", "--model", "m", "--train", "--data", "d", "--iters", "60",
+       "--fine-tune-type", "full", "--adapter-path", "mine", "--save-every", "5"]
+
+
+def test_an_mlx_lm_command_is_rewritten_per_attempt():
+    spec = validate(JobSpec(name="j", command=list(MLX), save_every=10))
+    assert is_mlx_lm(spec.command) and spec.total_steps == 60
+    first = attempt_command(spec, adapter_path="/w/checkpoints/j/attempt-0", resume_file=None, start_step=0)
+    assert first[:3] == ["python", "-m", "agent.mlx_lm_train"]
+    assert "mine" not in first and first.count("--adapter-path") == 1
+    assert first[first.index("--adapter-path") + 1] == "/w/checkpoints/j/attempt-0"
+    assert first[first.index("--save-every") + 1] == "10"
+    assert first[first.index("--iters") + 1] == "60"
+    assert first[first.index("--num-layers") + 1] == "-1"  # full fine-tune: every layer
+    resumed = attempt_command(spec, adapter_path="/w/checkpoints/j/attempt-1", resume_file="/w/r.safetensors",
+                              start_step=30)
+    assert resumed[resumed.index("--iters") + 1] == "30"
+    assert resumed[resumed.index("--resume-adapter-file") + 1] == "/w/r.safetensors"
+
+
+def test_num_layers_given_by_the_user_is_kept_and_other_commands_run_as_given():
+    spec = validate(JobSpec(name="j", command=MLX + ["--num-layers", "4"]))
+    argv = attempt_command(spec, adapter_path="/a", resume_file=None, start_step=0)
+    assert argv[argv.index("--num-layers") + 1] == "4" and argv.count("--num-layers") == 1
+    plain = validate(JobSpec(name="j", command=["python", "train.py", "--lr", "1"]))
+    assert attempt_command(plain, adapter_path="/a", resume_file=None, start_step=5) == plain.command
+
+
+@pytest.mark.parametrize("fields,message", [
+    ({"name": "bad name", "command": ["x"]}, "job name"),
+    ({"name": "j", "command": []}, "command"),
+    ({"name": "j", "command": ["python", "-m", "mlx_lm", "lora", "--train"]}, "--iters"),
+    ({"name": "j", "command": ["x"], "keep": 0}, "keep"),
+    ({"name": "j", "command": ["x"], "hang_timeout": -1}, "hang-timeout"),
+])
+def test_bad_job_specs_are_refused_with_a_reason(fields, message):
+    with pytest.raises(JobSpecError, match=message):
+        validate(JobSpec(**fields))
+
+
+def _ckpt(step, valid=True, attempt=0):
+    return {"step": step, "attempt": attempt, "valid": valid, "node": "n1", "path": f"/c/{step:07d}"}
+
+
+def test_an_invalid_newest_checkpoint_is_never_resumed_from():
+    checkpoints = [_ckpt(10), _ckpt(20), _ckpt(30, valid=False)]
+    assert catalog.newest_valid(checkpoints)["step"] == 20
+    assert catalog.newest_valid([_ckpt(10, valid=False)]) is None
+
+
+def test_retention_keeps_the_newest_valid_ones():
+    checkpoints = [_ckpt(s) for s in (10, 20, 30, 40, 50)] + [_ckpt(15, valid=False)]
+    removed = {c["step"] for c in catalog.to_remove(checkpoints, keep=3)}
+    assert removed == {10, 15, 20}
+    assert catalog.to_remove([_ckpt(10, valid=False)], keep=3) == []

@@ -1,0 +1,80 @@
+"""The rank runner and the agent's rank methods, on real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import time
+
+from agent import ranks
+from tests.integration.daemon_harness import REPO
+
+
+def _runner(tmp_path, job: str, command: list[str]) -> subprocess.Popen:
+    rank_dir = ranks.rank_dir(str(tmp_path), job, 0, 0)
+    return subprocess.Popen([sys.executable, "-m", "agent.rank_runner", "--dir", rank_dir, "--", *command],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def test_a_rank_that_exits_leaves_its_status_and_output(tmp_path):
+    proc = _runner(tmp_path, "j1", [sys.executable, "-c", "print('hello from rank'); raise SystemExit(3)"])
+    assert proc.wait(30) == 3
+    assert b"hello from rank" in proc.stdout.read()
+    status = ranks.rank_status(str(tmp_path), "j1", 0, 0)
+    assert status["state"] == "exited" and status["exit"] == 3
+    assert b"hello from rank" in ranks.read_log(str(tmp_path), "j1", 0, 0)["data"]
+
+
+def test_stop_rank_kills_the_whole_process_group_even_when_stopped(tmp_path):
+    script = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']);"
+              "print('ready', flush=True); time.sleep(600)")
+    proc = _runner(tmp_path, "j2", [sys.executable, "-c", script])
+    deadline = time.monotonic() + 30
+    while ranks.rank_status(str(tmp_path), "j2", 0, 0)["state"] != "running" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pgid = ranks._read_int(os.path.join(ranks.rank_dir(str(tmp_path), "j2", 0, 0), "pid"))
+    while len(ranks._group_members(pgid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(pgid, 19)  # SIGSTOP: a hung rank
+    result = ranks.stop_rank(str(tmp_path), "j2", 0, 0, grace=1.0)
+    assert result["stopped"] and result["left"] == []
+    assert ranks._group_members(pgid) == []
+    proc.wait(10)
+
+
+def test_progress_lines_are_read_incrementally(tmp_path):
+    directory = ranks.rank_dir(str(tmp_path), "j3", 0, 0)
+    os.makedirs(directory)
+    path = os.path.join(directory, "progress.jsonl")
+    with open(path, "w") as handle:
+        handle.write(json.dumps({"kind": "train", "step": 1}) + "\n" + '{"kind": "train", "st')
+    status = ranks.rank_status(str(tmp_path), "j3", 0, 0)
+    assert [r["step"] for r in status["progress"]] == [1]  # the half-written line waits
+    with open(path, "a") as handle:
+        handle.write('ep": 2}\n')
+    again = ranks.rank_status(str(tmp_path), "j3", 0, 0, progress_offset=status["progress_offset"])
+    assert [r["step"] for r in again["progress"]] == [2]
+
+
+def _safetensors(path, *, truncate: int = 0):
+    header = json.dumps({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
+    data = struct.pack("<Q", len(header)) + header + b"\0" * 8
+    path.write_bytes(data[:len(data) - truncate])
+
+
+def test_checkpoints_are_validated_and_a_truncated_one_is_refused(tmp_path):
+    directory = tmp_path / "checkpoints" / "j4" / "attempt-0"
+    directory.mkdir(parents=True)
+    _safetensors(directory / "0000010_adapters.safetensors")
+    _safetensors(directory / "0000020_adapters.safetensors", truncate=4)
+    (directory / "0000030_adapters.safetensors").write_bytes(b"garbage")
+    (directory / "adapters.safetensors").write_bytes(b"ignored")
+    found = {c["iteration"]: c for c in ranks.list_checkpoints(str(tmp_path), "j4", 0)["checkpoints"]}
+    assert sorted(found) == [10, 20, 30]
+    assert found[10]["valid"] and found[10]["sha256"]
+    assert not found[20]["valid"] and "bytes" in found[20]["detail"]
+    assert not found[30]["valid"]
