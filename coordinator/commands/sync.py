@@ -167,10 +167,14 @@ async def serve_sync(daemon: "Daemon", emit, source: str | None = None, delete: 
             remote.pop(name, None)
         missing.update(more_missing)
     report["consistency"] = compare_nodes(remote, threshold=daemon.config.sync.threshold, what="code")
-    report["versus_source"] = {
-        name: {"matches": tree_hash(manifest) == report["source_tree_hash"],
-               "differences": diff_manifests(source_files, manifest)[:20]}
-        for name, manifest in remote.items()}
+    # A node matches the source when it holds every source file as is; files only the node
+    # has are kept without --delete, and reported, not failed.
+    report["versus_source"] = {}
+    for name, manifest in remote.items():
+        differences = diff_manifests(source_files, manifest)
+        missing_or_other = [d for d in differences if d["how"] != "extra"]
+        report["versus_source"][name] = {"matches": not missing_or_other if not delete else not differences,
+                                         "differences": differences[:20]}
     failed = [n for n, e in report["nodes"].items() if e["status"] in ("failed", "skipped")]
     mismatched = [n for n, v in report["versus_source"].items() if not v["matches"]]
     if failed:

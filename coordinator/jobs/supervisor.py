@@ -42,6 +42,10 @@ ACTIVE = ("pending", "preflight", "syncing", "starting", "running", "recovering"
 COPY_CHUNK = 4 << 20
 
 
+class CheckpointDamaged(Exception):
+    pass
+
+
 class JobRunner:
     def __init__(self, daemon: "Daemon", spec: JobSpec, record: dict[str, Any] | None = None):
         self.daemon = daemon
@@ -95,6 +99,10 @@ class JobRunner:
                 return
             await self._launch()
         else:
+            # The sessions of a daemon that just started are still connecting: a node that is
+            # not up yet is not a lost node.
+            if not await self._wait_for_nodes():
+                return
             self.event("reattached", f"supervising attempt {self.record['attempt']} again after a daemon restart")
         while True:
             outcome = await self._monitor()
@@ -193,13 +201,21 @@ class JobRunner:
 
     async def _launch(self) -> None:
         started = time.monotonic()
+        if self.record["attempt"] >= 0:
+            # A node that was away when the last attempt was stopped may still run its rank.
+            await self._stop_everything()
         self.record["attempt"] += 1
         attempt = self.record["attempt"]
         self.set_state("starting")
         self._progress_offsets.clear()
         self._log_offsets.clear()
         self._known_checkpoints.clear()
-        resume = catalog.newest_valid(self.daemon.state.checkpoints(self.spec.name))
+        topologies = await node_topologies(self.daemon)
+        choice, document, error = plan_backend(self.daemon, topologies, forced=self.spec.backend)
+        if document is None:
+            raise RemoteError("refused", f"no hostfile: {error}")
+        order = choice.get("order") or [n.name for n in self.daemon.config.nodes]
+        resume, resume_files = await self._choose_resume(order)
         start_step = resume["step"] if resume else 0
         self.record["start_step"] = start_step
         self.record["first_step_at"] = None
@@ -207,14 +223,8 @@ class JobRunner:
         if resume:
             self.event("resume_from", f"resuming from the checkpoint of step {resume['step']} "
                        f"({resume['node']}:{resume['path']})", step=resume["step"])
-        topologies = await node_topologies(self.daemon)
-        choice, document, error = plan_backend(self.daemon, topologies, forced=self.spec.backend)
-        if document is None:
-            raise RemoteError("refused", f"no hostfile: {error}")
-        order = choice.get("order") or [n.name for n in self.daemon.config.nodes]
         self.record["order"] = order
         sessions = self.daemon.cluster.sessions
-        resume_files = await self._place_resume_file(resume, order) if resume else {}
         directory = self.attempt_dir()
         files = write_launch_files(directory, self.daemon.config, document)
 
@@ -249,6 +259,21 @@ class JobRunner:
         self.event("launched", f"attempt {attempt} launched on {', '.join(order)} from step {start_step} "
                    f"({choice['backend']})", attempt=attempt, seconds=round(time.monotonic() - started, 3))
 
+    async def _choose_resume(self, order: list[str]) -> tuple[dict[str, Any] | None, dict[str, str]]:
+        """The newest checkpoint that still validates, placed on every node; a damaged one is
+        marked invalid and the one before it is tried."""
+        while True:
+            candidate = catalog.newest_valid(self.daemon.state.checkpoints(self.spec.name))
+            if candidate is None:
+                return None, {}
+            try:
+                return candidate, await self._place_resume_file(candidate, order)
+            except (RemoteError, CheckpointDamaged) as exc:
+                reason = exc.message if isinstance(exc, RemoteError) else str(exc)
+                self.daemon.state.add_checkpoint(self.spec.name, {**candidate, "valid": False, "detail": reason})
+                self.event("checkpoint_rejected", f"checkpoint of step {candidate['step']} cannot be resumed "
+                           f"from: {reason}", step=candidate["step"])
+
     async def _place_resume_file(self, checkpoint: dict[str, Any], order: list[str]) -> dict[str, str]:
         """Every node needs the checkpoint to resume from; copy it from where it was written."""
         sessions = self.daemon.cluster.sessions
@@ -271,7 +296,8 @@ class JobRunner:
         data = b"".join(chunks)
         sha = hashlib.sha256(data).hexdigest()
         if checkpoint.get("sha256") and sha != checkpoint["sha256"]:
-            raise RemoteError("refused", f"checkpoint {checkpoint['path']} changed since it was validated")
+            raise CheckpointDamaged(f"{checkpoint['path']} no longer matches the SHA256 recorded when it was "
+                                    "validated")
 
         async def copy(node_name: str) -> None:
             session = sessions[node_name]
