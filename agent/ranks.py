@@ -98,9 +98,18 @@ def _group_members(pgid: int) -> list[int]:
 def rank_status(workdir: str, job: str, attempt: int, rank: int, progress_offset: int = 0) -> dict[str, Any]:
     directory = rank_dir(workdir, job, attempt, rank)
     pid = _read_int(os.path.join(directory, "pid"))
+    runner = _read_int(os.path.join(directory, "runner.pid"))
+    alive = _alive(pid)
+    runner_alive = _alive(runner)
+    # Read the exit status after the liveness checks: the runner writes it just after its
+    # child ends, so a dead child with a live runner is a rank that is finishing, not lost.
     code = _read_int(os.path.join(directory, "exit"))
-    alive = _alive(pid) if code is None else False
-    state = "running" if alive else ("exited" if code is not None else ("starting" if pid is None else "vanished"))
+    if code is not None:
+        state, alive = "exited", False
+    elif alive or runner_alive:
+        state = "running"
+    else:
+        state = "starting" if pid is None else "vanished"
     progress, offset = _read_progress(os.path.join(directory, "progress.jsonl"), progress_offset)
     try:
         log_size = os.path.getsize(os.path.join(directory, "output.log"))

@@ -223,6 +223,13 @@ class JobRunner:
         if resume:
             self.event("resume_from", f"resuming from the checkpoint of step {resume['step']} "
                        f"({resume['node']}:{resume['path']})", step=resume["step"])
+        if self.spec.total_steps is not None and start_step >= self.spec.total_steps:
+            # The last checkpoint is the final step: there is nothing left to run.
+            self.record["order"] = order
+            self.record["step"] = start_step
+            self._nothing_left = True
+            self.set_state("running")
+            return
         self.record["order"] = order
         sessions = self.daemon.cluster.sessions
         directory = self.attempt_dir()
@@ -325,6 +332,9 @@ class JobRunner:
         sessions = self.daemon.cluster.sessions
         exited: dict[int, int] = {}
         last_checkpoint_poll = 0.0
+        if getattr(self, "_nothing_left", False):
+            self._nothing_left = False
+            return self._outcome(SUCCEEDED, f"the checkpoint of step {self.record['step']} is the last step", "")
         while True:
             if self.stop_requested:
                 return await self._ended(STOPPED, "stop requested", "")

@@ -57,7 +57,9 @@ def wait_step(daemon: DaemonProcess, name: str, step: int) -> dict:
 def finish(daemon: DaemonProcess, name: str) -> dict:
     result = coord("wait", "--quiet", "--json", "--config", str(daemon.config), name, env=daemon.env, timeout=900)
     final = json.loads(result.stdout)
-    assert result.returncode == 0 and final["state"] == "succeeded" and final["step"] == 60, final
+    story = "\n".join(e["message"] for e in events(daemon, name))
+    assert result.returncode == 0 and final["state"] == "succeeded" and final["step"] == 60, story
+    final["story"] = story
     return final
 
 
@@ -80,7 +82,7 @@ def test_a_stopped_rank_is_caught_by_the_hang_watchdog_and_recovered(netns_clust
     job = wait_step(daemon, "hang", 15)
     os.kill(rank_pid(netns_cluster, job, 2), signal.SIGSTOP)
     final = finish(daemon, "hang")
-    assert final["restarts"] == 1
+    assert final["restarts"] == 1, final["story"]
     kinds = [e["kind"] for e in events(daemon, "hang")]
     assert "job.stacks" in kinds and "job.resume_from" in kinds
     assert any("hung" in e["message"] for e in events(daemon, "hang"))

@@ -55,9 +55,10 @@ def test_a_killed_rank_resumes_from_the_newest_checkpoint_on_three_nodes(netns_c
     os.kill(pid, signal.SIGKILL)
     waited = coord("wait", "--quiet", "--json", "--config", str(daemon.config), "tiny3", env=daemon.env, timeout=900)
     final = json.loads(waited.stdout)
-    assert waited.returncode == 0, final
-    assert final["state"] == "succeeded" and final["step"] == 60 and final["restarts"] == 1
-    events = [e for e in daemon.status()["events"]] + _all_events(daemon)
+    events = _all_events(daemon)
+    story = "\n".join(e["message"] for e in events)
+    assert waited.returncode == 0, story
+    assert final["state"] == "succeeded" and final["step"] == 60 and final["restarts"] == 1, story
     resumed = [e for e in events if e["kind"] == "job.resume_from"]
     assert resumed, events
     resume_step = resumed[-1]["data"]["step"]
