@@ -52,9 +52,11 @@ def bare_launch(cluster: NetnsCluster, root: Path, nodes: list[str]) -> dict:
     wrapper_dir.mkdir(exist_ok=True)
     (wrapper_dir / "ssh").write_text(f"#!/bin/sh\nexec /usr/bin/ssh -F {cluster.ssh_config} \"$@\"\n")
     (wrapper_dir / "ssh").chmod(0o755)
-    for n in nodes:  # what a user does by hand: a link to each node's own Python in a shared place
+    for n in nodes:  # what a user does by hand: a wrapper for each node's own Python at one relative path
         spec = cluster.node(n)
-        cluster.exec_in(n, ["ln", "-sfn", spec.python, f"{spec.workdir}/py"], user=spec.user, check=True)
+        wrapper = f'#!/bin/sh\nexec {spec.python} "$@"\n'
+        cluster.exec_in(n, ["sh", "-c", f"printf '%s' '{wrapper}' > {spec.workdir}/py && chmod +x {spec.workdir}/py"],
+                        user=spec.user, check=True)
     script = ('cd "$HOME/work" && export TMPDIR="$HOME/work/tmp-bare" && mkdir -p "$TMPDIR" && '
               'exec ./py -m mlx_lm lora ' + " ".join(TRAIN) +
               ' --num-layers -1 --steps-per-report 1 --save-every 1000 --adapter-path "$HOME/work/bare-adapters"')

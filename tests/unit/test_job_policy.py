@@ -107,3 +107,18 @@ def test_retention_keeps_the_newest_valid_ones():
     removed = {c["step"] for c in catalog.to_remove(checkpoints, keep=3)}
     assert removed == {10, 15, 20}
     assert catalog.to_remove([_ckpt(10, valid=False)], keep=3) == []
+
+
+def test_a_job_file_gives_the_same_fields_as_the_options(tmp_path):
+    from coordinator.jobs.spec import load_job_file
+
+    path = tmp_path / "job.toml"
+    path.write_text('name = "tiny"\ncommand = ["python", "train.py"]\nsave_every = 5\nsource = "."\n')
+    spec = load_job_file(path)
+    assert spec.name == "tiny" and spec.save_every == 5 and spec.source == str(tmp_path)
+    path.write_text('name = "tiny"\ncommand = ["python", "train.py"]\nsave_evry = 5\n')
+    with pytest.raises(JobSpecError, match="unknown key 'save_evry'"):
+        load_job_file(path)
+    path.write_text('name = "tiny"\ncommand = "python train.py"\n')
+    with pytest.raises(JobSpecError, match="command has the wrong type"):
+        load_job_file(path)

@@ -1,0 +1,121 @@
+"""Jobs on a local cluster: a plain MLX script under the COORD_* contract, and `coord stop`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir
+
+PLAIN = '''\
+import argparse, json, os, time
+import mlx.core as mx
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, required=True)
+parser.add_argument("--sleep", type=float, default=0.05)
+args = parser.parse_args()
+group = mx.distributed.init()
+rank = int(os.environ["COORD_RANK"])
+offset = int(os.environ.get("COORD_STEP_OFFSET", "0"))
+save_every = int(os.environ["COORD_SAVE_EVERY"])
+w = mx.zeros(4)
+if os.environ.get("COORD_RESUME_FILE"):
+    w = mx.load(os.environ["COORD_RESUME_FILE"])["w"]
+for local in range(1, args.steps - offset + 1):
+    w = w + mx.distributed.all_sum(mx.ones(4), group=group)
+    mx.eval(w)
+    time.sleep(args.sleep)
+    if rank == 0:
+        with open(os.environ["COORD_PROGRESS_FILE"], "a") as handle:
+            handle.write(json.dumps({"kind": "train", "step": offset + local, "loss": 1.0 / (offset + local),
+                                     "time": time.time()}) + "\\n")
+        if local % save_every == 0:
+            os.makedirs(os.environ["COORD_CHECKPOINT_DIR"], exist_ok=True)
+            mx.save_safetensors(os.path.join(os.environ["COORD_CHECKPOINT_DIR"], f"{local:07d}_adapters.safetensors"),
+                                {"w": w})
+'''
+
+CLUSTER = """\
+[cluster]
+name = "jobs-local"
+state_dir = "{root}/state"
+
+[ssh]
+keepalive_s = 0.5
+
+[[nodes]]
+name = "a"
+host = "local"
+workdir = "{root}/a"
+
+[[nodes]]
+name = "b"
+host = "local"
+workdir = "{root}/b"
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    root = short_tempdir()
+    (root / "project").mkdir()
+    (root / "project" / "plain.py").write_text(PLAIN)
+    config = root / "cluster.toml"
+    config.write_text(CLUSTER.format(root=root))
+    daemon = DaemonProcess(config, env=environment()).start()
+    daemon.wait_for(all_up, 30, "all nodes up")
+    yield daemon, root
+    daemon.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def job_of(doc, name):
+    return next(j for j in doc["jobs"] if j["name"] == name)
+
+
+def test_a_plain_script_resumes_exactly_through_the_environment_contract(cluster):
+    daemon, root = cluster
+    submitted = coord("run", "--config", str(daemon.config), "--name", "plain", "--source", str(root / "project"),
+                      "--save-every", "5", "--detach", "--", "python", "plain.py", "--steps", "40", env=daemon.env)
+    assert submitted.returncode == 0, submitted.stderr
+    doc = daemon.wait_for(lambda d: job_of(d, "plain")["step"] >= 18 or job_of(d, "plain")["state"] == "failed",
+                          300, "step 18")
+    job = job_of(doc, "plain")
+    assert job["state"] == "running", job
+    pid = int((root / job["nodes"][1] / ".coord" / "jobs" / "plain" / "attempt-0" / "rank-1" / "pid").read_text())
+    os.kill(pid, signal.SIGKILL)
+    waited = coord("wait", "--quiet", "--json", "--config", str(daemon.config), "plain", env=daemon.env, timeout=300)
+    final = json.loads(waited.stdout)
+    assert waited.returncode == 0 and final["state"] == "succeeded" and final["restarts"] == 1, final
+    assert final["step"] == 40 and final["last_checkpoint_step"] == 40
+    # Two ranks add 1 each per step: the weights of step 40 are 80 only if the resume was exact.
+    import mlx.core as mx
+    node = root / job["nodes"][0] / "checkpoints" / "plain" / "attempt-1"
+    newest = sorted(node.glob("*_adapters.safetensors"))[-1]
+    assert mx.load(str(newest))["w"].tolist() == [80.0] * 4
+
+
+def test_stop_stops_every_rank_and_logs_are_kept_per_rank(cluster):
+    daemon, root = cluster
+    submitted = coord("run", "--config", str(daemon.config), "--name", "long", "--source", str(root / "project"),
+                      "--detach", "--", "python", "plain.py", "--steps", "100000", "--sleep", "0.2",
+                      env=daemon.env)
+    assert submitted.returncode == 0, submitted.stderr
+    daemon.wait_for(lambda d: job_of(d, "long")["step"] >= 3, 300, "step 3")
+    stopped = coord("stop", "--config", str(daemon.config), "long", env=daemon.env, timeout=120)
+    assert stopped.returncode == 0 and "long: stopped" in stopped.stdout
+    left = subprocess.run(["pgrep", "-f", f"rank_runner --dir {root}"], capture_output=True, text=True).stdout
+    assert left.strip() == ""
+    for rank in (0, 1):
+        assert (root / "state" / "jobs" / "long" / "attempt-0" / f"rank-{rank}.log").exists()
+    again = coord("stop", "--config", str(daemon.config), "nope", env=daemon.env)
+    assert again.returncode == 1 and "no job named 'nope'" in again.stderr
