@@ -55,11 +55,11 @@ def bare_launch(cluster: NetnsCluster, root: Path, nodes: list[str]) -> dict:
     for n in nodes:  # what a user does by hand: a wrapper for each node's own Python at one relative path
         spec = cluster.node(n)
         wrapper = f'#!/bin/sh\nexec {spec.python} "$@"\n'
-        cluster.exec_in(n, ["sh", "-c", f"printf '%s' '{wrapper}' > {spec.workdir}/py && chmod +x {spec.workdir}/py"],
+        cluster.exec_in(n, ["sh", "-c", f"printf '%s' '{wrapper}' > {spec.home}/py && chmod +x {spec.home}/py"],
                         user=spec.user, check=True)
-    script = ('cd "$HOME/work" && export TMPDIR="$HOME/work/tmp-bare" && mkdir -p "$TMPDIR" && '
-              'exec ./py -m mlx_lm lora ' + " ".join(TRAIN) +
-              ' --num-layers -1 --steps-per-report 1 --save-every 1000 --adapter-path "$HOME/work/bare-adapters"')
+    script = ('cd "$HOME/work" && export TMPDIR="$HOME/tmp-bare" && mkdir -p "$TMPDIR" && '
+              'exec "$HOME/py" -m mlx_lm lora ' + " ".join(TRAIN) +
+              ' --num-layers -1 --steps-per-report 1 --save-every 1000 --adapter-path "$HOME/bare-adapters"')
     env = {**environment(), "PATH": f"{wrapper_dir}:{os.environ['PATH']}"}
     started = time.time()
     proc = cluster.popen_in("head", ["mlx.launch", "--hostfile", str(hostfile), "--", "/bin/sh", "-c", script],
@@ -89,9 +89,13 @@ def events_of(daemon: DaemonProcess, job: str) -> list[dict]:
 def wait_event(daemon: DaemonProcess, job: str, kind: str, count: int = 1, timeout: float = 600) -> dict:
     deadline = time.time() + timeout
     while time.time() < deadline:
-        found = [e for e in events_of(daemon, job) if e["kind"] == kind]
+        seen = events_of(daemon, job)
+        found = [e for e in seen if e["kind"] == kind]
         if len(found) >= count:
             return found[count - 1]
+        failed = [e for e in seen if e["kind"] == "job.failed"]
+        if failed:
+            raise RuntimeError(f"{job} failed: {failed[-1]['message']}")
         time.sleep(0.2)
     raise RuntimeError(f"{job}: no {kind} event #{count}")
 

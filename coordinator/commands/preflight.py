@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import posixpath
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -11,7 +12,7 @@ import anyio
 from coordinator import preflight as checks
 from coordinator.calibration import is_stale
 from coordinator.commands.hostfile import plan_backend
-from coordinator.commands.sync import ignore_patterns
+from coordinator.commands.sync import ignore_patterns, source_manifest
 from coordinator.node_session import UP
 from coordinator.sync import manifest_from_wire
 from shared.ignore import DEFAULT_PATTERNS
@@ -23,14 +24,17 @@ if TYPE_CHECKING:
 CHECKPOINT_DIR = "checkpoints"
 
 
-async def gather(daemon: "Daemon", emit) -> dict[str, Any]:
+async def gather(daemon: "Daemon", emit, source: Path | None = None) -> dict[str, Any]:
     """Ask every up node, at once, for what the checks need."""
     config = daemon.config
-    source = config.sync.source
+    source = source or config.sync.source
     patterns = ignore_patterns(daemon, source) if source and source.is_dir() else \
         list(DEFAULT_PATTERNS) + list(config.sync.ignore)
     found: dict[str, Any] = {"manifests": {}, "missing": {}, "script": {}, "data": {}, "model": {},
                              "probes": {}, "topologies": {}}
+    source_files = None
+    if source is not None and source.is_dir():
+        source_files, _ = await anyio.to_thread.run_sync(source_manifest, daemon, source, patterns)
 
     async def one(session) -> None:
         name, node = session.node.name, session.node
@@ -43,7 +47,12 @@ async def gather(daemon: "Daemon", emit) -> dict[str, Any]:
             # Facts again: a venv changed since the node came up must show in the version checks.
             session.view.facts = await session.call("facts", {"workdir": node.workdir}, timeout=120)
             answer = await session.call("manifest", {"root": node.workdir, "patterns": patterns}, timeout=3600)
-            found["manifests"][name] = manifest_from_wire(answer["files"])
+            manifest = manifest_from_wire(answer["files"])
+            if source_files is not None:
+                # With a source, the code is the source's files: what else a node keeps in its
+                # workdir (outputs, its own wrappers) is its business, not a divergence.
+                manifest = {rel: entry for rel, entry in manifest.items() if rel in source_files}
+            found["manifests"][name] = manifest
             if files["script"]:
                 found["script"][name] = (await session.call(
                     "inspect_files", {"root": node.workdir, "paths": [files["script"]]}, timeout=600))["files"]
@@ -73,10 +82,11 @@ async def gather(daemon: "Daemon", emit) -> dict[str, Any]:
     return found
 
 
-async def run_preflight(daemon: "Daemon", emit, backend: str | None = None) -> dict[str, Any]:
+async def run_preflight(daemon: "Daemon", emit, backend: str | None = None,
+                        source: str | None = None) -> dict[str, Any]:
     started = time.monotonic()
     config = daemon.config
-    found = await gather(daemon, emit)
+    found = await gather(daemon, emit, Path(source) if source else None)
     views = daemon.cluster.node_views()
     nodes = {v["name"]: {**v, "port": next(n.port for n in config.nodes if n.name == v["name"])} for v in views}
     up = {n: v for n, v in nodes.items() if v["state"] == "up"}

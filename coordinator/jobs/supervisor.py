@@ -159,7 +159,7 @@ class JobRunner:
         if not await self._wait_for_nodes():
             return False
         self.set_state("preflight")
-        result = await run_preflight(self.daemon, quiet, backend=self.spec.backend)
+        result = await run_preflight(self.daemon, quiet, backend=self.spec.backend, source=self.spec.source)
         failed = [c for c in result["checks"] if c["status"] == "fail"]
         if failed and not self.spec.force:
             reasons = "; ".join(f"{c['name']}: {c['detail']}" for c in failed[:5])
