@@ -97,62 +97,45 @@ def _watch_status(args: argparse.Namespace, socket: Path, hint: str | None) -> i
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
-    socket = resolve_socket(args)
-    hint = args.config or os.environ.get("COORD_CONFIG")
-    source = str(Path(args.source).resolve()) if args.source else None
-    request = {"source": source, "delete": args.delete, "dry_run": args.dry_run}
-    if args.json:
-        report = ask_daemon(socket, "sync", request, config_hint=hint, timeout=None)
-        json.dump(report, sys.stdout, indent=2, sort_keys=True)
-        sys.stdout.write("\n")
-    else:
-        from coordinator.commands.sync import render_sync
-        from coordinator.progress import SyncProgress
+    from coordinator.commands.sync import render_sync
+    from coordinator.progress import SyncProgress
 
-        console = make_console()
-        with SyncProgress(console) as progress:
-            report = ask_daemon(socket, "sync", request, config_hint=hint, timeout=None, on_event=progress.update)
-        render_sync(report, console)
+    source = str(Path(args.source).resolve()) if args.source else None
+    report = _streamed(args, "sync", {"source": source, "delete": args.delete, "dry_run": args.dry_run},
+                       render_sync, SyncProgress)
     return EXIT_OK if report["status"] == "ok" else EXIT_FAILED
 
 
-def cmd_calibrate(args: argparse.Namespace) -> int:
+def _streamed(args: argparse.Namespace, method: str, request: dict[str, Any], render, progress_class) -> dict:
+    """Call a long daemon method: progress bars from its events, then its report (or --json)."""
     socket = resolve_socket(args)
     hint = args.config or os.environ.get("COORD_CONFIG")
-    request = {"refresh": args.refresh, "quick": args.quick}
     if args.json:
-        report = ask_daemon(socket, "calibrate", request, config_hint=hint, timeout=None)
+        report = ask_daemon(socket, method, request, config_hint=hint, timeout=None)
         json.dump(report, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
-    else:
-        from coordinator.commands.calibrate import render_calibrate
-        from coordinator.progress import NodeProgress
+        return report
+    console = make_console()
+    with progress_class(console) as progress:
+        report = ask_daemon(socket, method, request, config_hint=hint, timeout=None, on_event=progress.update)
+    render(report, console)
+    return report
 
-        console = make_console()
-        with NodeProgress(console) as progress:
-            report = ask_daemon(socket, "calibrate", request, config_hint=hint, timeout=None,
-                                on_event=progress.update)
-        render_calibrate(report, console)
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from coordinator.commands.calibrate import render_calibrate
+    from coordinator.progress import NodeProgress
+
+    report = _streamed(args, "calibrate", {"refresh": args.refresh, "quick": args.quick}, render_calibrate,
+                       NodeProgress)
     return EXIT_OK if report["status"] == "ok" else EXIT_FAILED
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
-    socket = resolve_socket(args)
-    hint = args.config or os.environ.get("COORD_CONFIG")
-    request = {"backend": args.backend}
-    if args.json:
-        result = ask_daemon(socket, "preflight", request, config_hint=hint, timeout=None)
-        json.dump(result, sys.stdout, indent=2, sort_keys=True)
-        sys.stdout.write("\n")
-    else:
-        from coordinator.commands.preflight import render_preflight
-        from coordinator.progress import NodeProgress
+    from coordinator.commands.preflight import render_preflight
+    from coordinator.progress import NodeProgress
 
-        console = make_console()
-        with NodeProgress(console) as progress:
-            result = ask_daemon(socket, "preflight", request, config_hint=hint, timeout=None,
-                                on_event=progress.update)
-        render_preflight(result, console)
+    result = _streamed(args, "preflight", {"backend": args.backend}, render_preflight, NodeProgress)
     return EXIT_FAILED if result["status"] == "fail" else EXIT_OK
 
 

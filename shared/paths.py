@@ -66,13 +66,14 @@ class PathGuard:
         return full
 
 
-def _check_last(path: str, full: str, real_root: str, must_exist: bool) -> None:
+def _check_last(path: str, full: str, real_root: str, must_exist: bool) -> bool:
+    """Check one existing component of ``path``; False when it does not exist (yet)."""
     try:
         info = os.lstat(full)
     except FileNotFoundError:
         if must_exist:
             raise UnsafePath(path, "no such file") from None
-        return
+        return False
     if stat.S_ISLNK(info.st_mode):
         target = os.path.realpath(full)
         if target != real_root and not target.startswith(real_root + os.sep):
@@ -80,6 +81,7 @@ def _check_last(path: str, full: str, real_root: str, must_exist: bool) -> None:
         info = os.stat(full)
     if not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):
         raise UnsafePath(path, "not a regular file or directory")
+    return True
 
 
 def resolve_under(root: str, path: str, *, must_exist: bool = False, real_root: str | None = None) -> str:
@@ -95,17 +97,6 @@ def resolve_under(root: str, path: str, *, must_exist: bool = False, real_root: 
     current = real_root
     for part in relative.split("/"):
         current = os.path.join(current, part)
-        try:
-            info = os.lstat(current)
-        except FileNotFoundError:
-            if must_exist:
-                raise UnsafePath(path, "no such file") from None
+        if not _check_last(path, current, real_root, must_exist):
             break
-        if stat.S_ISLNK(info.st_mode):
-            target = os.path.realpath(current)
-            if target != real_root and not target.startswith(real_root + os.sep):
-                raise UnsafePath(path, "a symlink leads outside the workdir")
-            info = os.stat(current)
-        if not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):
-            raise UnsafePath(path, "not a regular file or directory")
     return full
