@@ -55,10 +55,10 @@ def bare_launch(cluster: NetnsCluster, root: Path, nodes: list[str]) -> dict:
     for n in nodes:  # what a user does by hand: a wrapper for each node's own Python at one relative path
         spec = cluster.node(n)
         wrapper = f'#!/bin/sh\nexec {spec.python} "$@"\n'
-        cluster.exec_in(n, ["sh", "-c", f"printf '%s' '{wrapper}' > {spec.home}/py && chmod +x {spec.home}/py"],
+        cluster.exec_in(n, ["sh", "-c", f"printf '%s' '{wrapper}' > {spec.home}/bare-python && chmod +x {spec.home}/bare-python"],
                         user=spec.user, check=True)
     script = ('cd "$HOME/work" && export TMPDIR="$HOME/tmp-bare" && mkdir -p "$TMPDIR" && '
-              'exec "$HOME/py" -m mlx_lm lora ' + " ".join(TRAIN) +
+              'exec "$HOME/bare-python" -m mlx_lm lora ' + " ".join(TRAIN) +
               ' --num-layers -1 --steps-per-report 1 --save-every 1000 --adapter-path "$HOME/bare-adapters"')
     env = {**environment(), "PATH": f"{wrapper_dir}:{os.environ['PATH']}"}
     started = time.time()
@@ -205,6 +205,8 @@ def main() -> None:
                 coord_run(cluster, daemon, project, f"warmup{count}", kill=False)  # MLX compiles its CPU kernels
                 results[f"coord{count}"] = coord_run(cluster, daemon, project, f"cold{count}", kill=False)
                 results[f"recover{count}"] = coord_run(cluster, daemon, project, f"kill{count}", kill=True)
+                print(f"measured {count} nodes: {results[f'coord{count}']} {results[f'recover{count}']}",
+                      file=sys.stderr, flush=True)
             finally:
                 daemon.stop()
             if count == 3:
