@@ -70,7 +70,9 @@ def prepare_rank(job: str, rank: int, workdir: str, python: str, argv: list, env
             raise RemoteError(p.BAD_ARGS, f"environment entry {key!r} is not NAME=string")
     directory = os.path.join(jobs_dir(), job)
     os.makedirs(directory, mode=0o700, exist_ok=True)
-    tmpdir = os.path.join(workdir, ".coord", "tmp", job, f"rank-{rank}")
+    # One TMPDIR per node, shared by its jobs: MLX's compiled CPU kernels are kept there, so a
+    # new job does not compile them again (that costs tens of seconds on a small CPU).
+    tmpdir = os.path.join(workdir, ".coord", "tmp")
     rank_dir = os.path.join(workdir, ".coord", "jobs", job, f"attempt-{attempt}", f"rank-{rank}")
     os.makedirs(rank_dir, exist_ok=True)
     env = {key.replace("{rank_dir}", rank_dir): value.replace("{rank_dir}", rank_dir) for key, value in env.items()}

@@ -37,7 +37,7 @@ from tests.cluster.netns import NetnsCluster  # noqa: E402
 from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir  # noqa: E402
 
 ITERS = 60
-TRAIN = ["--model", "model", "--train", "--data", "data", "--fine-tune-type", "full", "--batch-size", "3",
+TRAIN = ["--model", "model", "--train", "--data", "data", "--fine-tune-type", "full", "--batch-size", "6",
          "--iters", str(ITERS), "--learning-rate", "1e-4"]
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 REPORT = re.compile(r"^\s*(\d+)\s+\d+\.\d+\s")
