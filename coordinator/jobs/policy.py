@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tenacity import RetryCallState, wait_exponential
+
 MAX_BACKOFF_S = 30.0
+# tenacity's exponential wait (1 s, 2 s, 4 s ... capped at 30 s), the same strategy the node
+# sessions reconnect with; the restart loop itself stays in the supervisor, because between
+# attempts it has more to do than call a function again (stop ranks, choose a checkpoint).
+RESTART_WAIT = wait_exponential(multiplier=1.0, max=MAX_BACKOFF_S)
 
 SUCCEEDED, RANK_FAILED, NODE_LOST, HUNG, LAUNCH_FAILED, STOPPED = (
     "succeeded", "rank_failed", "node_lost", "hung", "launch_failed", "stopped")
@@ -28,7 +34,9 @@ class Decision:
 
 
 def backoff(restarts_used: int) -> float:
-    return min(MAX_BACKOFF_S, 1.0 * 2 ** restarts_used)
+    state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})
+    state.attempt_number = restarts_used + 1
+    return float(RESTART_WAIT(state))
 
 
 def decide(outcome: Outcome, history: list[Outcome], *, max_restarts: int, restarts_used: int) -> Decision:

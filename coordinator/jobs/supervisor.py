@@ -23,7 +23,7 @@ import structlog
 from agent.launch import rank_command
 from coordinator.commands.hostfile import node_topologies, plan_backend, write_launch_files
 from coordinator.jobs import catalog
-from coordinator.jobs.policy import (HUNG, LAUNCH_FAILED, NODE_LOST, RANK_FAILED, STOPPED, SUCCEEDED, Decision,
+from coordinator.jobs.policy import (HUNG, NODE_LOST, RANK_FAILED, STOPPED, SUCCEEDED, Decision,
                                      Outcome, decide, hang_timeout)
 from coordinator.jobs.spec import JobSpec, attempt_command
 from coordinator.node_session import UP
@@ -60,6 +60,7 @@ class JobRunner:
         self._progress_offsets: dict[int, int] = {}
         self._log_offsets: dict[int, int] = {}
         self._known_checkpoints: set[str] = set()
+        self._planned: tuple[dict[str, Any], dict[str, Any]] | None = None  # from pre-flight, for attempt 0
         self.done = anyio.Event()
 
     # --- persistence and events ---------------------------------------------------------
@@ -153,9 +154,11 @@ class JobRunner:
 
         if self.spec.source:
             self.set_state("syncing")
+            started = time.monotonic()
             report = await serve_sync(self.daemon, quiet, source=self.spec.source)
             if report["status"] != "ok":
                 return self._fail_early(f"sync failed: {report['detail']}")
+            self.event("synced", f"code synced from {self.spec.source}", seconds=round(time.monotonic() - started, 3))
         if not await self._wait_for_nodes():
             return False
         self.set_state("preflight")
@@ -166,6 +169,11 @@ class JobRunner:
             return self._fail_early(f"pre-flight failed (use --force to launch anyway): {reasons}")
         if failed:
             self.event("preflight_forced", f"launching despite {len(failed)} failed pre-flight checks")
+        else:
+            self.event("preflight_passed", f"pre-flight {result['status']}", seconds=result["seconds"])
+        if result["hostfile"] is not None:
+            # The first attempt uses the links pre-flight just read rather than asking every node again.
+            self._planned = (result["backend"], result["hostfile"])
         return True
 
     def _fail_early(self, reason: str) -> bool:
@@ -210,10 +218,13 @@ class JobRunner:
         self._progress_offsets.clear()
         self._log_offsets.clear()
         self._known_checkpoints.clear()
-        topologies = await node_topologies(self.daemon)
-        choice, document, error = plan_backend(self.daemon, topologies, forced=self.spec.backend)
-        if document is None:
-            raise RemoteError("refused", f"no hostfile: {error}")
+        if self._planned is not None:
+            (choice, document), self._planned = self._planned, None
+        else:
+            topologies = await node_topologies(self.daemon)
+            choice, document, error = plan_backend(self.daemon, topologies, forced=self.spec.backend)
+            if document is None:
+                raise RemoteError("refused", f"no hostfile: {error}")
         order = choice.get("order") or [n.name for n in self.daemon.config.nodes]
         resume, resume_files = await self._choose_resume(order)
         start_step = resume["step"] if resume else 0

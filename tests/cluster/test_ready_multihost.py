@@ -14,7 +14,6 @@ import pwd
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest

@@ -4,75 +4,23 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import time
 from pathlib import Path
 
 import pytest
 
-from coordinator.tinymodel import write_project
-from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir
+from tests.cluster.jobs import (events, finish, job_of, rank_pid, ranks_left, submit, tiny_project_and_daemon,
+                                wait_step)
+from tests.integration.daemon_harness import DaemonProcess, all_up, coord
 
 pytestmark = pytest.mark.cluster
-
-TRAIN = ["python", "-m", "mlx_lm", "lora", "--model", "model", "--train", "--data", "data", "--fine-tune-type",
-         "full", "--batch-size", "3", "--iters", "60", "--learning-rate", "1e-4"]
 
 
 @pytest.fixture(scope="module")
 def setup(netns_cluster):
-    root = short_tempdir()
-    root.chmod(0o755)
-    project = write_project(root / "project")
-    for path in [project, *project.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    config = netns_cluster.write_cluster_toml(root / "cluster.toml", state_dir=root / "state")
-    holder = {"daemon": DaemonProcess(config, env=environment(),
-                                      prefix=["ip", "netns", "exec", netns_cluster.head_ns]).start()}
-    holder["daemon"].wait_for(all_up, 30, "all nodes up")
-    yield holder, project, root
-    holder["daemon"].stop()
-    shutil.rmtree(root, ignore_errors=True)
-
-
-def job_of(doc: dict, name: str) -> dict:
-    return next(j for j in doc["jobs"] if j["name"] == name)
-
-
-def submit(daemon: DaemonProcess, project: Path, name: str, *extra: str) -> None:
-    result = coord("run", "--config", str(daemon.config), "--name", name, "--source", str(project),
-                   "--save-every", "10", "--detach", *extra, "--", *TRAIN, env=daemon.env)
-    assert result.returncode == 0, result.stderr
-
-
-def wait_step(daemon: DaemonProcess, name: str, step: int) -> dict:
-    doc = daemon.wait_for(lambda d: job_of(d, name)["step"] >= step or job_of(d, name)["state"] == "failed",
-                          600, f"{name} at step {step}")
-    job = job_of(doc, name)
-    assert job["state"] == "running", job
-    return job
-
-
-def finish(daemon: DaemonProcess, name: str) -> dict:
-    result = coord("wait", "--quiet", "--json", "--config", str(daemon.config), name, env=daemon.env, timeout=900)
-    final = json.loads(result.stdout)
-    story = "\n".join(e["message"] for e in events(daemon, name))
-    assert result.returncode == 0 and final["state"] == "succeeded" and final["step"] == 60, story
-    final["story"] = story
-    return final
-
-
-def events(daemon: DaemonProcess, name: str) -> list[dict]:
-    doc = json.loads(coord("status", "--json", "--events", "50", "--config", str(daemon.config),
-                           env=daemon.env).stdout)
-    return [e for e in doc["events"] if e["message"].startswith(name + ":")]
-
-
-def rank_pid(netns_cluster, job: dict, rank: int) -> int:
-    node = netns_cluster.node(job["nodes"][rank])
-    path = Path(node.workdir) / ".coord" / "jobs" / job["name"] / f"attempt-{job['attempt']}" / f"rank-{rank}" / "pid"
-    return int(path.read_text())
+    with tiny_project_and_daemon(netns_cluster) as holder:
+        yield holder, holder["project"], holder["root"]
 
 
 def test_a_stopped_rank_is_caught_by_the_hang_watchdog_and_recovered(netns_cluster, setup):
@@ -106,9 +54,7 @@ def test_a_cut_link_is_seen_within_10_s_and_the_job_waits_for_the_node(netns_clu
     final = finish(daemon, "link")
     assert final["restarts"] == 1
     assert any(e["kind"] == "job.waiting_for_nodes" for e in events(daemon, "link"))
-    for spec in netns_cluster.nodes:  # the old attempt's rank on n3 was stopped too
-        left = netns_cluster.exec_in(spec.name, ["pgrep", "-u", spec.user, "-f", "mlx_lm_train"])
-        assert left.stdout.strip() == ""
+    assert ranks_left(netns_cluster) == {}  # the old attempt's rank on n3 was stopped too
 
 
 def test_a_restarted_daemon_reattaches_and_the_job_finishes(netns_cluster, setup):

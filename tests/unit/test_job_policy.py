@@ -45,6 +45,7 @@ def test_an_early_failure_after_a_different_one_is_retried():
 
 
 def test_backoff_is_capped_and_hang_timeout_follows_the_step_time():
+    assert [backoff(n) for n in range(6)] == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0]
     assert backoff(100) == 30.0
     assert hang_timeout(None, None) == 60.0
     assert hang_timeout(None, 0.5) == 60.0

@@ -1,0 +1,90 @@
+"""What the job tests on the multi-host cluster share: the tiny project, a daemon in the
+head namespace, and small helpers to submit, follow and finish a job."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from coordinator.tinymodel import write_project
+from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir
+
+TOTAL_STEPS = 60
+TRAIN = ["python", "-m", "mlx_lm", "lora", "--model", "model", "--train", "--data", "data", "--fine-tune-type",
+         "full", "--batch-size", "3", "--iters", str(TOTAL_STEPS), "--learning-rate", "1e-4"]
+
+
+@contextmanager
+def tiny_project_and_daemon(netns_cluster, nodes: list[str] | None = None) -> Iterator[dict]:
+    """The demo's tiny model project (readable by every node user) and a daemon that sees every node up.
+
+    Yields a holder dict (daemon, project, root) so a test may replace the daemon it restarted.
+    """
+    root = short_tempdir()
+    root.chmod(0o755)
+    project = write_project(root / "project")
+    for path in [project, *project.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    config = netns_cluster.write_cluster_toml(root / "cluster.toml", state_dir=root / "state", nodes=nodes)
+    holder = {"daemon": DaemonProcess(config, env=environment(), prefix=["ip", "netns", "exec", netns_cluster.head_ns]),
+              "project": project, "root": root}
+    holder["daemon"].start()
+    try:
+        holder["daemon"].wait_for(all_up, 30, "all nodes up")
+        yield holder
+    finally:
+        holder["daemon"].stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def job_of(doc: dict, name: str) -> dict:
+    return next(j for j in doc["jobs"] if j["name"] == name)
+
+
+def submit(daemon: DaemonProcess, project: Path, name: str, *extra: str, command: list[str] = TRAIN) -> None:
+    result = coord("run", "--config", str(daemon.config), "--name", name, "--source", str(project),
+                   "--save-every", "10", "--detach", *extra, "--", *command, env=daemon.env)
+    assert result.returncode == 0, result.stderr
+
+
+def wait_step(daemon: DaemonProcess, name: str, step: int) -> dict:
+    doc = daemon.wait_for(lambda d: job_of(d, name)["step"] >= step or job_of(d, name)["state"] == "failed",
+                          600, f"{name} at step {step}")
+    job = job_of(doc, name)
+    assert job["state"] == "running", job
+    return job
+
+
+def events(daemon: DaemonProcess, name: str | None = None) -> list[dict]:
+    doc = json.loads(coord("status", "--json", "--events", "200", "--config", str(daemon.config),
+                           env=daemon.env).stdout)
+    return [e for e in doc["events"] if name is None or e["message"].startswith(name + ":")]
+
+
+def finish(daemon: DaemonProcess, name: str, steps: int = TOTAL_STEPS) -> dict:
+    """Wait for the job; it must have succeeded at its last step. Returns its final view and story."""
+    result = coord("wait", "--quiet", "--json", "--config", str(daemon.config), name, env=daemon.env, timeout=900)
+    final = json.loads(result.stdout)
+    story = "\n".join(e["message"] for e in events(daemon, name))
+    assert result.returncode == 0 and final["state"] == "succeeded" and final["step"] == steps, story
+    final["story"] = story
+    return final
+
+
+def rank_pid(netns_cluster, job: dict, rank: int) -> int:
+    node = netns_cluster.node(job["nodes"][rank])
+    path = Path(node.workdir) / ".coord" / "jobs" / job["name"] / f"attempt-{job['attempt']}" / f"rank-{rank}" / "pid"
+    return int(path.read_text())
+
+
+def ranks_left(netns_cluster, pattern: str = "agent.mlx_lm_train|agent.train") -> dict[str, str]:
+    """Training processes still running, per node (empty when none is left anywhere)."""
+    left = {}
+    for spec in netns_cluster.nodes:
+        found = netns_cluster.exec_in(spec.name, ["pgrep", "-u", spec.user, "-f", pattern]).stdout.strip()
+        if found:
+            left[spec.name] = found
+    return left
