@@ -33,9 +33,12 @@ def rank_dir(workdir: str, job: str, attempt: int, rank: int) -> str:
     return os.path.join(workdir, ".coord", "jobs", job, f"attempt-{attempt}", f"rank-{rank}")
 
 
-def checkpoint_dir(workdir: str, job: str, attempt: int) -> str:
+def checkpoint_dir(workdir: str, job: str, attempt: int, replica: bool = False) -> str:
+    """Where rank 0 writes an attempt's checkpoints, or where this node keeps replicas of them."""
     if not JOB_NAME.match(job) or not 0 <= attempt < 100000 or not os.path.isabs(workdir):
         raise RemoteError(p.BAD_ARGS, f"bad job {job!r} or attempt {attempt}")
+    if replica:
+        return os.path.join(workdir, "checkpoints", job, "replica", f"attempt-{attempt}")
     return os.path.join(workdir, "checkpoints", job, f"attempt-{attempt}")
 
 
@@ -259,8 +262,8 @@ def read_file(workdir: str, path: str, offset: int = 0) -> dict[str, Any]:
     return {"data": data, "offset": offset + len(data), "size": os.path.getsize(full)}
 
 
-def remove_checkpoints(workdir: str, job: str, attempt: int, names: list) -> dict[str, Any]:
-    directory = checkpoint_dir(workdir, job, attempt)
+def remove_checkpoints(workdir: str, job: str, attempt: int, names: list, replica: bool = False) -> dict[str, Any]:
+    directory = checkpoint_dir(workdir, job, attempt, replica)
     removed = 0
     for name in names:
         if not isinstance(name, str) or not CHECKPOINT_NAME.match(name):

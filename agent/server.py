@@ -76,6 +76,8 @@ def build_dispatcher() -> Dispatcher:
               required={"root": str, "path": str, "size": int, "mode": int, "sha256": str})
     table.add("upload_chunk", _in_thread(uploads.chunk), required={"upload": int, "offset": int, "data": bytes})
     table.add("upload_finish", _in_thread(uploads.finish), required={"upload": int})
+    table.add("upload_abort", _in_thread(lambda upload: uploads.abort(upload) or {"aborted": upload}),
+              required={"upload": int})
     table.add("delete_files", _in_thread(node_sync.delete_files), required={"root": str, "paths": list})
     table.add("set_modes", _in_thread(node_sync.set_modes), required={"root": str, "modes": list})
     table.add("inspect_files", _in_thread(node_sync.inspect_files), required={"root": str, "paths": list},
@@ -93,7 +95,7 @@ def build_dispatcher() -> Dispatcher:
     table.add("list_checkpoints", _in_thread(node_ranks.list_checkpoints),
               required={"workdir": str, "job": str, "attempt": int}, optional={"known": list})
     table.add("remove_checkpoints", _in_thread(node_ranks.remove_checkpoints),
-              required={"workdir": str, "job": str, "attempt": int, "names": list})
+              required={"workdir": str, "job": str, "attempt": int, "names": list}, optional={"replica": bool})
     table.add("read_file", _in_thread(node_ranks.read_file), required={"workdir": str, "path": str},
               optional={"offset": int})
     table.add("calibrate", calibrate, required={"python": str, "workdir": str},

@@ -192,7 +192,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             source = str(Path(args.source).resolve()) if args.source else None
             spec = validate(JobSpec(name=name, command=command, save_every=args.save_every,
                                     max_restarts=args.max_restarts, hang_timeout=args.hang_timeout, keep=args.keep,
-                                    force=args.force, source=source, backend=args.backend))
+                                    force=args.force, source=source, backend=args.backend, trainer=args.trainer,
+                                    replica=args.replica, min_nodes=args.min_nodes,
+                                    node_timeout=args.node_timeout))
     except JobSpecError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
     job = ask_daemon(socket, "run", {"spec": spec.as_dict()}, config_hint=hint)
@@ -220,6 +222,18 @@ def cmd_stop(args: argparse.Namespace) -> int:
     ask_daemon(socket, "stop", {"name": args.job}, config_hint=hint)
     final = _follow_job(socket, args.job, hint, quiet=True)
     print(f"{args.job}: {final['state']}")
+    return EXIT_OK
+
+
+def cmd_resize(args: argparse.Namespace) -> int:
+    socket = resolve_socket(args)
+    hint = args.config or os.environ.get("COORD_CONFIG")
+    answer = ask_daemon(socket, "resize", {"name": args.job}, config_hint=hint)
+    if args.json:
+        json.dump(answer, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        print(f"{args.job}: {answer['detail']}")
     return EXIT_OK
 
 
@@ -357,6 +371,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", type=int, default=3, help="checkpoints to keep (default 3)")
     p.add_argument("--force", action="store_true", help="launch even if pre-flight fails")
     p.add_argument("--backend", choices=["ring", "jaccl", "jaccl-ring"], help="force a backend")
+    p.add_argument("--trainer", choices=["mlx_lm", "coord"], default="mlx_lm",
+                   help="for `python -m mlx_lm lora ...`: mlx-lm's own trainer (default; a resume restores the "
+                        "weights only) or coord's (agent.train: same options, and a resume restores the optimizer, "
+                        "the learning-rate schedule, the RNG and the data order exactly)")
+    p.add_argument("--replica", default="head", metavar="head|none|NODE",
+                   help="copy each validated checkpoint here, off rank 0's machine, SHA256-checked "
+                        "(default: the head's state directory)")
+    p.add_argument("--min-nodes", type=int, help="let the job go on with at least this many nodes when one is "
+                   "down longer than --node-timeout (same global batch; default: wait for every node)")
+    p.add_argument("--node-timeout", type=float, default=60.0,
+                   help="seconds a lost node is waited for before it may be left out (default 60)")
     p.add_argument("--detach", action="store_true", help="return once submitted instead of following the job")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND... or a job file")
     p.set_defaults(func=cmd_run)
@@ -374,6 +399,15 @@ def build_parser() -> argparse.ArgumentParser:
     client_options(p)
     p.add_argument("job")
     p.set_defaults(func=cmd_stop)
+
+    p = sub.add_parser("resize", help="bring nodes that are back into a running job at its next checkpoint",
+                       description="A job that left out a lost node (--min-nodes) runs on fewer ranks. Once the "
+                                   "node is back, resize relaunches the job on every node that is up, right after "
+                                   "its next checkpoint, with the job's own batch again: nothing is redone.")
+    client_options(p)
+    p.add_argument("job")
+    p.add_argument("--json", action="store_true", help="print the job document as JSON")
+    p.set_defaults(func=cmd_resize)
 
     p = sub.add_parser("logs", help="a rank's output, per attempt, kept on the head",
                        description="Print a rank's output (kept on the head per attempt and per rank).")

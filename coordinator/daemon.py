@@ -113,6 +113,7 @@ class Daemon:
         table.add("preflight", self._preflight, optional={"backend": (str, type(None))}, streams=True)
         table.add("run", self._run_job, required={"spec": dict})
         table.add("stop", self._stop_job, required={"name": str})
+        table.add("resize", self._resize_job, required={"name": str})
         table.add("job", self._job, required={"name": str})
         table.add("logs", self._logs, required={"name": str},
                   optional={"rank": int, "attempt": (int, type(None)), "offset": int})
@@ -126,6 +127,9 @@ class Daemon:
 
     async def _run_job(self, spec: dict) -> dict[str, Any]:
         return jobs_command.start_job(self, spec)
+
+    async def _resize_job(self, name: str) -> dict[str, Any]:
+        return jobs_command.resize_job(self, name)
 
     async def _stop_job(self, name: str) -> dict[str, Any]:
         return jobs_command.stop_job(self, name)

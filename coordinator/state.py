@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -54,7 +54,8 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     valid INTEGER NOT NULL,
     detail TEXT,
     created REAL NOT NULL,
-    PRIMARY KEY (job, attempt, path)
+    role TEXT NOT NULL DEFAULT 'primary',  -- 'primary' where rank 0 wrote it, 'replica' for its copy
+    PRIMARY KEY (job, attempt, node, path)
 );
 CREATE TABLE IF NOT EXISTS calibrations (
     node TEXT PRIMARY KEY,
@@ -84,6 +85,25 @@ class StateStore:
             self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
         elif int(row[0]) > SCHEMA_VERSION:
             raise StateError(f"state database {path} is from a newer coord (schema {row[0]})")
+        elif int(row[0]) < SCHEMA_VERSION:
+            self._migrate(int(row[0]))
+
+    def _migrate(self, version: int) -> None:
+        if version < 2:
+            # Replicas: a checkpoint may now be in two places (the key gains the node), with a role.
+            self._db.executescript("""
+                BEGIN;
+                ALTER TABLE checkpoints RENAME TO checkpoints_v1;
+                CREATE TABLE checkpoints (job TEXT NOT NULL, step INTEGER NOT NULL, attempt INTEGER NOT NULL,
+                    node TEXT NOT NULL, path TEXT NOT NULL, sha256 TEXT, size INTEGER, valid INTEGER NOT NULL,
+                    detail TEXT, created REAL NOT NULL, role TEXT NOT NULL DEFAULT 'primary',
+                    PRIMARY KEY (job, attempt, node, path));
+                INSERT INTO checkpoints (job, step, attempt, node, path, sha256, size, valid, detail, created)
+                    SELECT job, step, attempt, node, path, sha256, size, valid, detail, created FROM checkpoints_v1;
+                DROP TABLE checkpoints_v1;
+                COMMIT;
+            """)
+        self._db.execute("UPDATE meta SET value=? WHERE key='schema'", (str(SCHEMA_VERSION),))
 
     def close(self) -> None:
         self._db.close()
@@ -152,17 +172,19 @@ class StateStore:
 
     def add_checkpoint(self, job: str, entry: dict[str, Any]) -> None:
         self._db.execute(
-            "INSERT OR REPLACE INTO checkpoints (job, step, attempt, node, path, sha256, size, valid, detail, created) "
-            "VALUES (?,?,?,?,?,?,?,?,?,?)",
+            "INSERT OR REPLACE INTO checkpoints (job, step, attempt, node, path, sha256, size, valid, detail, created, "
+            "role) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
             (job, entry["step"], entry["attempt"], entry["node"], entry["path"], entry.get("sha256"),
-             entry.get("size"), int(bool(entry["valid"])), entry.get("detail"), entry.get("created", time.time())))
+             entry.get("size"), int(bool(entry["valid"])), entry.get("detail"), entry.get("created", time.time()),
+             entry.get("role", "primary")))
 
     def checkpoints(self, job: str) -> list[dict[str, Any]]:
-        rows = self._db.execute("SELECT step, attempt, node, path, sha256, size, valid, detail, created FROM checkpoints "
-                                "WHERE job=? ORDER BY step, attempt", (job,))
+        rows = self._db.execute("SELECT step, attempt, node, path, sha256, size, valid, detail, created, role "
+                                "FROM checkpoints WHERE job=? ORDER BY step, attempt, role", (job,))
         return [{"step": step, "attempt": attempt, "node": node, "path": path, "sha256": sha, "size": size,
-                 "valid": bool(valid), "detail": detail, "created": created}
-                for step, attempt, node, path, sha, size, valid, detail, created in rows]
+                 "valid": bool(valid), "detail": detail, "created": created, "role": role}
+                for step, attempt, node, path, sha, size, valid, detail, created, role in rows]
 
-    def remove_checkpoint(self, job: str, attempt: int, path: str) -> None:
-        self._db.execute("DELETE FROM checkpoints WHERE job=? AND attempt=? AND path=?", (job, attempt, path))
+    def remove_checkpoint(self, job: str, attempt: int, node: str, path: str) -> None:
+        self._db.execute("DELETE FROM checkpoints WHERE job=? AND attempt=? AND node=? AND path=?",
+                         (job, attempt, node, path))

@@ -37,15 +37,18 @@ async def node_topologies(daemon: "Daemon") -> dict[str, Any]:
 
 
 def plan_backend(daemon: "Daemon", topologies: dict[str, Any], *, forced: str | None = None,
-                 envs: list[str] | None = None) -> tuple[dict[str, Any] | None, dict[str, Any] | None, str | None]:
-    """(backend choice, hostfile document, error): the choice is measured, the hostfile follows it."""
+                 envs: list[str] | None = None, nodes: list[str] | None = None,
+                 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, str | None]:
+    """(backend choice, hostfile document, error): the choice is measured, the hostfile follows it.
+
+    ``nodes`` narrows the cluster to the nodes an attempt runs on (elastic shrink)."""
     config = daemon.config
-    names = [n.name for n in config.nodes]
+    names = nodes or [n.name for n in config.nodes]
     missing = [n for n in names if n not in topologies]
     if missing:
         return None, None, f"no link information from {', '.join(missing)} (is it up?)"
     by_name = {n.name: n for n in config.nodes}
-    if all(node.is_local for node in config.nodes):
+    if all(by_name[name].is_local for name in names):
         if forced not in (None, "ring"):
             return None, None, f"backend {forced} needs RDMA links between machines; every node is this machine"
         # Every rank on this machine: a ring over loopback, nothing to measure.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from coordinator.jobs.spec import JobSpec, JobSpecError, validate
+from coordinator.jobs.spec import REPLICA_HEAD, REPLICA_NONE, JobSpec, JobSpecError, validate
 from coordinator.jobs.supervisor import ACTIVE, JobRunner
 from shared import protocol as p
 from shared.rpc import RemoteError
@@ -20,6 +20,12 @@ def start_job(daemon: "Daemon", spec_fields: dict[str, Any]) -> dict[str, Any]:
         spec = validate(JobSpec(**spec_fields))
     except (TypeError, JobSpecError) as exc:
         raise RemoteError(p.BAD_ARGS, str(exc)) from None
+    names = [n.name for n in daemon.config.nodes]
+    if spec.min_nodes is not None and spec.min_nodes > len(names):
+        raise RemoteError(p.BAD_ARGS, f"--min-nodes {spec.min_nodes} is more than the cluster's {len(names)} nodes")
+    if spec.replica not in (REPLICA_HEAD, REPLICA_NONE, *names):
+        raise RemoteError(p.BAD_ARGS, f"--replica {spec.replica!r} is not head, none or a node "
+                          f"({', '.join(names)})")
     runner = daemon.jobs.get(spec.name)
     if runner is not None and runner.state in ACTIVE:
         raise RemoteError(p.REFUSED, f"job {spec.name} is already {runner.state}; stop it first: coord stop {spec.name}")
@@ -46,6 +52,15 @@ def stop_job(daemon: "Daemon", name: str) -> dict[str, Any]:
     runner.stop_requested = True
     runner.event("stop_requested", "stop requested")
     return runner.view()
+
+
+def resize_job(daemon: "Daemon", name: str) -> dict[str, Any]:
+    runner = find(daemon, name)
+    if runner.state not in ("running", "starting"):
+        raise RemoteError(p.REFUSED, f"job {name} is {runner.state}; only a running job can be resized")
+    detail = runner.request_resize()
+    runner.event("resize_requested", detail)
+    return {**runner.view(), "detail": detail}
 
 
 def job_logs(daemon: "Daemon", name: str, rank: int = 0, attempt: int | None = None, offset: int = 0) -> dict[str, Any]:

@@ -1,22 +1,51 @@
-"""The checkpoint catalog: which checkpoints exist, which are valid, which to keep, which to resume from."""
+"""The checkpoint catalog: which checkpoints exist, which are valid, which to keep, which to resume from.
+
+A checkpoint (one step of one attempt) may have several copies: the primary, where rank 0
+wrote it, and its replica (the head's state directory or another node). Retention and the
+choice of a resume work on checkpoints; the copies of one are tried in order, primary first.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-
-def newest_valid(checkpoints: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """A checkpoint that failed validation is never resumed from; the one before it is."""
-    valid = [c for c in checkpoints if c["valid"]]
-    return max(valid, key=lambda c: (c["step"], c["attempt"])) if valid else None
+PRIMARY, REPLICA = "primary", "replica"
 
 
-def to_remove(checkpoints: list[dict[str, Any]], keep: int) -> list[dict[str, Any]]:
-    """Retention: the newest ``keep`` valid checkpoints stay; older ones, and invalid ones
-    older than the newest valid one, go."""
-    valid = sorted((c for c in checkpoints if c["valid"]), key=lambda c: (c["step"], c["attempt"]), reverse=True)
-    kept = valid[:keep]
+def _key(copy: dict[str, Any]) -> tuple[int, int]:
+    return copy["step"], copy["attempt"]
+
+
+def resume_candidates(copies: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Valid checkpoints, newest first, each as its valid copies with the primary first.
+
+    A copy that failed validation is never resumed from; a checkpoint with no valid copy left
+    gives way to the one before it."""
+    groups: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for copy in copies:
+        if copy["valid"]:
+            groups.setdefault(_key(copy), []).append(copy)
+    return [sorted(groups[key], key=lambda c: c.get("role", PRIMARY) != PRIMARY)
+            for key in sorted(groups, reverse=True)]
+
+
+def newest_valid(copies: list[dict[str, Any]]) -> dict[str, Any] | None:
+    candidates = resume_candidates(copies)
+    return candidates[0][0] if candidates else None
+
+
+def to_remove(copies: list[dict[str, Any]], keep: int) -> list[dict[str, Any]]:
+    """Retention: every copy of the newest ``keep`` valid checkpoints stays; the copies of older
+    ones, and invalid ones older than the newest kept, go."""
+    kept = {_key(group[0]) for group in resume_candidates(copies)[:keep]}
     if not kept:
         return []
-    oldest_kept = min((c["step"], c["attempt"]) for c in kept)
-    return [c for c in checkpoints if c not in kept and (c["step"], c["attempt"]) < oldest_kept]
+    oldest_kept = min(kept)
+    return [c for c in copies if _key(c) not in kept and _key(c) < oldest_kept]
+
+
+def unreplicated(copies: list[dict[str, Any]], keep: int) -> list[dict[str, Any]]:
+    """Valid primaries among the kept checkpoints that have no replica yet, newest first."""
+    replicated = {_key(c) for c in copies if c.get("role") == REPLICA}
+    return [group[0] for group in resume_candidates(copies)[:keep]
+            if group[0].get("role", PRIMARY) == PRIMARY and _key(group[0]) not in replicated]

@@ -12,8 +12,8 @@ MAX_BACKOFF_S = 30.0
 # attempts it has more to do than call a function again (stop ranks, choose a checkpoint).
 RESTART_WAIT = wait_exponential(multiplier=1.0, max=MAX_BACKOFF_S)
 
-SUCCEEDED, RANK_FAILED, NODE_LOST, HUNG, LAUNCH_FAILED, STOPPED = (
-    "succeeded", "rank_failed", "node_lost", "hung", "launch_failed", "stopped")
+SUCCEEDED, RANK_FAILED, NODE_LOST, HUNG, LAUNCH_FAILED, STOPPED, RESIZED = (
+    "succeeded", "rank_failed", "node_lost", "hung", "launch_failed", "stopped", "resized")
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,7 @@ class Decision:
     action: str  # "succeed" | "restart" | "fail" | "stop"
     reason: str
     delay_s: float = 0.0
+    counts: bool = True  # a restart the user asked for (coord resize) does not use up --max-restarts
 
 
 def backoff(restarts_used: int) -> float:
@@ -45,6 +46,8 @@ def decide(outcome: Outcome, history: list[Outcome], *, max_restarts: int, resta
         return Decision("succeed", outcome.detail)
     if outcome.kind == STOPPED:
         return Decision("stop", outcome.detail)
+    if outcome.kind == RESIZED:
+        return Decision("restart", outcome.detail, 0.0, counts=False)
     previous = history[-1] if history else None
     if (not outcome.reached_first_step and previous is not None and not previous.reached_first_step
             and previous.kind == outcome.kind and previous.signature == outcome.signature):

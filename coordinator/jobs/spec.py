@@ -18,7 +18,10 @@ from pathlib import Path
 from typing import Any
 
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-MLX_LM_FORMS = (["-m", "mlx_lm", "lora"], ["-m", "mlx_lm.lora"])
+MLX_LM_FORMS = (["-m", "mlx_lm", "lora"], ["-m", "mlx_lm.lora"], ["-m", "agent.train"])
+TRAINERS = ("mlx_lm", "coord")
+REPLICA_HEAD, REPLICA_NONE = "head", "none"
+MLX_LM_BATCH_SIZE = 4  # mlx-lm's default --batch-size
 
 
 class JobSpecError(ValueError):
@@ -36,6 +39,10 @@ class JobSpec:
     force: bool = False
     source: str | None = None
     backend: str | None = None
+    trainer: str = "mlx_lm"  # or "coord": agent.train, which resumes optimizer, schedule, RNG and data order
+    replica: str = REPLICA_HEAD  # where each checkpoint is copied: the head, a node's name, or "none"
+    min_nodes: int | None = None  # None: every node (no elastic shrink)
+    node_timeout: float = 60.0  # how long a lost node is waited for before it may be left out
     total_steps: int | None = field(default=None)
 
     def as_dict(self) -> dict[str, Any]:
@@ -58,6 +65,19 @@ def validate(spec: JobSpec) -> JobSpec:
         raise JobSpecError("max-restarts must be 0 or more")
     if spec.hang_timeout is not None and spec.hang_timeout <= 0:
         raise JobSpecError("hang-timeout must be greater than 0 seconds")
+    if is_mlx_lm(spec.command) and "agent.train" in spec.command[:3]:
+        spec.trainer = "coord"  # the command names coord's trainer itself
+    if spec.trainer not in TRAINERS:
+        raise JobSpecError(f"trainer must be one of {', '.join(TRAINERS)}, got {spec.trainer!r}")
+    if spec.trainer == "coord" and not is_mlx_lm(spec.command):
+        raise JobSpecError("--trainer coord runs mlx_lm lora's options: give the command as "
+                           "python -m mlx_lm lora --model ... --train --data ... --iters N")
+    if spec.min_nodes is not None and spec.min_nodes < 1:
+        raise JobSpecError("min-nodes must be at least 1")
+    if spec.node_timeout <= 0:
+        raise JobSpecError("node-timeout must be greater than 0 seconds")
+    if not spec.replica:
+        raise JobSpecError("replica must be 'head', 'none' or a node's name")
     if is_mlx_lm(spec.command):
         iters = option_value(mlx_lm_args(spec.command), "--iters")
         if iters is None:
@@ -70,7 +90,8 @@ def validate(spec: JobSpec) -> JobSpec:
 
 
 _JOB_FILE_KEYS = {"name": str, "command": list, "save_every": int, "max_restarts": int,
-                  "hang_timeout": (int, float), "keep": int, "force": bool, "source": str, "backend": str}
+                  "hang_timeout": (int, float), "keep": int, "force": bool, "source": str, "backend": str,
+                  "trainer": str, "replica": str, "min_nodes": int, "node_timeout": (int, float)}
 
 
 def load_job_file(path: Path) -> JobSpec:
@@ -140,15 +161,41 @@ def without_options(args: list[str], options: set[str]) -> list[str]:
     return out
 
 
-def attempt_command(spec: JobSpec, *, adapter_path: str, resume_file: str | None, start_step: int) -> list[str]:
-    """The command one node runs for one attempt (the adapter path is that node's own)."""
+def batch_split(spec: JobSpec, ranks: int):
+    """The job's own batch (mlx-lm's --batch-size across all ranks, and its accumulation) on ``ranks`` ranks."""
+    from coordinator.jobs.elastic import BatchSplit
+
+    args = mlx_lm_args(spec.command)
+    try:
+        batch_size = int(option_value(args, "--batch-size") or MLX_LM_BATCH_SIZE)
+        accumulation = int(option_value(args, "--grad-accumulation-steps") or 1)
+    except ValueError:
+        raise JobSpecError("--batch-size and --grad-accumulation-steps must be whole numbers") from None
+    return BatchSplit(batch_size, accumulation, ranks)
+
+
+def attempt_command(spec: JobSpec, *, adapter_path: str, resume_file: str | None, start_step: int,
+                    batch=None) -> list[str]:
+    """The command one node runs for one attempt (the adapter path is that node's own).
+
+    ``batch`` (an elastic.BatchSplit) replaces the job's own batch size and accumulation when
+    the attempt runs on fewer ranks than the job was written for.
+    """
     if not is_mlx_lm(spec.command):
         return list(spec.command)
     args = mlx_lm_args(spec.command)
     owned = {"--adapter-path", "--save-every", "--resume-adapter-file", "--iters"}
+    if batch is not None:
+        owned |= {"--batch-size", "--grad-accumulation-steps"}
     kept = without_options(args, owned)
-    out = ["python", "-m", "agent.mlx_lm_train", *kept, "--adapter-path", adapter_path,
-           "--save-every", str(spec.save_every), "--iters", str(spec.total_steps - start_step)]
+    if spec.trainer == "coord":
+        # coord's trainer resumes its own step from the checkpoint: it is given the job's total.
+        out = ["python", "-m", "agent.train", *kept, "--iters", str(spec.total_steps)]
+    else:
+        out = ["python", "-m", "agent.mlx_lm_train", *kept, "--iters", str(spec.total_steps - start_step)]
+    out += ["--adapter-path", adapter_path, "--save-every", str(spec.save_every)]
+    if batch is not None:
+        out += ["--batch-size", str(batch.batch_size), "--grad-accumulation-steps", str(batch.accumulation)]
     if option_value(args, "--fine-tune-type") == "full" and option_value(args, "--num-layers") is None:
         out += ["--num-layers", "-1"]  # mlx-lm's default of 16 would train only the top layers
     if option_value(args, "--steps-per-report") is None:

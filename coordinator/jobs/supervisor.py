@@ -23,9 +23,12 @@ import structlog
 from agent.launch import rank_command
 from coordinator.commands.hostfile import node_topologies, plan_backend, write_launch_files
 from coordinator.jobs import catalog
-from coordinator.jobs.policy import (HUNG, NODE_LOST, RANK_FAILED, STOPPED, SUCCEEDED, Decision,
+from coordinator.jobs.elastic import Undividable, choose_nodes, rebatch
+from coordinator.jobs.policy import (HUNG, NODE_LOST, RANK_FAILED, RESIZED, STOPPED, SUCCEEDED, Decision,
                                      Outcome, decide, hang_timeout)
-from coordinator.jobs.spec import JobSpec, attempt_command
+from coordinator.jobs.replica import HEAD, Replicator
+from coordinator.jobs.spec import REPLICA_NONE, JobSpec, attempt_command, batch_split, is_mlx_lm
+from coordinator.jobs.transfer import CheckpointDamaged, HeadSource, NodeSink, NodeSource, copy_verified
 from coordinator.node_session import UP
 from shared.rpc import RemoteError
 
@@ -39,11 +42,6 @@ CHECKPOINT_POLL_S = 2.0
 NODE_WAIT_S = 600.0
 FIRST_STEP_TIMEOUT_S = 600.0
 ACTIVE = ("pending", "preflight", "syncing", "starting", "running", "recovering")
-COPY_CHUNK = 4 << 20
-
-
-class CheckpointDamaged(Exception):
-    pass
 
 
 class JobRunner:
@@ -61,6 +59,9 @@ class JobRunner:
         self._log_offsets: dict[int, int] = {}
         self._known_checkpoints: set[str] = set()
         self._planned: tuple[dict[str, Any], dict[str, Any]] | None = None  # from pre-flight, for attempt 0
+        self._down_since: dict[str, float] = {}
+        self.resize_requested: int | None = None  # the checkpoint step the resize waits to pass
+        self.replicator = Replicator(self) if spec.replica != REPLICA_NONE else None
         self.done = anyio.Event()
 
     # --- persistence and events ---------------------------------------------------------
@@ -84,7 +85,12 @@ class JobRunner:
 
     async def run(self, *, reattach: bool = False) -> None:
         try:
-            await self._run(reattach)
+            async with anyio.create_task_group() as background:
+                if self.replicator is not None:
+                    background.start_soon(self.replicator.run)
+                    self.replicator.poke()  # after a daemon restart: what is not replicated yet
+                await self._run(reattach)
+                background.cancel_scope.cancel()
         except Exception as exc:  # the edge: a bug fails this job, never the daemon
             self.log.exception("job supervisor failed")
             self.record["error"] = f"internal error: {exc.__class__.__name__}: {exc}"
@@ -98,11 +104,11 @@ class JobRunner:
         if not reattach:
             if not await self._prepare():
                 return
-            await self._launch()
+            await self._launch([n.name for n in self.daemon.config.nodes])
         else:
             # The sessions of a daemon that just started are still connecting: a node that is
             # not up yet is not a lost node.
-            if not await self._wait_for_nodes():
+            if not await self._wait_for_nodes(self.record["order"] or None):
                 return
             self.event("reattached", f"supervising attempt {self.record['attempt']} again after a daemon restart")
         while True:
@@ -118,14 +124,16 @@ class JobRunner:
                               restarts_used=self.record["restarts"])
             if await self._finish(decision, outcome):
                 return
-            self.record["restarts"] += 1
             self.set_state("recovering")
-            self.event("restart", f"restart {self.record['restarts']} of {self.spec.max_restarts} in "
-                       f"{decision.delay_s:g} s: {decision.reason}", delay_s=decision.delay_s)
+            if decision.counts:
+                self.record["restarts"] += 1
+                self.event("restart", f"restart {self.record['restarts']} of {self.spec.max_restarts} in "
+                           f"{decision.delay_s:g} s: {decision.reason}", delay_s=decision.delay_s)
             await anyio.sleep(decision.delay_s)
-            if not await self._wait_for_nodes():
+            nodes = await self._wait_for_nodes(elastic=True)
+            if nodes is None:
                 return
-            await self._launch()
+            await self._launch(nodes)
 
     async def _finish(self, decision: Decision, outcome: Outcome) -> bool:
         if decision.action == "succeed":
@@ -159,7 +167,7 @@ class JobRunner:
             if report["status"] != "ok":
                 return self._fail_early(f"sync failed: {report['detail']}")
             self.event("synced", f"code synced from {self.spec.source}", seconds=round(time.monotonic() - started, 3))
-        if not await self._wait_for_nodes():
+        if await self._wait_for_nodes() is None:
             return False
         self.set_state("preflight")
         result = await run_preflight(self.daemon, quiet, backend=self.spec.backend, source=self.spec.source)
@@ -182,32 +190,65 @@ class JobRunner:
         self.event("failed", reason)
         return False
 
-    async def _wait_for_nodes(self) -> bool:
-        """Wait (with backoff, bounded) until every node is up again; a stop request ends the wait."""
+    async def _wait_for_nodes(self, nodes: list[str] | None = None, *, elastic: bool = False) -> list[str] | None:
+        """The nodes the next attempt runs on, once they are up; None when the job ended meanwhile.
+
+        Without ``elastic`` every node (or every one of ``nodes``) must be up. With it, and
+        --min-nodes, a node down for longer than the node timeout is left out when the others
+        can take its share of the global batch; a node that is back takes part again.
+        """
+        configured = nodes or [n.name for n in self.daemon.config.nodes]
         started = time.monotonic()
         delay = 0.5
-        announced = False
+        announced = None
         while True:
-            down = [s.node.name for s in self.daemon.cluster.sessions.values() if s.state != UP]
-            if not down:
+            now = time.monotonic()
+            sessions = self.daemon.cluster.sessions
+            up = [n for n in configured if sessions[n].state == UP]
+            for name in configured:
+                if name in up:
+                    self._down_since.pop(name, None)
+                else:
+                    self._down_since.setdefault(name, now)
+            if elastic and self.spec.min_nodes is not None:
+                chosen, why = choose_nodes(configured, up, {n: now - t for n, t in self._down_since.items()},
+                                           min_nodes=self.spec.min_nodes, node_timeout=self.spec.node_timeout)
+                if chosen is not None:
+                    try:
+                        self._batch_for(chosen)
+                    except Undividable as exc:
+                        chosen, why = None, f"{exc}: waiting for {', '.join(n for n in configured if n not in up)}"
+            else:
+                down = [n for n in configured if n not in up]
+                chosen, why = (configured, "") if not down else (None, f"waiting for {', '.join(down)} to come back")
+            if chosen is not None:
                 if announced:
-                    self.event("nodes_back", f"every node is up again after {time.monotonic() - started:.1f} s")
-                return True
+                    self.event("nodes_back", f"going on with {', '.join(chosen)} after "
+                               f"{time.monotonic() - started:.1f} s")
+                return chosen
             if self.stop_requested:
                 self.set_state("stopped")
                 self.event("stopped", "stopped on request while waiting for nodes")
-                return False
+                return None
             if time.monotonic() - started > NODE_WAIT_S:
-                return self._fail_early(f"nodes did not come back within {NODE_WAIT_S:g} s: {', '.join(down)}")
-            if not announced:
-                self.event("waiting_for_nodes", f"waiting for {', '.join(down)} to come back")
-                announced = True
+                self._fail_early(f"nodes did not come back within {NODE_WAIT_S:g} s: {why}")
+                return None
+            if why != announced:
+                self.event("waiting_for_nodes", why)
+                announced = why
             await anyio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            delay = min(delay * 2, 2.0 if elastic else 5.0)
+
+    def _batch_for(self, nodes: list[str]):
+        """The batch split for an attempt on ``nodes`` (None: the job's own options, unchanged)."""
+        configured = len(self.daemon.config.nodes)
+        if len(nodes) == configured or not is_mlx_lm(self.spec.command):
+            return None
+        return rebatch(batch_split(self.spec, configured), len(nodes))
 
     # --- one attempt ------------------------------------------------------------------------
 
-    async def _launch(self) -> None:
+    async def _launch(self, nodes: list[str]) -> None:
         started = time.monotonic()
         if self.record["attempt"] >= 0:
             # A node that was away when the last attempt was stopped may still run its rank.
@@ -218,14 +259,23 @@ class JobRunner:
         self._progress_offsets.clear()
         self._log_offsets.clear()
         self._known_checkpoints.clear()
-        if self._planned is not None:
+        previous = list(self.record["order"])
+        if self._planned is not None and len(nodes) == len(self.daemon.config.nodes):
             (choice, document), self._planned = self._planned, None
         else:
             topologies = await node_topologies(self.daemon)
-            choice, document, error = plan_backend(self.daemon, topologies, forced=self.spec.backend)
+            choice, document, error = plan_backend(self.daemon, topologies, forced=self.spec.backend, nodes=nodes)
             if document is None:
                 raise RemoteError("refused", f"no hostfile: {error}")
-        order = choice.get("order") or [n.name for n in self.daemon.config.nodes]
+        order = choice.get("order") or nodes
+        batch = self._batch_for(order)
+        self.record["batch"] = batch.describe() if batch else None
+        if previous and set(previous) != set(order):
+            left, back = sorted(set(previous) - set(order)), sorted(set(order) - set(previous))
+            self.event("resized", f"{len(previous)} → {len(order)} ranks"
+                       + (f"; left out {', '.join(left)}" if left else "") + (f"; back {', '.join(back)}" if back else "")
+                       + f"; {batch.describe() if batch else 'the job' + chr(39) + 's own batch'}; hostfile rewritten",
+                       nodes=order, left_out=left, back=back)
         resume, resume_files = await self._choose_resume(order)
         start_step = resume["step"] if resume else 0
         self.record["start_step"] = start_step
@@ -250,7 +300,7 @@ class JobRunner:
             node = sessions[name].node
             adapter_path = posixpath.join(node.workdir, "checkpoints", self.spec.name, f"attempt-{attempt}")
             argv = attempt_command(self.spec, adapter_path=adapter_path, resume_file=resume_files.get(name),
-                                   start_step=start_step)
+                                   start_step=start_step, batch=batch)
             env = {"COORD_JOB": self.spec.name, "COORD_ATTEMPT": str(attempt), "COORD_RANK": str(rank),
                    "COORD_PROGRESS_FILE": "{rank_dir}/progress.jsonl", "COORD_STEP_OFFSET": str(start_step),
                    "COORD_CHECKPOINT_DIR": adapter_path, "COORD_SAVE_EVERY": str(self.spec.save_every)}
@@ -278,62 +328,46 @@ class JobRunner:
                    f"({choice['backend']})", attempt=attempt, seconds=round(time.monotonic() - started, 3))
 
     async def _choose_resume(self, order: list[str]) -> tuple[dict[str, Any] | None, dict[str, str]]:
-        """The newest checkpoint that still validates, placed on every node; a damaged one is
-        marked invalid and the one before it is tried."""
-        while True:
-            candidate = catalog.newest_valid(self.daemon.state.checkpoints(self.spec.name))
-            if candidate is None:
-                return None, {}
-            try:
-                return candidate, await self._place_resume_file(candidate, order)
-            except (RemoteError, CheckpointDamaged) as exc:
-                reason = exc.message if isinstance(exc, RemoteError) else str(exc)
-                self.daemon.state.add_checkpoint(self.spec.name, {**candidate, "valid": False, "detail": reason})
-                self.event("checkpoint_rejected", f"checkpoint of step {candidate['step']} cannot be resumed "
-                           f"from: {reason}", step=candidate["step"])
+        """The newest checkpoint with a copy that still verifies, placed on every node of ``order``.
+
+        Copies are tried primary first, then the replica (the primary's machine may be the one
+        that was lost); a copy whose bytes no longer match its SHA256 is marked invalid and
+        never used again, and the next copy or the checkpoint before is tried."""
+        sessions = self.daemon.cluster.sessions
+        for copies in catalog.resume_candidates(self.daemon.state.checkpoints(self.spec.name)):
+            for copy in copies:
+                if copy["node"] != HEAD and (copy["node"] not in sessions or sessions[copy["node"]].state != UP):
+                    continue
+                try:
+                    return copy, await self._place_resume_file(copy, order)
+                except (RemoteError, CheckpointDamaged) as exc:
+                    reason = exc.message if isinstance(exc, RemoteError) else str(exc)
+                    self.daemon.state.add_checkpoint(self.spec.name, {**copy, "valid": False, "detail": reason})
+                    kind = "replica_rejected" if copy.get("role") == catalog.REPLICA else "checkpoint_rejected"
+                    self.event(kind, f"{copy.get('role', 'primary')} copy of the checkpoint of step {copy['step']} "
+                               f"({copy['node']}) cannot be resumed from: {reason}", step=copy["step"])
+        return None, {}
 
     async def _place_resume_file(self, checkpoint: dict[str, Any], order: list[str]) -> dict[str, str]:
-        """Every node needs the checkpoint to resume from; copy it from where it was written."""
+        """Every rank's node needs the checkpoint to resume from: stream it from where it is to all
+        of them at once, its SHA256 checked against the catalog's."""
         sessions = self.daemon.cluster.sessions
-        source = sessions[checkpoint["node"]]
         started = time.monotonic()
-        placed: dict[str, str] = {checkpoint["node"]: checkpoint["path"]}
-        name = f"{checkpoint['step']:07d}_adapters.safetensors"
-        chunks: list[bytes] = []
-        offset = 0
-        while True:
-            piece = await source.call("read_file", {"workdir": source.node.workdir, "path": checkpoint["path"],
-                                                    "offset": offset}, timeout=120)
-            if not piece["data"]:
-                break
-            chunks.append(piece["data"])
-            offset = piece["offset"]
-            if offset >= piece["size"]:
-                break
-        import hashlib
-        data = b"".join(chunks)
-        sha = hashlib.sha256(data).hexdigest()
-        if checkpoint.get("sha256") and sha != checkpoint["sha256"]:
-            raise CheckpointDamaged(f"{checkpoint['path']} no longer matches the SHA256 recorded when it was "
-                                    "validated")
-
-        async def copy(node_name: str) -> None:
-            session = sessions[node_name]
-            rel = f"checkpoints/{self.spec.name}/resume/{name}"
-            begun = await session.call("upload_begin", {"root": session.node.workdir, "path": rel, "size": len(data),
-                                                        "mode": 0o644, "sha256": sha}, timeout=60)
-            for at in range(0, len(data), COPY_CHUNK):
-                await session.call("upload_chunk", {"upload": begun["upload"], "offset": at,
-                                                    "data": data[at:at + COPY_CHUNK]}, timeout=120)
-            await session.call("upload_finish", {"upload": begun["upload"]}, timeout=60)
-            placed[node_name] = posixpath.join(session.node.workdir, rel)
-
-        async with anyio.create_task_group() as tasks:
-            for node_name in order:
-                if node_name != checkpoint["node"]:
-                    tasks.start_soon(copy, node_name)
-        self.event("checkpoint_placed", f"checkpoint of step {checkpoint['step']} placed on {len(order)} nodes",
-                   seconds=round(time.monotonic() - started, 3))
+        name = posixpath.basename(checkpoint["path"])
+        placed = {checkpoint["node"]: checkpoint["path"]} if checkpoint["node"] in order else {}
+        if checkpoint["node"] == HEAD:
+            source = HeadSource(Path(checkpoint["path"]))
+        else:
+            source = NodeSource(sessions[checkpoint["node"]], checkpoint["path"])
+        sinks = [NodeSink(sessions[node], f"checkpoints/{self.spec.name}/resume/{name}")
+                 for node in order if node not in placed]
+        if not checkpoint.get("sha256"):
+            raise CheckpointDamaged("no SHA256 was recorded for it")
+        paths = await copy_verified(source, sinks, size=checkpoint["size"], sha256=checkpoint["sha256"])
+        for node, path in zip([n for n in order if n not in placed], paths):
+            placed[node] = path
+        self.event("checkpoint_placed", f"checkpoint of step {checkpoint['step']} from {source.where} placed on "
+                   f"{len(order)} nodes", seconds=round(time.monotonic() - started, 3))
         return placed
 
     async def _monitor(self) -> Outcome:
@@ -396,6 +430,9 @@ class JobRunner:
             if hung:
                 await self._capture_stacks()
                 return await self._ended(HUNG, hung, "hang")
+            resize = self._resize_due()
+            if resize:
+                return await self._ended(RESIZED, resize, "resize")
             await anyio.sleep(POLL_S)
 
     async def _ended(self, kind: str, detail: str, signature: str) -> Outcome:
@@ -406,6 +443,28 @@ class JobRunner:
     def _outcome(self, kind: str, detail: str, signature: str) -> Outcome:
         self.event("attempt_ended", f"attempt {self.record['attempt']}: {kind}: {detail}", outcome=kind)
         return Outcome(kind, detail, self.record["first_step_at"] is not None, signature[:300])
+
+    def request_resize(self) -> str:
+        """coord resize: relaunch on every node that is up, right after the next checkpoint (so that
+        nothing is redone)."""
+        last = self.record.get("last_checkpoint")
+        self.resize_requested = last["step"] if last else -1
+        return self._resize_due() or "the job will be relaunched on every node that is up after its next checkpoint"
+
+    def _resize_due(self) -> str | None:
+        if self.resize_requested is None:
+            return None
+        sessions = self.daemon.cluster.sessions
+        up = [n.name for n in self.daemon.config.nodes if sessions[n.name].state == UP]
+        if set(up) == set(self.record["order"]):
+            self.resize_requested = None
+            self.event("resize_skipped", f"already running on every node that is up ({', '.join(up)})")
+            return None
+        last = self.record.get("last_checkpoint")
+        if last is None or last["step"] <= self.resize_requested:
+            return None
+        self.resize_requested = None
+        return f"resize requested: relaunching on {', '.join(up)} from the checkpoint of step {last['step']}"
 
     def _hung(self) -> str | None:
         last = self.record.get("last_progress") or time.time()
@@ -508,6 +567,8 @@ class JobRunner:
             if entry["valid"]:
                 self.record["last_checkpoint"] = {"step": step, "time": time.time(), "node": name}
                 self.event("checkpoint", f"checkpoint of step {step} validated ({entry['detail']})", step=step)
+                if self.replicator is not None:
+                    self.replicator.poke()
             else:
                 self.event("checkpoint_invalid", f"checkpoint of step {step} is not valid: {entry['detail']}",
                            step=step)
@@ -516,14 +577,19 @@ class JobRunner:
 
     async def _retain(self) -> None:
         for old in catalog.to_remove(self.daemon.state.checkpoints(self.spec.name), self.spec.keep):
+            if old["node"] == HEAD:
+                Path(old["path"]).unlink(missing_ok=True)
+                self.daemon.state.remove_checkpoint(self.spec.name, old["attempt"], old["node"], old["path"])
+                continue
             session = self.daemon.cluster.sessions.get(old["node"])
             if session is None or session.state != UP:
                 continue
             try:
                 await session.call("remove_checkpoints", {"workdir": session.node.workdir, "job": self.spec.name,
                                                           "attempt": old["attempt"],
-                                                          "names": [posixpath.basename(old["path"])]}, timeout=60)
-                self.daemon.state.remove_checkpoint(self.spec.name, old["attempt"], old["path"])
+                                                          "names": [posixpath.basename(old["path"])],
+                                                          "replica": old.get("role") == catalog.REPLICA}, timeout=60)
+                self.daemon.state.remove_checkpoint(self.spec.name, old["attempt"], old["node"], old["path"])
             except RemoteError:
                 continue
 
@@ -582,7 +648,8 @@ class JobRunner:
                 "last_checkpoint_age_s": time.time() - last["time"] if last else None,
                 "restarts": record["restarts"], "max_restarts": self.spec.max_restarts,
                 "attempt": record["attempt"], "error": record.get("error"), "nodes": record.get("order", []),
-                "command": self.spec.command}
+                "batch": record.get("batch"), "trainer": self.spec.trainer, "replica": self.spec.replica,
+                "min_nodes": self.spec.min_nodes, "command": self.spec.command}
 
 
 def _signal_name(status: int) -> str | None:

@@ -119,3 +119,60 @@ def test_stop_stops_every_rank_and_logs_are_kept_per_rank(cluster):
         assert (root / "state" / "jobs" / "long" / "attempt-0" / f"rank-{rank}.log").exists()
     again = coord("stop", "--config", str(daemon.config), "nope", env=daemon.env)
     assert again.returncode == 1 and "no job named 'nope'" in again.stderr
+
+
+def _events(daemon, name):
+    doc = json.loads(coord("status", "--json", "--events", "200", "--config", str(daemon.config),
+                           env=daemon.env).stdout)
+    return [e for e in doc["events"] if e["message"].startswith(name + ":")]
+
+
+@pytest.mark.parametrize("replica_damaged", [False, True], ids=["replica-stands-in", "damaged-replica-refused"])
+def test_checkpoints_are_replicated_to_the_head_and_a_lost_primary_resumes_from_its_replica(cluster,
+                                                                                              replica_damaged):
+    import hashlib
+
+    daemon, root = cluster
+    name = "replicas-" + ("bad" if replica_damaged else "good")
+    submitted = coord("run", "--config", str(daemon.config), "--name", name, "--source", str(root / "project"),
+                      "--save-every", "5", "--detach", "--", "python", "plain.py", "--steps", "40", env=daemon.env)
+    assert submitted.returncode == 0, submitted.stderr
+    daemon.wait_for(lambda d: any(e["kind"] == "job.replicated" and e["message"].startswith(name + ":")
+                                  and e["data"]["step"] >= 15 for e in d["events"]), 300, "step 15 replicated")
+    job = job_of(daemon.status(), name)
+    pids = [int((root / job["nodes"][r] / ".coord" / "jobs" / name / "attempt-0" / f"rank-{r}" / "pid").read_text())
+            for r in (0, 1)]
+    for pid in pids:  # frozen: no newer checkpoint appears while the copies are damaged
+        os.killpg(pid, signal.SIGSTOP)
+    time.sleep(3)  # the catalog polls every 2 s; replication follows
+    replicas = sorted((root / "state" / "replicas" / name / "attempt-0").glob("*_adapters.safetensors"))
+    primaries = root / job["nodes"][0] / "checkpoints" / name / "attempt-0"
+    assert len(replicas) >= 3
+    for replica in replicas:  # each copy is byte for byte its primary
+        assert hashlib.sha256(replica.read_bytes()).digest() == \
+            hashlib.sha256((primaries / replica.name).read_bytes()).digest()
+    newest = replicas[-1]
+    newest_step = int(newest.name[:7])
+    (primaries / newest.name).unlink()  # rank 0's copy is gone, as with its machine
+    if replica_damaged:
+        with open(newest, "r+b") as handle:
+            handle.seek(0, 2)
+            handle.seek(handle.tell() // 2)
+            handle.write(b"\xff" * 8)
+    os.killpg(pids[1], signal.SIGKILL)
+    waited = coord("wait", "--quiet", "--json", "--config", str(daemon.config), name, env=daemon.env, timeout=300)
+    final = json.loads(waited.stdout)
+    found = _events(daemon, name)
+    story = "\n".join(e["message"] for e in found)
+    assert waited.returncode == 0 and final["state"] == "succeeded" and final["step"] == 40, story
+    resumed = [e for e in found if e["kind"] == "job.resume_from"]
+    placed = [e for e in found if e["kind"] == "job.checkpoint_placed"]
+    if replica_damaged:
+        assert any(e["kind"] == "job.replica_rejected" and e["data"]["step"] == newest_step for e in found), story
+        assert resumed[-1]["data"]["step"] == newest_step - 5, story
+    else:
+        assert resumed[-1]["data"]["step"] == newest_step, story
+        assert "head:" in placed[-1]["message"], story
+    import mlx.core as mx
+    final_dir = root / final["nodes"][0] / "checkpoints" / name / "attempt-1"
+    assert mx.load(str(sorted(final_dir.glob("*_adapters.safetensors"))[-1]))["w"].tolist() == [80.0] * 4

@@ -123,3 +123,49 @@ def test_a_job_file_gives_the_same_fields_as_the_options(tmp_path):
     path.write_text('name = "tiny"\ncommand = "python train.py"\n')
     with pytest.raises(JobSpecError, match="command has the wrong type"):
         load_job_file(path)
+
+
+def test_a_replica_stands_in_for_a_primary_that_is_gone_or_damaged():
+    primary, replica = _ckpt(20), {**_ckpt(20), "node": "head", "path": "/state/r/20", "role": "replica"}
+    older = _ckpt(10)
+    assert catalog.resume_candidates([older, replica, primary]) == [[primary, replica], [older]]
+    damaged = {**primary, "valid": False}
+    assert catalog.resume_candidates([older, damaged, replica]) == [[replica], [older]]
+
+
+def test_retention_removes_every_copy_of_an_old_checkpoint_and_replication_follows_the_kept_ones():
+    copies = [_ckpt(s) for s in (10, 20, 30)] + [{**_ckpt(10), "node": "head", "role": "replica"}]
+    removed = catalog.to_remove(copies, keep=2)
+    assert {(c["step"], c["node"]) for c in removed} == {(10, "n1"), (10, "head")}
+    assert [c["step"] for c in catalog.unreplicated(copies, keep=2)] == [30, 20]
+
+
+def test_a_resize_relaunches_at_once_without_using_a_restart():
+    from coordinator.jobs.policy import RESIZED
+
+    decision = decide(Outcome(RESIZED, "resize requested", True), [], max_restarts=0, restarts_used=0)
+    assert decision.action == "restart" and decision.delay_s == 0.0 and not decision.counts
+
+
+def test_the_coord_trainer_gets_the_total_steps_and_a_recomputed_batch():
+    from coordinator.jobs.elastic import BatchSplit
+    from coordinator.jobs.spec import attempt_command, batch_split
+
+    spec = validate(JobSpec(name="j", command=MLX + ["--batch-size", "12"], trainer="coord"))
+    assert batch_split(spec, 3) == BatchSplit(12, 1, 3)
+    argv = attempt_command(spec, adapter_path="/w/c", resume_file="/w/r.safetensors", start_step=20,
+                           batch=BatchSplit(6, 2, 2))
+    assert argv[:3] == ["python", "-m", "agent.train"]
+    assert argv[argv.index("--iters") + 1] == "60"  # the job's total: the trainer knows its step
+    assert argv.count("--batch-size") == 1 and argv[argv.index("--batch-size") + 1] == "6"
+    assert argv[argv.index("--grad-accumulation-steps") + 1] == "2"
+    assert argv[argv.index("--resume-adapter-file") + 1] == "/w/r.safetensors"
+
+
+def test_a_command_naming_coords_trainer_uses_it_and_other_trainers_are_refused():
+    spec = validate(JobSpec(name="j", command=["python", "-m", "agent.train", "--iters", "5"]))
+    assert spec.trainer == "coord"
+    with pytest.raises(JobSpecError, match="trainer must be one of"):
+        validate(JobSpec(name="j", command=MLX, trainer="torch"))
+    with pytest.raises(JobSpecError, match="--trainer coord runs mlx_lm lora"):
+        validate(JobSpec(name="j", command=["python", "train.py"], trainer="coord"))
