@@ -99,6 +99,35 @@ class JobRunner:
             self.event("failed", self.record["error"])
         finally:
             self.done.set()
+            if self.record.get("unstopped"):
+                self.daemon.start_task(self._reap_when_back, name=f"job:{self.spec.name}:reap")
+
+    async def _reap_when_back(self) -> None:
+        """After the job: ranks on nodes that were away when it stopped are stopped once those nodes
+        are back, so that no rank is left running anywhere."""
+        deadline = time.monotonic() + NODE_WAIT_S
+        while self.record.get("unstopped") and time.monotonic() < deadline:
+            await anyio.sleep(2.0)
+            await self._reap()
+
+    async def _reap(self) -> None:
+        """Stop the ranks of earlier attempts whose nodes were away when those attempts were stopped."""
+        left = []
+        for name, attempt, rank in self.record.get("unstopped", []):
+            session = self.daemon.cluster.sessions.get(name)
+            try:
+                if session is None or session.state != UP:
+                    raise RemoteError("unavailable", "node away")
+                answer = await session.call("stop_rank", {"workdir": session.node.workdir, "job": self.spec.name,
+                                                          "attempt": attempt, "rank": rank}, timeout=30)
+                if not answer["stopped"]:
+                    raise RemoteError("unavailable", "not stopped")
+                self.event("rank_reaped", f"rank {rank} of attempt {attempt} on {name} stopped now that {name} "
+                           "is back")
+            except RemoteError:
+                left.append([name, attempt, rank])
+        self.record["unstopped"] = left
+        self.save()
 
     async def _run(self, reattach: bool) -> None:
         if not reattach:
@@ -430,6 +459,8 @@ class JobRunner:
             if hung:
                 await self._capture_stacks()
                 return await self._ended(HUNG, hung, "hang")
+            if self.record.get("unstopped"):
+                await self._reap()
             resize = self._resize_due()
             if resize:
                 return await self._ended(RESIZED, resize, "resize")
@@ -610,6 +641,9 @@ class JobRunner:
             session = self.daemon.cluster.sessions[name]
             if session.state != UP:
                 results[name] = False
+                unstopped = self.record.setdefault("unstopped", [])
+                if [name, attempt, rank] not in unstopped:
+                    unstopped.append([name, attempt, rank])
                 return
             try:
                 answer = await session.call("stop_rank", {"workdir": session.node.workdir, "job": self.spec.name,

@@ -1,0 +1,369 @@
+"""The orchestration form of a plan: its input context and its output document.
+
+The input (``schemas/orchestration-input.schema.json``: ``modelConfig``, ``dataConfig``,
+``clusterConfig``, ``trainingConfig``) is a request: it is checked against the schema,
+and where it asks for what the measured cluster cannot give (more nodes, several ranks
+per node, another framework) the output says so in ``requestNotes`` instead of obeying.
+The output (``schemas/orchestration-output.schema.json``) is built from the same
+:class:`~coordinator.plan.document.PlanInputs` as the v2.0.0 plan, with the same
+``sources``/``missing`` provenance in every section.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
+
+from coordinator.calibration import train_rate, workload_shares
+from coordinator.jobs.policy import hang_timeout
+from coordinator.jobs.supervisor import CHECKPOINT_POLL_S, FIRST_STEP_TIMEOUT_S, NODE_WAIT_S, POLL_S
+from coordinator.plan.document import (JACCL_PORT, PlanInputs, Section, checkpoint_section, disabled_section,
+                                       expected_recovery, load_schema, rank_order, resolve_options, trainer_of,
+                                       usable_calibrations)
+
+KEEPALIVE_COUNT = 3  # node sessions give up after this many missed keepalives
+DATA_PARALLEL_NAMES = ("data", "data_parallel", "data-parallel", "ddp", "dp")
+GIB = 2**30
+
+
+class OrchestrationInputError(ValueError):
+    """An orchestration input that cannot be used; one line per problem, each naming its field."""
+
+
+@dataclass(frozen=True)
+class OrchestrationRequest:
+    """The orchestration input, field by field (None: not given)."""
+
+    model_path: str | None = None
+    model_size: str | None = None
+    framework: str | None = None
+    data_path: str | None = None
+    data_size: str | None = None
+    sharding: str | None = None
+    num_nodes: int | None = None
+    gpus_per_node: int | None = None
+    network_bandwidth: str | None = None
+    batch_size: int | None = None  # examples per optimizer step, over all ranks
+    epochs: int | None = None
+    parallelism_strategy: str | None = None
+    ignored: tuple[str, ...] = ()  # unknown fields, named, so a typo does not pass silently
+
+
+_REQUEST_FIELDS = {
+    ("modelConfig", "path"): "model_path", ("modelConfig", "size"): "model_size",
+    ("modelConfig", "framework"): "framework", ("dataConfig", "path"): "data_path",
+    ("dataConfig", "size"): "data_size", ("dataConfig", "sharding"): "sharding",
+    ("clusterConfig", "numNodes"): "num_nodes", ("clusterConfig", "gpusPerNode"): "gpus_per_node",
+    ("clusterConfig", "networkBandwidth"): "network_bandwidth", ("trainingConfig", "batchSize"): "batch_size",
+    ("trainingConfig", "epochs"): "epochs", ("trainingConfig", "parallelismStrategy"): "parallelism_strategy",
+}
+
+
+# --- the input --------------------------------------------------------------------------------
+
+
+def read_orchestration_input(text: str, name: str = "input") -> OrchestrationRequest:
+    """Parse an input file's text; a JSON error names the file, line and column."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise OrchestrationInputError(f"{name}:{exc.lineno}:{exc.colno}: not JSON: {exc.msg}") from None
+    return parse_orchestration_input(data)
+
+
+def parse_orchestration_input(data: Any) -> OrchestrationRequest:
+    """Check ``data`` against orchestration-input.schema.json and read it.
+
+    Raises OrchestrationInputError listing every problem, e.g. ``clusterConfig.numNodes must
+    be an integer, got a string ('4')`` or ``clusterConfig is required``.
+    """
+    schema = load_schema("orchestration-input")
+    errors = schema_errors(data, schema)
+    if not errors:
+        errors = [f"{section}.{key} must be at least 1, got {data[section][key]}"
+                  for (section, key) in _REQUEST_FIELDS
+                  if isinstance(data.get(section, {}).get(key), int) and data[section][key] < 1]
+    if errors:
+        raise OrchestrationInputError("\n".join(errors))
+    values = {attribute: data[section][key] for (section, key), attribute in _REQUEST_FIELDS.items()
+              if key in data.get(section, {})}
+    return OrchestrationRequest(**values, ignored=tuple(unknown_fields(data, schema)))
+
+
+def schema_errors(value: Any, schema: Mapping[str, Any], path: str = "") -> list[str]:
+    """What in ``value`` breaks ``schema`` (the subset these schemas use: type, required,
+    properties), one message per problem, each naming the field by its path."""
+    expected = schema.get("type")
+    if expected and not _has_type(value, expected):
+        return [f"{path or 'the input'} must be {_article(expected)}, got {_describe(value)}"]
+    errors = []
+    if isinstance(value, dict):
+        errors += [f"{_join(path, key)} is required" for key in schema.get("required", []) if key not in value]
+        for key, sub in schema.get("properties", {}).items():
+            if key in value:
+                errors += schema_errors(value[key], sub, _join(path, key))
+    return errors
+
+
+def unknown_fields(value: Any, schema: Mapping[str, Any], path: str = "") -> list[str]:
+    """Fields the schema does not name (allowed by it, but ignored here)."""
+    if not isinstance(value, dict) or "properties" not in schema:
+        return []
+    known = schema["properties"]
+    out = [f"{_join(path, key)} (known: {', '.join(known)})" for key in value if key not in known]
+    for key, sub in known.items():
+        out += unknown_fields(value.get(key), sub, _join(path, key))
+    return out
+
+
+_JSON_TYPES = {"object": dict, "array": list, "string": str, "boolean": bool}
+
+
+def _has_type(value: Any, expected: str) -> bool:
+    if expected == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if expected == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, _JSON_TYPES[expected])
+
+
+def _article(kind: str) -> str:
+    return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
+
+
+def _describe(value: Any) -> str:
+    kinds = {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer", float: "number",
+             type(None): "null"}
+    kind = kinds.get(type(value), type(value).__name__)
+    shown = json.dumps(value) if kind not in ("object", "array") else ""
+    return f"{_article(kind)} ({shown[:40]})" if shown else _article(kind)
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+# --- the request against the cluster ----------------------------------------------------------
+
+
+def apply_request(inputs: PlanInputs, request: OrchestrationRequest) -> tuple[PlanInputs, list[str]]:
+    """The inputs with what the request sets (the batch), and notes on what it asks that the
+    measured cluster decides instead."""
+    notes = [f"ignored unknown field {field}" for field in request.ignored]
+    order, _ = rank_order(inputs)
+    ranks = len(order)
+    if request.num_nodes is not None and request.num_nodes != ranks:
+        notes.append(f"clusterConfig.numNodes asks for {request.num_nodes} nodes; the cluster file has {ranks} "
+                     f"({', '.join(order)}), and the plan uses those")
+    if request.gpus_per_node not in (None, 1):
+        notes.append(f"clusterConfig.gpusPerNode {request.gpus_per_node}: coord runs one MLX rank per node, "
+                     "which uses the node's whole GPU")
+    if request.framework and request.framework.lower() not in ("mlx", "mlx-lm", "mlx_lm"):
+        notes.append(f"modelConfig.framework {request.framework!r}: coord trains with MLX only")
+    if request.parallelism_strategy and request.parallelism_strategy.lower() not in DATA_PARALLEL_NAMES:
+        notes.append(f"trainingConfig.parallelismStrategy {request.parallelism_strategy!r}: coord runs data "
+                     "parallel only (every rank holds the whole model)")
+    if request.sharding:
+        notes.append(f"dataConfig.sharding {request.sharding!r} is not applied: see "
+                     "resourceAllocation.shardingStrategy for what the trainer does")
+    if request.network_bandwidth:
+        notes.append(f"clusterConfig.networkBandwidth {request.network_bandwidth!r} is not used: the backend "
+                     "follows the measured links")
+    options = inputs.options
+    accumulation = options.gradient_accumulation_steps or 1
+    if request.batch_size is not None and options.per_rank_batch_size is None:
+        if request.batch_size % (ranks * accumulation):
+            notes.append(f"trainingConfig.batchSize {request.batch_size} cannot be split over {ranks} ranks × "
+                         f"{accumulation} accumulation steps: give a multiple of {ranks * accumulation}")
+        else:
+            per_rank = request.batch_size // (ranks * accumulation)
+            options = replace(options, per_rank_batch_size=per_rank)
+            notes.append(f"trainingConfig.batchSize {request.batch_size} = {per_rank} per rank × {ranks} ranks × "
+                         f"{accumulation} accumulation steps")
+    examples = (inputs.dataset or {}).get("examples")
+    if request.epochs is not None and request.batch_size and isinstance(examples, int) and examples > 0:
+        iterations = math.ceil(request.epochs * examples / request.batch_size)
+        notes.append(f"trainingConfig.epochs {request.epochs} = --iters {iterations} (rule: epochs × {examples} "
+                     f"examples / batch {request.batch_size}, rounded up)")
+    elif request.epochs is not None:
+        notes.append(f"trainingConfig.epochs {request.epochs}: iterations need the batch size and the example "
+                     "count (coord plan --data DIR)")
+    return replace(inputs, options=options), notes
+
+
+# --- the output -------------------------------------------------------------------------------
+
+
+def build_orchestration(inputs: PlanInputs, request: OrchestrationRequest | None = None) -> dict[str, Any]:
+    """The orchestration document for ``inputs`` (and a request, when one was given)."""
+    notes: list[str] = []
+    if request is not None:
+        inputs, notes = apply_request(inputs, request)
+    options = resolve_options(inputs.options, [node.name for node in inputs.nodes], inputs.sizing)
+    document = {
+        "distributedConfig": distributed_config(inputs, options),
+        "resourceAllocation": resource_allocation(inputs, options),
+        "checkpointStrategy": checkpoint_strategy(inputs, options),
+        "faultTolerance": fault_tolerance(inputs, options),
+        "monitoringSetup": monitoring_setup(),
+    }
+    if request is not None:
+        document["requestNotes"] = notes
+    return document
+
+
+def distributed_config(inputs: PlanInputs, options: Mapping[str, tuple[Any, str]]) -> dict[str, Any]:
+    order, order_source = rank_order(inputs)
+    trainer, trainer_source = trainer_of(inputs, options)
+    section = Section()
+    sync = trainer["gradient_sync"] if trainer else "gradients synced as the training script does it"
+    section.put("strategy", f"data parallel: every rank holds the whole model; {sync}",
+                f"coord runs one data-parallel rank per node; {trainer_source}")
+    section.put("worldSize", len(order), f"one rank per node: {order_source}")
+    choice = inputs.backend
+    if choice and choice.get("ok"):
+        section.put("backend", choice["backend"], "; ".join(choice.get("reasons") or []))
+        section.put("initMethod", _init_method(choice["backend"], inputs), "mlx.launch with coord's hostfile")
+    else:
+        why = f"no backend chosen: {inputs.backend_error or 'no topology measured'} (coord hostfile)"
+        section.lack("backend", why)
+        section.lack("initMethod", why)
+    if inputs.launch_argv:
+        section.put("launchCommand", shlex.join(inputs.launch_argv), "coord's launcher (mlx.launch)")
+    return section.done()
+
+
+def _init_method(backend: str, inputs: PlanInputs) -> str:
+    hosts = (inputs.hostfile or {}).get("hosts") or []
+    where = f" {inputs.hostfile_path}" if inputs.hostfile_path else ""
+    if backend == "ring":
+        return (f"mlx.launch --hostfile{where}: every rank gets the ring's ip:port list (MLX_HOSTFILE) and "
+                "connects to its two neighbours over TCP")
+    coordinator = hosts[0]["ips"][0] if hosts and hosts[0].get("ips") else "rank 0's address"
+    return (f"mlx.launch --hostfile{where}: ranks meet at rank 0, {coordinator}:{JACCL_PORT} "
+            "(MLX_JACCL_COORDINATOR), then use the RDMA devices the hostfile lists")
+
+
+def resource_allocation(inputs: PlanInputs, options: Mapping[str, tuple[Any, str]]) -> dict[str, Any]:
+    order, order_source = rank_order(inputs)
+    if not order:
+        return disabled_section("no nodes in the cluster file")
+    usable, lacking = usable_calibrations(inputs, order)
+    shares = workload_shares({name: train_rate(usable[name]) if name in usable else None for name in order})
+    assignments = []
+    for rank, name in enumerate(order):
+        facts = inputs.facts.get(name) or {}
+        assignments.append({"rank": rank, "node": name, "chip": facts.get("chip"),
+                            "memoryBytes": facts.get("memory_bytes"), "gpu": facts.get("gpu"),
+                            "trainSamplesPerS": train_rate(usable[name]) if name in usable else None,
+                            "workloadShare": round(shares["shares"][name], 4)})
+    section = Section()
+    section.put("nodeAssignments", assignments,
+                f"{order_source}; chip, memory and GPU from node facts; rate from coord calibrate"
+                + (f" (none for {', '.join(lacking)})" if lacking else "") + f"; share: {shares['reason']}")
+    memory = {name: (inputs.facts.get(name) or {}).get("memory_bytes") for name in order}
+    known = {name: size for name, size in memory.items() if isinstance(size, int)}
+    needed = (inputs.sizing or {}).get("memory_per_rank_bytes")
+    if known:
+        smallest = min(known, key=known.get)
+        text = f"{known[smallest] / GIB:.0f} GiB available on the smallest node ({smallest})"
+        source = "node facts: physical memory"
+        if isinstance(needed, int):
+            text = f"{needed / GIB:.1f} GiB needed per rank; " + text
+            source += f"; sizing: {inputs.sizing.get('source') or 'estimate per rank'}"
+        section.put("memoryPerNode", text, source)
+    else:
+        section.lack("memoryPerNode", "no node reported its memory (are the nodes up?)")
+    trainer, trainer_source = trainer_of(inputs, options)
+    if trainer is None:
+        section.lack("shardingStrategy", f"the training script shards its data itself ({trainer_source})")
+    else:
+        section.put("shardingStrategy", trainer["sharding"].format(ranks=len(order)) + " (nothing is partitioned "
+                    "on disk: every node holds the whole data set)", trainer_source)
+    return section.done()
+
+
+def checkpoint_strategy(inputs: PlanInputs, options: Mapping[str, tuple[Any, str]]) -> dict[str, Any]:
+    plan = checkpoint_section(inputs, dict(options))
+    if plan.get("enabled") is False:
+        return plan
+    section = Section()
+    for ours, theirs in (("frequency", "frequency"), ("storage", "storage"), ("retention", "retention"),
+                         ("replica", "replica"), ("expectedRecoverySeconds", "expected_recovery_seconds")):
+        if theirs in plan:
+            section.put(ours, plan[theirs], plan["sources"][theirs])
+    for theirs, why in (plan.get("missing") or {}).items():
+        if theirs == "expected_recovery_time":
+            section.lack("expectedRecoverySeconds", why)
+    return section.done()
+
+
+def fault_tolerance(inputs: PlanInputs, options: Mapping[str, tuple[Any, str]]) -> dict[str, Any]:
+    order, _ = rank_order(inputs)
+    restarts, restarts_source = options["max_restarts"]
+    section = Section()
+    min_nodes, min_source = options["min_nodes"]
+    timeout, timeout_source = options["node_timeout"]
+    if min_nodes is not None and min_nodes < len(order):
+        section.put("elasticTraining", True, f"{min_source}: a node down longer than {timeout:g} s is left out "
+                    f"while {min_nodes} or more remain, with the global batch kept (coordinator/jobs/elastic.py)")
+        section.put("elasticity", {"minNodes": min_nodes, "maxNodes": len(order), "nodeTimeoutSeconds": timeout,
+                                   "nodeWaitSeconds": NODE_WAIT_S},
+                    f"{min_source}; {timeout_source}; a node back from an outage rejoins at the next attempt")
+    else:
+        section.put("elasticTraining", False, f"{min_source}: coord relaunches on the same nodes, waiting for a "
+                    "lost node to come back")
+        section.put("elasticity", {"minNodes": len(order), "maxNodes": len(order), "nodeWaitSeconds": NODE_WAIT_S},
+                    f"coord's supervisor: every node must be up to launch; it waits up to {NODE_WAIT_S:g} s for one")
+    section.put("recoveryStrategy", "stop every rank on every node, copy the newest checkpoint that validates "
+                "(SHA256, safetensors header) to every node, relaunch from its step with backoff; a job that fails "
+                "twice in a row before its first step with the same error is failed, not looped",
+                "coord's supervisor and restart policy")
+    section.put("maxRestarts", restarts, restarts_source)
+    section.put("healthChecks", health_checks(inputs), "what coord watches while a job runs")
+    seconds, how = expected_recovery(inputs)
+    if seconds is None:
+        section.lack("expectedRecoverySeconds", how)
+    else:
+        section.put("expectedRecoverySeconds", seconds, how)
+    return section.done()
+
+
+def health_checks(inputs: PlanInputs) -> list[dict[str, Any]]:
+    """Each failure coord detects, and how soon."""
+    keepalive = inputs.keepalive_s
+    step = inputs.timings.step_s
+    lost_within = (f"{KEEPALIVE_COUNT * keepalive:g} s ({KEEPALIVE_COUNT} keepalives of {keepalive:g} s)"
+                   if keepalive else f"{KEEPALIVE_COUNT} SSH keepalive intervals (ssh.keepalive_s)")
+    hang = (f"{hang_timeout(None, step):g} s without progress (ten times the measured step time, at least 60 s)"
+            if step else "60 s without progress until a step time is measured (then ten times it)")
+    return [
+        {"name": "rank_exit", "detects": "a rank that exits non-zero or vanishes",
+         "within": f"about {POLL_S:g} s (the supervisor asks each node's agent for its rank's state that often)"},
+        {"name": "node_lost", "detects": "a node whose SSH session or agent stops answering", "within": lost_within},
+        {"name": "hang", "detects": "ranks that stop making progress (their Python stacks are dumped first)",
+         "within": hang},
+        {"name": "first_step", "detects": "an attempt that never reaches its first step",
+         "within": f"{FIRST_STEP_TIMEOUT_S:g} s after the launch"},
+        {"name": "checkpoint_valid", "detects": "a checkpoint that is incomplete or unreadable",
+         "within": f"about {CHECKPOINT_POLL_S:g} s after it is written (size, safetensors header, SHA256)"},
+        {"name": "preflight", "detects": "nodes that differ in code, data, versions, RDMA or disk",
+         "within": "before the first launch (coord preflight; blocks unless --force)"},
+    ]
+
+
+def monitoring_setup() -> dict[str, Any]:
+    section = Section()
+    section.put("metrics", ["step", "loss", "tokens_per_second", "peak_memory_gb", "restarts",
+                            "last_checkpoint_step", "eta_s"],
+                "the progress each rank reports every step, and the job record (coord status --json)")
+    section.put("alerts", ["job.failed", "job.restart", "job.checkpoint_invalid", "job.checkpoint_rejected",
+                           "job.waiting_for_nodes", "job.stacks"],
+                "coord's event log: recorded with their reason and shown by coord status (no notifications "
+                "are sent)")
+    section.put("statusCommand", "coord status --watch", "coord's CLI")
+    section.lack("dashboardUrl", "coord has no web dashboard; coord status --watch is the live view")
+    return section.done()

@@ -1,0 +1,73 @@
+"""Lose nothing, on the multi-host cluster: rank 0's machine cut off for good. The job goes on
+with the two remaining nodes and the same global batch, from the checkpoint replicated to the
+head, refusing a replica whose bytes do not match their SHA256."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.jobs import (TOTAL_STEPS, events, finish, rank_pid, ranks_left, submit, tiny_project_and_daemon,
+                                wait_step)
+from tests.integration.daemon_harness import coord
+
+pytestmark = pytest.mark.cluster
+
+# A global batch of 6 over three ranks (2 each). On two ranks, with at most 2 examples per rank,
+# it becomes 2 per micro-step × 3 accumulation steps: still 6.
+TRAIN6 = ["python", "-m", "mlx_lm", "lora", "--model", "model", "--train", "--data", "data", "--fine-tune-type",
+          "full", "--batch-size", "6", "--iters", str(TOTAL_STEPS), "--learning-rate", "1e-4"]
+
+
+@pytest.fixture(scope="module")
+def running(netns_cluster):
+    with tiny_project_and_daemon(netns_cluster) as holder:
+        yield holder
+
+
+def test_rank0s_node_lost_for_good_the_job_finishes_on_two_from_a_verified_replica(netns_cluster, running):
+    daemon = running["daemon"]
+    submit(daemon, running["project"], "shrink", "--min-nodes", "2", "--node-timeout", "5", "--hang-timeout", "300",
+           command=TRAIN6)
+    job = wait_step(daemon, "shrink", 25)
+    daemon.wait_for(lambda d: sum(e["kind"] == "job.replicated" and e["message"].startswith("shrink:")
+                                  for e in d["events"]) >= 2, 60, "two checkpoints replicated")
+    for rank in range(3):  # frozen, so that no newer checkpoint appears while a replica is damaged
+        os.killpg(rank_pid(netns_cluster, job, rank), signal.SIGSTOP)
+    time.sleep(4)  # the catalog polls every 2 s; replication follows it
+    replicas = sorted((running["root"] / "state" / "replicas" / "shrink" / "attempt-0").glob("*.safetensors"))
+    assert len(replicas) >= 2, replicas
+    newest = replicas[-1]
+    with open(newest, "r+b") as handle:  # the head's copy of the newest checkpoint no longer matches
+        handle.seek(newest.stat().st_size // 2)
+        handle.write(b"\x00\xff" * 8)
+    lost = job["nodes"][0]
+    netns_cluster.cut_link(lost)
+    try:
+        final = finish(daemon, "shrink")
+        found = events(daemon, "shrink")
+        story = final["story"]
+        newest_step = int(newest.name[:7])
+        assert any(e["kind"] == "job.replica_rejected" and e["data"]["step"] == newest_step for e in found), story
+        resumed = [e for e in found if e["kind"] == "job.resume_from"]
+        assert resumed[-1]["data"]["step"] == newest_step - 10, story
+        assert "head:" in [e for e in found if e["kind"] == "job.checkpoint_placed"][-1]["message"], story
+        resized = [e for e in found if e["kind"] == "job.resized"]
+        assert resized and resized[-1]["data"]["left_out"] == [lost], story
+        assert "global batch 6" in resized[-1]["message"], story
+        assert lost not in final["nodes"] and len(final["nodes"]) == 2
+        # the ranks really ran with the recomputed batch: 2 per micro-step, 3 accumulation steps
+        node = netns_cluster.node(final["nodes"][0])
+        script = (Path(node.home) / ".coord" / "jobs" / "shrink" / "rank-0.sh").read_text()
+        assert "--batch-size 2 --grad-accumulation-steps 3" in script, script
+    finally:
+        netns_cluster.restore_link(lost)
+    # the rank left behind on the lost node is stopped once its node is back
+    daemon.wait_for(lambda d: any(e["kind"] == "job.rank_reaped" for e in d["events"]), 90, "old rank reaped")
+    assert ranks_left(netns_cluster) == {}
+    logs = coord("logs", "--config", str(daemon.config), "--rank", "1", "shrink", env=daemon.env)
+    assert logs.returncode == 0
