@@ -12,8 +12,8 @@ MAX_BACKOFF_S = 30.0
 # attempts it has more to do than call a function again (stop ranks, choose a checkpoint).
 RESTART_WAIT = wait_exponential(multiplier=1.0, max=MAX_BACKOFF_S)
 
-SUCCEEDED, RANK_FAILED, NODE_LOST, HUNG, LAUNCH_FAILED, STOPPED, RESIZED = (
-    "succeeded", "rank_failed", "node_lost", "hung", "launch_failed", "stopped", "resized")
+SUCCEEDED, RANK_FAILED, NODE_LOST, HUNG, LAUNCH_FAILED, STOPPED, RESIZED, DIVERGED = (
+    "succeeded", "rank_failed", "node_lost", "hung", "launch_failed", "stopped", "resized", "diverged")
 
 
 @dataclass(frozen=True)

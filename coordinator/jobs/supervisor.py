@@ -24,7 +24,8 @@ from agent.launch import rank_command
 from coordinator.commands.hostfile import node_topologies, plan_backend, write_launch_files
 from coordinator.jobs import catalog
 from coordinator.jobs.elastic import Undividable, choose_nodes, rebatch
-from coordinator.jobs.policy import (HUNG, NODE_LOST, RANK_FAILED, RESIZED, STOPPED, SUCCEEDED, Decision,
+from coordinator.jobs.fingerprints import Divergence, ReplicaCheck
+from coordinator.jobs.policy import (DIVERGED, HUNG, NODE_LOST, RANK_FAILED, RESIZED, STOPPED, SUCCEEDED, Decision,
                                      Outcome, decide, hang_timeout)
 from coordinator.jobs.replica import HEAD, Replicator
 from coordinator.jobs.spec import REPLICA_NONE, JobSpec, attempt_command, batch_split, is_mlx_lm
@@ -60,6 +61,8 @@ class JobRunner:
         self._known_checkpoints: set[str] = set()
         self._planned: tuple[dict[str, Any], dict[str, Any]] | None = None  # from pre-flight, for attempt 0
         self._down_since: dict[str, float] = {}
+        self._replica_check = ReplicaCheck(0)
+        self._divergence: Divergence | None = None
         self.resize_requested: int | None = None  # the checkpoint step the resize waits to pass
         self.replicator = Replicator(self) if spec.replica != REPLICA_NONE else None
         self.done = anyio.Event()
@@ -287,6 +290,8 @@ class JobRunner:
         self.set_state("starting")
         self._progress_offsets.clear()
         self._log_offsets.clear()
+        self._replica_check = ReplicaCheck(len(nodes))
+        self._divergence = None
         self._known_checkpoints.clear()
         previous = list(self.record["order"])
         if self._planned is not None and len(nodes) == len(self.daemon.config.nodes):
@@ -461,6 +466,8 @@ class JobRunner:
                 return await self._ended(HUNG, hung, "hang")
             if self.record.get("unstopped"):
                 await self._reap()
+            if self._divergence is not None:
+                return await self._diverged(self._divergence)
             resize = self._resize_due()
             if resize:
                 return await self._ended(RESIZED, resize, "resize")
@@ -506,7 +513,25 @@ class JobRunner:
         limit = hang_timeout(self.spec.hang_timeout, self.record.get("step_seconds"))
         return f"no progress for {quiet:.0f} s (hang timeout {limit:g} s)" if quiet > limit else None
 
+    async def _diverged(self, found: Divergence) -> Outcome:
+        """Replicas that no longer agree: stop, and resume from a checkpoint taken before it happened."""
+        order = self.record["order"]
+        named = ", ".join(f"{r} on {order[r]}" for r in found.ranks if r < len(order))
+        self.event("replica_diverged", f"{found.describe()} (rank {named})", step=found.step, ranks=found.ranks)
+        outcome = await self._ended(DIVERGED, found.describe(), f"diverged:{found.step}")
+        good_until = found.last_agreed if found.last_agreed is not None else self.record["start_step"]
+        for copy in self.daemon.state.checkpoints(self.spec.name):
+            if copy["valid"] and copy["attempt"] == self.record["attempt"] and copy["step"] > good_until:
+                self.daemon.state.add_checkpoint(self.spec.name, {
+                    **copy, "valid": False, "detail": f"taken after the replicas diverged (last agreed at step "
+                                                      f"{good_until})"})
+        return outcome
+
     def _on_progress(self, record: dict[str, Any]) -> None:
+        if record.get("kind") == "fingerprint":
+            found = self._replica_check.add(int(record["step"]), int(record["rank"]), str(record["sha256"]))
+            self._divergence = self._divergence or found
+            return
         if record.get("kind") != "train":
             return
         now = float(record.get("time") or time.time())

@@ -1,0 +1,47 @@
+"""Replica consistency during training: data-parallel ranks must hold identical weights.
+
+coord's trainer reports, every N steps, a SHA256 of each rank's trainable parameters. Once
+every rank has reported a step, the majority fingerprint is the replicas' state and a rank
+that differs is named. Pure, tested without processes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from coordinator.plan.robust import majority_fingerprint
+
+
+@dataclass(frozen=True)
+class Divergence:
+    step: int
+    ranks: list[int]  # every rank when there is no majority to tell which one is wrong
+    majority: str | None
+    last_agreed: int | None  # the last step at which every rank agreed, in this attempt
+
+    def describe(self) -> str:
+        who = ", ".join(str(r) for r in self.ranks)
+        if self.majority is None:
+            return f"replicas disagree at step {self.step} with no majority (ranks {who})"
+        return (f"rank{'s' if len(self.ranks) > 1 else ''} {who} diverged from the majority's weights at step "
+                f"{self.step}")
+
+
+class ReplicaCheck:
+    def __init__(self, ranks: int):
+        self.ranks = ranks
+        self.last_agreed: int | None = None
+        self._pending: dict[int, dict[int, str]] = {}
+
+    def add(self, step: int, rank: int, sha256: str) -> Divergence | None:
+        """One rank's fingerprint; the divergence once every rank reported a step that differs."""
+        seen = self._pending.setdefault(step, {})
+        seen[rank] = sha256
+        if len(seen) < self.ranks:
+            return None
+        del self._pending[step]
+        majority, divergent = majority_fingerprint(seen)
+        if not divergent:
+            self.last_agreed = max(step, self.last_agreed or step)
+            return None
+        return Divergence(step, divergent, majority, self.last_agreed)
