@@ -139,6 +139,37 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     return EXIT_FAILED if result["status"] == "fail" else EXIT_OK
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from coordinator.commands.plan import render_plan
+    from coordinator.plan.orchestration import OrchestrationInputError, read_orchestration_input
+    from coordinator.progress import NodeProgress
+
+    request = None
+    if args.input:
+        try:
+            text = Path(args.input).read_text(encoding="utf-8")
+            read_orchestration_input(text, args.input)  # a bad file is named here, field by field
+        except FileNotFoundError:
+            raise CliError(f"{args.input}: no such file", EXIT_USAGE) from None
+        except OrchestrationInputError as exc:
+            raise CliError(str(exc), EXIT_USAGE) from None
+        request = json.loads(text)
+    options = {"fine_tune_type": args.fine_tune_type, "per_rank_batch_size": args.batch_size,
+               "gradient_accumulation_steps": args.grad_accumulation_steps, "learning_rate": args.learning_rate,
+               "optimizer": args.optimizer, "lr_scaling": args.lr_scaling, "warmup_steps": args.warmup_steps,
+               "save_every": args.save_every, "keep": args.keep, "trainer": args.trainer, "replica": args.replica,
+               "min_nodes": args.min_nodes}
+    for flag, value in (("--model", args.model), ("--data", args.data)):
+        if value and not Path(value).exists():
+            raise CliError(f"{flag} {value}: no such directory", EXIT_USAGE)
+    call = {"schema": args.schema, "options": {k: v for k, v in options.items() if v is not None},
+            "model": str(Path(args.model).resolve()) if args.model else None,
+            "data": str(Path(args.data).resolve()) if args.data else None, "request": request,
+            "name": args.name, "seq_len": args.max_seq_length}
+    _streamed(args, "plan", call, render_plan, NodeProgress)
+    return EXIT_OK
+
+
 def cmd_hostfile(args: argparse.Namespace) -> int:
     socket = resolve_socket(args)
     hint = args.config or os.environ.get("COORD_CONFIG")
@@ -352,6 +383,36 @@ def build_parser() -> argparse.ArgumentParser:
                    "the links)")
     p.add_argument("--json", action="store_true", help="print the hostfile, the backend choice and file paths")
     p.set_defaults(func=cmd_hostfile)
+
+    p = sub.add_parser("plan", help="how to train a model on this cluster, from what coord measured",
+                       description="A training plan (format version 2.0.0, or an orchestration document with "
+                                   "--schema orchestration) from this cluster's facts, calibration, links, "
+                                   "consistency, pre-flight and past launch and recovery times, the model's size "
+                                   "(--model) and the data set (--data). Every value says where it comes from; a "
+                                   "section that cannot be filled says why and what fills it.")
+    client_options(p)
+    p.add_argument("--model", help="the model directory on this machine (config.json, *.safetensors)")
+    p.add_argument("--data", help="the data directory on this machine (train.jsonl, valid.jsonl)")
+    p.add_argument("--fine-tune-type", choices=["lora", "dora", "full"])
+    p.add_argument("--batch-size", type=int, help="examples per rank per micro-step")
+    p.add_argument("--grad-accumulation-steps", type=int)
+    p.add_argument("--learning-rate", type=float, help="the base learning rate, before scaling to the total batch")
+    p.add_argument("--optimizer", choices=["adam", "adamw", "muon", "sgd", "adafactor"])
+    p.add_argument("--lr-scaling", choices=["linear", "sqrt"], help="rule to scale the learning rate to the "
+                   "total batch (default linear; sqrt for the Adam family)")
+    p.add_argument("--warmup-steps", type=int)
+    p.add_argument("--max-seq-length", type=int, default=2048, help="sequence length for the memory estimate")
+    p.add_argument("--save-every", type=int)
+    p.add_argument("--keep", type=int)
+    p.add_argument("--trainer", choices=["mlx_lm", "coord"])
+    p.add_argument("--replica", metavar="head|none|NODE")
+    p.add_argument("--min-nodes", type=int)
+    p.add_argument("--name", default="job", help="the job name the launch command and hostfile path use")
+    p.add_argument("--schema", choices=["v2", "orchestration"], default="v2")
+    p.add_argument("--input", metavar="FILE", help="an orchestration input document (modelConfig, dataConfig, "
+                   "clusterConfig, trainingConfig)")
+    p.add_argument("--json", action="store_true", help="print the whole document as JSON")
+    p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("run", help="launch a distributed job with mlx.launch and keep it running",
                        description="Run pre-flight (stopping on a failure unless --force), sync (with --source), "

@@ -119,8 +119,16 @@ class Daemon:
                   optional={"rank": int, "attempt": (int, type(None)), "offset": int})
         table.add("prepare_job", self._prepare_job, required={"job": str, "argv": list},
                   optional={"env": dict, "backend": (str, type(None))})
+        table.add("plan", self._plan, optional={"schema": str, "model": (str, type(None)), "data": (str, type(None)),
+                                                "options": dict, "request": (dict, type(None)), "name": str,
+                                                "seq_len": int}, streams=True)
         table.add("hostfile", self._hostfile, optional={"output": (str, type(None)), "backend": (str, type(None))})
         return table
+
+    async def _plan(self, emit, **args: Any) -> dict[str, Any]:
+        from coordinator.commands.plan import serve_plan
+
+        return await serve_plan(self, emit, **args)
 
     async def _preflight(self, emit, **args: Any) -> dict[str, Any]:
         return await preflight_command.run_preflight(self, emit, **args)

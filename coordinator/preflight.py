@@ -126,7 +126,7 @@ def code_consistency(manifests: dict[str, dict], missing: dict[str, str], thresh
     status = PASS if report["status"] == "pass" and not missing else FAIL
     return {**check("code.consistency", "worker_consistency", status, detail,
                     None if status == PASS else "coord sync"), "ratio": report.get("ratio"),
-            "divergent": report["divergent"]}
+            "divergent": report["divergent"], "report": report}
 
 
 def named_files(name: str, what: str, inspections: dict[str, dict[str, Any] | None], *, key: str,

@@ -98,7 +98,8 @@ async def run_preflight(daemon: "Daemon", emit, backend: str | None = None,
                                         daemon.cluster.bundle.bundle_id))
     report += checks.equal_versions(nodes, facts)
     report.append(checks.equal_os(facts))
-    report.append(checks.code_consistency(found["manifests"], found["missing"], config.sync.threshold))
+    code = checks.code_consistency(found["manifests"], found["missing"], config.sync.threshold)
+    report.append(code)
     configured = [config.node_files(n) for n in config.nodes]
     report.append(checks.named_files("script.hash", "training script", found["script"], key="script",
                                      required=any(f["script"] for f in configured)))
@@ -127,7 +128,7 @@ async def run_preflight(daemon: "Daemon", emit, backend: str | None = None,
                                 f"{sum(c['status'] == 'fail' for c in report)} failed, "
                                 f"{sum(c['status'] == 'warn' for c in report)} warnings")
     return {"status": status, "checks": report, "layers": layers, "backend": choice, "hostfile": document,
-            "seconds": round(time.monotonic() - started, 3)}
+            "backend_error": error, "consistency": code.pop("report"), "seconds": round(time.monotonic() - started, 3)}
 
 
 def render_preflight(result: dict[str, Any], console) -> None:

@@ -1,0 +1,98 @@
+"""`coord plan`: how this cluster should train a model, from what coord measured on it.
+
+The daemon half gathers what the plan is made from (facts, calibration, links and the
+backend they allow, consistency and pre-flight, past launch and recovery times, the model's
+size and the data set's shape) and hands it to the pure builders in ``coordinator.plan``.
+Nothing is written to the nodes; the hostfile path is the one ``coord run`` would use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from agent.launch import rank_command
+from coordinator.plan.document import JobOptions, PlanInputError, PlanInputs, build_plan, timings_from_events
+from coordinator.plan.orchestration import OrchestrationInputError, build_orchestration, parse_orchestration_input
+from shared import protocol as p
+from shared.rpc import RemoteError
+
+if TYPE_CHECKING:
+    from coordinator.daemon import Daemon
+
+SCHEMAS = ("v2", "orchestration")
+OPTION_FIELDS = {"fine_tune_type": str, "per_rank_batch_size": int, "gradient_accumulation_steps": int,
+                 "learning_rate": float, "base_batch_size": int, "optimizer": str, "lr_scaling": str,
+                 "warmup_steps": int, "save_every": int, "keep": int, "max_restarts": int, "trainer": str,
+                 "replica": str, "min_nodes": int, "node_timeout": float}
+
+
+async def serve_plan(daemon: "Daemon", emit, *, schema: str = "v2", model: str | None = None,
+                     data: str | None = None, options: dict | None = None, request: dict | None = None,
+                     name: str = "job", seq_len: int = 2048) -> dict[str, Any]:
+    from coordinator.commands.preflight import run_preflight
+
+    if schema not in SCHEMAS:
+        raise RemoteError(p.BAD_ARGS, f"schema must be one of {', '.join(SCHEMAS)}")
+    try:
+        job_options = JobOptions(**{k: v for k, v in (options or {}).items() if k in OPTION_FIELDS and v is not None})
+        parsed = parse_orchestration_input(request) if request is not None else None
+    except OrchestrationInputError as exc:
+        raise RemoteError(p.BAD_ARGS, f"orchestration input: {exc}") from None
+    if parsed is not None:
+        model = model or parsed.model_path
+        data = data or parsed.data_path
+    await emit({"node": "head", "progress": "pre-flight on every node", "fraction": 0.1})
+    preflight = await run_preflight(daemon, _quiet)
+    facts = {session.node.name: session.view.facts for session in daemon.cluster.sessions.values()}
+    sizing = await _sizing(emit, model, facts, job_options, seq_len) if model else None
+    dataset = await _dataset(emit, data) if data else None
+    state_dir = daemon.config.state_dir
+    hostfile_path = str(state_dir / "jobs" / name / "attempt-0" / "hostfile.json")
+    inputs = PlanInputs(
+        nodes=tuple(daemon.config.nodes), facts=facts,
+        calibrations={n.name: daemon.state.calibration(n.name) for n in daemon.config.nodes},
+        backend=preflight["backend"], backend_error=preflight.get("backend_error"), hostfile=preflight["hostfile"],
+        hostfile_path=hostfile_path,
+        launch_argv=["mlx.launch", "--hostfile", hostfile_path, "--", *rank_command(name)],
+        launch_env={"PATH": str(state_dir / "jobs" / name / "attempt-0" / "bin") + ":$PATH"},
+        job_name=name, consistency=preflight.get("consistency"), preflight=preflight,
+        sync_hook=daemon.config.sync.hook, keepalive_s=daemon.config.ssh.keepalive_s,
+        timings=timings_from_events(daemon.state.recent_events(2000)), sizing=sizing, dataset=dataset,
+        options=job_options)
+    try:
+        if schema == "orchestration":
+            return build_orchestration(inputs, parsed)
+        return build_plan(inputs)
+    except PlanInputError as exc:
+        raise RemoteError(p.BAD_ARGS, str(exc)) from None
+
+
+async def _quiet(_event) -> None:
+    return None
+
+
+async def _sizing(emit, model: str, facts: dict, options: JobOptions, seq_len: int) -> dict[str, Any] | None:
+    return None
+
+
+async def _dataset(emit, data: str) -> dict[str, Any] | None:
+    return None
+
+
+def render_plan(document: dict[str, Any], console) -> None:
+    """A short reading of the plan; --json prints all of it."""
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    table.add_column("SECTION")
+    table.add_column("")
+    for key, value in document.items():
+        if not isinstance(value, dict):
+            continue
+        if value.get("enabled") is False:
+            table.add_row(key, f"[yellow]not filled[/]: {value.get('reason', '')}")
+        else:
+            shown = {k: v for k, v in value.items() if k not in ("sources", "missing") and not isinstance(v, (dict, list))}
+            table.add_row(key, ", ".join(f"{k}={v}" for k, v in list(shown.items())[:4]))
+    console.print(table)
+    console.print("\nthe whole plan, with where each value comes from: coord plan --json")

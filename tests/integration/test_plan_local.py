@@ -1,0 +1,68 @@
+"""`coord plan` through the daemon on a local cluster: both documents validate against the schemas
+that ship with coord, and a bad orchestration input is refused with the field named."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import jsonschema
+import pytest
+
+from coordinator.plan.document import load_schema
+from coordinator.tinymodel import write_project
+from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir
+from tests.integration.test_jobs_local import CLUSTER
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    root = short_tempdir()
+    write_project(root / "project")
+    config = root / "cluster.toml"
+    config.write_text(CLUSTER.format(root=root))
+    daemon = DaemonProcess(config, env=environment()).start()
+    daemon.wait_for(all_up, 30, "all nodes up")
+    yield daemon, root
+    daemon.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def plan(daemon, *args):
+    result = coord("plan", "--config", str(daemon.config), *args, env=daemon.env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def test_the_plan_validates_and_says_where_its_values_come_from(cluster):
+    daemon, root = cluster
+    doc = json.loads(plan(daemon, "--json", "--model", str(root / "project" / "model"),
+                          "--data", str(root / "project" / "data"), "--batch-size", "2",
+                          "--learning-rate", "1e-4").stdout)
+    jsonschema.validate(doc, load_schema("plan-v2.0.0"))
+    assert doc["version"] == "2.0.0"
+    batch = doc["batch_configuration"]
+    assert batch["total_batch_size"] == 2 * 2 * batch["gradient_accumulation_steps"]
+    assert "rule" in batch["sources"]["total_batch_size"]
+    # a section coord cannot fill says why and what fills it, rather than inventing values
+    assert doc["hardware_calibration"] == {"enabled": False, "reason": doc["hardware_calibration"]["reason"]}
+    assert "coord calibrate" in doc["hardware_calibration"]["reason"]
+    assert str(daemon.config.parent / "state" / "jobs" / "job" / "attempt-0" / "hostfile.json") in \
+        doc["distributed_config"]["mlx_launch_command"]
+    human = plan(daemon).stdout
+    assert "hardware_calibration" in human and "coord plan --json" in human
+
+
+def test_the_orchestration_document_validates_and_reads_its_input_form(cluster, tmp_path):
+    daemon, _ = cluster
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps({"modelConfig": {"framework": "mlx"}, "dataConfig": {}, "clusterConfig": {"numNodes": 2},
+                                   "trainingConfig": {"batchSize": 8, "epochs": 1}}))
+    doc = json.loads(plan(daemon, "--json", "--schema", "orchestration", "--input", str(request)).stdout)
+    jsonschema.validate(doc, load_schema("orchestration-output"))
+    assert any("batchSize 8" in note for note in doc["requestNotes"])
+    request.write_text(json.dumps({"modelConfig": {}, "dataConfig": {}, "clusterConfig": {},
+                                   "trainingConfig": {"batchSize": "eight"}}))
+    refused = coord("plan", "--config", str(daemon.config), "--schema", "orchestration", "--input", str(request),
+                    env=daemon.env)
+    assert refused.returncode == 2 and "batchSize" in refused.stderr
