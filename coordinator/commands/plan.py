@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
 from agent.launch import rank_command
+from coordinator.plan import datasets, diagnosis, sizing
 from coordinator.plan.document import JobOptions, PlanInputError, PlanInputs, build_plan, timings_from_events
 from coordinator.plan.orchestration import OrchestrationInputError, build_orchestration, parse_orchestration_input
 from shared import protocol as p
@@ -44,7 +47,7 @@ async def serve_plan(daemon: "Daemon", emit, *, schema: str = "v2", model: str |
     await emit({"node": "head", "progress": "pre-flight on every node", "fraction": 0.1})
     preflight = await run_preflight(daemon, _quiet)
     facts = {session.node.name: session.view.facts for session in daemon.cluster.sessions.values()}
-    sizing = await _sizing(emit, model, facts, job_options, seq_len) if model else None
+    fit = await _sizing(emit, model, facts, job_options, seq_len) if model else None
     dataset = await _dataset(emit, data) if data else None
     state_dir = daemon.config.state_dir
     hostfile_path = str(state_dir / "jobs" / name / "attempt-0" / "hostfile.json")
@@ -57,26 +60,54 @@ async def serve_plan(daemon: "Daemon", emit, *, schema: str = "v2", model: str |
         launch_env={"PATH": str(state_dir / "jobs" / name / "attempt-0" / "bin") + ":$PATH"},
         job_name=name, consistency=preflight.get("consistency"), preflight=preflight,
         sync_hook=daemon.config.sync.hook, keepalive_s=daemon.config.ssh.keepalive_s,
-        timings=timings_from_events(daemon.state.recent_events(2000)), sizing=sizing, dataset=dataset,
+        timings=timings_from_events(daemon.state.recent_events(2000)),
+        sizing=sizing.sizing_summary(fit) if fit else None, dataset=dataset,
         options=job_options)
     try:
         if schema == "orchestration":
             return build_orchestration(inputs, parsed)
-        return build_plan(inputs)
+        document = build_plan(inputs)
     except PlanInputError as exc:
         raise RemoteError(p.BAD_ARGS, str(exc)) from None
+    # coord's own sections: the memory estimate behind the batch, and the known failures this
+    # cluster is exposed to (each with its fix).
+    document["memory_sizing"] = fit if fit else {"enabled": False, "reason": "no model given: coord plan --model DIR"}
+    document["known_failures"] = diagnosis.diagnose_cluster(
+        {name: fact for name, fact in facts.items() if fact}, preflight.get("topologies"))
+    return document
 
 
 async def _quiet(_event) -> None:
     return None
 
 
-async def _sizing(emit, model: str, facts: dict, options: JobOptions, seq_len: int) -> dict[str, Any] | None:
-    return None
+async def _sizing(emit, model: str, facts: dict, options: JobOptions, seq_len: int) -> dict[str, Any]:
+    """fit_nodes over every node whose memory is known: the estimate, per node, with its rules."""
+    await emit({"node": "head", "progress": f"sizing {model}", "fraction": 0.6})
+    nodes, unknown = sizing.nodes_from_facts({name: fact for name, fact in facts.items() if fact})
+    try:
+        shape = await anyio.to_thread.run_sync(sizing.read_model_shape, model)
+        # mlx-lm adapts its top 16 blocks by default, or all of a smaller model's
+        fit = sizing.fit_nodes(shape, nodes, fine_tune_type=options.fine_tune_type or "lora",
+                               batch_size=options.per_rank_batch_size or 1, seq_len=seq_len,
+                               lora_layers=min(16, shape.num_layers), optimizer=options.optimizer or "adam")
+    except sizing.SizingError as exc:
+        raise RemoteError(p.BAD_ARGS, f"--model {model}: {exc}") from None
+    if unknown:
+        fit["notes"] = [*fit.get("notes", []), f"not sized (memory unknown): {', '.join(unknown)}"]
+    return fit
 
 
-async def _dataset(emit, data: str) -> dict[str, Any] | None:
-    return None
+async def _dataset(emit, data: str) -> dict[str, Any]:
+    """validate_data_dir in a worker thread, its chunk progress streamed to the CLI."""
+    def progress(message: str) -> None:
+        anyio.from_thread.run(emit, {"node": "head", "progress": message, "fraction": 0.8})
+
+    await emit({"node": "head", "progress": f"checking {data}", "fraction": 0.7})
+    try:
+        return await anyio.to_thread.run_sync(datasets.validate_data_dir, data, progress)
+    except (OSError, ValueError) as exc:
+        raise RemoteError(p.BAD_ARGS, f"--data {data}: {exc}") from None
 
 
 def render_plan(document: dict[str, Any], console) -> None:

@@ -128,7 +128,8 @@ async def run_preflight(daemon: "Daemon", emit, backend: str | None = None,
                                 f"{sum(c['status'] == 'fail' for c in report)} failed, "
                                 f"{sum(c['status'] == 'warn' for c in report)} warnings")
     return {"status": status, "checks": report, "layers": layers, "backend": choice, "hostfile": document,
-            "backend_error": error, "consistency": code.pop("report"), "seconds": round(time.monotonic() - started, 3)}
+            "backend_error": error, "consistency": code.pop("report"), "topologies": found["topologies"],
+            "seconds": round(time.monotonic() - started, 3)}
 
 
 def render_preflight(result: dict[str, Any], console) -> None:

@@ -764,6 +764,11 @@ def chunking_section(inputs: PlanInputs) -> dict[str, Any]:
     if not dataset:
         return disabled_section("no data set given: coord plan --data DIR")
     source = f"data set report: {dataset.get('source') or 'the data directory'}"
+    examples, size = dataset.get("examples"), dataset.get("chunk_size")
+    if _positive_int(examples) and _positive_int(size) and examples < size and not dataset.get("chunks"):
+        return disabled_section(f"{examples} examples: below the {size:,} at which coord validates and counts a "
+                                f"data set in chunks, so it is read in one pass ({source})", examples=examples,
+                                chunk_size=size)
     section = Section()
     for name, key in (("chunk_size", "chunk_size"), ("num_chunks", "chunks"), ("examples", "examples")):
         if _positive_int(dataset.get(key)):

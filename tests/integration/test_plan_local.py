@@ -49,6 +49,11 @@ def test_the_plan_validates_and_says_where_its_values_come_from(cluster):
     assert "coord calibrate" in doc["hardware_calibration"]["reason"]
     assert str(daemon.config.parent / "state" / "jobs" / "job" / "attempt-0" / "hostfile.json") in \
         doc["distributed_config"]["mlx_launch_command"]
+    sizing = doc["memory_sizing"]  # the tiny model fits every node, with the rule behind each number
+    assert sizing["recommendation"]["kind"] == "data_parallel"
+    assert all(component["rule"] for component in sizing["estimate"]["components"])
+    chunking = doc["coordinator_chunking"]  # 200 examples: below the 50,000 that are read in chunks
+    assert chunking["enabled"] is False and chunking["examples"] == 200 and "50,000" in chunking["reason"]
     human = plan(daemon).stdout
     assert "hardware_calibration" in human and "coord plan --json" in human
 
