@@ -45,7 +45,11 @@ class ProgressCallback:
 
 
 def main() -> None:
+    from agent.qos import set_user_interactive_qos
+
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    # On macOS the thread that drives MLX gets the user-interactive QoS class; nice() does not do this.
+    print(f"coord: QoS {set_user_interactive_qos()['reason']}", file=sys.stderr, flush=True)
     import mlx.core as mx
     import mlx_lm.lora as lora
 

@@ -94,6 +94,10 @@ def render_job(job: dict[str, Any]) -> str:
         parts.append(f"checkpoint {job['last_checkpoint_step']} ({job['last_checkpoint_age_s']:.0f}s ago)")
     parts.append(f"restarts {job['restarts']}/{job['max_restarts']}")
     line = ", ".join(parts)
+    if job.get("batch"):
+        line += f"\n  on {', '.join(job['nodes'])}: {job['batch']}"
     if job.get("error"):
         line += f"\n  error: {job['error']}"
+    for found in job.get("diagnoses", []):
+        line += f"\n  known failure: {found['title']} ({found['detail']})\n    fix: {found['fix']}"
     return line

@@ -31,6 +31,7 @@ from coordinator.jobs.replica import HEAD, Replicator
 from coordinator.jobs.spec import REPLICA_NONE, JobSpec, attempt_command, batch_split, is_mlx_lm
 from coordinator.jobs.transfer import CheckpointDamaged, HeadSource, NodeSink, NodeSource, copy_verified
 from coordinator.node_session import UP
+from coordinator.plan import diagnosis
 from shared.rpc import RemoteError
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ POLL_S = 0.5
 CHECKPOINT_POLL_S = 2.0
 NODE_WAIT_S = 600.0
 FIRST_STEP_TIMEOUT_S = 600.0
+LOG_DIAGNOSIS_BYTES = 256 << 10  # the end of a rank's log, where the error that stopped it is
 ACTIVE = ("pending", "preflight", "syncing", "starting", "running", "recovering")
 
 
@@ -330,6 +332,14 @@ class JobRunner:
         directory = self.attempt_dir()
         files = write_launch_files(directory, self.daemon.config, document)
 
+        if attempt == 0:
+            versions = [v for v in ((sessions[n].view.facts or {}).get("mlx_lm_version") for n in order) if v]
+            oldest = min(versions, key=_version_key) if versions else None
+            self._diagnose(diagnosis.diagnose_job(attempt_command(self.spec, adapter_path="", resume_file=None,
+                                                                  start_step=0, batch=batch),
+                                                  dict(env.split("=", 1) for env in document.get("envs", [])
+                                                       if "=" in env), oldest), "the job's command")
+
         async def prepare(rank: int, name: str) -> None:
             node = sessions[name].node
             adapter_path = posixpath.join(node.workdir, "checkpoints", self.spec.name, f"attempt-{attempt}")
@@ -480,7 +490,30 @@ class JobRunner:
 
     def _outcome(self, kind: str, detail: str, signature: str) -> Outcome:
         self.event("attempt_ended", f"attempt {self.record['attempt']}: {kind}: {detail}", outcome=kind)
+        if kind in (RANK_FAILED, HUNG):
+            self._diagnose_logs()
         return Outcome(kind, detail, self.record["first_step_at"] is not None, signature[:300])
+
+    def _diagnose(self, found: list[dict[str, Any]], where: str) -> None:
+        """Known failure modes, each named once per job with its fix (coord status shows them)."""
+        known = self.record.setdefault("diagnoses", [])
+        for item in found:
+            if any(d["id"] == item["id"] for d in known):
+                continue
+            known.append({"id": item["id"], "title": item["title"], "detail": f"{where}: {item['detail']}",
+                          "fix": item["fix"], "line": item.get("line")})
+            self.event("diagnosis", f"{item['title']} ({where}); fix: {item['fix']}", id=item["id"])
+
+    def _diagnose_logs(self) -> None:
+        for rank in range(len(self.record["order"])):
+            path = self.attempt_dir() / f"rank-{rank}.log"
+            try:
+                with open(path, "rb") as handle:
+                    handle.seek(max(0, path.stat().st_size - LOG_DIAGNOSIS_BYTES))
+                    text = handle.read().decode("utf-8", "replace")
+            except OSError:
+                continue
+            self._diagnose(diagnosis.diagnose_log(text), f"rank {rank}'s log, attempt {self.record['attempt']}")
 
     def request_resize(self) -> str:
         """coord resize: relaunch on every node that is up, right after the next checkpoint (so that
@@ -708,7 +741,8 @@ class JobRunner:
                 "restarts": record["restarts"], "max_restarts": self.spec.max_restarts,
                 "attempt": record["attempt"], "error": record.get("error"), "nodes": record.get("order", []),
                 "batch": record.get("batch"), "trainer": self.spec.trainer, "replica": self.spec.replica,
-                "min_nodes": self.spec.min_nodes, "command": self.spec.command}
+                "min_nodes": self.spec.min_nodes, "diagnoses": record.get("diagnoses", []),
+                "command": self.spec.command}
 
 
 def _signal_name(status: int) -> str | None:
@@ -718,6 +752,10 @@ def _signal_name(status: int) -> str | None:
         except ValueError:
             return None
     return None
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) if part.isdigit() else 0 for part in version.split("."))
 
 
 def _mlx_launch() -> str:

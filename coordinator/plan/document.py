@@ -29,6 +29,7 @@ from coordinator.calibration import is_stale, train_rate, workload_shares
 from coordinator.config import NodeConfig
 from coordinator.jobs.policy import MAX_BACKOFF_S, backoff
 from coordinator.jobs.spec import REPLICA_HEAD, REPLICA_NONE, TRAINERS, JobSpec, is_mlx_lm
+from agent.qos import qos_for_platform
 from coordinator.plan import robust
 
 VERSION = "2.0.0"
@@ -722,7 +723,14 @@ def hardware_section(inputs: PlanInputs, options: dict[str, tuple[Any, str]]) ->
     section.put("calibration_notes", shares["reason"] + (
         "; not calibrated: " + "; ".join(f"{name}: {why}" for name, why in lacking.items()) if lacking else ""),
         "coord calibrate's share policy")
-    section.lack("macos_qos_api", "coord sets no macOS QoS class for ranks: they run at the default")
+    systems = {name: (inputs.facts.get(name) or {}).get("os") for name in order}
+    qos = {name: qos_for_platform(system or "") for name, system in systems.items()}
+    groups: dict[str, list[str]] = {}
+    for name, q in qos.items():
+        groups.setdefault(q["qos"] or q["reason"], []).append(name)
+    section.put("macos_qos_api", "; ".join(f"{', '.join(names)}: {what}" for what, names in groups.items()),
+                "coord's trainers (agent/qos.py) set it on the training thread of each rank: "
+                + "; ".join(sorted({q["reason"] for q in qos.values()})))
     return section.done()
 
 

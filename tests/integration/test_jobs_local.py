@@ -44,6 +44,14 @@ for local in range(1, args.steps - offset + 1):
                                 {"w": w})
 '''
 
+# What a large full fine-tune prints on a Mac when Metal gives up on a command buffer.
+METAL_TIMEOUT = '''\
+import sys
+print("libc++abi: terminating due to uncaught exception of type std::runtime_error: [METAL] Command buffer "
+      "execution failed: Caused GPU Timeout Error (00000002:kIOGPUCommandBufferCallbackErrorTimeout)", flush=True)
+sys.exit(134)
+'''
+
 CLUSTER = """\
 [cluster]
 name = "jobs-local"
@@ -69,6 +77,7 @@ def cluster():
     root = short_tempdir()
     (root / "project").mkdir()
     (root / "project" / "plain.py").write_text(PLAIN)
+    (root / "project" / "metal_timeout.py").write_text(METAL_TIMEOUT)
     config = root / "cluster.toml"
     config.write_text(CLUSTER.format(root=root))
     daemon = DaemonProcess(config, env=environment()).start()
@@ -176,3 +185,26 @@ def test_checkpoints_are_replicated_to_the_head_and_a_lost_primary_resumes_from_
     import mlx.core as mx
     final_dir = root / final["nodes"][0] / "checkpoints" / name / "attempt-1"
     assert mx.load(str(sorted(final_dir.glob("*_adapters.safetensors"))[-1]))["w"].tolist() == [80.0] * 4
+
+
+def test_a_known_failure_in_a_ranks_log_is_named_in_status_with_its_fix(cluster):
+    daemon, root = cluster
+    submitted = coord("run", "--config", str(daemon.config), "--name", "metal", "--source", str(root / "project"),
+                      "--max-restarts", "0", "--save-every", "2000", "--detach", "--", "python", "metal_timeout.py",
+                      env=daemon.env)
+    assert submitted.returncode == 0, submitted.stderr
+    waited = coord("wait", "--quiet", "--json", "--config", str(daemon.config), "metal", env=daemon.env, timeout=300)
+    final = json.loads(waited.stdout)
+    assert waited.returncode == 1 and final["state"] == "failed"
+    found = {d["id"]: d for d in final["diagnoses"]}
+    assert "metal_command_buffer_timeout" in found, final["diagnoses"]
+    assert "kIOGPUCommandBufferCallbackErrorTimeout" in found["metal_command_buffer_timeout"]["line"]
+    # and one the command itself sets up, seen before the launch
+    submitted = coord("run", "--config", str(daemon.config), "--name", "saves", "--max-restarts", "0",
+                      "--save-every", "2000", "--detach", "--", "python", "-m", "mlx_lm", "lora", "--model",
+                      "no-such-model", "--train", "--data", "data", "--iters", "5", env=daemon.env)
+    assert submitted.returncode == 0, submitted.stderr
+    waited = coord("wait", "--quiet", "--json", "--config", str(daemon.config), "saves", env=daemon.env, timeout=300)
+    assert "save_every_too_large" in {d["id"] for d in json.loads(waited.stdout)["diagnoses"]}
+    shown = coord("status", "--config", str(daemon.config), env=daemon.env).stdout
+    assert "known failure" in shown and found["metal_command_buffer_timeout"]["fix"][:40] in " ".join(shown.split())
