@@ -38,3 +38,36 @@ def test_a_killed_rank_resumes_from_the_newest_checkpoint_on_three_nodes(netns_c
     # each rank's output is kept on the head, per attempt and per rank
     logs = coord("logs", "--config", str(daemon.config), "--rank", "0", "--attempt", "1", "tiny3", env=daemon.env)
     assert logs.returncode == 0 and logs.stdout
+
+
+def test_the_plan_of_this_cluster_validates_and_traces_to_what_was_measured(netns_cluster, running):
+    """After a real run (launch and recovery measured) and a calibration: coord plan --json."""
+    import json
+
+    import jsonschema
+
+    from coordinator.plan.document import load_schema
+
+    daemon, project = running
+    calibrated = coord("calibrate", "--json", "--config", str(daemon.config), env=daemon.env, timeout=600)
+    assert calibrated.returncode == 0, calibrated.stderr
+    result = coord("plan", "--json", "--config", str(daemon.config), "--model", str(project / "model"), "--data",
+                   str(project / "data"), "--fine-tune-type", "full", "--batch-size", "1", "--learning-rate", "1e-4",
+                   "--trainer", "coord", "--name", "tiny3", env=daemon.env, timeout=600)
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    if os.environ.get("COORD_PLAN_EXAMPLE"):  # how docs/plan-example.json is made
+        with open(os.environ["COORD_PLAN_EXAMPLE"], "w") as handle:
+            json.dump(doc, handle, indent=2, sort_keys=True)
+    jsonschema.validate(doc, load_schema("plan-v2.0.0"))
+    assert doc["strategy"]["total_gpus"] == 3
+    assert set(doc["hardware_calibration"]["measured_performance"]) == {"n1", "n2", "n3"}
+    assert doc["worker_consistency"]["agreement_ratio"] == 1.0
+    assert doc["rdma_config"]["enabled"] is False and doc["rdma_config"]["reason"]
+    recovery = doc["checkpoint_strategy"]
+    assert recovery["expected_recovery_time"] and "measured" in recovery["sources"]["expected_recovery_time"]
+    assert doc["memory_sizing"]["recommendation"]["kind"] == "data_parallel"
+    for name, section in doc.items():  # every value says where it comes from, or the section why it is empty
+        if isinstance(section, dict) and section.get("enabled") is not False and name != "memory_sizing":
+            filled = [k for k in section if k not in ("sources", "missing", "enabled")]
+            assert all(k in section.get("sources", {}) for k in filled), (name, filled, section.get("sources"))
