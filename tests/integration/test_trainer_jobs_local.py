@@ -1,0 +1,62 @@
+"""coord's trainer under coord on a local three-node cluster: replicas whose weights diverge are
+caught by their fingerprints, and the job resumes from a checkpoint taken before."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from coordinator.tinymodel import write_project
+from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir
+
+CLUSTER = """\
+[cluster]
+name = "trainer-local"
+state_dir = "{root}/state"
+
+[ssh]
+keepalive_s = 0.5
+""" + "".join(f"""
+[[nodes]]
+name = "{name}"
+host = "local"
+workdir = "{{root}}/{name}"
+""" for name in ("a", "b", "c"))
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    root = short_tempdir()
+    write_project(root / "project")
+    config = root / "cluster.toml"
+    config.write_text(CLUSTER.format(root=root))
+    daemon = DaemonProcess(config, env=environment()).start()
+    daemon.wait_for(all_up, 30, "all nodes up")
+    yield daemon, root
+    daemon.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_rank_whose_weights_diverge_is_named_and_the_job_resumes_from_before(cluster):
+    daemon, root = cluster
+    submitted = coord("run", "--config", str(daemon.config), "--name", "diverge", "--source", str(root / "project"),
+                      "--trainer", "coord", "--save-every", "2", "--keep", "10", "--hang-timeout", "300",
+                      "--detach", "--", "python", "-m", "mlx_lm", "lora", "--model", "model", "--train", "--data",
+                      "data", "--fine-tune-type", "full", "--batch-size", "3", "--iters", "16", "--learning-rate",
+                      "1e-4", "--fingerprint-every", "2", "--debug-corrupt", "1:7", env=daemon.env)
+    assert submitted.returncode == 0, submitted.stderr
+    waited = coord("wait", "--quiet", "--json", "--config", str(daemon.config), "diverge", env=daemon.env,
+                   timeout=600)
+    final = json.loads(waited.stdout)
+    doc = json.loads(coord("status", "--json", "--events", "200", "--config", str(daemon.config),
+                           env=daemon.env).stdout)
+    found = [e for e in doc["events"] if e["message"].startswith("diverge:")]
+    story = "\n".join(e["message"] for e in found)
+    assert waited.returncode == 0 and final["state"] == "succeeded" and final["step"] == 16, story
+    diverged = [e for e in found if e["kind"] == "job.replica_diverged"]
+    assert len(diverged) == 1 and diverged[0]["data"]["ranks"] == [1] and diverged[0]["data"]["step"] == 8, story
+    resumed = [e for e in found if e["kind"] == "job.resume_from"]
+    assert resumed and resumed[-1]["data"]["step"] == 6, story  # the last step at which every rank agreed
+    assert final["restarts"] == 1
