@@ -13,6 +13,7 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
+import platform
 import signal
 import sys
 import time
@@ -49,7 +50,9 @@ def main() -> None:
 
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     # On macOS the thread that drives MLX gets the user-interactive QoS class; nice() does not do this.
-    print(f"coord: QoS {set_user_interactive_qos()['reason']}", file=sys.stderr, flush=True)
+    qos = set_user_interactive_qos()
+    if platform.system() == "Darwin":  # elsewhere a no-op, not worth a line in every log
+        print(f"coord: QoS {qos['reason']}", file=sys.stderr, flush=True)
     import mlx.core as mx
     import mlx_lm.lora as lora
 

@@ -17,6 +17,7 @@ import argparse
 import faulthandler
 import math
 import os
+import platform
 import signal
 import sys
 import types
@@ -38,7 +39,9 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")  # as mlx_lm lora sets it
     args = parse_args(argv)
     # On macOS this thread, which drives MLX, gets the user-interactive QoS class (nice() does not do it).
-    print(f"agent.train: QoS {set_user_interactive_qos()['reason']}", file=sys.stderr, flush=True)
+    qos = set_user_interactive_qos()
+    if platform.system() == "Darwin":  # elsewhere a no-op, not worth a line in every log
+        print(f"agent.train: QoS {qos['reason']}", file=sys.stderr, flush=True)
     from agent.trainer.checkpoint import CheckpointError
     from agent.trainer.data import BatchError
 
