@@ -15,7 +15,7 @@ from tests.cluster.jobs import finish, rank_pid, submit, tiny_project_and_daemon
 
 pytestmark = pytest.mark.cluster
 
-STEPS = 30
+STEPS = 60
 TRAIN = ["python", "-m", "mlx_lm", "lora", "--model", "model", "--train", "--data", "data", "--fine-tune-type",
          "full", "--batch-size", "3", "--iters", str(STEPS), "--learning-rate", "1e-4"]
 
@@ -44,6 +44,6 @@ def test_a_run_killed_on_three_nodes_resumes_with_the_losses_of_an_uninterrupted
     assert final["restarts"] == 1, final["story"]
     resumed = losses(netns_cluster, final, attempt=1)
     start = min(resumed) - 1
-    assert start in (10, 20) and sorted(resumed) == list(range(start + 1, STEPS + 1)), final["story"]
+    assert start in (10, 20, 30, 40) and sorted(resumed) == list(range(start + 1, STEPS + 1)), final["story"]
     for step, loss in resumed.items():
         assert abs(loss - reference[step]) <= 1e-5 * abs(reference[step]), (step, loss, reference[step])
