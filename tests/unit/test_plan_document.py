@@ -305,7 +305,7 @@ def test_learning_rate_rules():
     (JobOptions(per_rank_batch_size=0), "per_rank_batch_size must be a whole number ≥ 1, got 0"),
     (JobOptions(learning_rate=-1.0), "learning_rate must be a number > 0"),
     (JobOptions(warmup_steps=False), "warmup_steps must be a whole number ≥ 0"),
-    (JobOptions(compression="lz4"), "compression must be one of none, gzip"),
+    (JobOptions(compression="gzip"), "compression must be one of none"),
     (JobOptions(replica="nas"), "replica must be one of head, none, studio-a, studio-b, studio-c, got 'nas'"),
     (JobOptions(min_nodes=4), "min_nodes 4 is more than the 3 nodes of the cluster"),
     (JobOptions(trainer="torch"), "trainer must be one of mlx_lm, coord"),
