@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -62,6 +63,18 @@ def events(daemon: DaemonProcess, name: str | None = None) -> list[dict]:
     doc = json.loads(coord("status", "--json", "--events", "200", "--config", str(daemon.config),
                            env=daemon.env).stdout)
     return [e for e in doc["events"] if name is None or e["message"].startswith(name + ":")]
+
+
+def wait_event(daemon: DaemonProcess, name: str, kind: str, timeout: float, what: str, count: int = 1,
+               where=lambda event: True) -> list[dict]:
+    """Wait until the job has ``count`` events of ``kind`` (that satisfy ``where``); returns them."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [e for e in events(daemon, name) if e["kind"] == kind and where(e)]
+        if len(found) >= count:
+            return found
+        time.sleep(0.5)
+    raise AssertionError(f"{name}: timed out after {timeout:g} s waiting for {what}")
 
 
 def finish(daemon: DaemonProcess, name: str, steps: int = TOTAL_STEPS) -> dict:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.jobs import (TOTAL_STEPS, events, finish, rank_pid, ranks_left, submit, tiny_project_and_daemon,
-                                wait_step)
+                                wait_event, wait_step)
 from tests.integration.daemon_harness import coord
 
 pytestmark = pytest.mark.cluster
@@ -71,3 +71,29 @@ def test_rank0s_node_lost_for_good_the_job_finishes_on_two_from_a_verified_repli
     assert ranks_left(netns_cluster) == {}
     logs = coord("logs", "--config", str(daemon.config), "--rank", "1", "shrink", env=daemon.env)
     assert logs.returncode == 0
+
+
+@pytest.mark.timeout(900)
+def test_a_node_left_out_is_brought_back_by_resize_and_replicas_go_to_another_node(netns_cluster, running):
+    daemon = running["daemon"]
+    submit(daemon, running["project"], "grow", "--min-nodes", "2", "--node-timeout", "3", "--hang-timeout", "300",
+           "--replica", "n2", command=[word if word != str(TOTAL_STEPS) else "120" for word in TRAIN6])
+    job = wait_step(daemon, "grow", 5)
+    away = job["nodes"][2]
+    netns_cluster.cut_link(away)
+    try:
+        wait_event(daemon, "grow", "job.resized", 120, "the job to shrink to two nodes")
+    finally:
+        netns_cluster.restore_link(away)
+    daemon.wait_for(lambda d: all(n["state"] == "up" for n in d["nodes"]), 60, "the node to be back")
+    resized = coord("resize", "--config", str(daemon.config), "grow", env=daemon.env)
+    assert resized.returncode == 0, resized.stderr
+    grown = wait_event(daemon, "grow", "job.resized", 300, "the job to grow back to three nodes",
+                       where=lambda e: e["data"]["back"] == [away])
+    final = finish(daemon, "grow", steps=120)
+    assert len(final["nodes"]) == 3 and grown, final["story"]
+    assert final["restarts"] == 1, final["story"]  # the node loss; the resize is not counted
+    # the copies of the checkpoints went to n2 (or to the head while rank 0's node was n2 or n2 was away)
+    copies = [e["message"] for e in events(daemon, "grow") if e["kind"] == "job.replicated"]
+    assert copies and all(" n2:" in m or "head:" in m for m in copies), copies
+    assert any(" n2:" in m for m in copies), copies
