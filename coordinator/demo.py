@@ -83,6 +83,10 @@ def _wait(what: str, predicate, timeout: float, daemon: subprocess.Popen, log_fi
     raise RuntimeError(f"{what}: not within {timeout:g} s; see {log_file}")
 
 
+# Every checkpoint is validated and copied: true, but it would drown the recovery in the story.
+_ROUTINE = {"job.checkpoint", "job.replicated"}
+
+
 def run_demo(root: Path, *, keep: bool, timeout: float = 600.0) -> int:
     from coordinator.cli import make_console
     from coordinator.commands.jobs import render_job
@@ -125,7 +129,13 @@ def run_demo(root: Path, *, keep: bool, timeout: float = 600.0) -> int:
         final = _wait("the job to end", lambda: (j := _ask(config.socket, "job", {"name": job_name}))["state"]
                       in ("succeeded", "failed", "stopped") and j, timeout, daemon, log_file)
         console.print()
-        render_status(_ask(config.socket, "status", {"events": 14}), console)
+        doc = _ask(config.socket, "status", {"events": 1000})
+        render_status({**doc, "events": []}, console)
+        console.print("\n[bold]the job's story[/] (checkpoint validations and copies left out)")
+        for event in doc["events"]:
+            if event["message"].startswith(job_name + ":") and event["kind"] not in _ROUTINE:
+                stamp = time.strftime("%H:%M:%S", time.localtime(event["ts"]))
+                console.print(f"  {stamp}  {event['message']}", soft_wrap=True, markup=False, highlight=False)
         console.print(f"\nlogs: coord logs --config {config_path} --rank 0 {job_name}")
         if keep:
             console.print(f"coordd keeps running (pid {daemon.pid}); stop it with: kill {daemon.pid}")

@@ -74,7 +74,8 @@ def test_a_restarted_daemon_reattaches_and_the_job_finishes(netns_cluster, setup
 def test_a_damaged_newest_checkpoint_is_skipped_for_the_one_before(netns_cluster, setup):
     holder, project, _ = setup
     daemon = holder["daemon"]
-    submit(daemon, project, "damaged", "--hang-timeout", "300")
+    # no replica: a copy of the newest checkpoint would stand in for the damaged one (tested elsewhere)
+    submit(daemon, project, "damaged", "--hang-timeout", "300", "--replica", "none")
     job = wait_step(daemon, "damaged", 25)
     for rank in range(3):  # freeze the ranks so no newer checkpoint appears meanwhile
         os.killpg(rank_pid(netns_cluster, job, rank), signal.SIGSTOP)

@@ -144,7 +144,9 @@ def test_checkpoints_are_replicated_to_the_head_and_a_lost_primary_resumes_from_
     daemon, root = cluster
     name = "replicas-" + ("bad" if replica_damaged else "good")
     submitted = coord("run", "--config", str(daemon.config), "--name", name, "--source", str(root / "project"),
-                      "--save-every", "5", "--detach", "--", "python", "plain.py", "--steps", "40", env=daemon.env)
+                      "--save-every", "5", "--detach", "--", "python", "plain.py", "--steps", "40",
+                      # slow enough that the ranks are still running when step 15's copy is seen
+                      "--sleep", "0.4", env=daemon.env)
     assert submitted.returncode == 0, submitted.stderr
     daemon.wait_for(lambda d: any(e["kind"] == "job.replicated" and e["message"].startswith(name + ":")
                                   and e["data"]["step"] >= 15 for e in d["events"]), 300, "step 15 replicated")
