@@ -84,7 +84,7 @@ def _wait(what: str, predicate, timeout: float, daemon: subprocess.Popen, log_fi
 
 
 # Every checkpoint is validated and copied: true, but it would drown the recovery in the story.
-_ROUTINE = {"job.checkpoint", "job.replicated"}
+_ROUTINE = {"job.checkpoint", "job.checkpoint_saved", "job.replicated"}
 
 
 def run_demo(root: Path, *, keep: bool, timeout: float = 600.0) -> int:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from agent.launch import rank_command
+from coordinator.jobs.launcher import launcher_argv
 from coordinator.plan import datasets, diagnosis, sizing
 from coordinator.plan.document import JobOptions, PlanInputError, PlanInputs, build_plan, timings_from_events
 from coordinator.plan.orchestration import OrchestrationInputError, build_orchestration, parse_orchestration_input
@@ -56,7 +57,7 @@ async def serve_plan(daemon: "Daemon", emit, *, schema: str = "v2", model: str |
         calibrations={n.name: daemon.state.calibration(n.name) for n in daemon.config.nodes},
         backend=preflight["backend"], backend_error=preflight.get("backend_error"), hostfile=preflight["hostfile"],
         hostfile_path=hostfile_path,
-        launch_argv=["mlx.launch", "--hostfile", hostfile_path, "--", *rank_command(name)],
+        launch_argv=[*launcher_argv(), "--hostfile", hostfile_path, "--", *rank_command(name)],
         launch_env={"PATH": str(state_dir / "jobs" / name / "attempt-0" / "bin") + ":$PATH"},
         job_name=name, consistency=preflight.get("consistency"), preflight=preflight,
         sync_hook=daemon.config.sync.hook, keepalive_s=daemon.config.ssh.keepalive_s,

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from agent.launch import rank_command
 from coordinator.commands.hostfile import node_topologies, plan_backend, write_launch_files
+from coordinator.jobs.launcher import launcher_argv
 from shared import protocol as p
 from shared.rpc import RemoteError
 
@@ -48,8 +48,7 @@ async def prepare_job(daemon: "Daemon", job: str, argv: list, env: dict | None =
     async with anyio.create_task_group() as tasks:
         for rank, name in enumerate(order):
             tasks.start_soon(one, rank, name)
-    launcher = shutil.which("mlx.launch") or "mlx.launch"
-    command = [launcher, "--hostfile", files["hostfile"], "--", *rank_command(job)]
+    command = [*launcher_argv(), "--hostfile", files["hostfile"], "--", *rank_command(job)]
     path = files["path_prefix"] + os.pathsep + os.environ.get("PATH", "/usr/bin:/bin")
     return {"job": job, "argv": command, "env": {"PATH": path}, "order": order, "hostfile": document,
             "files": files, "scripts": scripts, "backend": choice}

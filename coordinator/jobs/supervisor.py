@@ -25,6 +25,7 @@ from coordinator.commands.hostfile import node_topologies, plan_backend, write_l
 from coordinator.jobs import catalog
 from coordinator.jobs.elastic import Undividable, choose_nodes, rebatch
 from coordinator.jobs.fingerprints import Divergence, ReplicaCheck
+from coordinator.jobs.launcher import launcher_argv
 from coordinator.jobs.policy import (DIVERGED, HUNG, NODE_LOST, RANK_FAILED, RESIZED, STOPPED, SUCCEEDED, Decision,
                                      Outcome, decide, hang_timeout)
 from coordinator.jobs.replica import HEAD, Replicator
@@ -360,7 +361,7 @@ class JobRunner:
         async with anyio.create_task_group() as tasks:
             for rank, name in enumerate(order):
                 tasks.start_soon(prepare, rank, name)
-        launcher = [_mlx_launch(), "--hostfile", files["hostfile"], "--", *rank_command(self.spec.name)]
+        launcher = [*launcher_argv(), "--hostfile", files["hostfile"], "--", *rank_command(self.spec.name)]
         env = dict(os.environ, PATH=files["path_prefix"] + os.pathsep + os.environ.get("PATH", "/usr/bin:/bin"))
         with open(directory / "launcher.log", "ab") as output:
             proc = subprocess.Popen(launcher, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
@@ -565,6 +566,9 @@ class JobRunner:
             found = self._replica_check.add(int(record["step"]), int(record["rank"]), str(record["sha256"]))
             self._divergence = self._divergence or found
             return
+        if record.get("kind") == "checkpoint":
+            self._on_checkpoint_written(record)
+            return
         if record.get("kind") != "train":
             return
         now = float(record.get("time") or time.time())
@@ -584,6 +588,20 @@ class JobRunner:
         self.record["peak_memory_gb"] = record.get("peak_memory_gb")
         self.record["last_progress"] = now
         self.save()
+
+    def _on_checkpoint_written(self, record: dict[str, Any]) -> None:
+        """coord's trainer says how long a save held training and how long the write took
+        off the training thread; kept with the step time so the plan can state the overhead."""
+        try:
+            held, wrote = float(record["blocking_seconds"]), float(record["write_seconds"])
+            step = int(record["step"])  # the trainer counts global steps
+        except (KeyError, TypeError, ValueError):
+            return
+        self.record["checkpoint_save_s"] = held
+        self.event("checkpoint_saved", f"checkpoint of step {step} saved: training held "
+                   f"{held:.3f} s, written in {wrote:.2f} s off the training thread",
+                   step=step, blocking_seconds=round(held, 4),
+                   write_seconds=round(wrote, 4), step_seconds=self.record.get("step_seconds"))
 
     async def _pull_log(self, rank: int, name: str, size: int) -> None:
         """Keep each rank's output on the head, per attempt and per rank."""
@@ -757,7 +775,3 @@ def _signal_name(status: int) -> str | None:
 def _version_key(version: str) -> tuple[int, ...]:
     return tuple(int(part) if part.isdigit() else 0 for part in version.split("."))
 
-
-def _mlx_launch() -> str:
-    import shutil
-    return shutil.which("mlx.launch") or "mlx.launch"

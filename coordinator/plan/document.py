@@ -231,7 +231,7 @@ def timings_from_events(events: Sequence[Mapping[str, Any]]) -> MeasuredTimings:
     (``StateStore.recent_events``, oldest first). A recovery runs from an attempt that
     ended in failure to the first step of that job's next attempt. Events name their job
     in the message prefix (``"JOB: ..."``; job names cannot hold ``": "``)."""
-    launch, recovery, stopping, placing = [], [], [], []
+    launch, recovery, stopping, placing, held, steps = [], [], [], [], [], []
     failed_at: dict[str, float] = {}
     for event in events:
         kind, data = event.get("kind", ""), event.get("data") or {}
@@ -249,7 +249,14 @@ def timings_from_events(events: Sequence[Mapping[str, Any]]) -> MeasuredTimings:
             stopping.append(float(data["seconds"]))
         elif kind == "job.checkpoint_placed" and isinstance(data.get("seconds"), (int, float)):
             placing.append(float(data["seconds"]))
-    return MeasuredTimings(tuple(launch), tuple(recovery), tuple(stopping), tuple(placing))
+        elif kind == "job.checkpoint_saved" and isinstance(data.get("blocking_seconds"), (int, float)):
+            # coord's trainer: what a save held training, and the step time when it did
+            held.append(float(data["blocking_seconds"]))
+            if isinstance(data.get("step_seconds"), (int, float)) and data["step_seconds"] > 0:
+                steps.append(float(data["step_seconds"]))
+    return MeasuredTimings(tuple(launch), tuple(recovery), tuple(stopping), tuple(placing),
+                           step_s=statistics.median(steps) if steps else None,
+                           checkpoint_save_s=statistics.median(held) if held else None)
 
 
 # --- what several sections share --------------------------------------------------------------
@@ -467,7 +474,9 @@ def distributed_section(inputs: PlanInputs, options: dict[str, tuple[Any, str]])
     mlx_version = _common_fact(inputs, order, "mlx_version")
     section = Section()
     section.put("mlx_launch_command", shlex.join(inputs.launch_argv),
-                "coord's launcher: mlx.launch with the hostfile coord writes; each rank runs its node's rank "
+                "coord's launcher: mlx.launch (run as coordinator.jobs.launcher where the head's Python has mlx: "
+                "the same main(), without its busy output loops) with the hostfile coord writes; each rank runs "
+                "its node's rank "
                 "script (~/.coord/jobs/JOB/rank-$MLX_RANK.sh), which enters the node's workdir and runs the "
                 "training command with the node's Python")
     if inputs.hostfile_path:
@@ -599,9 +608,11 @@ def checkpoint_section(inputs: PlanInputs, options: dict[str, tuple[Any, str]]) 
                 "(coordinator/jobs/replica.py)")
     section.put("frequency", f"every {save_every} steps", save_source)
     section.put("retention", f"last {keep} valid checkpoints", keep_source)
-    size = (inputs.sizing or {}).get("checkpoint_bytes")
+    with_optimizer = options["trainer"][0] == "coord" and trainer is not None
+    size = (inputs.sizing or {}).get("checkpoint_bytes_with_optimizer" if with_optimizer else "checkpoint_bytes")
     if _positive_int(size):
-        section.put("checkpoint_bytes", size, f"sizing: {inputs.sizing.get('source') or 'trainable parameters'}")
+        section.put("checkpoint_bytes", size, f"sizing: {inputs.sizing.get('source') or 'trainable parameters'}"
+                    + ("; plus the optimizer state coord's trainer saves" if with_optimizer else ""))
     seconds, how = expected_recovery(inputs)
     if seconds is None:
         section.lack("expected_recovery_time", how)

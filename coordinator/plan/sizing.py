@@ -768,12 +768,17 @@ def sizing_summary(plan: Mapping[str, Any]) -> dict[str, Any]:
     kind = plan["recommendation"]["kind"]
     fit = plan["lora"] if kind == "lora" else plan
     if kind not in ("data_parallel", "lora") or fit["largest_batch_size"] is None:
-        return {"per_rank_batch_size": None, "checkpoint_bytes": None, "memory_per_rank_bytes": None,
+        return {"per_rank_batch_size": None, "checkpoint_bytes": None, "checkpoint_bytes_with_optimizer": None,
+                "memory_per_rank_bytes": None,
                 "source": f"coord plan sizing: {plan['recommendation']['detail']}"}
     estimate = fit["estimate"]
     item = DTYPE_BYTES[estimate["train_dtype"]]
+    weights = estimate["trainable_parameters"] * item
+    optimizer = sum(c["bytes"] for c in estimate["components"] if c["name"] == "optimizer_state")
     return {"per_rank_batch_size": fit["largest_batch_size"],
-            "checkpoint_bytes": estimate["trainable_parameters"] * item,
+            "checkpoint_bytes": weights,
+            # coord's trainer also saves the optimizer's state, so that a resume is exact
+            "checkpoint_bytes_with_optimizer": weights + optimizer,
             "memory_per_rank_bytes": fit["largest_batch_bytes"],
             "source": (f"coord plan sizing ({plan['model']['source']}): largest per-rank batch that fits "
                        f"{', '.join(fit['replicas'])}" + (" with --grad-checkpoint" if fit["grad_checkpoint"] else "")

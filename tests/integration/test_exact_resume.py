@@ -224,7 +224,8 @@ def test_one_rank_killed_and_resumed_matches_the_uninterrupted_run(project, kind
     assert _trainer_state(checkpoints[first])["global_step"] == start + first
     saves = resumed.records("checkpoint")
     assert saves[start + first]["bytes"] == checkpoints[first].stat().st_size
-    assert saves[start + first]["blocking_seconds"] >= 0 and saves[start + first]["write_seconds"] > 0
+    # the training thread only copies the arrays; the write (with its fsync) happens off it
+    assert 0 < saves[start + first]["blocking_seconds"] < saves[start + first]["write_seconds"]
     _assert_mlx_lm_loads_the_weights(project, reference.checkpoints()[10], kind)
     # The final adapters are weights only, as mlx-lm writes them.
     final = _load(resumed.adapters / "adapters.safetensors")

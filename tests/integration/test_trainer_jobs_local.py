@@ -60,3 +60,7 @@ def test_a_rank_whose_weights_diverge_is_named_and_the_job_resumes_from_before(c
     resumed = [e for e in found if e["kind"] == "job.resume_from"]
     assert resumed and resumed[-1]["data"]["step"] == 6, story  # the last step at which every rank agreed
     assert final["restarts"] == 1
+    # the trainer's own measure of each save reaches the daemon (the plan's checkpoint overhead)
+    saved = [e["data"] for e in found if e["kind"] == "job.checkpoint_saved"]
+    assert {2, 4, 6} <= {d["step"] for d in saved}, story
+    assert all(0 < d["blocking_seconds"] < d["write_seconds"] for d in saved), saved

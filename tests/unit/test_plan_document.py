@@ -146,7 +146,8 @@ def cluster_inputs(topologies: dict, *, rates: dict[str, float], options: JobOpt
         job_name="tiny", consistency=compare_nodes(manifests, what="code"),
         preflight=preflight_result(nodes, facts, choice, hostfile, manifests), keepalive_s=2.0,
         dataset={"examples": 12000, "chunks": 3, "chunk_size": 5000, "source": "data/train.jsonl: 12000 lines"},
-        sizing={"checkpoint_bytes": 42 * 2**20, "memory_per_rank_bytes": 18 * GIB,
+        sizing={"checkpoint_bytes": 42 * 2**20, "checkpoint_bytes_with_optimizer": 126 * 2**20,
+                "memory_per_rank_bytes": 18 * GIB,
                 "source": "model 3.2 GB bf16, LoRA rank 8"},
         options=options or JobOptions(per_rank_batch_size=4, learning_rate=1e-4))
     values.update(overrides)
@@ -480,6 +481,26 @@ def test_recovery_time_is_measured_when_known_else_estimated_and_says_which():
     how = checkpoint["sources"]["expected_recovery_time"]
     assert how.startswith("estimate: first restart backoff 1 s")
     assert "copying the checkpoint to every node not included (not measured yet)" in how
+
+
+def test_the_trainers_save_events_give_the_median_save_and_step_time():
+    def saved(ts, held, step_s):
+        return {"ts": ts, "kind": "job.checkpoint_saved", "node": None, "message": "tiny: checkpoint saved",
+                "data": {"step": 10, "blocking_seconds": held, "write_seconds": 0.5, "step_seconds": step_s}}
+
+    timings = timings_from_events([*job_events(), saved(101, 0.02, 0.4), saved(102, 0.04, None),
+                                   saved(103, 0.9, 0.6), saved(104, 0.03, 0.5)])
+    assert timings.checkpoint_save_s == 0.035  # median of 0.02, 0.04, 0.9, 0.03
+    assert timings.step_s == 0.5  # median of the known step times
+    assert timings_from_events(job_events()).checkpoint_save_s is None
+
+
+def test_the_checkpoint_size_holds_the_optimizer_state_when_coords_trainer_saves_it():
+    plain = build_plan(mesh_inputs())["checkpoint_strategy"]
+    assert plain["checkpoint_bytes"] == 42 * 2**20
+    exact = build_plan(mesh_inputs(options=JobOptions(per_rank_batch_size=4, learning_rate=1e-4, trainer="coord")))
+    assert exact["checkpoint_strategy"]["checkpoint_bytes"] == 126 * 2**20
+    assert "optimizer state" in exact["checkpoint_strategy"]["sources"]["checkpoint_bytes"]
 
 
 def test_checkpoint_overhead_comes_from_measured_save_and_step_times():

@@ -374,6 +374,8 @@ def test_the_plan_document_gets_a_batch_a_checkpoint_size_and_a_source(model):
     summary = sizing_summary(plan)
     assert summary["per_rank_batch_size"] == plan["largest_batch_size"] > 4
     assert summary["checkpoint_bytes"] == 4 * model("4B").layer_parameter_count
+    # Adam's two moments per trainable parameter ride along in coord's trainer's checkpoints
+    assert summary["checkpoint_bytes_with_optimizer"] == 3 * summary["checkpoint_bytes"]
     assert 87 * GIB < summary["memory_per_rank_bytes"] <= 96 * GIB
     assert "largest per-rank batch that fits mac with --grad-checkpoint" in summary["source"]
     unsized = sizing_summary(fit_nodes(model("70B"), one_mac(M4_MAX), batch_size=1))

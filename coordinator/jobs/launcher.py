@@ -1,0 +1,68 @@
+"""``python -m coordinator.jobs.launcher [mlx.launch options]``: mlx.launch without its busy loops.
+
+mlx.launch relays each rank's output from a thread that waits in ``select()`` with
+the rank's stdin pipe in the write set. A pipe with room is always writable, so
+every one of those threads spins; its main loop spins as well when its own stdin
+is at EOF, as it is under a daemon. On a 2-core machine, two local ranks of
+``sleep 4`` cost stock mlx.launch about 5 s of CPU and this launcher 0.25 s
+(``bench/launcher_cpu.py``): on a Mac that is both the head and rank 0, that
+core is taken from training.
+
+coord never writes to a rank's stdin, so this runs mlx.launch's own ``main()``
+(hostfile, backends, environment: all mlx's) with a ``select()`` that waits on
+reads only, and a stdin that never becomes readable. Where mlx's launcher
+module has another shape, it runs unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import select
+import shutil
+import sys
+
+_LAUNCH_MODULE = "mlx._distributed_utils.launch"
+
+
+def _reads_only(rlist, wlist, xlist, timeout=None):
+    """select() as mlx.launch calls it, without the write set coord never uses."""
+    readable, _, exceptional = select.select(rlist, [], xlist, timeout)
+    return readable, [], exceptional
+
+
+def _stdin_that_never_reads() -> int:
+    """Point fd 0 at a pipe whose write end this process holds open and never writes to."""
+    read_end, write_end = os.pipe()
+    os.dup2(read_end, 0)
+    os.close(read_end)
+    return write_end
+
+
+@functools.lru_cache(maxsize=1)
+def launcher_argv() -> tuple[str, ...]:
+    """The command that starts mlx.launch: this module under the daemon's own Python when
+    that Python has mlx's launcher, else the ``mlx.launch`` found on PATH."""
+    try:
+        found = importlib.util.find_spec(_LAUNCH_MODULE) is not None
+    except ImportError:
+        found = False
+    if found:
+        return (sys.executable, "-m", __name__)
+    return (shutil.which("mlx.launch") or "mlx.launch",)
+
+
+def main() -> int:
+    from mlx._distributed_utils import launch
+
+    if callable(getattr(launch, "select", None)):
+        launch.select = _reads_only
+        keep_open = _stdin_that_never_reads()  # noqa: F841 (held until exit)
+    sys.argv[0] = "mlx.launch"
+    result = launch.main()
+    return result if isinstance(result, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
