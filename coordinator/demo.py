@@ -10,6 +10,7 @@ Nothing is downloaded.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -68,7 +69,23 @@ def _ask(socket: Path, method: str, args: dict | None = None):
     return asyncio.run(call_daemon(socket, method, args or {}, timeout=60))
 
 
-def _wait(what: str, predicate, timeout: float, daemon: subprocess.Popen, log_file: Path):
+def _last_step(progress: Path) -> int:
+    """The newest global step in a rank's progress file (0 before the first)."""
+    try:
+        lines = progress.read_bytes().splitlines()
+    except FileNotFoundError:
+        return 0
+    for raw in reversed(lines):
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            continue  # a line still being written
+        if record.get("kind") == "train":
+            return int(record["step"])
+    return 0
+
+
+def _wait(what: str, predicate, timeout: float, daemon: subprocess.Popen, log_file: Path, every: float = 0.25):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if daemon.poll() is not None:
@@ -79,7 +96,7 @@ def _wait(what: str, predicate, timeout: float, daemon: subprocess.Popen, log_fi
             value = None
         if value:
             return value
-        time.sleep(0.25)
+        time.sleep(every)
     raise RuntimeError(f"{what}: not within {timeout:g} s; see {log_file}")
 
 
@@ -112,9 +129,16 @@ def run_demo(root: Path, *, keep: bool, timeout: float = 600.0) -> int:
                       f"{ITERS} steps, a checkpoint every {SAVE_EVERY}")
         _ask(config.socket, "run", {"spec": {"name": job_name, "command": TRAIN, "source": str(root / "project"),
                                              "save_every": SAVE_EVERY, "hang_timeout": 120}})
-        job = _wait(f"step {KILL_AT}", lambda: (j := _ask(config.socket, "job", {"name": job_name}))["step"] >= KILL_AT
-                    or j["state"] in ("failed", "stopped", "succeeded") and j, timeout, daemon, log_file)
-        job = _ask(config.socket, "job", {"name": job_name})
+        job = _wait("the ranks to start", lambda: (j := _ask(config.socket, "job", {"name": job_name}))["state"]
+                    in ("running", "failed", "stopped", "succeeded") and j, timeout, daemon, log_file)
+        if job["state"] == "running":
+            # Rank 0's own progress file, read often: a step takes tens of milliseconds here,
+            # far less than the daemon's poll.
+            first = next(n for n in config.nodes if n.name == job["nodes"][0])
+            progress = Path(first.workdir, ".coord", "jobs", job_name, f"attempt-{job['attempt']}", "rank-0",
+                            "progress.jsonl")
+            _wait(f"step {KILL_AT}", lambda: _last_step(progress) >= KILL_AT, timeout, daemon, log_file, every=0.01)
+            job = _ask(config.socket, "job", {"name": job_name})
         if job["state"] != "running":
             console.print(render_job(job), markup=False)
             return 1
@@ -123,7 +147,7 @@ def run_demo(root: Path, *, keep: bool, timeout: float = 600.0) -> int:
         pid_file = Path(victim_node.workdir, ".coord", "jobs", job_name, f"attempt-{job['attempt']}",
                         f"rank-{victim_rank}", "pid")
         pid = int(pid_file.read_text())
-        console.print(f"at step {job['step']}: killing rank {victim_rank} on {victim_node.name} (pid {pid}) "
+        console.print(f"at step {_last_step(progress)}: killing rank {victim_rank} on {victim_node.name} (pid {pid}) "
                       "with SIGKILL")
         os.kill(pid, signal.SIGKILL)
         final = _wait("the job to end", lambda: (j := _ask(config.socket, "job", {"name": job_name}))["state"]

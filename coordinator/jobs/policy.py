@@ -62,3 +62,27 @@ def hang_timeout(configured: float | None, step_seconds: float | None) -> float:
     if configured is not None:
         return configured
     return max(60.0, 10.0 * step_seconds) if step_seconds else 60.0
+
+
+#: What a rank prints when it fails only because a peer went away first: never the root cause
+#: while a rank that failed on its own is known.
+PEER_LOST_MARKERS = ("connection to a peer was lost", "was closed by the peer", "Connection reset by peer",
+                     "Broken pipe")
+#: Exit statuses of a rank stopped by the launcher or a hung-up ssh (SIGTERM, SIGHUP).
+STOPPED_FROM_OUTSIDE = (143, 129)
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    rank: int
+    node: str
+    status: int
+    last_line: str = ""  # the last line of its output
+
+
+def root_cause(failures: list[RankFailure]) -> RankFailure:
+    """The rank that died on its own, not the peers that lost it or that were stopped after it:
+    a rank whose last words are a lost peer, or that was SIGTERMed/SIGHUPed, comes last; then
+    the lowest rank."""
+    return min(failures, key=lambda f: (any(m in f.last_line for m in PEER_LOST_MARKERS),
+                                        f.status in STOPPED_FROM_OUTSIDE, f.rank))

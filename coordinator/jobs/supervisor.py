@@ -27,7 +27,7 @@ from coordinator.jobs.elastic import Undividable, choose_nodes, rebatch
 from coordinator.jobs.fingerprints import Divergence, ReplicaCheck
 from coordinator.jobs.launcher import launcher_argv
 from coordinator.jobs.policy import (DIVERGED, HUNG, NODE_LOST, RANK_FAILED, RESIZED, STOPPED, SUCCEEDED, Decision,
-                                     Outcome, decide, hang_timeout)
+                                     Outcome, RankFailure, decide, hang_timeout, root_cause)
 from coordinator.jobs.replica import HEAD, Replicator
 from coordinator.jobs.spec import REPLICA_NONE, JobSpec, attempt_command, batch_split, is_mlx_lm
 from coordinator.jobs.transfer import CheckpointDamaged, HeadSource, NodeSink, NodeSource, copy_verified
@@ -453,11 +453,10 @@ class JobRunner:
                     return await self._ended(RANK_FAILED, f"rank {rank} on {name} disappeared without an exit "
                                              "status", "vanished")
             if failures:
-                # The root cause is the rank that died on its own, not the peers the launcher
-                # terminated afterwards (SIGTERM: 143) or that lost their ring connection.
-                rank, name, code = min(failures, key=lambda f: (f[2] in (143, 129), f[0]))
-                tail = await self._log_tail(rank)
-                return await self._ended(RANK_FAILED, f"rank {rank} on {name} exited with status {code}"
+                cause = root_cause([RankFailure(rank, name, code, await self._log_tail(rank))
+                                    for rank, name, code in failures])
+                code, tail = cause.status, cause.last_line
+                return await self._ended(RANK_FAILED, f"rank {cause.rank} on {cause.node} exited with status {code}"
                                          + (f" ({_signal_name(code)})" if _signal_name(code) else "")
                                          + (f": {tail}" if tail else ""), f"exit:{code}:{tail}")
             if len(exited) == len(order):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from coordinator.jobs import catalog
-from coordinator.jobs.policy import (HUNG, NODE_LOST, RANK_FAILED, STOPPED, SUCCEEDED, Outcome, backoff, decide,
-                                     hang_timeout)
+from coordinator.jobs.policy import (HUNG, NODE_LOST, RANK_FAILED, STOPPED, SUCCEEDED, Outcome, RankFailure, backoff,
+                                     decide, hang_timeout, root_cause)
 from coordinator.jobs.spec import JobSpec, JobSpecError, attempt_command, is_mlx_lm, validate
 
 FAIL_EARLY = Outcome(RANK_FAILED, "rank 1 exited with status 1: ImportError", False, "exit:1:ImportError")
@@ -55,6 +55,17 @@ def test_backoff_is_capped_and_hang_timeout_follows_the_step_time():
 
 MLX = ["python", "-m", "mlx_lm", "lora", "--model", "m", "--train", "--data", "d", "--iters", "60",
        "--fine-tune-type", "full", "--adapter-path", "mine", "--save-every", "5"]
+
+
+def test_the_root_cause_is_the_rank_that_died_not_the_peers_that_lost_it():
+    killed = RankFailure(2, "n3", 137)
+    lost = RankFailure(0, "n1", 1, "RuntimeError: [ring] connection to a peer was lost")
+    terminated = RankFailure(1, "n2", 143)
+    assert root_cause([lost, terminated, killed]) == killed
+    crashed = RankFailure(1, "n2", 1, "ValueError: shapes (3,4) and (5,6) cannot be broadcast")
+    assert root_cause([lost, crashed]) == crashed  # an ordinary error outranks a lost peer
+    assert root_cause([RankFailure(1, "n2", 1, "boom"), RankFailure(0, "n1", 1, "bang")]).rank == 0
+    assert root_cause([lost]) == lost  # nothing better known: the lost peer is named
 
 
 def test_an_mlx_lm_command_is_rewritten_per_attempt():
