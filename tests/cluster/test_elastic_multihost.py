@@ -97,3 +97,24 @@ def test_a_node_left_out_is_brought_back_by_resize_and_replicas_go_to_another_no
     copies = [e["message"] for e in events(daemon, "grow") if e["kind"] == "job.replicated"]
     assert copies and all(" n2:" in m or "head:" in m for m in copies), copies
     assert any(" n2:" in m for m in copies), copies
+
+
+@pytest.mark.timeout(900)
+def test_a_global_batch_the_remaining_ranks_cannot_split_waits_for_the_node(netns_cluster, running):
+    daemon = running["daemon"]
+    # --batch-size 3 over three ranks is one example each; two ranks cannot share 3 evenly
+    submit(daemon, running["project"], "nodiv", "--min-nodes", "2", "--node-timeout", "3", "--hang-timeout", "300")
+    job = wait_step(daemon, "nodiv", 5)
+    away = job["nodes"][2]
+    netns_cluster.cut_link(away)
+    try:
+        waiting = wait_event(daemon, "nodiv", "job.waiting_for_nodes", 120, "the job to say it cannot shrink",
+                             where=lambda e: "cannot be split evenly over 2 ranks" in e["message"])
+        assert away in waiting[-1]["message"]
+        time.sleep(3)  # still waiting, not shrunk
+        assert not [e for e in events(daemon, "nodiv") if e["kind"] == "job.resized"]
+    finally:
+        netns_cluster.restore_link(away)
+    final = finish(daemon, "nodiv")
+    assert sorted(final["nodes"]) == sorted(job["nodes"]) and final["restarts"] == 1, final["story"]
+    assert any(e["kind"] == "job.nodes_back" for e in events(daemon, "nodiv"))
