@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -207,8 +208,9 @@ def torchrun_recovery(root: Path) -> dict | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nodes", type=int, nargs="+", default=[3, 2], choices=[2, 3],
-                        help="cluster sizes to measure (3 also runs bare mlx.launch)")
+    parser.add_argument("--nodes", type=int, nargs="+", default=[3, 2], choices=[2, 3], help="cluster sizes to measure")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="cold runs of coord and of bare mlx.launch, interleaved (medians are reported)")
     parser.add_argument("--no-torchrun", action="store_true", help="skip the torchrun comparison")
     args = parser.parse_args()
     root = short_tempdir("coord-bench-run-")
@@ -216,50 +218,55 @@ def main() -> None:
     project = write_project(root / "project")
     for path in [project, *project.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)
-    results: dict[str, dict] = {}
+    results: dict[int, dict[str, list[dict]]] = {}
     with NetnsCluster() as cluster:
         for count in args.nodes:
             names = [n.name for n in cluster.nodes][:count]
             config = cluster.write_cluster_toml(root / f"cluster{count}.toml", state_dir=root / f"state{count}",
                                                 nodes=names)
             daemon = DaemonProcess(config, env=environment(), prefix=["ip", "netns", "exec", cluster.head_ns]).start()
+            runs: dict[str, list[dict]] = {"coord": [], "bare": [], "recover": []}
             try:
                 daemon.wait_for(all_up, 60, "all nodes up")
                 assert coord("sync", "--config", str(config), "--source", str(project), env=daemon.env).returncode == 0
                 coord_run(cluster, daemon, project, f"warmup{count}", kill=False)  # MLX compiles its CPU kernels
-                results[f"coord{count}"] = coord_run(cluster, daemon, project, f"cold{count}", kill=False)
-                results[f"recover{count}"] = coord_run(cluster, daemon, project, f"kill{count}", kill=True)
-                print(f"measured {count} nodes: {results[f'coord{count}']} {results[f'recover{count}']}",
-                      file=sys.stderr, flush=True)
+                bare_launch(cluster, root, names)  # the same warm-up for bare mlx.launch
+                for repeat in range(args.repeats):  # interleaved, so that both see the same machine
+                    runs["coord"].append(coord_run(cluster, daemon, project, f"cold{count}-{repeat}", kill=False))
+                    runs["bare"].append(bare_launch(cluster, root, names))
+                runs["recover"].append(coord_run(cluster, daemon, project, f"kill{count}", kill=True))
+                print(f"measured {count} nodes: {runs}", file=sys.stderr, flush=True)
             finally:
                 daemon.stop()
-            if count == 3:
-                bare_launch(cluster, root, names)  # warm-up, as for coord
-                results["bare3"] = bare_launch(cluster, root, names)
-    results["torchrun"] = None if args.no_torchrun else torchrun_recovery(root)
+            results[count] = runs
+    torch = None if args.no_torchrun else torchrun_recovery(root)
     shutil.rmtree(root, ignore_errors=True)
 
-    print(f"\ntiny llama (2 layers, width 64), full fine-tune of {ITERS} steps, ring backend, {os.cpu_count()} cores\n")
+    def median(rows: list[dict], key: str) -> float:
+        return statistics.median(r[key] for r in rows)
+
+    print(f"\ntiny llama (2 layers, width 64), full fine-tune of {ITERS} steps, ring backend, {os.cpu_count()} cores; "
+          f"medians of {args.repeats} interleaved cold runs\n")
     print("| measure | coord | compared with | ratio |")
     print("|---|---:|---:|---:|")
-    c3, b3 = results.get("coord3"), results.get("bare3")
-    if c3:
-        print(f"| launch to first step, 3 nodes (s) | {c3['first_step_s']:.2f} | bare mlx.launch "
-              f"{b3['first_step_s']:.2f} | {c3['first_step_s'] / b3['first_step_s']:.2f}x |")
-    for count in sorted(args.nodes):
-        r, cold = results[f"recover{count}"], results[f"coord{count}"]
-        print(f"| SIGKILL to first resumed step, {count} nodes (s) | {r['recovery_s']:.2f} | cold launch "
-              f"{cold['first_step_s']:.2f} | {r['recovery_s'] / cold['first_step_s']:.2f}x |")
-    torch = results["torchrun"]
+    for count in sorted(results):
+        coord_runs, bare_runs, recover = results[count]["coord"], results[count]["bare"], results[count]["recover"]
+        ours, theirs = median(coord_runs, "first_step_s"), median(bare_runs, "first_step_s")
+        print(f"| launch to first step, {count} nodes (s) | {ours:.2f} | bare mlx.launch {theirs:.2f} | "
+              f"{ours / theirs:.2f}x |")
+        back = median(recover, "recovery_s")
+        print(f"| SIGKILL to first resumed step, {count} nodes (s) | {back:.2f} | cold launch {ours:.2f} | "
+              f"{back / ours:.2f}x |")
+        ours, theirs = median(coord_runs, "steps_per_s"), median(bare_runs, "steps_per_s")
+        print(f"| training speed, {count} nodes (steps/s) | {ours:.2f} | bare mlx.launch {theirs:.2f} | "
+              f"{ours / theirs:.2f}x |")
     if torch and torch.get("recovery_s"):
         print(f"| torchrun --max-restarts, 2 CPU workers: SIGKILL to first resumed step (s) | - | "
               f"{torch['recovery_s']:.2f} (cold launch {torch['first_step_s']:.2f}) | "
               f"{torch['recovery_s'] / torch['first_step_s']:.2f}x of its cold launch |")
     elif not args.no_torchrun:
         print("| torchrun --max-restarts | - | torch not installed (pip install torch==2.13.0) | - |")
-    if c3:
-        print(f"| training speed, 3 nodes (steps/s) | {c3['steps_per_s']:.2f} | bare mlx.launch "
-              f"{b3['steps_per_s']:.2f} | {c3['steps_per_s'] / b3['steps_per_s']:.2f}x |")
+
 
 if __name__ == "__main__":
     main()

@@ -201,6 +201,7 @@ def _resume_from_newest(project: Path, killed: Run, name: str, ranks: int, args:
 @pytest.mark.parametrize("kind, args", [
     ("full", [*FULL, "--batch-size", "4"]),
     ("lora-accumulated", [*LORA, "--batch-size", "2", "--grad-accumulation-steps", "2"]),
+    ("dora", [*COMMON, "--fine-tune-type", "dora", "--learning-rate", "1e-3", "--batch-size", "2"]),
 ])
 def test_one_rank_killed_and_resumed_matches_the_uninterrupted_run(project, kind, args):
     args = [*args, "--save-every", "5", "--steps-per-eval", "10"]
@@ -248,6 +249,8 @@ def _assert_mlx_lm_loads_the_weights(project: Path, path: Path, kind: str) -> No
     model = llama.Model(llama.ModelArgs.from_dict(json.loads((project / "model" / "config.json").read_text())))
     if kind.startswith("lora"):
         linear_to_lora_layers(model, -1, {"rank": 4, "scale": 10.0, "dropout": 0.1})
+    elif kind == "dora":  # mlx-lm's defaults for the adapters' shape
+        linear_to_lora_layers(model, -1, {"rank": 8, "scale": 20.0, "dropout": 0.0}, use_dora=True)
     model.load_weights(str(path), strict=False)
     params = dict(tree_flatten(model.parameters()))
     saved = _load(path)
