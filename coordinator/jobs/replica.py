@@ -80,9 +80,17 @@ class Replicator:
                          f"{reason}", step=primary["step"])
             return
         seconds = time.monotonic() - started
+        # The primary may have been found bad meanwhile (replicas that diverged invalidate
+        # what was saved after it): the copy is no better than its original.
+        now = next((c for c in runner.daemon.state.checkpoints(runner.spec.name)
+                    if c.get("role", catalog.PRIMARY) == catalog.PRIMARY and c["attempt"] == primary["attempt"]
+                    and c["node"] == primary["node"] and c["path"] == primary["path"]), None)
+        valid = now is not None and now["valid"]
+        detail = (f"replica of {primary['node']}:{primary['path']}" if valid else
+                  f"replica of an invalid checkpoint: {now['detail'] if now else 'its primary was removed'}")
         runner.daemon.state.add_checkpoint(runner.spec.name, {
             **primary, "node": HEAD if target == REPLICA_HEAD else target, "path": path, "role": catalog.REPLICA,
-            "valid": True, "detail": f"replica of {primary['node']}:{primary['path']}", "created": time.time()})
+            "valid": valid, "detail": detail, "created": time.time()})
         runner.event("replicated", f"checkpoint of step {primary['step']} copied to {sink.where} in {seconds:.2f} s "
                      f"({primary['size'] / max(seconds, 1e-6) / 1e6:.0f} MB/s), SHA256 checked on arrival",
                      step=primary["step"], seconds=round(seconds, 3), bytes=primary["size"])
