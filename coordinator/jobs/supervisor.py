@@ -596,7 +596,6 @@ class JobRunner:
             step = int(record["step"])  # the trainer counts global steps
         except (KeyError, TypeError, ValueError):
             return
-        self.record["checkpoint_save_s"] = held
         self.event("checkpoint_saved", f"checkpoint of step {step} saved: training held "
                    f"{held:.3f} s, written in {wrote:.2f} s off the training thread",
                    step=step, blocking_seconds=round(held, 4),
