@@ -137,7 +137,17 @@ def run_demo(root: Path, *, keep: bool, timeout: float = 600.0) -> int:
             first = next(n for n in config.nodes if n.name == job["nodes"][0])
             progress = Path(first.workdir, ".coord", "jobs", job_name, f"attempt-{job['attempt']}", "rank-0",
                             "progress.jsonl")
-            _wait(f"step {KILL_AT}", lambda: _last_step(progress) >= KILL_AT, timeout, daemon, log_file, every=0.01)
+            asked = [0.0]
+
+            def reached_or_ended() -> bool:
+                if _last_step(progress) >= KILL_AT:
+                    return True
+                if time.monotonic() - asked[0] < 0.5:
+                    return False
+                asked[0] = time.monotonic()  # a job that ended early is told at once, not after the timeout
+                return _ask(config.socket, "job", {"name": job_name})["state"] != "running"
+
+            _wait(f"step {KILL_AT}", reached_or_ended, timeout, daemon, log_file, every=0.01)
             job = _ask(config.socket, "job", {"name": job_name})
         if job["state"] != "running":
             console.print(render_job(job), markup=False)
