@@ -131,35 +131,39 @@ def run_demo(root: Path, *, keep: bool, timeout: float = 600.0) -> int:
                                              "save_every": SAVE_EVERY, "hang_timeout": 120}})
         job = _wait("the ranks to start", lambda: (j := _ask(config.socket, "job", {"name": job_name}))["state"]
                     in ("running", "failed", "stopped", "succeeded") and j, timeout, daemon, log_file)
-        if job["state"] == "running":
-            # Rank 0's own progress file, read often: a step takes tens of milliseconds here,
-            # far less than the daemon's poll.
-            first = next(n for n in config.nodes if n.name == job["nodes"][0])
-            progress = Path(first.workdir, ".coord", "jobs", job_name, f"attempt-{job['attempt']}", "rank-0",
-                            "progress.jsonl")
-            asked = [0.0]
-
-            def reached_or_ended() -> bool:
-                if _last_step(progress) >= KILL_AT:
-                    return True
-                if time.monotonic() - asked[0] < 0.5:
-                    return False
-                asked[0] = time.monotonic()  # a job that ended early is told at once, not after the timeout
-                return _ask(config.socket, "job", {"name": job_name})["state"] != "running"
-
-            _wait(f"step {KILL_AT}", reached_or_ended, timeout, daemon, log_file, every=0.01)
-            job = _ask(config.socket, "job", {"name": job_name})
         if job["state"] != "running":
             console.print(render_job(job), markup=False)
             return 1
+        # Rank 0's own progress file, read often: a step takes tens of milliseconds here, far
+        # less than the daemon's poll. The kill happens in the same breath as the read, so the
+        # run cannot finish between "step 25 seen" and the signal.
+        attempt_dir = Path(".coord", "jobs", job_name, f"attempt-{job['attempt']}")
+        first = next(n for n in config.nodes if n.name == job["nodes"][0])
+        progress = Path(first.workdir, attempt_dir, "rank-0", "progress.jsonl")
         victim_rank = len(job["nodes"]) - 1
         victim_node = next(n for n in config.nodes if n.name == job["nodes"][victim_rank])
-        pid_file = Path(victim_node.workdir, ".coord", "jobs", job_name, f"attempt-{job['attempt']}",
-                        f"rank-{victim_rank}", "pid")
-        pid = int(pid_file.read_text())
-        console.print(f"at step {_last_step(progress)}: killing rank {victim_rank} on {victim_node.name} (pid {pid}) "
-                      "with SIGKILL")
-        os.kill(pid, signal.SIGKILL)
+        pid_file = Path(victim_node.workdir, attempt_dir, f"rank-{victim_rank}", "pid")
+        killed: list[tuple[int, int]] = []
+        asked = [0.0]
+
+        def kill_at_step_or_ended() -> bool:
+            step = _last_step(progress)
+            if step >= KILL_AT:
+                pid = int(pid_file.read_text())
+                os.kill(pid, signal.SIGKILL)
+                killed.append((step, pid))
+                return True
+            if time.monotonic() - asked[0] < 0.5:
+                return False
+            asked[0] = time.monotonic()  # a job that ended early is told at once, not after the timeout
+            return _ask(config.socket, "job", {"name": job_name})["state"] != "running"
+
+        _wait(f"step {KILL_AT}", kill_at_step_or_ended, timeout, daemon, log_file, every=0.01)
+        if not killed:
+            console.print(render_job(_ask(config.socket, "job", {"name": job_name})), markup=False)
+            return 1
+        step, pid = killed[0]
+        console.print(f"at step {step}: killing rank {victim_rank} on {victim_node.name} (pid {pid}) with SIGKILL")
         final = _wait("the job to end", lambda: (j := _ask(config.socket, "job", {"name": job_name}))["state"]
                       in ("succeeded", "failed", "stopped") and j, timeout, daemon, log_file)
         console.print()
