@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import struct
+import subprocess
 import time
 from typing import Any
 
@@ -76,17 +77,34 @@ def _rss_bytes(pid: int | None) -> int | None:
     try:
         with open(f"/proc/{pid}/statm", encoding="utf-8") as handle:
             return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except FileNotFoundError:
+        if os.path.isdir("/proc/self"):
+            return None  # Linux: the process is gone
     except (OSError, ValueError, IndexError):
+        return None
+    # macOS has no /proc: ps reports the resident size in KiB.
+    try:
+        out = subprocess.run(["ps", "-o", "rss=", "-p", str(pid)], capture_output=True, text=True, timeout=5)
+        return int(out.stdout.strip()) * 1024 if out.returncode == 0 and out.stdout.strip() else None
+    except (OSError, ValueError, subprocess.SubprocessError):
         return None
 
 
 def _group_members(pgid: int) -> list[int]:
-    """Processes in a process group (Linux /proc; elsewhere only the leader is known)."""
-    members = []
+    """Live processes of a process group. Linux names them from /proc (zombies left out);
+    elsewhere (macOS) ``killpg(pgid, 0)`` says whether any is left, and the group is named
+    by its id."""
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return [pgid] if _alive(pgid) else []
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return []
+        except PermissionError:
+            pass
+        return [pgid]
+    members = []
     for entry in entries:
         if not entry.isdigit():
             continue
@@ -107,8 +125,13 @@ def rank_status(workdir: str, job: str, attempt: int, rank: int, progress_offset
     # Read the exit status after the liveness checks: the runner writes it just after its
     # child ends, so a dead child with a live runner is a rank that is finishing, not lost.
     code = _read_int(os.path.join(directory, "exit"))
+    exited_at = None
     if code is not None:
         state, alive = "exited", False
+        try:
+            exited_at = os.stat(os.path.join(directory, "exit")).st_mtime
+        except OSError:
+            pass
     elif alive or runner_alive:
         state = "running"
     else:
@@ -119,7 +142,8 @@ def rank_status(workdir: str, job: str, attempt: int, rank: int, progress_offset
     except OSError:
         log_size = 0
     return {"state": state, "pid": pid, "exit": code, "rss_bytes": _rss_bytes(pid) if alive else None,
-            "progress": progress, "progress_offset": offset, "log_size": log_size, "time": time.time()}
+            "progress": progress, "progress_offset": offset, "log_size": log_size, "time": time.time(),
+            "exited_at": exited_at}
 
 
 def _read_progress(path: str, offset: int) -> tuple[list[dict], int]:
@@ -181,10 +205,10 @@ def stop_rank(workdir: str, job: str, attempt: int, rank: int, grace: float = 5.
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and _group_members(pgid):
         time.sleep(0.1)
-    for pid in _group_members(pgid):
+    if _group_members(pgid):
         try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
+            os.killpg(pgid, signal.SIGKILL)  # the whole group at once, on every platform
+        except (ProcessLookupError, PermissionError):
             pass
     if runner and _alive(runner):
         try:

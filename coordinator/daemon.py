@@ -96,12 +96,15 @@ class Daemon:
             runner = JobRunner(self, JobSpec.from_dict(row["spec"]), record=row["record"])
             runner.state = row["state"]
             self.jobs[row["name"]] = runner
-            if row["state"] in ACTIVE:
-                if row["record"].get("attempt", -1) >= 0 and row["state"] in ("running", "starting"):
-                    self.start_task(lambda r=runner: r.run(reattach=True), name=f"job:{row['name']}")
-                else:
-                    runner.record["error"] = f"the daemon stopped while the job was {row['state']}"
-                    runner.set_state("failed")
+            if row["state"] not in ACTIVE:
+                continue
+            if row["record"].get("attempt", -1) >= 0:
+                # An attempt was launched: watch it again, or finish the recovery that was under way.
+                self.start_task(lambda r=runner: r.run(reattach=True), name=f"job:{row['name']}")
+            else:
+                # Stopped before its first launch (sync, pre-flight): no rank runs, start it again.
+                runner.event("reattached", f"starting again after a daemon restart (it was {row['state']})")
+                self.start_task(lambda r=runner: r.run(), name=f"job:{row['name']}")
 
     def _dispatcher(self) -> Dispatcher:
         table = Dispatcher()

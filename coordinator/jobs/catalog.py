@@ -49,3 +49,16 @@ def unreplicated(copies: list[dict[str, Any]], keep: int) -> list[dict[str, Any]
     replicated = {_key(c) for c in copies if c.get("role") == REPLICA}
     return [group[0] for group in resume_candidates(copies)[:keep]
             if group[0].get("role", PRIMARY) == PRIMARY and _key(group[0]) not in replicated]
+
+
+def settled(found: list[dict[str, Any]], *, attempt_over: bool) -> list[dict[str, Any]]:
+    """The checkpoints of one listing whose verdict is final.
+
+    mlx-lm writes ``NNNNNNN_adapters.safetensors`` straight to its final name, so a listing
+    can catch one half-written: it fails validation now and passes a moment later. A failed
+    one is judged only when nothing can still be writing it: the attempt's ranks are stopped,
+    or a checkpoint of a later iteration exists (checkpoints are written one after another).
+    Until then it is neither catalogued nor rejected, and it is listed again."""
+    newest = max((entry["iteration"] for entry in found), default=-1)
+    return [entry for entry in found
+            if entry["valid"] or attempt_over or entry["iteration"] < newest]

@@ -62,6 +62,8 @@ class JobRunner:
         self._progress_offsets: dict[int, int] = {}
         self._log_offsets: dict[int, int] = {}
         self._known_checkpoints: set[str] = set()
+        self._diverged_after: int | None = None  # checkpoints of this attempt after this step are not valid
+        self._checkpoint_poll = anyio.Lock()  # the background watcher and the end of an attempt take turns
         self._planned: tuple[dict[str, Any], dict[str, Any]] | None = None  # from pre-flight, for attempt 0
         self._down_since: dict[str, float] = {}
         self._replica_check = ReplicaCheck(0)
@@ -140,11 +142,22 @@ class JobRunner:
             if not await self._prepare():
                 return
             await self._launch([n.name for n in self.daemon.config.nodes])
+        elif self.state in ("recovering", "starting"):
+            # The daemon stopped between two attempts, or while one was being started: that one
+            # is over (its leftovers are stopped before the next launch), the restart counted.
+            self._resume_bookkeeping()
+            self.event("reattached", f"finishing the recovery after attempt {self.record['attempt']} after a "
+                       "daemon restart")
+            nodes = await self._wait_for_nodes(elastic=True)
+            if nodes is None:
+                return
+            await self._launch(nodes)
         else:
             # The sessions of a daemon that just started are still connecting: a node that is
             # not up yet is not a lost node.
             if not await self._wait_for_nodes(self.record["order"] or None):
                 return
+            self._resume_bookkeeping()
             self.event("reattached", f"supervising attempt {self.record['attempt']} again after a daemon restart")
         while True:
             outcome = await self._monitor()
@@ -153,6 +166,9 @@ class JobRunner:
             self.event("stopped_ranks", f"attempt {self.record['attempt']}: every rank stopped"
                        if stopped else "some ranks could not be confirmed stopped",
                        seconds=round(time.monotonic() - stop_started, 3))
+            # Checkpoints written up to the end count; with the ranks stopped nothing is still
+            # being written, so a damaged one is judged now.
+            await self._poll_checkpoints(attempt_over=True)
             self.record["history"].append(outcome.__dict__)
             history = [Outcome(**h) for h in self.record["history"][:-1]]
             decision = decide(outcome, history, max_restarts=self.spec.max_restarts,
@@ -218,6 +234,18 @@ class JobRunner:
             # The first attempt uses the links pre-flight just read rather than asking every node again.
             self._planned = (result["backend"], result["hostfile"])
         return True
+
+    def _resume_bookkeeping(self) -> None:
+        """After a daemon restart: the head already holds the start of each rank's log and the
+        catalog holds the attempt's checkpoints; neither is fetched or judged again."""
+        self._log_offsets = {}
+        for rank in range(len(self.record.get("order", []))):
+            try:
+                self._log_offsets[rank] = (self.attempt_dir() / f"rank-{rank}.log").stat().st_size
+            except OSError:
+                pass
+        self._known_checkpoints = {posixpath.basename(c["path"]) for c in self.daemon.state.checkpoints(self.spec.name)
+                                   if c["attempt"] == self.record["attempt"] and c.get("role") != catalog.REPLICA}
 
     def _fail_early(self, reason: str) -> bool:
         self.record["error"] = reason
@@ -296,6 +324,7 @@ class JobRunner:
         self._replica_check = ReplicaCheck(len(nodes))
         self._divergence = None
         self._known_checkpoints.clear()
+        self._diverged_after = None
         previous = list(self.record["order"])
         if self._planned is not None and len(nodes) == len(self.daemon.config.nodes):
             (choice, document), self._planned = self._planned, None
@@ -313,6 +342,7 @@ class JobRunner:
                        + (f"; left out {', '.join(left)}" if left else "") + (f"; back {', '.join(back)}" if back else "")
                        + f"; {batch.describe() if batch else 'the job' + chr(39) + 's own batch'}; hostfile rewritten",
                        nodes=order, left_out=left, back=back)
+        choose_started = time.monotonic()
         resume, resume_files = await self._choose_resume(order)
         start_step = resume["step"] if resume else 0
         self.record["start_step"] = start_step
@@ -320,7 +350,8 @@ class JobRunner:
         self.record["last_progress"] = time.time()
         if resume:
             self.event("resume_from", f"resuming from the checkpoint of step {resume['step']} "
-                       f"({resume['node']}:{resume['path']})", step=resume["step"])
+                       f"({resume['node']}:{resume['path']})", step=resume["step"],
+                       seconds=round(time.monotonic() - choose_started, 3))
         if self.spec.total_steps is not None and start_step >= self.spec.total_steps:
             # The last checkpoint is the final step: there is nothing left to run.
             self.record["order"] = order
@@ -416,30 +447,46 @@ class JobRunner:
         return placed
 
     async def _monitor(self) -> Outcome:
+        """Watch the attempt until it ends one way or another. Checkpoints are found and hashed
+        in a task of their own: hashing a large one takes seconds, and a rank's exit must not
+        wait for it."""
+        if getattr(self, "_nothing_left", False):
+            self._nothing_left = False
+            return self._outcome(SUCCEEDED, f"the checkpoint of step {self.record['step']} is the last step", "")
+        async with anyio.create_task_group() as watchers:
+            watchers.start_soon(self._watch_checkpoints)
+            outcome = await self._watch_ranks()
+            watchers.cancel_scope.cancel()
+        return outcome
+
+    async def _watch_checkpoints(self) -> None:
+        while True:
+            await anyio.sleep(CHECKPOINT_POLL_S)
+            with anyio.CancelScope(shield=True):  # a poll half done would leave the catalog behind the disk
+                await self._poll_checkpoints()
+
+    async def _watch_ranks(self) -> Outcome:
         """Poll every rank through its node's agent until the attempt ends one way or another."""
         attempt = self.record["attempt"]
         order = self.record["order"]
         sessions = self.daemon.cluster.sessions
         exited: dict[int, int] = {}
-        last_checkpoint_poll = 0.0
-        if getattr(self, "_nothing_left", False):
-            self._nothing_left = False
-            return self._outcome(SUCCEEDED, f"the checkpoint of step {self.record['step']} is the last step", "")
+        detected_after: list[float] = []
         while True:
             if self.stop_requested:
-                return await self._ended(STOPPED, "stop requested", "")
+                return self._outcome(STOPPED, "stop requested", "")
             failures: list[tuple[int, str, int]] = []
             for rank, name in enumerate(order):
                 session = sessions[name]
                 if session.state != UP:
-                    return await self._ended(NODE_LOST, f"node {name} (rank {rank}) lost: {session.view.reason}",
+                    return self._outcome(NODE_LOST, f"node {name} (rank {rank}) lost: {session.view.reason}",
                                              f"node:{name}")
                 try:
                     status = await session.call("rank_status", {
                         "workdir": session.node.workdir, "job": self.spec.name, "attempt": attempt, "rank": rank,
                         "progress_offset": self._progress_offsets.get(rank, 0)}, timeout=10)
                 except RemoteError as exc:
-                    return await self._ended(NODE_LOST, f"node {name} (rank {rank}) did not answer: {exc.message}",
+                    return self._outcome(NODE_LOST, f"node {name} (rank {rank}) did not answer: {exc.message}",
                                              f"node:{name}")
                 self._progress_offsets[rank] = status["progress_offset"]
                 for record in status["progress"]:
@@ -449,47 +496,45 @@ class JobRunner:
                     exited[rank] = status["exit"]
                     if status["exit"] != 0:
                         failures.append((rank, name, status["exit"]))
+                        if status.get("exited_at"):  # both times from the node's clock
+                            detected_after.append(max(0.0, status["time"] - status["exited_at"]))
                 elif status["state"] == "vanished":
-                    return await self._ended(RANK_FAILED, f"rank {rank} on {name} disappeared without an exit "
+                    return self._outcome(RANK_FAILED, f"rank {rank} on {name} disappeared without an exit "
                                              "status", "vanished")
             if failures:
                 cause = root_cause([RankFailure(rank, name, code, await self._log_tail(rank))
                                     for rank, name, code in failures])
                 code, tail = cause.status, cause.last_line
-                return await self._ended(RANK_FAILED, f"rank {cause.rank} on {cause.node} exited with status {code}"
-                                         + (f" ({_signal_name(code)})" if _signal_name(code) else "")
-                                         + (f": {tail}" if tail else ""), f"exit:{code}:{tail}")
+                return self._outcome(RANK_FAILED, f"rank {cause.rank} on {cause.node} exited with status {code}"
+                                     + (f" ({_signal_name(code)})" if _signal_name(code) else "")
+                                     + (f": {tail}" if tail else ""), f"exit:{code}:{tail}",
+                                     detected_after=max(detected_after) if detected_after else None)
             if len(exited) == len(order):
-                await self._poll_checkpoints()
                 done = self.spec.total_steps is None or self.record["step"] >= self.spec.total_steps
                 if done:
-                    return await self._ended(SUCCEEDED, "every rank finished", "")
-                return await self._ended(RANK_FAILED, f"every rank exited 0 at step {self.record['step']} of "
+                    return self._outcome(SUCCEEDED, "every rank finished", "")
+                return self._outcome(RANK_FAILED, f"every rank exited 0 at step {self.record['step']} of "
                                          f"{self.spec.total_steps}", "early-exit")
-            now = time.monotonic()
-            if now - last_checkpoint_poll >= CHECKPOINT_POLL_S:
-                last_checkpoint_poll = now
-                await self._poll_checkpoints()
             hung = self._hung()
             if hung:
                 await self._capture_stacks()
-                return await self._ended(HUNG, hung, "hang")
+                return self._outcome(HUNG, hung, "hang")
             if self.record.get("unstopped"):
                 await self._reap()
             if self._divergence is not None:
                 return await self._diverged(self._divergence)
             resize = self._resize_due()
             if resize:
-                return await self._ended(RESIZED, resize, "resize")
+                return self._outcome(RESIZED, resize, "resize")
             await anyio.sleep(POLL_S)
 
-    async def _ended(self, kind: str, detail: str, signature: str) -> Outcome:
-        # Checkpoints written up to the end count: catalogue them before choosing where to resume.
-        await self._poll_checkpoints()
-        return self._outcome(kind, detail, signature)
-
-    def _outcome(self, kind: str, detail: str, signature: str) -> Outcome:
-        self.event("attempt_ended", f"attempt {self.record['attempt']}: {kind}: {detail}", outcome=kind)
+    def _outcome(self, kind: str, detail: str, signature: str, detected_after: float | None = None) -> Outcome:
+        """The attempt is over; ``detected_after`` is how long its end went unseen (a rank's exit
+        to the poll that saw it), when known."""
+        extra = {"seconds": round(detected_after, 3)} if detected_after is not None else {}
+        self.event("attempt_ended", f"attempt {self.record['attempt']}: {kind}: {detail}"
+                   + (f" (seen {detected_after:.2f} s after)" if detected_after is not None else ""),
+                   outcome=kind, **extra)
         if kind in (RANK_FAILED, HUNG):
             self._diagnose_logs()
         return Outcome(kind, detail, self.record["first_step_at"] is not None, signature[:300])
@@ -551,14 +596,18 @@ class JobRunner:
         order = self.record["order"]
         named = ", ".join(f"{r} on {order[r]}" for r in found.ranks if r < len(order))
         self.event("replica_diverged", f"{found.describe()} (rank {named})", step=found.step, ranks=found.ranks)
-        outcome = await self._ended(DIVERGED, found.describe(), f"diverged:{found.step}")
+        outcome = self._outcome(DIVERGED, found.describe(), f"diverged:{found.step}")
         good_until = found.last_agreed if found.last_agreed is not None else self.record["start_step"]
-        for copy in self.daemon.state.checkpoints(self.spec.name):
-            if copy["valid"] and copy["attempt"] == self.record["attempt"] and copy["step"] > good_until:
-                self.daemon.state.add_checkpoint(self.spec.name, {
-                    **copy, "valid": False, "detail": f"taken after the replicas diverged (last agreed at step "
-                                                      f"{good_until})"})
+        self._diverged_after = good_until  # and checkpoints still to be found, when the ranks are stopped
+        async with self._checkpoint_poll:
+            for copy in self.daemon.state.checkpoints(self.spec.name):
+                if copy["valid"] and copy["attempt"] == self.record["attempt"] and copy["step"] > good_until:
+                    self.daemon.state.add_checkpoint(self.spec.name, {**copy, "valid": False,
+                                                                      "detail": self._diverged_detail()})
         return outcome
+
+    def _diverged_detail(self) -> str:
+        return f"taken after the replicas diverged (last agreed at step {self._diverged_after})"
 
     def _on_progress(self, record: dict[str, Any]) -> None:
         if record.get("kind") == "fingerprint":
@@ -648,9 +697,16 @@ class JobRunner:
         for rank, name in enumerate(self.record["order"]):
             await self._pull_log(rank, name, 1 << 62)
 
-    async def _poll_checkpoints(self) -> None:
-        """Find new checkpoints on rank 0's node, validate them, enter them in the catalog, apply retention."""
-        if not self.record["order"]:
+    async def _poll_checkpoints(self, *, attempt_over: bool = False) -> None:
+        """Find new checkpoints on rank 0's node, validate them, enter them in the catalog, apply retention.
+
+        ``attempt_over``: the ranks are stopped, so a checkpoint that fails validation is damaged,
+        not still being written."""
+        async with self._checkpoint_poll:
+            await self._poll_checkpoints_now(attempt_over)
+
+    async def _poll_checkpoints_now(self, attempt_over: bool) -> None:
+        if not self.record["order"] or self.record["attempt"] < 0:
             return
         name = self.record["order"][0]
         session = self.daemon.cluster.sessions[name]
@@ -663,9 +719,11 @@ class JobRunner:
                                                             "known": sorted(self._known_checkpoints)}, timeout=60)
         except RemoteError:
             return
-        for entry in found["checkpoints"]:
+        for entry in catalog.settled(found["checkpoints"], attempt_over=attempt_over):
             self._known_checkpoints.add(entry["name"])
             step = self.record["start_step"] + entry["iteration"]
+            if entry["valid"] and self._diverged_after is not None and step > self._diverged_after:
+                entry = {**entry, "valid": False, "detail": self._diverged_detail()}
             self.daemon.state.add_checkpoint(self.spec.name, {
                 "step": step, "attempt": attempt, "node": name, "path": entry["path"], "sha256": entry["sha256"],
                 "size": entry["size"], "valid": entry["valid"], "detail": entry["detail"]})

@@ -114,6 +114,21 @@ def test_an_invalid_newest_checkpoint_is_never_resumed_from():
     assert catalog.newest_valid([_ckpt(10, valid=False)]) is None
 
 
+def _listed(iteration, valid):
+    return {"name": f"{iteration:07d}_adapters.safetensors", "iteration": iteration, "valid": valid}
+
+
+def test_a_checkpoint_caught_half_written_is_judged_only_when_nothing_can_still_write_it():
+    # mlx-lm writes its checkpoints in place: the newest one may be short for a moment.
+    found = [_listed(10, True), _listed(20, False)]
+    assert [e["iteration"] for e in catalog.settled(found, attempt_over=False)] == [10]
+    # a later checkpoint exists: the one before it is finished, whatever it holds
+    later = [_listed(20, False), _listed(30, True)]
+    assert [e["iteration"] for e in catalog.settled(later, attempt_over=False)] == [20, 30]
+    # the ranks are stopped: a short file stays short
+    assert [e["iteration"] for e in catalog.settled(found, attempt_over=True)] == [10, 20]
+
+
 def test_retention_keeps_the_newest_valid_ones():
     checkpoints = [_ckpt(s) for s in (10, 20, 30, 40, 50)] + [_ckpt(15, valid=False)]
     removed = {c["step"] for c in catalog.to_remove(checkpoints, keep=3)}

@@ -78,3 +78,47 @@ def test_checkpoints_are_validated_and_a_truncated_one_is_refused(tmp_path):
     assert found[10]["valid"] and found[10]["sha256"]
     assert not found[20]["valid"] and "bytes" in found[20]["detail"]
     assert not found[30]["valid"]
+
+
+def test_without_proc_the_group_is_stopped_and_confirmed_through_killpg(tmp_path, monkeypatch):
+    """macOS has no /proc: the group is killed and checked with killpg, not process by process."""
+    script = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']);"
+              "print('ready', flush=True); time.sleep(600)")
+    proc = _runner(tmp_path, "j5", [sys.executable, "-c", script])
+    deadline = time.monotonic() + 30
+    while ranks.rank_status(str(tmp_path), "j5", 0, 0)["state"] != "running" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pgid = ranks._read_int(os.path.join(ranks.rank_dir(str(tmp_path), "j5", 0, 0), "pid"))
+    while len(ranks._group_members(pgid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    members = ranks._group_members(pgid)
+    real_listdir = os.listdir
+
+    def listdir_without_proc(path="."):
+        if str(path) == "/proc":
+            raise FileNotFoundError(path)
+        return real_listdir(path)
+
+    monkeypatch.setattr(ranks.os, "listdir", listdir_without_proc)
+    assert ranks._group_members(pgid) == [pgid]
+    result = ranks.stop_rank(str(tmp_path), "j5", 0, 0, grace=1.0)
+    assert result["stopped"] and result["left"] == []
+    monkeypatch.setattr(ranks.os, "listdir", real_listdir)
+    for pid in members:  # the rank and the child it started, both gone
+        assert not ranks._alive(pid)
+    proc.wait(10)
+
+
+def test_a_running_rank_reports_its_memory_and_an_exited_one_when_it_ended(tmp_path):
+    proc = _runner(tmp_path, "j6", [sys.executable, "-c", "import time; b = bytearray(64 << 20); time.sleep(2)"])
+    deadline = time.monotonic() + 30
+    status = ranks.rank_status(str(tmp_path), "j6", 0, 0)
+    while not (status["rss_bytes"] or 0) > 64 << 20 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        status = ranks.rank_status(str(tmp_path), "j6", 0, 0)
+    assert status["state"] == "running" and status["rss_bytes"] > 64 << 20
+    assert proc.wait(30) == 0
+    ended = time.time()
+    status = ranks.rank_status(str(tmp_path), "j6", 0, 0)
+    assert status["state"] == "exited" and status["rss_bytes"] is None
+    assert ended - 5 < status["exited_at"] <= status["time"]
