@@ -151,6 +151,10 @@ class JobRunner:
             nodes = await self._wait_for_nodes(elastic=True)
             if nodes is None:
                 return
+            # Whatever the old daemon had not done yet: every rank stopped, the attempt's last
+            # checkpoints catalogued, so the resume is from the newest one.
+            await self._stop_everything()
+            await self._poll_checkpoints(attempt_over=True)
             await self._launch(nodes)
         else:
             # The sessions of a daemon that just started are still connecting: a node that is

@@ -35,6 +35,7 @@ for local in range(1, args.steps - offset + 1):
     mx.eval(w)
     time.sleep(args.sleep)
     if rank == 0:
+        print(f"step {offset + local}", flush=True)
         with open(os.environ["COORD_PROGRESS_FILE"], "a") as handle:
             handle.write(json.dumps({"kind": "train", "step": offset + local, "loss": 1.0 / (offset + local),
                                      "time": time.time()}) + "\\n")
@@ -52,6 +53,8 @@ print("libc++abi: terminating due to uncaught exception of type std::runtime_err
 sys.exit(134)
 '''
 
+CHECK_DATA = '{"text": "the same on every node"}\n'
+
 CLUSTER = """\
 [cluster]
 name = "jobs-local"
@@ -59,6 +62,9 @@ state_dir = "{root}/state"
 
 [ssh]
 keepalive_s = 0.5
+
+[sync]
+data = ["data/check.txt"]
 
 [[nodes]]
 name = "a"
@@ -78,6 +84,9 @@ def cluster():
     (root / "project").mkdir()
     (root / "project" / "plain.py").write_text(PLAIN)
     (root / "project" / "metal_timeout.py").write_text(METAL_TIMEOUT)
+    for node in ("a", "b"):  # a data file pre-flight compares across nodes; no sync sends it
+        (root / node / "data").mkdir(parents=True)
+        (root / node / "data" / "check.txt").write_text(CHECK_DATA)
     config = root / "cluster.toml"
     config.write_text(CLUSTER.format(root=root))
     daemon = DaemonProcess(config, env=environment()).start()
@@ -210,3 +219,87 @@ def test_a_known_failure_in_a_ranks_log_is_named_in_status_with_its_fix(cluster)
     assert "save_every_too_large" in {d["id"] for d in json.loads(waited.stdout)["diagnoses"]}
     shown = coord("status", "--config", str(daemon.config), env=daemon.env).stdout
     assert "known failure" in shown and found["metal_command_buffer_timeout"]["fix"][:40] in " ".join(shown.split())
+
+
+def test_a_failed_preflight_blocks_the_launch_and_a_job_file_with_force_launches_keeping_one_checkpoint(cluster):
+    daemon, root = cluster
+    changed = root / "b" / "data" / "check.txt"
+    changed.write_text('{"text": "changed by hand on b"}\n')
+    try:
+        submitted = coord("run", "--config", str(daemon.config), "--name", "blocked", "--source",
+                          str(root / "project"), "--detach", "--", "python", "plain.py", "--steps", "10",
+                          env=daemon.env)
+        assert submitted.returncode == 0, submitted.stderr
+        waited = coord("wait", "--quiet", "--json", "--config", str(daemon.config), "blocked", env=daemon.env,
+                       timeout=120)
+        final = json.loads(waited.stdout)
+        assert waited.returncode == 1 and final["state"] == "failed" and final["attempt"] == -1, final
+        assert "pre-flight failed (use --force" in final["error"] and "data.files" in final["error"], final
+        assert not (root / "a" / ".coord" / "jobs" / "blocked").exists()  # no rank was ever started
+
+        job_file = root / "forced.toml"
+        job_file.write_text(f'name = "forced"\ncommand = ["python", "plain.py", "--steps", "12"]\n'
+                            f'source = "{root / "project"}"\nforce = true\nsave_every = 2\nkeep = 1\n')
+        ran = coord("run", "--config", str(daemon.config), str(job_file), env=daemon.env, timeout=300)
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+    finally:
+        changed.write_text(CHECK_DATA)
+    found = _events(daemon, "forced")
+    assert any(e["kind"] == "job.preflight_forced" for e in found), found
+    final = json.loads(coord("wait", "--quiet", "--json", "--config", str(daemon.config), "forced",
+                             env=daemon.env).stdout)
+    assert final["state"] == "succeeded" and final["step"] == 12
+    # --keep 1: of six checkpoints only the newest is left, on rank 0's node and at the head
+    kept = root / final["nodes"][0] / "checkpoints" / "forced" / "attempt-0"
+    assert sorted(p.name for p in kept.glob("*_adapters.safetensors")) == ["0000012_adapters.safetensors"]
+    replicas = root / "state" / "replicas" / "forced" / "attempt-0"
+    assert sorted(p.name for p in replicas.glob("*_adapters.safetensors")) == ["0000012_adapters.safetensors"]
+
+
+def test_a_daemon_killed_mid_run_and_again_mid_recovery_carries_the_job_to_the_end(cluster):
+    from coordinator.state import StateStore
+
+    daemon, root = cluster
+    name = "phoenix"
+    submitted = coord("run", "--config", str(daemon.config), "--name", name, "--source", str(root / "project"),
+                      "--save-every", "5", "--detach", "--", "python", "plain.py", "--steps", "60", "--sleep", "0.1",
+                      env=daemon.env)
+    assert submitted.returncode == 0, submitted.stderr
+    daemon.wait_for(lambda d: job_of(d, name)["step"] >= 8, 300, "step 8")
+    daemon.stop(signal.SIGKILL)  # the ranks run on without it
+    daemon.start()
+    daemon.wait_for(all_up, 30, "all nodes up under the second daemon")
+    daemon.wait_for(lambda d: job_of(d, name)["step"] >= 22, 300, "step 22 under the second daemon")
+    job = job_of(daemon.status(), name)
+    assert job["attempt"] == 0 and job["restarts"] == 0, job
+
+    # The daemon dies again, this time between two attempts: the ranks are gone and the restart
+    # is decided, as when it dies while recovering from a failure.
+    daemon.stop(signal.SIGKILL)
+    for rank in (0, 1):
+        pid = int((root / job["nodes"][rank] / ".coord" / "jobs" / name / "attempt-0" / f"rank-{rank}" / "pid")
+                  .read_text())
+        os.killpg(pid, signal.SIGKILL)
+    store = StateStore(root / "state" / "coord.db")
+    row = store.job(name)
+    store.save_job(name, row["spec"], "recovering", {**row["record"], "restarts": 1})
+    store.close()
+    daemon.start()
+    daemon.wait_for(all_up, 30, "all nodes up under the third daemon")
+    waited = coord("wait", "--quiet", "--json", "--config", str(daemon.config), name, env=daemon.env, timeout=300)
+    assert waited.stdout, waited.stderr
+    final = json.loads(waited.stdout)
+    story = "\n".join(e["message"] for e in _events(daemon, name))
+    assert waited.returncode == 0 and final["state"] == "succeeded", story
+    assert final["attempt"] == 1 and final["restarts"] == 1 and final["step"] == 60, story
+    assert "supervising attempt 0 again" in story and "finishing the recovery after attempt 0" in story
+    resumed = [e for e in _events(daemon, name) if e["kind"] == "job.resume_from"]
+    assert resumed and resumed[-1]["data"]["step"] >= 20, story  # checkpoints of both daemons were catalogued
+    # Two ranks add 1 each per step: the weights of step 60 are 120 only if the resume was exact.
+    import mlx.core as mx
+    newest = sorted((root / final["nodes"][0] / "checkpoints" / name / "attempt-1").glob("*_adapters.safetensors"))
+    assert mx.load(str(newest[-1]))["w"].tolist() == [120.0] * 4
+    # The head's copy of rank 0's log was not fetched twice by the second daemon.
+    lines = (root / "state" / "jobs" / name / "attempt-0" / "rank-0.log").read_text().splitlines()
+    steps = [line for line in lines if line.startswith("step ")]
+    assert len(steps) >= 20 and len(steps) == len(set(steps)), lines[:40]
