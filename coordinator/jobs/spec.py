@@ -162,16 +162,52 @@ def without_options(args: list[str], options: set[str]) -> list[str]:
 
 
 def batch_split(spec: JobSpec, ranks: int):
-    """The job's own batch (mlx-lm's --batch-size across all ranks, and its accumulation) on ``ranks`` ranks."""
+    """The job's own batch (mlx-lm's --batch-size across all ranks, and its accumulation) on ``ranks`` ranks.
+
+    Resolved as mlx-lm resolves it: the command line, then the ``-c`` config file, then
+    mlx-lm's defaults. The config file is read from the job's source on the head (what was
+    synced to the nodes), or as given when absolute."""
     from coordinator.jobs.elastic import BatchSplit
 
     args = mlx_lm_args(spec.command)
+    from_file = _mlx_lm_config(spec, args)
+    batch_size = option_value(args, "--batch-size") or from_file.get("batch_size") or MLX_LM_BATCH_SIZE
+    accumulation = option_value(args, "--grad-accumulation-steps") or from_file.get("grad_accumulation_steps") or 1
     try:
-        batch_size = int(option_value(args, "--batch-size") or MLX_LM_BATCH_SIZE)
-        accumulation = int(option_value(args, "--grad-accumulation-steps") or 1)
+        return BatchSplit(_whole(batch_size), _whole(accumulation), ranks)
     except ValueError:
-        raise JobSpecError("--batch-size and --grad-accumulation-steps must be whole numbers") from None
-    return BatchSplit(batch_size, accumulation, ranks)
+        raise JobSpecError(f"batch_size ({batch_size!r}) and grad_accumulation_steps ({accumulation!r}) must be "
+                           "whole numbers") from None
+
+
+def _whole(value) -> int:
+    if isinstance(value, bool) or isinstance(value, float) and not value.is_integer():
+        raise ValueError(value)
+    return int(value)
+
+
+def _mlx_lm_config(spec: JobSpec, args: list[str]) -> dict:
+    name = option_value(args, "-c") or option_value(args, "--config")
+    if name is None:
+        return {}
+    path = Path(name).expanduser()
+    if not path.is_absolute():
+        if not spec.source:
+            raise JobSpecError(f"the config file {name} is relative and the job has no source to find it in")
+        path = Path(spec.source) / path
+    try:
+        import yaml  # mlx-lm's own dependency
+
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except OSError as exc:
+        raise JobSpecError(f"cannot read the config file {path}: {exc.strerror or exc}") from None
+    except ImportError:
+        raise JobSpecError(f"reading the config file {path} needs PyYAML (pip install pyyaml)") from None
+    except yaml.YAMLError as exc:
+        raise JobSpecError(f"the config file {path} is not valid YAML: {exc}") from None
+    if not isinstance(loaded, dict):
+        raise JobSpecError(f"the config file {path} is not a mapping of options")
+    return loaded
 
 
 def attempt_command(spec: JobSpec, *, adapter_path: str, resume_file: str | None, start_step: int,

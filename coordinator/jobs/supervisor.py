@@ -29,7 +29,8 @@ from coordinator.jobs.launcher import launcher_argv
 from coordinator.jobs.policy import (DIVERGED, HUNG, NODE_LOST, RANK_FAILED, RESIZED, STOPPED, SUCCEEDED, Decision,
                                      Outcome, RankFailure, decide, hang_timeout, root_cause)
 from coordinator.jobs.replica import HEAD, Replicator
-from coordinator.jobs.spec import REPLICA_NONE, JobSpec, attempt_command, batch_split, is_mlx_lm
+from coordinator.jobs.spec import (REPLICA_NONE, JobSpec, JobSpecError, attempt_command, batch_split,
+                                  is_mlx_lm)
 from coordinator.jobs.transfer import CheckpointDamaged, HeadSource, NodeSink, NodeSource, copy_verified
 from coordinator.node_session import UP
 from coordinator.plan import diagnosis
@@ -311,7 +312,11 @@ class JobRunner:
         configured = len(self.daemon.config.nodes)
         if len(nodes) == configured or not is_mlx_lm(self.spec.command):
             return None
-        return rebatch(batch_split(self.spec, configured), len(nodes))
+        try:
+            original = batch_split(self.spec, configured)
+        except JobSpecError as exc:  # the job's own batch is unknown: keeping it is not possible
+            raise Undividable(f"the job's global batch cannot be read ({exc})") from None
+        return rebatch(original, len(nodes))
 
     # --- one attempt ------------------------------------------------------------------------
 

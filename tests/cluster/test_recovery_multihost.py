@@ -33,6 +33,9 @@ def test_a_stopped_rank_is_caught_by_the_hang_watchdog_and_recovered(netns_clust
     assert final["restarts"] == 1, final["story"]
     kinds = [e["kind"] for e in events(daemon, "hang")]
     assert "job.stacks" in kinds and "job.resume_from" in kinds
+    # the Python stacks of the ranks blocked behind the frozen one reached the job's log before the kill
+    logs = coord("logs", "--config", str(daemon.config), "--rank", "0", "--attempt", "0", "hang", env=daemon.env)
+    assert logs.returncode == 0 and "most recent call first" in logs.stdout, logs.stdout[-2000:]
     assert any("hung" in e["message"] for e in events(daemon, "hang"))
 
 

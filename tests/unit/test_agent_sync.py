@@ -67,6 +67,19 @@ def test_a_chunked_upload_is_renamed_only_when_complete_and_verified(tmp_path):
     assert os.listdir(root) == ["big.bin"]
 
 
+def test_an_upload_whose_bytes_do_not_match_its_sha256_is_refused_and_leaves_nothing(tmp_path):
+    """What a replica copy lands on: bytes changed on the way are never renamed into place."""
+    root = str(tmp_path / "work")
+    data = os.urandom(3000)
+    uploads = node_sync.Uploads()
+    upload = uploads.begin(root, "ckpt/0000010_adapters.safetensors", len(data), 0o644, _sha(data))["upload"]
+    uploads.chunk(upload, 0, data[:1000])
+    uploads.chunk(upload, 1000, b"\xff" + data[1001:])  # one byte flipped, the size still right
+    with pytest.raises(RemoteError, match="does not match its size and SHA256"):
+        uploads.finish(upload)
+    assert os.listdir(os.path.join(root, "ckpt")) == []  # neither the file nor its temporary
+
+
 def test_inspect_reports_hashes_line_counts_and_missing_files(tmp_path):
     (tmp_path / "d.jsonl").write_text('{"a": 1}\n{"a": 2}\n')
     found = node_sync.inspect_files(str(tmp_path), ["d.jsonl", "nope.txt"], count_lines=True)["files"]

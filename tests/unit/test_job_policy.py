@@ -195,3 +195,23 @@ def test_a_command_naming_coords_trainer_uses_it_and_other_trainers_are_refused(
         validate(JobSpec(name="j", command=MLX, trainer="torch"))
     with pytest.raises(JobSpecError, match="--trainer coord runs mlx_lm lora"):
         validate(JobSpec(name="j", command=["python", "train.py"], trainer="coord"))
+
+
+def test_the_global_batch_is_read_as_mlx_lm_reads_it_command_line_then_config_file(tmp_path):
+    from coordinator.jobs.elastic import BatchSplit
+    from coordinator.jobs.spec import batch_split
+
+    (tmp_path / "lora.yaml").write_text("batch_size: 6\ngrad_accumulation_steps: 2\nlearning_rate: 1e-5\n")
+    from_file = validate(JobSpec(name="j", command=MLX + ["-c", "lora.yaml"], source=str(tmp_path)))
+    assert batch_split(from_file, 3) == BatchSplit(6, 2, 3)
+    overridden = validate(JobSpec(name="j", command=MLX + ["-c", "lora.yaml", "--batch-size", "12"],
+                                  source=str(tmp_path)))
+    assert batch_split(overridden, 3) == BatchSplit(12, 2, 3)
+    assert batch_split(validate(JobSpec(name="j", command=MLX)), 2) == BatchSplit(4, 1, 2)  # mlx-lm's default
+    (tmp_path / "bad.yaml").write_text("batch_size: six\n")
+    for config, message in (("missing.yaml", "cannot read the config file"), ("bad.yaml", "whole numbers")):
+        spec = validate(JobSpec(name="j", command=MLX + ["--config", config], source=str(tmp_path)))
+        with pytest.raises(JobSpecError, match=message):
+            batch_split(spec, 2)
+    with pytest.raises(JobSpecError, match="no source"):
+        batch_split(validate(JobSpec(name="j", command=MLX + ["-c", "lora.yaml"])), 2)

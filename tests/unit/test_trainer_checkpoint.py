@@ -203,3 +203,33 @@ def test_the_trainer_parses_with_python_3_10_grammar():
     # The agent, trainer included, runs under each node's own Python, which may be 3.10.
     for path in [REPO / "agent" / "train.py", *sorted((REPO / "agent" / "trainer").glob("*.py"))]:
         ast.parse(path.read_text(encoding="utf-8"), filename=str(path), feature_version=(3, 10))
+
+
+def test_a_save_returns_before_the_file_is_written_and_the_file_holds_the_step_it_was_asked_for(tmp_path,
+                                                                                                 monkeypatch):
+    """The training thread only copies the arrays; the file is written by the background thread."""
+    import threading
+
+    from agent.trainer import checkpoint
+
+    release, writers = threading.Event(), []
+
+    def slow_write(path, tensors, metadata=None):
+        writers.append(threading.current_thread().name)
+        assert release.wait(30)
+        return write_atomic(path, tensors, metadata)
+
+    monkeypatch.setattr(checkpoint, "write_atomic", slow_write)
+    progress = tmp_path / "progress.jsonl"
+    writer = checkpoint.BackgroundWriter(str(progress), rank=0)
+    weights = {"w": mx.arange(4, dtype=mx.float32)}
+    path = tmp_path / "0000010_adapters.safetensors"
+    held = writer.save(str(path), 10, weights, {"coord.trainer_state": "{}"})
+    assert not path.exists() and held < 5  # back on the training thread while the write waits
+    weights["w"] = weights["w"] + 100  # the next step changes the weights: the save keeps its own copy
+    release.set()
+    writer.close()
+    assert writers and writers[0].startswith("coord-trainer-io") and writers[0] != threading.current_thread().name
+    assert mx.load(str(path))["w"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    record = json.loads(progress.read_text().splitlines()[-1])
+    assert record["kind"] == "checkpoint" and record["step"] == 10 and record["blocking_seconds"] == held
