@@ -73,6 +73,8 @@ async def serve_plan(daemon: "Daemon", emit, *, schema: str = "v2", model: str |
     # coord's own sections: the memory estimate behind the batch, and the known failures this
     # cluster is exposed to (each with its fix).
     document["memory_sizing"] = fit if fit else {"enabled": False, "reason": "no model given: coord plan --model DIR"}
+    document["data_validation"] = dataset if dataset else {"enabled": False,
+                                                           "reason": "no data set given: coord plan --data DIR"}
     document["known_failures"] = diagnosis.diagnose_cluster(
         {name: fact for name, fact in facts.items() if fact}, preflight.get("topologies"))
     return document
@@ -127,4 +129,10 @@ def render_plan(document: dict[str, Any], console) -> None:
             shown = {k: v for k, v in value.items() if k not in ("sources", "missing") and not isinstance(v, (dict, list))}
             table.add_row(key, ", ".join(f"{k}={v}" for k, v in list(shown.items())[:4]))
     console.print(table)
+    data = document.get("data_validation") or {}
+    for problem in data.get("problems") or []:
+        console.print(f"[red]data set[/]: {problem}", markup=True, highlight=False)
+    for split, report in sorted((data.get("splits") or {}).items()):
+        for bad in (report or {}).get("bad_lines", []):
+            console.print(f"  {split}.jsonl line {bad['line']}: {bad['reason']}", markup=False, highlight=False)
     console.print("\nthe whole plan, with where each value comes from: coord plan --json")

@@ -575,6 +575,8 @@ def fit_nodes(shape: ModelShape, nodes: Sequence[NodeMemory], fine_tune_type: st
                  LoRA, when a full fine-tune fits on no node | None,
          "pipeline": {"fine_tune_type", "grad_checkpoint", "fits", "stages": [...], "detail", "note"} | None,
          "recommendation": {"kind": "data_parallel" | "lora" | "pipeline" | "not_trainable", "detail"},
+         "by_fine_tune_type": {"lora" | "full": {"need_bytes", "need_bytes_grad_checkpoint",
+                               "train_dtype", "replicas", "grad_checkpoint"}} (both, always),
          "notes": [str]}
     """
     if not nodes:
@@ -583,6 +585,7 @@ def fit_nodes(shape: ModelShape, nodes: Sequence[NodeMemory], fine_tune_type: st
                "lora_rank": lora_rank, "lora_layers": lora_layers, "optimizer": optimizer, "train_dtype": train_dtype}
     replica = _replica_fit(shape, nodes, request)
     plan: dict[str, Any] = {"model": shape.as_dict(), "request": request, **replica, "lora": None, "pipeline": None,
+                            "by_fine_tune_type": _both_kinds(shape, nodes, request, replica),
                             "notes": _notes(shape, request, replica["estimate"])}
     if replica["replicas"]:
         plan["recommendation"] = _data_parallel_recommendation(replica)
@@ -607,6 +610,23 @@ def fit_nodes(shape: ModelShape, nodes: Sequence[NodeMemory], fine_tune_type: st
     plan["recommendation"] = {"kind": "not_trainable", "detail": _not_trainable_detail(
         replica, lora, [plan["pipeline"], lora_pipeline], nodes)}
     return plan
+
+
+def _both_kinds(shape: ModelShape, nodes: Sequence[NodeMemory], request: Mapping[str, Any],
+                requested: Mapping[str, Any]) -> dict[str, Any]:
+    """LoRA and full fine-tuning side by side, whichever was asked for: the memory one replica
+    needs (without and with gradient checkpointing) and the nodes that hold one."""
+    out = {}
+    for kind in ("lora", "full"):
+        if kind == request["fine_tune_type"]:
+            fit = requested
+        else:
+            fit = _replica_fit(shape, nodes, {**request, "fine_tune_type": kind, "train_dtype": None})
+        out[kind] = {"need_bytes": fit["estimate"]["total_bytes"],
+                     "need_bytes_grad_checkpoint": fit["estimate_checkpointed"]["total_bytes"],
+                     "train_dtype": fit["estimate"]["train_dtype"], "replicas": fit["replicas"],
+                     "grad_checkpoint": fit["grad_checkpoint"]}
+    return out
 
 
 def _replica_fit(shape: ModelShape, nodes: Sequence[NodeMemory], request: Mapping[str, Any]) -> dict[str, Any]:

@@ -63,9 +63,6 @@ state_dir = "{root}/state"
 [ssh]
 keepalive_s = 0.5
 
-[sync]
-data = ["data/check.txt"]
-
 [[nodes]]
 name = "a"
 host = "local"
@@ -88,7 +85,7 @@ def cluster():
         (root / node / "data").mkdir(parents=True)
         (root / node / "data" / "check.txt").write_text(CHECK_DATA)
     config = root / "cluster.toml"
-    config.write_text(CLUSTER.format(root=root))
+    config.write_text(CLUSTER.format(root=root) + '\n[sync]\ndata = ["data/check.txt"]\n')
     daemon = DaemonProcess(config, env=environment()).start()
     daemon.wait_for(all_up, 30, "all nodes up")
     yield daemon, root

@@ -71,3 +71,20 @@ def test_the_orchestration_document_validates_and_reads_its_input_form(cluster, 
     refused = coord("plan", "--config", str(daemon.config), "--schema", "orchestration", "--input", str(request),
                     env=daemon.env)
     assert refused.returncode == 2 and "batchSize" in refused.stderr
+
+
+def test_a_data_set_with_a_bad_line_is_reported_in_the_plan_with_its_line_number(cluster, tmp_path):
+    daemon, root = cluster
+    data = tmp_path / "data"
+    data.mkdir()
+    good = (root / "project" / "data" / "train.jsonl").read_text().splitlines()
+    (data / "train.jsonl").write_text("\n".join([good[0], good[1], '{"text": "cut off', good[2]]) + "\n")
+    doc = json.loads(plan(daemon, "--json", "--data", str(data)).stdout)
+    jsonschema.validate(doc, load_schema("plan-v2.0.0"))
+    report = doc["data_validation"]
+    assert report["ok"] is False and report["splits"]["train"]["bad_count"] == 1
+    assert report["splits"]["train"]["bad_lines"][0]["line"] == 3
+    assert "train.jsonl: 1 bad line(s), the first at line 3" in report["problems"][0]
+    human = plan(daemon, "--data", str(data)).stdout
+    assert "train.jsonl line 3:" in human
+    assert json.loads(plan(daemon, "--json").stdout)["data_validation"]["enabled"] is False

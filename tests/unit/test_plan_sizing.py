@@ -307,6 +307,20 @@ def test_70b_lora_fits_a_512_gb_m3_ultra(model):
 # --- mixed clusters and pipelines -------------------------------------------------------------
 
 
+@pytest.mark.parametrize("asked", ["lora", "full", "dora"])
+def test_lora_and_full_are_both_sized_whichever_was_asked_for(model, asked):
+    """8B on a 128 GB M4 Max and a 512 GB M3 Ultra: LoRA fits both, a full fine-tune only the Ultra."""
+    plan = fit_nodes(model("8B"), [NodeMemory("max", M4_MAX), NodeMemory("ultra", M3_ULTRA)],
+                     fine_tune_type=asked, batch_size=1, seq_len=2048)
+    both = plan["by_fine_tune_type"]
+    assert both["lora"]["replicas"] == ["max", "ultra"] and both["full"]["replicas"] == ["ultra"]
+    assert both["full"]["train_dtype"] == "float32"
+    assert both["lora"]["need_bytes"] < both["full"]["need_bytes"]
+    assert both["full"]["need_bytes_grad_checkpoint"] <= both["full"]["need_bytes"]
+    if asked in both:  # the asked-for one is the plan's own estimate, not a second one
+        assert both[asked]["need_bytes"] == plan["estimate"]["total_bytes"]
+
+
 def test_a_node_that_cannot_hold_a_replica_is_left_out_by_name(model):
     nodes = [NodeMemory("ultra", M3_ULTRA), NodeMemory("max", M4_MAX)]
     plan = fit_nodes(model("14B"), nodes, batch_size=1)
