@@ -64,6 +64,9 @@ def collect_facts(workdir: str | None = None, python_executable: str | None = No
         "workdir": workdir_path,
         "disk_free_bytes": read_disk_free(workdir_path),
         "python_executable": python,
+        # MLX's own switches in the environment ranks inherit on this node (they start from the
+        # same user's SSH login as this agent); some are known to hurt (MLX_METAL_FAST_SYNCH).
+        "mlx_env": {key: value for key, value in os.environ.items() if key.startswith("MLX_")},
     }
     facts.update(read_system_facts())
     facts.update(read_python_facts(python))

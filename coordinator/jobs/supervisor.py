@@ -380,6 +380,8 @@ class JobRunner:
                                                                   start_step=0, batch=batch),
                                                   dict(env.split("=", 1) for env in document.get("envs", [])
                                                        if "=" in env), oldest), "the job's command")
+            facts = {n: sessions[n].view.facts for n in order if sessions[n].view.facts}
+            self._diagnose(diagnosis.diagnose_cluster(facts), "the job's nodes")
 
         async def prepare(rank: int, name: str) -> None:
             node = sessions[name].node

@@ -142,10 +142,28 @@ def diagnose_job(command: Sequence[str], env: Mapping[str, str] | None = None,
         old = _old_mlx_lm(mlx_lm_version)
         if old is not None:
             out.append(old)
-    value = (env or {}).get(FAST_SYNCH_VARIABLE)
-    if value is not None and value.strip() not in ("", "0"):
+    value = {**(env or {}), **_env_words(command)}.get(FAST_SYNCH_VARIABLE)
+    if _switched_on(value):
         out.append(diagnosis(FAST_SYNCH, f"the job's environment sets {FAST_SYNCH_VARIABLE}={value}"))
     return out
+
+
+def _env_words(command: Sequence[str]) -> dict[str, str]:
+    """``env NAME=VALUE ... program``: the variables such a command sets for the program."""
+    words = list(command)
+    if not words or words[0].split("/")[-1] != "env":
+        return {}
+    found = {}
+    for word in words[1:]:
+        if "=" not in word or word.startswith("-"):
+            break
+        name, value = word.split("=", 1)
+        found[name] = value
+    return found
+
+
+def _switched_on(value: str | None) -> bool:
+    return value is not None and value.strip() not in ("", "0")
 
 
 def mlx_lm_lora_args(command: Sequence[str]) -> list[str] | None:
@@ -200,6 +218,18 @@ def diagnose_cluster(node_facts: Mapping[str, Mapping[str, Any] | None],
     builds = _macos_builds(node_facts)
     if builds is not None:
         out.append(builds)
+    old = {name: facts.get("mlx_lm_version") for name, facts in sorted(node_facts.items())
+           if facts and _old_mlx_lm(facts.get("mlx_lm_version")) is not None}
+    if old:
+        out.append(diagnosis(OLD_MLX_LM, "older than 0.30.2: " + ", ".join(f"{n} has mlx-lm {v}" for n, v in old.items()),
+                             f"pip install -U 'mlx-lm>=0.30.2' in the Python of {', '.join(old)}"))
+    fast = {name: (facts.get("mlx_env") or {}).get(FAST_SYNCH_VARIABLE) for name, facts in sorted(node_facts.items())
+            if facts and _switched_on((facts.get("mlx_env") or {}).get(FAST_SYNCH_VARIABLE))}
+    if fast:
+        out.append(diagnosis(FAST_SYNCH, "set in the environment ranks get on " + ", ".join(
+            f"{n} ({FAST_SYNCH_VARIABLE}={v})" for n, v in fast.items()),
+            f"remove {FAST_SYNCH_VARIABLE} from the shell start-up files of {', '.join(fast)} "
+            "(the environment of an SSH login)"))
     for name, topology in sorted((topologies or {}).items()):
         bridge = _bridge_with_rdma(name, topology)
         if bridge is not None:

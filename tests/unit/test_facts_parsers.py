@@ -32,7 +32,7 @@ FACT_KEYS = {
     "hostname", "user", "home", "os", "os_version", "os_build", "os_pretty", "arch",
     "chip", "cores", "performance_cores", "efficiency_cores", "memory_bytes",
     "disk_free_bytes", "workdir", "python_version", "python_executable",
-    "mlx_version", "mlx_lm_version", "gpu", "gpu_detail",
+    "mlx_version", "mlx_lm_version", "gpu", "gpu_detail", "mlx_env",
 }
 HARDWARE_KEYS = {"chip", "model", "memory_bytes", "cores", "performance_cores", "efficiency_cores"}
 

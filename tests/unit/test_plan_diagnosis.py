@@ -134,6 +134,25 @@ def test_metal_fast_synch_in_the_environment_is_flagged(value, flagged):
         assert "reboot" in found[0]["title"] and "unset MLX_METAL_FAST_SYNCH" in found[0]["fix"]
 
 
+def test_metal_fast_synch_set_by_an_env_prefix_on_the_command_is_flagged():
+    found = diagnose_job(["env", "MLX_METAL_FAST_SYNCH=1", "python", "train.py"])
+    assert ids(found) == ["metal_fast_synch"] and "MLX_METAL_FAST_SYNCH=1" in found[0]["detail"]
+    assert diagnose_job(["env", "MLX_METAL_FAST_SYNCH=0", "python", "train.py"]) == []
+    assert diagnose_job(["python", "train.py", "MLX_METAL_FAST_SYNCH=1"]) == []  # an argument, not the env
+
+
+def test_a_node_whose_login_environment_sets_fast_synch_or_has_old_mlx_lm_is_named():
+    facts = {"m1": {"mlx_env": {"MLX_METAL_FAST_SYNCH": "1"}, "mlx_lm_version": "0.30.2"},
+             "m2": {"mlx_env": {"MLX_METAL_FAST_SYNCH": "0"}, "mlx_lm_version": "0.29.1"},
+             "m3": {"mlx_env": {}, "mlx_lm_version": "0.31.0"}, "down": None}
+    found = {d["id"]: d for d in diagnose_cluster(facts)}
+    assert set(found) == {"metal_fast_synch", "mlx_lm_validation_graph"}
+    assert "m1 (MLX_METAL_FAST_SYNCH=1)" in found["metal_fast_synch"]["detail"]
+    assert "m1" in found["metal_fast_synch"]["fix"] and "m2" not in found["metal_fast_synch"]["fix"]
+    assert found["mlx_lm_validation_graph"]["detail"] == "older than 0.30.2: m2 has mlx-lm 0.29.1"
+    assert "Python of m2" in found["mlx_lm_validation_graph"]["fix"]
+
+
 # --- the cluster ------------------------------------------------------------------------------
 
 
