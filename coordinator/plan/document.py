@@ -744,7 +744,9 @@ def hardware_section(inputs: PlanInputs, options: dict[str, tuple[Any, str]]) ->
     for name, q in qos.items():
         groups.setdefault(q["qos"] or q["reason"], []).append(name)
     section.put("macos_qos_api", "; ".join(f"{', '.join(names)}: {what}" for what, names in groups.items()),
-                "coord's trainers (agent/qos.py) set it on the training thread of each rank: "
+                "coord's trainers (mlx_lm lora run by coord, and --trainer coord) set it on each rank's training "
+                "thread; a script of your own gets it by calling agent.qos.set_user_interactive_qos() on its "
+                "training thread: "
                 + "; ".join(sorted({q["reason"] for q in qos.values()})))
     return section.done()
 
