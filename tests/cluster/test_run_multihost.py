@@ -75,7 +75,12 @@ def test_the_plan_of_this_cluster_validates_and_traces_to_what_was_measured(netn
     recovery = doc["checkpoint_strategy"]
     assert recovery["expected_recovery_time"] and "measured" in recovery["sources"]["expected_recovery_time"]
     assert doc["memory_sizing"]["recommendation"]["kind"] == "data_parallel"
-    for name, section in doc.items():  # every value says where it comes from, or the section why it is empty
-        if isinstance(section, dict) and section.get("enabled") is not False and name != "memory_sizing":
+    assert doc["memory_sizing"]["by_fine_tune_type"]["lora"]["replicas"] == ["n1", "n2", "n3"]
+    assert doc["data_validation"]["ok"] is True and doc["data_validation"]["splits"]["train"]["bad_count"] == 0
+    # every value says where it comes from, or the section why it is empty (coord's own two
+    # reports, sizing and the data check, state their rules inside)
+    for name, section in doc.items():
+        if isinstance(section, dict) and section.get("enabled") is not False and \
+                name not in ("memory_sizing", "data_validation"):
             filled = [k for k in section if k not in ("sources", "missing", "enabled")]
             assert all(k in section.get("sources", {}) for k in filled), (name, filled, section.get("sources"))
