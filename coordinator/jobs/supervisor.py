@@ -241,8 +241,12 @@ class JobRunner:
         return True
 
     def _resume_bookkeeping(self) -> None:
-        """After a daemon restart: the head already holds the start of each rank's log and the
-        catalog holds the attempt's checkpoints; neither is fetched or judged again."""
+        """After a daemon restart: the head already holds the start of each rank's log, the
+        record says how far the progress was read, and the catalog holds the attempt's
+        checkpoints; none of them is fetched or judged again."""
+        self._progress_offsets = self.record["progress_offsets"] = {
+            int(rank): offset for rank, offset in (self.record.get("progress_offsets") or {}).items()}
+        self._replica_check = ReplicaCheck(len(self.record.get("order", [])))
         self._log_offsets = {}
         for rank in range(len(self.record.get("order", []))):
             try:
@@ -328,7 +332,7 @@ class JobRunner:
         self.record["attempt"] += 1
         attempt = self.record["attempt"]
         self.set_state("starting")
-        self._progress_offsets.clear()
+        self._progress_offsets = self.record["progress_offsets"] = {}  # saved with the record
         self._log_offsets.clear()
         self._replica_check = ReplicaCheck(len(nodes))
         self._divergence = None
