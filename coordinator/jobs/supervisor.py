@@ -140,7 +140,7 @@ class JobRunner:
 
     async def _run(self, reattach: bool) -> None:
         if not reattach:
-            if not await self._prepare():
+            if not await self._prepare() or self._stopped_before_launch():
                 return
             await self._launch([n.name for n in self.daemon.config.nodes])
         elif self.state in ("recovering", "starting"):
@@ -187,7 +187,7 @@ class JobRunner:
                            f"{decision.delay_s:g} s: {decision.reason}", delay_s=decision.delay_s)
             await anyio.sleep(decision.delay_s)
             nodes = await self._wait_for_nodes(elastic=True)
-            if nodes is None:
+            if nodes is None or self._stopped_before_launch():
                 return
             await self._launch(nodes)
 
@@ -238,6 +238,14 @@ class JobRunner:
         if result["hostfile"] is not None:
             # The first attempt uses the links pre-flight just read rather than asking every node again.
             self._planned = (result["backend"], result["hostfile"])
+        return True
+
+    def _stopped_before_launch(self) -> bool:
+        """A stop asked for during sync, pre-flight or a restart's backoff: no attempt is launched."""
+        if not self.stop_requested:
+            return False
+        self.set_state("stopped")
+        self.event("stopped", "stopped on request before the next attempt was launched")
         return True
 
     def _resume_bookkeeping(self) -> None:
