@@ -154,6 +154,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         except OrchestrationInputError as exc:
             raise CliError(str(exc), EXIT_USAGE) from None
         request = json.loads(text)
+        # Paths in the input file are relative to the file, not to wherever the daemon runs.
+        for section, flag in (("modelConfig", "model"), ("dataConfig", "data")):
+            given = (request.get(section) or {}).get("path")
+            if isinstance(given, str) and given and not getattr(args, flag):
+                path = Path(given).expanduser()
+                setattr(args, flag, str(path if path.is_absolute() else Path(args.input).resolve().parent / path))
     options = {"fine_tune_type": args.fine_tune_type, "per_rank_batch_size": args.batch_size,
                "gradient_accumulation_steps": args.grad_accumulation_steps, "learning_rate": args.learning_rate,
                "optimizer": args.optimizer, "lr_scaling": args.lr_scaling, "warmup_steps": args.warmup_steps,
@@ -161,7 +167,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                "min_nodes": args.min_nodes}
     for flag, value in (("--model", args.model), ("--data", args.data)):
         if value and not Path(value).exists():
-            raise CliError(f"{flag} {value}: no such directory", EXIT_USAGE)
+            where = f" (from {args.input})" if args.input else ""
+            raise CliError(f"{flag} {value}{where}: no such directory", EXIT_USAGE)
     call = {"schema": args.schema, "options": {k: v for k, v in options.items() if v is not None},
             "model": str(Path(args.model).resolve()) if args.model else None,
             "data": str(Path(args.data).resolve()) if args.data else None, "request": request,

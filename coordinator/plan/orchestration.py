@@ -169,6 +169,15 @@ def apply_request(inputs: PlanInputs, request: OrchestrationRequest) -> tuple[Pl
     if request.sharding:
         notes.append(f"dataConfig.sharding {request.sharding!r} is not applied: see "
                      "resourceAllocation.shardingStrategy for what the trainer does")
+    if request.model_size:
+        notes.append(f"modelConfig.size {request.model_size!r} is not used: the model is sized from its config.json "
+                     "and safetensors headers" if inputs.sizing else
+                     f"modelConfig.size {request.model_size!r} is not used: give modelConfig.path (or --model DIR) "
+                     "to size the model from its files")
+    if request.data_size:
+        notes.append(f"dataConfig.size {request.data_size!r} is not used: the data set is counted from its files"
+                     if inputs.dataset else f"dataConfig.size {request.data_size!r} is not used: give dataConfig.path "
+                     "(or --data DIR) to count the data set")
     if request.network_bandwidth:
         notes.append(f"clusterConfig.networkBandwidth {request.network_bandwidth!r} is not used: the backend "
                      "follows the measured links")

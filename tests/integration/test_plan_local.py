@@ -88,3 +88,22 @@ def test_a_data_set_with_a_bad_line_is_reported_in_the_plan_with_its_line_number
     human = plan(daemon, "--data", str(data)).stdout
     assert "train.jsonl line 3:" in human
     assert json.loads(plan(daemon, "--json").stdout)["data_validation"]["enabled"] is False
+
+
+def test_paths_in_an_orchestration_input_are_relative_to_the_file_and_sizes_are_explained(cluster):
+    daemon, root = cluster
+    request = root / "project" / "request.json"
+    request.write_text(json.dumps({"modelConfig": {"path": "model", "size": "7B"},
+                                   "dataConfig": {"path": "data", "size": "1GB"}, "clusterConfig": {},
+                                   "trainingConfig": {"batchSize": 4, "epochs": 1}}))
+    doc = json.loads(plan(daemon, "--json", "--schema", "orchestration", "--input", str(request)).stdout)
+    jsonschema.validate(doc, load_schema("orchestration-output"))
+    notes = " | ".join(doc["requestNotes"])
+    assert "modelConfig.size '7B' is not used: the model is sized from its config.json" in notes
+    assert "dataConfig.size '1GB' is not used: the data set is counted from its files" in notes
+    assert "trainingConfig.epochs 1 = --iters 50" in notes  # 200 examples of the project's data / 4
+    request.write_text(json.dumps({"modelConfig": {"path": "no-such-model"}, "dataConfig": {}, "clusterConfig": {},
+                                   "trainingConfig": {}}))
+    refused = coord("plan", "--config", str(daemon.config), "--schema", "orchestration", "--input", str(request),
+                    env=daemon.env)
+    assert refused.returncode == 2 and f"{root / 'project' / 'no-such-model'} (from {request})" in refused.stderr
