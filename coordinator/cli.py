@@ -232,7 +232,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                                     max_restarts=args.max_restarts, hang_timeout=args.hang_timeout, keep=args.keep,
                                     force=args.force, source=source, backend=args.backend, trainer=args.trainer,
                                     replica=args.replica, min_nodes=args.min_nodes,
-                                    node_timeout=args.node_timeout))
+                                    node_timeout=args.node_timeout, total_steps=args.total_steps))
     except JobSpecError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
     job = ask_daemon(socket, "run", {"spec": spec.as_dict()}, config_hint=hint)
@@ -450,6 +450,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "down longer than --node-timeout (same global batch; default: wait for every node)")
     p.add_argument("--node-timeout", type=float, default=60.0,
                    help="seconds a lost node is waited for before it may be left out (default 60)")
+    p.add_argument("--total-steps", type=int, help="for a script of your own: its length in steps (it gets "
+                   "COORD_TOTAL_STEPS; coord shows step/total and an ETA, and an attempt whose ranks all exit 0 "
+                   "before it is restarted); mlx_lm lora's is its --iters")
     p.add_argument("--detach", action="store_true", help="return once submitted instead of following the job")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND... or a job file")
     p.set_defaults(func=cmd_run)

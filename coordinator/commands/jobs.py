@@ -96,6 +96,11 @@ def render_job(job: dict[str, Any]) -> str:
     line = ", ".join(parts)
     if job.get("batch"):
         line += f"\n  on {', '.join(job['nodes'])}: {job['batch']}"
+    memory = job.get("rank_memory_bytes") or {}
+    if memory:
+        line += "\n  memory: " + ", ".join(f"rank {rank} ({job['nodes'][int(rank)]}) {size / 2**30:.2f} GiB"
+                                           for rank, size in sorted(memory.items(), key=lambda kv: int(kv[0]))
+                                           if int(rank) < len(job["nodes"]))
     if job.get("error"):
         line += f"\n  error: {job['error']}"
     for found in job.get("diagnoses", []):

@@ -78,20 +78,28 @@ def validate(spec: JobSpec) -> JobSpec:
         raise JobSpecError("node-timeout must be greater than 0 seconds")
     if not spec.replica:
         raise JobSpecError("replica must be 'head', 'none' or a node's name")
+    if spec.total_steps is not None and (isinstance(spec.total_steps, bool) or not isinstance(spec.total_steps, int)
+                                         or spec.total_steps < 1):
+        raise JobSpecError(f"total-steps must be a whole number of at least 1, got {spec.total_steps!r}")
     if is_mlx_lm(spec.command):
         iters = option_value(mlx_lm_args(spec.command), "--iters")
         if iters is None:
             raise JobSpecError("give the mlx_lm fine-tune its length with --iters N (coord resumes toward it)")
         try:
-            spec.total_steps = int(iters)
+            total = int(iters)
         except ValueError:
             raise JobSpecError(f"--iters must be a whole number, got {iters!r}") from None
+        if spec.total_steps is not None and spec.total_steps != total:
+            raise JobSpecError(f"total-steps {spec.total_steps} differs from mlx_lm's --iters {total}: for mlx_lm "
+                               "lora the total is its --iters")
+        spec.total_steps = total
     return spec
 
 
 _JOB_FILE_KEYS = {"name": str, "command": list, "save_every": int, "max_restarts": int,
                   "hang_timeout": (int, float), "keep": int, "force": bool, "source": str, "backend": str,
-                  "trainer": str, "replica": str, "min_nodes": int, "node_timeout": (int, float)}
+                  "trainer": str, "replica": str, "min_nodes": int, "node_timeout": (int, float),
+                  "total_steps": int}
 
 
 def load_job_file(path: Path) -> JobSpec:

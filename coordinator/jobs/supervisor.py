@@ -341,6 +341,7 @@ class JobRunner:
         attempt = self.record["attempt"]
         self.set_state("starting")
         self._progress_offsets = self.record["progress_offsets"] = {}  # saved with the record
+        self.record["rank_memory"] = {}
         self._log_offsets.clear()
         self._replica_check = ReplicaCheck(len(nodes))
         self._divergence = None
@@ -512,6 +513,8 @@ class JobRunner:
                     return self._outcome(NODE_LOST, f"node {name} (rank {rank}) did not answer: {exc.message}",
                                              f"node:{name}")
                 self._progress_offsets[rank] = status["progress_offset"]
+                if status.get("rss_bytes"):
+                    self.record.setdefault("rank_memory", {})[str(rank)] = status["rss_bytes"]
                 for record in status["progress"]:
                     self._on_progress(record)
                 await self._pull_log(rank, name, status["log_size"])
@@ -839,6 +842,7 @@ class JobRunner:
                 "attempt": record["attempt"], "error": record.get("error"), "nodes": record.get("order", []),
                 "batch": record.get("batch"), "trainer": self.spec.trainer, "replica": self.spec.replica,
                 "min_nodes": self.spec.min_nodes, "diagnoses": record.get("diagnoses", []),
+                "rank_memory_bytes": dict(record.get("rank_memory") or {}) if self.state == "running" else {},
                 "command": self.spec.command}
 
 

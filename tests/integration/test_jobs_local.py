@@ -22,6 +22,7 @@ import mlx.core as mx
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, required=True)
 parser.add_argument("--sleep", type=float, default=0.05)
+parser.add_argument("--quit-at", type=int, help="on the first attempt, every rank exits 0 at this step")
 args = parser.parse_args()
 group = mx.distributed.init()
 rank = int(os.environ["COORD_RANK"])
@@ -43,6 +44,8 @@ for local in range(1, args.steps - offset + 1):
             os.makedirs(os.environ["COORD_CHECKPOINT_DIR"], exist_ok=True)
             mx.save_safetensors(os.path.join(os.environ["COORD_CHECKPOINT_DIR"], f"{local:07d}_adapters.safetensors"),
                                 {"w": w})
+    if args.quit_at == offset + local and os.environ["COORD_ATTEMPT"] == "0":
+        raise SystemExit(0)
 '''
 
 # What a large full fine-tune prints on a Mac when Metal gives up on a command buffer.
@@ -300,3 +303,30 @@ def test_a_daemon_killed_mid_run_and_again_mid_recovery_carries_the_job_to_the_e
     lines = (root / "state" / "jobs" / name / "attempt-0" / "rank-0.log").read_text().splitlines()
     steps = [line for line in lines if line.startswith("step ")]
     assert len(steps) >= 20 and len(steps) == len(set(steps)), lines[:40]
+
+
+def test_a_script_with_total_steps_shows_its_progress_and_an_early_clean_exit_is_resumed(cluster):
+    daemon, root = cluster
+    name = "early"
+    submitted = coord("run", "--config", str(daemon.config), "--name", name, "--source", str(root / "project"),
+                      "--save-every", "5", "--total-steps", "40", "--detach", "--", "python", "plain.py", "--steps",
+                      "40", "--sleep", "0.1", "--quit-at", "30", env=daemon.env)
+    assert submitted.returncode == 0, submitted.stderr
+    doc = daemon.wait_for(lambda d: job_of(d, name)["step"] >= 6 and job_of(d, name)["rank_memory_bytes"], 300,
+                          "step 6 with the ranks' memory")
+    job = job_of(doc, name)
+    assert job["total_steps"] == 40 and job["eta_s"] and job["step"] < 30, job
+    assert sorted(job["rank_memory_bytes"]) == ["0", "1"] and min(job["rank_memory_bytes"].values()) > 10 << 20
+    shown = " ".join(coord("status", "--config", str(daemon.config), env=daemon.env).stdout.split())
+    assert f"{name}: running, step " in shown and "/40" in shown and "ETA" in shown, shown
+    assert "memory: rank 0 (a)" in shown and f"next: coord logs -f {name} coord stop {name}" in shown, shown
+    waited = coord("wait", "--quiet", "--json", "--config", str(daemon.config), name, env=daemon.env, timeout=300)
+    final = json.loads(waited.stdout)
+    story = "\n".join(e["message"] for e in _events(daemon, name))
+    # mlx.launch's "every rank exited 0" is not taken for success before the total step
+    assert "every rank exited 0 at step 30 of 40" in story, story
+    assert waited.returncode == 0 and final["state"] == "succeeded" and final["restarts"] == 1, story
+    assert final["step"] == 40 and final["attempt"] == 1
+    import mlx.core as mx
+    newest = sorted((root / final["nodes"][0] / "checkpoints" / name / "attempt-1").glob("*_adapters.safetensors"))
+    assert mx.load(str(newest[-1]))["w"].tolist() == [80.0] * 4

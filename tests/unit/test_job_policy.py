@@ -215,3 +215,13 @@ def test_the_global_batch_is_read_as_mlx_lm_reads_it_command_line_then_config_fi
             batch_split(spec, 2)
     with pytest.raises(JobSpecError, match="no source"):
         batch_split(validate(JobSpec(name="j", command=MLX + ["-c", "lora.yaml"])), 2)
+
+
+def test_total_steps_is_for_scripts_of_ones_own_and_mlx_lm_takes_its_iters():
+    assert validate(JobSpec(name="j", command=["python", "train.py"], total_steps=100)).total_steps == 100
+    assert validate(JobSpec(name="j", command=MLX, total_steps=60)).total_steps == 60
+    for bad in (0, -5, True, 2.5):
+        with pytest.raises(JobSpecError, match="total-steps must be a whole number"):
+            validate(JobSpec(name="j", command=["python", "train.py"], total_steps=bad))
+    with pytest.raises(JobSpecError, match="differs from mlx_lm's --iters 60"):
+        validate(JobSpec(name="j", command=MLX, total_steps=100))
