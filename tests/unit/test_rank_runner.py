@@ -29,16 +29,22 @@ def test_a_rank_that_exits_leaves_its_status_and_output(tmp_path):
     assert b"hello from rank" in ranks.read_log(str(tmp_path), "j1", 0, 0)["data"]
 
 
-def test_stop_rank_kills_the_whole_process_group_even_when_stopped(tmp_path):
+def _rank_with_a_child(tmp_path, job: str) -> tuple[subprocess.Popen, int]:
+    """A running rank that started a child of its own; returns its runner and its process group."""
     script = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']);"
               "print('ready', flush=True); time.sleep(600)")
-    proc = _runner(tmp_path, "j2", [sys.executable, "-c", script])
+    proc = _runner(tmp_path, job, [sys.executable, "-c", script])
     deadline = time.monotonic() + 30
-    while ranks.rank_status(str(tmp_path), "j2", 0, 0)["state"] != "running" and time.monotonic() < deadline:
+    while ranks.rank_status(str(tmp_path), job, 0, 0)["state"] != "running" and time.monotonic() < deadline:
         time.sleep(0.05)
-    pgid = ranks._read_int(os.path.join(ranks.rank_dir(str(tmp_path), "j2", 0, 0), "pid"))
+    pgid = ranks._read_int(os.path.join(ranks.rank_dir(str(tmp_path), job, 0, 0), "pid"))
     while len(ranks._group_members(pgid)) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
+    return proc, pgid
+
+
+def test_stop_rank_kills_the_whole_process_group_even_when_stopped(tmp_path):
+    proc, pgid = _rank_with_a_child(tmp_path, "j2")
     os.killpg(pgid, 19)  # SIGSTOP: a hung rank
     result = ranks.stop_rank(str(tmp_path), "j2", 0, 0, grace=1.0)
     assert result["stopped"] and result["left"] == []
@@ -82,15 +88,7 @@ def test_checkpoints_are_validated_and_a_truncated_one_is_refused(tmp_path):
 
 def test_without_proc_the_group_is_stopped_and_confirmed_through_killpg(tmp_path, monkeypatch):
     """macOS has no /proc: the group is killed and checked with killpg, not process by process."""
-    script = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']);"
-              "print('ready', flush=True); time.sleep(600)")
-    proc = _runner(tmp_path, "j5", [sys.executable, "-c", script])
-    deadline = time.monotonic() + 30
-    while ranks.rank_status(str(tmp_path), "j5", 0, 0)["state"] != "running" and time.monotonic() < deadline:
-        time.sleep(0.05)
-    pgid = ranks._read_int(os.path.join(ranks.rank_dir(str(tmp_path), "j5", 0, 0), "pid"))
-    while len(ranks._group_members(pgid)) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    proc, pgid = _rank_with_a_child(tmp_path, "j5")
     members = ranks._group_members(pgid)
     real_listdir = os.listdir
 
