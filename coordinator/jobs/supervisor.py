@@ -486,8 +486,11 @@ class JobRunner:
     async def _watch_checkpoints(self) -> None:
         while True:
             await anyio.sleep(CHECKPOINT_POLL_S)
+            started = time.monotonic()
             with anyio.CancelScope(shield=True):  # a poll half done would leave the catalog behind the disk
                 await self._poll_checkpoints()
+            if time.monotonic() - started > 5 * CHECKPOINT_POLL_S:
+                self.log.warning("slow checkpoint poll", seconds=round(time.monotonic() - started, 1))
 
     async def _watch_ranks(self) -> Outcome:
         """Poll every rank through its node's agent until the attempt ends one way or another."""
@@ -743,7 +746,8 @@ class JobRunner:
             found = await session.call("list_checkpoints", {"workdir": session.node.workdir, "job": self.spec.name,
                                                             "attempt": attempt,
                                                             "known": sorted(self._known_checkpoints)}, timeout=60)
-        except RemoteError:
+        except RemoteError as exc:
+            self.log.warning("checkpoints not listed", node=name, reason=exc.message)
             return
         for entry in catalog.settled(found["checkpoints"], attempt_over=attempt_over):
             self._known_checkpoints.add(entry["name"])

@@ -23,6 +23,26 @@ TRAIN6 = ["python", "-m", "mlx_lm", "lora", "--model", "model", "--train", "--da
           "full", "--batch-size", "6", "--iters", str(TOTAL_STEPS), "--learning-rate", "1e-4"]
 
 
+def freeze_ranks(netns_cluster, job: str, attempt: int, nodes: list[str], timeout: float = 120) -> list[int]:
+    """SIGSTOP each rank of an attempt as soon as its pid file appears; returns their process groups."""
+    frozen: dict[int, int] = {}
+    deadline = time.monotonic() + timeout
+    while len(frozen) < len(nodes) and time.monotonic() < deadline:
+        for rank, node in enumerate(nodes):
+            pid_file = (Path(netns_cluster.node(node).workdir) / ".coord" / "jobs" / job / f"attempt-{attempt}" /
+                        f"rank-{rank}" / "pid")
+            if rank in frozen or not pid_file.exists():
+                continue
+            try:
+                frozen[rank] = int(pid_file.read_text())
+            except ValueError:
+                continue  # being written
+            os.killpg(frozen[rank], signal.SIGSTOP)
+        time.sleep(0.01)
+    assert len(frozen) == len(nodes), f"attempt {attempt}'s ranks did not start within {timeout:g} s"
+    return list(frozen.values())
+
+
 @pytest.fixture(scope="module")
 def running(netns_cluster):
     with tiny_project_and_daemon(netns_cluster) as holder:
@@ -80,14 +100,22 @@ def test_a_node_left_out_is_brought_back_by_resize_and_replicas_go_to_another_no
            "--replica", "n2", command=[word if word != str(TOTAL_STEPS) else "120" for word in TRAIN6])
     job = wait_step(daemon, "grow", 5)
     away = job["nodes"][2]
+    frozen: list[int] = []
     netns_cluster.cut_link(away)
     try:
-        wait_event(daemon, "grow", "job.resized", 120, "the job to shrink to two nodes")
+        shrunk = wait_event(daemon, "grow", "job.resized", 120, "the job to shrink to two nodes")[-1]
+        # The two-node attempt is frozen as its ranks start, until the resize is asked for: on
+        # two cores it can otherwise run to its last step before the node is back.
+        frozen = freeze_ranks(netns_cluster, "grow", job["attempt"] + 1, shrunk["data"]["nodes"])
     finally:
         netns_cluster.restore_link(away)
-    daemon.wait_for(lambda d: all(n["state"] == "up" for n in d["nodes"]), 60, "the node to be back")
-    resized = coord("resize", "--config", str(daemon.config), "grow", env=daemon.env)
-    assert resized.returncode == 0, resized.stderr
+    try:
+        daemon.wait_for(lambda d: all(n["state"] == "up" for n in d["nodes"]), 60, "the node to be back")
+        resized = coord("resize", "--config", str(daemon.config), "grow", env=daemon.env)
+        assert resized.returncode == 0, resized.stderr
+    finally:
+        for pid in frozen:
+            os.killpg(pid, signal.SIGCONT)
     grown = wait_event(daemon, "grow", "job.resized", 300, "the job to grow back to three nodes",
                        where=lambda e: e["data"]["back"] == [away])
     final = finish(daemon, "grow", steps=120)
