@@ -205,12 +205,12 @@ def _mlx_lm_config(spec: JobSpec, args: list[str]) -> dict:
         path = Path(spec.source) / path
     try:
         import yaml  # mlx-lm's own dependency
-
+    except ImportError:
+        raise JobSpecError(f"reading the config file {path} needs PyYAML (pip install pyyaml)") from None
+    try:
         loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except OSError as exc:
         raise JobSpecError(f"cannot read the config file {path}: {exc.strerror or exc}") from None
-    except ImportError:
-        raise JobSpecError(f"reading the config file {path} needs PyYAML (pip install pyyaml)") from None
     except yaml.YAMLError as exc:
         raise JobSpecError(f"the config file {path} is not valid YAML: {exc}") from None
     if not isinstance(loaded, dict):
