@@ -51,12 +51,46 @@ def submit(daemon: DaemonProcess, project: Path, name: str, *extra: str, command
     assert result.returncode == 0, result.stderr
 
 
-def wait_step(daemon: DaemonProcess, name: str, step: int) -> dict:
-    doc = daemon.wait_for(lambda d: job_of(d, name)["step"] >= step or job_of(d, name)["state"] == "failed",
-                          600, f"{name} at step {step}")
+def rank_step(netns_cluster, job: dict, rank: int = 0) -> int:
+    """The newest global step in a rank's own progress file (0 before the first)."""
+    node = netns_cluster.node(job["nodes"][rank])
+    path = Path(node.workdir) / ".coord" / "jobs" / job["name"] / f"attempt-{job['attempt']}" / f"rank-{rank}" / "progress.jsonl"
+    try:
+        lines = path.read_bytes().splitlines()
+    except FileNotFoundError:
+        return 0
+    for raw in reversed(lines):
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            continue  # a line still being written
+        if record.get("kind") == "train":
+            return int(record["step"])
+    return 0
+
+
+def at_step(netns_cluster, daemon: DaemonProcess, name: str, step: int, act, timeout: float = 600) -> tuple[dict, int]:
+    """Run ``act(job)`` as soon as rank 0 of the job's attempt reports ``step``; returns the job and the step seen.
+
+    The daemon's view of the step is a poll (or, on two busy cores, several seconds) behind the
+    ranks, and this tiny run takes tens of milliseconds a step: waiting on the daemon alone let a
+    run reach its end before the test acted. So rank 0's own progress file is read every 10 ms and
+    the act happens in the same breath as the read.
+    """
+    doc = daemon.wait_for(lambda d: job_of(d, name)["state"] in ("failed", "stopped", "succeeded")
+                          or (job_of(d, name)["state"] == "running" and bool(job_of(d, name)["nodes"])),
+                          timeout, f"{name} running")
     job = job_of(doc, name)
     assert job["state"] == "running", job
-    return job
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        seen = rank_step(netns_cluster, job)
+        if seen >= step:
+            assert seen < (job["total_steps"] or seen + 1), f"{name} had reached its last step before the test acted"
+            act(job)
+            return job, seen
+        time.sleep(0.01)
+    raise AssertionError(f"{name} did not reach step {step} within {timeout} s")
 
 
 def events(daemon: DaemonProcess, name: str | None = None) -> list[dict]:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.jobs import (TOTAL_STEPS, events, finish, rank_pid, ranks_left, submit, tiny_project_and_daemon,
-                                wait_event, wait_step)
+from tests.cluster.jobs import (TOTAL_STEPS, at_step, events, finish, rank_pid, ranks_left, submit,
+                                tiny_project_and_daemon, wait_event)
 from tests.integration.daemon_harness import coord
 
 pytestmark = pytest.mark.cluster
@@ -53,11 +53,11 @@ def test_rank0s_node_lost_for_good_the_job_finishes_on_two_from_a_verified_repli
     daemon = running["daemon"]
     submit(daemon, running["project"], "shrink", "--min-nodes", "2", "--node-timeout", "5", "--hang-timeout", "300",
            command=TRAIN6)
-    job = wait_step(daemon, "shrink", 25)
+    # frozen at step 25, so that no newer checkpoint appears while a replica is damaged
+    job, _ = at_step(netns_cluster, daemon, "shrink", 25,
+                     lambda job: [os.killpg(rank_pid(netns_cluster, job, rank), signal.SIGSTOP) for rank in range(3)])
     daemon.wait_for(lambda d: sum(e["kind"] == "job.replicated" and e["message"].startswith("shrink:")
                                   for e in d["events"]) >= 2, 60, "two checkpoints replicated")
-    for rank in range(3):  # frozen, so that no newer checkpoint appears while a replica is damaged
-        os.killpg(rank_pid(netns_cluster, job, rank), signal.SIGSTOP)
     time.sleep(4)  # the catalog polls every 2 s; replication follows it
     replicas = sorted((running["root"] / "state" / "replicas" / "shrink" / "attempt-0").glob("*.safetensors"))
     assert len(replicas) >= 2, replicas
@@ -98,10 +98,9 @@ def test_a_node_left_out_is_brought_back_by_resize_and_replicas_go_to_another_no
     daemon = running["daemon"]
     submit(daemon, running["project"], "grow", "--min-nodes", "2", "--node-timeout", "3", "--hang-timeout", "300",
            "--replica", "n2", command=[word if word != str(TOTAL_STEPS) else "120" for word in TRAIN6])
-    job = wait_step(daemon, "grow", 5)
+    job, _ = at_step(netns_cluster, daemon, "grow", 5, lambda job: netns_cluster.cut_link(job["nodes"][2]))
     away = job["nodes"][2]
     frozen: list[int] = []
-    netns_cluster.cut_link(away)
     try:
         shrunk = wait_event(daemon, "grow", "job.resized", 120, "the job to shrink to two nodes")[-1]
         # The two-node attempt is frozen as its ranks start, until the resize is asked for: on
@@ -132,9 +131,8 @@ def test_a_global_batch_the_remaining_ranks_cannot_split_waits_for_the_node(netn
     daemon = running["daemon"]
     # --batch-size 3 over three ranks is one example each; two ranks cannot share 3 evenly
     submit(daemon, running["project"], "nodiv", "--min-nodes", "2", "--node-timeout", "3", "--hang-timeout", "300")
-    job = wait_step(daemon, "nodiv", 5)
+    job, _ = at_step(netns_cluster, daemon, "nodiv", 5, lambda job: netns_cluster.cut_link(job["nodes"][2]))
     away = job["nodes"][2]
-    netns_cluster.cut_link(away)
     try:
         waiting = wait_event(daemon, "nodiv", "job.waiting_for_nodes", 120, "the job to say it cannot shrink",
                              where=lambda e: "cannot be split evenly over 2 ranks" in e["message"])

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.jobs import finish, rank_pid, submit, tiny_project_and_daemon, wait_step
+from tests.cluster.jobs import at_step, finish, rank_pid, submit, tiny_project_and_daemon
 
 pytestmark = pytest.mark.cluster
 
@@ -38,8 +38,7 @@ def test_a_run_killed_on_three_nodes_resumes_with_the_losses_of_an_uninterrupted
     submit(daemon, project, "straight", "--trainer", "coord", command=TRAIN)
     reference = losses(netns_cluster, finish(daemon, "straight", steps=STEPS), attempt=0)
     submit(daemon, project, "killed", "--trainer", "coord", "--hang-timeout", "120", command=TRAIN)
-    job = wait_step(daemon, "killed", 15)
-    os.kill(rank_pid(netns_cluster, job, 1), signal.SIGKILL)
+    at_step(netns_cluster, daemon, "killed", 15, lambda job: os.kill(rank_pid(netns_cluster, job, 1), signal.SIGKILL))
     final = finish(daemon, "killed", steps=STEPS)
     assert final["restarts"] == 1, final["story"]
     resumed = losses(netns_cluster, final, attempt=1)

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.jobs import (events, finish, job_of, rank_pid, ranks_left, submit, tiny_project_and_daemon,
-                                wait_step)
+from tests.cluster.jobs import at_step, events, finish, job_of, rank_pid, ranks_left, submit, tiny_project_and_daemon
 from tests.integration.daemon_harness import DaemonProcess, all_up, coord
 
 pytestmark = pytest.mark.cluster
@@ -27,8 +26,7 @@ def test_a_stopped_rank_is_caught_by_the_hang_watchdog_and_recovered(netns_clust
     holder, project, _ = setup
     daemon = holder["daemon"]
     submit(daemon, project, "hang", "--hang-timeout", "8")
-    job = wait_step(daemon, "hang", 15)
-    os.kill(rank_pid(netns_cluster, job, 2), signal.SIGSTOP)
+    at_step(netns_cluster, daemon, "hang", 15, lambda job: os.kill(rank_pid(netns_cluster, job, 2), signal.SIGSTOP))
     final = finish(daemon, "hang")
     assert final["restarts"] == 1, final["story"]
     kinds = [e["kind"] for e in events(daemon, "hang")]
@@ -43,8 +41,7 @@ def test_a_cut_link_is_seen_within_10_s_and_the_job_waits_for_the_node(netns_clu
     holder, project, _ = setup
     daemon = holder["daemon"]
     submit(daemon, project, "link")
-    wait_step(daemon, "link", 15)
-    netns_cluster.cut_link("n3")
+    at_step(netns_cluster, daemon, "link", 15, lambda job: netns_cluster.cut_link("n3"))
     cut = time.monotonic()
     try:
         daemon.wait_for(lambda d: any(e["kind"] == "job.attempt_ended" and "node_lost" in e["message"]
@@ -64,9 +61,8 @@ def test_a_restarted_daemon_reattaches_and_the_job_finishes(netns_cluster, setup
     holder, project, _ = setup
     daemon = holder["daemon"]
     submit(daemon, project, "reattach")
-    job = wait_step(daemon, "reattach", 15)
+    job, _ = at_step(netns_cluster, daemon, "reattach", 15, lambda job: daemon.stop(signal.SIGKILL))
     first_attempt = job["attempt"]
-    daemon.stop(signal.SIGKILL)
     holder["daemon"] = daemon = DaemonProcess(daemon.config, env=daemon.env, prefix=daemon.prefix).start()
     daemon.wait_for(all_up, 30, "all nodes up under the new daemon")
     final = finish(daemon, "reattach")
@@ -79,9 +75,9 @@ def test_a_damaged_newest_checkpoint_is_skipped_for_the_one_before(netns_cluster
     daemon = holder["daemon"]
     # no replica: a copy of the newest checkpoint would stand in for the damaged one (tested elsewhere)
     submit(daemon, project, "damaged", "--hang-timeout", "300", "--replica", "none")
-    job = wait_step(daemon, "damaged", 25)
-    for rank in range(3):  # freeze the ranks so no newer checkpoint appears meanwhile
-        os.killpg(rank_pid(netns_cluster, job, rank), signal.SIGSTOP)
+    # freeze the ranks so no newer checkpoint appears meanwhile
+    job, _ = at_step(netns_cluster, daemon, "damaged", 25,
+                     lambda job: [os.killpg(rank_pid(netns_cluster, job, rank), signal.SIGSTOP) for rank in range(3)])
     time.sleep(3)  # the catalog polls every 2 s
     doc = json.loads(coord("status", "--json", "--config", str(daemon.config), env=daemon.env).stdout)
     newest = job_of(doc, "damaged")["last_checkpoint_step"]

@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-from pathlib import Path
 
 import pytest
 
-from tests.cluster.jobs import events, finish, rank_pid, ranks_left, submit, tiny_project_and_daemon, wait_step
+from tests.cluster.jobs import at_step, events, finish, rank_pid, ranks_left, submit, tiny_project_and_daemon
 from tests.integration.daemon_harness import coord
 
 pytestmark = pytest.mark.cluster
@@ -25,13 +24,8 @@ def running(netns_cluster):
 def test_a_killed_rank_resumes_from_the_newest_checkpoint_on_three_nodes(netns_cluster, running):
     daemon, project = running
     submit(daemon, project, "tiny3", "--hang-timeout", "120")
-    current = wait_step(daemon, "tiny3", 25)
-    # rank 0's own progress, read right before the kill (the daemon's step is a poll behind)
-    progress = (Path(netns_cluster.node(current["nodes"][0]).workdir) / ".coord" / "jobs" / "tiny3" /
-                f"attempt-{current['attempt']}" / "rank-0" / "progress.jsonl")
-    killed_at = max(json.loads(line)["step"] for line in progress.read_text().splitlines()
-                    if line.strip().endswith("}") and '"train"' in line)
-    os.kill(rank_pid(netns_cluster, current, 1), signal.SIGKILL)
+    _, killed_at = at_step(netns_cluster, daemon, "tiny3", 25,
+                           lambda job: os.kill(rank_pid(netns_cluster, job, 1), signal.SIGKILL))
     final = finish(daemon, "tiny3")
     assert final["restarts"] == 1, final["story"]
     found = events(daemon, "tiny3")
