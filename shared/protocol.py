@@ -43,10 +43,13 @@ REFUSED = "refused"
 class ProtocolError(Exception):
     """A peer sent something that is not a valid frame or message."""
 
-    def __init__(self, code: str, message: str):
+    def __init__(self, code: str, message: str, msg_id: int | None = None):
         super().__init__(message)
         self.code = code
         self.message = message
+        # The id of the message refused, when it could be read: the error reply then reaches
+        # the caller at once instead of leaving it to wait for its timeout.
+        self.msg_id = msg_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,9 +121,9 @@ def unpack(payload: bytes) -> Message:
     if kind == "req":
         method, args = body.get("m"), body.get("a", {})
         if not isinstance(method, str) or not method:
-            raise ProtocolError(BAD_MESSAGE, "request method must be a non-empty string")
+            raise ProtocolError(BAD_MESSAGE, "request method must be a non-empty string", msg_id)
         if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
-            raise ProtocolError(BAD_MESSAGE, "request arguments must be a map with string keys")
+            raise ProtocolError(BAD_MESSAGE, "request arguments must be a map with string keys", msg_id)
         return Request(msg_id, method, args)
     if kind == "res":
         return Result(msg_id, body.get("r"))

@@ -211,8 +211,8 @@ class Peer:
             try:
                 message = p.unpack(payload)
             except p.ProtocolError as exc:
-                self.log.warning("bad frame refused", code=exc.code, reason=exc.message)
-                await self._send_quietly(p.Error(None, exc.code, exc.message))
+                self.log.warning("bad frame refused", code=exc.code, reason=exc.message, id=exc.msg_id)
+                await self._send_quietly(p.Error(exc.msg_id, exc.code, exc.message))
                 continue
             await self._handle(message)
 

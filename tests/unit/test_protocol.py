@@ -202,6 +202,33 @@ def test_an_oversized_frame_closes_the_connection_with_an_error():
     asyncio.run(run())
 
 
+def test_a_malformed_request_is_answered_under_its_own_id_and_the_connection_goes_on():
+    """The caller of a refused request hears at once, not when its timeout runs out."""
+
+    async def read_reply(reader):
+        header = await reader.readexactly(4)
+        return p.unpack(await reader.readexactly(p.frame_length(header, p.DEFAULT_MAX_FRAME)))
+
+    async def run():
+        a, b = socket.socketpair()
+        ra, wa = await asyncio.open_connection(sock=a)
+        rb, wb = await asyncio.open_connection(sock=b)
+        server = Peer(rb, wb, dispatcher=_table(), max_frame=1024, name="server")
+        task = asyncio.ensure_future(server.run())
+        try:
+            body = msgpack.packb({"t": "req", "id": 7, "m": "add", "a": [1, 2]})
+            wa.write(struct.pack(">I", len(body)) + body)
+            reply = await asyncio.wait_for(read_reply(ra), 5)
+            assert isinstance(reply, p.Error) and reply.id == 7 and reply.code == p.BAD_MESSAGE
+            wa.write(p.pack(p.Request(8, "add", {"x": 1, "y": 2})))
+            assert await asyncio.wait_for(read_reply(ra), 5) == p.Result(8, 3)
+        finally:
+            wa.close()
+            await asyncio.wait_for(task, 5)
+
+    asyncio.run(run())
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.binary(max_size=64), max_size=6), st.booleans())
 def test_garbage_on_the_wire_never_crashes_the_serving_peer(chunks, framed):
