@@ -49,7 +49,7 @@ def stop_job(daemon: "Daemon", name: str) -> dict[str, Any]:
     runner = find(daemon, name)
     if runner.state not in ACTIVE:
         return runner.view()
-    runner.stop_requested = True
+    runner.request_stop()
     runner.event("stop_requested", "stop requested")
     return runner.view()
 

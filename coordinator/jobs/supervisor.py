@@ -72,6 +72,16 @@ class JobRunner:
         self.resize_requested: int | None = None  # the checkpoint step the resize waits to pass
         self.replicator = Replicator(self) if spec.replica != REPLICA_NONE else None
         self.done = anyio.Event()
+        self._stop_asked = anyio.Event()  # wakes a restart's backoff or a wait for nodes at once
+
+    def request_stop(self) -> None:
+        self.stop_requested = True
+        self._stop_asked.set()
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep between attempts or polls, cut short by a stop."""
+        with anyio.move_on_after(seconds):
+            await self._stop_asked.wait()
 
     # --- persistence and events ---------------------------------------------------------
 
@@ -185,7 +195,7 @@ class JobRunner:
                 self.record["restarts"] += 1
                 self.event("restart", f"restart {self.record['restarts']} of {self.spec.max_restarts} in "
                            f"{decision.delay_s:g} s: {decision.reason}", delay_s=decision.delay_s)
-            await anyio.sleep(decision.delay_s)
+            await self._pause(decision.delay_s)
             nodes = await self._wait_for_nodes(elastic=True)
             if nodes is None or self._stopped_before_launch():
                 return
@@ -316,7 +326,7 @@ class JobRunner:
             if why != announced:
                 self.event("waiting_for_nodes", why)
                 announced = why
-            await anyio.sleep(delay)
+            await self._pause(delay)
             delay = min(delay * 2, 2.0 if elastic else 5.0)
 
     def _batch_for(self, nodes: list[str]):
@@ -555,7 +565,7 @@ class JobRunner:
             resize = self._resize_due()
             if resize:
                 return self._outcome(RESIZED, resize, "resize")
-            await anyio.sleep(POLL_S)
+            await self._pause(POLL_S)
 
     def _outcome(self, kind: str, detail: str, signature: str, detected_after: float | None = None) -> Outcome:
         """The attempt is over; ``detected_after`` is how long its end went unseen (a rank's exit

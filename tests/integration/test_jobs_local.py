@@ -23,6 +23,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, required=True)
 parser.add_argument("--sleep", type=float, default=0.05)
 parser.add_argument("--quit-at", type=int, help="on the first attempt, every rank exits 0 at this step")
+parser.add_argument("--fail-after", type=int, help="on every attempt, rank 1 exits 3 after this many steps")
 args = parser.parse_args()
 group = mx.distributed.init()
 rank = int(os.environ["COORD_RANK"])
@@ -46,6 +47,8 @@ for local in range(1, args.steps - offset + 1):
                                 {"w": w})
     if args.quit_at == offset + local and os.environ["COORD_ATTEMPT"] == "0":
         raise SystemExit(0)
+    if args.fail_after == local and rank == 1:
+        raise SystemExit(3)
 '''
 
 # What a large full fine-tune prints on a Mac when Metal gives up on a command buffer.
@@ -330,3 +333,26 @@ def test_a_script_with_total_steps_shows_its_progress_and_an_early_clean_exit_is
     import mlx.core as mx
     newest = sorted((root / final["nodes"][0] / "checkpoints" / name / "attempt-1").glob("*_adapters.safetensors"))
     assert mx.load(str(newest[-1]))["w"].tolist() == [80.0] * 4
+
+
+def test_a_stop_during_a_restarts_backoff_ends_it_at_once_and_launches_nothing_more(cluster):
+    daemon, root = cluster
+    submitted = coord("run", "--config", str(daemon.config), "--name", "backoff", "--source", str(root / "project"),
+                      "--max-restarts", "6", "--detach", "--", "python", "plain.py", "--steps", "1000",
+                      "--sleep", "0.05", "--fail-after", "2", env=daemon.env)
+    assert submitted.returncode == 0, submitted.stderr
+    # restarts wait 1, 2, 4, then 8 s: the stop lands inside the fourth backoff
+    deadline = time.monotonic() + 300
+    while not (restarts := [e for e in _events(daemon, "backoff") if e["kind"] == "job.restart"])[3:]:
+        assert time.monotonic() < deadline, _events(daemon, "backoff")
+        time.sleep(0.2)
+    assert restarts[3]["data"]["delay_s"] == 8
+    stopped = coord("stop", "--config", str(daemon.config), "backoff", env=daemon.env, timeout=120)
+    assert stopped.returncode == 0 and "backoff: stopped" in stopped.stdout, stopped.stderr
+    found = _events(daemon, "backoff")
+    end = [e for e in found if e["kind"] == "job.stopped"]
+    assert end and "before the next attempt was launched" in end[-1]["message"], found
+    assert end[-1]["ts"] - restarts[3]["ts"] < 8  # the backoff was cut short, not waited out
+    assert not [e for e in found if e["kind"] == "job.launched" and e["data"]["attempt"] == 4], found
+    job = job_of(daemon.status(), "backoff")
+    assert job["state"] == "stopped" and job["restarts"] == 4 and job["attempt"] == 3
