@@ -225,8 +225,12 @@ def test_one_rank_killed_and_resumed_matches_the_uninterrupted_run(project, kind
     assert _trainer_state(checkpoints[first])["global_step"] == start + first
     saves = resumed.records("checkpoint")
     assert saves[start + first]["bytes"] == checkpoints[first].stat().st_size
-    # the training thread only copies the arrays; the write (with its fsync) happens off it
-    assert 0 < saves[start + first]["blocking_seconds"] < saves[start + first]["write_seconds"]
+    # Both parts of a save are reported. Which is longer is not a property of the code: for a
+    # checkpoint of a few kilobytes the write is quick, and on a GPU the blocking part includes
+    # the wait for the step's arrays and their copy to host memory (about 20 ms against a 5 ms
+    # write, measured on CUDA). That the write runs off the training thread is pinned by
+    # tests/unit/test_trainer_checkpoint.py.
+    assert saves[start + first]["blocking_seconds"] > 0 and saves[start + first]["write_seconds"] > 0
     _assert_mlx_lm_loads_the_weights(project, reference.checkpoints()[10], kind)
     # The final adapters are weights only, as mlx-lm writes them.
     final = _load(resumed.adapters / "adapters.safetensors")
