@@ -80,6 +80,20 @@ def is_stale(
     return False, "calibration is current (same chip, OS, mlx, Python and GPU backend)"
 
 
+def gpu_memory(calibrations: Mapping[str, Any], facts: Mapping[str, Any]) -> dict[str, tuple[int, str]]:
+    """{node: (bytes, source)} of the memory MLX's GPU can use, from each node's current calibration."""
+    found = {}
+    for name, record in calibrations.items():
+        result = (record or {}).get("result") or {}
+        if not facts.get(name) or result.get("device_kind") != "gpu" or is_stale(record, facts[name], refresh=False)[0]:
+            continue
+        size = result.get("peak_memory_bytes")
+        if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+            found[name] = (size, f"{result.get('peak_memory_source') or 'MLX'} on "
+                                                        f"{result.get('device') or 'the GPU'} (coord calibrate)")
+    return found
+
+
 def train_rate(stored: Mapping[str, Any] | None) -> float | None:
     """The training-step rate (samples/s) of a stored record or a bare result, if usable."""
     if not stored:

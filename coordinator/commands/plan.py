@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from agent.launch import rank_command
+from coordinator.calibration import gpu_memory
 from coordinator.jobs.launcher import launcher_argv
 from coordinator.plan import datasets, diagnosis, sizing
 from coordinator.plan.document import JobOptions, PlanInputError, PlanInputs, build_plan, timings_from_events
@@ -48,13 +49,13 @@ async def serve_plan(daemon: "Daemon", emit, *, schema: str = "v2", model: str |
     await emit({"node": "head", "progress": "pre-flight on every node", "fraction": 0.1})
     preflight = await run_preflight(daemon, _quiet)
     facts = {session.node.name: session.view.facts for session in daemon.cluster.sessions.values()}
-    fit = await _sizing(emit, model, facts, job_options, seq_len) if model else None
+    calibrations = {n.name: daemon.state.calibration(n.name) for n in daemon.config.nodes}
+    fit = await _sizing(emit, model, facts, gpu_memory(calibrations, facts), job_options, seq_len) if model else None
     dataset = await _dataset(emit, data) if data else None
     state_dir = daemon.config.state_dir
     hostfile_path = str(state_dir / "jobs" / name / "attempt-0" / "hostfile.json")
     inputs = PlanInputs(
-        nodes=tuple(daemon.config.nodes), facts=facts,
-        calibrations={n.name: daemon.state.calibration(n.name) for n in daemon.config.nodes},
+        nodes=tuple(daemon.config.nodes), facts=facts, calibrations=calibrations,
         backend=preflight["backend"], backend_error=preflight.get("backend_error"), hostfile=preflight["hostfile"],
         hostfile_path=hostfile_path,
         launch_argv=[*launcher_argv(), "--hostfile", hostfile_path, "--", *rank_command(name)],
@@ -84,10 +85,10 @@ async def _quiet(_event) -> None:
     return None
 
 
-async def _sizing(emit, model: str, facts: dict, options: JobOptions, seq_len: int) -> dict[str, Any]:
+async def _sizing(emit, model: str, facts: dict, measured: dict, options: JobOptions, seq_len: int) -> dict[str, Any]:
     """fit_nodes over every node whose memory is known: the estimate, per node, with its rules."""
     await emit({"node": "head", "progress": f"sizing {model}", "fraction": 0.6})
-    nodes, unknown = sizing.nodes_from_facts({name: fact for name, fact in facts.items() if fact})
+    nodes, unknown = sizing.nodes_from_facts({name: fact for name, fact in facts.items() if fact}, measured)
     try:
         shape = await anyio.to_thread.run_sync(sizing.read_model_shape, model)
         # mlx-lm adapts its top 16 blocks by default, or all of a smaller model's

@@ -533,19 +533,31 @@ class NodeMemory:
     usable_fraction: float = MACOS_GPU_FRACTION
     usable_rule: str = (f"macOS wires at most about {MACOS_GPU_FRACTION:.0%} of unified memory to the GPU by "
                         "default (sysctl iogpu.wired_limit_mb raises it)")
+    measured_bytes: int | None = None  # what MLX said its GPU can use (coord calibrate), over the rule
 
     @property
     def usable_bytes(self) -> int:
+        if self.measured_bytes:
+            return self.measured_bytes
         return int(self.total_bytes * self.usable_fraction)
 
 
-def nodes_from_facts(facts_by_node: Mapping[str, Mapping[str, Any]]) -> tuple[list[NodeMemory], list[str]]:
-    """Node memories from agent facts (``memory_bytes``, ``os``), and the nodes whose memory is unknown."""
+def nodes_from_facts(facts_by_node: Mapping[str, Mapping[str, Any]],
+                     gpu_memory: Mapping[str, tuple[int, str]] | None = None) -> tuple[list[NodeMemory], list[str]]:
+    """Node memories from agent facts (``memory_bytes``, ``os``), and the nodes whose memory is unknown.
+
+    ``gpu_memory`` is {node: (bytes, where it was read)} from a current GPU calibration: on a Mac
+    Metal's recommended working set (which follows iogpu.wired_limit_mb), on a CUDA node the
+    card's own memory. Where it is known it replaces the rule of thumb.
+    """
     nodes, unknown = [], []
     for name, facts in facts_by_node.items():
         total = _int_or_none((facts or {}).get("memory_bytes"))
+        measured = (gpu_memory or {}).get(name)
         if not total:
             unknown.append(name)
+        elif measured and _int_or_none(measured[0]):
+            nodes.append(NodeMemory(name, total, 1.0, f"measured: {measured[1]}", measured_bytes=int(measured[0])))
         elif (facts or {}).get("os") == "macOS":
             nodes.append(NodeMemory(name, total))
         else:

@@ -16,6 +16,7 @@ from coordinator.calibration import (
     CALIBRATION_KEY_FIELDS,
     calibration_key,
     calibration_record,
+    gpu_memory,
     is_stale,
     train_rate,
     workload_shares,
@@ -36,6 +37,25 @@ GOOD_RESULT = {"ok": True, "quick": False, "train_samples_per_s": 1000.0}
 
 def _stored(facts=FACTS, result=GOOD_RESULT):
     return calibration_record(facts, result)
+
+
+def test_gpu_memory_comes_only_from_a_current_gpu_calibration():
+    metal = {**GOOD_RESULT, "device": "Device(gpu, 0)", "device_kind": "gpu", "peak_memory_bytes": 96 * 2**30,
+             "peak_memory_source": "mx.device_info()['max_recommended_working_set_size']"}
+    calibrations = {
+        "gpu": _stored(result=metal),
+        "cpu": _stored(result={**metal, "device_kind": "cpu"}),  # host memory: the rule of thumb is better
+        "stale": _stored(facts={**FACTS, "mlx_version": "0.28.0"}, result=metal),
+        "quick": _stored(result={**metal, "quick": True}),
+        "odd": _stored(result={**metal, "peak_memory_bytes": True}),
+        "down": _stored(result=metal),
+        "never": None,
+    }
+    facts = {name: FACTS for name in calibrations if name != "down"}
+    found = gpu_memory(calibrations, facts)
+    assert list(found) == ["gpu"]
+    size, source = found["gpu"]
+    assert size == 96 * 2**30 and "max_recommended_working_set_size" in source and "coord calibrate" in source
 
 
 # --- calibration_key / is_stale ---------------------------------------------------------

@@ -381,6 +381,23 @@ def test_node_memory_comes_from_facts_with_the_rule_for_its_os():
     assert linux.usable_bytes == int(64 * GIB * 0.9) and "not a Mac" in linux.usable_rule
 
 
+def test_gpu_memory_measured_by_calibration_replaces_the_rule_of_thumb():
+    measured = {"raised": (120 * GIB, "mx.device_info()['max_recommended_working_set_size']"),
+                "cuda": (80 * GIB, "mx.device_info()['total_memory']")}
+    nodes, unknown = nodes_from_facts({
+        "raised": {"os": "macOS", "memory_bytes": M4_MAX},  # iogpu.wired_limit_mb raised above 75%
+        "cuda": {"os": "Linux", "memory_bytes": 512 * GIB},  # the card's memory, not the host's
+        "plain": {"os": "macOS", "memory_bytes": M4_MAX},
+    }, measured)
+    raised, cuda, plain = nodes
+    assert not unknown
+    assert raised.usable_bytes == 120 * GIB and raised.usable_rule.startswith("measured: ")
+    assert cuda.usable_bytes == 80 * GIB and "total_memory" in cuda.usable_rule
+    assert plain.usable_bytes == 96 * GIB and "75%" in plain.usable_rule
+    # the layer split follows what was measured: the node with the raised limit takes more blocks
+    assert split_layers(32, [n.usable_bytes for n in (raised, plain)]) == [18, 14]
+
+
 def test_the_plan_document_gets_a_batch_a_checkpoint_size_and_a_source(model):
     without = sizing_summary(fit_nodes(model("4B"), one_mac(M4_MAX), batch_size=1))
     assert without["per_rank_batch_size"] == 1 and "--grad-checkpoint" not in without["source"]
