@@ -64,7 +64,7 @@ async def serve_plan(daemon: "Daemon", emit, *, schema: str = "v2", model: str |
         sync_hook=daemon.config.sync.hook, keepalive_s=daemon.config.ssh.keepalive_s,
         timings=timings_from_events(daemon.state.recent_events(2000)),
         sizing=sizing.sizing_summary(fit) if fit else None, dataset=dataset,
-        options=job_options)
+        options=job_options, replica_check=latest_replica_check(daemon, name))
     try:
         if schema == "orchestration":
             return build_orchestration(inputs, parsed)
@@ -79,6 +79,17 @@ async def serve_plan(daemon: "Daemon", emit, *, schema: str = "v2", model: str |
     document["known_failures"] = diagnosis.diagnose_cluster(
         {name: fact for name, fact in facts.items() if fact}, preflight.get("topologies"))
     return document
+
+
+def latest_replica_check(daemon: "Daemon", name: str) -> dict[str, Any] | None:
+    """The named job's replica checks, or else those of the newest job that made any."""
+    checked = [runner for runner in daemon.jobs.values() if (runner.record.get("replica_check") or {})
+               .get("steps_compared")]
+    named = [runner for runner in checked if runner.spec.name == name]
+    if not (named or checked):
+        return None
+    runner = (named or sorted(checked, key=lambda r: r.record.get("started") or 0))[-1]
+    return {**runner.record["replica_check"], "job": runner.spec.name}
 
 
 async def _quiet(_event) -> None:

@@ -8,6 +8,7 @@ that differs is named. Pure, tested without processes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from coordinator.plan.robust import majority_fingerprint
 
@@ -31,6 +32,8 @@ class ReplicaCheck:
     def __init__(self, ranks: int):
         self.ranks = ranks
         self.last_agreed: int | None = None
+        self.compared = 0  # steps every rank reported
+        self.last_compared: int | None = None
         self._pending: dict[int, dict[int, str]] = {}
 
     def add(self, step: int, rank: int, sha256: str) -> Divergence | None:
@@ -40,8 +43,25 @@ class ReplicaCheck:
         if len(seen) < self.ranks:
             return None
         del self._pending[step]
+        self.compared += 1
+        self.last_compared = max(step, self.last_compared or step)
         majority, divergent = majority_fingerprint(seen)
         if not divergent:
             self.last_agreed = max(step, self.last_agreed or step)
             return None
         return Divergence(step, divergent, majority, self.last_agreed)
+
+
+def comparison_summary(summary: dict[str, Any] | None, check: ReplicaCheck, attempt: int, order: list[str],
+                       found: Divergence | None) -> dict[str, Any]:
+    """A job's replica checks so far, across attempts, after ``check`` compared one more step:
+    how many steps were compared, the last one and the last that agreed, and the newest
+    divergences (at most 10) with the nodes named."""
+    summary = dict(summary or {"steps_compared": 0, "divergences": []})
+    summary.update(steps_compared=summary["steps_compared"] + 1, ranks=check.ranks, attempt=attempt,
+                   last_step=check.last_compared, last_agreed=check.last_agreed)
+    if found is not None:
+        summary["divergences"] = [*summary["divergences"][-9:], {
+            "attempt": attempt, "step": found.step, "nodes": [order[r] for r in found.ranks if r < len(order)],
+            "detail": found.describe()}]
+    return summary

@@ -24,7 +24,7 @@ from agent.launch import rank_command
 from coordinator.commands.hostfile import node_topologies, plan_backend, write_launch_files
 from coordinator.jobs import catalog
 from coordinator.jobs.elastic import Undividable, choose_nodes, rebatch
-from coordinator.jobs.fingerprints import Divergence, ReplicaCheck
+from coordinator.jobs.fingerprints import Divergence, ReplicaCheck, comparison_summary
 from coordinator.jobs.launcher import launcher_argv
 from coordinator.jobs.policy import (DIVERGED, HUNG, NODE_LOST, RANK_FAILED, RESIZED, STOPPED, SUCCEEDED, Decision,
                                      Outcome, RankFailure, decide, hang_timeout, root_cause)
@@ -650,8 +650,14 @@ class JobRunner:
 
     def _on_progress(self, record: dict[str, Any]) -> None:
         if record.get("kind") == "fingerprint":
-            found = self._replica_check.add(int(record["step"]), int(record["rank"]), str(record["sha256"]))
+            check = self._replica_check
+            compared = check.compared
+            found = check.add(int(record["step"]), int(record["rank"]), str(record["sha256"]))
+            first = found if self._divergence is None else None  # the one the attempt is stopped for
             self._divergence = self._divergence or found
+            if check.compared != compared:  # every rank reported this step: kept for the plan
+                self.record["replica_check"] = comparison_summary(self.record.get("replica_check"), check,
+                                                                  self.record["attempt"], self.record["order"], first)
             return
         if record.get("kind") == "checkpoint":
             self._on_checkpoint_written(record)

@@ -145,6 +145,8 @@ class PlanInputs:
     dataset: Mapping[str, Any] | None = None  # keys: examples, chunks, chunk_size, source,
     #                                           memory_management?, progress_reporting?
     options: JobOptions = JobOptions()
+    # A job's replica checks (coordinator.jobs.fingerprints.comparison_summary) and its name
+    replica_check: Mapping[str, Any] | None = None
 
 
 # --- options ----------------------------------------------------------------------------------
@@ -774,14 +776,29 @@ def consistency_section(inputs: PlanInputs) -> dict[str, Any]:
     order, _ = rank_order(inputs)
     usable, _ = usable_calibrations(inputs, order)
     rates = {name: train_rate(record) for name, record in usable.items()}
+    training = training_fingerprints(inputs.replica_check)
     section.put("byzantine_detection", {
         "enabled": True,
         "divergent_workers": divergent,
         "rate_outliers": robust.outliers(rates) if len(rates) >= robust.MIN_ITEMS else [],
         "krum_aggregation": "not used for training: ranks average gradients by all-reduce; Krum-style scores "
                             "only find replicas that differ (fingerprints by majority, rates by Krum score)",
-    }, "robust.majority_fingerprint over the code hashes; robust.outliers over the calibration rates")
+        "training_fingerprints": training,
+    }, "robust.majority_fingerprint over the code hashes; robust.outliers over the calibration rates"
+       + ("; the weight fingerprints of job " + str(training["job"]) + "'s ranks, compared by majority as it trained"
+          if training["enabled"] else ""))
     return section.done()
+
+
+def training_fingerprints(check: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What a job's replica checks found while it trained (coord's trainer, --fingerprint-every N)."""
+    if not check or not check.get("steps_compared"):
+        return {"enabled": False, "reason": "no job has compared its ranks' weights yet: coord's trainer does it "
+                                            "with --fingerprint-every N (coord run --trainer coord)"}
+    return {"enabled": True, "job": check.get("job"), "steps_compared": check["steps_compared"],
+            "last_step": check.get("last_step"), "last_agreed_step": check.get("last_agreed"),
+            "divergences": [f"attempt {d.get('attempt')}: {d.get('detail')} ({', '.join(d.get('nodes') or [])})"
+                            for d in check.get("divergences") or []]}
 
 
 def chunking_section(inputs: PlanInputs) -> dict[str, Any]:

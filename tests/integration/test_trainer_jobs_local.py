@@ -66,3 +66,12 @@ def test_a_rank_whose_weights_diverge_is_named_and_the_job_resumes_from_before(c
     # both measured and reported; which is larger for a checkpoint of a few kilobytes on two busy
     # cores is a race (that the write runs off the training thread is pinned by a unit test)
     assert all(d["blocking_seconds"] >= 0 and d["write_seconds"] > 0 for d in saved), saved
+    # what the fingerprints found is in the plan's worker_consistency, with the node named
+    plan = coord("plan", "--json", "--config", str(daemon.config), "--name", "diverge", env=daemon.env, timeout=300)
+    assert plan.returncode == 0, plan.stderr
+    training = json.loads(plan.stdout)["worker_consistency"]["byzantine_detection"]["training_fingerprints"]
+    assert training["enabled"] and training["job"] == "diverge", training
+    assert training["last_step"] == 16 and training["last_agreed_step"] == 16  # the resumed attempt agreed
+    assert training["steps_compared"] >= 8  # 4 before the divergence, the divergent step, 5 after the resume
+    assert training["divergences"] == [f"attempt 0: rank 1 diverged from the majority's weights at step 8 "
+                                       f"({final['nodes'][1]})"], training

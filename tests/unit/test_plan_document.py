@@ -380,6 +380,22 @@ def test_a_stale_calibration_is_not_used_and_the_plan_says_why():
     assert any(step.startswith("coord calibrate") for step in plan["verification_steps"])
 
 
+def test_a_jobs_weight_fingerprints_are_in_worker_consistency_or_the_plan_says_how_to_get_them():
+    plan = build_plan(mesh_inputs())
+    validate(plan)
+    missing = plan["worker_consistency"]["byzantine_detection"]["training_fingerprints"]
+    assert missing["enabled"] is False and "--fingerprint-every" in missing["reason"]
+    check = {"job": "ft", "steps_compared": 6, "ranks": 3, "attempt": 1, "last_step": 60, "last_agreed": 60,
+             "divergences": [{"attempt": 0, "step": 20, "nodes": ["studio-b"],
+                              "detail": "rank 1 diverged from the majority's weights at step 20"}]}
+    plan = build_plan(dataclasses.replace(mesh_inputs(), replica_check=check))
+    validate(plan)
+    found = plan["worker_consistency"]["byzantine_detection"]["training_fingerprints"]
+    assert found == {"enabled": True, "job": "ft", "steps_compared": 6, "last_step": 60, "last_agreed_step": 60,
+                     "divergences": ["attempt 0: rank 1 diverged from the majority's weights at step 20 (studio-b)"]}
+    assert "job ft's ranks" in plan["worker_consistency"]["sources"]["byzantine_detection"]
+
+
 def test_a_divergent_node_is_named_and_the_plan_is_not_consistent():
     plan = build_plan(mesh_inputs(divergent="studio-c"))
     validate(plan)
