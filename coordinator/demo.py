@@ -69,7 +69,7 @@ def _ask(socket: Path, method: str, args: dict | None = None):
     return asyncio.run(call_daemon(socket, method, args or {}, timeout=60))
 
 
-def _last_step(progress: Path) -> int:
+def last_train_step(progress: Path) -> int:
     """The newest global step in a rank's progress file (0 before the first)."""
     try:
         lines = progress.read_bytes().splitlines()
@@ -147,7 +147,7 @@ def run_demo(root: Path, *, keep: bool, timeout: float = 600.0) -> int:
         asked = [0.0]
 
         def kill_at_step_or_ended() -> bool:
-            step = _last_step(progress)
+            step = last_train_step(progress)
             if step >= KILL_AT:
                 pid = int(pid_file.read_text())
                 os.kill(pid, signal.SIGKILL)

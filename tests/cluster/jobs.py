@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from coordinator.demo import last_train_step
 from coordinator.tinymodel import write_project
 from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir
 
@@ -54,19 +55,8 @@ def submit(daemon: DaemonProcess, project: Path, name: str, *extra: str, command
 def rank_step(netns_cluster, job: dict, rank: int = 0) -> int:
     """The newest global step in a rank's own progress file (0 before the first)."""
     node = netns_cluster.node(job["nodes"][rank])
-    path = Path(node.workdir) / ".coord" / "jobs" / job["name"] / f"attempt-{job['attempt']}" / f"rank-{rank}" / "progress.jsonl"
-    try:
-        lines = path.read_bytes().splitlines()
-    except FileNotFoundError:
-        return 0
-    for raw in reversed(lines):
-        try:
-            record = json.loads(raw)
-        except ValueError:
-            continue  # a line still being written
-        if record.get("kind") == "train":
-            return int(record["step"])
-    return 0
+    return last_train_step(Path(node.workdir) / ".coord" / "jobs" / job["name"] / f"attempt-{job['attempt']}"
+                           / f"rank-{rank}" / "progress.jsonl")
 
 
 def at_step(netns_cluster, daemon: DaemonProcess, name: str, step: int, act, timeout: float = 600) -> tuple[dict, int]:

@@ -176,16 +176,13 @@ def test_a_call_times_out_without_leaking_its_pending_entry():
     asyncio.run(_with_peers(body))
 
 
-def test_an_oversized_frame_closes_the_connection_with_an_error():
-    async def body(client, server, raw):
-        reader, writer = raw
-        writer.write(struct.pack(">I", 10_000) + b"x" * 100)
-        await writer.drain()
-        header = await reader.readexactly(4)
-        reply = p.unpack(await reader.readexactly(p.frame_length(header, p.DEFAULT_MAX_FRAME)))
-        assert isinstance(reply, p.Error) and reply.code == p.FRAME_TOO_LARGE
-        assert await reader.read() == b""  # closed by the server
-        assert server.closed
+async def _read_reply(reader) -> p.Message:
+    header = await reader.readexactly(4)
+    return p.unpack(await reader.readexactly(p.frame_length(header, p.DEFAULT_MAX_FRAME)))
+
+
+def _with_raw_server(body) -> None:
+    """A serving peer (frames up to 1 KiB) and the raw other end of its socket: body(server, reader, writer)."""
 
     async def run():
         a, b = socket.socketpair()
@@ -194,39 +191,38 @@ def test_an_oversized_frame_closes_the_connection_with_an_error():
         server = Peer(rb, wb, dispatcher=_table(), max_frame=1024, name="server")
         task = asyncio.ensure_future(server.run())
         try:
-            await asyncio.wait_for(body(None, server, (ra, wa)), 10)
+            await asyncio.wait_for(body(server, ra, wa), 10)
         finally:
             wa.close()
             await asyncio.wait_for(task, 5)
 
     asyncio.run(run())
+
+
+def test_an_oversized_frame_closes_the_connection_with_an_error():
+    async def body(server, reader, writer):
+        writer.write(struct.pack(">I", 10_000) + b"x" * 100)
+        await writer.drain()
+        reply = await _read_reply(reader)
+        assert isinstance(reply, p.Error) and reply.code == p.FRAME_TOO_LARGE
+        assert await reader.read() == b""  # closed by the server
+        assert server.closed
+
+    _with_raw_server(body)
 
 
 def test_a_malformed_request_is_answered_under_its_own_id_and_the_connection_goes_on():
     """The caller of a refused request hears at once, not when its timeout runs out."""
 
-    async def read_reply(reader):
-        header = await reader.readexactly(4)
-        return p.unpack(await reader.readexactly(p.frame_length(header, p.DEFAULT_MAX_FRAME)))
+    async def body(server, reader, writer):
+        request = msgpack.packb({"t": "req", "id": 7, "m": "add", "a": [1, 2]})
+        writer.write(struct.pack(">I", len(request)) + request)
+        reply = await _read_reply(reader)
+        assert isinstance(reply, p.Error) and reply.id == 7 and reply.code == p.BAD_MESSAGE
+        writer.write(p.pack(p.Request(8, "add", {"x": 1, "y": 2})))
+        assert await _read_reply(reader) == p.Result(8, 3)
 
-    async def run():
-        a, b = socket.socketpair()
-        ra, wa = await asyncio.open_connection(sock=a)
-        rb, wb = await asyncio.open_connection(sock=b)
-        server = Peer(rb, wb, dispatcher=_table(), max_frame=1024, name="server")
-        task = asyncio.ensure_future(server.run())
-        try:
-            body = msgpack.packb({"t": "req", "id": 7, "m": "add", "a": [1, 2]})
-            wa.write(struct.pack(">I", len(body)) + body)
-            reply = await asyncio.wait_for(read_reply(ra), 5)
-            assert isinstance(reply, p.Error) and reply.id == 7 and reply.code == p.BAD_MESSAGE
-            wa.write(p.pack(p.Request(8, "add", {"x": 1, "y": 2})))
-            assert await asyncio.wait_for(read_reply(ra), 5) == p.Result(8, 3)
-        finally:
-            wa.close()
-            await asyncio.wait_for(task, 5)
-
-    asyncio.run(run())
+    _with_raw_server(body)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
