@@ -89,8 +89,8 @@ def gpu_memory(calibrations: Mapping[str, Any], facts: Mapping[str, Any]) -> dic
             continue
         size = result.get("peak_memory_bytes")
         if isinstance(size, int) and not isinstance(size, bool) and size > 0:
-            found[name] = (size, f"{result.get('peak_memory_source') or 'MLX'} on "
-                                                        f"{result.get('device') or 'the GPU'} (coord calibrate)")
+            where = f"{result.get('peak_memory_source') or 'MLX'} on {result.get('device') or 'the GPU'}"
+            found[name] = (size, f"{where} (coord calibrate)")
     return found
 
 
