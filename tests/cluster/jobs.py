@@ -98,7 +98,8 @@ def wait_event(daemon: DaemonProcess, name: str, kind: str, timeout: float, what
         if len(found) >= count:
             return found
         time.sleep(0.5)
-    raise AssertionError(f"{name}: timed out after {timeout:g} s waiting for {what}")
+    story = "\n".join(f"{e['kind']}: {e['message']}" for e in events(daemon, name))
+    raise AssertionError(f"{name}: timed out after {timeout:g} s waiting for {what}; the job's events:\n{story}")
 
 
 def finish(daemon: DaemonProcess, name: str, steps: int = TOTAL_STEPS) -> dict:

@@ -4,6 +4,7 @@ head, refusing a replica whose bytes do not match their SHA256."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.jobs import (TOTAL_STEPS, at_step, events, finish, rank_pid, ranks_left, submit,
+from tests.cluster.jobs import (TOTAL_STEPS, at_step, events, finish, rank_pid, rank_step, ranks_left, submit,
                                 tiny_project_and_daemon, wait_event)
 from tests.integration.daemon_harness import coord
 
@@ -108,15 +109,29 @@ def test_a_node_left_out_is_brought_back_by_resize_and_replicas_go_to_another_no
         frozen = freeze_ranks(netns_cluster, "grow", job["attempt"] + 1, shrunk["data"]["nodes"])
     finally:
         netns_cluster.restore_link(away)
+    shrunk_job = {"name": "grow", "attempt": job["attempt"] + 1, "nodes": shrunk["data"]["nodes"]}
     try:
         daemon.wait_for(lambda d: all(n["state"] == "up" for n in d["nodes"]), 60, "the node to be back")
         resized = coord("resize", "--config", str(daemon.config), "grow", env=daemon.env)
         assert resized.returncode == 0, resized.stderr
-    finally:
+        assert "after its next checkpoint" in resized.stdout, resized.stdout
+        # Let the two ranks run past their next checkpoint (step 10), then hold them again: the
+        # whole run takes about 3 s here, less than the daemon may need to catalogue a checkpoint
+        # (polled every 2 s), and a run that has ended has nothing left to resize.
         for pid in frozen:
             os.killpg(pid, signal.SIGCONT)
-    grown = wait_event(daemon, "grow", "job.resized", 300, "the job to grow back to three nodes",
-                       where=lambda e: e["data"]["back"] == [away])
+        deadline = time.monotonic() + 120
+        while rank_step(netns_cluster, shrunk_job) < 15:
+            assert time.monotonic() < deadline, "the two-node attempt did not reach step 15"
+            time.sleep(0.01)
+        for pid in frozen:
+            os.killpg(pid, signal.SIGSTOP)
+        grown = wait_event(daemon, "grow", "job.resized", 300, "the job to grow back to three nodes",
+                           where=lambda e: e["data"]["back"] == [away])
+    finally:
+        for pid in frozen:  # the resize stopped them; a failed test must not leave them frozen
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGCONT)
     final = finish(daemon, "grow", steps=120)
     assert len(final["nodes"]) == 3 and grown, final["story"]
     assert final["restarts"] == 1, final["story"]  # the node loss; the resize is not counted
