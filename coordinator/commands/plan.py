@@ -34,7 +34,7 @@ OPTION_FIELDS = {"fine_tune_type": str, "per_rank_batch_size": int, "gradient_ac
 async def serve_plan(daemon: "Daemon", emit, *, schema: str = "v2", model: str | None = None,
                      data: str | None = None, options: dict | None = None, request: dict | None = None,
                      name: str = "job", seq_len: int = 2048) -> dict[str, Any]:
-    from coordinator.commands.preflight import run_preflight
+    from coordinator.services.preflight import run_preflight
 
     if schema not in SCHEMAS:
         raise RemoteError(p.BAD_ARGS, f"schema must be one of {', '.join(SCHEMAS)}")

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from agent.launch import rank_command
-from coordinator.commands.hostfile import node_topologies, plan_backend, write_launch_files
+from coordinator.services.launch_plan import node_topologies, plan_backend, write_launch_files
 from coordinator.jobs.launcher import launcher_argv
 from shared import protocol as p
 from shared.rpc import RemoteError

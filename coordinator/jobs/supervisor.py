@@ -21,7 +21,7 @@ import anyio
 import structlog
 
 from agent.launch import rank_command
-from coordinator.commands.hostfile import node_topologies, plan_backend, write_launch_files
+from coordinator.services.launch_plan import node_topologies, plan_backend, write_launch_files
 from coordinator.jobs import catalog
 from coordinator.jobs.elastic import Undividable, choose_nodes, rebatch
 from coordinator.jobs.fingerprints import Divergence, ReplicaCheck, comparison_summary
@@ -220,8 +220,8 @@ class JobRunner:
     # --- before the first attempt ---------------------------------------------------------
 
     async def _prepare(self) -> bool:
-        from coordinator.commands.preflight import run_preflight
-        from coordinator.commands.sync import serve_sync
+        from coordinator.services.preflight import run_preflight
+        from coordinator.services.sync import serve_sync
 
         async def quiet(_event) -> None:
             return None

@@ -1,0 +1,194 @@
+"""Sync: send the project tree to every node, then check they agree (the daemon half of `coord sync` and of a job's sync)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from coordinator.consistency import compare_nodes, diff_manifests
+from coordinator.node_session import UP
+from coordinator.sync import manifest_from_wire, plan_sync, sync_node
+from shared import protocol as p
+from shared.ignore import DEFAULT_PATTERNS, IgnoreRules, read_ignore_file
+from shared.manifest import HashCache, scan_tree, tree_hash
+from shared.paths import UnsafePath, resolve_under
+from shared.rpc import RemoteError
+
+if TYPE_CHECKING:
+    from coordinator.daemon import Daemon
+
+HOOK_TIMEOUT_S = 600
+
+
+def resolve_source(daemon: "Daemon", source: str | None) -> Path:
+    chosen = Path(source) if source else daemon.config.sync.source
+    if chosen is None:
+        raise RemoteError(p.BAD_ARGS, "no source directory: pass --source DIR or set sync.source in the cluster file")
+    if not chosen.is_absolute():
+        raise RemoteError(p.BAD_ARGS, f"source must be an absolute path, got {chosen}")
+    if not chosen.is_dir():
+        raise RemoteError(p.NOT_FOUND, f"source directory {chosen} does not exist on the head")
+    return chosen
+
+
+def ignore_patterns(daemon: "Daemon", source: Path) -> list[str]:
+    patterns = list(DEFAULT_PATTERNS)
+    try:
+        patterns += read_ignore_file((source / ".coordignore").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        pass
+    return patterns + list(daemon.config.sync.ignore)
+
+
+def run_hook(daemon: "Daemon", source: Path) -> dict[str, Any] | None:
+    """The user's pre-sync hook: its exit code and output are recorded; missing is a warning."""
+    hook = daemon.config.sync.hook
+    if not hook:
+        return None
+    try:
+        path = resolve_under(str(source), hook)
+    except UnsafePath as exc:
+        return {"status": "fail", "path": hook, "detail": str(exc), "exit_code": None, "output": ""}
+    if not os.path.isfile(path):
+        return {"status": "warn", "path": path, "detail": f"sync hook {path} does not exist; nothing was run",
+                "exit_code": None, "output": ""}
+    with open(path, "rb") as handle:
+        has_shebang = handle.read(2) == b"#!"
+    # As a shell would: an executable with a #! line runs itself, anything else runs under sh.
+    argv = [path] if has_shebang and os.access(path, os.X_OK) else ["/bin/sh", path]
+    started = time.monotonic()
+    try:
+        done = subprocess.run(argv, cwd=source, capture_output=True, text=True, timeout=HOOK_TIMEOUT_S,
+                              stdin=subprocess.DEVNULL)
+        code, output = done.returncode, (done.stdout + done.stderr)[-4000:]
+    except subprocess.TimeoutExpired:
+        code, output = None, f"timed out after {HOOK_TIMEOUT_S} s"
+    except OSError as exc:
+        code, output = None, str(exc)
+    status = "pass" if code == 0 else "fail"
+    return {"status": status, "path": path, "exit_code": code, "output": output,
+            "seconds": round(time.monotonic() - started, 3),
+            "detail": f"sync hook {path} exited {code}" if code is not None else f"sync hook {path}: {output}"}
+
+
+def source_manifest(daemon: "Daemon", source: Path, patterns: list[str]) -> tuple[dict, dict]:
+    key = hashlib.sha256(str(source).encode()).hexdigest()[:16]
+    cache = HashCache(str(daemon.config.state_dir / "hashcache" / f"{key}.json"))
+    manifest, stats = scan_tree(str(source), IgnoreRules(patterns), cache=cache)
+    return manifest, stats.as_dict()
+
+
+async def node_manifests(daemon: "Daemon", patterns: list[str], only: set[str] | None = None
+                         ) -> tuple[dict[str, dict], dict[str, str]]:
+    """Every up node's manifest of its workdir; the others with the reason they are missing."""
+    manifests: dict[str, dict] = {}
+    missing: dict[str, str] = {}
+
+    async def one(session) -> None:
+        if only is not None and session.node.name not in only:
+            return
+        if session.state != UP:
+            missing[session.node.name] = f"node is {session.state}" + (
+                f": {session.view.reason}" if session.view.reason else "")
+            return
+        try:
+            answer = await session.call("manifest", {"root": session.node.workdir, "patterns": patterns},
+                                        timeout=3600)
+            manifests[session.node.name] = manifest_from_wire(answer["files"])
+        except RemoteError as exc:
+            missing[session.node.name] = exc.message
+
+    async with anyio.create_task_group() as tasks:
+        for session in daemon.cluster.sessions.values():
+            tasks.start_soon(one, session)
+    return manifests, missing
+
+
+async def serve_sync(daemon: "Daemon", emit, source: str | None = None, delete: bool = False,
+                     dry_run: bool = False) -> dict[str, Any]:
+    started = time.monotonic()
+    source_dir = resolve_source(daemon, source)
+    patterns = ignore_patterns(daemon, source_dir)
+    report: dict[str, Any] = {"source": str(source_dir), "dry_run": dry_run, "delete": delete, "nodes": {}}
+    hook = await anyio.to_thread.run_sync(run_hook, daemon, source_dir)
+    report["hook"] = hook
+    if hook is not None:
+        daemon.cluster.record_event("sync.hook", f"sync hook: {hook['detail']}", data={"exit_code": hook["exit_code"]})
+        if hook["status"] == "fail":
+            report["status"] = "failed"
+            report["detail"] = f"{hook['detail']}; nothing was synced"
+            return report
+    await emit({"phase": "hash", "node": "head"})
+    source_files, source_stats = await anyio.to_thread.run_sync(source_manifest, daemon, source_dir, patterns)
+    report["source_files"] = len(source_files)
+    report["source_bytes"] = sum(entry[0] for entry in source_files.values())
+    report["source_tree_hash"] = tree_hash(source_files)
+    report["source_scan"] = source_stats
+    await emit({"phase": "compare"})
+    remote, missing = await node_manifests(daemon, patterns)
+    plans = {name: plan_sync(source_files, manifest, delete=delete) for name, manifest in remote.items()}
+    await emit({"phase": "plan", "files_total": sum(len(pl.send) for pl in plans.values()),
+                "bytes_total": sum(pl.bytes_to_send for pl in plans.values())})
+    for name, reason in missing.items():
+        report["nodes"][name] = {"status": "skipped", "detail": reason}
+
+    async def one(name: str) -> None:
+        plan = plans[name]
+        entry = {"plan": plan.as_dict()}
+        report["nodes"][name] = entry
+        if dry_run or plan.empty:
+            entry["status"] = "planned" if dry_run else "unchanged"
+            return
+        try:
+            entry["result"] = await sync_node(daemon.cluster.sessions[name], str(source_dir), source_files, plan,
+                                              progress=emit)
+            entry["status"] = "synced"
+        except RemoteError as exc:
+            entry["status"] = "failed"
+            entry["detail"] = exc.message
+
+    async with anyio.create_task_group() as tasks:
+        for name in plans:
+            tasks.start_soon(one, name)
+
+    changed = {name for name, entry in report["nodes"].items() if entry["status"] in ("synced", "failed")}
+    if changed and not dry_run:
+        # Read back the nodes that were written to; the others were read a moment ago.
+        await emit({"phase": "verify"})
+        fresh, more_missing = await node_manifests(daemon, patterns, only=changed)
+        remote.update(fresh)
+        for name in changed - set(fresh):
+            remote.pop(name, None)
+        missing.update(more_missing)
+    report["consistency"] = compare_nodes(remote, threshold=daemon.config.sync.threshold, what="code")
+    # A node matches the source when it holds every source file as is; files only the node
+    # has are kept without --delete, and reported, not failed.
+    report["versus_source"] = {}
+    for name, manifest in remote.items():
+        differences = diff_manifests(source_files, manifest)
+        missing_or_other = [d for d in differences if d["how"] != "extra"]
+        report["versus_source"][name] = {"matches": not missing_or_other if not delete else not differences,
+                                         "differences": differences[:20]}
+    failed = [n for n, e in report["nodes"].items() if e["status"] in ("failed", "skipped")]
+    mismatched = [n for n, v in report["versus_source"].items() if not v["matches"]]
+    if failed:
+        report["status"] = "failed"
+        report["detail"] = f"not synced: {', '.join(sorted(failed))}"
+    elif mismatched and not dry_run:
+        report["status"] = "failed"
+        report["detail"] = f"differs from the source after sync: {', '.join(sorted(mismatched))}"
+    else:
+        report["status"] = "ok"
+        report["detail"] = "dry run: nothing was changed" if dry_run else "every node matches the source"
+    report["seconds"] = round(time.monotonic() - started, 3)
+    sent = sum(e.get("result", {}).get("files_sent", 0) for e in report["nodes"].values())
+    daemon.cluster.record_event("sync.done" if report["status"] == "ok" else "sync.failed",
+                                f"sync {report['status']}: {sent} files sent; {report['detail']}",
+                                data={"seconds": report["seconds"], "files_sent": sent})
+    return report
