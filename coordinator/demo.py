@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from coordinator.control import DaemonNotRunning, call_daemon
+from coordinator.head_python import install_mlx_command, missing_training_modules
 
 DEMO_CLUSTER = """\
 # Written by `coord demo`: two local nodes on this machine.
@@ -104,12 +105,25 @@ def _wait(what: str, predicate, timeout: float, daemon: subprocess.Popen, log_fi
 _ROUTINE = {"job.checkpoint", "job.checkpoint_saved", "job.replicated"}
 
 
+def missing_training_message() -> str | None:
+    """What to install when this Python cannot train (the demo's nodes and launcher use it), or None."""
+    missing = missing_training_modules()
+    if not missing:
+        return None
+    return (f"coord demo trains with this Python, {sys.executable}, which cannot import "
+            f"{' and '.join(missing)}. Install them into it with:\n  {install_mlx_command()}")
+
+
 def run_demo(root: Path, *, keep: bool, timeout: float = 600.0) -> int:
     from coordinator.cli import make_console
     from coordinator.commands.jobs import render_job
     from coordinator.commands.status import render_status
     from coordinator.config import load_config
 
+    problem = missing_training_message()
+    if problem:
+        print(problem, file=sys.stderr)
+        return 1
     console = make_console()
     root = root.resolve()
     console.print(f"making a tiny llama model and data set in {root / 'project'}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shlex
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from coordinator.consistency import compare_nodes
@@ -71,6 +72,22 @@ def agent_versions(agents: dict[str, dict[str, Any]], bundle_id: str) -> dict[st
                      ", ".join(f"{n} runs {b}" for n, b in sorted(odd.items())),
                      "restart coordd so it installs its agent on every node")
     return check("agent.version", "worker", PASS, f"every agent runs {bundle_id}")
+
+
+def head_launcher(launcher: Sequence[str] | None, python: str, install: str) -> dict[str, Any]:
+    """Can coordd start mlx.launch? `launcher` is find_launcher()'s answer on the head,
+    `python` coordd's own interpreter and `install` the command that gives it mlx."""
+    if launcher is None:
+        return check("launcher.head", "worker", FAIL,
+                     f"the head cannot start mlx.launch: coordd's Python {python} has no mlx and no mlx.launch "
+                     "is on PATH; every job is launched with it",
+                     f"{install}  # then restart coordd")
+    if launcher[0] != python:
+        return check("launcher.head", "worker", WARN,
+                     f"coordd's Python {python} has no mlx: jobs start with {launcher[0]}, a stock mlx.launch "
+                     "whose output threads keep a core of the head busy",
+                     f"{install}  # then restart coordd")
+    return check("launcher.head", "worker", PASS, f"coordd starts mlx.launch with its own Python {python}")
 
 
 def _majority(values: dict[str, Any]) -> tuple[Any, list[str]]:

@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
+
+# The tests run as under an activated environment of the Python running them: its scripts
+# (uv for the test cluster's venvs, mlx.launch, coord, coordd) come first on PATH, so
+# `.venv/bin/python -m pytest` finds the .venv's own, as `. .venv/bin/activate` would.
+_BIN = os.path.dirname(sys.executable)
+if os.environ.get("PATH", "").split(os.pathsep)[0] != _BIN:
+    os.environ["PATH"] = os.pathsep.join(filter(None, [_BIN, os.environ.get("PATH")]))
 
 # --- multi-host network-namespace test cluster (tests/cluster/netns.py) -------------
 

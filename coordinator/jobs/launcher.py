@@ -16,7 +16,6 @@ module has another shape, it runs unchanged.
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import os
 import select
@@ -40,17 +39,26 @@ def _stdin_that_never_reads() -> int:
     return write_end
 
 
-@functools.lru_cache(maxsize=1)
-def launcher_argv() -> tuple[str, ...]:
+def find_launcher() -> tuple[str, ...] | None:
     """The command that starts mlx.launch: this module under the daemon's own Python when
-    that Python has mlx's launcher, else the ``mlx.launch`` found on PATH."""
+    that Python has mlx's launcher, else the ``mlx.launch`` found on PATH; None when there
+    is neither. Looked up afresh each time: mlx may have been installed since coordd started."""
+    if _LAUNCH_MODULE not in sys.modules:
+        importlib.invalidate_caches()
     try:
         found = importlib.util.find_spec(_LAUNCH_MODULE) is not None
     except ImportError:
         found = False
     if found:
         return (sys.executable, "-m", __name__)
-    return (shutil.which("mlx.launch") or "mlx.launch",)
+    on_path = shutil.which("mlx.launch")
+    return (on_path,) if on_path else None
+
+
+def launcher_argv() -> tuple[str, ...]:
+    """find_launcher()'s command, or a bare ``mlx.launch`` whose absence the launch reports
+    (pre-flight's ``launcher.head`` check says so, with the fix, before that)."""
+    return find_launcher() or ("mlx.launch",)
 
 
 def main() -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import posixpath
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -11,6 +12,8 @@ import anyio
 
 from coordinator import preflight as checks
 from coordinator.calibration import is_stale
+from coordinator.head_python import install_mlx_command
+from coordinator.jobs.launcher import find_launcher
 from coordinator.node_session import UP
 from coordinator.services.launch_plan import plan_backend
 from coordinator.services.sync import ignore_patterns, source_manifest
@@ -96,6 +99,7 @@ async def run_preflight(daemon: "Daemon", emit, backend: str | None = None,
     report += checks.reachability(list(nodes.values()))
     report.append(checks.agent_versions({n: v["agent"] or {} for n, v in up.items()},
                                         daemon.cluster.bundle.bundle_id))
+    report.append(checks.head_launcher(find_launcher(), sys.executable, install_mlx_command()))
     report += checks.equal_versions(nodes, facts)
     report.append(checks.equal_os(facts))
     code = checks.code_consistency(found["manifests"], found["missing"], config.sync.threshold)

@@ -1,0 +1,101 @@
+""".ci/: the README's two commands are what CI runs, and set-up picks a Python 3.11+ or says what to install."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CI = REPO / ".ci"
+SCRIPTS = [CI / "setup", CI / "run", CI / "find-python"]
+BASH = shutil.which("bash") or "/bin/bash"
+
+
+def readme_commands() -> list[str]:
+    """The README's "Two commands", without their comments."""
+    text = (REPO / "README.md").read_text()
+    section = text.split("## Two commands", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```sh\n(.*?)```", section, re.S)
+    assert block, "the README's 'Two commands' section has no sh block"
+    return [line.split("#", 1)[0].strip() for line in block.group(1).splitlines() if line.strip()]
+
+
+def test_the_readme_has_a_demo_command_and_a_test_command_from_the_venv() -> None:
+    demo, tests = readme_commands()
+    assert demo == "bash .ci/setup && .venv/bin/coord demo"
+    assert tests == "bash .ci/setup && .venv/bin/python -m pytest -q"
+
+
+def test_ci_runs_the_readmes_test_command_verbatim() -> None:
+    _, tests = readme_commands()
+    lines = [line for line in (CI / "run").read_text().splitlines() if line.strip() and not line.startswith("#")]
+    assert lines[-1] == tests
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_script_parses_and_is_executable(script: Path) -> None:
+    result = subprocess.run([BASH, "-n", str(script)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert script.read_text().startswith("#!/usr/bin/env bash\n")
+    assert "set -euo pipefail" in script.read_text()
+    assert os.access(script, os.X_OK)
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_script_passes_shellcheck(script: Path) -> None:
+    shellcheck = shutil.which("shellcheck")
+    if shellcheck is None:
+        pytest.skip("shellcheck is not on PATH")
+    result = subprocess.run([shellcheck, "--shell=bash", str(script)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_setup_never_installs_into_the_python_it_found() -> None:
+    text = (CI / "setup").read_text()
+    installs = [line for line in text.splitlines() if "pip install" in line and not line.lstrip().startswith("#")]
+    assert installs and all(line.lstrip().startswith(".venv/bin/python -m pip install") for line in installs)
+
+
+# --- .ci/find-python with stand-in interpreters -------------------------------------------
+
+
+def find_python(tmp_path: Path, **versions: str) -> subprocess.CompletedProcess[str]:
+    """Run find-python with only stand-ins on PATH: {name: the "X.Y" it reports}."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, version in versions.items():
+        stand_in = bin_dir / name.replace("_", ".")
+        stand_in.write_text(f"#!/bin/sh\necho {version}\n")
+        stand_in.chmod(0o755)
+    env = {"PATH": str(bin_dir), "HOME": str(tmp_path)}
+    return subprocess.run([BASH, str(CI / "find-python")], capture_output=True, text=True, env=env)
+
+
+def test_an_old_python3_alone_is_refused_with_what_to_install(tmp_path: Path) -> None:
+    result = find_python(tmp_path, python3="3.9")
+    assert result.returncode == 1 and result.stdout == ""
+    assert "coord needs Python 3.11 or newer" in result.stderr
+    assert f"{tmp_path}/bin/python3 (3.9)" in result.stderr
+    assert "apt-get install python3 python3-venv" in result.stderr
+
+
+def test_no_python_at_all_is_refused(tmp_path: Path) -> None:
+    result = find_python(tmp_path)
+    assert result.returncode == 1 and "coord needs Python 3.11 or newer" in result.stderr
+
+
+def test_a_versioned_python_beats_an_old_python3(tmp_path: Path) -> None:
+    result = find_python(tmp_path, python3="3.9", python3_12="3.12", python3_11="3.11")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"{tmp_path}/bin/python3.12"
+
+
+def test_a_new_enough_python3_is_used(tmp_path: Path) -> None:
+    result = find_python(tmp_path, python3="3.14")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"{tmp_path}/bin/python3"
