@@ -81,12 +81,12 @@ def head_launcher(launcher: Sequence[str] | None, python: str, install: str) -> 
         return check("launcher.head", "worker", FAIL,
                      f"the head cannot start mlx.launch: coordd's Python {python} has no mlx and no mlx.launch "
                      "is on PATH; every job is launched with it",
-                     f"{install}  # then restart coordd")
+                     install)
     if launcher[0] != python:
         return check("launcher.head", "worker", WARN,
                      f"coordd's Python {python} has no mlx: jobs start with {launcher[0]}, a stock mlx.launch "
                      "whose output threads keep a core of the head busy",
-                     f"{install}  # then restart coordd")
+                     install)
     return check("launcher.head", "worker", PASS, f"coordd starts mlx.launch with its own Python {python}")
 
 

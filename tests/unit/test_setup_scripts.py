@@ -20,7 +20,7 @@ def readme_commands() -> list[str]:
     """The README's "Two commands", without their comments."""
     text = (REPO / "README.md").read_text()
     section = text.split("## Two commands", 1)[1].split("\n## ", 1)[0]
-    block = re.search(r"```sh\n(.*?)```", section, re.S)
+    block = re.search(r"```sh\n(.*?)```", section, re.DOTALL)
     assert block, "the README's 'Two commands' section has no sh block"
     return [line.split("#", 1)[0].strip() for line in block.group(1).splitlines() if line.strip()]
 
