@@ -59,7 +59,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     hint = args.config or os.environ.get("COORD_CONFIG")
     if args.watch:
         return _watch_status(args, socket, hint)
-    doc = ask_daemon(socket, "status", {"events": args.events}, config_hint=hint)
+    doc = ask_daemon(socket, "status", {"events": args.events, "all": args.all}, config_hint=hint)
     if args.json:
         json.dump(doc, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
@@ -222,25 +222,33 @@ def cmd_run(args: argparse.Namespace) -> int:
     socket = resolve_socket(args)
     hint = args.config or os.environ.get("COORD_CONFIG")
     command = args.command[1:] if args.command[:1] == ["--"] else list(args.command)
+    if args.resume and args.name and args.name != args.resume:
+        raise CliError("--resume NAME names the job; --name is not needed with it", EXIT_USAGE)
     try:
         if len(command) == 1 and command[0].endswith(".toml"):
             spec = load_job_file(Path(command[0]))
+            if args.resume:
+                spec.name = args.resume
+            fields = spec.as_dict()
+        elif args.resume and not command:
+            fields = {"name": args.resume, "command": [], "force": args.force}  # the run's own command
         else:
-            name = args.name or f"job-{time.strftime('%Y%m%d-%H%M%S')}"
+            name = args.resume or args.name or f"job-{time.strftime('%Y%m%d-%H%M%S')}"
             source = str(Path(args.source).resolve()) if args.source else None
-            spec = validate(JobSpec(name=name, command=command, save_every=args.save_every,
-                                    max_restarts=args.max_restarts, hang_timeout=args.hang_timeout, keep=args.keep,
-                                    force=args.force, source=source, backend=args.backend, trainer=args.trainer,
-                                    replica=args.replica, min_nodes=args.min_nodes,
-                                    node_timeout=args.node_timeout, total_steps=args.total_steps))
+            fields = validate(JobSpec(name=name, command=command, save_every=args.save_every,
+                                      max_restarts=args.max_restarts, hang_timeout=args.hang_timeout, keep=args.keep,
+                                      force=args.force, source=source, backend=args.backend, trainer=args.trainer,
+                                      replica=args.replica, min_nodes=args.min_nodes,
+                                      node_timeout=args.node_timeout, total_steps=args.total_steps)).as_dict()
     except JobSpecError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
-    job = ask_daemon(socket, "run", {"spec": spec.as_dict()}, config_hint=hint)
-    print(f"submitted {job['name']}: {' '.join(spec.command)}")
+    job = ask_daemon(socket, "run", {"spec": fields, "resume": bool(args.resume)}, config_hint=hint)
+    verb = "resumed" if args.resume else "submitted"
+    print(f"{verb} {job['name']} as run {job['run_id']}: {' '.join(job['command'])}")
     if args.detach:
         print(f"follow it with: coord status   coord logs -f {job['name']}   coord wait {job['name']}")
         return EXIT_OK
-    final = _follow_job(socket, job["name"], hint)
+    final = _follow_job(socket, job["run_id"], hint)
     return EXIT_OK if final["state"] == "succeeded" else EXIT_FAILED
 
 
@@ -341,6 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
     client_options(p)
     p.add_argument("--json", action="store_true", help="print the status document as JSON")
     p.add_argument("--watch", "-w", action="store_true", help="refresh until interrupted")
+    p.add_argument("--all", action="store_true", help="every run of every job, not only each job's newest run")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes with --watch")
     p.add_argument("--events", type=int, default=10, help="how many recent events to show (default 10)")
     p.add_argument("--check", action="store_true", help="exit 1 unless every node is up")
@@ -427,7 +436,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "node's workdir with its node's Python. A failed rank, a lost node or a hang "
                                    "stops the job everywhere and resumes it from the newest valid checkpoint. "
                                    "`python -m mlx_lm lora ...` is understood (adapter path, --save-every, "
-                                   "resume); any other command gets the COORD_* environment contract.",
+                                   "resume); any other command gets the COORD_* environment contract. Each "
+                                   "run gets its own run id: a name run again starts a new run from step 0 (the "
+                                   "earlier one stays readable), and only --resume NAME continues one.",
                        usage="coord run [options] -- COMMAND...  |  coord run JOB.toml")
     client_options(p)
     p.add_argument("--name", help="job name (default: job-DATE-TIME)")
@@ -454,6 +465,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "COORD_TOTAL_STEPS; coord shows step/total and an ETA, and an attempt whose ranks all exit 0 "
                    "before it is restarted); mlx_lm lora's is its --iters")
     p.add_argument("--detach", action="store_true", help="return once submitted instead of following the job")
+    p.add_argument("--resume", metavar="NAME", help="continue the newest run of job NAME (finished, failed or "
+                   "stopped) from its newest valid checkpoint instead of starting a new run from step 0; with "
+                   "-- COMMAND (e.g. a larger --iters) the run goes on with that command, else with its own")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND... or a job file")
     p.set_defaults(func=cmd_run)
 

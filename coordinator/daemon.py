@@ -76,7 +76,10 @@ class Daemon:
         self.started = time.time()
         self.cluster = Cluster(config, state, bundle, connect=connect)
         self.control = ControlServer(config.socket, self._dispatcher())
-        self.jobs: dict[str, Any] = {}
+        self.jobs: dict[str, Any] = {}  # job name -> its newest run's supervisor
+        self.runs: dict[str, Any] = {}  # run id -> supervisor, every run this cluster has had
+        from coordinator.jobs.daemon_effects import DaemonEffects
+        self.job_effects = DaemonEffects(self)
         self._tasks = None
         self._pending_tasks: list[tuple[Any, str]] = []
 
@@ -88,33 +91,39 @@ class Daemon:
             self._tasks.start_soon(func, name=name)
 
     def _reattach_jobs(self) -> None:
-        """Jobs that were running when the daemon stopped are supervised again, not relaunched."""
+        """Runs that were going when the daemon stopped are supervised again, not relaunched;
+        finished ones stay readable (coord status --all, coord logs)."""
         from coordinator.jobs.spec import JobSpec
         from coordinator.jobs.supervisor import ACTIVE, JobRunner
 
-        for row in self.state.jobs():
-            runner = JobRunner(self, JobSpec.from_dict(row["spec"]), record=row["record"])
-            runner.state = row["state"]
-            self.jobs[row["name"]] = runner
+        for row in self.state.runs():
+            runner = JobRunner(self.job_effects, JobSpec.from_dict(row["spec"]), run_id=row["run_id"],
+                               record=row["record"], state=row["state"])
+            self.add_run(runner)
             if row["state"] not in ACTIVE:
                 continue
             if row["record"].get("attempt", -1) >= 0:
                 # An attempt was launched: watch it again, or finish the recovery that was under way.
-                self.start_task(lambda r=runner: r.run(reattach=True), name=f"job:{row['name']}")
+                self.start_task(lambda r=runner: r.run(reattach=True), name=f"job:{row['run_id']}")
             else:
                 # Stopped before its first launch (sync, pre-flight): no rank runs, start it again.
                 runner.event("reattached", f"starting again after a daemon restart (it was {row['state']})")
-                self.start_task(lambda r=runner: r.run(), name=f"job:{row['name']}")
+                self.start_task(lambda r=runner: r.run(), name=f"job:{row['run_id']}")
+
+    def add_run(self, runner) -> None:
+        """A run is known by its id; its name means its newest run."""
+        self.runs[runner.run_id] = runner
+        self.jobs[runner.spec.name] = runner
 
     def _dispatcher(self) -> Dispatcher:
         table = Dispatcher()
-        table.add("status", self._status, optional={"events": int})
+        table.add("status", self._status, optional={"events": int, "all": bool})
         table.add("ping", self._ping)
         table.add("sync", self._sync, optional={"source": (str, type(None)), "delete": bool, "dry_run": bool},
                   streams=True)
         table.add("calibrate", self._calibrate, optional={"refresh": bool, "quick": bool}, streams=True)
         table.add("preflight", self._preflight, optional={"backend": (str, type(None))}, streams=True)
-        table.add("run", self._run_job, required={"spec": dict})
+        table.add("run", self._run_job, required={"spec": dict}, optional={"resume": bool})
         table.add("stop", self._stop_job, required={"name": str})
         table.add("resize", self._resize_job, required={"name": str})
         table.add("job", self._job, required={"name": str})
@@ -136,8 +145,8 @@ class Daemon:
     async def _preflight(self, emit, **args: Any) -> dict[str, Any]:
         return await preflight_command.run_preflight(self, emit, **args)
 
-    async def _run_job(self, spec: dict) -> dict[str, Any]:
-        return jobs_command.start_job(self, spec)
+    async def _run_job(self, spec: dict, resume: bool = False) -> dict[str, Any]:
+        return jobs_command.start_job(self, spec, resume=resume)
 
     async def _resize_job(self, name: str) -> dict[str, Any]:
         return jobs_command.resize_job(self, name)
@@ -163,8 +172,8 @@ class Daemon:
     async def _sync(self, emit, **args: Any) -> dict[str, Any]:
         return await sync_command.serve_sync(self, emit, **args)
 
-    async def _status(self, events: int = 10) -> dict[str, Any]:
-        return status_command.serve_status(self, events=events)
+    async def _status(self, events: int = 10, all: bool = False) -> dict[str, Any]:  # noqa: A002 (the wire name)
+        return status_command.serve_status(self, events=events, every_run=all)
 
     async def _ping(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "version": COORD_VERSION}

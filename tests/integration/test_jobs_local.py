@@ -112,7 +112,7 @@ def test_a_plain_script_resumes_exactly_through_the_environment_contract(cluster
                           300, "step 18")
     job = job_of(doc, "plain")
     assert job["state"] == "running", job
-    pid = int((root / job["nodes"][1] / ".coord" / "jobs" / "plain" / "attempt-0" / "rank-1" / "pid").read_text())
+    pid = int((root / job["nodes"][1] / ".coord" / "jobs" / job["run_id"] / "attempt-0" / "rank-1" / "pid").read_text())
     os.kill(pid, signal.SIGKILL)
     waited = coord("wait", "--quiet", "--json", "--config", str(daemon.config), "plain", env=daemon.env, timeout=300)
     final = json.loads(waited.stdout)
@@ -120,7 +120,7 @@ def test_a_plain_script_resumes_exactly_through_the_environment_contract(cluster
     assert final["step"] == 40 and final["last_checkpoint_step"] == 40
     # Two ranks add 1 each per step: the weights of step 40 are 80 only if the resume was exact.
     import mlx.core as mx
-    node = root / job["nodes"][0] / "checkpoints" / "plain" / "attempt-1"
+    node = root / job["nodes"][0] / "checkpoints" / job["run_id"] / "attempt-1"
     newest = sorted(node.glob("*_adapters.safetensors"))[-1]
     assert mx.load(str(newest))["w"].tolist() == [80.0] * 4
 
@@ -137,9 +137,10 @@ def test_stop_stops_every_rank_and_logs_are_kept_per_rank(cluster):
     left = subprocess.run(["pgrep", "-f", f"rank_runner --dir {root}"], capture_output=True, text=True).stdout
     assert left.strip() == ""
     for rank in (0, 1):
-        assert (root / "state" / "jobs" / "long" / "attempt-0" / f"rank-{rank}.log").exists()
+        assert (root / "state" / "jobs" / job_of(daemon.status(), "long")["run_id"] / "attempt-0" /
+                f"rank-{rank}.log").exists()
     again = coord("stop", "--config", str(daemon.config), "nope", env=daemon.env)
-    assert again.returncode == 1 and "no job named 'nope'" in again.stderr
+    assert again.returncode == 1 and "no job or run named 'nope'" in again.stderr
 
 
 def _events(daemon, name):
@@ -163,13 +164,13 @@ def test_checkpoints_are_replicated_to_the_head_and_a_lost_primary_resumes_from_
     daemon.wait_for(lambda d: any(e["kind"] == "job.replicated" and e["message"].startswith(name + ":")
                                   and e["data"]["step"] >= 15 for e in d["events"]), 300, "step 15 replicated")
     job = job_of(daemon.status(), name)
-    pids = [int((root / job["nodes"][r] / ".coord" / "jobs" / name / "attempt-0" / f"rank-{r}" / "pid").read_text())
+    pids = [int((root / job["nodes"][r] / ".coord" / "jobs" / job["run_id"] / "attempt-0" / f"rank-{r}" / "pid").read_text())
             for r in (0, 1)]
     for pid in pids:  # frozen: no newer checkpoint appears while the copies are damaged
         os.killpg(pid, signal.SIGSTOP)
     time.sleep(3)  # the catalog polls every 2 s; replication follows
-    replicas = sorted((root / "state" / "replicas" / name / "attempt-0").glob("*_adapters.safetensors"))
-    primaries = root / job["nodes"][0] / "checkpoints" / name / "attempt-0"
+    replicas = sorted((root / "state" / "replicas" / job["run_id"] / "attempt-0").glob("*_adapters.safetensors"))
+    primaries = root / job["nodes"][0] / "checkpoints" / job["run_id"] / "attempt-0"
     assert len(replicas) >= 3
     for replica in replicas:  # each copy is byte for byte its primary
         assert hashlib.sha256(replica.read_bytes()).digest() == \
@@ -197,7 +198,7 @@ def test_checkpoints_are_replicated_to_the_head_and_a_lost_primary_resumes_from_
         assert resumed[-1]["data"]["step"] == newest_step, story
         assert "head:" in placed[-1]["message"], story
     import mlx.core as mx
-    final_dir = root / final["nodes"][0] / "checkpoints" / name / "attempt-1"
+    final_dir = root / final["nodes"][0] / "checkpoints" / job["run_id"] / "attempt-1"
     assert mx.load(str(sorted(final_dir.glob("*_adapters.safetensors"))[-1]))["w"].tolist() == [80.0] * 4
 
 
@@ -238,7 +239,7 @@ def test_a_failed_preflight_blocks_the_launch_and_a_job_file_with_force_launches
         final = json.loads(waited.stdout)
         assert waited.returncode == 1 and final["state"] == "failed" and final["attempt"] == -1, final
         assert "pre-flight failed (use --force" in final["error"] and "data.files" in final["error"], final
-        assert not (root / "a" / ".coord" / "jobs" / "blocked").exists()  # no rank was ever started
+        assert not list((root / "a" / ".coord" / "jobs").glob("blocked*"))  # no rank was ever started
 
         job_file = root / "forced.toml"
         job_file.write_text(f'name = "forced"\ncommand = ["python", "plain.py", "--steps", "12"]\n'
@@ -253,9 +254,9 @@ def test_a_failed_preflight_blocks_the_launch_and_a_job_file_with_force_launches
                              env=daemon.env).stdout)
     assert final["state"] == "succeeded" and final["step"] == 12
     # --keep 1: of six checkpoints only the newest is left, on rank 0's node and at the head
-    kept = root / final["nodes"][0] / "checkpoints" / "forced" / "attempt-0"
+    kept = root / final["nodes"][0] / "checkpoints" / final["run_id"] / "attempt-0"
     assert sorted(p.name for p in kept.glob("*_adapters.safetensors")) == ["0000012_adapters.safetensors"]
-    replicas = root / "state" / "replicas" / "forced" / "attempt-0"
+    replicas = root / "state" / "replicas" / final["run_id"] / "attempt-0"
     assert sorted(p.name for p in replicas.glob("*_adapters.safetensors")) == ["0000012_adapters.safetensors"]
 
 
@@ -280,12 +281,12 @@ def test_a_daemon_killed_mid_run_and_again_mid_recovery_carries_the_job_to_the_e
     # is decided, as when it dies while recovering from a failure.
     daemon.stop(signal.SIGKILL)
     for rank in (0, 1):
-        pid = int((root / job["nodes"][rank] / ".coord" / "jobs" / name / "attempt-0" / f"rank-{rank}" / "pid")
+        pid = int((root / job["nodes"][rank] / ".coord" / "jobs" / job["run_id"] / "attempt-0" / f"rank-{rank}" / "pid")
                   .read_text())
         os.killpg(pid, signal.SIGKILL)
     store = StateStore(root / "state" / "coord.db")
-    row = store.job(name)
-    store.save_job(name, row["spec"], "recovering", {**row["record"], "restarts": 1})
+    row = next(r for r in store.runs() if r["name"] == name)
+    store.save_run(row["run_id"], name, row["spec"], "recovering", {**row["record"], "restarts": 1})
     store.close()
     daemon.start()
     daemon.wait_for(all_up, 30, "all nodes up under the third daemon")
@@ -300,10 +301,10 @@ def test_a_daemon_killed_mid_run_and_again_mid_recovery_carries_the_job_to_the_e
     assert resumed and resumed[-1]["data"]["step"] >= 20, story  # checkpoints of both daemons were catalogued
     # Two ranks add 1 each per step: the weights of step 60 are 120 only if the resume was exact.
     import mlx.core as mx
-    newest = sorted((root / final["nodes"][0] / "checkpoints" / name / "attempt-1").glob("*_adapters.safetensors"))
+    newest = sorted((root / final["nodes"][0] / "checkpoints" / job["run_id"] / "attempt-1").glob("*_adapters.safetensors"))
     assert mx.load(str(newest[-1]))["w"].tolist() == [120.0] * 4
     # The head's copy of rank 0's log was not fetched twice by the second daemon.
-    lines = (root / "state" / "jobs" / name / "attempt-0" / "rank-0.log").read_text().splitlines()
+    lines = (root / "state" / "jobs" / job["run_id"] / "attempt-0" / "rank-0.log").read_text().splitlines()
     steps = [line for line in lines if line.startswith("step ")]
     assert len(steps) >= 20 and len(steps) == len(set(steps)), lines[:40]
 
@@ -331,7 +332,7 @@ def test_a_script_with_total_steps_shows_its_progress_and_an_early_clean_exit_is
     assert waited.returncode == 0 and final["state"] == "succeeded" and final["restarts"] == 1, story
     assert final["step"] == 40 and final["attempt"] == 1
     import mlx.core as mx
-    newest = sorted((root / final["nodes"][0] / "checkpoints" / name / "attempt-1").glob("*_adapters.safetensors"))
+    newest = sorted((root / final["nodes"][0] / "checkpoints" / job["run_id"] / "attempt-1").glob("*_adapters.safetensors"))
     assert mx.load(str(newest[-1]))["w"].tolist() == [80.0] * 4
 
 
