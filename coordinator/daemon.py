@@ -101,6 +101,8 @@ class Daemon:
                                record=row["record"], state=row["state"])
             self.add_run(runner)
             if row["state"] not in ACTIVE:
+                if row["record"].get("unstopped"):  # ranks left on nodes that were away at its end
+                    self.start_task(runner.reap_when_back, name=f"job:{row['run_id']}:reap")
                 continue
             if row["record"].get("attempt", -1) >= 0:
                 # An attempt was launched: watch it again, or finish the recovery that was under way.

@@ -65,7 +65,7 @@ def continued_record(record: dict[str, Any], total_steps: int | None) -> dict[st
             if key in record}
     return {**kept, "restarts": 0, "history": [], "error": None, "warning": None, "total_steps": total_steps,
             "start_step": 0, "launcher_pid": None, "step_seconds": None, "last_progress": None,
-            "first_step_at": None, "launched_at": None, "resumes": int(record.get("resumes") or 0) + 1}
+            "first_step_at": None, "launched_at": None, "stop_requested": False, "resumes": int(record.get("resumes") or 0) + 1}
 
 
 def find(daemon: "Daemon", name: str) -> JobRunner:

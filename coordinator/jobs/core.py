@@ -49,7 +49,8 @@ class JobRecord(TypedDict, total=False):
     batch: str | None
     diagnoses: list[dict[str, Any]]
     replica_check: dict[str, Any]
-    resumed_from: str | None  # the run this one continues (coord run --resume)
+    resumes: int  # how many times coord run --resume continued this run
+    stop_requested: bool
 
 
 def new_run_id(name: str, taken: set[str] | frozenset[str] = frozenset(), token=secrets.token_hex) -> str:

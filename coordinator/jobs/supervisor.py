@@ -43,6 +43,7 @@ POLL_S = 0.5
 CHECKPOINT_POLL_S = 2.0
 NODE_WAIT_S = 600.0
 FINAL_COPY_TIMEOUT_S = 600.0
+REATTACH_GRACE_S = 60.0  # a restarted daemon's sessions connect within this; a node still away is lost
 UNREACHABLE_HOLD_S = 15.0  # longer than a session takes to notice its node is gone (keepalives)
 LOG_DIAGNOSIS_BYTES = 256 << 10  # the end of a rank's log, where the error that stopped it is
 ACTIVE = ("pending", "preflight", "syncing", "starting", "running", "recovering")
@@ -77,10 +78,16 @@ class JobRunner:
         self.replicator = Replicator(self) if spec.replica != REPLICA_NONE else None
         self.done = anyio.Event()
         self._stop_asked = anyio.Event()  # wakes a restart's backoff or a wait for nodes at once
+        if self.record.get("stop_requested") and state not in FINISHED:
+            self.stop_requested = True
+            self._stop_asked.set()
 
     def request_stop(self) -> None:
+        """coord stop: kept with the run, so that a daemon restarted before it took effect still honours it."""
         self.stop_requested = True
         self._stop_asked.set()
+        self.record["stop_requested"] = True
+        self.save()
 
     async def _pause(self, seconds: float) -> None:
         """Sleep between attempts or polls, cut short by a stop."""
@@ -130,7 +137,7 @@ class JobRunner:
         finally:
             self.done.set()
             if self.record.get("unstopped"):
-                self.fx.spawn(self._reap_when_back, name=f"job:{self.run_id}:reap")
+                self.fx.spawn(self.reap_when_back, name=f"job:{self.run_id}:reap")
 
     async def _fail_resumable(self, exc: BaseException) -> None:
         """A failure nobody foresaw: said in words, every rank stopped, the catalog kept, so that
@@ -144,7 +151,7 @@ class JobRunner:
         self.set_state("failed")
         self.event("failed", self.record["error"])
 
-    async def _reap_when_back(self) -> None:
+    async def reap_when_back(self) -> None:
         """After the job: ranks on nodes that were away when it stopped are stopped once those nodes
         are back, so that no rank is left running anywhere."""
         deadline = self.fx.monotonic() + NODE_WAIT_S
@@ -191,8 +198,10 @@ class JobRunner:
             outcome = await self._launch(nodes)
         else:
             # The sessions of a daemon that just started are still connecting: a node that is
-            # not up yet is not a lost node.
-            if not await self._wait_for_nodes(self.record["order"] or None):
+            # not up yet is not a lost node, for a while. One still away after that is lost, and
+            # the monitor handles it like any lost node (every rank stopped, the restart policy).
+            if await self._wait_for_nodes(self.record["order"] or None, give_up_after=REATTACH_GRACE_S) is None \
+                    and self.state in FINISHED:
                 return
             self._resume_bookkeeping()
             self.event("reattached", f"supervising attempt {self.record['attempt']} again after a daemon restart")
@@ -208,10 +217,11 @@ class JobRunner:
             # Checkpoints written up to the end count; with the ranks stopped nothing is still
             # being written, so a damaged one is judged now.
             await self._poll_checkpoints(attempt_over=True)
-            self.record["history"].append(outcome.__dict__)
-            history = [Outcome(**h) for h in self.record["history"][:-1]]
+            history = [_outcome_of(h) for h in self.record["history"]]
             decision = decide(outcome, history, max_restarts=self.spec.max_restarts,
                               restarts_used=self.record["restarts"])
+            self.record["history"].append({**outcome.__dict__, "attempt": self.record["attempt"],
+                                           "counted": decision.action == "restart" and decision.counts})
             if await self._finish(decision, outcome):
                 return
             if decision.counts:
@@ -253,7 +263,14 @@ class JobRunner:
         if newest is None:
             return
         with anyio.move_on_after(FINAL_COPY_TIMEOUT_S):
-            await self.replicator.replicate_pending()
+            async with anyio.create_task_group() as copying:
+                async def cut_short_by_a_stop() -> None:
+                    await self._stop_asked.wait()
+                    copying.cancel_scope.cancel()
+
+                copying.start_soon(cut_short_by_a_stop)
+                await self.replicator.replicate_pending()
+                copying.cancel_scope.cancel()
         copies = [c for c in self.fx.checkpoints(self.run_id)
                   if c["valid"] and (c["step"], c["attempt"]) == (newest["step"], newest["attempt"])
                   and c.get("role") == catalog.REPLICA]
@@ -316,7 +333,8 @@ class JobRunner:
         self.event("failed", reason)
         return False
 
-    async def _wait_for_nodes(self, nodes: list[str] | None = None, *, elastic: bool = False) -> list[str] | None:
+    async def _wait_for_nodes(self, nodes: list[str] | None = None, *, elastic: bool = False,
+                              give_up_after: float | None = None) -> list[str] | None:
         """The nodes the next attempt runs on, once they are up; None when the job ended meanwhile.
 
         Without ``elastic`` every node (or every one of ``nodes``) must be up. With it, and
@@ -355,7 +373,10 @@ class JobRunner:
                 self.set_state("stopped")
                 self.event("stopped", "stopped on request while waiting for nodes")
                 return None
+            if give_up_after is not None and self.fx.monotonic() - started > give_up_after:
+                return None
             if self.fx.monotonic() - started > NODE_WAIT_S:
+                await self._stop_everything()  # what runs of the last attempt on the nodes that are here
                 self._fail_early(f"nodes did not come back within {NODE_WAIT_S:g} s: {why}")
                 return None
             if why != announced:
@@ -423,7 +444,11 @@ class JobRunner:
                        + f"; {batch.describe() if batch else 'the job' + chr(39) + 's own batch'}; hostfile rewritten",
                        nodes=order, left_out=left, back=back)
         self.record["order"] = order
+        self.save()  # before any rank can start: a daemon restarted from here knows whom to stop
         choose_started = self.fx.monotonic()
+        if self.record.get("uncatalogued"):
+            async with self._checkpoint_poll:
+                await self._catalogue_left_behind()
         resume, resume_files = await self._choose_resume(order)
         start_step = resume["step"] if resume else 0
         self.record["start_step"] = start_step
@@ -771,35 +796,63 @@ class JobRunner:
     async def _poll_checkpoints_now(self, attempt_over: bool) -> None:
         if not self.record["order"] or self.record["attempt"] < 0:
             return
-        name = self.record["order"][0]
+        name, attempt = self.record["order"][0], self.record["attempt"]
+        listed = await self._catalogue(name, attempt, self.record["start_step"], self._known_checkpoints,
+                                       attempt_over=attempt_over)
+        if not listed and attempt_over:
+            # Rank 0's node is away: what it wrote until the end is catalogued when it is back,
+            # before the next resume is chosen (its ranks may even have finished meanwhile).
+            left = self.record.setdefault("uncatalogued", [])
+            if [name, attempt, self.record["start_step"]] not in left:
+                left.append([name, attempt, self.record["start_step"]])
+        await self._retain()
+        self.save()
+
+    async def _catalogue_left_behind(self) -> None:
+        """Checkpoints of earlier attempts whose rank-0 node was away when they ended."""
+        left = []
+        for name, attempt, start_step in self.record.get("uncatalogued") or []:
+            known = {posixpath.basename(c["path"]) for c in self.fx.checkpoints(self.run_id)
+                     if c["attempt"] == attempt and c["node"] == name}
+            if name not in self.fx.node_names() or not await self._catalogue(name, attempt, start_step, known,
+                                                                              attempt_over=True):
+                left.append([name, attempt, start_step])
+        self.record["uncatalogued"] = left
+
+    async def _catalogue(self, name: str, attempt: int, start_step: int, known: set[str], *,
+                         attempt_over: bool) -> bool:
+        """List one attempt's checkpoints on ``name``, validate and catalogue the new ones; False when
+        the node could not be asked."""
         if not self.fx.node(name).up:
-            return
-        attempt = self.record["attempt"]
+            return False
         try:
             found = await self.fx.call(name, "list_checkpoints", {"job": self.run_id, "attempt": attempt,
-                                                                  "known": sorted(self._known_checkpoints)},
-                                       timeout=60)
+                                                                  "known": sorted(known)}, timeout=60)
         except RemoteError as exc:
             self.log.warning("checkpoints not listed", node=name, reason=exc.message)
-            return
+            return False
+        current = attempt == self.record["attempt"]
         for entry in catalog.settled(found["checkpoints"], attempt_over=attempt_over):
-            self._known_checkpoints.add(entry["name"])
-            step = self.record["start_step"] + entry["iteration"]
-            if entry["valid"] and self._diverged_after is not None and step > self._diverged_after:
+            known.add(entry["name"])
+            step = start_step + entry["iteration"]
+            if current and entry["valid"] and self._diverged_after is not None and step > self._diverged_after:
                 entry = {**entry, "valid": False, "detail": self._diverged_detail()}
             self.fx.add_checkpoint(self.run_id, {
                 "step": step, "attempt": attempt, "node": name, "path": entry["path"], "sha256": entry["sha256"],
                 "size": entry["size"], "valid": entry["valid"], "detail": entry["detail"], "created": self.fx.now()})
             if entry["valid"]:
-                self.record["last_checkpoint"] = {"step": step, "time": self.fx.now(), "node": name}
-                self.event("checkpoint", f"checkpoint of step {step} validated ({entry['detail']})", step=step)
+                last = self.record.get("last_checkpoint")
+                if last is None or step >= last["step"]:
+                    self.record["last_checkpoint"] = {"step": step, "time": self.fx.now(), "node": name}
+                self.event("checkpoint", f"checkpoint of step {step} validated ({entry['detail']})"
+                           + ("" if current else f", written by attempt {attempt} while {name} was away"),
+                           step=step)
                 if self.replicator is not None:
                     self.replicator.poke()
             else:
                 self.event("checkpoint_invalid", f"checkpoint of step {step} is not valid: {entry['detail']}",
                            step=step)
-        await self._retain()
-        self.save()
+        return True
 
     async def _retain(self) -> None:
         for old in catalog.to_remove(self.fx.checkpoints(self.run_id), self.spec.keep):
@@ -869,9 +922,13 @@ class JobRunner:
                 "attempt": record["attempt"], "error": record.get("error"), "warning": record.get("warning"),
                 "nodes": record.get("order", []), "batch": record.get("batch"), "trainer": self.spec.trainer,
                 "replica": self.spec.replica, "min_nodes": self.spec.min_nodes,
-                "diagnoses": record.get("diagnoses", []), "resumed_from": record.get("resumed_from"),
+                "diagnoses": record.get("diagnoses", []), "resumes": record.get("resumes", 0),
                 "rank_memory_bytes": dict(record.get("rank_memory") or {}) if self.state == "running" else {},
                 "started": record.get("started"), "command": self.spec.command}
+
+
+def _outcome_of(entry: dict[str, Any]) -> Outcome:
+    return Outcome(entry["kind"], entry["detail"], entry["reached_first_step"], entry.get("signature", ""))
 
 
 def _signal_name(status: int) -> str | None:
