@@ -55,6 +55,7 @@ class JobRunner:
                  state: str = "pending"):
         self.fx = fx
         self.spec = spec
+        self._spec_fields = spec.as_dict()  # saved with every progress record: made once
         self.run_id = run_id
         self.record: core.JobRecord = record or core.new_record(run_id, spec.total_steps, fx.now())  # type: ignore
         self.record["run_id"] = run_id
@@ -97,7 +98,7 @@ class JobRunner:
     # --- persistence and events ---------------------------------------------------------
 
     def save(self) -> None:
-        self.fx.save_run(self.run_id, self.spec.name, self.spec.as_dict(), self.state, dict(self.record))
+        self.fx.save_run(self.run_id, self.spec.name, self._spec_fields, self.state, dict(self.record))
 
     def event(self, kind: str, message: str, **data: Any) -> None:
         self.log.info(kind, message=message, **data)
@@ -452,6 +453,9 @@ class JobRunner:
         resume, resume_files = await self._choose_resume(order)
         start_step = resume["step"] if resume else 0
         self.record["start_step"] = start_step
+        # This attempt's progress starts where it resumes: a step an earlier attempt reached is
+        # not this one's (an attempt whose ranks all exit 0 must have reached the total itself).
+        self.record["step"] = start_step
         if resume:
             self.event("resume_from", f"resuming from the checkpoint of step {resume['step']} "
                        f"({resume['node']}:{resume['path']})", step=resume["step"], attempt=resume["attempt"],

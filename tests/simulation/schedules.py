@@ -74,14 +74,14 @@ def make_schedule(seed: int) -> Schedule:
     count = rng.randint(2, 4)
     nodes = [f"n{i + 1}" for i in range(count)]
     save_every = rng.choice([5, 10])
-    total = save_every * rng.randint(2, 6) + rng.choice([0, 0, 3])
+    total = save_every * rng.randint(2, 4) + rng.choice([0, 0, 3])
     spec = {"name": "sim", "command": ["python", "train.py"], "save_every": save_every,
             "max_restarts": rng.randint(0, 4), "keep": rng.randint(1, 3), "total_steps": total,
             "replica": rng.choice(["head", "head", "none", nodes[-1]]),
             "min_nodes": rng.choice([None, None, max(1, count - 1)]),
             "node_timeout": rng.choice([5.0, 20.0, 60.0]),
             "hang_timeout": rng.choice([None, 15.0, 30.0])}
-    schedule = Schedule(seed, nodes, spec, step_s=rng.choice([0.2, 0.5, 1.0]), startup_s=rng.uniform(0.5, 5),
+    schedule = Schedule(seed, nodes, spec, step_s=rng.choice([0.1, 0.2, 0.5]), startup_s=rng.uniform(0.5, 5),
                         copy_s=rng.choice([0.1, 0.5, 3.0]))
     horizon = schedule.startup_s + total * schedule.step_s
     for _ in range(rng.choice([0, 1, 1, 2, 2, 3, 4])):
@@ -217,6 +217,13 @@ class Checker:
             if not (all_ranks or at_total):
                 self.fail("a", f"run {run_id} succeeded without an attempt that finished and without a checkpoint "
                                f"at step {total}")
+            copies = list(world.catalog.get(run_id, {}).values())
+            valid = [c for c in copies if c["valid"]]
+            if valid and spec["replica"] != "none" and not record.get("warning"):
+                newest = max((c["step"], c["attempt"]) for c in valid)
+                if not any(c.get("role") == "replica" and (c["step"], c["attempt"]) == newest for c in valid):
+                    self.fail("a", f"run {run_id} succeeded before the copy of its final checkpoint {newest} landed, "
+                                   "and says nothing of it")
         if stop_seen_at is not None and runner_state != "succeeded" and ended_at - stop_seen_at > STOP_BOUND_S:
             self.fail("f", f"a stop took {ended_at - stop_seen_at:.0f} s")
         if stop_seen_at is not None and runner_state not in FINISHED:
@@ -266,6 +273,7 @@ async def _drive(schedule: Schedule, world: World, checker: Checker) -> dict[str
                 checker.fail("d", f"rank {rank.rank} of attempt {rank.attempt} still runs on {rank.node} after "
                                   "the run ended and its node is back")
         faults.cancel_scope.cancel()
+    result["launches"] = world.launch_log
     return result
 
 

@@ -148,6 +148,7 @@ class World:
         self.bad_checkpoints: dict[int, str] = {}  # global step -> "corrupt" | "torn"
         self.detect_s = 3.0
         self.launch_log: list[dict[str, Any]] = []  # each launch as the invariants need it
+        self._settled_at, self._settled_ranks = -1.0, 0
 
     # --- time ---
     @staticmethod
@@ -158,6 +159,9 @@ class World:
     def settle(self) -> None:
         """Bring every rank and checkpoint file up to now."""
         now = self.now()
+        if now == self._settled_at and self._settled_ranks == len(self.ranks):
+            return
+        self._settled_at, self._settled_ranks = now, len(self.ranks)
         changed = True
         while changed:
             changed = False
