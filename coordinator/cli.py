@@ -316,7 +316,7 @@ def _init_from_hosts(args: argparse.Namespace, path: Path) -> int:
         raise CliError(str(exc), EXIT_USAGE) from None
     ssh = init.ssh_settings(known_hosts=args.known_hosts, identity_file=args.identity_file,
                             ssh_config=args.ssh_config, timeout=args.timeout)
-    by_name = dict(zip(names, specs))
+    by_name = dict(zip(names, specs, strict=True))
     found = asyncio.run(init.survey(names, specs, ssh, args.workdir))
     trusted = init.settle_host_keys(found, by_name, ssh, interactive=sys.stdin.isatty())
     if trusted:  # ask those hosts again, now that their keys are known

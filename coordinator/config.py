@@ -135,7 +135,8 @@ def load_config(path: str | os.PathLike) -> ClusterConfig:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError(f"{path}: no such cluster file (write an example with: coord init {path})") from None
+        raise ConfigError(f"{path}: no such cluster file (write one from your hosts with: coord init --hosts "
+                          f"USER@HOST,... -o {path})") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read the cluster file: {exc}") from None
     return parse_config(text, path)

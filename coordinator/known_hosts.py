@@ -90,7 +90,7 @@ async def fetch_host_key(target: SshTarget, ssh: SshSettings) -> asyncssh.SSHKey
         key = await asyncio.wait_for(
             asyncssh.get_server_host_key(target.given, target.given_port or (), config=options.get("config", ())),
             ssh.connect_timeout_s)
-    except (OSError, asyncssh.Error, asyncio.TimeoutError) as exc:
+    except (TimeoutError, OSError, asyncssh.Error) as exc:
         raise NodeUnreachable(f"cannot fetch the host key of {target.host}:{target.port}: "
                               f"{str(exc) or exc.__class__.__name__}") from None
     if key is None:

@@ -339,8 +339,7 @@ def propose_workdir(home: str, requested: str = DEFAULT_WORKDIR) -> str:
     requested = requested.strip()
     if not requested:
         raise OnboardingError("the workdir must not be empty")
-    if requested.startswith("~/"):
-        requested = requested[2:]
+    requested = requested.removeprefix("~/")
     if requested.startswith("/"):
         path = requested
     else:
@@ -531,8 +530,8 @@ def render_cluster(cluster_name: str, ssh: SshFileSettings, reports: list[NodeRe
            _comment(f"on {when}. Check it with: coord preflight (with the daemon running: coord daemon --config "
                     "THIS_FILE)"),
            "", "[cluster]", f"name = {toml_string(cluster_name)}",
-           '# state_dir = "..."    # default: ~/Library/Application Support/coord on macOS, ~/.local/state/coord '
-           "elsewhere", "", "[ssh]"]
+           ('# state_dir = "..."    # default: ~/Library/Application Support/coord on macOS, '
+            "~/.local/state/coord elsewhere"), "", "[ssh]"]
     for key, value, default in (("known_hosts", ssh.known_hosts, "~/.ssh/known_hosts"),
                                 ("identity_file", ssh.identity_file, "~/.ssh/id_ed25519"),
                                 ("config", ssh.config, "~/.ssh/config")):

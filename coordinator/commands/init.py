@@ -82,13 +82,13 @@ async def survey(names: list[str], specs: list[HostSpec], ssh: SshSettings, work
             return NodeReport(name=name, spec=spec, problem=exc.reason)
         except OnboardingError as exc:
             return NodeReport(name=name, spec=spec, problem=f"{spec.label}: {exc}")
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return NodeReport(name=name, spec=spec, problem=f"{spec.label} did not answer within "
                                                              f"{SURVEY_TIMEOUT_S:g} s")
         except (OSError, asyncssh.Error) as exc:
             return NodeReport(name=name, spec=spec, problem=f"{spec.label}: lost the connection: {exc}")
 
-    result.reports = list(await asyncio.gather(*(one(n, s) for n, s in zip(names, specs))))
+    result.reports = list(await asyncio.gather(*(one(n, s) for n, s in zip(names, specs, strict=True))))
     return result
 
 

@@ -57,7 +57,7 @@ def test_init_finds_every_nodes_venv_and_its_file_brings_all_three_up(netns_clus
         found = {n["spec"]["user"]: n for n in json.loads(result.stdout)["nodes"]}
         config = load_config(output)
         assert [n.user for n in config.nodes] == [spec.user for spec in netns_cluster.nodes]
-        for spec, node in zip(netns_cluster.nodes, config.nodes):
+        for spec, node in zip(netns_cluster.nodes, config.nodes, strict=True):
             assert node.host == netns_cluster.node_ip(spec.name)
             assert node.python == spec.python  # ~/venv, ~/mlx/env, ~/py: each found by the probe
             assert node.workdir == f"{spec.home}/coord-work"
