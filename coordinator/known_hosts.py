@@ -76,8 +76,11 @@ def known_hosts_path(ssh: SshSettings) -> Path:
 def resolve_target(node: NodeConfig, ssh: SshSettings) -> SshTarget:
     """Apply the ssh config (HostName, Port, HostKeyAlias) as asyncssh will when it connects."""
     options = ssh_options(node, ssh)
-    resolved = asyncssh.SSHClientConnectionOptions(
-        host=node.host, port=node.port or (), config=options.get("config", ()))
+    try:
+        resolved = asyncssh.SSHClientConnectionOptions(
+            host=node.host, port=node.port or (), config=options.get("config", ()))
+    except (OSError, ValueError, asyncssh.Error) as exc:
+        raise NodeUnreachable(f"cannot read the ssh config for {node.host}: {exc}") from None
     return SshTarget(given=node.host, given_port=node.port, host=resolved.host, port=int(resolved.port),
                      key_alias=resolved.host_key_alias)
 

@@ -179,9 +179,10 @@ def parse_hosts(text: str) -> list[HostSpec]:
     if not any(entries):
         raise OnboardingError("--hosts is empty: give user@host entries separated by commas")
     specs = [parse_host_spec(entry) for entry in entries if entry]
-    seen: set[tuple[str, int | None]] = set()
+    # One Mac may hold several nodes, one per user; the same user twice is a mistake.
+    seen: set[tuple[str | None, str, int | None]] = set()
     for spec in specs:
-        key = (spec.host, spec.port)
+        key = (spec.user, spec.host, spec.port)
         if key in seen:
             raise OnboardingError(f"--hosts names {spec.label} twice")
         seen.add(key)

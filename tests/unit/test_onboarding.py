@@ -57,6 +57,12 @@ def test_bad_hosts_are_refused_saying_which(text, complaint):
         parse_hosts(text)
 
 
+def test_one_host_may_hold_a_node_per_user():
+    specs = parse_hosts("alice@mac-studio.local,bob@mac-studio.local")
+    assert [s.user for s in specs] == ["alice", "bob"]
+    assert name_nodes(specs) == ["mac-studio", "mac-studio-2"]
+
+
 def test_nodes_are_named_for_their_host_or_numbered_when_only_an_address():
     specs = parse_hosts("10.0.0.2,mac-studio.local,mac-studio.lan,x=10.0.0.5,10.0.0.6")
     assert name_nodes(specs) == ["n1", "mac-studio", "mac-studio-2", "x", "n5"]
