@@ -528,8 +528,8 @@ def render_cluster(cluster_name: str, ssh: SshFileSettings, reports: list[NodeRe
     if bad or not reports:
         raise OnboardingError(f"cannot write a cluster file while nodes need fixing: {', '.join(bad) or 'none given'}")
     out = [_comment(f"coord cluster file, written by: {command}"),
-           _comment(f"on {when}. Check it with: coord preflight (with the daemon running: coord daemon --config "
-                    "THIS_FILE)"),
+           _comment(f"on {when}. Start the daemon with: coord daemon --config THIS_FILE; then check the "
+                    "cluster with: coord preflight"),
            "", "[cluster]", f"name = {toml_string(cluster_name)}",
            ('# state_dir = "..."    # default: ~/Library/Application Support/coord on macOS, '
             "~/.local/state/coord elsewhere"), "", "[ssh]"]
