@@ -301,11 +301,92 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    path = Path(args.path)
+    if args.output and args.path:
+        raise CliError("give the file once: as PATH or with -o", EXIT_USAGE)
+    path = Path(args.output or args.path or "coord.toml")
     if path.exists() and not args.force:
         raise CliError(f"{path} already exists; use --force to overwrite it", EXIT_USAGE)
+    if args.hosts:
+        return _init_from_hosts(args, path)
     path.write_text(EXAMPLE_CLUSTER)
     print(f"wrote {path}; edit the nodes, then start the daemon with: coord daemon --config {path}")
+    return EXIT_OK
+
+
+def _init_from_hosts(args: argparse.Namespace, path: Path) -> int:
+    from coordinator.commands import init
+    from coordinator.onboarding import OnboardingError, name_nodes, parse_hosts
+
+    try:
+        specs = parse_hosts(args.hosts)
+        names = name_nodes(specs)
+    except OnboardingError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+    ssh = init.ssh_settings(known_hosts=args.known_hosts, identity_file=args.identity_file,
+                            ssh_config=args.ssh_config, timeout=args.timeout)
+    by_name = dict(zip(names, specs, strict=True))
+    found = asyncio.run(init.survey(names, specs, ssh, args.workdir))
+    trusted = init.settle_host_keys(found, by_name, ssh, interactive=sys.stdin.isatty())
+    if trusted:  # ask those hosts again, now that their keys are known
+        again = asyncio.run(init.survey(trusted, [by_name[n] for n in trusted], ssh, args.workdir))
+        fresh = {r.name: r for r in again.reports}
+        found.reports = [fresh.get(r.name, r) for r in found.reports]
+    reports = found.reports
+    written = False
+    if all(r.ok for r in reports):
+        try:
+            text = init.render_file(args.name, ssh, reports, _init_words(args, path))
+        except OnboardingError as exc:
+            raise CliError(str(exc), EXIT_USAGE) from None
+        try:
+            init.write_cluster_file(path, text, force=args.force)
+        except FileExistsError:
+            raise CliError(f"{path} already exists; use --force to overwrite it", EXIT_USAGE) from None
+        written = True
+    if args.json:
+        json.dump(init.as_json(path, written, reports), sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        for report in reports:
+            print("\n".join(init.summary(report)))
+        if written:
+            print(f"wrote {path} ({len(reports)} node{'s' if len(reports) != 1 else ''}). Start the daemon with: coord daemon --config {path}")
+        else:
+            bad = [r.name for r in reports if not r.ok]
+            print(f"nothing written: {', '.join(bad)} not ready; fix them, then run this command again",
+                  file=sys.stderr)
+    return EXIT_OK if written else EXIT_FAILED
+
+
+def _init_words(args: argparse.Namespace, path: Path) -> list[str]:
+    """The command line that wrote a cluster file, for its first comment."""
+    words = ["init", "--hosts", args.hosts, "-o", str(path)]
+    for flag, value, default in (("--name", args.name, "cluster"), ("--workdir", args.workdir, "coord-work"),
+                                 ("--known-hosts", args.known_hosts, None), ("--identity-file", args.identity_file, None),
+                                 ("--ssh-config", args.ssh_config, None)):
+        if value and value != default:
+            words += [flag, value]
+    return words
+
+
+def cmd_trust(args: argparse.Namespace) -> int:
+    from coordinator.commands.trust import request_for, trust_host
+    from coordinator.known_hosts import TrustRefused
+    from coordinator.transport import NodeUnreachable
+
+    config_path = args.config or os.environ.get("COORD_CONFIG")
+    try:
+        config = load_config(config_path) if config_path else None
+    except ConfigError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+    try:
+        request = request_for(args.host, config, port=args.port, known_hosts=args.known_hosts,
+                              ssh_config=args.ssh_config)
+        print(trust_host(request, expected=args.fingerprint, interactive=sys.stdin.isatty()))
+    except TrustRefused as exc:
+        raise CliError(str(exc)) from None
+    except NodeUnreachable as exc:
+        raise CliError(exc.reason) from None
     return EXIT_OK
 
 
@@ -503,11 +584,57 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--follow", "-f", action="store_true", help="keep printing as the rank writes")
     p.set_defaults(func=cmd_logs)
 
-    p = sub.add_parser("init", help="write a commented example cluster file",
-                       description="Write a commented example cluster file to edit.")
-    p.add_argument("path", nargs="?", default="coord.toml", help="where to write it (default: coord.toml)")
+    p = sub.add_parser("init", help="write the cluster file: found on the hosts, or a commented example",
+                       description="With --hosts: connect to each host as the daemon will (your ssh config, "
+                                   "known_hosts and keys; key authentication only), find a Python with mlx and "
+                                   "mlx-lm there (the login shell's python3, venvs and conda envs under the home, "
+                                   "Homebrew's and the system's), propose a workdir under that user's home, check "
+                                   "its free disk, and write a cluster file with a comment per node saying what "
+                                   "was found. Nothing is written unless every host is ready; each one that is "
+                                   "not says how to fix it. A host key not yet trusted is shown with its "
+                                   "fingerprint and added only if you type yes (see: coord trust). "
+                                   "Without --hosts: write a commented example to edit.",
+                       usage="coord init --hosts [NAME=][USER@]HOST[:PORT],... [-o FILE] [options]  |  "
+                             "coord init [PATH]")
+    p.add_argument("path", nargs="?", help="where to write the example (default: coord.toml)")
+    p.add_argument("--hosts", metavar="HOSTS", help="comma-separated [NAME=][USER@]HOST[:PORT]: an address or "
+                   "a Host alias of your ssh config, e.g. alice@10.0.0.2,bob@mac-studio.local")
+    p.add_argument("-o", "--output", help="write the cluster file here (default: coord.toml)")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
+    p.add_argument("--name", default="cluster", help="the cluster's name (default: cluster)")
+    p.add_argument("--workdir", default="coord-work", help="each node's workdir: relative to that user's home, "
+                   "or absolute (default: coord-work, e.g. /Users/alice/coord-work)")
+    p.add_argument("--known-hosts", help="verify host keys against this file, and write it into the cluster file "
+                   "(default: ~/.ssh/known_hosts)")
+    p.add_argument("--identity-file", "-i", help="log in with this key, and write it into the cluster file "
+                   "(default: your ssh config and default keys)")
+    p.add_argument("--ssh-config", help="read this ssh config instead of ~/.ssh/config, and write it into the "
+                   "cluster file")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for each SSH connection "
+                   "(default 10)")
+    p.add_argument("--json", action="store_true", help="print what was found on each host as JSON")
     p.set_defaults(func=cmd_init)
+
+    p = sub.add_parser("trust", help="show a node's host key fingerprint and add it to known_hosts if you agree",
+                       description="Fetch the host key NODE (a node of the cluster file) or HOST presents, show "
+                                   "its SHA256 fingerprint as ssh does, and add it to the known_hosts the "
+                                   "cluster uses ([ssh] known_hosts of the cluster file, else ~/.ssh/known_hosts) "
+                                   "only when you type yes, or paste the fingerprint. Without a terminal it "
+                                   "trusts nothing unless --fingerprint names the key: scripts must say which key "
+                                   "they expect (there is no blind --yes). A key that differs from one already "
+                                   "recorded for the host is refused.",
+                       usage="coord trust NODE|HOST[:PORT] [--config FILE] [--fingerprint SHA256:...]")
+    p.add_argument("host", metavar="NODE|HOST", help="a node name of the cluster file, or a host (address or ssh "
+                   "alias, optionally user@ and :PORT)")
+    p.add_argument("--config", "-c", help="the cluster file (default: $COORD_CONFIG): its node names, ssh "
+                   "settings and known_hosts")
+    p.add_argument("--fingerprint", metavar="SHA256:...", help="trust the key only if it has this fingerprint "
+                   "(compare with `ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` on the node); "
+                   "for scripts, no question asked")
+    p.add_argument("--port", "-p", type=int, help="the host's SSH port (default: the ssh config's, or 22)")
+    p.add_argument("--known-hosts", help="add the key to this file instead")
+    p.add_argument("--ssh-config", help="read this ssh config instead of ~/.ssh/config")
+    p.set_defaults(func=cmd_trust)
 
     p = sub.add_parser("daemon", help="run coordd in the foreground",
                        description="Run the daemon in the foreground (launchd and systemd run `coordd`, the same).")
