@@ -357,3 +357,41 @@ def test_a_stop_during_a_restarts_backoff_ends_it_at_once_and_launches_nothing_m
     assert not [e for e in found if e["kind"] == "job.launched" and e["data"]["attempt"] == 4], found
     job = job_of(daemon.status(), "backoff")
     assert job["state"] == "stopped" and job["restarts"] == 4 and job["attempt"] == 3
+
+
+def test_a_name_run_again_starts_over_and_resume_continues_the_newest_run(cluster):
+    import mlx.core as mx
+
+    daemon, root = cluster
+    name = "again"
+    runs = []
+    for _ in range(2):
+        ran = coord("run", "--config", str(daemon.config), "--name", name, "--source", str(root / "project"),
+                    "--save-every", "5", "--total-steps", "10", "--", "python", "plain.py", "--steps", "10",
+                    env=daemon.env, timeout=300)
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        runs.append(json.loads(coord("wait", "--quiet", "--json", "--config", str(daemon.config), name,
+                                     env=daemon.env).stdout))
+    first, second = runs
+    assert first["run_id"] != second["run_id"] and second["attempt"] == 0 and second["step"] == 10
+    second_events = [e for e in _events(daemon, name) if (e.get("data") or {}).get("run") == second["run_id"]]
+    assert not any(e["kind"] == "job.resume_from" for e in second_events), second_events
+    # --resume: the newest run goes on, from its own step 10, to a larger total.
+    ran = coord("run", "--config", str(daemon.config), "--resume", name, "--save-every", "5", "--total-steps", "20",
+                "--", "python", "plain.py", "--steps", "20", env=daemon.env, timeout=300)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    final = json.loads(coord("wait", "--quiet", "--json", "--config", str(daemon.config), name,
+                             env=daemon.env).stdout)
+    assert final["run_id"] == second["run_id"] and final["state"] == "succeeded" and final["step"] == 20, final
+    resumed = [e for e in _events(daemon, name) if e["kind"] == "job.resume_from"]
+    assert resumed and resumed[-1]["data"]["step"] == 10 and resumed[-1]["data"]["run"] == second["run_id"]
+    # Two ranks add 1 each per step: 40 at step 20 only if the run went on from its own step 10.
+    newest = sorted((root / final["nodes"][0] / "checkpoints" / final["run_id"] / f"attempt-{final['attempt']}")
+                    .glob("*_adapters.safetensors"))[-1]
+    assert mx.load(str(newest))["w"].tolist() == [40.0] * 4
+    # The first run is still there to read.
+    every = json.loads(coord("status", "--json", "--all", "--config", str(daemon.config), env=daemon.env).stdout)
+    assert [j["run_id"] for j in every["jobs"] if j["name"] == name] == [first["run_id"], second["run_id"]]
+    assert coord("logs", "--config", str(daemon.config), first["run_id"], env=daemon.env).stdout.count("step ") == 10
+    missing = coord("run", "--config", str(daemon.config), "--resume", "never-ran", env=daemon.env)
+    assert missing.returncode != 0 and "no run of a job named 'never-ran' to resume" in missing.stderr
