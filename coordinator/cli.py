@@ -404,8 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("hostfile", help="write the mlx.launch hostfile chosen from the measured links",
                        description="Write the JSON hostfile mlx.launch reads: backend (jaccl for a full RDMA mesh, "
                                    "jaccl-ring for an RDMA ring, ring over TCP otherwise), each node's address on "
-                                   "its best link, RDMA devices. Without -o it is printed (the advice below goes "
-                                   "to stderr). Each node's ssh entry is written as your own ssh reaches it: "
+                                   "its best link, RDMA devices. Without -o it is printed on stdout (the advice on "
+                                   "stderr). Each node's ssh entry is written as your own ssh reaches it: "
                                    "user@host, or your ~/.ssh/config alias as is, so `mlx.launch --hostfile FILE "
                                    "...` works from your shell wherever `ssh <entry>` does. A node that needs "
                                    "settings your ssh config lacks (the cluster file's port, identity_file, "

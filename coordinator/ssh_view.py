@@ -42,7 +42,8 @@ class SshView:
 
 def ssh_g_argv(destination: str, *, user: str | None = None, port: int | None = None,
                config_file: str | None = None) -> list[str]:
-    ssh = shutil.which("ssh")
+    # launchd and systemd give daemons a short PATH; OpenSSH's client is /usr/bin/ssh on macOS and Debian.
+    ssh = shutil.which("ssh") or ("/usr/bin/ssh" if os.access("/usr/bin/ssh", os.X_OK) else None)
     if ssh is None:
         raise SshViewError("no ssh client on PATH (mlx.launch needs one too); install OpenSSH's client")
     argv = [ssh, "-G"]

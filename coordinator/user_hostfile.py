@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Awaitable, Callable
 
 import anyio
 

@@ -12,6 +12,7 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from coordinator.config import ClusterConfig
 from coordinator.hostfile import HostfileError
 from coordinator.services.launch_plan import node_topologies, plan_backend
 from coordinator.user_hostfile import choose_entries, write_include_file
@@ -37,8 +38,12 @@ async def serve_hostfile(daemon: "Daemon", output: str | None = None, backend: s
             "; " + "; ".join(f"{f['node']}: {f['instruction']}" for f in choice.get("fixes", [])) if choice else ""))
     user_ssh = write_include_file(daemon.config, entries)
     target = Path(output) if output else daemon.config.state_dir / "launch" / "hostfile.json"
-    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    target.write_text(json.dumps(document, indent=2) + "\n")
+    if not output:
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        target.write_text(json.dumps(document, indent=2) + "\n")
+    except OSError as exc:
+        raise RemoteError(p.BAD_ARGS, f"cannot write the hostfile to {target}: {exc.strerror}") from None
     files = {"hostfile": str(target), "ssh_include": user_ssh.include_file}
     needing = [e.node for e in entries.values() if e.needs]
     daemon.cluster.record_event("hostfile.written", f"hostfile ({document['backend']}) written to {target}"
@@ -47,7 +52,7 @@ async def serve_hostfile(daemon: "Daemon", output: str | None = None, backend: s
             "launch": launch_hint(daemon.config, target)}
 
 
-def launch_hint(config, hostfile: Path) -> str:
+def launch_hint(config: ClusterConfig, hostfile: Path) -> str:
     """The command that uses the hostfile. mlx.launch runs the command as given on every node
     (a bare script.py is not found there); --python names one interpreter for all nodes."""
     pythons = {node.python for node in config.nodes}

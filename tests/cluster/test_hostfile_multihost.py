@@ -21,6 +21,7 @@ import os
 import pwd
 import shlex
 import shutil
+import subprocess
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,7 +29,13 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.test_ready_multihost import ALLSUM
-from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir
+from tests.integration.daemon_harness import (
+    DaemonProcess,
+    all_up,
+    coord,
+    environment,
+    short_tempdir,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -64,9 +71,8 @@ class UserShell:
                 "sh", "-c", 'mount --bind "$1" /etc/passwd && shift && exec "$@"', "sh", str(self.passwd)]
 
     def run(self, command: str, timeout: float = 180):
-        import subprocess
         return subprocess.run([*self.prefix, "bash", "-c", command], capture_output=True, text=True,
-                              env=self.env, timeout=timeout, cwd=self.home)
+                              env=self.env, timeout=timeout, cwd=self.home, check=False)
 
 
 @contextmanager

@@ -52,7 +52,7 @@ def cluster(nodes: str, ssh: str = "", name: str = "lab", state_dir: str = "/tmp
 
 
 def node(name: str, host: str, user: str | None = "alice", port: int | None = None, extra: str = "") -> str:
-    lines = [f'[[nodes]]\nname = "{name}"\nhost = "{host}"', f'python = "/v/bin/python"\nworkdir = "/w"']
+    lines = [f'[[nodes]]\nname = "{name}"\nhost = "{host}"', 'python = "/v/bin/python"\nworkdir = "/w"']
     if user:
         lines.append(f'user = "{user}"')
     if port:
