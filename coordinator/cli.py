@@ -186,14 +186,35 @@ def cmd_hostfile(args: argparse.Namespace) -> int:
     if args.json:
         json.dump(result, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
-    elif output:
-        print(f"wrote {output} ({result['hostfile']['backend']}, {len(result['hostfile']['hosts'])} hosts); "
-              f"ranks reach nodes through {result['files']['ssh_config']}: run mlx.launch with "
-              f"PATH={result['files']['path_prefix']}:$PATH")
+        return EXIT_OK
+    if output:
+        document = result["hostfile"]
+        print(f"wrote {output} ({document['backend']}, {len(document['hosts'])} hosts: "
+              f"{', '.join(h['ssh'] for h in document['hosts'])})")
     else:
         json.dump(result["hostfile"], sys.stdout, indent=2)
         sys.stdout.write("\n")
+    # Without -o stdout is the hostfile itself: the advice goes to stderr.
+    advice = sys.stdout if output else sys.stderr
+    print(render_hostfile_ssh(result), file=advice)
     return EXIT_OK
+
+
+def render_hostfile_ssh(result: dict) -> str:
+    """How the user's own ssh reaches the nodes, and the one line to add when it cannot yet."""
+    ssh = result.get("ssh") or {}
+    needing = [e for e in ssh.get("entries", []) if e.get("needs")]
+    lines = []
+    if needing and ssh.get("include_line"):
+        lines.append("your ssh config lacks what " + ", ".join(e["node"] for e in needing) + " need"
+                     + "".join(f"\n  {e['node']} ({e['ssh']}): {'; '.join(e['needs'])}" for e in needing))
+        lines.append(f"coord wrote Host entries for them to {ssh['include_file']}; add this line at the top "
+                     f"of ~/.ssh/config (coord never edits it):\n  {ssh['include_line']}")
+    else:
+        lines.append("every node is reached as your own ssh reaches it (ssh <entry> works as is)")
+    if result.get("launch"):
+        lines.append(f"then: {result['launch']}")
+    return "\n".join(lines)
 
 
 TERMINAL = ("succeeded", "failed", "stopped")
@@ -473,12 +494,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("hostfile", help="write the mlx.launch hostfile chosen from the measured links",
                        description="Write the JSON hostfile mlx.launch reads: backend (jaccl for a full RDMA mesh, "
                                    "jaccl-ring for an RDMA ring, ring over TCP otherwise), each node's address on "
-                                   "its best link, RDMA devices. Without -o it is printed.")
+                                   "its best link, RDMA devices. Without -o it is printed on stdout (the advice on "
+                                   "stderr). Each node's ssh entry is written as your own ssh reaches it: "
+                                   "user@host, or your ~/.ssh/config alias as is, so `mlx.launch --hostfile FILE "
+                                   "...` works from your shell wherever `ssh <entry>` does. A node that needs "
+                                   "settings your ssh config lacks (the cluster file's port, identity_file, "
+                                   "known_hosts, or an alias only its [ssh] config knows) is named by a Host "
+                                   "entry coord writes to <state_dir>/ssh/coord_hosts.conf; coord prints the one "
+                                   "Include line to add at the top of ~/.ssh/config and never edits that file. "
+                                   "coord run does not need the line (its launches carry their own ssh config).")
     client_options(p)
     p.add_argument("-o", "--output", help="write it here")
     p.add_argument("--backend", choices=["ring", "jaccl", "jaccl-ring"], help="force a backend (checked against "
                    "the links)")
-    p.add_argument("--json", action="store_true", help="print the hostfile, the backend choice and file paths")
+    p.add_argument("--json", action="store_true", help="print the hostfile, the backend choice, each node's ssh "
+                   "entry and what it needs, the include file and its Include line (null when none is needed)")
     p.set_defaults(func=cmd_hostfile)
 
     p = sub.add_parser("plan", help="how to train a model on this cluster, from what coord measured",

@@ -24,15 +24,15 @@ from coordinator.cluster import Cluster
 from coordinator.commands import calibrate as calibrate_command
 from coordinator.commands import hostfile as hostfile_command
 from coordinator.commands import jobs as jobs_command
-from coordinator.commands import preflight as preflight_command
 from coordinator.commands import prepare as prepare_command
 from coordinator.commands import status as status_command
-from coordinator.commands import sync as sync_command
 from coordinator.config import ClusterConfig, ConfigError, load_config
 from coordinator.control import ControlServer, ControlSocketError
 from coordinator.node_session import Connect, open_transport
 from coordinator.state import StateError, StateStore
 from coordinator.logs import configure_logging
+from coordinator.services import preflight as preflight_service
+from coordinator.services import sync as sync_service
 from shared.rpc import Dispatcher
 from shared.version import COORD_VERSION
 
@@ -145,7 +145,7 @@ class Daemon:
         return await serve_plan(self, emit, **args)
 
     async def _preflight(self, emit, **args: Any) -> dict[str, Any]:
-        return await preflight_command.run_preflight(self, emit, **args)
+        return await preflight_service.run_preflight(self, emit, **args)
 
     async def _run_job(self, spec: dict, resume: bool = False) -> dict[str, Any]:
         return jobs_command.start_job(self, spec, resume=resume)
@@ -172,7 +172,7 @@ class Daemon:
         return await calibrate_command.serve_calibrate(self, emit, **args)
 
     async def _sync(self, emit, **args: Any) -> dict[str, Any]:
-        return await sync_command.serve_sync(self, emit, **args)
+        return await sync_service.serve_sync(self, emit, **args)
 
     async def _status(self, events: int = 10, all: bool = False) -> dict[str, Any]:  # noqa: A002 (the wire name)
         return status_command.serve_status(self, events=events, every_run=all)
