@@ -7,6 +7,9 @@ reports its rank (running, exit status, progress), and a node whose session drop
 as lost. Whatever goes wrong while launching is an attempt outcome (``LAUNCH_FAILED``) like
 any other, handled by the same policy, the wait for nodes and the elastic shrink.
 
+The loop and the launch live here; watching the ranks is ``rank_watch.RankWatching`` and
+keeping the checkpoints ``checkpoints.CheckpointKeeping``, the two halves it is made of.
+
 The supervisor reaches the world only through ``JobEffects`` (``coordinator.jobs.effects``):
 the daemon fills them with real sessions, mlx.launch and SQLite; the fault simulator fills
 them with simulated nodes under a virtual clock. What the facts mean is decided by pure
@@ -19,38 +22,32 @@ the job's name: a name run again is a new run that cannot read an earlier one's 
 from __future__ import annotations
 
 import posixpath
-import signal
 from typing import Any
 
 import anyio
 import structlog
 
 from coordinator.jobs import catalog, core
-from coordinator.jobs.effects import HEAD, JobEffects, LaunchError, Placement
+from coordinator.jobs.checkpoints import CHECKPOINT_POLL_S, CheckpointKeeping  # noqa: F401 (re-exported)
+from coordinator.jobs.effects import JobEffects, LaunchError
 from coordinator.jobs.elastic import Undividable, choose_nodes, rebatch
-from coordinator.jobs.fingerprints import Divergence, ReplicaCheck, comparison_summary
-from coordinator.jobs.policy import (DIVERGED, HUNG, LAUNCH_FAILED, RANK_FAILED, RESIZED, STOPPED, SUCCEEDED,
-                                     Decision, Outcome, RankFailure, decide, root_cause)
+from coordinator.jobs.fingerprints import Divergence, ReplicaCheck
+from coordinator.jobs.policy import LAUNCH_FAILED, SUCCEEDED, Decision, Outcome, decide
+from coordinator.jobs.rank_watch import POLL_S, RankWatching  # noqa: F401 (re-exported)
 from coordinator.jobs.replica import Replicator
 from coordinator.jobs.spec import REPLICA_NONE, JobSpec, JobSpecError, attempt_command, batch_split, is_mlx_lm
-from coordinator.jobs.transfer import CheckpointDamaged
-from coordinator.plan import diagnosis
 from shared.rpc import RemoteError
 
 log = structlog.get_logger("job")
 
-POLL_S = 0.5
-CHECKPOINT_POLL_S = 2.0
 NODE_WAIT_S = 600.0
-FINAL_COPY_TIMEOUT_S = 600.0
 REATTACH_GRACE_S = 60.0  # a restarted daemon's sessions connect within this; a node still away is lost
 UNREACHABLE_HOLD_S = 15.0  # longer than a session takes to notice its node is gone (keepalives)
-LOG_DIAGNOSIS_BYTES = 256 << 10  # the end of a rank's log, where the error that stopped it is
 ACTIVE = ("pending", "preflight", "syncing", "starting", "running", "recovering")
 FINISHED = ("succeeded", "failed", "stopped")
 
 
-class JobRunner:
+class JobRunner(RankWatching, CheckpointKeeping):
     def __init__(self, fx: JobEffects, spec: JobSpec, *, run_id: str, record: dict[str, Any] | None = None,
                  state: str = "pending"):
         self.fx = fx
@@ -255,33 +252,7 @@ class JobRunner:
             return True
         return False
 
-    async def _await_final_copy(self) -> None:
-        """Success means done: with replicas on, the newest valid checkpoint's copy has landed
-        before the job is called succeeded; when it cannot land, the job says so."""
-        if self.replicator is None:
-            return
-        newest = catalog.newest_valid(self.fx.checkpoints(self.run_id))
-        if newest is None:
-            return
-        with anyio.move_on_after(FINAL_COPY_TIMEOUT_S):
-            async with anyio.create_task_group() as copying:
-                async def cut_short_by_a_stop() -> None:
-                    await self._stop_asked.wait()
-                    copying.cancel_scope.cancel()
-
-                copying.start_soon(cut_short_by_a_stop)
-                await self.replicator.replicate_pending()
-                copying.cancel_scope.cancel()
-        copies = [c for c in self.fx.checkpoints(self.run_id)
-                  if c["valid"] and (c["step"], c["attempt"]) == (newest["step"], newest["attempt"])
-                  and c.get("role") == catalog.REPLICA]
-        if not copies:
-            self.record["warning"] = (f"the final checkpoint (step {newest['step']}) has no replica: its copy to "
-                                      f"{self.spec.replica} did not land; it is only on {newest['node']}")
-            self.event("replica_missing", self.record["warning"], step=newest["step"])
-
     # --- before the first attempt ---------------------------------------------------------
-
     async def _prepare(self) -> bool:
         if self.spec.source:
             self.set_state("syncing")
@@ -475,15 +446,6 @@ class JobRunner:
                    f"({choice['backend']})", attempt=attempt, seconds=round(self.fx.monotonic() - started, 3))
         return None
 
-    def _diagnose_launch(self, order: list[str], document: dict[str, Any], batch) -> None:
-        versions = [v for v in ((self.fx.node(n).facts or {}).get("mlx_lm_version") for n in order) if v]
-        oldest = min(versions, key=_version_key) if versions else None
-        command = attempt_command(self.spec, adapter_path="", resume_file=None, start_step=0, batch=batch)
-        envs = dict(env.split("=", 1) for env in document.get("envs", []) if "=" in env)
-        self._diagnose(diagnosis.diagnose_job(command, envs, oldest), "the job's command")
-        facts = {n: self.fx.node(n).facts for n in order if self.fx.node(n).facts}
-        self._diagnose(diagnosis.diagnose_cluster(facts), "the job's nodes")
-
     async def _prepare_ranks(self, attempt: int, order: list[str], resume_files: dict[str, str], start_step: int,
                              batch) -> None:
         """Each rank's script on its node, all at once; a node that cannot take it is a LaunchError."""
@@ -518,49 +480,6 @@ class JobRunner:
             raise LaunchError(f"rank {order.index(name)} could not be prepared on {name}: {exc.message}",
                               node=name if core.unreachable_error(exc.code) else None)
 
-    async def _choose_resume(self, order: list[str]) -> tuple[dict[str, Any] | None, dict[str, str]]:
-        """The newest checkpoint of this run with a copy that still verifies, placed on every node
-        of ``order``.
-
-        Copies are tried primary first, then the replica (the primary's machine may be the one
-        that was lost); a copy whose bytes no longer match its SHA256 is marked invalid and
-        never used again, and the next copy or the checkpoint before is tried."""
-        for copies in catalog.resume_candidates(self.fx.checkpoints(self.run_id)):
-            for copy in copies:
-                if copy["node"] != HEAD and (copy["node"] not in self.fx.node_names()
-                                             or not self._node_up(copy["node"])):
-                    continue
-                try:
-                    return copy, await self._place_resume_file(copy, order)
-                except (RemoteError, CheckpointDamaged, OSError) as exc:
-                    reason = exc.message if isinstance(exc, RemoteError) else str(exc)
-                    if isinstance(exc, RemoteError) and core.unreachable_error(exc.code):
-                        # The copy may be fine; the node holding it or receiving it is away.
-                        raise LaunchError(f"the checkpoint of step {copy['step']} could not be placed: {reason}",
-                                          node=copy["node"] if copy["node"] != HEAD else None) from None
-                    self.fx.add_checkpoint(self.run_id, {**copy, "valid": False, "detail": reason})
-                    kind = "replica_rejected" if copy.get("role") == catalog.REPLICA else "checkpoint_rejected"
-                    self.event(kind, f"{copy.get('role', 'primary')} copy of the checkpoint of step {copy['step']} "
-                               f"({copy['node']}) cannot be resumed from: {reason}", step=copy["step"])
-        return None, {}
-
-    async def _place_resume_file(self, checkpoint: dict[str, Any], order: list[str]) -> dict[str, str]:
-        """Every rank's node needs the checkpoint to resume from: stream it from where it is to all
-        of them at once, its SHA256 checked against the catalog's."""
-        started = self.fx.monotonic()
-        name = posixpath.basename(checkpoint["path"])
-        placed = {checkpoint["node"]: checkpoint["path"]} if checkpoint["node"] in order else {}
-        if not checkpoint.get("sha256"):
-            raise CheckpointDamaged("no SHA256 was recorded for it")
-        targets = [node for node in order if node not in placed]
-        if targets:
-            paths = await self.fx.copy_checkpoint(
-                checkpoint, [Placement(node, f"checkpoints/{self.run_id}/resume/{name}") for node in targets])
-            placed.update(zip(targets, paths))
-            self.event("checkpoint_placed", f"checkpoint of step {checkpoint['step']} from {checkpoint['node']}:"
-                       f"{checkpoint['path']} placed on {len(targets)} nodes", seconds=round(self.fx.monotonic() - started, 3))
-        return placed
-
     async def _monitor(self) -> Outcome:
         """Watch the attempt until it ends one way or another. Checkpoints are found and hashed
         in a task of their own: hashing a large one takes seconds, and a rank's exit must not
@@ -570,108 +489,6 @@ class JobRunner:
             outcome = await self._watch_ranks()
             watchers.cancel_scope.cancel()
         return outcome
-
-    async def _watch_checkpoints(self) -> None:
-        while True:
-            await anyio.sleep(CHECKPOINT_POLL_S)
-            started = self.fx.monotonic()
-            with anyio.CancelScope(shield=True):  # a poll half done would leave the catalog behind the disk
-                await self._poll_checkpoints()
-            if self.fx.monotonic() - started > 5 * CHECKPOINT_POLL_S:
-                self.log.warning("slow checkpoint poll", seconds=round(self.fx.monotonic() - started, 1))
-
-    async def _watch_ranks(self) -> Outcome:
-        """Poll every rank through its node's agent until the attempt ends one way or another."""
-        attempt = self.record["attempt"]
-        order = self.record["order"]
-        while True:
-            if self.stop_requested:
-                return self._outcome(STOPPED, "stop requested", "")
-            reports: list[core.RankReport] = []
-            for rank, name in enumerate(order):
-                view = self.fx.node(name)
-                if not view.up:
-                    return self._verdict(core.node_lost(rank, name, view.reason))
-                try:
-                    status = await self.fx.call(name, "rank_status", {
-                        "job": self.run_id, "attempt": attempt, "rank": rank,
-                        "progress_offset": self._progress_offsets.get(rank, 0)}, timeout=10)
-                except RemoteError as exc:
-                    self._mark_unreachable(name)
-                    return self._verdict(core.node_lost(rank, name, f"it did not answer: {exc.message}"))
-                self._progress_offsets[rank] = status["progress_offset"]
-                if status.get("rss_bytes"):
-                    self.record.setdefault("rank_memory", {})[str(rank)] = status["rss_bytes"]
-                for record in status["progress"]:
-                    self._on_progress(record)
-                await self._pull_log(rank, name, status["log_size"])
-                detected = None
-                if status["state"] == "exited" and status.get("exited_at"):  # both times from the node's clock
-                    detected = max(0.0, status["time"] - status["exited_at"])
-                reports.append(core.RankReport(rank, name, status["state"], status.get("exit"), detected))
-            pid = self.record.get("launcher_pid")
-            verdict = core.classify_ranks(reports, ranks=len(order), step=self.record["step"],
-                                          total_steps=self.spec.total_steps,
-                                          launcher_exit=self.fx.launcher_exit(pid) if pid else None,
-                                          since_launch=self.fx.now() - (self.record.get("launched_at") or 0))
-            if verdict is not None:
-                return await self._ended(verdict)
-            hung = core.hang_reason(now=self.fx.now(), last_progress=self.record.get("last_progress"),
-                                    first_step_at=self.record["first_step_at"], configured=self.spec.hang_timeout,
-                                    step_seconds=self.record.get("step_seconds"))
-            if hung:
-                await self._capture_stacks()
-                return self._outcome(HUNG, hung, "hang")
-            if self.record.get("unstopped"):
-                await self._reap()
-            if self._divergence is not None:
-                return await self._diverged(self._divergence)
-            resize = self._resize_due()
-            if resize:
-                return self._outcome(RESIZED, resize, "resize")
-            await self._pause(POLL_S)
-
-    async def _ended(self, verdict: core.Verdict) -> Outcome:
-        if not verdict.failures:
-            return self._verdict(verdict)
-        cause = root_cause([RankFailure(r.rank, r.node, r.exit, await self._log_tail(r.rank))
-                            for r in verdict.failures])
-        code, tail = cause.status, cause.last_line
-        return self._outcome(RANK_FAILED, f"rank {cause.rank} on {cause.node} exited with status {code}"
-                             + (f" ({_signal_name(code)})" if _signal_name(code) else "")
-                             + (f": {tail}" if tail else ""), f"exit:{code}:{tail}",
-                             detected_after=verdict.detected_after)
-
-    def _verdict(self, verdict: core.Verdict) -> Outcome:
-        return self._outcome(verdict.kind, verdict.detail, verdict.signature, verdict.detected_after)
-
-    def _outcome(self, kind: str, detail: str, signature: str, detected_after: float | None = None) -> Outcome:
-        """The attempt is over; ``detected_after`` is how long its end went unseen (a rank's exit
-        to the poll that saw it), when known."""
-        extra = {"seconds": round(detected_after, 3)} if detected_after is not None else {}
-        self.event("attempt_ended", f"attempt {self.record['attempt']}: {kind}: {detail}"
-                   + (f" (seen {detected_after:.2f} s after)" if detected_after is not None else ""),
-                   outcome=kind, **extra)
-        if kind in (RANK_FAILED, HUNG):
-            self._diagnose_logs()
-        return Outcome(kind, detail, self.record["first_step_at"] is not None, signature[:300])
-
-    def _diagnose(self, found: list[dict[str, Any]], where: str) -> None:
-        """Known failure modes, each named once per job with its fix (coord status shows them)."""
-        known = self.record.setdefault("diagnoses", [])
-        for item in found:
-            if any(d["id"] == item["id"] for d in known):
-                continue
-            known.append({"id": item["id"], "title": item["title"], "detail": f"{where}: {item['detail']}",
-                          "fix": item["fix"], "line": item.get("line")})
-            self.event("diagnosis", f"{item['title']} ({where}); fix: {item['fix']}", id=item["id"])
-
-    def _diagnose_logs(self) -> None:
-        attempt = self.record["attempt"]
-        for rank in range(len(self.record["order"])):
-            text = self.fx.log_tail(self.run_id, attempt, rank, LOG_DIAGNOSIS_BYTES).decode("utf-8", "replace")
-            if text:
-                self._diagnose(diagnosis.diagnose_log(text), f"rank {rank}'s log, attempt {attempt}")
 
     def request_resize(self) -> str:
         """coord resize: relaunch on every node that is up, right after the next checkpoint (so that
@@ -689,190 +506,6 @@ class JobRunner:
         if verdict.skipped:
             self.event("resize_skipped", verdict.skipped)
         return verdict.reason
-
-    async def _diverged(self, found: Divergence) -> Outcome:
-        """Replicas that no longer agree: stop, and resume from a checkpoint taken before it happened."""
-        order = self.record["order"]
-        named = ", ".join(f"{r} on {order[r]}" for r in found.ranks if r < len(order))
-        self.event("replica_diverged", f"{found.describe()} (rank {named})", step=found.step, ranks=found.ranks)
-        outcome = self._outcome(DIVERGED, found.describe(), f"diverged:{found.step}")
-        good_until = found.last_agreed if found.last_agreed is not None else self.record["start_step"]
-        self._diverged_after = good_until  # and checkpoints still to be found, when the ranks are stopped
-        async with self._checkpoint_poll:
-            for copy in self.fx.checkpoints(self.run_id):
-                if copy["valid"] and copy["attempt"] == self.record["attempt"] and copy["step"] > good_until:
-                    self.fx.add_checkpoint(self.run_id, {**copy, "valid": False, "detail": self._diverged_detail()})
-        return outcome
-
-    def _diverged_detail(self) -> str:
-        return f"taken after the replicas diverged (last agreed at step {self._diverged_after})"
-
-    def _on_progress(self, record: dict[str, Any]) -> None:
-        if record.get("kind") == "fingerprint":
-            check = self._replica_check
-            compared = check.compared
-            found = check.add(int(record["step"]), int(record["rank"]), str(record["sha256"]))
-            first = found if self._divergence is None else None  # the one the attempt is stopped for
-            self._divergence = self._divergence or found
-            if check.compared != compared:  # every rank reported this step: kept for the plan
-                self.record["replica_check"] = comparison_summary(self.record.get("replica_check"), check,
-                                                                  self.record["attempt"], self.record["order"], first)
-            return
-        if record.get("kind") == "checkpoint":
-            self._on_checkpoint_written(record)
-            return
-        if record.get("kind") != "train":
-            return
-        now = float(record.get("time") or self.fx.now())
-        step = int(record["step"])
-        if self.record["first_step_at"] is None:
-            self.record["first_step_at"] = now
-            self.event("first_step", f"attempt {self.record['attempt']} reached step {step}",
-                       seconds=round(now - (self.record.get("last_progress") or now), 3), step=step)
-        previous_step = self.record["step"]
-        previous_time = self.record.get("last_progress")
-        if step > previous_step and previous_time and self.record["first_step_at"] != now:
-            per_step = (now - previous_time) / max(1, step - previous_step)
-            self.record["step_seconds"] = per_step
-        self.record["step"] = max(step, self.record["step"])
-        self.record["loss"] = record.get("loss")
-        self.record["tokens_per_second"] = record.get("tokens_per_second")
-        self.record["peak_memory_gb"] = record.get("peak_memory_gb")
-        self.record["last_progress"] = now
-        self.save()
-
-    def _on_checkpoint_written(self, record: dict[str, Any]) -> None:
-        """coord's trainer says how long a save held training and how long the write took
-        off the training thread; kept with the step time so the plan can state the overhead."""
-        try:
-            held, wrote = float(record["blocking_seconds"]), float(record["write_seconds"])
-            step = int(record["step"])  # the trainer counts global steps
-        except (KeyError, TypeError, ValueError):
-            return
-        self.event("checkpoint_saved", f"checkpoint of step {step} saved: training held "
-                   f"{held:.3f} s, written in {wrote:.2f} s off the training thread",
-                   step=step, blocking_seconds=round(held, 6),
-                   write_seconds=round(wrote, 4), step_seconds=self.record.get("step_seconds"))
-
-    async def _pull_log(self, rank: int, name: str, size: int) -> None:
-        """Keep each rank's output on the head, per run, attempt and rank."""
-        offset = self._log_offsets.get(rank, 0)
-        if size <= offset:
-            return
-        try:
-            piece = await self.fx.call(name, "read_log", {"job": self.run_id, "attempt": self.record["attempt"],
-                                                          "rank": rank, "offset": offset}, timeout=30)
-        except RemoteError:
-            return
-        self.fx.append_log(self.run_id, self.record["attempt"], rank, piece["data"])
-        self._log_offsets[rank] = piece["offset"]
-
-    async def _log_tail(self, rank: int) -> str:
-        name = self.record["order"][rank]
-        if self.fx.node(name).up:
-            await self._pull_log(rank, name, 1 << 62)
-        text = self.fx.log_tail(self.run_id, self.record["attempt"], rank, 2000).decode("utf-8", "replace")
-        lines = [line.strip() for line in text.splitlines() if line.strip()]
-        return lines[-1][:300] if lines else ""
-
-    async def _capture_stacks(self) -> None:
-        for rank, name in enumerate(self.record["order"]):
-            if not self.fx.node(name).up:
-                continue
-            try:
-                result = await self.fx.call(name, "dump_stacks", {"job": self.run_id, "attempt": self.record["attempt"],
-                                                                  "rank": rank}, timeout=10)
-                self.event("stacks", f"rank {rank} on {name}: {result['detail']}")
-            except RemoteError:
-                pass
-        await anyio.sleep(1.0)  # let the ranks print their stacks before the logs are pulled
-        for rank, name in enumerate(self.record["order"]):
-            await self._pull_log(rank, name, 1 << 62)
-
-    async def _poll_checkpoints(self, *, attempt_over: bool = False) -> None:
-        """Find new checkpoints on rank 0's node, validate them, enter them in the catalog, apply retention.
-
-        ``attempt_over``: the ranks are stopped, so a checkpoint that fails validation is damaged,
-        not still being written."""
-        async with self._checkpoint_poll:
-            await self._poll_checkpoints_now(attempt_over)
-
-    async def _poll_checkpoints_now(self, attempt_over: bool) -> None:
-        if not self.record["order"] or self.record["attempt"] < 0:
-            return
-        name, attempt = self.record["order"][0], self.record["attempt"]
-        listed = await self._catalogue(name, attempt, self.record["start_step"], self._known_checkpoints,
-                                       attempt_over=attempt_over)
-        if not listed and attempt_over:
-            # Rank 0's node is away: what it wrote until the end is catalogued when it is back,
-            # before the next resume is chosen (its ranks may even have finished meanwhile).
-            left = self.record.setdefault("uncatalogued", [])
-            if [name, attempt, self.record["start_step"]] not in left:
-                left.append([name, attempt, self.record["start_step"]])
-        await self._retain()
-        self.save()
-
-    async def _catalogue_left_behind(self) -> None:
-        """Checkpoints of earlier attempts whose rank-0 node was away when they ended."""
-        left = []
-        for name, attempt, start_step in self.record.get("uncatalogued") or []:
-            known = {posixpath.basename(c["path"]) for c in self.fx.checkpoints(self.run_id)
-                     if c["attempt"] == attempt and c["node"] == name}
-            if name not in self.fx.node_names() or not await self._catalogue(name, attempt, start_step, known,
-                                                                              attempt_over=True):
-                left.append([name, attempt, start_step])
-        self.record["uncatalogued"] = left
-
-    async def _catalogue(self, name: str, attempt: int, start_step: int, known: set[str], *,
-                         attempt_over: bool) -> bool:
-        """List one attempt's checkpoints on ``name``, validate and catalogue the new ones; False when
-        the node could not be asked."""
-        if not self.fx.node(name).up:
-            return False
-        try:
-            found = await self.fx.call(name, "list_checkpoints", {"job": self.run_id, "attempt": attempt,
-                                                                  "known": sorted(known)}, timeout=60)
-        except RemoteError as exc:
-            self.log.warning("checkpoints not listed", node=name, reason=exc.message)
-            return False
-        current = attempt == self.record["attempt"]
-        for entry in catalog.settled(found["checkpoints"], attempt_over=attempt_over):
-            known.add(entry["name"])
-            step = start_step + entry["iteration"]
-            if current and entry["valid"] and self._diverged_after is not None and step > self._diverged_after:
-                entry = {**entry, "valid": False, "detail": self._diverged_detail()}
-            self.fx.add_checkpoint(self.run_id, {
-                "step": step, "attempt": attempt, "node": name, "path": entry["path"], "sha256": entry["sha256"],
-                "size": entry["size"], "valid": entry["valid"], "detail": entry["detail"], "created": self.fx.now()})
-            if entry["valid"]:
-                last = self.record.get("last_checkpoint")
-                if last is None or step >= last["step"]:
-                    self.record["last_checkpoint"] = {"step": step, "time": self.fx.now(), "node": name}
-                self.event("checkpoint", f"checkpoint of step {step} validated ({entry['detail']})"
-                           + ("" if current else f", written by attempt {attempt} while {name} was away"),
-                           step=step)
-                if self.replicator is not None:
-                    self.replicator.poke()
-            else:
-                self.event("checkpoint_invalid", f"checkpoint of step {step} is not valid: {entry['detail']}",
-                           step=step)
-        return True
-
-    async def _retain(self) -> None:
-        for old in catalog.to_remove(self.fx.checkpoints(self.run_id), self.spec.keep):
-            if old["node"] == HEAD:
-                self.fx.remove_head_file(old["path"])
-                self.fx.remove_checkpoint(self.run_id, old["attempt"], old["node"], old["path"])
-                continue
-            if old["node"] not in self.fx.node_names() or not self.fx.node(old["node"]).up:
-                continue
-            try:
-                await self.fx.call(old["node"], "remove_checkpoints", {
-                    "job": self.run_id, "attempt": old["attempt"], "names": [posixpath.basename(old["path"])],
-                    "replica": old.get("role") == catalog.REPLICA}, timeout=60)
-                self.fx.remove_checkpoint(self.run_id, old["attempt"], old["node"], old["path"])
-            except RemoteError:
-                continue
 
     async def _stop_everything(self) -> bool:
         """Stop every rank on every node, and the launcher; True when none is left anywhere."""
@@ -933,16 +566,3 @@ class JobRunner:
 
 def _outcome_of(entry: dict[str, Any]) -> Outcome:
     return Outcome(entry["kind"], entry["detail"], entry["reached_first_step"], entry.get("signature", ""))
-
-
-def _signal_name(status: int) -> str | None:
-    if status > 128:
-        try:
-            return signal.Signals(status - 128).name
-        except ValueError:
-            return None
-    return None
-
-
-def _version_key(version: str) -> tuple[int, ...]:
-    return tuple(int(part) if part.isdigit() else 0 for part in version.split("."))
