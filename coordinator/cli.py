@@ -260,7 +260,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                                       max_restarts=args.max_restarts, hang_timeout=args.hang_timeout, keep=args.keep,
                                       force=args.force, source=source, backend=args.backend, trainer=args.trainer,
                                       replica=args.replica, min_nodes=args.min_nodes,
-                                      node_timeout=args.node_timeout, total_steps=args.total_steps)).as_dict()
+                                      node_timeout=args.node_timeout, total_steps=args.total_steps,
+                                      nodes=_node_list(args.nodes), priority=args.priority)).as_dict()
     except JobSpecError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
     job = ask_daemon(socket, "run", {"spec": fields, "resume": bool(args.resume)}, config_hint=hint)
@@ -271,6 +272,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_OK
     final = _follow_job(socket, job["run_id"], hint)
     return EXIT_OK if final["state"] == "succeeded" else EXIT_FAILED
+
+
+def _node_list(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    nodes = [name.strip() for name in text.split(",") if name.strip()]
+    if not nodes:
+        raise CliError("--nodes needs node names, e.g. --nodes n1,n2", EXIT_USAGE)
+    return nodes
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    socket = resolve_socket(args)
+    hint = args.config or os.environ.get("COORD_CONFIG")
+    job = ask_daemon(socket, "cancel", {"name": args.job}, config_hint=hint)
+    print(f"{job['name']}: cancelled (run {job['run_id']} never started)")
+    return EXIT_OK
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
@@ -575,6 +593,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--total-steps", type=int, help="for a script of your own: its length in steps (it gets "
                    "COORD_TOTAL_STEPS; coord shows step/total and an ETA, and an attempt whose ranks all exit 0 "
                    "before it is restarted); mlx_lm lora's is its --iters")
+    p.add_argument("--nodes", metavar="N1,N2", help="run on these nodes only (default: every node); the job holds "
+                   "them while it runs, and jobs on disjoint nodes run side by side")
+    p.add_argument("--priority", type=int, default=0, help="a job waiting for busy nodes starts before those of a "
+                   "lower priority (default 0; first in, first out within a priority)")
     p.add_argument("--detach", action="store_true", help="return once submitted instead of following the job")
     p.add_argument("--resume", metavar="NAME", help="continue the newest run of job NAME (finished, failed or "
                    "stopped) from its newest valid checkpoint instead of starting a new run from step 0; with "
@@ -595,6 +617,13 @@ def build_parser() -> argparse.ArgumentParser:
     client_options(p)
     p.add_argument("job")
     p.set_defaults(func=cmd_stop)
+
+    p = sub.add_parser("cancel", help="remove a queued job from the queue",
+                       description="A job waiting for its nodes (queued) leaves the queue without ever starting. "
+                                   "A running job is stopped with coord stop.")
+    client_options(p)
+    p.add_argument("job")
+    p.set_defaults(func=cmd_cancel)
 
     p = sub.add_parser("resize", help="bring nodes that are back into a running job at its next checkpoint",
                        description="A job that left out a lost node (--min-nodes) runs on fewer ranks. Once the "

@@ -104,13 +104,43 @@ class Daemon:
                 if row["record"].get("unstopped"):  # ranks left on nodes that were away at its end
                     self.start_task(runner.reap_when_back, name=f"job:{row['run_id']}:reap")
                 continue
+            if row["state"] == "queued":
+                continue  # it waits for its nodes again: schedule_jobs starts it
             if row["record"].get("attempt", -1) >= 0:
                 # An attempt was launched: watch it again, or finish the recovery that was under way.
-                self.start_task(lambda r=runner: r.run(reattach=True), name=f"job:{row['run_id']}")
+                self.start_task(lambda r=runner: self._run_then_schedule(r, reattach=True), name=f"job:{row['run_id']}")
             else:
                 # Stopped before its first launch (sync, pre-flight): no rank runs, start it again.
                 runner.event("reattached", f"starting again after a daemon restart (it was {row['state']})")
-                self.start_task(lambda r=runner: r.run(), name=f"job:{row['run_id']}")
+                self.start_task(lambda r=runner: self._run_then_schedule(r), name=f"job:{row['run_id']}")
+
+    def schedule_jobs(self) -> None:
+        """Start every queued run whose nodes are free (the policy: coordinator/jobs/queue.py); the
+        others learn their place in the queue."""
+        from coordinator.jobs.queue import Waiting, positions, startable
+        from coordinator.jobs.supervisor import ACTIVE
+
+        busy = {node for runner in self.runs.values() if runner.state in ACTIVE and runner.state != "queued"
+                for node in runner.job_nodes()}
+        waiting = [Waiting(runner.run_id, frozenset(runner.job_nodes()), runner.spec.priority,
+                           runner.record.get("submitted") or runner.record.get("started") or 0.0)
+                   for runner in self.runs.values() if runner.state == "queued"]
+        started = startable(waiting, busy)
+        for run_id in started:
+            runner = self.runs[run_id]
+            runner.queue_position = None
+            runner.set_state("pending")
+            runner.event("dequeued", f"its nodes are free ({', '.join(runner.job_nodes())}): starting")
+            self.start_task(lambda r=runner: self._run_then_schedule(r), name=f"job:{run_id}")
+        for run_id, position in positions([w for w in waiting if w.run_id not in started]).items():
+            self.runs[run_id].queue_position = position
+
+    async def _run_then_schedule(self, runner, *, reattach: bool = False) -> None:
+        """A run holds its nodes until it ends; then the queue moves on, however it ended."""
+        try:
+            await runner.run(reattach=reattach)
+        finally:
+            self.schedule_jobs()
 
     def add_run(self, runner) -> None:
         """A run is known by its id; its name means its newest run."""
@@ -127,6 +157,7 @@ class Daemon:
         table.add("preflight", self._preflight, optional={"backend": (str, type(None))}, streams=True)
         table.add("run", self._run_job, required={"spec": dict}, optional={"resume": bool})
         table.add("stop", self._stop_job, required={"name": str})
+        table.add("cancel", self._cancel_job, required={"name": str})
         table.add("resize", self._resize_job, required={"name": str})
         table.add("job", self._job, required={"name": str})
         table.add("logs", self._logs, required={"name": str},
@@ -155,6 +186,9 @@ class Daemon:
 
     async def _stop_job(self, name: str) -> dict[str, Any]:
         return jobs_command.stop_job(self, name)
+
+    async def _cancel_job(self, name: str) -> dict[str, Any]:
+        return jobs_command.cancel_job(self, name)
 
     async def _job(self, name: str) -> dict[str, Any]:
         return jobs_command.find(self, name).view()
@@ -196,6 +230,7 @@ class Daemon:
                 tasks.start_soon(self._stop_on_signal, tasks.cancel_scope)
                 tasks.start_soon(self.cluster.run)
                 self._reattach_jobs()
+                self.schedule_jobs()
                 for func, name in self._pending_tasks:
                     tasks.start_soon(func, name=name)
                 self._pending_tasks.clear()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from coordinator.jobs.spec import REPLICA_HEAD, REPLICA_NONE, JobSpec, JobSpecError, validate
@@ -35,6 +36,10 @@ def start_job(daemon: "Daemon", spec_fields: dict[str, Any], *, resume: bool = F
     names = [n.name for n in daemon.config.nodes]
     if spec.min_nodes is not None and spec.min_nodes > len(names):
         raise RemoteError(p.BAD_ARGS, f"--min-nodes {spec.min_nodes} is more than the cluster's {len(names)} nodes")
+    unknown = [n for n in spec.nodes or [] if n not in names]
+    if unknown:
+        raise RemoteError(p.BAD_ARGS, f"--nodes names {', '.join(unknown)}, not a node of this cluster "
+                          f"({', '.join(names)})")
     if spec.replica not in (REPLICA_HEAD, REPLICA_NONE, *names):
         raise RemoteError(p.BAD_ARGS, f"--replica {spec.replica!r} is not head, none or a node "
                           f"({', '.join(names)})")
@@ -43,17 +48,22 @@ def start_job(daemon: "Daemon", spec_fields: dict[str, Any], *, resume: bool = F
                           f"stop it first: coord stop {spec.name}")
     if resume:
         runner = JobRunner(daemon.job_effects, spec, run_id=previous.run_id,
-                           record=continued_record(previous.record, spec.total_steps))
+                           record=continued_record(previous.record, spec.total_steps), state="queued")
     else:
-        runner = JobRunner(daemon.job_effects, spec, run_id=new_run_id(spec.name, daemon.state.run_ids()))
+        runner = JobRunner(daemon.job_effects, spec, run_id=new_run_id(spec.name, daemon.state.run_ids()),
+                           state="queued")
+    runner.record["submitted"] = time.time()
     runner.save()
     daemon.add_run(runner)
-    daemon.start_task(runner.run, name=f"job:{runner.run_id}")
     if resume:
         runner.event("resumed", f"run {runner.run_id} continued on request from its newest valid checkpoint: "
                      f"{' '.join(spec.command)}")
     else:
         runner.event("submitted", f"submitted as run {runner.run_id}: {' '.join(spec.command)}")
+    daemon.schedule_jobs()  # it starts now if its nodes are free, else it waits its turn
+    if runner.state == "queued":
+        runner.event("queued", f"waiting for its nodes ({', '.join(runner.job_nodes())}), position "
+                     f"{runner.queue_position}")
     return runner.view()
 
 
@@ -77,8 +87,23 @@ def find(daemon: "Daemon", name: str) -> JobRunner:
     return runner
 
 
+def cancel_job(daemon: "Daemon", name: str) -> dict[str, Any]:
+    """coord cancel: a queued job leaves the queue (a running one is stopped with coord stop)."""
+    runner = find(daemon, name)
+    if runner.state != "queued":
+        raise RemoteError(p.REFUSED, f"job {runner.spec.name} is {runner.state}, not queued"
+                          + (f"; stop it with: coord stop {runner.spec.name}" if runner.state in ACTIVE else ""))
+    runner.queue_position = None
+    runner.set_state("stopped")
+    runner.event("cancelled", "cancelled while queued: it never started")
+    daemon.schedule_jobs()
+    return runner.view()
+
+
 def stop_job(daemon: "Daemon", name: str) -> dict[str, Any]:
     runner = find(daemon, name)
+    if runner.state == "queued":
+        return cancel_job(daemon, name)
     if runner.state not in ACTIVE:
         return runner.view()
     runner.request_stop()
@@ -117,7 +142,8 @@ def job_logs(daemon: "Daemon", name: str, rank: int = 0, attempt: int | None = N
 
 def render_job(job: dict[str, Any]) -> str:
     step = f"{job['step']}/{job['total_steps']}" if job.get("total_steps") else str(job["step"])
-    parts = [f"{job['name']}: {job['state']}", f"step {step}"]
+    state = job["state"] + (f" (position {job['queue_position']})" if job.get("queue_position") else "")
+    parts = [f"{job['name']}: {state}", f"step {step}"]
     if job.get("loss") is not None:
         parts.append(f"loss {job['loss']:.4f}")
     if job.get("tokens_per_second"):
@@ -129,7 +155,11 @@ def render_job(job: dict[str, Any]) -> str:
     parts.append(f"restarts {job['restarts']}/{job['max_restarts']}")
     if job.get("run_id") and job["run_id"] != job["name"]:
         parts.append(f"run {job['run_id']}")
+    if job.get("priority"):
+        parts.append(f"priority {job['priority']}")
     line = ", ".join(parts)
+    if job.get("state") == "queued" and job.get("job_nodes"):
+        line += f"\n  waits for {', '.join(job['job_nodes'])}"
     if job.get("batch"):
         line += f"\n  on {', '.join(job['nodes'])}: {job['batch']}"
     memory = job.get("rank_memory_bytes") or {}

@@ -64,13 +64,14 @@ class DaemonEffects:
             raise RemoteError("timeout", f"{node}: {exc}") from None
 
     # --- before the first attempt ---
-    async def sync(self, source: str) -> dict[str, Any]:
+    async def sync(self, source: str, nodes: list[str] | None = None) -> dict[str, Any]:
         from coordinator.services.sync import serve_sync
-        return await serve_sync(self.daemon, _quiet, source=source)
+        return await serve_sync(self.daemon, _quiet, source=source, nodes=nodes)
 
-    async def preflight(self, *, backend: str | None, source: str | None) -> dict[str, Any]:
+    async def preflight(self, *, backend: str | None, source: str | None,
+                        nodes: list[str] | None = None) -> dict[str, Any]:
         from coordinator.services.preflight import run_preflight
-        return await run_preflight(self.daemon, _quiet, backend=backend, source=source)
+        return await run_preflight(self.daemon, _quiet, backend=backend, source=source, nodes=nodes)
 
     # --- launching ---
     async def plan_launch(self, nodes: list[str], backend: str | None) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -43,7 +43,7 @@ log = structlog.get_logger("job")
 NODE_WAIT_S = 600.0
 REATTACH_GRACE_S = 60.0  # a restarted daemon's sessions connect within this; a node still away is lost
 UNREACHABLE_HOLD_S = 15.0  # longer than a session takes to notice its node is gone (keepalives)
-ACTIVE = ("pending", "preflight", "syncing", "starting", "running", "recovering")
+ACTIVE = ("queued", "pending", "preflight", "syncing", "starting", "running", "recovering")
 FINISHED = ("succeeded", "failed", "stopped")
 
 
@@ -73,6 +73,7 @@ class JobRunner(RankWatching, CheckpointKeeping):
         self._divergence: Divergence | None = None
         self._nothing_left = False
         self.resize_requested: int | None = None  # the checkpoint step the resize waits to pass
+        self.queue_position: int | None = None  # set by the daemon's queue while the job waits
         self.replicator = Replicator(self) if spec.replica != REPLICA_NONE else None
         self.done = anyio.Event()
         self._stop_asked = anyio.Event()  # wakes a restart's backoff or a wait for nodes at once
@@ -104,6 +105,10 @@ class JobRunner(RankWatching, CheckpointKeeping):
     def set_state(self, state: str) -> None:
         self.state = state
         self.save()
+
+    def job_nodes(self) -> list[str]:
+        """The nodes this job holds: the ones it names (coord run --nodes), else every node."""
+        return list(self.spec.nodes) if self.spec.nodes else self.fx.node_names()
 
     def _node_up(self, name: str) -> bool:
         """Up, and not the same session that just failed a call (it may not have noticed yet)."""
@@ -179,7 +184,7 @@ class JobRunner(RankWatching, CheckpointKeeping):
         if not reattach:
             if not await self._prepare() or self._stopped_before_launch():
                 return
-            outcome = await self._launch(self.fx.node_names())
+            outcome = await self._launch(self.job_nodes())
         elif self.state in ("recovering", "starting"):
             # The daemon stopped between two attempts, or while one was being started: that one
             # is over (its leftovers are stopped before the next launch), the restart counted.
@@ -257,7 +262,7 @@ class JobRunner(RankWatching, CheckpointKeeping):
         if self.spec.source:
             self.set_state("syncing")
             started = self.fx.monotonic()
-            report = await self.fx.sync(self.spec.source)
+            report = await self.fx.sync(self.spec.source, self.spec.nodes)
             if report["status"] != "ok":
                 return self._fail_early(f"sync failed: {report['detail']}")
             self.event("synced", f"code synced from {self.spec.source}",
@@ -265,7 +270,7 @@ class JobRunner(RankWatching, CheckpointKeeping):
         if await self._wait_for_nodes() is None:
             return False
         self.set_state("preflight")
-        result = await self.fx.preflight(backend=self.spec.backend, source=self.spec.source)
+        result = await self.fx.preflight(backend=self.spec.backend, source=self.spec.source, nodes=self.spec.nodes)
         failed = [c for c in result["checks"] if c["status"] == "fail"]
         if failed and not self.spec.force:
             reasons = "; ".join(f"{c['name']}: {c['detail']}" for c in failed[:5])
@@ -313,7 +318,7 @@ class JobRunner(RankWatching, CheckpointKeeping):
         --min-nodes, a node down for longer than the node timeout is left out when the others
         can take its share of the global batch; a node that is back takes part again.
         """
-        configured = nodes or self.fx.node_names()
+        configured = nodes or self.job_nodes()
         started = self.fx.monotonic()
         delay = 0.5
         announced = None
@@ -359,7 +364,7 @@ class JobRunner(RankWatching, CheckpointKeeping):
 
     def _batch_for(self, nodes: list[str]):
         """The batch split for an attempt on ``nodes`` (None: the job's own options, unchanged)."""
-        configured = len(self.fx.node_names())
+        configured = len(self.job_nodes())
         if len(nodes) == configured or not is_mlx_lm(self.spec.command):
             return None
         try:
@@ -402,7 +407,7 @@ class JobRunner(RankWatching, CheckpointKeeping):
 
     async def _start_attempt(self, attempt: int, nodes: list[str], started: float) -> Outcome | None:
         previous = list(self.record["order"])
-        if self._planned is not None and len(nodes) == len(self.fx.node_names()):
+        if self._planned is not None and len(nodes) == len(self.fx.node_names()) and self.spec.nodes is None:
             (choice, document), self._planned = self._planned, None
         else:
             choice, document = await self.fx.plan_launch(nodes, self.spec.backend)
@@ -498,7 +503,7 @@ class JobRunner(RankWatching, CheckpointKeeping):
         return self._resize_due() or "the job will be relaunched on every node that is up after its next checkpoint"
 
     def _resize_due(self) -> str | None:
-        up = [n for n in self.fx.node_names() if self._node_up(n)]
+        up = [n for n in self.job_nodes() if self._node_up(n)]
         last = self.record.get("last_checkpoint")
         verdict = core.resize_due(self.resize_requested, up, self.record["order"], last["step"] if last else None)
         if not verdict.pending:
@@ -561,7 +566,9 @@ class JobRunner(RankWatching, CheckpointKeeping):
                 "replica": self.spec.replica, "min_nodes": self.spec.min_nodes,
                 "diagnoses": record.get("diagnoses", []), "resumes": record.get("resumes", 0),
                 "rank_memory_bytes": dict(record.get("rank_memory") or {}) if self.state == "running" else {},
-                "started": record.get("started"), "command": self.spec.command}
+                "started": record.get("started"), "command": self.spec.command,
+                "job_nodes": self.job_nodes(), "priority": self.spec.priority,
+                "queue_position": self.queue_position if self.state == "queued" else None}
 
 
 def _outcome_of(entry: dict[str, Any]) -> Outcome:

@@ -395,3 +395,60 @@ def test_a_name_run_again_starts_over_and_resume_continues_the_newest_run(cluste
     assert coord("logs", "--config", str(daemon.config), first["run_id"], env=daemon.env).stdout.count("step ") == 10
     missing = coord("run", "--config", str(daemon.config), "--resume", "never-ran", env=daemon.env)
     assert missing.returncode != 0 and "no run of a job named 'never-ran' to resume" in missing.stderr
+
+
+def test_jobs_queue_for_their_nodes_survive_a_daemon_restart_and_disjoint_jobs_run_side_by_side(cluster):
+    daemon, root = cluster
+    config = str(daemon.config)
+
+    def submit(name, *extra, steps="30", more=()):
+        ran = coord("run", "--config", config, "--name", name, "--source", str(root / "project"), "--detach",
+                    "--save-every", "5", *extra, "--", "python", "plain.py", "--steps", steps, "--sleep", "0.1",
+                    *more, env=daemon.env)
+        assert ran.returncode == 0, ran.stderr
+        return ran.stdout
+
+    # A job that holds both nodes and fails for good; one queued behind it; one cancelled while queued.
+    submit("blocker", "--max-restarts", "0", steps="400", more=("--fail-after", "40"))
+    submit("waiter")
+    submit("dropped", "--priority", "-1")
+    doc = daemon.status()
+    assert job_of(doc, "waiter")["state"] == "queued" and job_of(doc, "waiter")["queue_position"] == 1
+    assert job_of(doc, "dropped")["queue_position"] == 2
+    shown = coord("status", "--config", config, env=daemon.env).stdout
+    assert "waiter: queued (position 1)" in shown, shown
+    cancelled = coord("cancel", "--config", config, "dropped", env=daemon.env)
+    assert cancelled.returncode == 0 and "never started" in cancelled.stdout, cancelled.stderr
+    again = coord("cancel", "--config", config, "blocker", env=daemon.env)
+    assert again.returncode != 0 and "coord stop blocker" in again.stderr
+    # The queue is kept across a daemon restart.
+    daemon.wait_for(lambda d: job_of(d, "blocker")["step"] >= 5, 120, "blocker at step 5")
+    daemon.stop(signal.SIGKILL)
+    daemon.start()
+    daemon.wait_for(all_up, 30, "all nodes up again")
+    assert job_of(daemon.status(), "waiter")["state"] == "queued"
+    waited = coord("wait", "--quiet", "--json", "--config", config, "waiter", env=daemon.env, timeout=300)
+    final = json.loads(waited.stdout)
+    assert waited.returncode == 0 and final["state"] == "succeeded" and final["step"] == 30, final
+    found = _events(daemon, "blocker") + _events(daemon, "waiter")
+    failed_at = next(e["ts"] for e in found if e["kind"] == "job.failed" and e["message"].startswith("blocker:"))
+    dequeued_at = next(e["ts"] for e in found if e["kind"] == "job.dequeued" and e["message"].startswith("waiter:"))
+    assert dequeued_at >= failed_at  # it waited for the nodes, and ran although the job before it failed
+    dropped = job_of(coord_status_all(daemon), "dropped")
+    assert dropped["state"] == "stopped" and dropped["attempt"] == -1
+    # Disjoint nodes: both run at once.
+    submit("left", "--nodes", "a")
+    submit("right", "--nodes", "b")
+    daemon.wait_for(lambda d: job_of(d, "left")["state"] == job_of(d, "right")["state"] == "running"
+                    or "succeeded" in (job_of(d, "left")["state"], job_of(d, "right")["state"]), 120,
+                    "both side-by-side jobs running")
+    for name, node in (("left", "a"), ("right", "b")):
+        done = json.loads(coord("wait", "--quiet", "--json", "--config", config, name, env=daemon.env,
+                                timeout=300).stdout)
+        assert done["state"] == "succeeded" and done["nodes"] == [node], done
+    both = [e for e in _events(daemon, "left") + _events(daemon, "right") if e["kind"] == "job.queued"]
+    assert not both, both  # neither waited for the other
+
+
+def coord_status_all(daemon):
+    return json.loads(coord("status", "--json", "--all", "--config", str(daemon.config), env=daemon.env).stdout)

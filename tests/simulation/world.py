@@ -425,11 +425,12 @@ class SimEffects:
         return {"removed": names}
 
     # --- before the first attempt ---
-    async def sync(self, source: str) -> dict[str, Any]:
+    async def sync(self, source: str, nodes: list[str] | None = None) -> dict[str, Any]:
         self._effect()
         return {"status": "ok", "detail": "every node matches"}
 
-    async def preflight(self, *, backend: str | None, source: str | None) -> dict[str, Any]:
+    async def preflight(self, *, backend: str | None, source: str | None,
+                        nodes: list[str] | None = None) -> dict[str, Any]:
         self._effect()
         await anyio.sleep(1.0)
         return {"status": "pass", "checks": [], "seconds": 1.0, "hostfile": None, "backend": None}
