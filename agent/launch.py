@@ -13,12 +13,15 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 from typing import Any
 
 from shared import protocol as p
 from shared.rpc import RemoteError
 
-JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# A run id: the job's name (at most 64) and a suffix of its own. Letters, digits, '.', '_', '-' only:
+# it becomes a directory name on every node.
+JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -74,6 +77,10 @@ def prepare_rank(job: str, rank: int, workdir: str, python: str, argv: list, env
     # new job does not compile them again (that costs tens of seconds on a small CPU).
     tmpdir = os.path.join(workdir, ".coord", "tmp")
     rank_dir = os.path.join(workdir, ".coord", "jobs", job, f"attempt-{attempt}", f"rank-{rank}")
+    # A rank directory that already exists here is not this attempt's (it is prepared once, before
+    # its rank starts): whatever it holds (progress, an exit status, a pid) must never be read as
+    # this attempt's, so it goes.
+    shutil.rmtree(rank_dir, ignore_errors=True)
     os.makedirs(rank_dir, exist_ok=True)
     env = {key.replace("{rank_dir}", rank_dir): value.replace("{rank_dir}", rank_dir) for key, value in env.items()}
     script = render_rank_script(workdir=workdir, python=python, argv=list(argv), env=dict(env), tmpdir=tmpdir,

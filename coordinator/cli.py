@@ -59,7 +59,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     hint = args.config or os.environ.get("COORD_CONFIG")
     if args.watch:
         return _watch_status(args, socket, hint)
-    doc = ask_daemon(socket, "status", {"events": args.events}, config_hint=hint)
+    doc = ask_daemon(socket, "status", {"events": args.events, "all": args.all}, config_hint=hint)
     if args.json:
         json.dump(doc, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
@@ -186,14 +186,35 @@ def cmd_hostfile(args: argparse.Namespace) -> int:
     if args.json:
         json.dump(result, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
-    elif output:
-        print(f"wrote {output} ({result['hostfile']['backend']}, {len(result['hostfile']['hosts'])} hosts); "
-              f"ranks reach nodes through {result['files']['ssh_config']}: run mlx.launch with "
-              f"PATH={result['files']['path_prefix']}:$PATH")
+        return EXIT_OK
+    if output:
+        document = result["hostfile"]
+        print(f"wrote {output} ({document['backend']}, {len(document['hosts'])} hosts: "
+              f"{', '.join(h['ssh'] for h in document['hosts'])})")
     else:
         json.dump(result["hostfile"], sys.stdout, indent=2)
         sys.stdout.write("\n")
+    # Without -o stdout is the hostfile itself: the advice goes to stderr.
+    advice = sys.stdout if output else sys.stderr
+    print(render_hostfile_ssh(result), file=advice)
     return EXIT_OK
+
+
+def render_hostfile_ssh(result: dict) -> str:
+    """How the user's own ssh reaches the nodes, and the one line to add when it cannot yet."""
+    ssh = result.get("ssh") or {}
+    needing = [e for e in ssh.get("entries", []) if e.get("needs")]
+    lines = []
+    if needing and ssh.get("include_line"):
+        lines.append("your ssh config lacks what " + ", ".join(e["node"] for e in needing) + " need"
+                     + "".join(f"\n  {e['node']} ({e['ssh']}): {'; '.join(e['needs'])}" for e in needing))
+        lines.append(f"coord wrote Host entries for them to {ssh['include_file']}; add this line at the top "
+                     f"of ~/.ssh/config (coord never edits it):\n  {ssh['include_line']}")
+    else:
+        lines.append("every node is reached as your own ssh reaches it (ssh <entry> works as is)")
+    if result.get("launch"):
+        lines.append(f"then: {result['launch']}")
+    return "\n".join(lines)
 
 
 TERMINAL = ("succeeded", "failed", "stopped")
@@ -222,26 +243,52 @@ def cmd_run(args: argparse.Namespace) -> int:
     socket = resolve_socket(args)
     hint = args.config or os.environ.get("COORD_CONFIG")
     command = args.command[1:] if args.command[:1] == ["--"] else list(args.command)
+    if args.resume and args.name and args.name != args.resume:
+        raise CliError("--resume NAME names the job; --name is not needed with it", EXIT_USAGE)
     try:
         if len(command) == 1 and command[0].endswith(".toml"):
             spec = load_job_file(Path(command[0]))
+            if args.resume:
+                spec.name = args.resume
+            fields = spec.as_dict()
+        elif args.resume and not command:
+            fields = {"name": args.resume, "command": [], "force": args.force}  # the run's own command
         else:
-            name = args.name or f"job-{time.strftime('%Y%m%d-%H%M%S')}"
+            name = args.resume or args.name or f"job-{time.strftime('%Y%m%d-%H%M%S')}"
             source = str(Path(args.source).resolve()) if args.source else None
-            spec = validate(JobSpec(name=name, command=command, save_every=args.save_every,
-                                    max_restarts=args.max_restarts, hang_timeout=args.hang_timeout, keep=args.keep,
-                                    force=args.force, source=source, backend=args.backend, trainer=args.trainer,
-                                    replica=args.replica, min_nodes=args.min_nodes,
-                                    node_timeout=args.node_timeout, total_steps=args.total_steps))
+            fields = validate(JobSpec(name=name, command=command, save_every=args.save_every,
+                                      max_restarts=args.max_restarts, hang_timeout=args.hang_timeout, keep=args.keep,
+                                      force=args.force, source=source, backend=args.backend, trainer=args.trainer,
+                                      replica=args.replica, min_nodes=args.min_nodes,
+                                      node_timeout=args.node_timeout, total_steps=args.total_steps,
+                                      nodes=_node_list(args.nodes), priority=args.priority)).as_dict()
     except JobSpecError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
-    job = ask_daemon(socket, "run", {"spec": spec.as_dict()}, config_hint=hint)
-    print(f"submitted {job['name']}: {' '.join(spec.command)}")
+    job = ask_daemon(socket, "run", {"spec": fields, "resume": bool(args.resume)}, config_hint=hint)
+    verb = "resumed" if args.resume else "submitted"
+    print(f"{verb} {job['name']} as run {job['run_id']}: {' '.join(job['command'])}")
     if args.detach:
         print(f"follow it with: coord status   coord logs -f {job['name']}   coord wait {job['name']}")
         return EXIT_OK
-    final = _follow_job(socket, job["name"], hint)
+    final = _follow_job(socket, job["run_id"], hint)
     return EXIT_OK if final["state"] == "succeeded" else EXIT_FAILED
+
+
+def _node_list(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    nodes = [name.strip() for name in text.split(",") if name.strip()]
+    if not nodes:
+        raise CliError("--nodes needs node names, e.g. --nodes n1,n2", EXIT_USAGE)
+    return nodes
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    socket = resolve_socket(args)
+    hint = args.config or os.environ.get("COORD_CONFIG")
+    job = ask_daemon(socket, "cancel", {"name": args.job}, config_hint=hint)
+    print(f"{job['name']}: cancelled (run {job['run_id']} never started)")
+    return EXIT_OK
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
@@ -293,11 +340,92 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    path = Path(args.path)
+    if args.output and args.path:
+        raise CliError("give the file once: as PATH or with -o", EXIT_USAGE)
+    path = Path(args.output or args.path or "coord.toml")
     if path.exists() and not args.force:
         raise CliError(f"{path} already exists; use --force to overwrite it", EXIT_USAGE)
+    if args.hosts:
+        return _init_from_hosts(args, path)
     path.write_text(EXAMPLE_CLUSTER)
     print(f"wrote {path}; edit the nodes, then start the daemon with: coord daemon --config {path}")
+    return EXIT_OK
+
+
+def _init_from_hosts(args: argparse.Namespace, path: Path) -> int:
+    from coordinator.commands import init
+    from coordinator.onboarding import OnboardingError, name_nodes, parse_hosts
+
+    try:
+        specs = parse_hosts(args.hosts)
+        names = name_nodes(specs)
+    except OnboardingError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+    ssh = init.ssh_settings(known_hosts=args.known_hosts, identity_file=args.identity_file,
+                            ssh_config=args.ssh_config, timeout=args.timeout)
+    by_name = dict(zip(names, specs, strict=True))
+    found = asyncio.run(init.survey(names, specs, ssh, args.workdir))
+    trusted = init.settle_host_keys(found, by_name, ssh, interactive=sys.stdin.isatty())
+    if trusted:  # ask those hosts again, now that their keys are known
+        again = asyncio.run(init.survey(trusted, [by_name[n] for n in trusted], ssh, args.workdir))
+        fresh = {r.name: r for r in again.reports}
+        found.reports = [fresh.get(r.name, r) for r in found.reports]
+    reports = found.reports
+    written = False
+    if all(r.ok for r in reports):
+        try:
+            text = init.render_file(args.name, ssh, reports, _init_words(args, path))
+        except OnboardingError as exc:
+            raise CliError(str(exc), EXIT_USAGE) from None
+        try:
+            init.write_cluster_file(path, text, force=args.force)
+        except FileExistsError:
+            raise CliError(f"{path} already exists; use --force to overwrite it", EXIT_USAGE) from None
+        written = True
+    if args.json:
+        json.dump(init.as_json(path, written, reports), sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        for report in reports:
+            print("\n".join(init.summary(report)))
+        if written:
+            print(f"wrote {path} ({len(reports)} node{'s' if len(reports) != 1 else ''}). Start the daemon with: coord daemon --config {path}")
+        else:
+            bad = [r.name for r in reports if not r.ok]
+            print(f"nothing written: {', '.join(bad)} not ready; fix them, then run this command again",
+                  file=sys.stderr)
+    return EXIT_OK if written else EXIT_FAILED
+
+
+def _init_words(args: argparse.Namespace, path: Path) -> list[str]:
+    """The command line that wrote a cluster file, for its first comment."""
+    words = ["init", "--hosts", args.hosts, "-o", str(path)]
+    for flag, value, default in (("--name", args.name, "cluster"), ("--workdir", args.workdir, "coord-work"),
+                                 ("--known-hosts", args.known_hosts, None), ("--identity-file", args.identity_file, None),
+                                 ("--ssh-config", args.ssh_config, None)):
+        if value and value != default:
+            words += [flag, value]
+    return words
+
+
+def cmd_trust(args: argparse.Namespace) -> int:
+    from coordinator.commands.trust import request_for, trust_host
+    from coordinator.known_hosts import TrustRefused
+    from coordinator.transport import NodeUnreachable
+
+    config_path = args.config or os.environ.get("COORD_CONFIG")
+    try:
+        config = load_config(config_path) if config_path else None
+    except ConfigError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+    try:
+        request = request_for(args.host, config, port=args.port, known_hosts=args.known_hosts,
+                              ssh_config=args.ssh_config)
+        print(trust_host(request, expected=args.fingerprint, interactive=sys.stdin.isatty()))
+    except TrustRefused as exc:
+        raise CliError(str(exc)) from None
+    except NodeUnreachable as exc:
+        raise CliError(exc.reason) from None
     return EXIT_OK
 
 
@@ -341,6 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
     client_options(p)
     p.add_argument("--json", action="store_true", help="print the status document as JSON")
     p.add_argument("--watch", "-w", action="store_true", help="refresh until interrupted")
+    p.add_argument("--all", action="store_true", help="every run of every job, not only each job's newest run")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes with --watch")
     p.add_argument("--events", type=int, default=10, help="how many recent events to show (default 10)")
     p.add_argument("--check", action="store_true", help="exit 1 unless every node is up")
@@ -383,12 +512,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("hostfile", help="write the mlx.launch hostfile chosen from the measured links",
                        description="Write the JSON hostfile mlx.launch reads: backend (jaccl for a full RDMA mesh, "
                                    "jaccl-ring for an RDMA ring, ring over TCP otherwise), each node's address on "
-                                   "its best link, RDMA devices. Without -o it is printed.")
+                                   "its best link, RDMA devices. Without -o it is printed on stdout (the advice on "
+                                   "stderr). Each node's ssh entry is written as your own ssh reaches it: "
+                                   "user@host, or your ~/.ssh/config alias as is, so `mlx.launch --hostfile FILE "
+                                   "...` works from your shell wherever `ssh <entry>` does. A node that needs "
+                                   "settings your ssh config lacks (the cluster file's port, identity_file, "
+                                   "known_hosts, or an alias only its [ssh] config knows) is named by a Host "
+                                   "entry coord writes to <state_dir>/ssh/coord_hosts.conf; coord prints the one "
+                                   "Include line to add at the top of ~/.ssh/config and never edits that file. "
+                                   "coord run does not need the line (its launches carry their own ssh config).")
     client_options(p)
     p.add_argument("-o", "--output", help="write it here")
     p.add_argument("--backend", choices=["ring", "jaccl", "jaccl-ring"], help="force a backend (checked against "
                    "the links)")
-    p.add_argument("--json", action="store_true", help="print the hostfile, the backend choice and file paths")
+    p.add_argument("--json", action="store_true", help="print the hostfile, the backend choice, each node's ssh "
+                   "entry and what it needs, the include file and its Include line (null when none is needed)")
     p.set_defaults(func=cmd_hostfile)
 
     p = sub.add_parser("plan", help="how to train a model on this cluster, from what coord measured",
@@ -427,7 +565,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "node's workdir with its node's Python. A failed rank, a lost node or a hang "
                                    "stops the job everywhere and resumes it from the newest valid checkpoint. "
                                    "`python -m mlx_lm lora ...` is understood (adapter path, --save-every, "
-                                   "resume); any other command gets the COORD_* environment contract.",
+                                   "resume); any other command gets the COORD_* environment contract. Each "
+                                   "run gets its own run id: a name run again starts a new run from step 0 (the "
+                                   "earlier one stays readable), and only --resume NAME continues one.",
                        usage="coord run [options] -- COMMAND...  |  coord run JOB.toml")
     client_options(p)
     p.add_argument("--name", help="job name (default: job-DATE-TIME)")
@@ -453,7 +593,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--total-steps", type=int, help="for a script of your own: its length in steps (it gets "
                    "COORD_TOTAL_STEPS; coord shows step/total and an ETA, and an attempt whose ranks all exit 0 "
                    "before it is restarted); mlx_lm lora's is its --iters")
+    p.add_argument("--nodes", metavar="N1,N2", help="run on these nodes only (default: every node); the job holds "
+                   "them while it runs, and jobs on disjoint nodes run side by side")
+    p.add_argument("--priority", type=int, default=0, help="a job waiting for busy nodes starts before those of a "
+                   "lower priority (default 0; first in, first out within a priority)")
     p.add_argument("--detach", action="store_true", help="return once submitted instead of following the job")
+    p.add_argument("--resume", metavar="NAME", help="continue the newest run of job NAME (finished, failed or "
+                   "stopped) from its newest valid checkpoint instead of starting a new run from step 0; with "
+                   "-- COMMAND (e.g. a larger --iters) the run goes on with that command, else with its own")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND... or a job file")
     p.set_defaults(func=cmd_run)
 
@@ -470,6 +617,13 @@ def build_parser() -> argparse.ArgumentParser:
     client_options(p)
     p.add_argument("job")
     p.set_defaults(func=cmd_stop)
+
+    p = sub.add_parser("cancel", help="remove a queued job from the queue",
+                       description="A job waiting for its nodes (queued) leaves the queue without ever starting. "
+                                   "A running job is stopped with coord stop.")
+    client_options(p)
+    p.add_argument("job")
+    p.set_defaults(func=cmd_cancel)
 
     p = sub.add_parser("resize", help="bring nodes that are back into a running job at its next checkpoint",
                        description="A job that left out a lost node (--min-nodes) runs on fewer ranks. Once the "
@@ -489,11 +643,57 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--follow", "-f", action="store_true", help="keep printing as the rank writes")
     p.set_defaults(func=cmd_logs)
 
-    p = sub.add_parser("init", help="write a commented example cluster file",
-                       description="Write a commented example cluster file to edit.")
-    p.add_argument("path", nargs="?", default="coord.toml", help="where to write it (default: coord.toml)")
+    p = sub.add_parser("init", help="write the cluster file: found on the hosts, or a commented example",
+                       description="With --hosts: connect to each host as the daemon will (your ssh config, "
+                                   "known_hosts and keys; key authentication only), find a Python with mlx and "
+                                   "mlx-lm there (the login shell's python3, venvs and conda envs under the home, "
+                                   "Homebrew's and the system's), propose a workdir under that user's home, check "
+                                   "its free disk, and write a cluster file with a comment per node saying what "
+                                   "was found. Nothing is written unless every host is ready; each one that is "
+                                   "not says how to fix it. A host key not yet trusted is shown with its "
+                                   "fingerprint and added only if you type yes (see: coord trust). "
+                                   "Without --hosts: write a commented example to edit.",
+                       usage="coord init --hosts [NAME=][USER@]HOST[:PORT],... [-o FILE] [options]  |  "
+                             "coord init [PATH]")
+    p.add_argument("path", nargs="?", help="where to write the example (default: coord.toml)")
+    p.add_argument("--hosts", metavar="HOSTS", help="comma-separated [NAME=][USER@]HOST[:PORT]: an address or "
+                   "a Host alias of your ssh config, e.g. alice@10.0.0.2,bob@mac-studio.local")
+    p.add_argument("-o", "--output", help="write the cluster file here (default: coord.toml)")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
+    p.add_argument("--name", default="cluster", help="the cluster's name (default: cluster)")
+    p.add_argument("--workdir", default="coord-work", help="each node's workdir: relative to that user's home, "
+                   "or absolute (default: coord-work, e.g. /Users/alice/coord-work)")
+    p.add_argument("--known-hosts", help="verify host keys against this file, and write it into the cluster file "
+                   "(default: ~/.ssh/known_hosts)")
+    p.add_argument("--identity-file", "-i", help="log in with this key, and write it into the cluster file "
+                   "(default: your ssh config and default keys)")
+    p.add_argument("--ssh-config", help="read this ssh config instead of ~/.ssh/config, and write it into the "
+                   "cluster file")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for each SSH connection "
+                   "(default 10)")
+    p.add_argument("--json", action="store_true", help="print what was found on each host as JSON")
     p.set_defaults(func=cmd_init)
+
+    p = sub.add_parser("trust", help="show a node's host key fingerprint and add it to known_hosts if you agree",
+                       description="Fetch the host key NODE (a node of the cluster file) or HOST presents, show "
+                                   "its SHA256 fingerprint as ssh does, and add it to the known_hosts the "
+                                   "cluster uses ([ssh] known_hosts of the cluster file, else ~/.ssh/known_hosts) "
+                                   "only when you type yes, or paste the fingerprint. Without a terminal it "
+                                   "trusts nothing unless --fingerprint names the key: scripts must say which key "
+                                   "they expect (there is no blind --yes). A key that differs from one already "
+                                   "recorded for the host is refused.",
+                       usage="coord trust NODE|HOST[:PORT] [--config FILE] [--fingerprint SHA256:...]")
+    p.add_argument("host", metavar="NODE|HOST", help="a node name of the cluster file, or a host (address or ssh "
+                   "alias, optionally user@ and :PORT)")
+    p.add_argument("--config", "-c", help="the cluster file (default: $COORD_CONFIG): its node names, ssh "
+                   "settings and known_hosts")
+    p.add_argument("--fingerprint", metavar="SHA256:...", help="trust the key only if it has this fingerprint "
+                   "(compare with `ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` on the node); "
+                   "for scripts, no question asked")
+    p.add_argument("--port", "-p", type=int, help="the host's SSH port (default: the ssh config's, or 22)")
+    p.add_argument("--known-hosts", help="add the key to this file instead")
+    p.add_argument("--ssh-config", help="read this ssh config instead of ~/.ssh/config")
+    p.set_defaults(func=cmd_trust)
 
     p = sub.add_parser("daemon", help="run coordd in the foreground",
                        description="Run the daemon in the foreground (launchd and systemd run `coordd`, the same).")

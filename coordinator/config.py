@@ -31,6 +31,7 @@ class SshSettings:
     config: str | None = None  # None: ~/.ssh/config when it exists
     keepalive_s: float = 2.0
     connect_timeout_s: float = 10.0
+    cluster_file: str | None = None  # the file these came from, named in the fixes coord prints
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,8 @@ def load_config(path: str | os.PathLike) -> ClusterConfig:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError(f"{path}: no such cluster file (write an example with: coord init {path})") from None
+        raise ConfigError(f"{path}: no such cluster file (write one from your hosts with: coord init --hosts "
+                          f"USER@HOST,... -o {path})") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read the cluster file: {exc}") from None
     return parse_config(text, path)
@@ -187,6 +189,7 @@ def parse_config(text: str, path: Path | None = None) -> ClusterConfig:
         config=str(_resolve(ssh_raw["config"], base)) if "config" in ssh_raw else None,
         keepalive_s=float(ssh_raw.get("keepalive_s", 2.0)),
         connect_timeout_s=float(ssh_raw.get("connect_timeout_s", 10.0)),
+        cluster_file=str(path) if path else None,
     )
     for key in ("keepalive_s", "connect_timeout_s"):
         if getattr(ssh, key) <= 0:

@@ -24,15 +24,15 @@ from coordinator.cluster import Cluster
 from coordinator.commands import calibrate as calibrate_command
 from coordinator.commands import hostfile as hostfile_command
 from coordinator.commands import jobs as jobs_command
-from coordinator.commands import preflight as preflight_command
 from coordinator.commands import prepare as prepare_command
 from coordinator.commands import status as status_command
-from coordinator.commands import sync as sync_command
 from coordinator.config import ClusterConfig, ConfigError, load_config
 from coordinator.control import ControlServer, ControlSocketError
 from coordinator.node_session import Connect, open_transport
 from coordinator.state import StateError, StateStore
 from coordinator.logs import configure_logging
+from coordinator.services import preflight as preflight_service
+from coordinator.services import sync as sync_service
 from shared.rpc import Dispatcher
 from shared.version import COORD_VERSION
 
@@ -76,7 +76,10 @@ class Daemon:
         self.started = time.time()
         self.cluster = Cluster(config, state, bundle, connect=connect)
         self.control = ControlServer(config.socket, self._dispatcher())
-        self.jobs: dict[str, Any] = {}
+        self.jobs: dict[str, Any] = {}  # job name -> its newest run's supervisor
+        self.runs: dict[str, Any] = {}  # run id -> supervisor, every run this cluster has had
+        from coordinator.jobs.daemon_effects import DaemonEffects
+        self.job_effects = DaemonEffects(self)
         self._tasks = None
         self._pending_tasks: list[tuple[Any, str]] = []
 
@@ -88,34 +91,73 @@ class Daemon:
             self._tasks.start_soon(func, name=name)
 
     def _reattach_jobs(self) -> None:
-        """Jobs that were running when the daemon stopped are supervised again, not relaunched."""
+        """Runs that were going when the daemon stopped are supervised again, not relaunched;
+        finished ones stay readable (coord status --all, coord logs)."""
         from coordinator.jobs.spec import JobSpec
         from coordinator.jobs.supervisor import ACTIVE, JobRunner
 
-        for row in self.state.jobs():
-            runner = JobRunner(self, JobSpec.from_dict(row["spec"]), record=row["record"])
-            runner.state = row["state"]
-            self.jobs[row["name"]] = runner
+        for row in self.state.runs():
+            runner = JobRunner(self.job_effects, JobSpec.from_dict(row["spec"]), run_id=row["run_id"],
+                               record=row["record"], state=row["state"])
+            self.add_run(runner)
             if row["state"] not in ACTIVE:
+                if row["record"].get("unstopped"):  # ranks left on nodes that were away at its end
+                    self.start_task(runner.reap_when_back, name=f"job:{row['run_id']}:reap")
                 continue
+            if row["state"] == "queued":
+                continue  # it waits for its nodes again: schedule_jobs starts it
             if row["record"].get("attempt", -1) >= 0:
                 # An attempt was launched: watch it again, or finish the recovery that was under way.
-                self.start_task(lambda r=runner: r.run(reattach=True), name=f"job:{row['name']}")
+                self.start_task(lambda r=runner: self._run_then_schedule(r, reattach=True), name=f"job:{row['run_id']}")
             else:
                 # Stopped before its first launch (sync, pre-flight): no rank runs, start it again.
                 runner.event("reattached", f"starting again after a daemon restart (it was {row['state']})")
-                self.start_task(lambda r=runner: r.run(), name=f"job:{row['name']}")
+                self.start_task(lambda r=runner: self._run_then_schedule(r), name=f"job:{row['run_id']}")
+
+    def schedule_jobs(self) -> None:
+        """Start every queued run whose nodes are free (the policy: coordinator/jobs/queue.py); the
+        others learn their place in the queue."""
+        from coordinator.jobs.queue import Waiting, positions, startable
+        from coordinator.jobs.supervisor import ACTIVE
+
+        busy = {node for runner in self.runs.values() if runner.state in ACTIVE and runner.state != "queued"
+                for node in runner.job_nodes()}
+        waiting = [Waiting(runner.run_id, frozenset(runner.job_nodes()), runner.spec.priority,
+                           runner.record.get("submitted") or runner.record.get("started") or 0.0)
+                   for runner in self.runs.values() if runner.state == "queued"]
+        started = startable(waiting, busy)
+        for run_id in started:
+            runner = self.runs[run_id]
+            runner.queue_position = None
+            runner.set_state("pending")
+            runner.event("dequeued", f"its nodes are free ({', '.join(runner.job_nodes())}): starting")
+            self.start_task(lambda r=runner: self._run_then_schedule(r), name=f"job:{run_id}")
+        for run_id, position in positions([w for w in waiting if w.run_id not in started]).items():
+            self.runs[run_id].queue_position = position
+
+    async def _run_then_schedule(self, runner, *, reattach: bool = False) -> None:
+        """A run holds its nodes until it ends; then the queue moves on, however it ended."""
+        try:
+            await runner.run(reattach=reattach)
+        finally:
+            self.schedule_jobs()
+
+    def add_run(self, runner) -> None:
+        """A run is known by its id; its name means its newest run."""
+        self.runs[runner.run_id] = runner
+        self.jobs[runner.spec.name] = runner
 
     def _dispatcher(self) -> Dispatcher:
         table = Dispatcher()
-        table.add("status", self._status, optional={"events": int})
+        table.add("status", self._status, optional={"events": int, "all": bool})
         table.add("ping", self._ping)
         table.add("sync", self._sync, optional={"source": (str, type(None)), "delete": bool, "dry_run": bool},
                   streams=True)
         table.add("calibrate", self._calibrate, optional={"refresh": bool, "quick": bool}, streams=True)
         table.add("preflight", self._preflight, optional={"backend": (str, type(None))}, streams=True)
-        table.add("run", self._run_job, required={"spec": dict})
+        table.add("run", self._run_job, required={"spec": dict}, optional={"resume": bool})
         table.add("stop", self._stop_job, required={"name": str})
+        table.add("cancel", self._cancel_job, required={"name": str})
         table.add("resize", self._resize_job, required={"name": str})
         table.add("job", self._job, required={"name": str})
         table.add("logs", self._logs, required={"name": str},
@@ -134,16 +176,19 @@ class Daemon:
         return await serve_plan(self, emit, **args)
 
     async def _preflight(self, emit, **args: Any) -> dict[str, Any]:
-        return await preflight_command.run_preflight(self, emit, **args)
+        return await preflight_service.run_preflight(self, emit, **args)
 
-    async def _run_job(self, spec: dict) -> dict[str, Any]:
-        return jobs_command.start_job(self, spec)
+    async def _run_job(self, spec: dict, resume: bool = False) -> dict[str, Any]:
+        return jobs_command.start_job(self, spec, resume=resume)
 
     async def _resize_job(self, name: str) -> dict[str, Any]:
         return jobs_command.resize_job(self, name)
 
     async def _stop_job(self, name: str) -> dict[str, Any]:
         return jobs_command.stop_job(self, name)
+
+    async def _cancel_job(self, name: str) -> dict[str, Any]:
+        return jobs_command.cancel_job(self, name)
 
     async def _job(self, name: str) -> dict[str, Any]:
         return jobs_command.find(self, name).view()
@@ -161,10 +206,10 @@ class Daemon:
         return await calibrate_command.serve_calibrate(self, emit, **args)
 
     async def _sync(self, emit, **args: Any) -> dict[str, Any]:
-        return await sync_command.serve_sync(self, emit, **args)
+        return await sync_service.serve_sync(self, emit, **args)
 
-    async def _status(self, events: int = 10) -> dict[str, Any]:
-        return status_command.serve_status(self, events=events)
+    async def _status(self, events: int = 10, all: bool = False) -> dict[str, Any]:  # noqa: A002 (the wire name)
+        return status_command.serve_status(self, events=events, every_run=all)
 
     async def _ping(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "version": COORD_VERSION}
@@ -185,6 +230,7 @@ class Daemon:
                 tasks.start_soon(self._stop_on_signal, tasks.cancel_scope)
                 tasks.start_soon(self.cluster.run)
                 self._reattach_jobs()
+                self.schedule_jobs()
                 for func, name in self._pending_tasks:
                     tasks.start_soon(func, name=name)
                 self._pending_tasks.clear()

@@ -151,7 +151,7 @@ def run_demo(root: Path, *, keep: bool, timeout: float = 600.0) -> int:
         # Rank 0's own progress file, read often: a step takes tens of milliseconds here, far
         # less than the daemon's poll. The kill happens in the same breath as the read, so the
         # run cannot finish between "step 25 seen" and the signal.
-        attempt_dir = Path(".coord", "jobs", job_name, f"attempt-{job['attempt']}")
+        attempt_dir = Path(".coord", "jobs", job["run_id"], f"attempt-{job['attempt']}")
         first = next(n for n in config.nodes if n.name == job["nodes"][0])
         progress = Path(first.workdir, attempt_dir, "rank-0", "progress.jsonl")
         victim_rank = len(job["nodes"]) - 1

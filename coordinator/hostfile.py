@@ -1,10 +1,12 @@
-"""The hostfile mlx.launch reads, and the SSH settings its ranks use to reach the nodes.
+"""The hostfile mlx.launch reads, and the SSH settings coord's own launches use to reach the nodes.
 
 mlx.launch starts ranks with the plain ``ssh`` command, which reads only the
-user's own ``~/.ssh/config``. So that ranks reach each node with exactly the
-cluster file's settings (user, port, key, known_hosts) without editing that
-file, coord writes its own ssh config with one ``Host`` alias per node and a
-small ``ssh`` wrapper that adds ``-F`` to it, put first on mlx.launch's PATH.
+user's own ``~/.ssh/config``. So that coord's own launches reach each node with
+exactly the cluster file's settings (user, port, key, known_hosts) without editing
+that file, coord writes its own ssh config with one private ``Host`` alias per node
+and a small ``ssh`` wrapper that adds ``-F`` to it, put first on mlx.launch's PATH.
+The hostfile ``coord hostfile`` hands to users names nodes as their own ssh does
+instead (coordinator.user_hostfile).
 """
 
 from __future__ import annotations
@@ -100,8 +102,12 @@ def node_address(node: NodeConfig) -> str:
 
 def build_hostfile(config: ClusterConfig, *, backend: str = "ring", ips: dict[str, list[str]] | None = None,
                    rdma: dict[str, list] | None = None, envs: list[str] | None = None,
-                   nodes: list[str] | None = None) -> dict[str, Any]:
-    """The JSON mlx.launch accepts as is, one host per node in rank order."""
+                   nodes: list[str] | None = None, ssh_names: dict[str, str] | None = None) -> dict[str, Any]:
+    """The JSON mlx.launch accepts as is, one host per node in rank order.
+
+    Each host's ``ssh`` is coord's private alias (for coord's own launches, through its
+    ssh wrapper) unless ``ssh_names`` gives the node's entry as the user's ssh reaches it
+    (coordinator.user_hostfile)."""
     if backend not in BACKENDS:
         raise HostfileError(f"unknown backend {backend!r} (one of {', '.join(BACKENDS)})")
     by_name = {n.name: n for n in config.nodes}
@@ -110,7 +116,8 @@ def build_hostfile(config: ClusterConfig, *, backend: str = "ring", ips: dict[st
     for name in order:
         node = by_name[name]
         host_ips = list((ips or {}).get(name) or [node_address(node)])
-        entry: dict[str, Any] = {"ssh": ssh_alias(node), "ips": host_ips, "rdma": list((rdma or {}).get(name, []))}
+        ssh = (ssh_names or {}).get(name) or ssh_alias(node)
+        entry: dict[str, Any] = {"ssh": ssh, "ips": host_ips, "rdma": list((rdma or {}).get(name, []))}
         hosts.append(entry)
     if backend.startswith("jaccl") and any(not h["rdma"] for h in hosts):
         raise HostfileError(f"backend {backend} needs RDMA devices for every node")

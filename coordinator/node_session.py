@@ -72,6 +72,7 @@ class NodeSession:
         self.ssh = ssh
         self.bundle = bundle
         self.view = NodeView(node.name, node.address, CONNECTING)
+        self.generation = 0  # counts the sessions that came up: a new one is a node that came back
         self._on_change = on_change
         self._connect = connect
         self._peer: Peer | None = None
@@ -222,6 +223,7 @@ class NodeSession:
         self.view.facts = facts
         self.view.last_seen = time.time()
         self._peer = peer
+        self.generation += 1
         await self._set(UP, None)
 
     async def _watch(self, peer: Peer) -> str:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -35,16 +35,18 @@ CREATE TABLE IF NOT EXISTS events (
     data TEXT
 );
 CREATE INDEX IF NOT EXISTS events_ts ON events (ts);
-CREATE TABLE IF NOT EXISTS jobs (
-    name TEXT PRIMARY KEY,
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,  -- what every file of the run, on the head and on the nodes, is keyed by
+    name TEXT NOT NULL,       -- the job name the user typed; run again, it is a new run
     spec TEXT NOT NULL,
     state TEXT NOT NULL,
     record TEXT NOT NULL,
     created REAL NOT NULL,
     updated REAL NOT NULL
 );
+CREATE INDEX IF NOT EXISTS runs_name ON runs (name, created);
 CREATE TABLE IF NOT EXISTS checkpoints (
-    job TEXT NOT NULL,
+    job TEXT NOT NULL,  -- the run id
     step INTEGER NOT NULL,
     attempt INTEGER NOT NULL,
     node TEXT NOT NULL,
@@ -103,6 +105,18 @@ class StateStore:
                 DROP TABLE checkpoints_v1;
                 COMMIT;
             """)
+        if version < 3:
+            # Runs: a job name may be run again. Each earlier job is a run whose id is its name,
+            # which is also what its files on the nodes and its checkpoints are keyed by.
+            exists = self._db.execute("SELECT name FROM sqlite_master WHERE type='table' AND name='jobs'").fetchone()
+            if exists:
+                self._db.executescript("""
+                    BEGIN;
+                    INSERT OR IGNORE INTO runs (run_id, name, spec, state, record, created, updated)
+                        SELECT name, name, spec, state, record, created, updated FROM jobs;
+                    DROP TABLE jobs;
+                    COMMIT;
+                """)
         self._db.execute("UPDATE meta SET value=? WHERE key='schema'", (str(SCHEMA_VERSION),))
 
     def close(self) -> None:
@@ -155,20 +169,23 @@ class StateStore:
 
     # --- jobs ---------------------------------------------------------------------------
 
-    def save_job(self, name: str, spec: dict[str, Any], state: str, record: dict[str, Any]) -> None:
+    def save_run(self, run_id: str, name: str, spec: dict[str, Any], state: str, record: dict[str, Any]) -> None:
         now = time.time()
         self._db.execute(
-            "INSERT INTO jobs (name, spec, state, record, created, updated) VALUES (?,?,?,?,?,?) "
-            "ON CONFLICT(name) DO UPDATE SET spec=excluded.spec, state=excluded.state, record=excluded.record, "
-            "updated=excluded.updated", (name, json.dumps(spec), state, json.dumps(record), now, now))
+            "INSERT INTO runs (run_id, name, spec, state, record, created, updated) VALUES (?,?,?,?,?,?,?) "
+            "ON CONFLICT(run_id) DO UPDATE SET spec=excluded.spec, state=excluded.state, record=excluded.record, "
+            "updated=excluded.updated", (run_id, name, json.dumps(spec), state, json.dumps(record), now, now))
 
-    def jobs(self) -> list[dict[str, Any]]:
-        rows = self._db.execute("SELECT name, spec, state, record, created, updated FROM jobs ORDER BY created")
-        return [{"name": name, "spec": json.loads(spec), "state": state, "record": json.loads(record),
-                 "created": created, "updated": updated} for name, spec, state, record, created, updated in rows]
+    def runs(self) -> list[dict[str, Any]]:
+        """Every run, oldest first."""
+        rows = self._db.execute("SELECT run_id, name, spec, state, record, created, updated FROM runs "
+                                "ORDER BY created, rowid")
+        return [{"run_id": run_id, "name": name, "spec": json.loads(spec), "state": state,
+                 "record": json.loads(record), "created": created, "updated": updated}
+                for run_id, name, spec, state, record, created, updated in rows]
 
-    def job(self, name: str) -> dict[str, Any] | None:
-        return next((job for job in self.jobs() if job["name"] == name), None)
+    def run_ids(self) -> set[str]:
+        return {row[0] for row in self._db.execute("SELECT run_id FROM runs")}
 
     def add_checkpoint(self, job: str, entry: dict[str, Any]) -> None:
         self._db.execute(

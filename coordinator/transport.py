@@ -82,32 +82,11 @@ class SshTransport:
 
     @classmethod
     async def connect(cls, node: NodeConfig, ssh: SshSettings) -> "SshTransport":
-        options: dict[str, Any] = {
-            "keepalive_interval": ssh.keepalive_s,
-            "keepalive_count_max": 3,
-            "connect_timeout": ssh.connect_timeout_s,
-            "password_auth": False,
-            "kbdint_auth": False,
-            "agent_forwarding": False,
-        }
-        # Leaving known_hosts unset means ~/.ssh/known_hosts; passing None would turn
-        # verification off, which coord never does.
-        if ssh.known_hosts:
-            options["known_hosts"] = ssh.known_hosts
-        if ssh.identity_file:
-            options["client_keys"] = [ssh.identity_file]
-        if ssh.config:
-            options["config"] = [ssh.config]
-        elif os.path.exists(os.path.expanduser("~/.ssh/config")):
-            options["config"] = [os.path.expanduser("~/.ssh/config")]
-        if node.user:
-            options["username"] = node.user
-        if node.port:
-            options["port"] = node.port
+        options = ssh_options(node, ssh)
         try:
             conn = await asyncssh.connect(node.host, **options)
         except asyncssh.HostKeyNotVerifiable as exc:
-            raise NodeUnreachable(await describe_unknown_host_key(node, ssh, exc)) from None
+            raise await unknown_host_key(node, ssh, exc) from None
         except asyncssh.PermissionDenied:
             who = node.user or "the default user"
             key = ssh.identity_file or "the default keys"
@@ -139,25 +118,60 @@ class SshTransport:
             pass
 
 
-async def describe_unknown_host_key(node: NodeConfig, ssh: SshSettings, exc: Exception) -> str:
+class UnknownHostKey(NodeUnreachable):
+    """The node's host key is not in known_hosts; ``key`` is what it presented (None if unseen)."""
+
+    def __init__(self, reason: str, *, key: asyncssh.SSHKey | None):
+        super().__init__(reason)
+        self.key = key
+
+
+def ssh_options(node: NodeConfig, ssh: SshSettings) -> dict[str, Any]:
+    """asyncssh.connect options for a node: key auth only, host keys verified, the user's ssh config."""
+    options: dict[str, Any] = {
+        "keepalive_interval": ssh.keepalive_s,
+        "keepalive_count_max": 3,
+        "connect_timeout": ssh.connect_timeout_s,
+        "password_auth": False,
+        "kbdint_auth": False,
+        "agent_forwarding": False,
+    }
+    # Leaving known_hosts unset means ~/.ssh/known_hosts; passing None would turn
+    # verification off, which coord never does.
+    if ssh.known_hosts:
+        # A file not made yet holds no keys, as for ssh: every host is unknown (and `coord trust` makes it).
+        exists = os.path.exists(os.path.expanduser(ssh.known_hosts))
+        options["known_hosts"] = ssh.known_hosts if exists else asyncssh.import_known_hosts("")
+    if ssh.identity_file:
+        options["client_keys"] = [ssh.identity_file]
+    if ssh.config:
+        options["config"] = [ssh.config]
+    elif os.path.exists(os.path.expanduser("~/.ssh/config")):
+        options["config"] = [os.path.expanduser("~/.ssh/config")]
+    if node.user:
+        options["username"] = node.user
+    if node.port:
+        options["port"] = node.port
+    return options
+
+
+async def unknown_host_key(node: NodeConfig, ssh: SshSettings, exc: Exception) -> UnknownHostKey:
     """Say which key the node presented and the command that trusts it, never trust it ourselves."""
-    port = node.port or 22
+    from coordinator.known_hosts import fetch_host_key, resolve_target
+
+    target = resolve_target(node, ssh)
+    port = target.port
     known = ssh.known_hosts or "~/.ssh/known_hosts"
-    fix = f"ssh-keyscan -p {port} {node.host} >> {known}"
+    trust = f"coord trust {node.name}" + (f" --config {ssh.cluster_file}" if ssh.cluster_file else "")
     try:
-        key = await asyncio.wait_for(asyncssh.get_server_host_key(node.host, port), ssh.connect_timeout_s)
-    except Exception:  # best effort: the reason is still shown without the fingerprint
+        key = await fetch_host_key(target, ssh)
+    except NodeUnreachable:  # best effort: the reason is still shown without the fingerprint
         key = None
     if key is not None:
-        algorithm = key.get_algorithm()
-        fix = f"ssh-keyscan -p {port} -t {_keyscan_type(algorithm)} {node.host} >> {known}"
-        return (f"host key of {node.host}:{port} is not trusted ({algorithm} {key.get_fingerprint('sha256')}, "
-                f"not in {known}: {exc}); if that fingerprint is the node's, trust it with: {fix}")
-    return f"host key of {node.host}:{port} is not trusted ({exc}); check it, then trust it with: {fix}"
-
-
-def _keyscan_type(algorithm: str) -> str:
-    """ssh-keyscan names key types ed25519, ecdsa, rsa; SSH names them ssh-ed25519, ..."""
-    if algorithm.startswith("ecdsa"):
-        return "ecdsa"
-    return algorithm.removeprefix("ssh-")
+        fingerprint = key.get_fingerprint("sha256")
+        return UnknownHostKey(
+            f"host key of {target.host}:{port} is not trusted ({key.get_algorithm()} {fingerprint}, "
+            f"not in {known}: {exc}); if that fingerprint is the node's, trust it with: "
+            f"{trust} --fingerprint {fingerprint}", key=key)
+    return UnknownHostKey(f"host key of {target.host}:{port} is not trusted ({exc}); check it, then trust it "
+                          f"with: {trust}", key=None)

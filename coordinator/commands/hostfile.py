@@ -1,12 +1,21 @@
-"""`coord hostfile`: the daemon half (the plan itself is in coordinator.services.launch_plan)."""
+"""`coord hostfile`: the daemon half (the plan itself is in coordinator.services.launch_plan).
+
+The hostfile written here is for the user's own ``mlx.launch --hostfile``: each node named
+as the user's plain ssh reaches it (coordinator.user_hostfile), not by coord's private
+aliases, which only coord's own launches (with their ssh wrapper) understand.
+"""
 
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coordinator.services.launch_plan import node_topologies, plan_backend, write_launch_files
+from coordinator.config import ClusterConfig
+from coordinator.hostfile import HostfileError
+from coordinator.services.launch_plan import node_topologies, plan_backend
+from coordinator.user_hostfile import choose_entries, write_include_file
 from shared import protocol as p
 from shared.rpc import RemoteError
 
@@ -15,18 +24,39 @@ if TYPE_CHECKING:
 
 
 async def serve_hostfile(daemon: "Daemon", output: str | None = None, backend: str | None = None) -> dict[str, Any]:
+    if output and not Path(output).is_absolute():
+        raise RemoteError(p.BAD_ARGS, "output must be an absolute path")
+    try:
+        entries = await choose_entries(daemon.config)
+    except HostfileError as exc:
+        raise RemoteError(p.REFUSED, f"no hostfile: {exc}") from None
     topologies = await node_topologies(daemon)
-    choice, document, error = plan_backend(daemon, topologies, forced=backend)
+    choice, document, error = plan_backend(daemon, topologies, forced=backend,
+                                           ssh_names={name: entry.ssh for name, entry in entries.items()})
     if document is None:
         raise RemoteError(p.REFUSED, f"no hostfile: {error}" + (
             "; " + "; ".join(f"{f['node']}: {f['instruction']}" for f in choice.get("fixes", [])) if choice else ""))
-    directory = daemon.config.state_dir / "launch"
-    files = write_launch_files(directory, daemon.config, document)
-    if output:
-        target = Path(output)
-        if not target.is_absolute():
-            raise RemoteError(p.BAD_ARGS, "output must be an absolute path")
+    user_ssh = write_include_file(daemon.config, entries)
+    target = Path(output) if output else daemon.config.state_dir / "launch" / "hostfile.json"
+    if not output:
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
         target.write_text(json.dumps(document, indent=2) + "\n")
-        files["hostfile"] = str(target)
-    daemon.cluster.record_event("hostfile.written", f"hostfile ({document['backend']}) written to {files['hostfile']}")
-    return {"hostfile": document, "files": files, "backend": choice}
+    except OSError as exc:
+        raise RemoteError(p.BAD_ARGS, f"cannot write the hostfile to {target}: {exc.strerror}") from None
+    files = {"hostfile": str(target), "ssh_include": user_ssh.include_file}
+    needing = [e.node for e in entries.values() if e.needs]
+    daemon.cluster.record_event("hostfile.written", f"hostfile ({document['backend']}) written to {target}"
+                                + (f"; {', '.join(needing)} reached through {user_ssh.include_file}" if needing else ""))
+    return {"hostfile": document, "files": files, "backend": choice, "ssh": user_ssh.describe(),
+            "launch": launch_hint(daemon.config, target)}
+
+
+def launch_hint(config: ClusterConfig, hostfile: Path) -> str:
+    """The command that uses the hostfile. mlx.launch runs the command as given on every node
+    (a bare script.py is not found there); --python names one interpreter for all nodes."""
+    pythons = {node.python for node in config.nodes}
+    start = f"mlx.launch --hostfile {shlex.quote(str(hostfile))}"
+    if len(pythons) == 1:
+        return f"{start} --python {shlex.quote(pythons.pop())} SCRIPT.py"
+    return f"{start} -- COMMAND  (the nodes' Pythons differ: give a command that each node's shell resolves)"

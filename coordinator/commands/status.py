@@ -5,12 +5,15 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from coordinator.jobs.supervisor import ACTIVE
+
 if TYPE_CHECKING:
     from coordinator.daemon import Daemon
 
 
-def serve_status(daemon: "Daemon", *, events: int = 10) -> dict[str, Any]:
-    """The daemon half: a plain document, the same one `--json` prints."""
+def serve_status(daemon: "Daemon", *, events: int = 10, every_run: bool = False) -> dict[str, Any]:
+    """The daemon half: a plain document, the same one `--json` prints. Jobs are each name's newest
+    run and any run still going; ``every_run`` adds every earlier run too."""
     nodes = daemon.cluster.node_views()
     recent = list(daemon.cluster.events)[-max(0, events):] if events else []
     return {
@@ -19,7 +22,8 @@ def serve_status(daemon: "Daemon", *, events: int = 10) -> dict[str, Any]:
         "time": time.time(),
         "summary": {"nodes": len(nodes), "up": sum(n["state"] == "up" for n in nodes)},
         "nodes": nodes,
-        "jobs": [runner.view() for runner in daemon.jobs.values()],
+        "jobs": [runner.view() for runner in daemon.runs.values()
+                 if every_run or daemon.jobs.get(runner.spec.name) is runner or runner.state in ACTIVE],
         "events": recent,
     }
 

@@ -49,8 +49,11 @@ def decide(outcome: Outcome, history: list[Outcome], *, max_restarts: int, resta
     if outcome.kind == RESIZED:
         return Decision("restart", outcome.detail, 0.0, counts=False)
     previous = history[-1] if history else None
+    # A node that is away is waited for, not a deterministic error: it may fail a launch again
+    # before the session notices it is gone (signature "node:NAME").
     if (not outcome.reached_first_step and previous is not None and not previous.reached_first_step
-            and previous.kind == outcome.kind and previous.signature == outcome.signature):
+            and previous.kind == outcome.kind and previous.signature == outcome.signature
+            and not outcome.signature.startswith("node:")):
         return Decision("fail", f"failed twice in a row before its first step with the same error: {outcome.detail}")
     if restarts_used >= max_restarts:
         return Decision("fail", f"{outcome.detail}; no restarts left ({restarts_used} of {max_restarts} used)")

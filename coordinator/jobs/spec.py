@@ -44,6 +44,8 @@ class JobSpec:
     min_nodes: int | None = None  # None: every node (no elastic shrink)
     node_timeout: float = 60.0  # how long a lost node is waited for before it may be left out
     total_steps: int | None = field(default=None)
+    nodes: list[str] | None = None  # the nodes the job holds (None: every node of the cluster)
+    priority: int = 0  # a queued job with a higher priority starts first
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,6 +83,15 @@ def validate(spec: JobSpec) -> JobSpec:
     if spec.total_steps is not None and (isinstance(spec.total_steps, bool) or not isinstance(spec.total_steps, int)
                                          or spec.total_steps < 1):
         raise JobSpecError(f"total-steps must be a whole number of at least 1, got {spec.total_steps!r}")
+    if spec.nodes is not None:
+        if not spec.nodes or not all(isinstance(n, str) and n for n in spec.nodes):
+            raise JobSpecError("nodes must name at least one node, e.g. --nodes n1,n2")
+        if len(set(spec.nodes)) != len(spec.nodes):
+            raise JobSpecError(f"nodes names a node twice: {', '.join(spec.nodes)}")
+        if spec.min_nodes is not None and spec.min_nodes > len(spec.nodes):
+            raise JobSpecError(f"min-nodes {spec.min_nodes} is more than the job's {len(spec.nodes)} nodes")
+    if isinstance(spec.priority, bool) or not isinstance(spec.priority, int):
+        raise JobSpecError(f"priority must be a whole number, got {spec.priority!r}")
     if is_mlx_lm(spec.command):
         iters = option_value(mlx_lm_args(spec.command), "--iters")
         if iters is None:
@@ -99,7 +110,7 @@ def validate(spec: JobSpec) -> JobSpec:
 _JOB_FILE_KEYS = {"name": str, "command": list, "save_every": int, "max_restarts": int,
                   "hang_timeout": (int, float), "keep": int, "force": bool, "source": str, "backend": str,
                   "trainer": str, "replica": str, "min_nodes": int, "node_timeout": (int, float),
-                  "total_steps": int}
+                  "total_steps": int, "nodes": list, "priority": int}
 
 
 def load_job_file(path: Path) -> JobSpec:

@@ -159,9 +159,12 @@ async def copy_verified(source: Source, sinks: list[Sink], *, size: int, sha256:
             begun.append(sink)
         async for data in source.chunks():
             digest.update(data)
-            async with anyio.create_task_group() as tasks:
-                for sink in sinks:
-                    tasks.start_soon(sink.write, offset, data)
+            try:
+                async with anyio.create_task_group() as tasks:
+                    for sink in sinks:
+                        tasks.start_soon(sink.write, offset, data)
+            except BaseExceptionGroup as group:  # a sink that failed: its own error, not a group of one
+                raise _first(group) from None
             offset += len(data)
         if offset != size or digest.hexdigest() != sha256:
             raise CheckpointDamaged(f"{source.where} no longer matches the size and SHA256 recorded when it was "
@@ -172,3 +175,10 @@ async def copy_verified(source: Source, sinks: list[Sink], *, size: int, sha256:
             for sink in begun:
                 await sink.abort()
         raise
+
+
+def _first(group: BaseExceptionGroup) -> BaseException:
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc

@@ -19,7 +19,8 @@ from typing import Any, Mapping
 
 from coordinator.calibration import train_rate, workload_shares
 from coordinator.jobs.policy import hang_timeout
-from coordinator.jobs.supervisor import CHECKPOINT_POLL_S, FIRST_STEP_TIMEOUT_S, NODE_WAIT_S, POLL_S
+from coordinator.jobs.core import FIRST_STEP_TIMEOUT_S
+from coordinator.jobs.supervisor import CHECKPOINT_POLL_S, NODE_WAIT_S, POLL_S
 from coordinator.plan.document import (JACCL_PORT, PlanInputs, Section, checkpoint_section, disabled_section,
                                        expected_recovery, load_schema, rank_order, resolve_options, trainer_of,
                                        usable_calibrations)

@@ -42,10 +42,14 @@ async def node_topologies(daemon: "Daemon") -> dict[str, Any]:
 
 def plan_backend(daemon: "Daemon", topologies: dict[str, Any], *, forced: str | None = None,
                  envs: list[str] | None = None, nodes: list[str] | None = None,
+                 ssh_names: dict[str, str] | None = None,
                  ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, str | None]:
     """(backend choice, hostfile document, error): the choice is measured, the hostfile follows it.
 
-    ``nodes`` narrows the cluster to the nodes an attempt runs on (elastic shrink)."""
+    ``nodes`` narrows the cluster to the nodes an attempt runs on (elastic shrink).
+    ``ssh_names`` gives each node's ``ssh`` entry as the user's own ssh reaches it
+    (``coord hostfile``); without it the entries are coord's private aliases, which
+    only work through the files write_launch_files writes (coord's own launches)."""
     config = daemon.config
     names = nodes or [n.name for n in config.nodes]
     missing = [n for n in names if n not in topologies]
@@ -74,7 +78,7 @@ def plan_backend(daemon: "Daemon", topologies: dict[str, Any], *, forced: str | 
                 ips[name] = list(host["ips"])
             rdma[name] = host.get("rdma") or []
         document = build_hostfile(config, backend=choice["backend"], ips=ips, rdma=rdma, envs=envs,
-                                  nodes=choice.get("order") or names)
+                                  nodes=choice.get("order") or names, ssh_names=ssh_names)
     except HostfileError as exc:
         return choice, None, str(exc)
     return choice, document, None

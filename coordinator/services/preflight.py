@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 CHECKPOINT_DIR = "checkpoints"
 
 
-async def gather(daemon: "Daemon", emit, source: Path | None = None) -> dict[str, Any]:
+async def gather(daemon: "Daemon", emit, source: Path | None = None, nodes: list[str] | None = None) -> dict[str, Any]:
     """Ask every up node, at once, for what the checks need."""
     config = daemon.config
     source = source or config.sync.source
@@ -81,16 +81,18 @@ async def gather(daemon: "Daemon", emit, source: Path | None = None) -> dict[str
 
     async with anyio.create_task_group() as tasks:
         for session in daemon.cluster.sessions.values():
-            tasks.start_soon(one, session)
+            if nodes is None or session.node.name in nodes:
+                tasks.start_soon(one, session)
     return found
 
 
 async def run_preflight(daemon: "Daemon", emit, backend: str | None = None,
-                        source: str | None = None) -> dict[str, Any]:
+                        source: str | None = None, nodes: list[str] | None = None) -> dict[str, Any]:
+    """Every check on every node, or on ``nodes`` only (a job that holds a subset of the cluster)."""
     started = time.monotonic()
     config = daemon.config
-    found = await gather(daemon, emit, Path(source) if source else None)
-    views = daemon.cluster.node_views()
+    found = await gather(daemon, emit, Path(source) if source else None, nodes)
+    views = [v for v in daemon.cluster.node_views() if nodes is None or v["name"] in nodes]
     nodes = {v["name"]: {**v, "port": next(n.port for n in config.nodes if n.name == v["name"])} for v in views}
     up = {n: v for n, v in nodes.items() if v["state"] == "up"}
     facts = {n: v["facts"] for n, v in up.items() if v.get("facts")}
@@ -104,7 +106,7 @@ async def run_preflight(daemon: "Daemon", emit, backend: str | None = None,
     report.append(checks.equal_os(facts))
     code = checks.code_consistency(found["manifests"], found["missing"], config.sync.threshold)
     report.append(code)
-    configured = [config.node_files(n) for n in config.nodes]
+    configured = [config.node_files(n) for n in config.nodes if nodes is None or n.name in nodes]
     report.append(checks.named_files("script.hash", "training script", found["script"], key="script",
                                      required=any(f["script"] for f in configured)))
     report.append(checks.named_files("data.files", "data files", found["data"], key="data", lines=True,
@@ -122,7 +124,7 @@ async def run_preflight(daemon: "Daemon", emit, backend: str | None = None,
     report.append(checks.calibration(calibrated))
     last_hook = next((e for e in reversed(daemon.state.recent_events(200)) if e["kind"] == "sync.hook"), None)
     report.append(checks.sync_hook(config.sync.hook, last_hook))
-    choice, document, error = plan_backend(daemon, found["topologies"], forced=backend)
+    choice, document, error = plan_backend(daemon, found["topologies"], forced=backend, nodes=nodes)
     report += checks.backend(choice, error if choice is None else None)
     report.append(checks.hostfile(document, error))
     status = checks.overall(report)

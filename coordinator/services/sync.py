@@ -111,7 +111,8 @@ async def node_manifests(daemon: "Daemon", patterns: list[str], only: set[str] |
 
 
 async def serve_sync(daemon: "Daemon", emit, source: str | None = None, delete: bool = False,
-                     dry_run: bool = False) -> dict[str, Any]:
+                     dry_run: bool = False, nodes: list[str] | None = None) -> dict[str, Any]:
+    """Send the source to every node, or to ``nodes`` only (a job's own: other jobs' nodes are left as they are)."""
     started = time.monotonic()
     source_dir = resolve_source(daemon, source)
     patterns = ignore_patterns(daemon, source_dir)
@@ -131,7 +132,7 @@ async def serve_sync(daemon: "Daemon", emit, source: str | None = None, delete: 
     report["source_tree_hash"] = tree_hash(source_files)
     report["source_scan"] = source_stats
     await emit({"phase": "compare"})
-    remote, missing = await node_manifests(daemon, patterns)
+    remote, missing = await node_manifests(daemon, patterns, only=set(nodes) if nodes else None)
     plans = {name: plan_sync(source_files, manifest, delete=delete) for name, manifest in remote.items()}
     await emit({"phase": "plan", "files_total": sum(len(pl.send) for pl in plans.values()),
                 "bytes_total": sum(pl.bytes_to_send for pl in plans.values())})

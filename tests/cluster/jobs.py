@@ -55,7 +55,7 @@ def submit(daemon: DaemonProcess, project: Path, name: str, *extra: str, command
 def rank_step(netns_cluster, job: dict, rank: int = 0) -> int:
     """The newest global step in a rank's own progress file (0 before the first)."""
     node = netns_cluster.node(job["nodes"][rank])
-    return last_train_step(Path(node.workdir) / ".coord" / "jobs" / job["name"] / f"attempt-{job['attempt']}"
+    return last_train_step(Path(node.workdir) / ".coord" / "jobs" / job["run_id"] / f"attempt-{job['attempt']}"
                            / f"rank-{rank}" / "progress.jsonl")
 
 
@@ -114,7 +114,7 @@ def finish(daemon: DaemonProcess, name: str, steps: int = TOTAL_STEPS) -> dict:
 
 def rank_pid(netns_cluster, job: dict, rank: int) -> int:
     node = netns_cluster.node(job["nodes"][rank])
-    path = Path(node.workdir) / ".coord" / "jobs" / job["name"] / f"attempt-{job['attempt']}" / f"rank-{rank}" / "pid"
+    path = Path(node.workdir) / ".coord" / "jobs" / job["run_id"] / f"attempt-{job['attempt']}" / f"rank-{rank}" / "pid"
     return int(path.read_text())
 
 

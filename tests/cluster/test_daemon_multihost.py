@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.daemon_harness import DaemonProcess, all_up, environment, node_states, short_tempdir
+from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, node_states, short_tempdir
 
 pytestmark = pytest.mark.cluster
 
@@ -106,12 +107,15 @@ def test_an_unknown_host_key_keeps_that_node_down_with_the_fix(netns_cluster):
         fingerprint = subprocess.run(["ssh-keygen", "-lf", str(next(host_key.glob("*host*key*.pub")))],
                                      capture_output=True, text=True, check=True).stdout.split()[1]
         assert fingerprint in reason
-        fix = re.search(r"trust it with: (ssh-keyscan .*)$", reason).group(1)
-        assert fix == f"ssh-keyscan -p 22 -t ed25519 {n3_ip} >> {known_hosts}"
+        fix = re.search(r"trust it with: (coord trust .*)$", reason).group(1)
+        assert fix == f"coord trust n3 --config {config} --fingerprint {fingerprint}"
         time.sleep(2)
         assert node_states(daemon.status())["n3"] == "down"  # still refused, never accepted on its own
-        # The command shown is the fix: run it as a user would, and n3 comes up.
-        netns_cluster.exec_in("head", ["sh", "-c", fix], check=True, timeout=30)
+        # The command shown is the fix: run it as a user would (no terminal), and n3 comes up.
+        trusted = coord(*shlex.split(fix)[1:], env=environment(),
+                        prefix=["ip", "netns", "exec", netns_cluster.head_ns])
+        assert trusted.returncode == 0, trusted.stderr
+        assert known_hosts.read_text().splitlines()[-1].startswith(f"{n3_ip} ssh-ed25519 ")
         daemon.wait_for(all_up, 35, "n3 up once its key is trusted")
     finally:
         daemon.stop()

@@ -24,13 +24,13 @@ TRAIN6 = ["python", "-m", "mlx_lm", "lora", "--model", "model", "--train", "--da
           "full", "--batch-size", "6", "--iters", str(TOTAL_STEPS), "--learning-rate", "1e-4"]
 
 
-def freeze_ranks(netns_cluster, job: str, attempt: int, nodes: list[str], timeout: float = 120) -> list[int]:
+def freeze_ranks(netns_cluster, run_id: str, attempt: int, nodes: list[str], timeout: float = 120) -> list[int]:
     """SIGSTOP each rank of an attempt as soon as its pid file appears; returns their process groups."""
     frozen: dict[int, int] = {}
     deadline = time.monotonic() + timeout
     while len(frozen) < len(nodes) and time.monotonic() < deadline:
         for rank, node in enumerate(nodes):
-            pid_file = (Path(netns_cluster.node(node).workdir) / ".coord" / "jobs" / job / f"attempt-{attempt}" /
+            pid_file = (Path(netns_cluster.node(node).workdir) / ".coord" / "jobs" / run_id / f"attempt-{attempt}" /
                         f"rank-{rank}" / "pid")
             if rank in frozen or not pid_file.exists():
                 continue
@@ -60,7 +60,7 @@ def test_rank0s_node_lost_for_good_the_job_finishes_on_two_from_a_verified_repli
     daemon.wait_for(lambda d: sum(e["kind"] == "job.replicated" and e["message"].startswith("shrink:")
                                   for e in d["events"]) >= 2, 60, "two checkpoints replicated")
     time.sleep(4)  # the catalog polls every 2 s; replication follows it
-    replicas = sorted((running["root"] / "state" / "replicas" / "shrink" / "attempt-0").glob("*.safetensors"))
+    replicas = sorted((running["root"] / "state" / "replicas" / job["run_id"] / "attempt-0").glob("*.safetensors"))
     assert len(replicas) >= 2, replicas
     newest = replicas[-1]
     with open(newest, "r+b") as handle:  # the head's copy of the newest checkpoint no longer matches
@@ -83,7 +83,7 @@ def test_rank0s_node_lost_for_good_the_job_finishes_on_two_from_a_verified_repli
         assert lost not in final["nodes"] and len(final["nodes"]) == 2
         # the ranks really ran with the recomputed batch: 2 per micro-step, 3 accumulation steps
         node = netns_cluster.node(final["nodes"][0])
-        script = (Path(node.home) / ".coord" / "jobs" / "shrink" / "rank-0.sh").read_text()
+        script = (Path(node.home) / ".coord" / "jobs" / job["run_id"] / "rank-0.sh").read_text()
         assert "--batch-size 2 --grad-accumulation-steps 3" in script, script
     finally:
         netns_cluster.restore_link(lost)
@@ -106,10 +106,11 @@ def test_a_node_left_out_is_brought_back_by_resize_and_replicas_go_to_another_no
         shrunk = wait_event(daemon, "grow", "job.resized", 120, "the job to shrink to two nodes")[-1]
         # The two-node attempt is frozen as its ranks start, until the resize is asked for: on
         # two cores it can otherwise run to its last step before the node is back.
-        frozen = freeze_ranks(netns_cluster, "grow", job["attempt"] + 1, shrunk["data"]["nodes"])
+        frozen = freeze_ranks(netns_cluster, job["run_id"], job["attempt"] + 1, shrunk["data"]["nodes"])
     finally:
         netns_cluster.restore_link(away)
-    shrunk_job = {"name": "grow", "attempt": job["attempt"] + 1, "nodes": shrunk["data"]["nodes"]}
+    shrunk_job = {"name": "grow", "run_id": job["run_id"], "attempt": job["attempt"] + 1,
+                  "nodes": shrunk["data"]["nodes"]}
     try:
         daemon.wait_for(lambda d: all(n["state"] == "up" for n in d["nodes"]), 60, "the node to be back")
         resized = coord("resize", "--config", str(daemon.config), "grow", env=daemon.env)

@@ -22,7 +22,7 @@ TRAIN = ["python", "-m", "mlx_lm", "lora", "--model", "model", "--train", "--dat
 
 def losses(netns_cluster, job: dict, attempt: int) -> dict[int, float]:
     node = netns_cluster.node(job["nodes"][0])
-    progress = Path(node.workdir) / ".coord" / "jobs" / job["name"] / f"attempt-{attempt}" / "rank-0" / "progress.jsonl"
+    progress = Path(node.workdir) / ".coord" / "jobs" / job["run_id"] / f"attempt-{attempt}" / "rank-0" / "progress.jsonl"
     records = [json.loads(line) for line in progress.read_text().splitlines()]
     return {r["step"]: r["loss"] for r in records if r["kind"] == "train"}
 

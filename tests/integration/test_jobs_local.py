@@ -112,7 +112,7 @@ def test_a_plain_script_resumes_exactly_through_the_environment_contract(cluster
                           300, "step 18")
     job = job_of(doc, "plain")
     assert job["state"] == "running", job
-    pid = int((root / job["nodes"][1] / ".coord" / "jobs" / "plain" / "attempt-0" / "rank-1" / "pid").read_text())
+    pid = int((root / job["nodes"][1] / ".coord" / "jobs" / job["run_id"] / "attempt-0" / "rank-1" / "pid").read_text())
     os.kill(pid, signal.SIGKILL)
     waited = coord("wait", "--quiet", "--json", "--config", str(daemon.config), "plain", env=daemon.env, timeout=300)
     final = json.loads(waited.stdout)
@@ -120,7 +120,7 @@ def test_a_plain_script_resumes_exactly_through_the_environment_contract(cluster
     assert final["step"] == 40 and final["last_checkpoint_step"] == 40
     # Two ranks add 1 each per step: the weights of step 40 are 80 only if the resume was exact.
     import mlx.core as mx
-    node = root / job["nodes"][0] / "checkpoints" / "plain" / "attempt-1"
+    node = root / job["nodes"][0] / "checkpoints" / job["run_id"] / "attempt-1"
     newest = sorted(node.glob("*_adapters.safetensors"))[-1]
     assert mx.load(str(newest))["w"].tolist() == [80.0] * 4
 
@@ -137,9 +137,10 @@ def test_stop_stops_every_rank_and_logs_are_kept_per_rank(cluster):
     left = subprocess.run(["pgrep", "-f", f"rank_runner --dir {root}"], capture_output=True, text=True).stdout
     assert left.strip() == ""
     for rank in (0, 1):
-        assert (root / "state" / "jobs" / "long" / "attempt-0" / f"rank-{rank}.log").exists()
+        assert (root / "state" / "jobs" / job_of(daemon.status(), "long")["run_id"] / "attempt-0" /
+                f"rank-{rank}.log").exists()
     again = coord("stop", "--config", str(daemon.config), "nope", env=daemon.env)
-    assert again.returncode == 1 and "no job named 'nope'" in again.stderr
+    assert again.returncode == 1 and "no job or run named 'nope'" in again.stderr
 
 
 def _events(daemon, name):
@@ -163,13 +164,13 @@ def test_checkpoints_are_replicated_to_the_head_and_a_lost_primary_resumes_from_
     daemon.wait_for(lambda d: any(e["kind"] == "job.replicated" and e["message"].startswith(name + ":")
                                   and e["data"]["step"] >= 15 for e in d["events"]), 300, "step 15 replicated")
     job = job_of(daemon.status(), name)
-    pids = [int((root / job["nodes"][r] / ".coord" / "jobs" / name / "attempt-0" / f"rank-{r}" / "pid").read_text())
+    pids = [int((root / job["nodes"][r] / ".coord" / "jobs" / job["run_id"] / "attempt-0" / f"rank-{r}" / "pid").read_text())
             for r in (0, 1)]
     for pid in pids:  # frozen: no newer checkpoint appears while the copies are damaged
         os.killpg(pid, signal.SIGSTOP)
     time.sleep(3)  # the catalog polls every 2 s; replication follows
-    replicas = sorted((root / "state" / "replicas" / name / "attempt-0").glob("*_adapters.safetensors"))
-    primaries = root / job["nodes"][0] / "checkpoints" / name / "attempt-0"
+    replicas = sorted((root / "state" / "replicas" / job["run_id"] / "attempt-0").glob("*_adapters.safetensors"))
+    primaries = root / job["nodes"][0] / "checkpoints" / job["run_id"] / "attempt-0"
     assert len(replicas) >= 3
     for replica in replicas:  # each copy is byte for byte its primary
         assert hashlib.sha256(replica.read_bytes()).digest() == \
@@ -197,7 +198,7 @@ def test_checkpoints_are_replicated_to_the_head_and_a_lost_primary_resumes_from_
         assert resumed[-1]["data"]["step"] == newest_step, story
         assert "head:" in placed[-1]["message"], story
     import mlx.core as mx
-    final_dir = root / final["nodes"][0] / "checkpoints" / name / "attempt-1"
+    final_dir = root / final["nodes"][0] / "checkpoints" / job["run_id"] / "attempt-1"
     assert mx.load(str(sorted(final_dir.glob("*_adapters.safetensors"))[-1]))["w"].tolist() == [80.0] * 4
 
 
@@ -238,7 +239,7 @@ def test_a_failed_preflight_blocks_the_launch_and_a_job_file_with_force_launches
         final = json.loads(waited.stdout)
         assert waited.returncode == 1 and final["state"] == "failed" and final["attempt"] == -1, final
         assert "pre-flight failed (use --force" in final["error"] and "data.files" in final["error"], final
-        assert not (root / "a" / ".coord" / "jobs" / "blocked").exists()  # no rank was ever started
+        assert not list((root / "a" / ".coord" / "jobs").glob("blocked*"))  # no rank was ever started
 
         job_file = root / "forced.toml"
         job_file.write_text(f'name = "forced"\ncommand = ["python", "plain.py", "--steps", "12"]\n'
@@ -253,9 +254,9 @@ def test_a_failed_preflight_blocks_the_launch_and_a_job_file_with_force_launches
                              env=daemon.env).stdout)
     assert final["state"] == "succeeded" and final["step"] == 12
     # --keep 1: of six checkpoints only the newest is left, on rank 0's node and at the head
-    kept = root / final["nodes"][0] / "checkpoints" / "forced" / "attempt-0"
+    kept = root / final["nodes"][0] / "checkpoints" / final["run_id"] / "attempt-0"
     assert sorted(p.name for p in kept.glob("*_adapters.safetensors")) == ["0000012_adapters.safetensors"]
-    replicas = root / "state" / "replicas" / "forced" / "attempt-0"
+    replicas = root / "state" / "replicas" / final["run_id"] / "attempt-0"
     assert sorted(p.name for p in replicas.glob("*_adapters.safetensors")) == ["0000012_adapters.safetensors"]
 
 
@@ -280,12 +281,12 @@ def test_a_daemon_killed_mid_run_and_again_mid_recovery_carries_the_job_to_the_e
     # is decided, as when it dies while recovering from a failure.
     daemon.stop(signal.SIGKILL)
     for rank in (0, 1):
-        pid = int((root / job["nodes"][rank] / ".coord" / "jobs" / name / "attempt-0" / f"rank-{rank}" / "pid")
+        pid = int((root / job["nodes"][rank] / ".coord" / "jobs" / job["run_id"] / "attempt-0" / f"rank-{rank}" / "pid")
                   .read_text())
         os.killpg(pid, signal.SIGKILL)
     store = StateStore(root / "state" / "coord.db")
-    row = store.job(name)
-    store.save_job(name, row["spec"], "recovering", {**row["record"], "restarts": 1})
+    row = next(r for r in store.runs() if r["name"] == name)
+    store.save_run(row["run_id"], name, row["spec"], "recovering", {**row["record"], "restarts": 1})
     store.close()
     daemon.start()
     daemon.wait_for(all_up, 30, "all nodes up under the third daemon")
@@ -300,10 +301,10 @@ def test_a_daemon_killed_mid_run_and_again_mid_recovery_carries_the_job_to_the_e
     assert resumed and resumed[-1]["data"]["step"] >= 20, story  # checkpoints of both daemons were catalogued
     # Two ranks add 1 each per step: the weights of step 60 are 120 only if the resume was exact.
     import mlx.core as mx
-    newest = sorted((root / final["nodes"][0] / "checkpoints" / name / "attempt-1").glob("*_adapters.safetensors"))
+    newest = sorted((root / final["nodes"][0] / "checkpoints" / job["run_id"] / "attempt-1").glob("*_adapters.safetensors"))
     assert mx.load(str(newest[-1]))["w"].tolist() == [120.0] * 4
     # The head's copy of rank 0's log was not fetched twice by the second daemon.
-    lines = (root / "state" / "jobs" / name / "attempt-0" / "rank-0.log").read_text().splitlines()
+    lines = (root / "state" / "jobs" / job["run_id"] / "attempt-0" / "rank-0.log").read_text().splitlines()
     steps = [line for line in lines if line.startswith("step ")]
     assert len(steps) >= 20 and len(steps) == len(set(steps)), lines[:40]
 
@@ -331,7 +332,7 @@ def test_a_script_with_total_steps_shows_its_progress_and_an_early_clean_exit_is
     assert waited.returncode == 0 and final["state"] == "succeeded" and final["restarts"] == 1, story
     assert final["step"] == 40 and final["attempt"] == 1
     import mlx.core as mx
-    newest = sorted((root / final["nodes"][0] / "checkpoints" / name / "attempt-1").glob("*_adapters.safetensors"))
+    newest = sorted((root / final["nodes"][0] / "checkpoints" / job["run_id"] / "attempt-1").glob("*_adapters.safetensors"))
     assert mx.load(str(newest[-1]))["w"].tolist() == [80.0] * 4
 
 
@@ -356,3 +357,98 @@ def test_a_stop_during_a_restarts_backoff_ends_it_at_once_and_launches_nothing_m
     assert not [e for e in found if e["kind"] == "job.launched" and e["data"]["attempt"] == 4], found
     job = job_of(daemon.status(), "backoff")
     assert job["state"] == "stopped" and job["restarts"] == 4 and job["attempt"] == 3
+
+
+def test_a_name_run_again_starts_over_and_resume_continues_the_newest_run(cluster):
+    import mlx.core as mx
+
+    daemon, root = cluster
+    name = "again"
+    runs = []
+    for _ in range(2):
+        ran = coord("run", "--config", str(daemon.config), "--name", name, "--source", str(root / "project"),
+                    "--save-every", "5", "--total-steps", "10", "--", "python", "plain.py", "--steps", "10",
+                    env=daemon.env, timeout=300)
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        runs.append(json.loads(coord("wait", "--quiet", "--json", "--config", str(daemon.config), name,
+                                     env=daemon.env).stdout))
+    first, second = runs
+    assert first["run_id"] != second["run_id"] and second["attempt"] == 0 and second["step"] == 10
+    second_events = [e for e in _events(daemon, name) if (e.get("data") or {}).get("run") == second["run_id"]]
+    assert not any(e["kind"] == "job.resume_from" for e in second_events), second_events
+    # --resume: the newest run goes on, from its own step 10, to a larger total.
+    ran = coord("run", "--config", str(daemon.config), "--resume", name, "--save-every", "5", "--total-steps", "20",
+                "--", "python", "plain.py", "--steps", "20", env=daemon.env, timeout=300)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    final = json.loads(coord("wait", "--quiet", "--json", "--config", str(daemon.config), name,
+                             env=daemon.env).stdout)
+    assert final["run_id"] == second["run_id"] and final["state"] == "succeeded" and final["step"] == 20, final
+    resumed = [e for e in _events(daemon, name) if e["kind"] == "job.resume_from"]
+    assert resumed and resumed[-1]["data"]["step"] == 10 and resumed[-1]["data"]["run"] == second["run_id"]
+    # Two ranks add 1 each per step: 40 at step 20 only if the run went on from its own step 10.
+    newest = sorted((root / final["nodes"][0] / "checkpoints" / final["run_id"] / f"attempt-{final['attempt']}")
+                    .glob("*_adapters.safetensors"))[-1]
+    assert mx.load(str(newest))["w"].tolist() == [40.0] * 4
+    # The first run is still there to read.
+    every = json.loads(coord("status", "--json", "--all", "--config", str(daemon.config), env=daemon.env).stdout)
+    assert [j["run_id"] for j in every["jobs"] if j["name"] == name] == [first["run_id"], second["run_id"]]
+    assert coord("logs", "--config", str(daemon.config), first["run_id"], env=daemon.env).stdout.count("step ") == 10
+    missing = coord("run", "--config", str(daemon.config), "--resume", "never-ran", env=daemon.env)
+    assert missing.returncode != 0 and "no run of a job named 'never-ran' to resume" in missing.stderr
+
+
+def test_jobs_queue_for_their_nodes_survive_a_daemon_restart_and_disjoint_jobs_run_side_by_side(cluster):
+    daemon, root = cluster
+    config = str(daemon.config)
+
+    def submit(name, *extra, steps="30", more=()):
+        ran = coord("run", "--config", config, "--name", name, "--source", str(root / "project"), "--detach",
+                    "--save-every", "5", *extra, "--", "python", "plain.py", "--steps", steps, "--sleep", "0.1",
+                    *more, env=daemon.env)
+        assert ran.returncode == 0, ran.stderr
+        return ran.stdout
+
+    # A job that holds both nodes and fails for good; one queued behind it; one cancelled while queued.
+    submit("blocker", "--max-restarts", "0", steps="400", more=("--fail-after", "40"))
+    submit("waiter")
+    submit("dropped", "--priority", "-1")
+    doc = daemon.status()
+    assert job_of(doc, "waiter")["state"] == "queued" and job_of(doc, "waiter")["queue_position"] == 1
+    assert job_of(doc, "dropped")["queue_position"] == 2
+    shown = coord("status", "--config", config, env=daemon.env).stdout
+    assert "waiter: queued (position 1)" in shown, shown
+    cancelled = coord("cancel", "--config", config, "dropped", env=daemon.env)
+    assert cancelled.returncode == 0 and "never started" in cancelled.stdout, cancelled.stderr
+    again = coord("cancel", "--config", config, "blocker", env=daemon.env)
+    assert again.returncode != 0 and "coord stop blocker" in again.stderr
+    # The queue is kept across a daemon restart.
+    daemon.wait_for(lambda d: job_of(d, "blocker")["step"] >= 5, 120, "blocker at step 5")
+    daemon.stop(signal.SIGKILL)
+    daemon.start()
+    daemon.wait_for(all_up, 30, "all nodes up again")
+    assert job_of(daemon.status(), "waiter")["state"] == "queued"
+    waited = coord("wait", "--quiet", "--json", "--config", config, "waiter", env=daemon.env, timeout=300)
+    final = json.loads(waited.stdout)
+    assert waited.returncode == 0 and final["state"] == "succeeded" and final["step"] == 30, final
+    found = _events(daemon, "blocker") + _events(daemon, "waiter")
+    failed_at = next(e["ts"] for e in found if e["kind"] == "job.failed" and e["message"].startswith("blocker:"))
+    dequeued_at = next(e["ts"] for e in found if e["kind"] == "job.dequeued" and e["message"].startswith("waiter:"))
+    assert dequeued_at >= failed_at  # it waited for the nodes, and ran although the job before it failed
+    dropped = job_of(coord_status_all(daemon), "dropped")
+    assert dropped["state"] == "stopped" and dropped["attempt"] == -1
+    # Disjoint nodes: both run at once.
+    submit("left", "--nodes", "a")
+    submit("right", "--nodes", "b")
+    daemon.wait_for(lambda d: job_of(d, "left")["state"] == job_of(d, "right")["state"] == "running"
+                    or "succeeded" in (job_of(d, "left")["state"], job_of(d, "right")["state"]), 120,
+                    "both side-by-side jobs running")
+    for name, node in (("left", "a"), ("right", "b")):
+        done = json.loads(coord("wait", "--quiet", "--json", "--config", config, name, env=daemon.env,
+                                timeout=300).stdout)
+        assert done["state"] == "succeeded" and done["nodes"] == [node], done
+    both = [e for e in _events(daemon, "left") + _events(daemon, "right") if e["kind"] == "job.queued"]
+    assert not both, both  # neither waited for the other
+
+
+def coord_status_all(daemon):
+    return json.loads(coord("status", "--json", "--all", "--config", str(daemon.config), env=daemon.env).stdout)

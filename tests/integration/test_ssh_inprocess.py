@@ -120,7 +120,8 @@ def test_an_unknown_host_key_keeps_the_node_down_with_the_fingerprint_and_the_fi
         await _until(lambda: session.state == DOWN, 20)
         reason = session.view.reason
         assert fixture.host_key.get_fingerprint("sha256") in reason
-        assert f"ssh-keyscan -p {fixture.port} -t ed25519 127.0.0.1 >> {fixture.known_hosts}" in reason
+        fingerprint = fixture.host_key.get_fingerprint("sha256")
+        assert reason.endswith(f"trust it with: coord trust ssh1 --fingerprint {fingerprint}")
         await asyncio.sleep(2)
         assert session.state == DOWN and fixture.agent_sessions == 0
 

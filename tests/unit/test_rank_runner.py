@@ -120,3 +120,32 @@ def test_a_running_rank_reports_its_memory_and_an_exited_one_when_it_ended(tmp_p
     status = ranks.rank_status(str(tmp_path), "j6", 0, 0)
     assert status["state"] == "exited" and status["rss_bytes"] is None
     assert ended - 5 < status["exited_at"] <= status["time"]
+
+
+def test_preparing_a_rank_clears_what_an_earlier_run_left_in_its_directory(tmp_path, monkeypatch):
+    from agent.launch import prepare_rank
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    stale = ranks.rank_dir(str(tmp_path), "tiny-0a1b2c3d", 0, 0)
+    os.makedirs(stale)
+    for name, text in (("progress.jsonl", '{"kind": "train", "step": 5}\n'), ("exit", "0\n"), ("pid", "99999\n")):
+        with open(os.path.join(stale, name), "w") as handle:
+            handle.write(text)
+    prepare_rank("tiny-0a1b2c3d", 0, str(tmp_path), sys.executable, ["python", "train.py"], {}, attempt=0)
+    assert os.listdir(stale) == []
+    status = ranks.rank_status(str(tmp_path), "tiny-0a1b2c3d", 0, 0)
+    assert status["state"] == "starting" and status["progress"] == [] and status["exit"] is None
+
+
+def test_a_run_id_is_a_valid_job_key_on_a_node_and_a_path_is_not():
+    from coordinator.jobs.core import new_run_id
+
+    run_id = new_run_id("x" * 64)
+    assert ranks.rank_dir("/w", run_id, 0, 0).endswith(f"/.coord/jobs/{run_id}/attempt-0/rank-0")
+    for bad in ("../etc", "a/b", "", ".hidden"):
+        try:
+            ranks.rank_dir("/w", bad, 0, 0)
+        except Exception as exc:  # noqa: BLE001
+            assert "bad job" in str(exc)
+        else:
+            raise AssertionError(f"{bad!r} was accepted")

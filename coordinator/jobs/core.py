@@ -1,0 +1,175 @@
+"""The supervisor's decisions, as pure functions over plain data.
+
+The supervisor loop (``coordinator.jobs.supervisor``) gathers facts through its effects and
+asks these functions what they mean: how the ranks' reports classify into an attempt's
+outcome, whether a run hangs, whether a resize is due, what a run's identity is. The
+restart policy itself is ``coordinator.jobs.policy``. Nothing here does I/O or reads a clock.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Any, TypedDict
+
+from coordinator.jobs.policy import LAUNCH_FAILED, NODE_LOST, RANK_FAILED, SUCCEEDED, hang_timeout
+
+FIRST_STEP_TIMEOUT_S = 600.0
+LAUNCH_GRACE_S = 30.0  # how long ranks may take to appear once the launcher has exited
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}-[0-9a-f]{8}$")
+
+
+class JobRecord(TypedDict, total=False):
+    """What the store keeps of a run between daemon restarts (JSON)."""
+
+    run_id: str
+    attempt: int  # -1 before the first launch
+    restarts: int
+    step: int
+    total_steps: int | None
+    loss: float | None
+    tokens_per_second: float | None
+    peak_memory_gb: float | None
+    history: list[dict[str, Any]]  # each attempt's Outcome, oldest first
+    order: list[str]  # the nodes of the current attempt, rank by rank
+    start_step: int
+    launcher_pid: int | None
+    error: str | None
+    warning: str | None
+    started: float
+    step_seconds: float | None
+    last_progress: float | None
+    first_step_at: float | None
+    launched_at: float | None
+    last_checkpoint: dict[str, Any] | None
+    progress_offsets: dict[int, int]
+    rank_memory: dict[str, int]
+    unstopped: list[list[Any]]  # [node, attempt, rank] of ranks on nodes that were away when stopped
+    batch: str | None
+    diagnoses: list[dict[str, Any]]
+    replica_check: dict[str, Any]
+    resumes: int  # how many times coord run --resume continued this run
+    stop_requested: bool
+
+
+def new_run_id(name: str, taken: set[str] | frozenset[str] = frozenset(), token=secrets.token_hex) -> str:
+    """A run id unique for the cluster's life: the job's name and 32 random bits. Random, not
+    counted, so that a daemon with a new state dir never meets an earlier run's files on a node."""
+    while True:
+        run_id = f"{name}-{token(4)}"
+        if run_id not in taken:
+            return run_id
+
+
+def new_record(run_id: str, total_steps: int | None, now: float) -> JobRecord:
+    return JobRecord(run_id=run_id, attempt=-1, restarts=0, step=0, total_steps=total_steps, loss=None,
+                     tokens_per_second=None, history=[], order=[], start_step=0, launcher_pid=None, error=None,
+                     warning=None, started=now, step_seconds=None, last_progress=None, first_step_at=None,
+                     launched_at=None)
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """One rank as its node's agent reported it."""
+
+    rank: int
+    node: str
+    state: str  # "starting" | "running" | "exited" | "vanished"
+    exit: int | None = None
+    detected_after: float | None = None  # the rank's exit to the poll that saw it, node clock
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How an attempt ended, before the supervisor adds the failing ranks' last words."""
+
+    kind: str
+    detail: str
+    signature: str
+    failures: tuple[RankReport, ...] = ()
+    detected_after: float | None = None
+
+
+def classify_ranks(reports: list[RankReport], *, ranks: int, step: int, total_steps: int | None,
+                   launcher_exit: int | None, since_launch: float) -> Verdict | None:
+    """The attempt's end from every rank's report (None: it is still running)."""
+    vanished = next((r for r in reports if r.state == "vanished"), None)
+    if vanished is not None:
+        return Verdict(RANK_FAILED, f"rank {vanished.rank} on {vanished.node} disappeared without an exit status",
+                       "vanished")
+    failures = tuple(r for r in reports if r.state == "exited" and r.exit != 0)
+    if failures:
+        delays = [r.detected_after for r in failures if r.detected_after is not None]
+        return Verdict(RANK_FAILED, "", "", failures, max(delays) if delays else None)
+    exited = [r for r in reports if r.state == "exited"]
+    if len(exited) == ranks:
+        if total_steps is None or step >= total_steps:
+            return Verdict(SUCCEEDED, "every rank finished", "")
+        return Verdict(RANK_FAILED, f"every rank exited 0 at step {step} of {total_steps}", "early-exit")
+    starting = [r for r in reports if r.state == "starting"]
+    if starting and launcher_exit is not None and since_launch > LAUNCH_GRACE_S:
+        # mlx.launch is gone and some ranks never started: nothing will start them now.
+        names = ", ".join(f"{r.rank} on {r.node}" for r in starting)
+        return Verdict(LAUNCH_FAILED, f"mlx.launch exited with status {launcher_exit} and rank {names} never "
+                       "started", f"launcher-exit:{launcher_exit}")
+    return None
+
+
+def node_lost(rank: int, node: str, reason: str | None) -> Verdict:
+    return Verdict(NODE_LOST, f"node {node} (rank {rank}) lost: {reason}", f"node:{node}")
+
+
+def hang_reason(*, now: float, last_progress: float | None, first_step_at: float | None,
+                configured: float | None, step_seconds: float | None) -> str | None:
+    """Why the attempt counts as hung, or None. Before the first step it gets a long grace (imports,
+    model load, compilation); after it, the hang timeout."""
+    quiet = now - (last_progress if last_progress is not None else now)
+    if first_step_at is None:
+        limit = max(FIRST_STEP_TIMEOUT_S, configured or 0)
+        return f"no first step within {limit:g} s of the launch" if quiet > limit else None
+    limit = hang_timeout(configured, step_seconds)
+    return f"no progress for {quiet:.0f} s (hang timeout {limit:g} s)" if quiet > limit else None
+
+
+def hang_bound(configured: float | None) -> float:
+    """The longest an attempt can go without progress before it is called hung (for bounds)."""
+    return max(FIRST_STEP_TIMEOUT_S, configured or 0)
+
+
+@dataclass(frozen=True)
+class ResizeVerdict:
+    pending: bool  # still waiting for the next checkpoint
+    reason: str | None  # relaunch now, for this reason
+    skipped: str | None = None  # the request was dropped, and why
+
+
+def resize_due(requested_after: int | None, up: list[str], order: list[str],
+               last_checkpoint_step: int | None) -> ResizeVerdict:
+    """coord resize relaunches on every node that is up, once a checkpoint newer than the request
+    exists (so that nothing is redone)."""
+    if requested_after is None:
+        return ResizeVerdict(False, None)
+    if set(up) == set(order):
+        return ResizeVerdict(False, None, f"already running on every node that is up ({', '.join(up)})")
+    if last_checkpoint_step is None or last_checkpoint_step <= requested_after:
+        return ResizeVerdict(True, None)
+    return ResizeVerdict(False, f"resize requested: relaunching on {', '.join(up)} from the checkpoint of step "
+                         f"{last_checkpoint_step}")
+
+
+def unreachable_error(code: str) -> bool:
+    """A call that failed because the node could not be reached (not because it refused)."""
+    return code in ("connection_lost", "timeout")
+
+
+def describe_exception(exc: BaseException, where: str) -> str:
+    """Words for a failure nobody expected: the component and the cause, never a bare class name
+    of an exception group."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    if isinstance(exc, BaseExceptionGroup):
+        causes = "; ".join(describe_exception(e, where).split(": ", 1)[-1] for e in exc.exceptions[:3])
+        return f"{where}: {causes}"
+    text = str(exc) or exc.__class__.__name__
+    return f"{where}: {text} ({exc.__class__.__name__})"

@@ -1,0 +1,199 @@
+"""The real effects behind a job's supervisor: the daemon's node sessions, mlx.launch, the
+wall clock, SQLite, the event log and the head's state directory."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+import anyio
+
+from agent.launch import rank_command
+from coordinator.jobs.effects import HEAD, LaunchError, NodeView, Placement
+from coordinator.jobs.launcher import launcher_argv
+from coordinator.jobs.transfer import HeadSink, HeadSource, NodeSink, NodeSource, copy_verified
+from coordinator.node_session import UP
+from coordinator.services.launch_plan import node_topologies, plan_backend, write_launch_files
+from shared.rpc import RemoteError
+
+if TYPE_CHECKING:
+    from coordinator.daemon import Daemon
+
+LAUNCHER_REAP_S = 5.0
+
+
+def run_dir(state_dir: Path, run_id: str) -> Path:
+    """Where the head keeps a run's launch files and each rank's output."""
+    return state_dir / "jobs" / run_id
+
+
+def attempt_dir(state_dir: Path, run_id: str, attempt: int) -> Path:
+    return run_dir(state_dir, run_id) / f"attempt-{attempt}"
+
+
+class DaemonEffects:
+    def __init__(self, daemon: "Daemon"):
+        self.daemon = daemon
+        self._launchers: dict[int, subprocess.Popen] = {}
+
+    # --- the clock ---
+    def now(self) -> float:
+        return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    # --- nodes ---
+    def node_names(self) -> list[str]:
+        return [n.name for n in self.daemon.config.nodes]
+
+    def node(self, name: str) -> NodeView:
+        session = self.daemon.cluster.sessions[name]
+        return NodeView(name, session.state == UP, session.node.workdir, session.node.python,
+                        session.view.reason, session.view.facts, session.generation)
+
+    async def call(self, node: str, method: str, params: dict[str, Any], *, timeout: float) -> dict[str, Any]:
+        session = self.daemon.cluster.sessions[node]
+        try:
+            return await session.call(method, {"workdir": session.node.workdir, **params}, timeout=timeout)
+        except TimeoutError as exc:  # the RPC layer's own timeout: the node is as good as unreachable
+            raise RemoteError("timeout", f"{node}: {exc}") from None
+
+    # --- before the first attempt ---
+    async def sync(self, source: str, nodes: list[str] | None = None) -> dict[str, Any]:
+        from coordinator.services.sync import serve_sync
+        return await serve_sync(self.daemon, _quiet, source=source, nodes=nodes)
+
+    async def preflight(self, *, backend: str | None, source: str | None,
+                        nodes: list[str] | None = None) -> dict[str, Any]:
+        from coordinator.services.preflight import run_preflight
+        return await run_preflight(self.daemon, _quiet, backend=backend, source=source, nodes=nodes)
+
+    # --- launching ---
+    async def plan_launch(self, nodes: list[str], backend: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+        topologies = await node_topologies(self.daemon)
+        missing = [n for n in nodes if n not in topologies]
+        if missing:
+            # A node whose session has not noticed yet that it is gone: blame it, so that the
+            # next launch waits for it like a lost node.
+            raise LaunchError(f"no link information from {', '.join(missing)} (is it up?)", node=missing[0])
+        choice, document, error = plan_backend(self.daemon, topologies, forced=backend, nodes=nodes)
+        if document is None:
+            raise LaunchError(f"no hostfile: {error}")
+        return choice, document
+
+    def start_launcher(self, run_id: str, attempt: int, document: dict[str, Any]) -> int:
+        directory = attempt_dir(self.daemon.config.state_dir, run_id, attempt)
+        try:
+            files = write_launch_files(directory, self.daemon.config, document)
+        except OSError as exc:
+            raise LaunchError(f"the launch files could not be written in {directory}: {exc}") from None
+        argv = [*launcher_argv(), "--hostfile", files["hostfile"], "--", *rank_command(run_id)]
+        env = dict(os.environ, PATH=files["path_prefix"] + os.pathsep + os.environ.get("PATH", "/usr/bin:/bin"))
+        try:
+            with open(directory / "launcher.log", "ab") as output:
+                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
+                                        env=env, start_new_session=True, cwd=str(directory))
+        except OSError as exc:
+            raise LaunchError(f"mlx.launch could not be started ({argv[0]}: {exc.strerror or exc}); install mlx "
+                              "into the head's Python (pip install mlx) or put mlx.launch on the daemon's PATH") \
+                from None
+        self._launchers[proc.pid] = proc
+        return proc.pid
+
+    def launcher_exit(self, pid: int) -> int | None:
+        proc = self._launchers.get(pid)
+        if proc is not None:
+            return proc.poll()
+        try:  # started by an earlier daemon: only whether it lives can be known
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return -1
+        except PermissionError:
+            pass
+        return None
+
+    async def stop_launcher(self, pid: int, *, final: bool) -> None:
+        try:
+            os.killpg(pid, signal.SIGKILL if final else signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc = self._launchers.get(pid)
+        if final and proc is not None:
+            with anyio.move_on_after(LAUNCHER_REAP_S):
+                while proc.poll() is None:
+                    await anyio.sleep(0.05)
+            if proc.poll() is not None:
+                self._launchers.pop(pid, None)
+
+    # --- checkpoint bytes ---
+    async def copy_checkpoint(self, source: dict[str, Any], placements: list[Placement]) -> list[str]:
+        sessions = self.daemon.cluster.sessions
+        if source["node"] == HEAD:
+            reader = HeadSource(Path(source["path"]))
+        else:
+            reader = NodeSource(sessions[source["node"]], source["path"])
+        sinks = [HeadSink(Path(p.path)) if p.node == HEAD else NodeSink(sessions[p.node], p.path)
+                 for p in placements]
+        try:
+            return await copy_verified(reader, sinks, size=source["size"], sha256=source["sha256"])
+        except TimeoutError as exc:
+            raise RemoteError("timeout", str(exc)) from None
+
+    def head_path(self, *parts: str) -> str:
+        return str(self.daemon.config.state_dir.joinpath(*parts))
+
+    def remove_head_file(self, path: str) -> None:
+        Path(path).unlink(missing_ok=True)
+
+    # --- each rank's output on the head ---
+    def _log_path(self, run_id: str, attempt: int, rank: int) -> Path:
+        return attempt_dir(self.daemon.config.state_dir, run_id, attempt) / f"rank-{rank}.log"
+
+    def append_log(self, run_id: str, attempt: int, rank: int, data: bytes) -> None:
+        path = self._log_path(run_id, attempt, rank)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with open(path, "ab") as handle:
+            handle.write(data)
+
+    def log_size(self, run_id: str, attempt: int, rank: int) -> int:
+        try:
+            return self._log_path(run_id, attempt, rank).stat().st_size
+        except OSError:
+            return 0
+
+    def log_tail(self, run_id: str, attempt: int, rank: int, size: int) -> bytes:
+        path = self._log_path(run_id, attempt, rank)
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(max(0, path.stat().st_size - size))
+                return handle.read()
+        except OSError:
+            return b""
+
+    # --- the store and the event log ---
+    def save_run(self, run_id: str, name: str, spec: dict[str, Any], state: str, record: dict[str, Any]) -> None:
+        self.daemon.state.save_run(run_id, name, spec, state, record)
+
+    def checkpoints(self, run_id: str) -> list[dict[str, Any]]:
+        return self.daemon.state.checkpoints(run_id)
+
+    def add_checkpoint(self, run_id: str, entry: dict[str, Any]) -> None:
+        self.daemon.state.add_checkpoint(run_id, entry)
+
+    def remove_checkpoint(self, run_id: str, attempt: int, node: str, path: str) -> None:
+        self.daemon.state.remove_checkpoint(run_id, attempt, node, path)
+
+    def event(self, kind: str, message: str, data: dict[str, Any] | None) -> None:
+        self.daemon.cluster.record_event(kind, message, data=data or None)
+
+    def spawn(self, func: Callable[[], Awaitable[None]], *, name: str) -> None:
+        self.daemon.start_task(func, name=name)
+
+
+async def _quiet(_event) -> None:
+    return None

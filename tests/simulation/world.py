@@ -1,0 +1,571 @@
+"""A simulated cluster behind the supervisor's effects (``coordinator.jobs.effects``).
+
+Nodes, their agents and sessions, ranks that train at a given speed and write checkpoints,
+disks, the launcher and the daemon's store, all under trio's virtual clock: a schedule that
+spans hours runs in milliseconds. Faults are applied by ``tests.simulation.schedules``.
+
+The world keeps the ground truth (which ranks really run, which checkpoint files are really
+whole) so that the invariants can be checked against it, not against what the supervisor
+believes.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+import anyio
+
+from coordinator.jobs.effects import HEAD, LaunchError, NodeView, Placement
+from coordinator.jobs.transfer import CheckpointDamaged
+from shared.rpc import RemoteError
+
+EPOCH = 1_700_000_000.0
+CALL_S = 0.005  # every agent call takes a little virtual time, as a real one does
+PEER_LOST_S = 1.0  # a rank whose peer is gone notices this much later
+WRITE_S = 0.3  # a checkpoint is half-written this long
+
+
+class DaemonCrash(BaseException):
+    """The daemon process dies here (not an Exception: nothing in the daemon may catch it)."""
+
+
+@dataclass
+class SimFile:
+    run: str
+    step: int  # the global step it holds
+    size: int
+    sha256: str
+    complete_at: float
+    torn: bool = False  # its writer died before it was whole: it never will be
+    corrupt: bool = False
+
+    def whole(self, now: float) -> bool:
+        return not self.torn and not self.corrupt and now >= self.complete_at
+
+
+@dataclass
+class SimRank:
+    run: str
+    attempt: int
+    rank: int
+    node: str
+    start_step: int
+    total: int
+    save_every: int
+    step_s: float
+    startup_s: float
+    resume_file: str | None
+    launched_at: float | None = None
+    exit: int | None = None
+    exited_at: float | None = None
+    vanished: bool = False  # its node lost power: no exit status will ever be written
+    last_line: str = ""
+    die_after: tuple[int, int] | None = None  # (steps after start, status)
+    hang_after: int | None = None
+    exit_early_after: int | None = None
+    lost_peer_at: float | None = None  # a peer went away: this rank exits with status 1 then
+    written_to: int = 0  # the last step whose checkpoint was materialised
+
+    @property
+    def begin(self) -> float:
+        return (self.launched_at or 0.0) + self.startup_s
+
+    def time_of(self, step: int) -> float:
+        return self.begin + (step - self.start_step) * self.step_s
+
+    def running(self) -> bool:
+        return self.launched_at is not None and self.exit is None and not self.vanished
+
+    def step_at(self, now: float) -> int:
+        if self.launched_at is None:
+            return self.start_step
+        end = now if self.exited_at is None else min(now, self.exited_at)
+        if self.hang_after is not None:
+            end = min(end, self.time_of(self.start_step + self.hang_after))
+        if end < self.begin:
+            return self.start_step
+        return min(self.total, self.start_step + int(math.floor((end - self.begin) / self.step_s + 1e-9)))
+
+    def natural_end(self) -> tuple[float, int, str] | None:
+        """When and how the rank ends on its own (finish, planned death, early exit)."""
+        if self.launched_at is None:
+            return None
+        ends = []
+        if self.hang_after is None or self.start_step + self.hang_after >= self.total:
+            # the last checkpoint is written before the rank exits
+            ends.append((self.time_of(self.total) + WRITE_S + 0.01, 0, "done"))
+        if self.die_after is not None:
+            steps, status = self.die_after
+            ends.append((self.time_of(self.start_step + steps) + 0.005, status, f"killed with status {status}"))
+        if self.exit_early_after is not None:
+            ends.append((self.time_of(self.start_step + self.exit_early_after) + 0.01, 0, "exited early"))
+        if self.lost_peer_at is not None:
+            ends.append((self.lost_peer_at, 1, "connection to a peer was lost"))
+        return min(ends) if ends else None
+
+
+@dataclass
+class SimNode:
+    name: str
+    reachable: bool = True  # from the head
+    powered: bool = True
+    session_up: bool = True
+    generation: int = 1
+    disk_full: bool = False
+    files: dict[str, SimFile] = field(default_factory=dict)
+    came_back_at: float = 0.0
+
+    @property
+    def workdir(self) -> str:
+        return f"/w/{self.name}"
+
+
+class World:
+    """The ground truth, shared by every daemon incarnation."""
+
+    def __init__(self, nodes: list[str], *, step_s: float = 0.5, startup_s: float = 2.0, copy_s: float = 0.5):
+        self.nodes = {name: SimNode(name) for name in nodes}
+        self.order = list(nodes)
+        self.step_s = step_s
+        self.startup_s = startup_s
+        self.copy_s = copy_s
+        self.ranks: dict[tuple[str, int, int], SimRank] = {}  # (run, attempt, rank)
+        self.prepared: dict[tuple[str, int], dict[int, SimRank]] = {}
+        self.launchers: dict[int, tuple[str, int, bool]] = {}  # pid -> (run, attempt, starts ranks)
+        self.next_pid = 1000
+        self.head_files: dict[str, SimFile] = {}
+        self.store: dict[str, dict[str, Any]] = {}  # run id -> row (JSON round-tripped)
+        self.catalog: dict[str, dict[tuple, dict[str, Any]]] = {}
+        self.events: list[tuple[float, str, str]] = []
+        self.checkers: list[Callable[[], None]] = []
+        self.launch_faults: dict[int, str] = {}  # attempt -> "missing" | "dies"
+        self.rank_faults: dict[tuple[int, int], dict[str, Any]] = {}  # (attempt, rank) -> fault
+        self.bad_checkpoints: dict[int, str] = {}  # global step -> "corrupt" | "torn"
+        self.detect_s = 3.0
+        self.launch_log: list[dict[str, Any]] = []  # each launch as the invariants need it
+        self._settled_at, self._settled_ranks = -1.0, 0
+
+    # --- time ---
+    @staticmethod
+    def now() -> float:
+        return anyio.current_time()
+
+    # --- ground truth upkeep ---
+    def settle(self) -> None:
+        """Bring every rank and checkpoint file up to now."""
+        now = self.now()
+        if now == self._settled_at and self._settled_ranks == len(self.ranks):
+            return
+        self._settled_at, self._settled_ranks = now, len(self.ranks)
+        changed = True
+        while changed:
+            changed = False
+            for rank in self.ranks.values():
+                if not rank.running():
+                    continue
+                end = rank.natural_end()
+                if end is not None and end[0] <= now:
+                    self._write_checkpoints(rank, end[0])
+                    self._exit(rank, end[0], end[1], end[2])
+                    changed = True
+        for rank in self.ranks.values():
+            if rank.running():
+                self._write_checkpoints(rank, now)
+
+    def _exit(self, rank: SimRank, when: float, status: int, line: str) -> None:
+        if not rank.running():
+            return
+        rank.exit, rank.exited_at, rank.last_line = status, when, line
+        self._write_checkpoints(rank, when)
+        for file in self.nodes[rank.node].files.values():
+            if file.run == rank.run and file.complete_at > when:
+                file.torn = True  # its writer is gone
+        if status != 0:
+            for peer in self.ranks.values():
+                if peer.run == rank.run and peer.attempt == rank.attempt and peer.running():
+                    self._exit_later(peer, when + PEER_LOST_S)
+
+    def _exit_later(self, rank: SimRank, when: float) -> None:
+        """A rank whose peer is gone exits with status 1 at ``when``."""
+        if rank.lost_peer_at is None or when < rank.lost_peer_at:
+            rank.lost_peer_at = when
+
+    def _write_checkpoints(self, rank: SimRank, upto: float) -> None:
+        if rank.rank != 0 or rank.launched_at is None:
+            return
+        node = self.nodes[rank.node]
+        reached = rank.step_at(upto)
+        first = max(rank.written_to, rank.start_step) + 1
+        for step in range(first, reached + 1):
+            if step % rank.save_every and step != rank.total:
+                continue
+            iteration = step - rank.start_step
+            path = f"{node.workdir}/checkpoints/{rank.run}/attempt-{rank.attempt}/{iteration:07d}_adapters.safetensors"
+            written = rank.time_of(step)
+            if node.disk_full or not node.powered:
+                # The save fails: the rank dies with the disk's error.
+                if rank.die_after is None or rank.die_after[0] > iteration:
+                    rank.die_after = (iteration, 1)
+                    rank.last_line = "OSError: [Errno 28] No space left on device"
+                break
+            bad = self.bad_checkpoints.get(step)
+            digest = hashlib.sha256(f"{rank.run}:{step}:{rank.attempt}".encode()).hexdigest()
+            node.files[path] = SimFile(rank.run, step, 4096, digest, written + WRITE_S, torn=bad == "torn",
+                                       corrupt=bad == "corrupt")
+        rank.written_to = max(rank.written_to, reached)
+
+    def running_attempts(self, *, reachable_only: bool, grace: float = 0.0) -> set[tuple[str, int]]:
+        now = self.now()
+        out = set()
+        for rank in self.ranks.values():
+            if not rank.running():
+                continue
+            node = self.nodes[rank.node]
+            if reachable_only and (not node.reachable or now - node.came_back_at < grace):
+                continue
+            out.add((rank.run, rank.attempt))
+        return out
+
+    def check(self) -> None:
+        for checker in self.checkers:
+            checker()
+
+    # --- faults the schedule applies ---
+    async def power_off(self, name: str, detect_s: float) -> None:
+        node = self.nodes[name]
+        node.powered = node.reachable = False
+        self.settle()
+        for rank in self.ranks.values():
+            if rank.node == name and rank.running():
+                rank.vanished = True
+                rank.exited_at = self.now()
+                for peer in self.ranks.values():
+                    if peer.run == rank.run and peer.attempt == rank.attempt and peer.running():
+                        self._exit_later(peer, self.now() + PEER_LOST_S)
+        await self._session_notices(node, detect_s)
+
+    async def cut(self, name: str, detect_s: float) -> None:
+        node = self.nodes[name]
+        node.reachable = False
+        await self._session_notices(node, detect_s)
+
+    async def _session_notices(self, node: SimNode, detect_s: float) -> None:
+        generation = node.generation
+        await anyio.sleep(detect_s)
+        if node.generation == generation and not node.reachable:
+            node.session_up = False
+
+    async def restore(self, name: str, reconnect_s: float = 1.0) -> None:
+        node = self.nodes[name]
+        if not node.powered:
+            # Back from a power loss: no rank of before runs; the files stay.
+            for rank in self.ranks.values():
+                if rank.node == name and rank.running():
+                    rank.vanished = True
+        node.powered = node.reachable = True
+        await anyio.sleep(reconnect_s)
+        if node.reachable:
+            node.generation += 1
+            node.session_up = True
+            node.came_back_at = self.now()
+
+    async def restart_agent(self, name: str) -> None:
+        node = self.nodes[name]
+        node.session_up = False
+        await anyio.sleep(1.0)
+        node.generation += 1
+        node.session_up = node.reachable
+        node.came_back_at = self.now()
+
+
+class SimEffects:
+    """One daemon incarnation's effects over the world. Dies (``DaemonCrash``) at its
+    ``crash_at``-th effect, and so does everything it is still running."""
+
+    def __init__(self, world: World, *, crash_at: int | None, spawn_into=None):
+        self.world = world
+        self.crash_at = crash_at
+        self.calls = 0
+        self.dead = False
+        self.spawn_into = spawn_into
+
+    def _effect(self) -> None:
+        if self.dead:
+            raise DaemonCrash()
+        self.calls += 1
+        if self.crash_at is not None and self.calls >= self.crash_at:
+            self.dead = True
+            raise DaemonCrash()
+        self.world.settle()
+        self.world.check()
+
+    # --- clock ---
+    def now(self) -> float:
+        return EPOCH + anyio.current_time()
+
+    def monotonic(self) -> float:
+        return anyio.current_time()
+
+    # --- nodes ---
+    def node_names(self) -> list[str]:
+        return list(self.world.order)
+
+    def node(self, name: str) -> NodeView:
+        if self.dead:
+            raise DaemonCrash()
+        node = self.world.nodes[name]
+        return NodeView(name, node.session_up, node.workdir, "/usr/bin/python3",
+                        None if node.session_up else "keepalive timeout", {"mlx_lm_version": "0.30.2"},
+                        node.generation)
+
+    async def call(self, name: str, method: str, params: dict[str, Any], *, timeout: float) -> dict[str, Any]:
+        self._effect()
+        node = self.world.nodes[name]
+        if not node.session_up:
+            raise RemoteError("connection_lost", f"node {name} is not up")
+        await anyio.sleep(CALL_S)
+        if not node.reachable:
+            # The call hangs until the session notices, or times out.
+            with anyio.move_on_after(timeout - CALL_S):
+                while node.session_up and not node.reachable:
+                    await anyio.sleep(0.25)
+            if node.reachable and node.session_up:
+                pass  # it came back in time: the call goes through
+            elif not node.session_up:
+                raise RemoteError("connection_lost", f"connection to {name} lost")
+            else:
+                raise RemoteError("timeout", f"{method} got no answer within {timeout:g} s")
+        self._effect()
+        return getattr(self, f"_agent_{method}")(node, **params)
+
+    # --- the agent's methods ---
+    def _agent_prepare_rank(self, node: SimNode, *, job: str, rank: int, attempt: int, python: str, argv: list,
+                            env: dict) -> dict[str, Any]:
+        if node.disk_full:
+            raise RemoteError("internal", "OSError: [Errno 28] No space left on device")
+        world = self.world
+        sim = SimRank(job, attempt, rank, node.name, int(env["COORD_STEP_OFFSET"]), int(env["COORD_TOTAL_STEPS"]),
+                      int(env["COORD_SAVE_EVERY"]), world.step_s, world.startup_s, env.get("COORD_RESUME_FILE"))
+        fault = world.rank_faults.get((attempt, rank)) or {}
+        if fault.get("kind") == "kill":
+            sim.die_after = (fault["after"], fault["status"])
+            sim.last_line = f"killed with status {fault['status']}"
+        elif fault.get("kind") == "hang":
+            sim.hang_after = fault["after"]
+        elif fault.get("kind") == "early":
+            sim.exit_early_after = fault["after"]
+        world.prepared.setdefault((job, attempt), {})[rank] = sim
+        return {"script": f"/home/{node.name}/.coord/jobs/{job}/rank-{rank}.sh"}
+
+    def _rank(self, job: str, attempt: int, rank: int) -> SimRank | None:
+        return self.world.ranks.get((job, attempt, rank))
+
+    def _agent_rank_status(self, node: SimNode, *, job: str, attempt: int, rank: int,
+                           progress_offset: int = 0) -> dict[str, Any]:
+        sim = self._rank(job, attempt, rank)
+        now = self.world.now()
+        answer = {"pid": None, "exit": None, "rss_bytes": None, "progress": [], "progress_offset": progress_offset,
+                  "log_size": 0, "time": EPOCH + now, "exited_at": None}
+        if sim is None or sim.node != node.name:
+            return {**answer, "state": "starting"}
+        step = sim.step_at(now)
+        if rank == 0 and step > progress_offset and step > sim.start_step:
+            answer["progress"] = [{"kind": "train", "step": step, "time": EPOCH + sim.time_of(step),
+                                   "loss": 1.0 / step}]
+            answer["progress_offset"] = step
+        answer["pid"] = 4000 + rank
+        answer["log_size"] = 1 if sim.last_line and not sim.running() else 0
+        if sim.vanished:
+            return {**answer, "state": "vanished"}
+        if sim.exit is not None:
+            return {**answer, "state": "exited", "exit": sim.exit, "exited_at": EPOCH + sim.exited_at}
+        return {**answer, "state": "running", "rss_bytes": 100 << 20}
+
+    def _agent_read_log(self, node: SimNode, *, job: str, attempt: int, rank: int, offset: int = 0) -> dict[str, Any]:
+        sim = self._rank(job, attempt, rank)
+        data = (sim.last_line + "\n").encode() if sim is not None and sim.last_line and offset == 0 else b""
+        return {"data": data, "offset": offset + len(data)}
+
+    def _agent_stop_rank(self, node: SimNode, *, job: str, attempt: int, rank: int) -> dict[str, Any]:
+        sim = self._rank(job, attempt, rank)
+        if sim is None or sim.node != node.name:
+            return {"stopped": True, "left": [], "detail": "rank never started"}
+        if sim.running():
+            self.world._exit(sim, self.world.now(), 143, "Terminated")
+        return {"stopped": True, "left": [], "detail": "stopped"}
+
+    def _agent_dump_stacks(self, node: SimNode, *, job: str, attempt: int, rank: int) -> dict[str, Any]:
+        return {"sent": True, "detail": "SIGUSR1 sent"}
+
+    def _agent_list_checkpoints(self, node: SimNode, *, job: str, attempt: int, known: list) -> dict[str, Any]:
+        prefix = f"{node.workdir}/checkpoints/{job}/attempt-{attempt}/"
+        now = self.world.now()
+        found = []
+        for path, file in sorted(node.files.items()):
+            name = path.rsplit("/", 1)[-1]
+            if not path.startswith(prefix) or "/" in path[len(prefix):] or name in known:
+                continue
+            whole = file.whole(now)
+            found.append({"name": name, "iteration": int(name[:7]), "path": path, "size": file.size,
+                          "sha256": file.sha256 if whole else None, "valid": whole,
+                          "detail": "1 tensors" if whole else "truncated safetensors header"})
+        return {"dir": prefix, "checkpoints": found}
+
+    def _agent_remove_checkpoints(self, node: SimNode, *, job: str, attempt: int, names: list,
+                                  replica: bool = False) -> dict[str, Any]:
+        directory = f"{node.workdir}/checkpoints/{job}/" + (f"replica/attempt-{attempt}/" if replica
+                                                            else f"attempt-{attempt}/")
+        for name in names:
+            node.files.pop(directory + name, None)
+        return {"removed": names}
+
+    # --- before the first attempt ---
+    async def sync(self, source: str, nodes: list[str] | None = None) -> dict[str, Any]:
+        self._effect()
+        return {"status": "ok", "detail": "every node matches"}
+
+    async def preflight(self, *, backend: str | None, source: str | None,
+                        nodes: list[str] | None = None) -> dict[str, Any]:
+        self._effect()
+        await anyio.sleep(1.0)
+        return {"status": "pass", "checks": [], "seconds": 1.0, "hostfile": None, "backend": None}
+
+    # --- launching ---
+    async def plan_launch(self, nodes: list[str], backend: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+        self._effect()
+        await anyio.sleep(0.2)
+        for name in nodes:
+            node = self.world.nodes[name]
+            if not node.reachable or not node.session_up:
+                raise LaunchError(f"no link information from {name} (is it up?)", node=name)
+        return {"backend": "ring", "order": list(nodes)}, {"backend": "ring", "hosts": list(nodes), "envs": []}
+
+    def start_launcher(self, run_id: str, attempt: int, document: dict[str, Any]) -> int:
+        self._effect()
+        world = self.world
+        fault = world.launch_faults.get(attempt)
+        if fault == "missing":
+            raise LaunchError("mlx.launch could not be started (mlx.launch: No such file or directory); install mlx "
+                              "into the head's Python (pip install mlx) or put mlx.launch on the daemon's PATH")
+        pid = world.next_pid
+        world.next_pid += 1
+        prepared = world.prepared.get((run_id, attempt), {})
+        starts = fault != "dies"
+        world.launchers[pid] = (run_id, attempt, starts)
+        world.launch_log.append({"run": run_id, "attempt": attempt, "time": world.now(),
+                                 "ranks": {r: (s.node, s.start_step, s.resume_file) for r, s in prepared.items()}})
+        if starts:
+            for rank, sim in prepared.items():
+                world.ranks[(run_id, attempt, rank)] = sim
+                if world.nodes[sim.node].reachable:  # mlx.launch reaches it over SSH from the head
+                    sim.launched_at = world.now()
+                else:
+                    sim.launched_at = world.now()
+                    sim.exit, sim.exited_at, sim.last_line = 255, world.now(), "ssh: connect to host: timed out"
+                    for peer in prepared.values():
+                        if peer is not sim:
+                            world._exit_later(peer, world.now() + PEER_LOST_S)
+        world.check()
+        return pid
+
+    def launcher_exit(self, pid: int) -> int | None:
+        run, attempt, starts = self.world.launchers.get(pid, ("", -1, True))
+        if not starts:
+            return 1
+        ranks = [r for (r_run, r_attempt, _), r in self.world.ranks.items() if (r_run, r_attempt) == (run, attempt)]
+        return 0 if ranks and not any(r.running() for r in ranks) else None
+
+    async def stop_launcher(self, pid: int, *, final: bool) -> None:
+        self._effect()
+
+    # --- checkpoint bytes ---
+    async def copy_checkpoint(self, source: dict[str, Any], placements: list[Placement]) -> list[str]:
+        self._effect()
+        world = self.world
+        if source["node"] == HEAD:
+            file = world.head_files.get(source["path"])
+        else:
+            node = world.nodes[source["node"]]
+            if not node.session_up or not node.reachable:
+                raise RemoteError("connection_lost", f"node {node.name} is not up")
+            file = node.files.get(source["path"])
+        await anyio.sleep(world.copy_s)
+        self._effect()
+        if file is None:
+            raise RemoteError("not_found", f"{source['path']} does not exist")
+        if source["node"] != HEAD and not world.nodes[source["node"]].reachable:
+            raise RemoteError("connection_lost", f"node {source['node']} went away during the copy")
+        if not file.whole(world.now()) or file.sha256 != source["sha256"]:
+            raise CheckpointDamaged(f"{source['node']}:{source['path']} no longer matches the size and SHA256 "
+                                    "recorded when it was validated")
+        paths = []
+        for placement in placements:
+            if placement.node == HEAD:
+                world.head_files[placement.path] = copy.copy(file)
+                paths.append(placement.path)
+                continue
+            target = world.nodes[placement.node]
+            if not target.reachable or not target.session_up:
+                raise RemoteError("connection_lost", f"node {target.name} is not up")
+            if target.disk_full:
+                raise RemoteError("internal", "OSError: [Errno 28] No space left on device")
+            path = f"{target.workdir}/{placement.path}"
+            target.files[path] = copy.copy(file)
+            paths.append(path)
+        return paths
+
+    def head_path(self, *parts: str) -> str:
+        return "/head/" + "/".join(parts)
+
+    def remove_head_file(self, path: str) -> None:
+        self._effect()
+        self.world.head_files.pop(path, None)
+
+    # --- logs (kept short: the last line is what the supervisor reads) ---
+    def append_log(self, run_id: str, attempt: int, rank: int, data: bytes) -> None:
+        self._effect()
+        key = f"{run_id}/{attempt}/{rank}"
+        self.world.head_files.setdefault(key, b"")  # type: ignore[arg-type]
+        self.world.head_files[key] += data  # type: ignore[operator]
+
+    def log_size(self, run_id: str, attempt: int, rank: int) -> int:
+        return len(self.world.head_files.get(f"{run_id}/{attempt}/{rank}", b""))  # type: ignore[arg-type]
+
+    def log_tail(self, run_id: str, attempt: int, rank: int, size: int) -> bytes:
+        return self.world.head_files.get(f"{run_id}/{attempt}/{rank}", b"")[-size:]  # type: ignore[index]
+
+    # --- store and events ---
+    def save_run(self, run_id: str, name: str, spec: dict[str, Any], state: str, record: dict[str, Any]) -> None:
+        self._effect()
+        # JSON round trip, as SQLite keeps it: nothing shared with the live record.
+        self.world.store[run_id] = json.loads(json.dumps({"run_id": run_id, "name": name, "spec": spec,
+                                                          "state": state, "record": record}))
+
+    def checkpoints(self, run_id: str) -> list[dict[str, Any]]:
+        self._effect()
+        rows = self.world.catalog.get(run_id, {})
+        return sorted((dict(r) for r in rows.values()), key=lambda c: (c["step"], c["attempt"], c.get("role", "")))
+
+    def add_checkpoint(self, run_id: str, entry: dict[str, Any]) -> None:
+        self._effect()
+        row = {"role": "primary", **entry}
+        self.world.catalog.setdefault(run_id, {})[(row["attempt"], row["node"], row["path"])] = row
+
+    def remove_checkpoint(self, run_id: str, attempt: int, node: str, path: str) -> None:
+        self._effect()
+        self.world.catalog.get(run_id, {}).pop((attempt, node, path), None)
+
+    def event(self, kind: str, message: str, data: dict[str, Any] | None) -> None:
+        self._effect()
+        self.world.events.append((anyio.current_time(), kind, message))
+
+    def spawn(self, func: Callable[[], Awaitable[None]], *, name: str) -> None:
+        if self.dead:
+            raise DaemonCrash()
+        if self.spawn_into is not None:
+            self.spawn_into.start_soon(func)
