@@ -48,6 +48,10 @@ def render_rank_script(*, workdir: str, python: str, argv: list[str], env: dict[
              f"cd {shlex.quote(workdir)} || exit 97",
              f"TMPDIR={shlex.quote(tmpdir)}; export TMPDIR",
              'mkdir -p "$TMPDIR"',
+             # mlx.launch gives a one-host ring an empty hostfile, which MLX cannot parse; without
+             # one, MLX runs the rank as a world of one, which is what a one-node job is.
+             'if [ -n "${MLX_HOSTFILE:-}" ] && [ -z "$(tr -d \'[:space:]\' < "$MLX_HOSTFILE" 2>/dev/null)" ]; then '
+             'unset MLX_HOSTFILE; fi',
              # coord's rank runner and trainers come from the agent's bundle.
              f'PYTHONPATH={root}${{PYTHONPATH:+:$PYTHONPATH}}; export PYTHONPATH']
     for key, value in sorted(env.items()):

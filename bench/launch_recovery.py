@@ -105,7 +105,7 @@ def first_step_time(cluster: NetnsCluster, daemon: DaemonProcess, name: str, *, 
     doc = json.loads(coord("status", "--json", "--config", str(daemon.config), env=daemon.env).stdout)
     job = next(j for j in doc["jobs"] if j["name"] == name)
     node = cluster.node(job["nodes"][0])
-    progress = Path(node.workdir) / ".coord" / "jobs" / name / f"attempt-{attempt}" / "rank-0" / "progress.jsonl"
+    progress = Path(node.workdir) / ".coord" / "jobs" / job["run_id"] / f"attempt-{attempt}" / "rank-0" / "progress.jsonl"
     first = next(line for line in progress.read_text().splitlines() if '"train"' in line)
     return json.loads(first)["time"]
 
@@ -130,21 +130,22 @@ def coord_run(cluster: NetnsCluster, daemon: DaemonProcess, project: Path, name:
     if kill:
         doc = json.loads(coord("status", "--json", "--config", str(daemon.config), env=daemon.env).stdout)
         job = next(j for j in doc["jobs"] if j["name"] == name)
-        progress = (Path(cluster.node(job["nodes"][0]).workdir) / ".coord" / "jobs" / name / "attempt-0" / "rank-0"
+        progress = (Path(cluster.node(job["nodes"][0]).workdir) / ".coord" / "jobs" / job["run_id"] / "attempt-0" / "rank-0"
                     / "progress.jsonl")
         while last_step(progress) < 25:  # rank 0's own file: the daemon's view is one poll late
             time.sleep(0.01)
         victim = cluster.node(job["nodes"][1])
-        pid = int((Path(victim.workdir) / ".coord" / "jobs" / name / "attempt-0" / "rank-1" / "pid").read_text())
+        pid = int((Path(victim.workdir) / ".coord" / "jobs" / job["run_id"] / "attempt-0" / "rank-1" / "pid").read_text())
         killed = time.time()
         os.kill(pid, signal.SIGKILL)
         wait_event(daemon, name, "job.first_step", count=2)
         out["recovery_s"] = first_step_time(cluster, daemon, name, attempt=1) - killed
     waited = coord("wait", "--quiet", "--json", "--config", str(daemon.config), name, env=daemon.env, timeout=900)
     assert json.loads(waited.stdout)["state"] == "succeeded", waited.stdout
-    node = cluster.node(job["nodes"][0] if kill else cluster.nodes[0].name)
+    final = json.loads(waited.stdout)
+    node = cluster.node(final["nodes"][0])
     attempt = 1 if kill else 0
-    progress = Path(node.workdir) / ".coord" / "jobs" / name / f"attempt-{attempt}" / "rank-0" / "progress.jsonl"
+    progress = Path(node.workdir) / ".coord" / "jobs" / final["run_id"] / f"attempt-{attempt}" / "rank-0" / "progress.jsonl"
     records = [json.loads(line) for line in progress.read_text().splitlines() if '"train"' in line]
     if len(records) > 1:
         out["steps_per_s"] = (records[-1]["step"] - records[0]["step"]) / (records[-1]["time"] - records[0]["time"])

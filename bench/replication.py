@@ -58,7 +58,7 @@ def run_job(daemon: DaemonProcess, root: Path, name: str, replica: str, trainer:
     waited = coord("wait", "--quiet", "--json", "--config", str(daemon.config), name, env=daemon.env, timeout=1800)
     final = json.loads(waited.stdout)
     assert final["state"] == "succeeded", final
-    progress = root / final["nodes"][0] / ".coord" / "jobs" / name / "attempt-0" / "rank-0" / "progress.jsonl"
+    progress = root / final["nodes"][0] / ".coord" / "jobs" / final["run_id"] / "attempt-0" / "rank-0" / "progress.jsonl"
     steps = [json.loads(line) for line in progress.read_text().splitlines() if '"train"' in line]
     # Step time over the steady part of the run (the first steps compile MLX's kernels).
     steady = steps[len(steps) // 4:]

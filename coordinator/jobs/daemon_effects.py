@@ -71,7 +71,7 @@ class DaemonEffects:
     async def preflight(self, *, backend: str | None, source: str | None,
                         nodes: list[str] | None = None) -> dict[str, Any]:
         from coordinator.services.preflight import run_preflight
-        return await run_preflight(self.daemon, _quiet, backend=backend, source=source, nodes=nodes)
+        return await run_preflight(self.daemon, _quiet, backend=backend, source=source, only=nodes)
 
     # --- launching ---
     async def plan_launch(self, nodes: list[str], backend: str | None) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -31,7 +31,7 @@ async def node_topologies(daemon: "Daemon") -> dict[str, Any]:
         if session.state == UP:
             try:
                 found[session.node.name] = await session.call("topology", timeout=120)
-            except RemoteError:
+            except (RemoteError, TimeoutError):  # a node that does not answer has no links to offer
                 pass
 
     async with anyio.create_task_group() as tasks:

@@ -87,12 +87,12 @@ async def gather(daemon: "Daemon", emit, source: Path | None = None, nodes: list
 
 
 async def run_preflight(daemon: "Daemon", emit, backend: str | None = None,
-                        source: str | None = None, nodes: list[str] | None = None) -> dict[str, Any]:
-    """Every check on every node, or on ``nodes`` only (a job that holds a subset of the cluster)."""
+                        source: str | None = None, only: list[str] | None = None) -> dict[str, Any]:
+    """Every check on every node, or on the nodes in ``only`` (a job that holds a subset of the cluster)."""
     started = time.monotonic()
     config = daemon.config
-    found = await gather(daemon, emit, Path(source) if source else None, nodes)
-    views = [v for v in daemon.cluster.node_views() if nodes is None or v["name"] in nodes]
+    found = await gather(daemon, emit, Path(source) if source else None, only)
+    views = [v for v in daemon.cluster.node_views() if only is None or v["name"] in only]
     nodes = {v["name"]: {**v, "port": next(n.port for n in config.nodes if n.name == v["name"])} for v in views}
     up = {n: v for n, v in nodes.items() if v["state"] == "up"}
     facts = {n: v["facts"] for n, v in up.items() if v.get("facts")}
@@ -106,7 +106,7 @@ async def run_preflight(daemon: "Daemon", emit, backend: str | None = None,
     report.append(checks.equal_os(facts))
     code = checks.code_consistency(found["manifests"], found["missing"], config.sync.threshold)
     report.append(code)
-    configured = [config.node_files(n) for n in config.nodes if nodes is None or n.name in nodes]
+    configured = [config.node_files(n) for n in config.nodes if only is None or n.name in only]
     report.append(checks.named_files("script.hash", "training script", found["script"], key="script",
                                      required=any(f["script"] for f in configured)))
     report.append(checks.named_files("data.files", "data files", found["data"], key="data", lines=True,
@@ -124,7 +124,7 @@ async def run_preflight(daemon: "Daemon", emit, backend: str | None = None,
     report.append(checks.calibration(calibrated))
     last_hook = next((e for e in reversed(daemon.state.recent_events(200)) if e["kind"] == "sync.hook"), None)
     report.append(checks.sync_hook(config.sync.hook, last_hook))
-    choice, document, error = plan_backend(daemon, found["topologies"], forced=backend, nodes=nodes)
+    choice, document, error = plan_backend(daemon, found["topologies"], forced=backend, nodes=only)
     report += checks.backend(choice, error if choice is None else None)
     report.append(checks.hostfile(document, error))
     status = checks.overall(report)
