@@ -26,7 +26,7 @@ from agent.facts_parsers import (
 )
 
 # The repository is /work/main; the shared fixtures sit beside it in /work/shared.
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "macos"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "macos"
 # Written by generate.py beside them, in this repository (see its README: synthetic).
 SYNTHETIC = Path(__file__).resolve().parents[1] / "fixtures" / "macos-synthetic"
 GIB = 1024**3
@@ -43,7 +43,7 @@ HARDWARE_KEYS = {"chip", "model", "memory_bytes", "cores", "performance_cores", 
 def read_fixture(name: str) -> str:
     path = FIXTURES / name
     if not path.is_file():
-        reason = f"macOS fixture {path} is missing (expected ../shared/fixtures beside the checkout)"
+        reason = f"macOS fixture {path} is missing (expected in tests/fixtures/macos)"
         if os.environ.get("CI") == "true":
             pytest.fail(reason)
         pytest.skip(reason)
