@@ -109,6 +109,8 @@ def read_macos_facts() -> dict[str, Any]:
         "performance_cores": hardware["performance_cores"],
         "efficiency_cores": hardware["efficiency_cores"],
         "memory_bytes": hardware["memory_bytes"],
+        # The system sleep timer: a Mac that sleeps between attempts drops off the cluster.
+        "power": facts_parsers.parse_pmset(run_command(["pmset", "-g"]) or ""),
     }
 
 
@@ -126,6 +128,7 @@ def read_linux_facts() -> dict[str, Any]:
         "performance_cores": None,
         "efficiency_cores": None,
         "memory_bytes": facts_parsers.parse_meminfo(read_text("/proc/meminfo") or ""),
+        "power": None,  # system sleep is a macOS concern here (pmset)
     }
 
 
@@ -140,6 +143,7 @@ def _generic_os_facts(system: str) -> dict[str, Any]:
         "performance_cores": None,
         "efficiency_cores": None,
         "memory_bytes": None,
+        "power": None,
     }
 
 

@@ -33,6 +33,10 @@ _ARM_IMPLEMENTERS = {
     0xC0: "Ampere",
 }
 
+# `` sleep                 1 (sleep prevented by powerd, coreaudiod)``: a name (which may have
+# spaces: "Sleep On Power Button"), a value, and perhaps a note in parentheses.
+_PMSET_SETTING = re.compile(r"^\s+(?P<key>\S(?:.*?\S)?)\s+(?P<value>\S+)(?:\s+\((?P<note>[^)]*)\))?\s*$")
+
 _HARDWARE_KEYS = (
     "chip",
     "model",
@@ -140,6 +144,42 @@ def parse_os_release(text: str) -> dict[str, str | None]:
     }
 
 
+def parse_pmset(text: str) -> dict[str, Any] | None:
+    """Read macOS ``pmset -g``: the system sleep timer of the active power profile.
+
+    ``sleep_minutes`` is ``sleep`` under "Currently in use" (0: never sleeps on idle);
+    ``disksleep`` and ``displaysleep`` are left out, as a sleeping disk or display does not
+    stop a run. ``sleep_disabled`` is ``SleepDisabled`` under "System-wide power settings"
+    (``pmset disablesleep 1``, which overrides every timer). ``sleep_prevented_by`` lists the
+    processes whose assertions hold sleep off right now (the note after ``sleep``); they
+    let go when they end. Output with no "Currently in use" section is ``None``.
+    """
+    section = None
+    in_use: dict[str, tuple[str, str | None]] = {}
+    system_wide: dict[str, tuple[str, str | None]] = {}
+    for line in text.splitlines() if isinstance(text, str) else ():
+        header = line.strip()
+        if header == "System-wide power settings:":
+            section = system_wide
+            continue
+        if header == "Currently in use:":
+            section = in_use
+            continue
+        match = _PMSET_SETTING.match(line)
+        if section is None or match is None:
+            continue
+        section.setdefault(match.group("key"), (match.group("value"), match.group("note")))
+    if not in_use:
+        return None
+    sleep, note = in_use.get("sleep", (None, None))
+    disabled = system_wide.get("SleepDisabled", (None, None))[0]
+    return {
+        "sleep_minutes": _integer(sleep),
+        "sleep_disabled": None if _integer(disabled) is None else _integer(disabled) != 0,
+        "sleep_prevented_by": _prevented_by(note),
+    }
+
+
 def _hardware_overview(json_text: str) -> dict[str, Any] | None:
     try:
         document = json.loads(json_text)
@@ -191,6 +231,18 @@ def _unquote(raw: str) -> str:
     except ValueError:
         return raw.strip().strip("\"'")
     return " ".join(words)
+
+
+def _integer(value: str | None) -> int | None:
+    return int(value) if value is not None and value.isdigit() else None
+
+
+def _prevented_by(note: str | None) -> list[str]:
+    prefix = "sleep prevented by"
+    if not note or not note.strip().lower().startswith(prefix):
+        return []
+    names = note.strip()[len(prefix):].split(",")
+    return [name.strip() for name in names if name.strip()]
 
 
 def _text(value: Any) -> str | None:

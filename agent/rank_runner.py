@@ -6,7 +6,8 @@ as one, and it leaves facts the agent reads without being the
 rank's parent: ``pid`` (the rank's process group), ``exit`` (its exit status,
 written when it ends), ``output.log`` (everything it printed, also passed on to
 mlx.launch). A SIGTERM or SIGHUP (mlx.launch stopping, ssh hanging up) stops
-the rank's whole group. Stdlib only: it runs with the node's Python.
+the rank's whole group. On macOS it holds a power assertion while the rank runs
+(``agent.keep_awake``). Stdlib only: it runs with the node's Python.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import signal
 import subprocess
 import sys
 import threading
+
+from agent import keep_awake
 
 KILL_GRACE_S = 5.0
 
@@ -79,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         return 127
     write_atomically(os.path.join(args.dir, "pid"), f"{child.pid}\n")
     write_atomically(os.path.join(args.dir, "runner.pid"), f"{os.getpid()}\n")
+    awake = keep_awake.hold_awake(child.pid, log)
 
     def forward(signum, _frame) -> None:
         stop_group(child.pid)
@@ -98,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             pass  # mlx.launch went away; the log on the node still has everything
     code = exit_status(child.wait())
     write_atomically(os.path.join(args.dir, "exit"), f"{code}\n")
+    keep_awake.release(awake)
     log.close()
     return code
 

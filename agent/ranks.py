@@ -24,6 +24,7 @@ from shared.rpc import RemoteError
 CHECKPOINT_NAME = re.compile(r"^(\d{7})_adapters\.safetensors$")
 MAX_READ = 4 << 20
 MAX_HEADER = 100 << 20
+RUNNER_GRACE_S = 2.0
 
 
 def rank_dir(workdir: str, job: str, attempt: int, rank: int) -> str:
@@ -210,6 +211,11 @@ def stop_rank(workdir: str, job: str, attempt: int, rank: int, grace: float = 5.
             os.killpg(pgid, signal.SIGKILL)  # the whole group at once, on every platform
         except (ProcessLookupError, PermissionError):
             pass
+    # The runner records the rank's exit status just after its child ends: give it that moment
+    # before killing it, or the status is lost (it was in about 1 stop in 20 here).
+    deadline = time.monotonic() + RUNNER_GRACE_S
+    while runner and _alive(runner) and time.monotonic() < deadline:
+        time.sleep(0.02)
     if runner and _alive(runner):
         try:
             os.kill(runner, signal.SIGKILL)

@@ -255,3 +255,46 @@ def hostfile(document: dict[str, Any] | None, error: str | None) -> dict[str, An
         return check("hostfile.valid", "gradient", FAIL, f"hostfile: {error}")
     hosts = ", ".join(f"{h['ssh']}→{h['ips'][0]}" for h in document["hosts"])
     return check("hostfile.valid", "gradient", PASS, f"{document['backend']} hostfile for {hosts}")
+
+
+def system_sleep(nodes: dict[str, dict[str, Any]], facts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """macOS nodes whose system sleeps on an idle timer (``pmset -g``: ``sleep`` > 0).
+
+    A running rank holds a power assertion (caffeinate), but between attempts (a restart, a
+    wait for a node) nothing does, and a Mac asleep drops off the cluster. Only system sleep
+    counts: a sleeping display or disk stops nothing. Linux nodes report no ``power``; a
+    cluster with no macOS node gets no check at all.
+    """
+    power = {n: f.get("power") for n, f in facts.items() if f.get("os") == "macOS"}
+    if not power:
+        return []
+    unread = sorted(n for n, p in power.items()
+                    if not p or (p.get("sleep_minutes") is None and not p.get("sleep_disabled")))
+    sleepy = {n: p for n, p in power.items() if p and p.get("sleep_minutes") and not p.get("sleep_disabled")}
+    if not sleepy and not unread:
+        return [check("power.sleep", "health", PASS,
+                      f"no macOS node sleeps on an idle timer ({', '.join(sorted(power))})")]
+    details = [_sleep_detail(n, p) for n, p in sorted(sleepy.items())]
+    fixes = [_sudo_on_node(nodes[n], "pmset -a sleep 0") for n in sorted(sleepy)]
+    if sleepy:
+        details.append("a running rank keeps its Mac awake, but between attempts a sleeping Mac drops off "
+                       "the cluster (sudo pmset -c sleep 0 keeps sleep on battery)")
+    if unread:
+        details.append(f"could not read the sleep timer (pmset -g) on {', '.join(unread)}")
+        fixes += [on_node(nodes[n], "pmset -g") for n in unread]
+    return [check("power.sleep", "health", WARN, "; ".join(details), "; ".join(fixes))]
+
+
+def _sleep_detail(name: str, power: dict[str, Any]) -> str:
+    detail = f"{name} sleeps after {power['sleep_minutes']} min idle"
+    if power.get("sleep_prevented_by"):
+        detail += f" (held off for now by {', '.join(power['sleep_prevented_by'])})"
+    return detail
+
+
+def _sudo_on_node(node: dict[str, Any], command: str) -> str:
+    """``sudo COMMAND`` on the node; over ssh with a terminal, where sudo asks for a password."""
+    prefix = ssh_prefix(node)
+    if not prefix:
+        return f"sudo {command}"
+    return f"ssh -t {prefix[len('ssh '):]}{shlex.quote(f'sudo {command}')}"

@@ -107,9 +107,15 @@ def compile_rule(line: str) -> Rule | None:
     return Rule(line, re.compile(f"^{prefix}{body}$", re.DOTALL), negate, dir_only)
 
 
+#: What coord itself writes into a tree (hash caches, rank state): never user data, so never part of a
+#: manifest, a sync or a consistency check, whatever patterns a caller gives (an empty list included).
+#: Last, so that no negation before it can bring it back.
+ALWAYS_IGNORED = (".coord/",)
+
+
 class IgnoreRules:
     def __init__(self, patterns: list[str] | tuple[str, ...] = ()):
-        self.patterns = list(patterns)
+        self.patterns = list(patterns) + list(ALWAYS_IGNORED)
         self.rules = [rule for rule in map(compile_rule, self.patterns) if rule is not None]
         # Without negations the order of rules does not matter: one alternation per kind
         # of path replaces a dozen regex calls per file (a 10,000-file tree notices).

@@ -104,6 +104,7 @@ async def run_preflight(daemon: "Daemon", emit, backend: str | None = None,
     report.append(checks.head_launcher(find_launcher(), sys.executable, install_mlx_command()))
     report += checks.equal_versions(nodes, facts)
     report.append(checks.equal_os(facts))
+    report += checks.system_sleep(nodes, facts)
     code = checks.code_consistency(found["manifests"], found["missing"], config.sync.threshold)
     report.append(code)
     configured = [config.node_files(n) for n in config.nodes if only is None or n.name in only]

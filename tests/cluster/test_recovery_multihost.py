@@ -83,7 +83,7 @@ def test_a_damaged_newest_checkpoint_is_skipped_for_the_one_before(netns_cluster
     newest = job_of(doc, "damaged")["last_checkpoint_step"]
     assert newest and newest >= 20
     node = netns_cluster.node(job["nodes"][0])
-    path = (Path(node.workdir) / "checkpoints" / "damaged" / f"attempt-{job['attempt']}"
+    path = (Path(node.workdir) / "checkpoints" / job["run_id"] / f"attempt-{job['attempt']}"
             / f"{newest:07d}_adapters.safetensors")
     with open(path, "r+b") as handle:  # damaged after it was validated
         handle.seek(100)

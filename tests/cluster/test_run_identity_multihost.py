@@ -88,3 +88,28 @@ def test_rank_0s_node_lost_for_good_with_min_nodes_ends_as_an_outcome_not_an_int
     assert lost not in final["nodes"] and len(final["nodes"]) == 2, story
     assert not any("internal error" in e["message"] or "ExceptionGroup" in e["message"] for e in found), story
     assert [e for e in found if e["kind"] == "job.resume_from"][-1]["data"]["step"] >= 20, story
+
+
+@pytest.mark.timeout(900)
+def test_a_second_run_with_a_model_check_passes_preflight(netns_cluster, running):
+    """The agent keeps its hash cache in <model>/.coord/; a model check that hashed it blocked every
+    second run with 'model.files: insufficient consensus'."""
+    daemon, root = running["daemon"], running["root"]
+    daemon.stop()
+    config = netns_cluster.write_cluster_toml(root / "model.toml", state_dir=root / "model-state")
+    with open(config, "a") as handle:
+        handle.write('\n[sync]\nmodel = "model"\ndata = ["data/train.jsonl", "data/valid.jsonl"]\n')
+    checked = DaemonProcess(config, env=environment(), prefix=["ip", "netns", "exec", netns_cluster.head_ns])
+    running["daemon"] = checked  # stopped by the fixture
+    checked.start()
+    checked.wait_for(all_up, 30, "all nodes up")
+    submit(checked, running["project"], "modeled")
+    first = finish(checked, "modeled")
+    preflight = coord("preflight", "--json", "--config", str(config), env=checked.env, timeout=300)
+    model = next(c for c in json.loads(preflight.stdout)["checks"] if c["name"] == "model.files")
+    assert model["status"] == "pass", model
+    submit(checked, running["project"], "modeled")
+    second = finish(checked, "modeled")
+    assert second["run_id"] != first["run_id"]
+    passed = [e for e in run_events(checked, second["run_id"]) if e["kind"] == "job.preflight_passed"]
+    assert passed, "\n".join(e["message"] for e in run_events(checked, second["run_id"]))

@@ -106,7 +106,8 @@ def job_of(doc, name):
 def test_a_plain_script_resumes_exactly_through_the_environment_contract(cluster):
     daemon, root = cluster
     submitted = coord("run", "--config", str(daemon.config), "--name", "plain", "--source", str(root / "project"),
-                      "--save-every", "5", "--detach", "--", "python", "plain.py", "--steps", "40", env=daemon.env)
+                      "--save-every", "5", "--detach", "--", "python", "plain.py", "--steps", "40",
+                      "--sleep", "0.2", env=daemon.env)  # slow enough that the kill comes before the end
     assert submitted.returncode == 0, submitted.stderr
     doc = daemon.wait_for(lambda d: job_of(d, "plain")["step"] >= 18 or job_of(d, "plain")["state"] == "failed",
                           300, "step 18")

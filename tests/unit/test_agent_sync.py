@@ -84,3 +84,22 @@ def test_inspect_reports_hashes_line_counts_and_missing_files(tmp_path):
     (tmp_path / "d.jsonl").write_text('{"a": 1}\n{"a": 2}\n')
     found = node_sync.inspect_files(str(tmp_path), ["d.jsonl", "nope.txt"], count_lines=True)["files"]
     assert found["d.jsonl"]["lines"] == 2 and found["nope.txt"] is None
+
+
+@pytest.mark.parametrize("patterns", [[], ["!.coord/"], ["*.tmp", "!.coord/hashcache.json"]],
+                         ids=["no-patterns", "negated", "negated-file"])
+def test_nothing_under_a_coord_directory_is_ever_in_a_manifest(tmp_path, patterns):
+    """The model check asks for a manifest with no patterns, and the agent keeps its hash cache in
+    <tree>/.coord/: a second run on the same model must not see its own cache as a model file."""
+    model = tmp_path / "model"
+    (model / "sub").mkdir(parents=True)
+    (model / "weights.safetensors").write_bytes(b"w" * 100)
+    (model / "sub" / "config.json").write_text("{}")
+    before = node_sync.describe(str(model), patterns)["files"]
+    assert (model / ".coord" / "hashcache.json").exists()  # the agent wrote its cache there
+    (model / "sub" / ".coord").mkdir()
+    (model / "sub" / ".coord" / "progress.jsonl").write_text("{}\n")
+    (model / ".coord" / "hashcache.json").write_text('{"other": "node"}')
+    after = node_sync.describe(str(model), patterns)["files"]
+    assert sorted(f[0] for f in after) == ["sub/config.json", "weights.safetensors"]
+    assert after == before

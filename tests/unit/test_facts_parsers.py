@@ -19,20 +19,23 @@ from agent import facts
 from agent.facts_parsers import (
     parse_meminfo,
     parse_os_release,
+    parse_pmset,
     parse_proc_cpuinfo,
     parse_sp_hardware,
     parse_sw_vers,
 )
 
 # The repository is /work/main; the shared fixtures sit beside it in /work/shared.
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "macos"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "macos"
+# Written by generate.py beside them, in this repository (see its README: synthetic).
+SYNTHETIC = Path(__file__).resolve().parents[1] / "fixtures" / "macos-synthetic"
 GIB = 1024**3
 
 FACT_KEYS = {
     "hostname", "user", "home", "os", "os_version", "os_build", "os_pretty", "arch",
     "chip", "cores", "performance_cores", "efficiency_cores", "memory_bytes",
     "disk_free_bytes", "workdir", "python_version", "python_executable",
-    "mlx_version", "mlx_lm_version", "gpu", "gpu_detail", "mlx_env",
+    "mlx_version", "mlx_lm_version", "gpu", "gpu_detail", "mlx_env", "power",
 }
 HARDWARE_KEYS = {"chip", "model", "memory_bytes", "cores", "performance_cores", "efficiency_cores"}
 
@@ -40,7 +43,7 @@ HARDWARE_KEYS = {"chip", "model", "memory_bytes", "cores", "performance_cores", 
 def read_fixture(name: str) -> str:
     path = FIXTURES / name
     if not path.is_file():
-        reason = f"macOS fixture {path} is missing (expected ../shared/fixtures beside the checkout)"
+        reason = f"macOS fixture {path} is missing (expected in tests/fixtures/macos)"
         if os.environ.get("CI") == "true":
             pytest.fail(reason)
         pytest.skip(reason)
@@ -237,6 +240,42 @@ def test_empty_os_release_is_unknown():
     assert parse_os_release("") == {"name": None, "version": None}
 
 
+# --- pmset -g (synthetic fixtures: no real capture yet) ------------------------------------
+
+
+@pytest.mark.parametrize(("fixture", "minutes", "disabled", "prevented_by"), [
+    ("macstudio.pmset-g.sleep-0.txt", 0, None, []),
+    ("macmini.pmset-g.sleep-1.txt", 1, None, ["sharingd", "powerd"]),
+    ("macmini.pmset-g.sleep-disabled.txt", 1, True, ["sharingd", "powerd"]),
+    ("macbookpro.pmset-g.battery.txt", 1, None, ["powerd", "coreaudiod"]),
+    ("macbookpro.pmset-g.ac-sleep-0.txt", 0, None, []),
+])
+def test_pmset_gives_the_system_sleep_timer_of_the_profile_in_use(fixture, minutes, disabled, prevented_by):
+    parsed = parse_pmset((SYNTHETIC / fixture).read_text(encoding="utf-8"))
+    assert parsed == {"sleep_minutes": minutes, "sleep_disabled": disabled, "sleep_prevented_by": prevented_by}
+
+
+def test_pmset_display_and_disk_sleep_are_not_system_sleep():
+    # Both fixtures sleep their display (10 min, one with a note) and disk, yet never the system.
+    for fixture in ("macstudio.pmset-g.sleep-0.txt", "macbookpro.pmset-g.ac-sleep-0.txt"):
+        text = (SYNTHETIC / fixture).read_text(encoding="utf-8")
+        assert " displaysleep         10" in text and " disksleep            10" in text
+        assert parse_pmset(text)["sleep_minutes"] == 0
+
+
+def test_pmset_reads_sleep_only_under_currently_in_use_and_names_with_spaces_do_not_confuse_it():
+    text = ("System-wide power settings:\n SleepDisabled\t\t0\n sleep 99\n"
+            "Currently in use:\n Sleep On Power Button 1\n sleep                 5 (sleep prevented by backupd)\n")
+    assert parse_pmset(text) == {"sleep_minutes": 5, "sleep_disabled": False, "sleep_prevented_by": ["backupd"]}
+
+
+def test_pmset_output_that_is_not_pmset_is_unknown():
+    assert parse_pmset("") is None
+    assert parse_pmset("pmset: command not found\n") is None
+    assert parse_pmset("Currently in use:\n displaysleep 10\n") == {
+        "sleep_minutes": None, "sleep_disabled": None, "sleep_prevented_by": []}
+
+
 # --- collect_facts on this machine ----------------------------------------------------------
 
 
@@ -252,6 +291,7 @@ def test_collected_facts_on_linux_are_real_values(tmp_path):
     collected = facts.collect_facts(workdir=str(tmp_path))
     assert set(collected) == FACT_KEYS
     assert collected["os"] == "Linux"
+    assert collected["power"] is None  # system sleep (pmset) is read on macOS only
     assert collected["hostname"] == socket.gethostname() and collected["hostname"]
     assert collected["memory_bytes"] > 0
     assert collected["cores"] >= 1

@@ -19,7 +19,7 @@ from coordinator.plan.diagnosis import (
     parse_version,
 )
 
-SHARED_FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "macos"
+SHARED_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "macos"
 SYNTHETIC = Path(__file__).resolve().parents[1] / "fixtures" / "macos-synthetic"
 
 METAL_TIMEOUT_LINE = ("libc++abi: terminating due to uncaught exception of type std::runtime_error: [METAL] Command "
@@ -179,7 +179,7 @@ def test_same_builds_or_unknown_builds_are_not_flagged():
 def read_fixture(directory: Path, name: str) -> str:
     path = directory / name
     if not path.is_file():
-        reason = f"macOS fixture {path} is missing (expected ../shared/fixtures beside the checkout)"
+        reason = f"macOS fixture {path} is missing (expected in tests/fixtures/macos)"
         if os.environ.get("CI") == "true":
             pytest.fail(reason)
         pytest.skip(reason)

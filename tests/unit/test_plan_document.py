@@ -1,7 +1,7 @@
 """The v2.0.0 plan and the orchestration form, built from what the nodes measured.
 
 The inputs are made the way the daemon makes them: topologies from the macOS command
-outputs (the real pair in ../shared/fixtures/macos, the synthetic three-Mac mesh), the
+outputs (the real pair in tests/fixtures/macos, the synthetic three-Mac mesh), the
 connectivity matrix and backend choice, a hostfile, calibration records, a consistency
 report and pre-flight checks from coord's own functions. Outputs are checked against the
 JSON Schemas that ship with coord.
@@ -32,7 +32,7 @@ from coordinator.plan.orchestration import (OrchestrationInputError, build_orche
 from coordinator.topology import choose_backend, connectivity_matrix
 
 # The repository is /work/main; the shared fixtures and formats sit beside it in /work/shared.
-SHARED = Path(__file__).resolve().parents[3] / "shared"
+SHARED = Path(__file__).resolve().parents[1] / "fixtures"  # copies of ../shared/fixtures and ../shared/formats
 SYNTHETIC = Path(__file__).resolve().parents[1] / "fixtures" / "macos-synthetic"
 GIB = 2**30
 MEASURED_AT = 1795168800.0  # 2026-11-20T10:00Z
@@ -42,7 +42,7 @@ MESH = {"studio-a": "A", "studio-b": "B", "studio-c": "C"}
 def shared_file(relative: str) -> Path:
     path = SHARED / relative
     if not path.is_file():
-        reason = f"{path} is missing (expected ../shared beside the checkout)"
+        reason = f"{path} is missing (expected in tests/fixtures)"
         if os.environ.get("CI") == "true":
             pytest.fail(reason)
         pytest.skip(reason)
@@ -50,7 +50,7 @@ def shared_file(relative: str) -> Path:
 
 
 def macos_output(name: str) -> str:
-    return shared_file(f"fixtures/macos/{name}").read_text(encoding="utf-8")
+    return shared_file(f"macos/{name}").read_text(encoding="utf-8")
 
 
 def mesh_topology(letter: str) -> dict:

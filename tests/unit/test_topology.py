@@ -42,7 +42,7 @@ from coordinator.topology import (
 )
 
 # The repository is /work/main; the shared fixtures sit beside it in /work/shared.
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "macos"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "macos"
 SYNTHETIC = Path(__file__).resolve().parents[1] / "fixtures" / "macos-synthetic"
 
 LOCAL_TB = "system_profiler-SPThunderboltDataType.local-rdma-disabled.json"
@@ -54,7 +54,7 @@ PEER_BUS1_UUID = "00000003-0000-4000-8000-000000000003"
 def read_fixture(name: str) -> str:
     path = FIXTURES / name
     if not path.is_file():
-        reason = f"macOS fixture {path} is missing (expected ../shared/fixtures beside the checkout)"
+        reason = f"macOS fixture {path} is missing (expected in tests/fixtures/macos)"
         if os.environ.get("CI") == "true":
             pytest.fail(reason)
         pytest.skip(reason)
