@@ -32,6 +32,18 @@ class ShellServer:
     """An SSH server on 127.0.0.1 that runs each command with /bin/sh -c, in a thread of its own."""
 
     def __init__(self, tmp: Path):
+        # The user's home on the "remote" side: its own, so that what init finds does not
+        # depend on the home of whoever runs the tests. The Python running the tests (it has
+        # mlx and mlx-lm) is this user's ~/venv, as a node's would be: the login shell's
+        # python3 (/usr/bin/python3) may well lack mlx.
+        self.home = tmp / "home"
+        self.home.mkdir()
+        if sys.prefix != sys.base_prefix:  # a venv (the README's `.venv/bin/python -m pytest`)
+            (self.home / "venv").symlink_to(sys.prefix, target_is_directory=True)
+        else:  # a Python of its own finds its prefix through the link
+            (self.home / "venv" / "bin").mkdir(parents=True)
+            (self.home / "venv" / "bin" / "python").symlink_to(sys.executable)
+        self.env = {**os.environ, "HOME": str(self.home)}
         self.host_key = asyncssh.generate_private_key("ssh-ed25519")
         self.client_key = tmp / "id_ed25519"
         client = asyncssh.generate_private_key("ssh-ed25519")
@@ -52,7 +64,7 @@ class ShellServer:
         async def run(process: asyncssh.SSHServerProcess) -> None:
             proc = await asyncio.create_subprocess_exec(
                 "/bin/sh", "-c", process.command, stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=self.env)
             out, err = await proc.communicate()
             process.stdout.write(out)
             process.stderr.write(err)
@@ -134,7 +146,7 @@ def test_init_over_ssh_finds_this_machines_python_with_mlx_and_writes_a_file_the
     config = load_config(output)
     (loaded,) = config.nodes
     assert (loaded.name, loaded.host, loaded.port, loaded.user) == ("box", "127.0.0.1", server.port, getpass.getuser())
-    assert loaded.workdir == str(Path.home() / "coord-work")
+    assert loaded.workdir == str(server.home / "coord-work")
     assert config.ssh.known_hosts == str(known_hosts) and config.ssh.identity_file == str(server.client_key)
     # The Python written really has both packages.
     check = subprocess.run([loaded.python, "-c", "import mlx.core, mlx_lm"], capture_output=True, text=True)
