@@ -471,7 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--watch", "-w", action="store_true", help="refresh until interrupted")
     p.add_argument("--all", action="store_true", help="every run of every job, not only each job's newest run")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes with --watch")
-    p.add_argument("--events", type=int, default=10, help="how many recent events to show (default 10)")
+    p.add_argument("--events", type=int, default=10, help="how many recent events to show (default 10; the daemon keeps them all, up to 10,000 are shown)")
     p.add_argument("--check", action="store_true", help="exit 1 unless every node is up")
     p.set_defaults(func=cmd_status)
 

@@ -11,11 +11,26 @@ if TYPE_CHECKING:
     from coordinator.daemon import Daemon
 
 
+MAX_EVENTS = 10_000
+
+
+def recent_events(daemon: "Daemon", count: int) -> list[dict[str, Any]]:
+    """The newest ``count`` events: from memory when it holds that many (the common, fast case),
+    else from the store, which keeps them all; never silently fewer than asked for and kept."""
+    count = min(max(0, count), MAX_EVENTS)
+    if not count:
+        return []
+    held = daemon.cluster.events
+    if count <= len(held) or len(held) < (held.maxlen or 0):
+        return list(held)[-count:]
+    return daemon.state.recent_events(count)
+
+
 def serve_status(daemon: "Daemon", *, events: int = 10, every_run: bool = False) -> dict[str, Any]:
     """The daemon half: a plain document, the same one `--json` prints. Jobs are each name's newest
     run and any run still going; ``every_run`` adds every earlier run too."""
     nodes = daemon.cluster.node_views()
-    recent = list(daemon.cluster.events)[-max(0, events):] if events else []
+    recent = recent_events(daemon, events)
     return {
         "cluster": {"name": daemon.config.name},
         "daemon": daemon.info(),
