@@ -33,6 +33,7 @@ class JobRecord(TypedDict, total=False):
     peak_memory_gb: float | None
     history: list[dict[str, Any]]  # each attempt's Outcome, oldest first
     order: list[str]  # the nodes of the current attempt, rank by rank
+    backend: dict[str, Any]  # the current attempt's backend, transport and links (core.launch_links)
     start_step: int
     launcher_pid: int | None
     error: str | None
@@ -173,3 +174,16 @@ def describe_exception(exc: BaseException, where: str) -> str:
         return f"{where}: {causes}"
     text = str(exc) or exc.__class__.__name__
     return f"{where}: {text} ({exc.__class__.__name__})"
+
+
+def launch_links(choice: dict[str, Any]) -> dict[str, Any]:
+    """What an attempt's backend choice says about its links, small enough to keep with the run:
+    the backend, the transport, and each pair of neighbours with the kind and speed of their link."""
+    links = []
+    for host in choice.get("hosts") or []:
+        for peer, link in (host.get("toward") or {}).items():
+            if link and host["node"] < peer:
+                links.append({"a": host["node"], "b": peer, "kind": link.get("kind"),
+                              "speed_gbps": link.get("speed_gbps")})
+    return {"backend": choice.get("backend"), "transport": choice.get("transport"),
+            "ring": choice.get("ring"), "links": links}

@@ -421,6 +421,7 @@ class JobRunner(RankWatching, CheckpointKeeping):
                        + f"; {batch.describe() if batch else 'the job' + chr(39) + 's own batch'}; hostfile rewritten",
                        nodes=order, left_out=left, back=back)
         self.record["order"] = order
+        self.record["backend"] = core.launch_links(choice)
         self.save()  # before any rank can start: a daemon restarted from here knows whom to stop
         choose_started = self.fx.monotonic()
         if self.record.get("uncatalogued"):

@@ -75,3 +75,16 @@ def test_a_node_that_fails_launches_twice_is_waited_for_not_failed():
     assert decide(broken, [broken], max_restarts=3, restarts_used=1).action == "fail"
     lost = Outcome(NODE_LOST, "node n1 lost", False, "node:n1")
     assert decide(lost, [lost], max_restarts=3, restarts_used=1).action == "restart"
+
+
+def test_launch_links_keep_each_pair_of_neighbours_once_with_kind_and_speed():
+    choice = {"backend": "jaccl-ring", "transport": "rdma", "ring": ["n1", "n2", "n3"], "hosts": [
+        {"node": "n1", "toward": {"n2": {"kind": "thunderbolt", "speed_gbps": 40}, "n3": None}},
+        {"node": "n2", "toward": {"n1": {"kind": "thunderbolt", "speed_gbps": 40},
+                                  "n3": {"kind": "ethernet", "speed_gbps": 10}}},
+        {"node": "n3", "toward": {"n2": {"kind": "ethernet", "speed_gbps": 10}}}]}
+    assert core.launch_links(choice) == {
+        "backend": "jaccl-ring", "transport": "rdma", "ring": ["n1", "n2", "n3"],
+        "links": [{"a": "n1", "b": "n2", "kind": "thunderbolt", "speed_gbps": 40},
+                  {"a": "n2", "b": "n3", "kind": "ethernet", "speed_gbps": 10}]}
+    assert core.launch_links({"backend": "ring", "transport": "tcp", "hosts": []})["links"] == []

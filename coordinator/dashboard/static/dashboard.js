@@ -1,0 +1,250 @@
+// coord's dashboard: draws the daemon's dashboard document (coordinator/dashboard/document.py),
+// sent over server-sent events whenever it changes. Read-only. Every string from the daemon is
+// set as text, never as HTML (a node's name, an event's message or an error may hold anything).
+"use strict";
+
+const params = new URLSearchParams(location.search);
+const tokenQuery = params.get("token") ? "?token=" + encodeURIComponent(params.get("token")) : "";
+const SVG = "http://www.w3.org/2000/svg";
+const ATTEMPT_COLOURS = ["#3867d6", "#e67e22", "#16a085", "#8e44ad", "#c0392b", "#2c3e50"];
+let selectedRun = null;
+let charts = {};
+let chartShape = "";
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") node.className = v; else node.setAttribute(k, v);
+  }
+  for (const child of children) {
+    node.append(child instanceof Node ? child : document.createTextNode(child == null ? "" : String(child)));
+  }
+  return node;
+}
+
+function svg(tag, attrs, text) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
+  if (text != null) node.textContent = text;
+  return node;
+}
+
+function bytes(n) {
+  if (n == null) return "-";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+  return (i >= 3 ? n.toFixed(1) : Math.round(n)) + " " + units[i];
+}
+
+function age(seconds) {
+  if (seconds == null) return "-";
+  if (seconds < 90) return Math.round(seconds) + " s";
+  if (seconds < 5400) return Math.round(seconds / 60) + " min";
+  return (seconds / 3600).toFixed(1) + " h";
+}
+
+function number(x, digits) { return x == null ? "-" : Number(x).toFixed(digits); }
+
+function fillBody(table, rows) {
+  const body = document.querySelector(table + " tbody");
+  body.replaceChildren(...rows);
+}
+
+function renderNodes(doc) {
+  fillBody("#nodes", doc.nodes.map(n => el("tr", {},
+    el("td", {}, n.name), el("td", { class: "state-" + n.state, title: n.reason || "" }, n.state),
+    el("td", {}, n.chip || "-"), el("td", {}, bytes(n.memory_bytes)), el("td", {}, n.os || "-"),
+    el("td", {}, n.python || "-"), el("td", {}, n.mlx || "-"), el("td", {}, n.mlx_lm || "-"))));
+}
+
+function renderTopology(doc, job) {
+  const box = document.getElementById("topology");
+  const nodes = doc.nodes;
+  const cx = 210, cy = 145, r = nodes.length > 1 ? 100 : 0;
+  const at = {};
+  nodes.forEach((n, i) => {
+    const a = -Math.PI / 2 + (2 * Math.PI * i) / Math.max(1, nodes.length);
+    at[n.name] = [cx + r * Math.cos(a), cy + r * Math.sin(a)];
+  });
+  const parts = [];
+  const backend = job && job.backend;
+  const running = job && job.state === "running" ? new Set(job.nodes) : new Set();
+  if (backend) {
+    let links = backend.links || [];
+    if (!links.length && backend.ring && backend.ring.length > 1) {  // a ring whose links were not measured
+      links = backend.ring.map((a, i) => ({ a, b: backend.ring[(i + 1) % backend.ring.length], kind: backend.transport }));
+    }
+    for (const link of links) {
+      if (!at[link.a] || !at[link.b]) continue;
+      const [x1, y1] = at[link.a], [x2, y2] = at[link.b];
+      parts.push(svg("line", { x1, y1, x2, y2, stroke: "#9aa5b1", "stroke-width": 2 }));
+      const label = [link.kind, link.speed_gbps ? link.speed_gbps + " Gb/s" : null].filter(Boolean).join(" ");
+      if (label) parts.push(svg("text", { x: (x1 + x2) / 2, y: (y1 + y2) / 2 - 4, "text-anchor": "middle", fill: "#6b7580" }, label));
+    }
+    parts.push(svg("text", { x: 6, y: 292, fill: "#6b7580" },
+      `${job.name}: ${backend.backend || "?"}${backend.transport ? " over " + backend.transport : ""}`));
+  }
+  const colours = { up: "#1f9d55", down: "#d64545" };
+  for (const n of nodes) {
+    const [x, y] = at[n.name];
+    const g = svg("g", { class: "node" });
+    g.append(svg("rect", { x: x - 62, y: y - 24, width: 124, height: 48, rx: 6, fill: "#fff",
+      stroke: colours[n.state] || "#d69e2e", "stroke-width": running.has(n.name) ? 3 : 1.5 }));
+    g.append(svg("text", { x, y: y - 8, "text-anchor": "middle", "font-weight": 600 }, n.name));
+    g.append(svg("text", { x, y: y + 6, "text-anchor": "middle", fill: "#6b7580" }, (n.chip || "").slice(0, 20)));
+    g.append(svg("text", { x, y: y + 19, "text-anchor": "middle", fill: "#6b7580" },
+      `${bytes(n.memory_bytes)} · mlx ${n.mlx || "?"}`));
+    parts.push(g);
+  }
+  box.replaceChildren(...parts);
+}
+
+function stepCell(job) {
+  const text = job.total_steps ? `${job.step}/${job.total_steps}` : String(job.step);
+  const cell = el("td", {}, text);
+  if (job.total_steps) {
+    const bar = el("span", { class: "progress" }, el("span", {}));
+    bar.firstChild.style.width = Math.min(100, (100 * job.step) / job.total_steps) + "%";
+    cell.append(bar);
+  }
+  return cell;
+}
+
+function renderJobs(doc) {
+  fillBody("#jobs", doc.jobs.map(job => {
+    const state = job.state === "queued" && job.queue_position ? `queued #${job.queue_position}` : job.state;
+    const row = el("tr", { class: "job" + (job.run_id === selectedRun ? " selected" : ""), title: job.error || job.warning || job.run_id },
+      el("td", {}, job.name), el("td", { class: "state-" + job.state }, state), stepCell(job),
+      el("td", {}, job.eta_s == null ? "-" : age(job.eta_s)), el("td", {}, number(job.loss, 4)),
+      el("td", {}, job.tokens_per_second == null ? "-" : Math.round(job.tokens_per_second)),
+      el("td", {}, `${job.restarts}/${job.max_restarts}`), el("td", {}, (job.nodes || []).join(", ")));
+    row.addEventListener("click", () => { selectedRun = job.run_id; render(lastDoc); });
+    return row;
+  }));
+}
+
+// A run's points as uPlot data: x = step, one series per attempt (a resumed attempt continues
+// the curve in another colour), and the steps each restart resumed from, drawn as lines.
+function seriesOf(history, field) {
+  const points = (history && history.points || []).filter(p => p[field] != null);
+  const attempts = [...new Set(points.map(p => p.attempt))].sort((a, b) => a - b);
+  const steps = [...new Set(points.map(p => p.step))].sort((a, b) => a - b);
+  const index = new Map(steps.map((s, i) => [s, i]));
+  const data = [steps];
+  for (const attempt of attempts) {
+    const ys = new Array(steps.length).fill(null);
+    for (const p of points) if (p.attempt === attempt) ys[index.get(p.step)] = p[field];
+    data.push(ys);
+  }
+  return { data, attempts };
+}
+
+function restartLines(restarts) {
+  return {
+    hooks: {
+      draw: [u => {
+        const ctx = u.ctx;
+        ctx.save();
+        ctx.strokeStyle = "#d64545";
+        ctx.setLineDash([4, 4]);
+        for (const r of restarts) {
+          const x = u.valToPos(r.step, "x", true);
+          if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
+          ctx.beginPath(); ctx.moveTo(x, u.bbox.top); ctx.lineTo(x, u.bbox.top + u.bbox.height); ctx.stroke();
+        }
+        ctx.restore();
+      }],
+    },
+  };
+}
+
+function drawChart(id, title, history, field) {
+  const { data, attempts } = seriesOf(history, field);
+  const target = document.getElementById(id);
+  const width = Math.max(300, target.clientWidth || 440);
+  const restarts = (history && history.restarts) || [];
+  const shape = id + ":" + attempts.join(",") + ":" + width + ":" + restarts.map(r => r.step).join(",");
+  if (charts[id] && charts[id].shape === shape) {
+    charts[id].plot.setData(data);
+    return data[0].length;
+  }
+  if (charts[id]) charts[id].plot.destroy();
+  const opts = {
+    title, width, height: 180, plugins: [restartLines(restarts)],
+    scales: { x: { time: false } },
+    series: [{ label: "step" }, ...attempts.map((a, i) => ({
+      label: "attempt " + a, stroke: ATTEMPT_COLOURS[i % ATTEMPT_COLOURS.length], width: 2, spanGaps: false }))],
+  };
+  charts[id] = { shape, plot: new uPlot(opts, data, target) };
+  return data[0].length;
+}
+
+function renderCurves(job) {
+  document.getElementById("curves-job").textContent = job ? `${job.name} (${job.run_id})` : "";
+  const history = job && job.history;
+  const n = drawChart("loss-chart", "loss", history, "loss") + drawChart("tps-chart", "tokens/s", history, "tokens_per_second");
+  document.getElementById("curves-empty").hidden = n > 0;
+}
+
+function renderMemory(doc, job) {
+  const box = document.getElementById("rank-memory");
+  const memory = (job && job.rank_memory_bytes) || {};
+  const ranks = Object.keys(memory).sort((a, b) => a - b);
+  const top = Math.max(1, ...ranks.map(r => memory[r]));
+  box.replaceChildren(...(ranks.length ? ranks.map(r => {
+    const fill = el("span", { class: "fill" });
+    fill.style.width = Math.round((200 * memory[r]) / top) + "px";
+    const node = job.nodes ? job.nodes[Number(r)] : null;
+    return el("div", { class: "bar" }, el("span", {}, `rank ${r}${node ? " on " + node : ""}`), fill, el("span", {}, bytes(memory[r])));
+  }) : [el("p", { class: "muted" }, "no rank running")]));
+}
+
+function renderCheckpoints(job) {
+  const rows = (job && job.checkpoints) || [];
+  fillBody("#checkpoints", rows.map(c => el("tr", {},
+    el("td", {}, c.step), el("td", {}, age(c.age_s)), el("td", { class: c.valid ? "state-up" : "state-down" }, c.valid ? "valid" : "invalid"),
+    el("td", {}, c.copies.map(copy => `${copy.node} (${copy.role}${copy.valid ? "" : ", invalid"})`).join(", ")))));
+}
+
+function renderEvents(doc) {
+  const items = doc.events.slice().reverse().map(e => el("li", {},
+    new Date(e.ts * 1000).toLocaleTimeString() + " ", el("span", { class: "kind" }, e.kind), " " + e.message));
+  document.getElementById("events").replaceChildren(...items);
+}
+
+let lastDoc = null;
+
+function render(doc) {
+  lastDoc = doc;
+  document.getElementById("cluster").textContent = doc.cluster;
+  document.getElementById("updated").textContent = "updated " + new Date(doc.time * 1000).toLocaleTimeString();
+  if (!doc.jobs.some(j => j.run_id === selectedRun)) {
+    const running = doc.jobs.find(j => j.state === "running") || doc.jobs[0];
+    selectedRun = running ? running.run_id : null;
+  }
+  const job = doc.jobs.find(j => j.run_id === selectedRun) || null;
+  renderNodes(doc);
+  renderTopology(doc, job);
+  renderJobs(doc);
+  renderCurves(job);
+  renderMemory(doc, job);
+  renderCheckpoints(job);
+  renderEvents(doc);
+  document.body.dataset.rendered = String(Number(document.body.dataset.rendered || 0) + 1);
+}
+
+function setConnection(text, live) {
+  const pill = document.getElementById("connection");
+  pill.textContent = text;
+  pill.className = "pill" + (live ? " live" : "");
+}
+
+function connect() {
+  const stream = new EventSource("api/stream" + tokenQuery);
+  stream.onopen = () => setConnection("live", true);
+  stream.onmessage = e => render(JSON.parse(e.data));
+  stream.onerror = () => setConnection("reconnecting…", false);  // EventSource retries by itself
+}
+
+connect();

@@ -1,0 +1,44 @@
+"""The dashboard's document: which runs it lists, and how a run's checkpoints are summed up."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from coordinator.dashboard.document import FINISHED_SHOWN, checkpoint_rows, node_entry, shown_runs
+
+
+def _runner(run_id: str, state: str, started: float, position: int | None = None) -> SimpleNamespace:
+    return SimpleNamespace(run_id=run_id, state=state, record={"started": started}, queue_position=position)
+
+
+def test_running_first_then_the_queue_in_order_then_the_newest_finished():
+    runners = [_runner("old", "succeeded", 1), _runner("q2", "queued", 5, 2), _runner("run", "running", 3),
+               _runner("q1", "queued", 6, 1), _runner("new", "failed", 4)]
+    assert [r.run_id for r in shown_runs(runners)] == ["run", "q1", "q2", "new", "old"]
+    many = [_runner(f"f{i}", "succeeded", i) for i in range(FINISHED_SHOWN + 5)]
+    shown = shown_runs(many)
+    assert len(shown) == FINISHED_SHOWN and shown[0].run_id == f"f{FINISHED_SHOWN + 4}"
+
+
+def test_checkpoints_newest_first_with_every_copy_and_validity():
+    rows = [{"step": 10, "attempt": 0, "node": "n1", "path": "/w/a", "sha256": "x", "size": 5, "valid": True,
+             "detail": None, "created": 100.0, "role": "primary"},
+            {"step": 10, "attempt": 0, "node": "head", "path": "/s/a", "sha256": "x", "size": 5, "valid": True,
+             "detail": None, "created": 103.0, "role": "replica"},
+            {"step": 20, "attempt": 0, "node": "n1", "path": "/w/b", "sha256": None, "size": 5, "valid": False,
+             "detail": "truncated", "created": 110.0, "role": "primary"}]
+    out = checkpoint_rows(rows, now=130.0)
+    assert [c["step"] for c in out] == [20, 10]
+    assert out[0]["valid"] is False and out[0]["copies"][0]["detail"] == "truncated"
+    assert out[1]["valid"] is True and out[1]["age_s"] == 30.0
+    assert [(c["node"], c["role"]) for c in out[1]["copies"]] == [("n1", "primary"), ("head", "replica")]
+
+
+def test_a_node_entry_carries_no_paths():
+    view = {"name": "n1", "state": "up", "reason": None, "user": "alice", "host": "10.0.0.2", "workdir": "/w",
+            "python": "/venv/bin/python", "last_seen": 5.0,
+            "facts": {"chip": "Apple M2 Ultra", "memory_bytes": 1 << 36, "os": "macOS", "os_version": "15.1",
+                      "python_version": "3.12.4", "mlx_version": "0.29.1", "mlx_lm_version": "0.28.0"}}
+    entry = node_entry(view)
+    assert entry["chip"] == "Apple M2 Ultra" and entry["os"] == "macOS 15.1" and entry["mlx"] == "0.29.1"
+    assert "workdir" not in entry and "python" in entry and entry["python"] == "3.12.4"
