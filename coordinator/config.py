@@ -6,6 +6,7 @@ user never has to guess which of sixteen ``[[nodes]]`` tables is wrong.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import sys
@@ -73,6 +74,23 @@ class NodeConfig:
         return f"{who}{self.host}{port}"
 
 
+DEFAULT_DASHBOARD = "127.0.0.1:8470"
+
+
+@dataclass(frozen=True)
+class DashboardSettings:
+    """Where coordd serves its read-only dashboard and /metrics: ``host`` None means off.
+    A token is required for any address other than loopback."""
+
+    host: str | None = "127.0.0.1"
+    port: int = 8470
+    token: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.host is not None
+
+
 @dataclass(frozen=True)
 class ClusterConfig:
     name: str
@@ -82,6 +100,7 @@ class ClusterConfig:
     nodes: tuple[NodeConfig, ...]
     path: Path | None = None
     sync: SyncSettings = SyncSettings()
+    dashboard: DashboardSettings = DashboardSettings()
 
     def node_files(self, node: NodeConfig) -> dict[str, object]:
         """The training script, data files and model of a node, relative to its workdir."""
@@ -120,7 +139,8 @@ _SYNC_KEYS = {
     "data": (list, False),
     "model": (str, False),
 }
-_TOP_KEYS = {"cluster": dict, "ssh": dict, "nodes": list, "sync": dict}
+_DASHBOARD_KEYS = {"listen": (str, False), "token": (str, False)}
+_TOP_KEYS = {"cluster": dict, "ssh": dict, "nodes": list, "sync": dict, "dashboard": dict}
 
 
 def default_state_dir() -> Path:
@@ -154,7 +174,7 @@ def parse_config(text: str, path: Path | None = None) -> ClusterConfig:
     for key, value in raw.items():
         kind = _TOP_KEYS.get(key)
         if kind is None:
-            raise ConfigError(locate.message(None, None, key, f"unknown key {key!r} (expected one of: cluster, ssh, sync, nodes)"))
+            raise ConfigError(locate.message(None, None, key, f"unknown key {key!r} (expected one of: {', '.join(_TOP_KEYS)})"))
         if not isinstance(value, kind):
             raise ConfigError(locate.message(None, None, key, f"{key!r} must be a table" + ("s ([[nodes]])" if kind is list else "")))
 
@@ -195,7 +215,51 @@ def parse_config(text: str, path: Path | None = None) -> ClusterConfig:
         if getattr(ssh, key) <= 0:
             raise ConfigError(locate.message("ssh", None, key, f"{key} must be greater than 0"))
     return ClusterConfig(name=cluster["name"], state_dir=state_dir, socket=socket, ssh=ssh, nodes=nodes, path=path,
-                         sync=sync)
+                         sync=sync, dashboard=_parse_dashboard(raw.get("dashboard", {}), locate))
+
+
+def parse_listen(value: str) -> tuple[str | None, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) to (host, port); ``off`` or an empty string to (None, 0).
+    Raises ValueError with what is wrong."""
+    value = value.strip()
+    if value.lower() in ("", "off", "none", "false"):
+        return None, 0
+    host, sep, port = value.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"listen = {value!r} is not HOST:PORT (e.g. \"{DEFAULT_DASHBOARD}\", or \"off\")")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"listen = {value!r}: the port must be a number from 0 to 65535")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if host != "localhost":
+            raise ValueError(f"listen = {value!r}: the host must be an IP address of this machine "
+                             "(127.0.0.1 for this machine only) or localhost") from None
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    return host == "localhost" or ipaddress.ip_address(host).is_loopback
+
+
+def _parse_dashboard(raw: dict, locate: "_Locator") -> DashboardSettings:
+    _check_table(raw, _DASHBOARD_KEYS, "dashboard", None, locate)
+    try:
+        host, port = parse_listen(raw.get("listen", DEFAULT_DASHBOARD))
+    except ValueError as exc:
+        raise ConfigError(locate.message("dashboard", None, "listen", str(exc))) from None
+    token = raw.get("token")
+    if token is not None and (len(token) < 16 or any(c.isspace() for c in token)):
+        raise ConfigError(locate.message("dashboard", None, "token", "token must be at least 16 characters without "
+                                         "spaces (e.g. the output of: openssl rand -hex 16)"))
+    if host is not None and not is_loopback(host) and token is None:
+        raise ConfigError(locate.message("dashboard", None, "listen",
+                                         f"the dashboard on {host}, which other machines can reach, needs a token: "
+                                         "add token = \"...\" (e.g. from: openssl rand -hex 16) to [dashboard], "
+                                         "or listen on 127.0.0.1"))
+    return DashboardSettings(host=host, port=port, token=token)
 
 
 def _relative_paths(values: list, table: str, index: int | None, key: str, locate: "_Locator") -> tuple[str, ...]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 import structlog
 
 from coordinator.agent_bundle import AgentBundle, build_bundle
@@ -28,6 +29,8 @@ from coordinator.commands import prepare as prepare_command
 from coordinator.commands import status as status_command
 from coordinator.config import ClusterConfig, ConfigError, load_config
 from coordinator.control import ControlServer, ControlSocketError
+from coordinator.dashboard.document import dashboard_document
+from coordinator.dashboard.server import WebServer
 from coordinator.node_session import Connect, open_transport
 from coordinator.state import StateError, StateStore
 from coordinator.logs import configure_logging
@@ -76,6 +79,7 @@ class Daemon:
         self.started = time.time()
         self.cluster = Cluster(config, state, bundle, connect=connect)
         self.control = ControlServer(config.socket, self._dispatcher())
+        self.web = WebServer(config.dashboard, self.dashboard_document) if config.dashboard.enabled else None
         self.jobs: dict[str, Any] = {}  # job name -> its newest run's supervisor
         self.runs: dict[str, Any] = {}  # run id -> supervisor, every run this cluster has had
         from coordinator.jobs.daemon_effects import DaemonEffects
@@ -229,6 +233,7 @@ class Daemon:
                 self._tasks = tasks
                 tasks.start_soon(self._stop_on_signal, tasks.cancel_scope)
                 tasks.start_soon(self.cluster.run)
+                await self._start_dashboard(tasks)
                 self._reattach_jobs()
                 self.schedule_jobs()
                 for func, name in self._pending_tasks:
@@ -240,6 +245,28 @@ class Daemon:
                 await self.control.close()
                 self.cluster.record_event("daemon.stopped", "coordd stopped")
                 log.info("daemon stopped")
+
+    async def _start_dashboard(self, tasks: anyio.abc.TaskGroup) -> None:
+        """The dashboard is a window on the daemon, never a reason for it not to run: an
+        address already in use is an event, and coordd goes on without it."""
+        if self.web is None:
+            return
+        try:
+            url = await tasks.start(self.web.serve)
+        except OSError as exc:
+            settings = self.config.dashboard
+            self.cluster.record_event("dashboard.unavailable",
+                                      f"dashboard not served: cannot listen on {settings.host}:{settings.port}: "
+                                      f"{exc.strerror or exc} (set [dashboard] listen in the cluster file)")
+            self.web = None
+            return
+        self.cluster.record_event("dashboard.listening", f"dashboard at {url}")
+
+    def dashboard_url(self) -> str | None:
+        return self.web.url if self.web is not None else None
+
+    def dashboard_document(self) -> dict[str, Any]:
+        return dashboard_document(self)
 
     async def _stop_on_signal(self, scope: anyio.CancelScope) -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

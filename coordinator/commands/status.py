@@ -34,6 +34,7 @@ def serve_status(daemon: "Daemon", *, events: int = 10, every_run: bool = False)
     return {
         "cluster": {"name": daemon.config.name},
         "daemon": daemon.info(),
+        "dashboard": daemon.dashboard_url(),
         "time": time.time(),
         "summary": {"nodes": len(nodes), "up": sum(n["state"] == "up" for n in nodes)},
         "nodes": nodes,
@@ -67,6 +68,8 @@ def render_status(doc: dict[str, Any], console) -> None:
             _age(now - node["last_seen"]) + " ago" if node.get("last_seen") else "never",
         )
     console.print(table)
+    if doc.get("dashboard"):
+        console.print(f"dashboard: {doc['dashboard']}", markup=False, highlight=False)
     for node in doc["nodes"]:
         if node["state"] != "up" and node.get("reason"):
             console.print(f"[red]{node['name']}[/] {node['state']}: {node['reason']}", soft_wrap=True)

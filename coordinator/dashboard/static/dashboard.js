@@ -89,7 +89,7 @@ function renderTopology(doc, job) {
   for (const n of nodes) {
     const [x, y] = at[n.name];
     const g = svg("g", { class: "node" });
-    g.append(svg("rect", { x: x - 62, y: y - 24, width: 124, height: 48, rx: 6, fill: "#fff",
+    g.append(svg("rect", { x: x - 72, y: y - 24, width: 144, height: 48, rx: 6, fill: "#fff",
       stroke: colours[n.state] || "#d69e2e", "stroke-width": running.has(n.name) ? 3 : 1.5 }));
     g.append(svg("text", { x, y: y - 8, "text-anchor": "middle", "font-weight": 600 }, n.name));
     g.append(svg("text", { x, y: y + 6, "text-anchor": "middle", fill: "#6b7580" }, (n.chip || "").slice(0, 20)));

@@ -1,0 +1,138 @@
+"""The dashboard of a real local daemon: what it serves, to whom, and what headless Chromium
+draws of it after a real run with a killed rank."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir
+from tests.integration.test_jobs_local import PLAIN
+
+TOKEN = "dashboard-test-token-0123456789"
+
+CLUSTER = """\
+[cluster]
+name = "dash-local"
+state_dir = "{root}/state"
+
+[ssh]
+keepalive_s = 0.5
+
+[dashboard]
+listen = "127.0.0.1:0"
+token = "{token}"
+
+[[nodes]]
+name = "alpha-node"
+host = "local"
+workdir = "{root}/a"
+
+[[nodes]]
+name = "beta-node"
+host = "local"
+workdir = "{root}/b"
+"""
+
+
+def chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+@pytest.fixture(scope="module")
+def dashboard():
+    root = short_tempdir()
+    (root / "project").mkdir()
+    (root / "project" / "plain.py").write_text(PLAIN)
+    config = root / "cluster.toml"
+    config.write_text(CLUSTER.format(root=root, token=TOKEN))
+    daemon = DaemonProcess(config, env=environment()).start()
+    doc = daemon.wait_for(all_up, 30, "all nodes up")
+    assert doc["dashboard"] and doc["dashboard"].startswith("http://127.0.0.1:"), doc.get("dashboard")
+    yield daemon, root, doc["dashboard"]
+    daemon.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def get(url: str, *, token: str | None = TOKEN, host: str | None = None, method: str = "GET"):
+    request = urllib.request.Request(url, method=method)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    if host:
+        request.add_header("Host", host)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, answer.headers, answer.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers, exc.read()
+
+
+def test_data_needs_the_token_the_page_does_not_and_nothing_but_get_is_answered(dashboard):
+    _, _, url = dashboard
+    status, headers, body = get(url, token=None)
+    assert status == 200 and b"<title>coord</title>" in body
+    assert "default-src 'self'" in headers["Content-Security-Policy"]
+    assert get(url + "static/vendor/uPlot.iife.min.js", token=None)[0] == 200
+    assert get(url + "api/dashboard", token=None)[0] == 401
+    assert get(url + "api/dashboard", token="wrong-token-wrong-token")[0] == 401
+    status, _, body = get(url + "api/dashboard")
+    assert status == 200 and {n["name"] for n in json.loads(body)["nodes"]} == {"alpha-node", "beta-node"}
+    assert get(url + "api/dashboard?token=" + TOKEN, token=None)[0] == 200
+    assert get(url + "api/dashboard", method="POST")[0] == 405
+    assert get(url + "static/../../config.py", token=None)[0] == 404
+    assert get(url + "nothing-here", token=None)[0] == 404
+    # A page from another site whose name points at 127.0.0.1 (DNS rebinding) is refused.
+    assert get(url + "api/dashboard", host="evil.example:80")[0] == 403
+
+
+def _run_a_job_with_a_killed_rank(daemon: DaemonProcess, root: Path) -> dict:
+    submitted = coord("run", "--config", str(daemon.config), "--name", "dash-job", "--source", str(root / "project"),
+                      "--save-every", "5", "--detach", "--", "python", "plain.py", "--steps", "40", "--sleep", "0.15",
+                      env=daemon.env)
+    assert submitted.returncode == 0, submitted.stderr
+    doc = daemon.wait_for(lambda d: any(j["name"] == "dash-job" and (j["step"] >= 12 or j["state"] == "failed")
+                                        for j in d["jobs"]), 300, "step 12")
+    job = next(j for j in doc["jobs"] if j["name"] == "dash-job")
+    assert job["state"] == "running", job
+    rank_dir = root / ("a" if job["nodes"][1] == "alpha-node" else "b") / ".coord" / "jobs" / job["run_id"]
+    os.kill(int((rank_dir / "attempt-0" / "rank-1" / "pid").read_text()), signal.SIGKILL)
+    waited = coord("wait", "--quiet", "--json", "--config", str(daemon.config), "dash-job", env=daemon.env,
+                   timeout=300)
+    final = json.loads(waited.stdout)
+    assert waited.returncode == 0 and final["state"] == "succeeded" and final["restarts"] == 1, final
+    return final
+
+
+def test_after_a_real_run_chromium_draws_the_nodes_the_job_and_its_curve(dashboard, tmp_path):
+    browser = chromium()
+    if browser is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("chromium is missing (.ci/setup installs it)")
+        pytest.skip("no chromium on this machine (apt-get install chromium)")
+    daemon, root, url = dashboard
+    final = _run_a_job_with_a_killed_rank(daemon, root)
+    status, _, body = get(url + "api/dashboard")
+    doc = json.loads(body)
+    job = next(j for j in doc["jobs"] if j["run_id"] == final["run_id"])
+    assert job["state"] == "succeeded" and job["restarts"] == 1
+    assert job["checkpoints"] and job["checkpoints"][0]["step"] == 40 and job["checkpoints"][0]["valid"]
+    assert job["backend"]["backend"] == "ring"
+    page = f"{url}?token={TOKEN}"
+    argv = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1400,1100",
+            "--timeout=5000"]
+    dom = subprocess.run([*argv, "--dump-dom", page], capture_output=True, text=True, timeout=120).stdout
+    assert 'data-rendered="' in dom, dom[:2000]
+    for name in ("alpha-node", "beta-node", "dash-job", final["run_id"]):
+        assert name in dom, name
+    assert 'class="uplot' in dom, "no chart drawn"
+    shot = Path(os.environ.get("COORD_SCREENSHOT_DIR") or tmp_path) / "dashboard.png"
+    subprocess.run([*argv, f"--screenshot={shot}", page], capture_output=True, timeout=120, check=True)
+    assert shot.stat().st_size > 20_000
