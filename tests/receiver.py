@@ -1,0 +1,52 @@
+"""A real local HTTP receiver for webhook tests: http.server in a thread, answering each POST
+with the next status of a script (the last one repeats)."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class Receiver:
+    statuses: list[int] = field(default_factory=lambda: [200])
+    received: list[Received] = field(default_factory=list)
+    server: http.server.ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def __enter__(self) -> "Receiver":
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with lock:
+                    receiver.received.append(Received(self.path, dict(self.headers), body))
+                    status = receiver.statuses[min(len(receiver.received), len(receiver.statuses)) - 1]
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        lock = threading.Lock()
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
