@@ -50,3 +50,36 @@ class Receiver:
     def __exit__(self, *exc) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def main() -> None:
+    """Serve in this process (e.g. under `ip netns exec`, where the daemon's loopback is): the port
+    goes to --port-file once listening, each request as one JSON line to --out."""
+    import argparse
+    import json
+    import signal
+    import time
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port-file", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--statuses", default="200", help="comma-separated, one per request; the last repeats")
+    args = parser.parse_args()
+    with Receiver(statuses=[int(s) for s in args.statuses.split(",")]) as receiver:
+        with open(args.port_file + ".tmp", "w") as handle:
+            handle.write(str(receiver.server.server_address[1]))
+        import os
+        os.replace(args.port_file + ".tmp", args.port_file)
+        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(0)))
+        written = 0
+        while True:
+            for request in receiver.received[written:]:
+                with open(args.out, "a") as out:
+                    out.write(json.dumps({"path": request.path, "headers": request.headers,
+                                          "body": request.body.decode(errors="replace")}) + "\n")
+                written += 1
+            time.sleep(0.1)
+
+
+if __name__ == "__main__":
+    main()

@@ -156,14 +156,18 @@ class AlertDispatcher:
                         for _ in self.destinations]
         # the timers' memory: since when each node is down; per destination, what was alerted
         self._down_since: dict[str, float] = {}
-        self._nodes_alerted = [frozenset[str]() for _ in self.destinations]
+        self._nodes_alerted: list[dict[str, float]] = [{} for _ in self.destinations]
         self._stalls_alerted: list[dict[str, float]] = [{} for _ in self.destinations]
 
     # --- deciding (never waits) -------------------------------------------------------
 
     def on_event(self, event: dict[str, Any]) -> None:
         """Called with every recorded event; queues the alerts it calls for."""
-        if event.get("kind", "").startswith("alert.") or not self.destinations:
+        kind = event.get("kind", "")
+        if kind.startswith("alert.") or not self.destinations:
+            return
+        if kind.startswith("node.") and event.get("node"):
+            self._down_since = rules.note_node_state(self._down_since, event["node"], kind == "node.up", event["ts"])
             return
         run_id = (event.get("data") or {}).get("run")
         run = self._run_facts(run_id) if run_id else None

@@ -94,22 +94,37 @@ def track_down_since(down_since: Mapping[str, float], nodes: Iterable[NodeFacts]
     return {node.name: down_since.get(node.name, now) for node in nodes if not node.up}
 
 
+def note_node_state(down_since: Mapping[str, float], node: str, up: bool, at: float) -> dict[str, float]:
+    """A node's state change as it happens (its ``node.STATE`` event), so that an outage that
+    begins or ends between two looks at the facts is timed from its real start."""
+    changed = {name: since for name, since in down_since.items() if name != node}
+    if not up:
+        changed[node] = down_since.get(node, at)
+    return changed
+
+
 def node_down_alerts(nodes: Iterable[NodeFacts], down_since: Mapping[str, float], now: float, *,
-                     threshold_s: float, alerted: frozenset[str], cluster: str) -> tuple[list[Alert], frozenset[str]]:
-    """Nodes down for longer than ``threshold_s`` and not yet alerted in this down period; and the
-    nodes alerted, which forgets a node once it is up so that its next outage is alerted again."""
-    alerts = []
-    still = {name for name in alerted if name in down_since}
+                     threshold_s: float, alerted: Mapping[str, float], cluster: str
+                     ) -> tuple[list[Alert], dict[str, float]]:
+    """Nodes down for longer than ``threshold_s`` and not yet alerted in this outage; and what is
+    alerted now (node -> the start of the outage alerted), so that the next outage of a node that
+    came back is alerted again."""
+    alerts, seen = [], {}
     for node in nodes:
         since = down_since.get(node.name)
-        if since is None or node.name in still or now - since <= threshold_s:
+        if since is None:
+            continue
+        if alerted.get(node.name) == since:
+            seen[node.name] = since
+            continue
+        if now - since <= threshold_s:
             continue
         why = f": {node.reason}" if node.reason else ""
         alerts.append(Alert(NODE_DOWN, f"{cluster}: node {node.name} is down",
                             f"{node.name} has been down for {_duration(now - since)}{why}", cluster, now,
                             node=node.name, reason=node.reason, details={"down_since": since}))
-        still.add(node.name)
-    return alerts, frozenset(still)
+        seen[node.name] = since
+    return alerts, seen
 
 
 def stall_reference(run: RunFacts) -> float | None:

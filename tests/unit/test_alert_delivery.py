@@ -167,3 +167,21 @@ def test_a_command_past_its_time_is_killed_and_that_is_a_failed_try(tmp_path):
     assert not caught.value.permanent
     with pytest.raises(ProcessLookupError):
         os.kill(int(pid_file.read_text()), 0)
+
+
+def test_node_events_between_two_looks_reach_the_node_down_timer():
+    now = [T0]
+    events = Events()
+    alerts = dispatcher([AlertSettings("ops", webhook="http://127.0.0.1:9/y", on=("node_down",),
+                                       node_down_minutes=1)], events,
+                        facts=lambda: ([], [NodeFacts("n2", False, "link cut")]), clock=lambda: now[0],
+                        queue_size=0)  # nothing waits: every alert decided shows as dropped
+    alerts.check_timers()  # n2 not up when the daemon starts
+    alerts.on_event({"ts": T0 + 3, "kind": "node.up", "node": "n2", "message": "n2 is up", "data": None})
+    alerts.on_event({"ts": T0 + 50, "kind": "node.down", "node": "n2", "message": "n2 is down", "data": None})
+    now[0] = T0 + 61
+    alerts.check_timers()  # down for 11 s only, not since T0
+    assert events == []
+    now[0] = T0 + 111
+    alerts.check_timers()
+    assert [(e["kind"], e["node"], e["data"]["alert"]) for e in events] == [("alert.dropped", "n2", "node_down")]

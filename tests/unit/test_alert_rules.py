@@ -60,7 +60,7 @@ def test_a_destination_wants_only_its_events_and_failures_by_default():
 # --- node_down: down longer than N minutes, once per down period -------------------------
 
 def test_a_node_is_alerted_once_after_it_has_been_down_longer_than_the_threshold_and_again_after_coming_back():
-    down, alerted, sent = {}, frozenset(), []
+    down, alerted, sent = {}, {}, []
 
     def tick(now: float, n2_up: bool) -> None:
         nonlocal down, alerted
@@ -88,9 +88,27 @@ def test_a_node_is_alerted_once_after_it_has_been_down_longer_than_the_threshold
 def test_a_node_never_up_since_the_daemon_started_counts_from_when_it_was_first_seen():
     nodes = [NodeFacts("n1", False, "connecting")]
     down = rules.track_down_since({}, nodes, T0)
-    assert rules.node_down_alerts(nodes, down, T0 + 60, threshold_s=300, alerted=frozenset(), cluster="c")[0] == []
-    found, _ = rules.node_down_alerts(nodes, down, T0 + 360, threshold_s=300, alerted=frozenset(), cluster="c")
+    assert rules.node_down_alerts(nodes, down, T0 + 60, threshold_s=300, alerted={}, cluster="c")[0] == []
+    found, _ = rules.node_down_alerts(nodes, down, T0 + 360, threshold_s=300, alerted={}, cluster="c")
     assert [a.node for a in found] == ["n1"] and found[0].message == "n1 has been down for 6 minutes: connecting"
+
+
+def test_state_changes_between_two_looks_time_the_outage_from_its_real_start_and_alert_it_again():
+    # n2 was down when the facts were first read (the daemon just started), came up, then was cut
+    nodes_down = [NodeFacts("n2", False, "link cut")]
+    down = rules.track_down_since({}, nodes_down, T0)
+    down = rules.note_node_state(down, "n2", True, T0 + 3)       # node.up
+    down = rules.note_node_state(down, "n2", False, T0 + 9)      # node.down
+    down = rules.note_node_state(down, "n2", False, T0 + 9.5)    # node.connecting: the same outage
+    down = rules.track_down_since(down, nodes_down, T0 + 10)
+    assert down == {"n2": T0 + 9}
+    found, alerted = rules.node_down_alerts(nodes_down, down, T0 + 15, threshold_s=5, alerted={}, cluster="c")
+    assert [a.details["down_since"] for a in found] == [T0 + 9]
+    # back up and down again before the next look: a new outage, alerted again once it lasts
+    down = rules.note_node_state(rules.note_node_state(down, "n2", True, T0 + 16), "n2", False, T0 + 17)
+    assert rules.node_down_alerts(nodes_down, down, T0 + 20, threshold_s=5, alerted=alerted, cluster="c")[0] == []
+    found, _ = rules.node_down_alerts(nodes_down, down, T0 + 23, threshold_s=5, alerted=alerted, cluster="c")
+    assert [a.details["down_since"] for a in found] == [T0 + 17]
 
 
 # --- job_stalled: no progress for N minutes, once per stall ------------------------------
