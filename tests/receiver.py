@@ -3,8 +3,13 @@ with the next status of a script (the last one repeats)."""
 
 from __future__ import annotations
 
+import argparse
 import http.server
+import json
+import os
+import signal
 import threading
+import time
 from dataclasses import dataclass, field
 
 
@@ -55,22 +60,20 @@ class Receiver:
 def main() -> None:
     """Serve in this process (e.g. under `ip netns exec`, where the daemon's loopback is): the port
     goes to --port-file once listening, each request as one JSON line to --out."""
-    import argparse
-    import json
-    import signal
-    import time
-
     parser = argparse.ArgumentParser()
     parser.add_argument("--port-file", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--statuses", default="200", help="comma-separated, one per request; the last repeats")
     args = parser.parse_args()
+
+    def leave(*_) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, leave)
     with Receiver(statuses=[int(s) for s in args.statuses.split(",")]) as receiver:
         with open(args.port_file + ".tmp", "w") as handle:
             handle.write(str(receiver.server.server_address[1]))
-        import os
-        os.replace(args.port_file + ".tmp", args.port_file)
-        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(0)))
+        os.replace(args.port_file + ".tmp", args.port_file)  # whole, or not there yet
         written = 0
         while True:
             for request in receiver.received[written:]:
