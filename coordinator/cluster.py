@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import collections
-from typing import Any
+from typing import Any, Callable
 
 import anyio
 import structlog
@@ -30,6 +30,8 @@ class Cluster:
         # Status is answered from memory so it never waits on SQLite or a node.
         self.events: collections.deque[dict[str, Any]] = collections.deque(
             state.recent_events(RECENT_EVENTS), maxlen=RECENT_EVENTS)
+        # Called with every event once it is stored (the alerts); each must return at once.
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []
         self._forget_removed_nodes()
 
     def _forget_removed_nodes(self) -> None:
@@ -47,6 +49,11 @@ class Cluster:
                      data: dict[str, Any] | None = None) -> None:
         event = self.state.add_event(kind, message, node=node, data=data)
         self.events.append(event)
+        for listener in self.listeners:
+            try:
+                listener(event)
+            except Exception:  # the edge: whoever recorded the event (a job's supervisor) goes on
+                log.exception("event listener failed", kind=kind)
 
     async def _node_changed(self, session: NodeSession, state: str, reason: str | None) -> None:
         view = session.view

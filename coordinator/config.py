@@ -14,6 +14,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 LOCAL_HOST = "local"
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -91,6 +92,25 @@ class DashboardSettings:
         return self.host is not None
 
 
+ALERT_EVENTS = ("job_failed", "job_succeeded", "job_restarted", "job_stalled", "node_down")
+ALERT_FORMATS = ("generic", "slack", "ntfy")
+DEFAULT_ALERT_EVENTS = ("job_failed",)  # a job that gives up is a failed job: job_failed covers it
+
+
+@dataclass(frozen=True)
+class AlertSettings:
+    """One [[alerts]] entry: one destination (a webhook or a command) and the events it wants."""
+
+    name: str  # what events and logs call it: the entry's `name`, else alerts[i]
+    on: tuple[str, ...] = DEFAULT_ALERT_EVENTS
+    webhook: str | None = None  # http(s) URL; may hold a token, so it is never shown in full
+    format: str = "generic"  # for a webhook: generic JSON, slack or ntfy
+    command: tuple[str, ...] = ()  # argv, run without a shell
+    stalled_minutes: float = 30.0  # job_stalled: no progress for this long
+    node_down_minutes: float = 5.0  # node_down: down for longer than this
+    retries: int = 4  # further tries of a failed delivery, with exponential backoff
+
+
 @dataclass(frozen=True)
 class ClusterConfig:
     name: str
@@ -101,6 +121,7 @@ class ClusterConfig:
     path: Path | None = None
     sync: SyncSettings = SyncSettings()
     dashboard: DashboardSettings = DashboardSettings()
+    alerts: tuple[AlertSettings, ...] = ()
 
     def node_files(self, node: NodeConfig) -> dict[str, object]:
         """The training script, data files and model of a node, relative to its workdir."""
@@ -140,7 +161,17 @@ _SYNC_KEYS = {
     "model": (str, False),
 }
 _DASHBOARD_KEYS = {"listen": (str, False), "token": (str, False)}
-_TOP_KEYS = {"cluster": dict, "ssh": dict, "nodes": list, "sync": dict, "dashboard": dict}
+_ALERT_KEYS = {
+    "name": (str, False),
+    "on": (list, False),
+    "webhook": (str, False),
+    "format": (str, False),
+    "command": (list, False),
+    "stalled_minutes": ((int, float), False),
+    "node_down_minutes": ((int, float), False),
+    "retries": (int, False),
+}
+_TOP_KEYS = {"cluster": dict, "ssh": dict, "nodes": list, "sync": dict, "alerts": list, "dashboard": dict}
 
 
 def default_state_dir() -> Path:
@@ -174,9 +205,11 @@ def parse_config(text: str, path: Path | None = None) -> ClusterConfig:
     for key, value in raw.items():
         kind = _TOP_KEYS.get(key)
         if kind is None:
-            raise ConfigError(locate.message(None, None, key, f"unknown key {key!r} (expected one of: {', '.join(_TOP_KEYS)})"))
+            raise ConfigError(locate.message(None, None, key, f"unknown key {key!r} (expected one of: "
+                                                                 f"{', '.join(_TOP_KEYS)})"))
         if not isinstance(value, kind):
-            raise ConfigError(locate.message(None, None, key, f"{key!r} must be a table" + ("s ([[nodes]])" if kind is list else "")))
+            shape = f"an array of tables ([[{key}]])" if kind is list else f"a table ([{key}])"
+            raise ConfigError(locate.message(None, None, key, f"{key!r} must be {shape}"))
 
     cluster = raw.get("cluster")
     if cluster is None:
@@ -214,8 +247,9 @@ def parse_config(text: str, path: Path | None = None) -> ClusterConfig:
     for key in ("keepalive_s", "connect_timeout_s"):
         if getattr(ssh, key) <= 0:
             raise ConfigError(locate.message("ssh", None, key, f"{key} must be greater than 0"))
+    alerts = _parse_alerts(raw.get("alerts", []), locate, base)
     return ClusterConfig(name=cluster["name"], state_dir=state_dir, socket=socket, ssh=ssh, nodes=nodes, path=path,
-                         sync=sync, dashboard=_parse_dashboard(raw.get("dashboard", {}), locate))
+                         sync=sync, dashboard=_parse_dashboard(raw.get("dashboard", {}), locate), alerts=alerts)
 
 
 def parse_listen(value: str) -> tuple[str | None, int]:
@@ -333,6 +367,89 @@ def _parse_node(entry: Any, index: int, locate: "_Locator", base: Path) -> NodeC
                       user=user, port=port, ips=tuple(ips), data=data, **files)
 
 
+def redact_url(url: str) -> str:
+    """A webhook URL as events and logs show it: scheme and host only, since the path, the query
+    or the user part usually is the secret (a Slack hook's path, an ntfy topic, ?token=...)."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or "?"
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "<an unreadable URL>"
+    tail = "/…" if (parts.path not in ("", "/") or parts.query or parts.username) else ""
+    return f"{parts.scheme}://{host}{port}{tail}"
+
+
+def _parse_alerts(entries: list, locate: "_Locator", base: Path) -> tuple[AlertSettings, ...]:
+    alerts = tuple(_parse_alert(entry, i, locate, base) for i, entry in enumerate(entries))
+    seen: dict[str, int] = {}
+    for i, alert in enumerate(alerts):
+        if alert.name in seen:
+            raise ConfigError(locate.message("alerts", i, "name", f"duplicate alert name {alert.name!r} (first used "
+                                             f"by alerts[{seen[alert.name]}]); give each [[alerts]] its own name"))
+        seen[alert.name] = i
+    return alerts
+
+
+def _parse_alert(entry: Any, index: int, locate: "_Locator", base: Path) -> AlertSettings:
+    label = f"alerts[{index}]"
+
+    def refuse(key: str | None, text: str) -> ConfigError:
+        return ConfigError(locate.message("alerts", index, key, f"{label}: {text}"))
+
+    if not isinstance(entry, dict):
+        raise ConfigError(locate.message("alerts", index, None, "each alert must be an [[alerts]] table"))
+    _check_table(entry, _ALERT_KEYS, "alerts", index, locate)
+    name = entry.get("name", label)
+    if "name" in entry and not NODE_NAME.match(name):
+        raise refuse("name", f"name {name!r} must be letters, digits, '.', '_' or '-' (at most 63)")
+    if ("webhook" in entry) == ("command" in entry):
+        raise refuse(None, "give exactly one destination: webhook = \"https://...\" or command = [\"/path/to/program\", "
+                           "\"arg\", ...]")
+    webhook = entry.get("webhook")
+    if webhook is not None:
+        try:
+            parts = urlsplit(webhook)
+            valid = parts.scheme in ("http", "https") and bool(parts.hostname) and not any(c.isspace() for c in webhook)
+            parts.port  # noqa: B018 (raises on a port that is not a number)
+        except ValueError:
+            valid = False
+        if not valid:
+            raise refuse("webhook", f"webhook must be an http:// or https:// URL with a host, got {redact_url(webhook)!r}")
+    fmt = entry.get("format", "generic")
+    if fmt not in ALERT_FORMATS:
+        raise refuse("format", f"format must be one of {', '.join(ALERT_FORMATS)}, got {fmt!r}")
+    if "format" in entry and webhook is None:
+        raise refuse("format", "format applies to a webhook only; a command gets the alert as JSON on its stdin")
+    command = entry.get("command", [])
+    if webhook is None:
+        if not command or not all(isinstance(word, str) and word for word in command):
+            raise refuse("command", "command must be a non-empty list of strings, the program and its arguments "
+                                    "(it runs without a shell), e.g. [\"/usr/local/bin/notify\", \"--urgent\"]")
+        if "/" in command[0]:  # a path, relative to the cluster file like every path in it; else found on PATH
+            command = [str(_resolve(command[0], base)), *command[1:]]
+    on = entry.get("on", list(DEFAULT_ALERT_EVENTS))
+    if not on or not all(isinstance(kind, str) for kind in on):
+        raise refuse("on", f"on must be a non-empty list of event names: {', '.join(ALERT_EVENTS)}")
+    unknown = [kind for kind in on if kind not in ALERT_EVENTS]
+    if unknown:
+        raise refuse("on", f"unknown event {unknown[0]!r} in on (expected any of: {', '.join(ALERT_EVENTS)})")
+    if len(set(on)) != len(on):
+        raise refuse("on", "on names an event twice")
+    minutes = {}
+    for key, event, default in (("stalled_minutes", "job_stalled", 30.0), ("node_down_minutes", "node_down", 5.0)):
+        if key in entry and event not in on:
+            raise refuse(key, f"{key} is set but {event!r} is not in on; add {event!r} to on, or remove {key}")
+        minutes[key] = float(entry.get(key, default))
+        if minutes[key] <= 0:
+            raise refuse(key, f"{key} must be greater than 0, got {entry[key]!r}")
+    retries = entry.get("retries", 4)
+    if not 0 <= retries <= 20:
+        raise refuse("retries", f"retries must be between 0 and 20, got {retries}")
+    return AlertSettings(name=name, on=tuple(on), webhook=webhook, format=fmt, command=tuple(command),
+                         retries=retries, **minutes)
+
+
 def _check_table(table: dict, schema: dict, name: str, index: int | None, locate: "_Locator") -> None:
     label = f"{name}[{index}]" if index is not None else name
     for key, value in table.items():
@@ -438,4 +555,12 @@ user = "bob"                             # optional
 python = "/opt/mlx/bin/python"           # the node's training Python (has mlx and mlx-lm)
 workdir = "/Users/bob/work"
 # ips = ["192.168.2.2"]                  # optional: addresses ranks should talk over
+
+# [[alerts]]           # where to hear about a job; as many as you like, each one destination
+# name = "phone"
+# webhook = "https://ntfy.sh/my-secret-topic"   # or: command = ["/usr/local/bin/notify", "--urgent"]
+# format = "ntfy"                        # generic (JSON, the default), slack or ntfy
+# on = ["job_failed", "job_stalled", "node_down"]   # default: ["job_failed"]; also job_succeeded, job_restarted
+# stalled_minutes = 30                   # job_stalled: no progress for this long
+# node_down_minutes = 5                  # node_down: down for longer than this
 '''

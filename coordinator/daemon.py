@@ -21,6 +21,7 @@ import anyio.abc
 import structlog
 
 from coordinator.agent_bundle import AgentBundle, build_bundle
+from coordinator.alerts.hookup import attach_alerts
 from coordinator.cluster import Cluster
 from coordinator.commands import calibrate as calibrate_command
 from coordinator.commands import hostfile as hostfile_command
@@ -84,6 +85,7 @@ class Daemon:
         self.runs: dict[str, Any] = {}  # run id -> supervisor, every run this cluster has had
         from coordinator.jobs.daemon_effects import DaemonEffects
         self.job_effects = DaemonEffects(self)
+        self.alerts = attach_alerts(self)  # hears every event the daemon records from here on
         self._tasks = None
         self._pending_tasks: list[tuple[Any, str]] = []
 
@@ -234,6 +236,7 @@ class Daemon:
                 tasks.start_soon(self._stop_on_signal, tasks.cancel_scope)
                 tasks.start_soon(self.cluster.run)
                 await self._start_dashboard(tasks)
+                tasks.start_soon(self.alerts.run, name="alerts")
                 self._reattach_jobs()
                 self.schedule_jobs()
                 for func, name in self._pending_tasks:
