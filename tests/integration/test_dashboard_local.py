@@ -126,15 +126,19 @@ def test_after_a_real_run_chromium_draws_the_nodes_the_job_and_its_curve(dashboa
     assert job["checkpoints"] and job["checkpoints"][0]["step"] == 40 and job["checkpoints"][0]["valid"]
     assert job["backend"]["backend"] == "ring"
     page = f"{url}?token={TOKEN}"
-    argv = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1400,1100"]
+    # A profile of its own: with the shared one, a Chromium left running elsewhere would take
+    # the page over and this one would exit without drawing anything.
+    argv = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1400,1100",
+            f"--user-data-dir={tmp_path / 'chromium-profile'}"]
     # Chromium's --timeout is how long the page runs before the DOM is taken: on two busy cores
     # its own start-up can eat a short one, so a page not yet drawn is given longer.
     for wait_ms in (5000, 15000, 40000):
-        dom = subprocess.run([*argv, f"--timeout={wait_ms}", "--dump-dom", page], capture_output=True, text=True,
-                             timeout=180).stdout
+        drawn = subprocess.run([*argv, f"--timeout={wait_ms}", "--dump-dom", page], capture_output=True, text=True,
+                               timeout=180)
+        dom = drawn.stdout
         if 'data-rendered="' in dom:
             break
-    assert 'data-rendered="' in dom, dom[:2000]
+    assert 'data-rendered="' in dom, dom[:2000] + drawn.stderr[-3000:]
     argv.append(f"--timeout={wait_ms}")
     for name in ("alpha-node", "beta-node", "dash-job", final["run_id"]):
         assert name in dom, name
