@@ -9,8 +9,13 @@ from pathlib import Path
 import pytest
 
 from agent import usage
-from agent.usage_parsers import (parse_battery_power, parse_gpu_statistics, parse_ioreg_property,
-                                 parse_meminfo_used, parse_vm_stat)
+from agent.usage_parsers import (
+    parse_battery_power,
+    parse_gpu_statistics,
+    parse_ioreg_property,
+    parse_meminfo_used,
+    parse_vm_stat,
+)
 
 SYNTHETIC = Path(__file__).resolve().parents[1] / "fixtures" / "macos-synthetic"
 
