@@ -46,6 +46,22 @@ class SyncSettings:
 
 
 @dataclass(frozen=True)
+class DashboardSettings:
+    """The daemon's HTTP server (/metrics, and the dashboard): loopback by default; any other
+    address needs a token, sent as ``Authorization: Bearer TOKEN`` or ``?token=TOKEN``."""
+
+    host: str = "127.0.0.1"
+    port: int = 8470
+    token: str | None = None
+    enabled: bool = True
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/"
+
+
+@dataclass(frozen=True)
 class NodeConfig:
     name: str
     host: str
@@ -82,6 +98,7 @@ class ClusterConfig:
     nodes: tuple[NodeConfig, ...]
     path: Path | None = None
     sync: SyncSettings = SyncSettings()
+    dashboard: DashboardSettings = DashboardSettings()
 
     def node_files(self, node: NodeConfig) -> dict[str, object]:
         """The training script, data files and model of a node, relative to its workdir."""
@@ -120,7 +137,8 @@ _SYNC_KEYS = {
     "data": (list, False),
     "model": (str, False),
 }
-_TOP_KEYS = {"cluster": dict, "ssh": dict, "nodes": list, "sync": dict}
+_DASHBOARD_KEYS = {"listen": (str, False), "token": (str, False), "enabled": (bool, False)}
+_TOP_KEYS = {"cluster": dict, "ssh": dict, "nodes": list, "sync": dict, "dashboard": dict}
 
 
 def default_state_dir() -> Path:
@@ -154,7 +172,7 @@ def parse_config(text: str, path: Path | None = None) -> ClusterConfig:
     for key, value in raw.items():
         kind = _TOP_KEYS.get(key)
         if kind is None:
-            raise ConfigError(locate.message(None, None, key, f"unknown key {key!r} (expected one of: cluster, ssh, sync, nodes)"))
+            raise ConfigError(locate.message(None, None, key, f"unknown key {key!r} (expected one of: {', '.join(_TOP_KEYS)})"))
         if not isinstance(value, kind):
             raise ConfigError(locate.message(None, None, key, f"{key!r} must be a table" + ("s ([[nodes]])" if kind is list else "")))
 
@@ -165,6 +183,7 @@ def parse_config(text: str, path: Path | None = None) -> ClusterConfig:
     ssh_raw = raw.get("ssh", {})
     _check_table(ssh_raw, _SSH_KEYS, "ssh", None, locate)
     sync = _parse_sync(raw.get("sync", {}), locate, base)
+    dashboard = _parse_dashboard(raw.get("dashboard", {}), locate)
 
     nodes_raw = raw.get("nodes", [])
     if not nodes_raw:
@@ -195,7 +214,36 @@ def parse_config(text: str, path: Path | None = None) -> ClusterConfig:
         if getattr(ssh, key) <= 0:
             raise ConfigError(locate.message("ssh", None, key, f"{key} must be greater than 0"))
     return ClusterConfig(name=cluster["name"], state_dir=state_dir, socket=socket, ssh=ssh, nodes=nodes, path=path,
-                         sync=sync)
+                         sync=sync, dashboard=dashboard)
+
+
+def _parse_dashboard(raw: dict, locate: "_Locator") -> DashboardSettings:
+    """``listen = "HOST:PORT"`` (port 0: any free port); off loopback only with a token."""
+    import ipaddress
+
+    _check_table(raw, _DASHBOARD_KEYS, "dashboard", None, locate)
+    listen = raw.get("listen", "127.0.0.1:8470")
+    host, _, port_text = listen.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port_text.isdigit() or not 0 <= int(port_text) < 65536:
+        raise ConfigError(locate.message("dashboard", None, "listen",
+                                         f"dashboard.listen must be HOST:PORT (e.g. \"127.0.0.1:8470\"), got {listen!r}"))
+    token = raw.get("token")
+    if token is not None and len(token) < 16:
+        raise ConfigError(locate.message("dashboard", None, "token",
+                                         "dashboard.token must be at least 16 characters (make one with: "
+                                         "python3 -c 'import secrets; print(secrets.token_urlsafe(24))')"))
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False  # a host name other than localhost may resolve to anything
+    if not loopback and token is None:
+        raise ConfigError(locate.message("dashboard", None, "listen",
+                                         f"dashboard.listen {listen!r} is not a loopback address: anyone who reaches "
+                                         "it would see the cluster; add dashboard.token (make one with: python3 -c "
+                                         "'import secrets; print(secrets.token_urlsafe(24))'), or listen on "
+                                         "127.0.0.1"))
+    return DashboardSettings(host=host, port=int(port_text), token=token, enabled=raw.get("enabled", True))
 
 
 def _relative_paths(values: list, table: str, index: int | None, key: str, locate: "_Locator") -> tuple[str, ...]:
@@ -277,8 +325,8 @@ def _check_table(table: dict, schema: dict, name: str, index: int | None, locate
                                              f"unknown key {label}.{key} (expected one of: {', '.join(schema)})"))
         kind, _ = schema[key]
         kinds = kind if isinstance(kind, tuple) else (kind,)
-        if isinstance(value, bool) or not isinstance(value, kinds):
-            expected = " or ".join({"str": "a string", "int": "an integer", "float": "a number",
+        if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
+            expected = " or ".join({"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
                                     "list": "a list", "dict": "a table"}[k.__name__] for k in kinds)
             raise ConfigError(locate.message(name, index, key,
                                              f"{label}.{key} must be {expected}, got {_toml_type(value)} {value!r}"))
@@ -359,6 +407,11 @@ name = "lab"
 # script = "train.py"                    # relative to each node's workdir; a node may override these
 # data = ["data/train.jsonl", "data/valid.jsonl"]
 # model = "models/tiny"
+
+[dashboard]            # the daemon's HTTP server: Prometheus /metrics (and the dashboard)
+# listen = "127.0.0.1:8470"              # the default; any other address needs a token
+# token = "..."                          # sent as Authorization: Bearer ... or ?token=...
+# enabled = true
 
 [[nodes]]
 name = "n1"

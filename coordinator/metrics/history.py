@@ -4,7 +4,9 @@ Written by the supervisor's effects as reports arrive (a train or validation poi
 of an attempt) and by the node sampler; read by ``coord status --history`` and the dashboard
 through ``document``. The thinning and purge rules are ``coordinator.metrics.thinning``.
 
-``document(runs, since)`` is plain JSON, columnar so a chart takes it as is::
+``document(run_id=None, since=None)`` is plain JSON, columnar so a chart takes it as is. Without
+``run_id`` it covers the runs ``coord status`` lists (each job's newest run and every run still
+going); with one, that run (a job name means its newest run)::
 
     {"time": now, "since": since, "policy": {...the thinning numbers...},
      "runs": [{"run_id", "name",
@@ -28,6 +30,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Callable
 from typing import Any
 
 from coordinator.metrics import thinning
@@ -37,11 +40,18 @@ NODE_FIELDS = ("memory_used_bytes", "memory_total_bytes", "gpu_utilization", "gp
                "temperature_c")
 
 
+# run id or job name (None: the runs status lists) -> [(run id, job name)]
+RunsOf = Callable[[str | None], list[tuple[str, str]]]
+
+
 class MetricsHistory:
-    def __init__(self, db: sqlite3.Connection):
+    def __init__(self, db: sqlite3.Connection, *, runs_of: RunsOf = lambda run_id: [],
+                 node_names: Callable[[], list[str]] = list):
         self._db = db
+        self._runs_of = runs_of
+        self._node_names = node_names
         self._added: dict[str, int] = {}  # run id -> points added since its last thinning
-        self.node_sources: dict[str, dict[str, str]] = {}  # node -> where its latest sample came from
+        self.latest: dict[str, dict[str, Any]] = {}  # node -> its latest sample (sources included)
 
     # --- writing ----------------------------------------------------------------------------
 
@@ -91,8 +101,7 @@ class MetricsHistory:
             "INSERT OR REPLACE INTO node_samples (node, ts, memory_used_bytes, memory_total_bytes, gpu_utilization, "
             "gpu_memory_bytes, power_watts, temperature_c) VALUES (?,?,?,?,?,?,?,?)",
             (node, float(sample["time"]), *(_number(sample.get(f)) for f in NODE_FIELDS)))
-        if sample.get("sources"):
-            self.node_sources[node] = dict(sample["sources"])
+        self.latest[node] = dict(sample)
 
     def thin_nodes(self, now: float | None = None) -> int:
         """Apply the node-sample rule; how many samples went."""
@@ -108,11 +117,11 @@ class MetricsHistory:
 
     # --- reading ----------------------------------------------------------------------------
 
-    def document(self, runs: list[tuple[str, str]], nodes: list[str], *, since: float | None = None,
+    def document(self, run_id: str | None = None, since: float | None = None, *,
                  now: float | None = None) -> dict[str, Any]:
-        """The history of ``runs`` ((run id, job name) pairs) and ``nodes``, as described above.
-        Node samples: those after ``since``, else the last hour's."""
+        """The history described above. Node samples: those after ``since``, else the last hour's."""
         now = time.time() if now is None else now
+        runs, nodes = self._runs_of(run_id), self._node_names()
         return {
             "time": now, "since": since,
             "policy": {"recent_points": thinning.RECENT_POINTS, "older_points": thinning.OLDER_POINTS,
@@ -151,7 +160,7 @@ class MetricsHistory:
         for index, field in enumerate(NODE_FIELDS, start=1):
             values = [r[index] for r in rows]
             out[field] = [_int(v) for v in values] if field.endswith("_bytes") else values
-        out["sources"] = self.node_sources.get(node)
+        out["sources"] = (self.latest.get(node) or {}).get("sources")
         return out
 
 

@@ -62,12 +62,16 @@ def store(tmp_path):
     state.close()
 
 
+def history_of(store, runs=(("r-1", "plain"),), nodes=()):
+    return MetricsHistory(store.connection, runs_of=lambda run_id: list(runs), node_names=lambda: list(nodes))
+
+
 def point(step: int, attempt: int, **fields):
     return {"step": step, "attempt": attempt, "time": 1000.0 + step, "loss": 10.0 / step, **fields}
 
 
 def test_a_resumed_run_continues_the_same_curve_without_the_failed_attempts_later_points(store):
-    history = MetricsHistory(store.connection)
+    history = history_of(store)
     history.start_attempt("r-1", 0, 0, ["a", "b"], None, now=1000.0)
     for step in range(1, 26):
         history.add_point("r-1", "train", point(step, 0, rank_memory_bytes={"0": 100 + step, "1": 200}))
@@ -77,7 +81,7 @@ def test_a_resumed_run_continues_the_same_curve_without_the_failed_attempts_late
     assert dropped == 5
     for step in range(21, 31):
         history.add_point("r-1", "train", point(step, 1))
-    doc = history.document([("r-1", "plain")], [])
+    doc = history.document()
     run = doc["runs"][0]
     assert run["train"]["step"] == list(range(1, 31))
     assert run["train"]["attempt"] == [0] * 20 + [1] * 10
@@ -89,33 +93,33 @@ def test_a_resumed_run_continues_the_same_curve_without_the_failed_attempts_late
 
 
 def test_a_report_read_again_is_not_a_second_point(store):
-    history = MetricsHistory(store.connection)
+    history = history_of(store)
     assert history.add_point("r-1", "train", point(3, 0)) is True
     assert history.add_point("r-1", "train", point(3, 0, loss=99.0)) is False
-    assert history.document([("r-1", "x")], [])["runs"][0]["train"]["loss"] == [10.0 / 3]
+    assert history.document()["runs"][0]["train"]["loss"] == [10.0 / 3]
 
 
 def test_since_gives_only_newer_points_but_every_attempt(store):
-    history = MetricsHistory(store.connection)
+    history = history_of(store)
     history.start_attempt("r-1", 0, 0, ["a"], None, now=900.0)
     for step in range(1, 11):
         history.add_point("r-1", "train", point(step, 0))
-    run = history.document([("r-1", "x")], [], since=1005.0)["runs"][0]
+    run = history.document(since=1005.0)["runs"][0]
     assert run["train"]["step"] == [6, 7, 8, 9, 10] and len(run["attempts"]) == 1
 
 
 def test_a_long_run_is_thinned_as_it_grows(store):
-    history = MetricsHistory(store.connection)
+    history = history_of(store)
     for step in range(1, 5001):
         history.add_point("r-1", "train", point(step, 0))
-    steps = history.document([("r-1", "x")], [])["runs"][0]["train"]["step"]
+    steps = history.document()["runs"][0]["train"]["step"]
     assert len(steps) <= thinning.RECENT_POINTS + thinning.OLDER_POINTS + thinning.THIN_EVERY
     assert steps[-thinning.RECENT_POINTS:] == list(range(4001, 5001))
     assert steps[0] == 1
 
 
 def test_node_samples_keep_the_last_hour_whole_then_one_per_five_minutes_for_a_week(store):
-    history = MetricsHistory(store.connection)
+    history = history_of(store, runs=(), nodes=("a",))
     now = 10_000_000.0
     store.connection.execute("BEGIN")  # one transaction: the test's speed, not the rule's
     for i in range(8 * 24 * 360):  # eight days of samples every 10 s
@@ -130,7 +134,7 @@ def test_node_samples_keep_the_last_hour_whole_then_one_per_five_minutes_for_a_w
     assert min(times) >= now - thinning.NODE_KEEP_S
     assert len({int(t // thinning.NODE_BUCKET_S) for t in older}) == len(older)  # one per bucket
     assert abs(len(older) - (thinning.NODE_KEEP_S - thinning.NODE_RECENT_S) / thinning.NODE_BUCKET_S) <= 2
-    doc = history.document([], ["a"], now=now)["nodes"][0]
+    doc = history.document(now=now)["nodes"][0]
     assert len(doc["time"]) == 360 and doc["sources"] == {"memory": "test"}  # the last hour, after its start
     assert doc["memory_used_bytes"][-1] == 0 and doc["gpu_utilization"][-1] is None
 
