@@ -19,6 +19,7 @@ from agent import ranks as node_ranks
 from agent import sync as node_sync
 from agent.calibration_runner import run_calibration
 from agent.topology import collect_topology
+from agent.usage import collect_usage
 
 
 def bundle_id() -> str:
@@ -68,6 +69,7 @@ def build_dispatcher() -> Dispatcher:
     table.add("hello", hello, required={"protocol": int}, optional={"client": str})
     table.add("facts", facts, optional={"workdir": (str, type(None))})
     table.add("ping", ping)
+    table.add("usage", _in_thread(collect_usage))
 
     uploads = node_sync.Uploads()
     table.add("manifest", _in_thread(node_sync.describe), required={"root": str, "patterns": list})

@@ -1,4 +1,5 @@
-"""Benchmark: `coord status` latency and connect-all time at 4, 16 and 64 nodes.
+"""Benchmark: `coord status` latency, connect-all time and what Prometheus /metrics costs the
+daemon, at 4, 16 and 64 nodes.
 
 Nodes are local agents (one real agent process per node, over the local
 transport), or with --ssh many SSH sessions to one OpenSSH sshd this script
@@ -6,7 +7,10 @@ starts on 127.0.0.1 with its own host key. For each size a real coordd is
 started as a subprocess; connect-all is read from the daemon's own events (from
 its start to the moment the last node went up), and status latency is measured from a
 client that does what `coord status --json` does: connect to the control socket,
-call status, read the whole document.
+call status, read the whole document. /metrics is scraped as Prometheus does (one HTTP GET,
+the whole body read) ``--calls`` times; the daemon's CPU per scrape is its /proc CPU time over
+those scrapes, divided by their number. Idle CPU is the daemon's share of a core over 30 s with
+nothing asked of it (keepalive pings, the node sampler every 10 s).
 
     python bench/status_connect.py [--sizes 4,16,64] [--calls 300] [--ssh]
 """
@@ -32,7 +36,8 @@ from coordinator.control import DaemonNotRunning, call_daemon  # noqa: E402
 
 
 def write_cluster(root: Path, size: int, ssh: dict | None) -> Path:
-    lines = [f'[cluster]\nname = "bench-{size}"\nstate_dir = "{root}/state"\n']
+    lines = [f'[cluster]\nname = "bench-{size}"\nstate_dir = "{root}/state"\n',
+             '[dashboard]\nlisten = "127.0.0.1:0"\n']
     if ssh:
         lines.append(f'[ssh]\nknown_hosts = "{ssh["known_hosts"]}"\nidentity_file = "{ssh["key"]}"\n'
                      f'config = "{ssh["config"]}"\n')
@@ -79,6 +84,29 @@ def cli_latency(config: Path, runs: int) -> float:
     return statistics.median(samples)
 
 
+def scrape_costs(url: str, calls: int, pid: int) -> dict:
+    """Latency of each /metrics scrape, the daemon's CPU per scrape, and the body's size."""
+    import urllib.request
+
+    samples, size = [], 0
+    cpu_before = cpu_seconds(pid)
+    for _ in range(calls):
+        start = time.perf_counter()
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            size = len(answer.read())
+        samples.append(time.perf_counter() - start)
+    cpu = (cpu_seconds(pid) - cpu_before) / calls
+    return {"metrics_p50_ms": percentile(samples, 0.5) * 1000, "metrics_p99_ms": percentile(samples, 0.99) * 1000,
+            "metrics_cpu_ms": cpu * 1000, "metrics_bytes": size}
+
+
+def idle_cpu(pid: int, seconds: float = 30.0) -> float:
+    """The daemon's share of one core while nothing is asked of it."""
+    before = cpu_seconds(pid)
+    time.sleep(seconds)
+    return (cpu_seconds(pid) - before) / seconds
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU of a process so far (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -103,8 +131,12 @@ def measure(size: int, calls: int, ssh: dict | None) -> dict:
         connect_all = max(node["since"] for node in doc["nodes"]) - doc["daemon"]["started"]
         daemon_cpu = cpu_seconds(daemon.pid)
         samples = asyncio.run(status_latencies(socket, calls))
-        return {"nodes": size, "connect_all_s": connect_all, "daemon_cpu_s": daemon_cpu, "status_p50_ms": percentile(samples, 0.5) * 1000,
-                "status_p99_ms": percentile(samples, 0.99) * 1000, "cli_median_ms": cli_latency(config, 5) * 1000}
+        row = {"nodes": size, "connect_all_s": connect_all, "daemon_cpu_s": daemon_cpu,
+               "status_p50_ms": percentile(samples, 0.5) * 1000, "status_p99_ms": percentile(samples, 0.99) * 1000,
+               "cli_median_ms": cli_latency(config, 5) * 1000}
+        row.update(scrape_costs(doc["dashboard"]["metrics"], calls, daemon.pid))
+        row["idle_cpu"] = idle_cpu(daemon.pid)
+        return row
     finally:
         daemon.terminate()
         daemon.wait(30)
@@ -165,6 +197,13 @@ def main() -> None:
         print(f"| {row['nodes']} | {row['connect_all_s']:.2f} | {row['connect_all_s'] / base:.2f}x | "
               f"{row['daemon_cpu_s']:.2f} | "
               f"{row['status_p50_ms']:.1f} | {row['status_p99_ms']:.1f} | {row['cli_median_ms']:.0f} |")
+    print(f"\n/metrics, {args.calls} scrapes per size\n")
+    print("| nodes | /metrics p50 (ms) | /metrics p99 (ms) | daemon CPU per scrape (ms) | body (bytes) "
+          "| idle daemon CPU (% of a core) |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
+        print(f"| {row['nodes']} | {row['metrics_p50_ms']:.1f} | {row['metrics_p99_ms']:.1f} | "
+              f"{row['metrics_cpu_ms']:.2f} | {row['metrics_bytes']} | {row['idle_cpu'] * 100:.1f} |")
 
 
 if __name__ == "__main__":

@@ -59,13 +59,18 @@ def cmd_status(args: argparse.Namespace) -> int:
     hint = args.config or os.environ.get("COORD_CONFIG")
     if args.watch:
         return _watch_status(args, socket, hint)
-    doc = ask_daemon(socket, "status", {"events": args.events, "all": args.all}, config_hint=hint)
+    request = {"events": args.events, "all": args.all}
+    if args.history:
+        request.update(history=True, run=args.run, since=time.time() - args.since if args.since else None)
+    doc = ask_daemon(socket, "status", request, config_hint=hint)
     if args.json:
         json.dump(doc, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
     else:
-        from coordinator.commands.status import render_status
+        from coordinator.commands.status import render_history, render_status
         render_status(doc, make_console())
+        if args.history:
+            render_history(doc["history"], make_console())
     return EXIT_OK if doc["summary"]["up"] == doc["summary"]["nodes"] or not args.check else EXIT_FAILED
 
 
@@ -473,6 +478,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes with --watch")
     p.add_argument("--events", type=int, default=10, help="how many recent events to show (default 10; the daemon keeps them all, up to 10,000 are shown)")
     p.add_argument("--check", action="store_true", help="exit 1 unless every node is up")
+    p.add_argument("--history", action="store_true",
+                   help="add the metrics history: each run's curves (loss, learning rate, tokens/s, validation "
+                        "loss, each rank's memory) across its attempts with each restart, and each node's memory "
+                        "and GPU use (with --json: the whole series)")
+    p.add_argument("--run", metavar="RUN", help="with --history: this run (or job name) only")
+    p.add_argument("--since", type=float, metavar="SECONDS",
+                   help="with --history: only what is newer than this many seconds ago")
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("sync", help="send the project tree to every node (only what each lacks)",

@@ -48,6 +48,22 @@ class SyncSettings:
 
 
 @dataclass(frozen=True)
+class DashboardSettings:
+    """The daemon's HTTP server (/metrics, and the dashboard): loopback by default; any other
+    address needs a token, sent as ``Authorization: Bearer TOKEN`` or ``?token=TOKEN``."""
+
+    host: str = "127.0.0.1"
+    port: int = 8470
+    token: str | None = None
+    enabled: bool = True
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/"
+
+
+@dataclass(frozen=True)
 class NodeConfig:
     name: str
     host: str
@@ -76,20 +92,6 @@ class NodeConfig:
 
 
 DEFAULT_DASHBOARD = "127.0.0.1:8470"
-
-
-@dataclass(frozen=True)
-class DashboardSettings:
-    """Where coordd serves its read-only dashboard and /metrics: ``host`` None means off.
-    A token is required for any address other than loopback."""
-
-    host: str | None = "127.0.0.1"
-    port: int = 8470
-    token: str | None = None
-
-    @property
-    def enabled(self) -> bool:
-        return self.host is not None
 
 
 ALERT_EVENTS = ("job_failed", "job_succeeded", "job_restarted", "job_stalled", "node_down")
@@ -160,7 +162,7 @@ _SYNC_KEYS = {
     "data": (list, False),
     "model": (str, False),
 }
-_DASHBOARD_KEYS = {"listen": (str, False), "token": (str, False)}
+_DASHBOARD_KEYS = {"listen": (str, False), "token": (str, False), "enabled": (bool, False)}
 _ALERT_KEYS = {
     "name": (str, False),
     "on": (list, False),
@@ -218,6 +220,7 @@ def parse_config(text: str, path: Path | None = None) -> ClusterConfig:
     ssh_raw = raw.get("ssh", {})
     _check_table(ssh_raw, _SSH_KEYS, "ssh", None, locate)
     sync = _parse_sync(raw.get("sync", {}), locate, base)
+    dashboard = _parse_dashboard(raw.get("dashboard", {}), locate)
 
     nodes_raw = raw.get("nodes", [])
     if not nodes_raw:
@@ -249,7 +252,7 @@ def parse_config(text: str, path: Path | None = None) -> ClusterConfig:
             raise ConfigError(locate.message("ssh", None, key, f"{key} must be greater than 0"))
     alerts = _parse_alerts(raw.get("alerts", []), locate, base)
     return ClusterConfig(name=cluster["name"], state_dir=state_dir, socket=socket, ssh=ssh, nodes=nodes, path=path,
-                         sync=sync, dashboard=_parse_dashboard(raw.get("dashboard", {}), locate), alerts=alerts)
+                         sync=sync, dashboard=dashboard, alerts=alerts)
 
 
 def parse_listen(value: str) -> tuple[str | None, int]:
@@ -293,6 +296,8 @@ def _parse_dashboard(raw: dict, locate: "_Locator") -> DashboardSettings:
                                          f"the dashboard on {host}, which other machines can reach, needs a token: "
                                          "add token = \"...\" (e.g. from: openssl rand -hex 16) to [dashboard], "
                                          "or listen on 127.0.0.1"))
+    if host is None or not raw.get("enabled", True):  # listen = "off", or enabled = false
+        return DashboardSettings(enabled=False)
     return DashboardSettings(host=host, port=port, token=token)
 
 
@@ -458,8 +463,8 @@ def _check_table(table: dict, schema: dict, name: str, index: int | None, locate
                                              f"unknown key {label}.{key} (expected one of: {', '.join(schema)})"))
         kind, _ = schema[key]
         kinds = kind if isinstance(kind, tuple) else (kind,)
-        if isinstance(value, bool) or not isinstance(value, kinds):
-            expected = " or ".join({"str": "a string", "int": "an integer", "float": "a number",
+        if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
+            expected = " or ".join({"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
                                     "list": "a list", "dict": "a table"}[k.__name__] for k in kinds)
             raise ConfigError(locate.message(name, index, key,
                                              f"{label}.{key} must be {expected}, got {_toml_type(value)} {value!r}"))
@@ -540,6 +545,11 @@ name = "lab"
 # script = "train.py"                    # relative to each node's workdir; a node may override these
 # data = ["data/train.jsonl", "data/valid.jsonl"]
 # model = "models/tiny"
+
+[dashboard]            # the daemon's HTTP server: Prometheus /metrics (and the dashboard)
+# listen = "127.0.0.1:8470"              # the default; any other address needs a token
+# token = "..."                          # sent as Authorization: Bearer ... or ?token=...
+# enabled = true
 
 [[nodes]]
 name = "n1"

@@ -31,10 +31,14 @@ from coordinator.commands import status as status_command
 from coordinator.config import ClusterConfig, ConfigError, load_config
 from coordinator.control import ControlServer, ControlSocketError
 from coordinator.dashboard.document import dashboard_document
-from coordinator.dashboard.server import WebServer
 from coordinator.node_session import Connect, open_transport
 from coordinator.state import StateError, StateStore
 from coordinator.logs import configure_logging
+from coordinator.metrics.history import MetricsHistory
+from coordinator.metrics.sampler import sample_nodes
+from coordinator.metrics.tensorboard import TensorBoardScalars
+from coordinator.web.routes import daemon_routes, page_routes
+from coordinator.web.server import WebServer
 from coordinator.services import preflight as preflight_service
 from coordinator.services import sync as sync_service
 from shared.rpc import Dispatcher
@@ -80,12 +84,17 @@ class Daemon:
         self.started = time.time()
         self.cluster = Cluster(config, state, bundle, connect=connect)
         self.control = ControlServer(config.socket, self._dispatcher())
-        self.web = WebServer(config.dashboard, self.dashboard_document) if config.dashboard.enabled else None
         self.jobs: dict[str, Any] = {}  # job name -> its newest run's supervisor
         self.runs: dict[str, Any] = {}  # run id -> supervisor, every run this cluster has had
-        from coordinator.jobs.daemon_effects import DaemonEffects
+        from coordinator.jobs.daemon_effects import DaemonEffects, tensorboard_dir
         self.job_effects = DaemonEffects(self)
         self.alerts = attach_alerts(self)  # hears every event the daemon records from here on
+        self.history = MetricsHistory(state.connection, runs_of=self.runs_of,
+                                      node_names=lambda: [node.name for node in config.nodes])
+        self.tensorboard = TensorBoardScalars(lambda run_id: tensorboard_dir(config.state_dir, run_id))
+        self.web = (WebServer(config.dashboard, daemon_routes(self), public=frozenset(page_routes()))
+                    if config.dashboard.enabled else None)
+        self.web_error: str | None = None
         self._tasks = None
         self._pending_tasks: list[tuple[Any, str]] = []
 
@@ -148,6 +157,35 @@ class Daemon:
         finally:
             self.schedule_jobs()
 
+    def runs_of(self, run_id: str | None) -> list[tuple[str, str]]:
+        """(run id, job name) of a run (or a job's newest run); without one, the runs status lists."""
+        if run_id is None:
+            from coordinator.commands.status import shown_runs
+
+            return [(runner.run_id, runner.spec.name) for runner in shown_runs(self)]
+        runner = self.runs.get(run_id) or self.jobs.get(run_id)
+        return [(runner.run_id, runner.spec.name)] if runner is not None else []
+
+    def dashboard(self) -> dict[str, Any]:
+        """Where the HTTP server (/metrics, the dashboard) answers, or why it does not."""
+        if self.web is None:
+            return {"url": None, "error": "off ([dashboard] enabled = false)"}
+        return {"url": self.web.url, "metrics": f"{self.web.url}metrics" if self.web.url else None,
+                "token_required": self.config.dashboard.token is not None, "error": self.web_error}
+
+    async def _serve_web(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+        """The HTTP server; an address that cannot be bound is said in status and the events, and
+        the daemon runs on without it (a second cluster's daemon on the same head, say)."""
+        try:
+            await self.web.serve(task_status=task_status)
+        except OSError as exc:
+            listen = f"{self.config.dashboard.host}:{self.config.dashboard.port}"
+            self.web_error = (f"cannot listen on {listen}: {exc.strerror or exc}; set another address with "
+                              "[dashboard] listen = \"127.0.0.1:PORT\" in the cluster file")
+            self.cluster.record_event("dashboard.failed", self.web_error)
+            log.warning("http server not started", error=self.web_error)
+            task_status.started(None)
+
     def add_run(self, runner) -> None:
         """A run is known by its id; its name means its newest run."""
         self.runs[runner.run_id] = runner
@@ -155,7 +193,8 @@ class Daemon:
 
     def _dispatcher(self) -> Dispatcher:
         table = Dispatcher()
-        table.add("status", self._status, optional={"events": int, "all": bool})
+        table.add("status", self._status, optional={"events": int, "all": bool, "history": bool,
+                                                     "run": (str, type(None)), "since": (int, float, type(None))})
         table.add("ping", self._ping)
         table.add("sync", self._sync, optional={"source": (str, type(None)), "delete": bool, "dry_run": bool},
                   streams=True)
@@ -214,8 +253,12 @@ class Daemon:
     async def _sync(self, emit, **args: Any) -> dict[str, Any]:
         return await sync_service.serve_sync(self, emit, **args)
 
-    async def _status(self, events: int = 10, all: bool = False) -> dict[str, Any]:  # noqa: A002 (the wire name)
-        return status_command.serve_status(self, events=events, every_run=all)
+    async def _status(self, events: int = 10, all: bool = False, history: bool = False,  # noqa: A002 (wire names)
+                      run: str | None = None, since: float | None = None) -> dict[str, Any]:
+        doc = status_command.serve_status(self, events=events, every_run=all)
+        if history:
+            doc["history"] = self.history.document(run_id=run, since=since)
+        return doc
 
     async def _ping(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "version": COORD_VERSION}
@@ -235,8 +278,10 @@ class Daemon:
                 self._tasks = tasks
                 tasks.start_soon(self._stop_on_signal, tasks.cancel_scope)
                 tasks.start_soon(self.cluster.run)
-                await self._start_dashboard(tasks)
                 tasks.start_soon(self.alerts.run, name="alerts")
+                tasks.start_soon(sample_nodes, self.cluster.sessions, self.history, name="metrics:nodes")
+                if self.web is not None:
+                    await tasks.start(self._serve_web)
                 self._reattach_jobs()
                 self.schedule_jobs()
                 for func, name in self._pending_tasks:
@@ -249,27 +294,13 @@ class Daemon:
                 self.cluster.record_event("daemon.stopped", "coordd stopped")
                 log.info("daemon stopped")
 
-    async def _start_dashboard(self, tasks: anyio.abc.TaskGroup) -> None:
-        """The dashboard is a window on the daemon, never a reason for it not to run: an
-        address already in use is an event, and coordd goes on without it."""
-        if self.web is None:
-            return
-        try:
-            url = await tasks.start(self.web.serve)
-        except OSError as exc:
-            settings = self.config.dashboard
-            self.cluster.record_event("dashboard.unavailable",
-                                      f"dashboard not served: cannot listen on {settings.host}:{settings.port}: "
-                                      f"{exc.strerror or exc} (set [dashboard] listen in the cluster file)")
-            self.web = None
-            return
-        self.cluster.record_event("dashboard.listening", f"dashboard at {url}")
-
-    def dashboard_url(self) -> str | None:
-        return self.web.url if self.web is not None else None
-
     def dashboard_document(self) -> dict[str, Any]:
-        return dashboard_document(self)
+        """What the dashboard page draws: the cluster, the runs with their curves, the events."""
+        return dashboard_document(self, history=self.run_history)
+
+    def run_history(self, run_id: str) -> dict[str, Any] | None:
+        runs = self.history.document(run_id=run_id)["runs"]
+        return runs[0] if runs else None
 
     async def _stop_on_signal(self, scope: anyio.CancelScope) -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -66,6 +66,45 @@ CREATE TABLE IF NOT EXISTS calibrations (
 );
 """
 
+# Schema 4: the metrics history (coordinator/metrics/history.py). New tables only, so an older
+# database gains them as they are; their rows are thinned as coordinator/metrics/thinning.py says.
+_METRICS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS metric_points (
+    run_id TEXT NOT NULL,
+    series TEXT NOT NULL,           -- 'train' or 'val'
+    step INTEGER NOT NULL,          -- the run's global step: one point per step, whichever attempt wrote it
+    attempt INTEGER NOT NULL,
+    ts REAL NOT NULL,
+    loss REAL,                      -- the validation loss in the 'val' series
+    learning_rate REAL,
+    tokens_per_second REAL,
+    peak_memory_bytes INTEGER,      -- rank 0's MLX peak memory
+    rank_memory TEXT,               -- JSON {rank: bytes}: each rank's largest RSS since the point before
+    PRIMARY KEY (run_id, series, step)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS metric_attempts (
+    run_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    start_step INTEGER NOT NULL,    -- the step it resumed from (0: from the start)
+    ts REAL NOT NULL,
+    nodes TEXT NOT NULL,            -- JSON list, rank by rank
+    detail TEXT,                    -- why the attempt before it ended
+    PRIMARY KEY (run_id, attempt)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS node_samples (
+    node TEXT NOT NULL,
+    ts REAL NOT NULL,
+    memory_used_bytes INTEGER,
+    memory_total_bytes INTEGER,
+    gpu_utilization REAL,           -- percent
+    gpu_memory_bytes INTEGER,
+    power_watts REAL,
+    temperature_c REAL,
+    PRIMARY KEY (node, ts)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS node_samples_ts ON node_samples (ts);
+"""
+
 
 class StateError(Exception):
     pass
@@ -84,6 +123,7 @@ class StateStore:
                              "move it aside to start with empty state") from None
         row = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
         if row is None:
+            self._db.executescript(_METRICS_SCHEMA)
             self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
         elif int(row[0]) > SCHEMA_VERSION:
             raise StateError(f"state database {path} is from a newer coord (schema {row[0]})")
@@ -117,7 +157,14 @@ class StateStore:
                     DROP TABLE jobs;
                     COMMIT;
                 """)
+        if version < 4:
+            self._db.executescript(_METRICS_SCHEMA)
         self._db.execute("UPDATE meta SET value=? WHERE key='schema'", (str(SCHEMA_VERSION),))
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        """For the stores that keep their own tables in this database (the metrics history)."""
+        return self._db
 
     def close(self) -> None:
         self._db.close()

@@ -34,14 +34,19 @@ def serve_status(daemon: "Daemon", *, events: int = 10, every_run: bool = False)
     return {
         "cluster": {"name": daemon.config.name},
         "daemon": daemon.info(),
-        "dashboard": daemon.dashboard_url(),
+        "dashboard": daemon.dashboard(),
         "time": time.time(),
         "summary": {"nodes": len(nodes), "up": sum(n["state"] == "up" for n in nodes)},
         "nodes": nodes,
-        "jobs": [runner.view() for runner in daemon.runs.values()
-                 if every_run or daemon.jobs.get(runner.spec.name) is runner or runner.state in ACTIVE],
+        "jobs": [runner.view() for runner in shown_runs(daemon, every_run=every_run)],
         "events": recent,
     }
+
+
+def shown_runs(daemon: "Daemon", *, every_run: bool = False) -> list:
+    """Each job's newest run and every run still going (``every_run``: all of them)."""
+    return [runner for runner in daemon.runs.values()
+            if every_run or daemon.jobs.get(runner.spec.name) is runner or runner.state in ACTIVE]
 
 
 def render_status(doc: dict[str, Any], console) -> None:
@@ -68,8 +73,13 @@ def render_status(doc: dict[str, Any], console) -> None:
             _age(now - node["last_seen"]) + " ago" if node.get("last_seen") else "never",
         )
     console.print(table)
-    if doc.get("dashboard"):
-        console.print(f"dashboard: {doc['dashboard']}", markup=False, highlight=False)
+    dashboard = doc.get("dashboard") or {}
+    if dashboard.get("url"):
+        console.print(f"dashboard {dashboard['url']}  metrics {dashboard['metrics']}"
+                      + ("  (token required)" if dashboard.get("token_required") else ""),
+                      markup=False, highlight=False)
+    elif dashboard.get("error"):
+        console.print(f"dashboard: {dashboard['error']}", markup=False, highlight=False, soft_wrap=True)
     for node in doc["nodes"]:
         if node["state"] != "up" and node.get("reason"):
             console.print(f"[red]{node['name']}[/] {node['state']}: {node['reason']}", soft_wrap=True)
@@ -106,3 +116,55 @@ def _age(seconds: float) -> str:
     if seconds < 3600:
         return f"{seconds // 60}m{seconds % 60:02d}s"
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def render_history(history: dict[str, Any], console) -> None:
+    """The CLI half of --history: per run a line of its loss curve and the restarts on it, per node
+    its memory and GPU use now and at their peak in the window."""
+    console.print("\n[bold]history[/]")
+    for run in history["runs"]:
+        train, val = run["train"], run["val"]
+        if not train["step"]:
+            console.print(f"  {run['name']} ({run['run_id']}): no points yet", markup=False, highlight=False)
+            continue
+        losses = [v for v in train["loss"] if v is not None]
+        speeds = [v for v in train["tokens_per_second"] if v is not None]
+        line = (f"  {run['name']} ({run['run_id']}): {len(train['step'])} points, steps {train['step'][0]}-"
+                f"{train['step'][-1]}")
+        if losses:
+            line += f", loss {losses[0]:.4g} → {losses[-1]:.4g} {sparkline(losses)}"
+        if speeds:
+            line += f", {speeds[-1]:.0f} tokens/s"
+        if val["step"]:
+            line += f", val loss {val['loss'][-1]:.4g} at step {val['step'][-1]}"
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+        for attempt in run["attempts"][1:]:
+            console.print(f"    restart: attempt {attempt['attempt']} from step {attempt['start_step']} on "
+                          f"{', '.join(attempt['nodes'])}" + (f" after {attempt['detail']}" if attempt["detail"] else ""),
+                          markup=False, highlight=False, soft_wrap=True)
+    for node in history["nodes"]:
+        if not node["time"]:
+            continue
+        used = [v for v in node["memory_used_bytes"] if v is not None]
+        total = next((v for v in reversed(node["memory_total_bytes"]) if v is not None), None)
+        gpu = [v for v in node["gpu_utilization"] if v is not None]
+        line = f"  {node['name']}: {len(node['time'])} samples"
+        if used:
+            line += f", memory {_bytes(used[-1])}" + (f" of {_bytes(total)}" if total else "") + \
+                    f" (peak {_bytes(max(used))})"
+        if gpu:
+            line += f", GPU {gpu[-1]:.0f}% (peak {max(gpu):.0f}%)"
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def sparkline(values: list[float], width: int = 24) -> str:
+    """``values`` resampled to ``width`` and drawn with block characters, lowest to highest."""
+    if not values:
+        return ""
+    picked = [values[int(i * len(values) / width)] for i in range(min(width, len(values)))]
+    low, high = min(picked), max(picked)
+    span = (high - low) or 1.0
+    return "".join(SPARK[min(len(SPARK) - 1, int((v - low) / span * len(SPARK)))] for v in picked)

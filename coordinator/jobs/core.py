@@ -52,6 +52,9 @@ class JobRecord(TypedDict, total=False):
     replica_check: dict[str, Any]
     resumes: int  # how many times coord run --resume continued this run
     stop_requested: bool
+    val_loss: float | None
+    failed_at: float  # when the first failed attempt since the last step ended (a recovery is under way)
+    recoveries: list[float]  # seconds from a failure to the next first step, the newest RECOVERIES_KEPT
 
 
 def new_run_id(name: str, taken: set[str] | frozenset[str] = frozenset(), token=secrets.token_hex) -> str:

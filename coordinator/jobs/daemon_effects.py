@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import anyio
+import structlog
 
 from agent.launch import rank_command
 from coordinator.jobs.effects import HEAD, LaunchError, NodeView, Placement
@@ -24,11 +26,17 @@ if TYPE_CHECKING:
     from coordinator.daemon import Daemon
 
 LAUNCHER_REAP_S = 5.0
+log = structlog.get_logger("job")
 
 
 def run_dir(state_dir: Path, run_id: str) -> Path:
     """Where the head keeps a run's launch files and each rank's output."""
     return state_dir / "jobs" / run_id
+
+
+def tensorboard_dir(state_dir: Path, run_id: str) -> Path:
+    """Where a run's TensorBoard event files are: ``tensorboard --logdir <state_dir>/jobs`` shows every run."""
+    return run_dir(state_dir, run_id) / "tensorboard"
 
 
 def attempt_dir(state_dir: Path, run_id: str, attempt: int) -> Path:
@@ -190,6 +198,21 @@ class DaemonEffects:
 
     def event(self, kind: str, message: str, data: dict[str, Any] | None) -> None:
         self.daemon.cluster.record_event(kind, message, data=data or None)
+
+    def record_attempt(self, run_id: str, attempt: int, start_step: int, nodes: list[str],
+                       detail: str | None) -> None:
+        try:
+            self.daemon.history.start_attempt(run_id, attempt, start_step, nodes, detail)
+            self.daemon.tensorboard.start_attempt(run_id, attempt, start_step)
+        except (OSError, sqlite3.Error) as exc:
+            log.warning("metrics history not written", run=run_id, error=str(exc))
+
+    def record_point(self, run_id: str, series: str, point: dict[str, Any]) -> None:
+        try:
+            if self.daemon.history.add_point(run_id, series, point):  # not a report read again
+                self.daemon.tensorboard.add_point(run_id, series, point)
+        except (OSError, sqlite3.Error) as exc:
+            log.warning("metrics history not written", run=run_id, error=str(exc))
 
     def spawn(self, func: Callable[[], Awaitable[None]], *, name: str) -> None:
         self.daemon.start_task(func, name=name)

@@ -101,5 +101,13 @@ class JobEffects(Protocol):
     def remove_checkpoint(self, run_id: str, attempt: int, node: str, path: str) -> None: ...
     def event(self, kind: str, message: str, data: dict[str, Any] | None) -> None: ...
 
+    # --- the metrics history (and TensorBoard); never raises: a chart is not worth a job ---
+    def record_attempt(self, run_id: str, attempt: int, start_step: int, nodes: list[str],
+                       detail: str | None) -> None:
+        """An attempt starts from ``start_step``: the run's points past it are dropped."""
+
+    def record_point(self, run_id: str, series: str, point: dict[str, Any]) -> None:
+        """One ``train`` or ``val`` point: step, attempt, time and its values."""
+
     # --- background work that outlives the job's own loop ---
     def spawn(self, func: Callable[[], Awaitable[None]], *, name: str) -> None: ...

@@ -13,7 +13,8 @@ import anyio
 
 from coordinator.jobs import core
 from coordinator.jobs.fingerprints import comparison_summary
-from coordinator.jobs.policy import HUNG, RANK_FAILED, RESIZED, STOPPED, Outcome, RankFailure, root_cause
+from coordinator.jobs.policy import (HUNG, LAUNCH_FAILED, NODE_LOST, RANK_FAILED, RESIZED, STOPPED, Outcome,
+                                     RankFailure, root_cause)
 from coordinator.jobs.spec import attempt_command
 from coordinator.plan import diagnosis
 from shared.rpc import RemoteError
@@ -25,6 +26,8 @@ else:
 
 POLL_S = 0.5
 LOG_DIAGNOSIS_BYTES = 256 << 10  # the end of a rank's log, where the error that stopped it is
+FAILURES = (RANK_FAILED, NODE_LOST, HUNG, LAUNCH_FAILED)  # outcomes a recovery is timed from
+RECOVERIES_KEPT = 100
 
 
 class RankWatching(_Runner):
@@ -52,6 +55,8 @@ class RankWatching(_Runner):
                 self._progress_offsets[rank] = status["progress_offset"]
                 if status.get("rss_bytes"):
                     self.record.setdefault("rank_memory", {})[str(rank)] = status["rss_bytes"]
+                    # the largest since the last point: what the history keeps per rank
+                    self._rank_peaks[str(rank)] = max(self._rank_peaks.get(str(rank), 0), status["rss_bytes"])
                 for record in status["progress"]:
                     self._on_progress(record)
                 await self._pull_log(rank, name, status["log_size"])
@@ -99,6 +104,8 @@ class RankWatching(_Runner):
         """The attempt is over; ``detected_after`` is how long its end went unseen (a rank's exit
         to the poll that saw it), when known."""
         extra = {"seconds": round(detected_after, 3)} if detected_after is not None else {}
+        if kind in FAILURES:
+            self.record.setdefault("failed_at", self.fx.now())
         self.event("attempt_ended", f"attempt {self.record['attempt']}: {kind}: {detail}"
                    + (f" (seen {detected_after:.2f} s after)" if detected_after is not None else ""),
                    outcome=kind, **extra)
@@ -146,6 +153,9 @@ class RankWatching(_Runner):
         if record.get("kind") == "checkpoint":
             self._on_checkpoint_written(record)
             return
+        if record.get("kind") == "val":
+            self._on_val_loss(record)
+            return
         if record.get("kind") != "train":
             return
         now = float(record.get("time") or self.fx.now())
@@ -154,6 +164,7 @@ class RankWatching(_Runner):
             self.record["first_step_at"] = now
             self.event("first_step", f"attempt {self.record['attempt']} reached step {step}",
                        seconds=round(now - (self.record.get("last_progress") or now), 3), step=step)
+            self._recovered()
         previous_step = self.record["step"]
         previous_time = self.record.get("last_progress")
         if step > previous_step and previous_time and self.record["first_step_at"] != now:
@@ -165,6 +176,33 @@ class RankWatching(_Runner):
         self.record["peak_memory_gb"] = record.get("peak_memory_gb")
         self.record["last_progress"] = now
         self.save()
+        peak = record.get("peak_memory_gb")
+        self.fx.record_point(self.run_id, "train", {
+            "step": step, "attempt": self.record["attempt"], "time": now, "loss": record.get("loss"),
+            "learning_rate": record.get("learning_rate"), "tokens_per_second": record.get("tokens_per_second"),
+            # mlx-lm's peak memory is bytes / 1e9
+            "peak_memory_bytes": int(peak * 1e9) if isinstance(peak, (int, float)) else None,
+            "rank_memory_bytes": dict(self._rank_peaks)})
+        self._rank_peaks.clear()
+
+    def _on_val_loss(self, record: dict[str, Any]) -> None:
+        try:
+            step, loss = int(record["step"]), float(record["val_loss"])
+        except (KeyError, TypeError, ValueError):
+            return
+        self.record["val_loss"] = loss
+        self.fx.record_point(self.run_id, "val", {"step": step, "attempt": self.record["attempt"],
+                                                  "time": float(record.get("time") or self.fx.now()), "loss": loss})
+
+    def _recovered(self) -> None:
+        """The first step after a failure ends a recovery: its seconds, from the failed attempt's end
+        (the first, if several failed in a row) to now, feed coord_recovery_seconds."""
+        failed_at = self.record.pop("failed_at", None)
+        if failed_at is None:
+            return
+        recoveries = self.record.setdefault("recoveries", [])
+        recoveries.append(round(max(0.0, self.fx.now() - failed_at), 3))
+        del recoveries[:-RECOVERIES_KEPT]
 
     def _on_checkpoint_written(self, record: dict[str, Any]) -> None:
         """coord's trainer says how long a save held training and how long the write took

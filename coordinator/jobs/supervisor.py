@@ -71,6 +71,7 @@ class JobRunner(RankWatching, CheckpointKeeping):
         self._unreachable: dict[str, tuple[int, float]] = {}
         self._replica_check = ReplicaCheck(0)
         self._divergence: Divergence | None = None
+        self._rank_peaks: dict[str, int] = {}  # rank -> its largest RSS since the last train point
         self._nothing_left = False
         self.resize_requested: int | None = None  # the checkpoint step the resize waits to pass
         self.queue_position: int | None = None  # set by the daemon's queue while the job waits
@@ -240,6 +241,8 @@ class JobRunner(RankWatching, CheckpointKeeping):
             outcome = await self._launch(nodes)
 
     async def _finish(self, decision: Decision, outcome: Outcome) -> bool:
+        if decision.action != "restart":
+            self.record.pop("failed_at", None)  # no recovery follows (a --resume later is not one)
         if decision.action == "succeed":
             await self._await_final_copy()
             self.set_state("succeeded")
@@ -391,6 +394,7 @@ class JobRunner(RankWatching, CheckpointKeeping):
         self.set_state("starting")
         self._progress_offsets = self.record["progress_offsets"] = {}  # saved with the record
         self.record["rank_memory"] = {}
+        self._rank_peaks.clear()
         self._log_offsets.clear()
         self._replica_check = ReplicaCheck(len(nodes))
         self._divergence = None
@@ -444,6 +448,11 @@ class JobRunner(RankWatching, CheckpointKeeping):
             return self._outcome(SUCCEEDED, f"the checkpoint of step {start_step} is the last step", "")
         if attempt == 0 or not self.record.get("diagnoses"):
             self._diagnose_launch(order, document, batch)
+        # The history's curve goes on from start_step: what an earlier attempt reported past it is dropped.
+        previous = self.record["history"][-1] if self.record["history"] else None
+        self.fx.record_attempt(self.run_id, attempt, start_step, order,
+                               f"attempt {previous['attempt']}: {previous['kind']}: {previous['detail']}"
+                               if previous else None)
         await self._prepare_ranks(attempt, order, resume_files, start_step, batch)
         self.record["launcher_pid"] = self.fx.start_launcher(self.run_id, attempt, document)
         self.record["last_progress"] = self.fx.now()
@@ -557,7 +566,7 @@ class JobRunner(RankWatching, CheckpointKeeping):
             eta = record["step_seconds"] * max(0, self.spec.total_steps - record["step"])
         last = record.get("last_checkpoint")
         return {"name": self.spec.name, "run_id": self.run_id, "state": self.state, "step": record["step"],
-                "total_steps": self.spec.total_steps, "loss": record.get("loss"),
+                "total_steps": self.spec.total_steps, "loss": record.get("loss"), "val_loss": record.get("val_loss"),
                 "tokens_per_second": record.get("tokens_per_second"), "eta_s": eta,
                 "last_checkpoint_step": last["step"] if last else None,
                 "last_checkpoint_age_s": self.fx.now() - last["time"] if last else None,

@@ -56,8 +56,9 @@ def dashboard():
     config.write_text(CLUSTER.format(root=root, token=TOKEN))
     daemon = DaemonProcess(config, env=environment()).start()
     doc = daemon.wait_for(all_up, 30, "all nodes up")
-    assert doc["dashboard"] and doc["dashboard"].startswith("http://127.0.0.1:"), doc.get("dashboard")
-    yield daemon, root, doc["dashboard"]
+    url = (doc.get("dashboard") or {}).get("url")
+    assert url and url.startswith("http://127.0.0.1:"), doc.get("dashboard")
+    yield daemon, root, url
     daemon.stop()
     shutil.rmtree(root, ignore_errors=True)
 
@@ -125,6 +126,10 @@ def test_after_a_real_run_chromium_draws_the_nodes_the_job_and_its_curve(dashboa
     assert job["state"] == "succeeded" and job["restarts"] == 1
     assert job["checkpoints"] and job["checkpoints"][0]["step"] == 40 and job["checkpoints"][0]["valid"]
     assert job["backend"]["backend"] == "ring"
+    # One curve across the restart: every step once, attempt 1 from the step it resumed at.
+    train = job["history"]["train"]
+    assert sorted(train["step"]) == list(range(1, 41)), train["step"]
+    assert [a["attempt"] for a in job["history"]["attempts"]] == [0, 1]
     page = f"{url}?token={TOKEN}"
     # A profile of its own: with the shared one, a Chromium left running elsewhere would take
     # the page over and this one would exit without drawing anything.
@@ -143,6 +148,7 @@ def test_after_a_real_run_chromium_draws_the_nodes_the_job_and_its_curve(dashboa
     for name in ("alpha-node", "beta-node", "dash-job", final["run_id"]):
         assert name in dom, name
     assert 'class="uplot' in dom, "no chart drawn"
+    assert '<p id="curves-empty" class="muted" hidden="">' in dom, "the curve has no points"
     shot = Path(os.environ.get("COORD_SCREENSHOT_DIR") or tmp_path) / "dashboard.png"
     subprocess.run([*argv, f"--screenshot={shot}", page], capture_output=True, timeout=120, check=True)
     assert shot.stat().st_size > 20_000

@@ -142,6 +142,7 @@ class World:
         self.store: dict[str, dict[str, Any]] = {}  # run id -> row (JSON round-tripped)
         self.catalog: dict[str, dict[tuple, dict[str, Any]]] = {}
         self.events: list[tuple[float, str, str]] = []
+        self.metric_attempts: list[tuple[str, int, int]] = []  # (run id, attempt, start step) as recorded
         self.checkers: list[Callable[[], None]] = []
         self.launch_faults: dict[int, str] = {}  # attempt -> "missing" | "dies"
         self.rank_faults: dict[tuple[int, int], dict[str, Any]] = {}  # (attempt, rank) -> fault
@@ -563,6 +564,17 @@ class SimEffects:
     def event(self, kind: str, message: str, data: dict[str, Any] | None) -> None:
         self._effect()
         self.world.events.append((anyio.current_time(), kind, message))
+
+    def record_attempt(self, run_id: str, attempt: int, start_step: int, nodes: list[str],
+                       detail: str | None) -> None:
+        # Not counted as an effect: the fixed schedules' crash points stay where they were.
+        if self.dead:
+            raise DaemonCrash()
+        self.world.metric_attempts.append((run_id, attempt, start_step))
+
+    def record_point(self, run_id: str, series: str, point: dict[str, Any]) -> None:
+        if self.dead:
+            raise DaemonCrash()
 
     def spawn(self, func: Callable[[], Awaitable[None]], *, name: str) -> None:
         if self.dead:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -116,3 +117,29 @@ def test_local_nodes_default_to_the_running_python():
     import sys
     config = parse_config('[cluster]\nname = "x"\n[[nodes]]\nname = "a"\nhost = "local"\nworkdir = "/w"\n')
     assert config.nodes[0].python == sys.executable
+
+
+def test_the_dashboard_listens_on_loopback_by_default():
+    dashboard = parse_config(GOOD).dashboard
+    assert (dashboard.host, dashboard.port, dashboard.token, dashboard.enabled) == ("127.0.0.1", 8470, None, True)
+    assert dashboard.url == "http://127.0.0.1:8470/"
+
+
+def test_a_dashboard_off_loopback_needs_a_token():
+    with pytest.raises(ConfigError, match=r"the dashboard on 0.0.0.0, which other machines can reach, needs a token"):
+        parse_config(GOOD + '\n[dashboard]\nlisten = "0.0.0.0:8470"\n')
+    dashboard = parse_config(GOOD + '\n[dashboard]\nlisten = "0.0.0.0:0"\ntoken = "0123456789abcdef0123"\n').dashboard
+    assert (dashboard.host, dashboard.port, dashboard.token) == ("0.0.0.0", 0, "0123456789abcdef0123")
+    assert parse_config(GOOD + '\n[dashboard]\nlisten = "[::1]:9000"\n').dashboard.url == "http://[::1]:9000/"
+
+
+@pytest.mark.parametrize("table, message", [
+    ('listen = "8470"', r"is not HOST:PORT"),
+    ('listen = "127.0.0.1:99999"', r"port must be a number from 0 to 65535"),
+    ('listen = "127.0.0.1:8470"\ntoken = "short"', r"at least 16 characters"),
+    ('enabled = "yes"', r"dashboard.enabled must be true or false"),
+])
+def test_a_bad_dashboard_table_is_refused_with_its_line(table, message):
+    with pytest.raises(ConfigError, match=message) as caught:
+        parse_config(GOOD + "\n[dashboard]\n" + table + "\n")
+    assert re.match(r"<cluster file>:\d+: ", str(caught.value))

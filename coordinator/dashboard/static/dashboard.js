@@ -124,20 +124,29 @@ function renderJobs(doc) {
   }));
 }
 
-// A run's points as uPlot data: x = step, one series per attempt (a resumed attempt continues
-// the curve in another colour), and the steps each restart resumed from, drawn as lines.
+// A run's history (coordinator/metrics/history.py: columnar train points and the attempts) as
+// uPlot data: x = step, one series per attempt (a resumed attempt continues the curve in another
+// colour). The store already dropped the points a failed attempt made past the step the next
+// one resumed from.
 function seriesOf(history, field) {
-  const points = (history && history.points || []).filter(p => p[field] != null);
-  const attempts = [...new Set(points.map(p => p.attempt))].sort((a, b) => a - b);
-  const steps = [...new Set(points.map(p => p.step))].sort((a, b) => a - b);
-  const index = new Map(steps.map((s, i) => [s, i]));
-  const data = [steps];
+  const train = (history && history.train) || {};
+  const steps = train.step || [], attemptOf = train.attempt || [], values = train[field] || [];
+  const rows = steps.map((step, i) => ({ step, attempt: attemptOf[i], value: values[i] })).filter(r => r.value != null);
+  const attempts = [...new Set(rows.map(r => r.attempt))].sort((a, b) => a - b);
+  const xs = [...new Set(rows.map(r => r.step))].sort((a, b) => a - b);
+  const index = new Map(xs.map((s, i) => [s, i]));
+  const data = [xs];
   for (const attempt of attempts) {
-    const ys = new Array(steps.length).fill(null);
-    for (const p of points) if (p.attempt === attempt) ys[index.get(p.step)] = p[field];
+    const ys = new Array(xs.length).fill(null);
+    for (const r of rows) if (r.attempt === attempt) ys[index.get(r.step)] = r.value;
     data.push(ys);
   }
   return { data, attempts };
+}
+
+// The steps restarts resumed from: every attempt after the first starts at one.
+function restartsOf(history) {
+  return ((history && history.attempts) || []).filter(a => a.attempt > 0).map(a => ({ step: a.start_step, attempt: a.attempt }));
 }
 
 function restartLines(restarts) {
@@ -163,7 +172,7 @@ function drawChart(id, title, history, field) {
   const { data, attempts } = seriesOf(history, field);
   const target = document.getElementById(id);
   const width = Math.max(300, target.clientWidth || 440);
-  const restarts = (history && history.restarts) || [];
+  const restarts = restartsOf(history);
   const shape = id + ":" + attempts.join(",") + ":" + width + ":" + restarts.map(r => r.step).join(",");
   if (charts[id] && charts[id].shape === shape) {
     charts[id].plot.setData(data);
