@@ -72,15 +72,19 @@ function renderTopology(doc, job) {
   const running = job && job.state === "running" ? new Set(job.nodes) : new Set();
   if (backend) {
     let links = backend.links || [];
-    if (!links.length && backend.ring && backend.ring.length > 1) {  // a ring whose links were not measured
-      links = backend.ring.map((a, i) => ({ a, b: backend.ring[(i + 1) % backend.ring.length], kind: backend.transport }));
+    const ring = backend.ring || (backend.backend === "ring" ? job.nodes : null);
+    if (!links.length && ring && ring.length > 1) {  // a ring whose links were not measured (one machine)
+      const pairs = ring.length === 2 ? [[ring[0], ring[1]]] : ring.map((a, i) => [a, ring[(i + 1) % ring.length]]);
+      links = pairs.map(([a, b]) => ({ a, b, kind: backend.transport }));
     }
     for (const link of links) {
       if (!at[link.a] || !at[link.b]) continue;
       const [x1, y1] = at[link.a], [x2, y2] = at[link.b];
       parts.push(svg("line", { x1, y1, x2, y2, stroke: "#9aa5b1", "stroke-width": 2 }));
       const label = [link.kind, link.speed_gbps ? link.speed_gbps + " Gb/s" : null].filter(Boolean).join(" ");
-      if (label) parts.push(svg("text", { x: (x1 + x2) / 2, y: (y1 + y2) / 2 - 4, "text-anchor": "middle", fill: "#6b7580" }, label));
+      // A level link's label goes under the line, clear of the two boxes it joins.
+      const below = Math.abs(y1 - y2) < 10 ? 34 : -4;
+      if (label) parts.push(svg("text", { x: (x1 + x2) / 2, y: (y1 + y2) / 2 + below, "text-anchor": "middle", fill: "#6b7580" }, label));
     }
     parts.push(svg("text", { x: 6, y: 292, fill: "#6b7580" },
       `${job.name}: ${backend.backend || "?"}${backend.transport ? " over " + backend.transport : ""}`));
@@ -171,6 +175,11 @@ function restartLines(restarts) {
 function drawChart(id, title, history, field) {
   const { data, attempts } = seriesOf(history, field);
   const target = document.getElementById(id);
+  target.hidden = data[0].length === 0;  // a script that reports no tokens/s has no such chart
+  if (target.hidden) {
+    if (charts[id]) { charts[id].plot.destroy(); delete charts[id]; }
+    return 0;
+  }
   const width = Math.max(300, target.clientWidth || 440);
   const restarts = restartsOf(history);
   const shape = id + ":" + attempts.join(",") + ":" + width + ":" + restarts.map(r => r.step).join(",");
