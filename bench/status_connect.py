@@ -100,6 +100,32 @@ def scrape_costs(url: str, calls: int, pid: int) -> dict:
             "metrics_cpu_ms": cpu * 1000, "metrics_bytes": size}
 
 
+def page_costs(base: str, calls: int, pid: int, stream_seconds: float = 30.0) -> dict:
+    """The dashboard: each /api/dashboard document (latency, the daemon's CPU, size), and what
+    one open page costs the daemon: its event stream read for ``stream_seconds``, the daemon's
+    CPU over that time (idle included; compare with the idle column)."""
+    import urllib.request
+
+    samples, size = [], 0
+    cpu_before = cpu_seconds(pid)
+    for _ in range(calls):
+        start = time.perf_counter()
+        with urllib.request.urlopen(base + "api/dashboard", timeout=10) as answer:
+            size = len(answer.read())
+        samples.append(time.perf_counter() - start)
+    cpu = (cpu_seconds(pid) - cpu_before) / calls
+    events = 0
+    cpu_before = cpu_seconds(pid)
+    deadline = time.monotonic() + stream_seconds
+    with urllib.request.urlopen(base + "api/stream", timeout=10) as stream:
+        while time.monotonic() < deadline:
+            if stream.readline().startswith(b"data: "):
+                events += 1
+    stream_cpu = (cpu_seconds(pid) - cpu_before) / stream_seconds
+    return {"page_p50_ms": percentile(samples, 0.5) * 1000, "page_p99_ms": percentile(samples, 0.99) * 1000,
+            "page_cpu_ms": cpu * 1000, "page_bytes": size, "stream_cpu": stream_cpu, "stream_events": events}
+
+
 def idle_cpu(pid: int, seconds: float = 30.0) -> float:
     """The daemon's share of one core while nothing is asked of it."""
     before = cpu_seconds(pid)
@@ -135,6 +161,7 @@ def measure(size: int, calls: int, ssh: dict | None) -> dict:
                "status_p50_ms": percentile(samples, 0.5) * 1000, "status_p99_ms": percentile(samples, 0.99) * 1000,
                "cli_median_ms": cli_latency(config, 5) * 1000}
         row.update(scrape_costs(doc["dashboard"]["metrics"], calls, daemon.pid))
+        row.update(page_costs(doc["dashboard"]["url"], calls, daemon.pid))
         row["idle_cpu"] = idle_cpu(daemon.pid)
         return row
     finally:
@@ -204,6 +231,13 @@ def main() -> None:
     for row in rows:
         print(f"| {row['nodes']} | {row['metrics_p50_ms']:.1f} | {row['metrics_p99_ms']:.1f} | "
               f"{row['metrics_cpu_ms']:.2f} | {row['metrics_bytes']} | {row['idle_cpu'] * 100:.1f} |")
+    print(f"\nthe dashboard, {args.calls} documents per size, then one page's event stream for 30 s\n")
+    print("| nodes | /api/dashboard p50 (ms) | p99 (ms) | daemon CPU per document (ms) | document (bytes) "
+          "| daemon CPU with one page open (% of a core) | idle daemon CPU (% of a core) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
+        print(f"| {row['nodes']} | {row['page_p50_ms']:.1f} | {row['page_p99_ms']:.1f} | {row['page_cpu_ms']:.2f} | "
+              f"{row['page_bytes']} | {row['stream_cpu'] * 100:.1f} | {row['idle_cpu'] * 100:.1f} |")
 
 
 if __name__ == "__main__":

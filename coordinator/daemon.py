@@ -296,7 +296,7 @@ class Daemon:
 
     def dashboard_document(self) -> dict[str, Any]:
         """What the dashboard page draws: the cluster, the runs with their curves, the events."""
-        return dashboard_document(self, history=self.run_history)
+        return dashboard_document(self, history=self.run_history, usage=self.history.latest)
 
     def run_history(self, run_id: str) -> dict[str, Any] | None:
         runs = self.history.document(run_id=run_id)["runs"]

@@ -51,21 +51,25 @@ def checkpoint_rows(rows: list[dict[str, Any]], now: float) -> list[dict[str, An
     return out
 
 
-def node_entry(view: dict[str, Any]) -> dict[str, Any]:
-    """The part of a node's view the page draws (no paths, no keys)."""
+def node_entry(view: dict[str, Any], usage: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The part of a node's view the page draws (no paths, no keys), with its latest usage
+    sample (memory in use; on Macs GPU use and power where macOS gives them without root)."""
     facts = view.get("facts") or {}
+    usage = usage or {}
     return {"name": view["name"], "state": view["state"], "reason": view.get("reason"),
             "chip": facts.get("chip"), "memory_bytes": facts.get("memory_bytes"),
             "os": " ".join(x for x in (facts.get("os"), facts.get("os_version")) if x) or None,
             "python": facts.get("python_version"), "mlx": facts.get("mlx_version"),
             "mlx_lm": facts.get("mlx_lm_version"),
-            "last_seen": view.get("last_seen"), "user": view.get("user"), "host": view.get("host")}
+            "last_seen": view.get("last_seen"), "user": view.get("user"), "host": view.get("host"),
+            "memory_used_bytes": usage.get("memory_used_bytes"), "gpu_utilization": usage.get("gpu_utilization"),
+            "power_watts": usage.get("power_watts"), "temperature_c": usage.get("temperature_c")}
 
 
-def dashboard_document(daemon: "Daemon", *, history: Callable[[str], dict[str, Any]] | None = None,
-                       now: float | None = None) -> dict[str, Any]:
-    """The whole page's data. ``history(run_id)`` gives a run's metric points when the daemon
-    keeps them (their curves); without it the page shows no curves."""
+def dashboard_document(daemon: "Daemon", *, history: Callable[[str], dict[str, Any] | None] | None = None,
+                       usage: dict[str, dict[str, Any]] | None = None, now: float | None = None) -> dict[str, Any]:
+    """The whole page's data. ``history(run_id)`` gives a run's metric points (its curves);
+    ``usage`` each node's latest usage sample."""
     now = time.time() if now is None else now
     runners = shown_runs(list(daemon.runs.values()))
     jobs = []
@@ -76,6 +80,6 @@ def dashboard_document(daemon: "Daemon", *, history: Callable[[str], dict[str, A
         if history is not None:
             view["history"] = history(runner.run_id)
         jobs.append(view)
-    nodes = [node_entry(v) for v in daemon.cluster.node_views()]
+    nodes = [node_entry(v, (usage or {}).get(v["name"])) for v in daemon.cluster.node_views()]
     return {"cluster": daemon.config.name, "time": now, "nodes": nodes, "jobs": jobs,
             "events": list(daemon.cluster.events)[-EVENTS_SHOWN:]}

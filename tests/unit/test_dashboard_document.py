@@ -39,6 +39,8 @@ def test_a_node_entry_carries_no_paths():
             "python": "/venv/bin/python", "last_seen": 5.0,
             "facts": {"chip": "Apple M2 Ultra", "memory_bytes": 1 << 36, "os": "macOS", "os_version": "15.1",
                       "python_version": "3.12.4", "mlx_version": "0.29.1", "mlx_lm_version": "0.28.0"}}
-    entry = node_entry(view)
+    entry = node_entry(view, {"memory_used_bytes": 1 << 35, "gpu_utilization": 87.0, "power_watts": None})
     assert entry["chip"] == "Apple M2 Ultra" and entry["os"] == "macOS 15.1" and entry["mlx"] == "0.29.1"
+    assert entry["memory_used_bytes"] == 1 << 35 and entry["gpu_utilization"] == 87.0 and entry["power_watts"] is None
+    assert node_entry(view)["memory_used_bytes"] is None  # no sample yet
     assert "workdir" not in entry and "python" in entry and entry["python"] == "3.12.4"

@@ -54,7 +54,10 @@ function fillBody(table, rows) {
 function renderNodes(doc) {
   fillBody("#nodes", doc.nodes.map(n => el("tr", {},
     el("td", {}, n.name), el("td", { class: "state-" + n.state, title: n.reason || "" }, n.state),
-    el("td", {}, n.chip || "-"), el("td", {}, bytes(n.memory_bytes)), el("td", {}, n.os || "-"),
+    el("td", {}, n.chip || "-"),
+    el("td", {}, (n.memory_used_bytes != null ? bytes(n.memory_used_bytes) + " of " : "") + bytes(n.memory_bytes)),
+    el("td", {}, n.gpu_utilization == null ? "-" : Math.round(n.gpu_utilization) + "%"),
+    el("td", {}, n.power_watts == null ? "-" : n.power_watts.toFixed(1) + " W"), el("td", {}, n.os || "-"),
     el("td", {}, n.python || "-"), el("td", {}, n.mlx || "-"), el("td", {}, n.mlx_lm || "-"))));
 }
 
