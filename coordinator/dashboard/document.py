@@ -77,7 +77,9 @@ def dashboard_document(daemon: "Daemon", *, history: Callable[[str], dict[str, A
         view = runner.view()
         view["checkpoints"] = checkpoint_rows(daemon.state.checkpoints(runner.run_id), now)
         view["backend"] = runner.record.get("backend")
-        if history is not None:
+        # Live curves for the runs still going and the first run listed (the page's choice when
+        # nothing runs); another finished run's the page asks /api/history for once, when chosen.
+        if history is not None and (runner.state in ACTIVE or runner is runners[0]):
             view["history"] = history(runner.run_id)
         jobs.append(view)
     nodes = [node_entry(v, (usage or {}).get(v["name"])) for v in daemon.cluster.node_views()]

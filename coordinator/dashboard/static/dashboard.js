@@ -201,9 +201,28 @@ function drawChart(id, title, history, field) {
   return data[0].length;
 }
 
+// A finished run's curves are not in every document: fetched once when the run is shown.
+const finishedHistory = new Map();
+
+function historyOf(job) {
+  if (!job) return null;
+  if (job.history) return job.history;
+  if (!finishedHistory.has(job.run_id)) {
+    finishedHistory.set(job.run_id, null);
+    fetch("api/history?run=" + encodeURIComponent(job.run_id) + tokenQuery.replace("?", "&"))
+      .then(answer => answer.ok ? answer.json() : null)
+      .then(doc => {
+        const run = doc && doc.runs && doc.runs.find(r => r.run_id === job.run_id);
+        if (run) { finishedHistory.set(job.run_id, run); if (lastDoc) render(lastDoc); }
+      })
+      .catch(() => finishedHistory.delete(job.run_id));
+  }
+  return finishedHistory.get(job.run_id);
+}
+
 function renderCurves(job) {
   document.getElementById("curves-job").textContent = job ? `${job.name} (${job.run_id})` : "";
-  const history = job && job.history;
+  const history = historyOf(job);
   const n = drawChart("loss-chart", "loss", history, "loss") + drawChart("tps-chart", "tokens/s", history, "tokens_per_second");
   document.getElementById("curves-empty").hidden = n > 0;
 }
