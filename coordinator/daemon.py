@@ -255,7 +255,12 @@ class Daemon:
 
     async def _status(self, events: int = 10, all: bool = False, history: bool = False,  # noqa: A002 (wire names)
                       run: str | None = None, since: float | None = None) -> dict[str, Any]:
-        doc = status_command.serve_status(self, events=events, every_run=all)
+        return await self.status_document(events=events, every_run=all, history=history, run=run, since=since)
+
+    async def status_document(self, *, events: int = 10, every_run: bool = False, history: bool = False,
+                              run: str | None = None, since: float | None = None) -> dict[str, Any]:
+        """The `coord status --json` document (the web server's /api/status too)."""
+        doc = status_command.serve_status(self, events=events, every_run=every_run)
         if history:
             doc["history"] = self.history.document(run_id=run, since=since)
         return doc

@@ -37,9 +37,7 @@ def daemon_routes(daemon: Daemon) -> dict[str, Handler]:
         return Response(body=body, content_type=content_type)
 
     async def status(_request: Request) -> Response:
-        from coordinator.commands.status import serve_status
-
-        return _json(serve_status(daemon))
+        return _json(await daemon.status_document())
 
     async def history(request: Request) -> Response:
         run = request.query.get("run", [None])[0]

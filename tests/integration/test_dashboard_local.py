@@ -87,6 +87,8 @@ def test_data_needs_the_token_the_page_does_not_and_nothing_but_get_is_answered(
     status, _, body = get(url + "api/dashboard")
     assert status == 200 and {n["name"] for n in json.loads(body)["nodes"]} == {"alpha-node", "beta-node"}
     assert get(url + "api/dashboard?token=" + TOKEN, token=None)[0] == 200
+    status, _, body = get(url + "api/status")
+    assert status == 200 and json.loads(body)["cluster"]["name"] == "dash-local"
     assert get(url + "api/dashboard", method="POST")[0] == 405
     # No path from a request reaches the disk: only the page's own files are answered.
     assert get(url + "static/../../config.py")[0] == 404
