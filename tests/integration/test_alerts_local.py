@@ -118,3 +118,53 @@ def test_a_job_that_gives_up_is_posted_to_webhooks_retried_after_a_500_and_run_a
     events = coord("status", "--json", "--events", "50", "--config", str(config), env=daemon.env)
     assert SECRET not in daemon.log_file.read_text() and SECRET not in events.stdout + events.stderr
     shutil.rmtree(root, ignore_errors=True)
+
+
+STALL_CLUSTER = """\
+[cluster]
+name = "stall-local"
+state_dir = "{root}/state"
+
+[ssh]
+keepalive_s = 0.5
+
+[dashboard]
+listen = "off"
+
+[[nodes]]
+name = "a"
+host = "local"
+workdir = "{root}/a"
+
+[[alerts]]
+name = "hook"
+webhook = "{hook}/stalled"
+on = ["job_stalled"]
+stalled_minutes = 0.05
+"""
+
+
+def test_a_job_that_makes_no_progress_is_posted_as_stalled_once():
+    with Receiver() as hook:
+        root = short_tempdir()
+        config = root / "cluster.toml"
+        config.write_text(STALL_CLUSTER.format(root=root, hook=hook.url))
+        daemon = DaemonProcess(config, env=environment()).start()
+        try:
+            daemon.wait_for(all_up, 30, "the node up")
+            # A script that reports no step at all, for longer than the 3 s threshold and two timer ticks.
+            submitted = coord("run", "--config", str(config), "--name", "quiet", "--hang-timeout", "300", "--detach",
+                              "--", "python", "-c", "import time; time.sleep(120)", env=daemon.env)
+            assert submitted.returncode == 0, submitted.stderr
+            wait_until(lambda: hook.received, 60, "a job_stalled alert")
+            time.sleep(12)  # another tick of the timers: the same stall is not posted again
+            (posted,) = hook.received
+            alert = json.loads(posted.body)
+            assert (alert["event"], alert["job"]) == ("job_stalled", "quiet"), alert
+            doc = json.loads(coord("status", "--json", "--config", str(config), env=daemon.env).stdout)
+            job = next(j for j in doc["jobs"] if j["name"] == "quiet")
+            assert job["state"] == "running" and alert["run_id"] == job["run_id"], job
+        finally:
+            coord("stop", "--config", str(config), "quiet", env=daemon.env, timeout=60)
+            daemon.stop()
+            shutil.rmtree(root, ignore_errors=True)
