@@ -878,6 +878,21 @@ class NetnsCluster:
         self.node(node)
         _run(["ip", "-n", self.bridge_ns, "link", "set", self._veth[node], "up"])
 
+    def cap_links(self, rate: str | None = "1gbit", hosts: Sequence[str] | None = None) -> None:
+        """Cap every host's link (the head's too) at ``rate`` each way, as a user's LAN or
+        Thunderbolt link is: a token bucket on the host's own ``eth0`` (what it sends) and on
+        its veth end in the bridge (what it receives). ``rate=None`` takes the caps off."""
+        names = list(hosts) if hosts is not None else ["head", *(n.name for n in self.nodes)]
+        for name in names:
+            ns = self.head_ns if name == "head" else self._ns[self.node(name).name]
+            veth = self._head_veth if name == "head" else self._veth[name]
+            for where, dev in ((ns, "eth0"), (self.bridge_ns, veth)):
+                _run(["tc", "-n", where, "qdisc", "del", "dev", dev, "root"], check=False)
+                if rate is not None:
+                    # A burst of at least one 10 ms slice of the rate keeps tbf from starving TCP.
+                    _run(["tc", "-n", where, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
+                          "burst", "2mb", "latency", "50ms"])
+
     def write_cluster_toml(
         self,
         path: str | os.PathLike,
