@@ -72,8 +72,11 @@ def fingerprint(tensors: dict[str, HostTensor]) -> str:
 class BackgroundWriter:
     """One worker thread for checkpoint files and fingerprints, at most one of each in flight.
 
-    Records go to ``progress_file``: a checkpoint record per save (rank 0 saves),
-    a fingerprint record per fingerprint (every rank).
+    Every rank saves its own copy of each checkpoint in its own node's checkpoint dir (the
+    ranks of a data parallel job hold the same weights, optimizer state, step and RNG key, so
+    the files are byte-identical; each is still validated by its own SHA256 on its node).
+    Records go to ``progress_file``: a checkpoint record per save (rank 0's only, one per
+    checkpoint), a fingerprint record per fingerprint (every rank).
     """
 
     def __init__(self, progress_file: str | None, rank: int):
@@ -113,6 +116,8 @@ class BackgroundWriter:
                blocking: float) -> None:
         started = time.perf_counter()
         size = write_atomic(path, tensors, metadata)
+        if self.rank != 0:
+            return
         append_record(self.progress_file, {"kind": "checkpoint", "step": step, "file": path, "bytes": size,
                                            "blocking_seconds": blocking,
                                            "write_seconds": time.perf_counter() - started})

@@ -171,7 +171,9 @@ class Trainer:
                 self.validate(step)
             if opts.fingerprint_every > 0 and step % opts.fingerprint_every == 0:
                 self.writer.fingerprint(step, trainable_arrays(self.model))
-            if opts.save_every > 0 and step % opts.save_every == 0 and self.split.rank == 0:
+            if opts.save_every > 0 and step % opts.save_every == 0:
+                # Every rank saves, on its own node: data parallel ranks hold the same weights and
+                # optimizer state, so each node holds the checkpoint a resume needs (nothing is copied).
                 self.save(step)
             if step == opts.corrupt_step:
                 self.corrupt(step)
@@ -243,8 +245,9 @@ class Trainer:
             trained_tokens=self.trained_tokens, options=self.fixed_options)
         arrays = {**trainable_arrays(self.model), **optimizer_arrays(self.optimizer)}
         blocking = self.writer.save(path, step, arrays, trainer_state.encode(state))
-        self.reporter.say(f"Iter {step}: Saving adapter weights and trainer state to {path} "
-                          f"(training held {blocking * 1000:.1f} ms).")
+        if self.split.rank == 0:
+            self.reporter.say(f"Iter {step}: Saving adapter weights and trainer state to {path} "
+                              f"(training held {blocking * 1000:.1f} ms).")
 
     def corrupt(self, step: int) -> None:
         """--debug-corrupt: make this rank's weights differ, so the replica check has something to find."""

@@ -262,13 +262,14 @@ def make_reporter(args, rank: int):
 
 
 def prepare_adapter_path(args, rank: int, model) -> None:
-    """The adapter directory with mlx-lm's adapter_config.json, written by rank 0 (the one that saves)."""
+    """The adapter directory (each rank saves its own checkpoints in its own node's), with mlx-lm's
+    adapter_config.json written by rank 0."""
     from mlx_lm.tuner.utils import print_trainable_parameters
     from mlx_lm.utils import save_config
 
     os.makedirs(args.adapter_path, exist_ok=True)
+    remove_stale_temps(args.adapter_path)
     if rank == 0:
-        remove_stale_temps(args.adapter_path)
         save_config(dict(vars(args)), os.path.join(args.adapter_path, "adapter_config.json"))
         print_trainable_parameters(model)
 

@@ -1,23 +1,39 @@
 """The checkpoint catalog: which checkpoints exist, which are valid, which to keep, which to resume from.
 
-A checkpoint (one step of one attempt) may have several copies: the primary, where rank 0
-wrote it, and its replica (the head's state directory or another node). Retention and the
-choice of a resume work on checkpoints; the copies of one are tried in order, primary first.
+A checkpoint (one step of one attempt) may have several copies, one catalog row each:
+
+- ``primary``: where rank 0 wrote it;
+- ``local``: another rank's own copy on its own node (coord's trainer: every rank of a data
+  parallel job holds the same weights and writes the same file in its own checkpoint dir);
+- ``replica``: a copy coord made (the head's state directory, ``--replica NODE``, or the
+  background copy of mlx-lm's checkpoint to every other node of the attempt).
+
+Every copy is validated where it lies (its own node hashes it) and is only ever used under
+its own SHA256. Retention and the choice of a resume work on checkpoints; a resume uses each
+node's own copy in place and copies the checkpoint only to the nodes that lack it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
-PRIMARY, REPLICA = "primary", "replica"
+PRIMARY, LOCAL, REPLICA = "primary", "local", "replica"
+_ROLE_ORDER = {PRIMARY: 0, LOCAL: 1, REPLICA: 2}
+HEAD = "head"  # as coordinator.jobs.effects.HEAD (kept here so that this module stays pure)
 
 
 def _key(copy: dict[str, Any]) -> tuple[int, int]:
     return copy["step"], copy["attempt"]
 
 
+def role(copy: dict[str, Any]) -> str:
+    return copy.get("role") or PRIMARY
+
+
 def resume_candidates(copies: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """Valid checkpoints, newest first, each as its valid copies with the primary first.
+    """Valid checkpoints, newest first, each as its valid copies: the primary first, then the
+    ranks' own copies, then coord's replicas.
 
     A copy that failed validation is never resumed from; a checkpoint with no valid copy left
     gives way to the one before it."""
@@ -25,7 +41,7 @@ def resume_candidates(copies: list[dict[str, Any]]) -> list[list[dict[str, Any]]
     for copy in copies:
         if copy["valid"]:
             groups.setdefault(_key(copy), []).append(copy)
-    return [sorted(groups[key], key=lambda c: c.get("role", PRIMARY) != PRIMARY)
+    return [sorted(groups[key], key=lambda c: _ROLE_ORDER.get(role(c), 3))
             for key in sorted(groups, reverse=True)]
 
 
@@ -34,9 +50,47 @@ def newest_valid(copies: list[dict[str, Any]]) -> dict[str, Any] | None:
     return candidates[0][0] if candidates else None
 
 
+def holders(group: list[dict[str, Any]], sha256: str | None) -> dict[str, dict[str, Any]]:
+    """node -> its valid copy of one checkpoint with exactly this SHA256 (a node holding two, its
+    own copy before coord's replica). The head is a holder like any node."""
+    out: dict[str, dict[str, Any]] = {}
+    if not sha256:
+        return out
+    for copy in sorted(group, key=lambda c: _ROLE_ORDER.get(role(c), 3)):
+        if copy["valid"] and copy.get("sha256") == sha256:
+            out.setdefault(copy["node"], copy)
+    return out
+
+
+@dataclass
+class ResumePlan:
+    """How one checkpoint reaches every node of the next attempt.
+
+    ``source``: the copy the others are measured against (and copied from, for the nodes that
+    lack it); ``in_place``: node -> that node's own copy with the source's SHA256, used where it
+    lies; ``missing``: the nodes that must be sent it (through ``copy_checkpoint``)."""
+
+    source: dict[str, Any]
+    in_place: dict[str, dict[str, Any]] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+
+
+def plan_resume(group: list[dict[str, Any]], order: list[str], reachable: Callable[[str], bool]) -> ResumePlan | None:
+    """For one checkpoint (its valid copies, as ``resume_candidates`` gives them): the first
+    copy that can be reached, in role order, is the source; every node of ``order`` that holds a
+    valid copy with the source's SHA256 resumes from it in place; the rest are missing. None
+    when no copy can be reached (its nodes are away)."""
+    source = next((c for c in group if c["valid"] and c.get("sha256") and reachable(c["node"])), None)
+    if source is None:
+        return None
+    held = holders(group, source["sha256"])
+    in_place = {node: held[node] for node in order if node in held}
+    return ResumePlan(source, in_place, [node for node in order if node not in in_place])
+
+
 def to_remove(copies: list[dict[str, Any]], keep: int) -> list[dict[str, Any]]:
-    """Retention: every copy of the newest ``keep`` valid checkpoints stays; the copies of older
-    ones, and invalid ones older than the newest kept, go."""
+    """Retention: every copy of the newest ``keep`` valid checkpoints stays; every copy (on every
+    node) of older ones, and invalid ones older than the newest kept, go."""
     kept = {_key(group[0]) for group in resume_candidates(copies)[:keep]}
     if not kept:
         return []
@@ -44,11 +98,54 @@ def to_remove(copies: list[dict[str, Any]], keep: int) -> list[dict[str, Any]]:
     return [c for c in copies if _key(c) not in kept and _key(c) < oldest_kept]
 
 
-def unreplicated(copies: list[dict[str, Any]], keep: int) -> list[dict[str, Any]]:
-    """Valid primaries among the kept checkpoints that have no replica yet, newest first."""
-    replicated = {_key(c) for c in copies if c.get("role") == REPLICA}
-    return [group[0] for group in resume_candidates(copies)[:keep]
-            if group[0].get("role", PRIMARY) == PRIMARY and _key(group[0]) not in replicated]
+@dataclass
+class Wanted:
+    """One background copy to make: ``source`` to each of ``targets`` (node names, or ``HEAD``)."""
+
+    source: dict[str, Any]
+    targets: list[str]
+
+
+def copies_wanted(copies: list[dict[str, Any]], keep: int, *, target: str | None, spread_to: list[str],
+                  same_machine: Callable[[str, str], bool], head_is_a_node: bool = False) -> list[Wanted]:
+    """The background copies still to make for the kept checkpoints, newest first.
+
+    ``target``: where the off-machine replica goes (``HEAD`` or a node; None: no replica). Each
+    kept checkpoint gets one there unless it already has one there, or the target is the head,
+    the head is one of the job's nodes' machine (``head_is_a_node``: a node on host "local") and
+    a machine other than the head's already holds a valid copy: the ranks' own copies, or the
+    copies to every node, protect it then, and a head copy would sit on a node's own machine.
+    ``spread_to``: nodes that should each hold the newest checkpoint before any failure (the
+    nodes of an attempt whose ranks do not write their own copies): those that lack it.
+    The source is the checkpoint's first valid copy in role order (the primary when there is one).
+    """
+    out = []
+    for index, group in enumerate(resume_candidates(copies)[:keep]):
+        source = group[0]
+        if not source.get("sha256"):
+            continue
+        held = holders(group, source["sha256"])
+        spread = [node for node in spread_to if node not in held] if index == 0 else []
+        targets: list[str] = []
+        if target is not None:
+            has_replica = any(role(c) == REPLICA and c["node"] in (target, HEAD) for c in group)
+            elsewhere = any(not same_machine(node, HEAD) for node in [*held, *spread])
+            if not has_replica and not (target == HEAD and head_is_a_node and elsewhere):
+                targets.append(target)
+        targets += [node for node in spread if node not in targets]
+        if targets:
+            out.append(Wanted(source, targets))
+    return out
+
+
+def off_machine(group: list[dict[str, Any]], same_machine: Callable[[str, str], bool]) -> list[dict[str, Any]]:
+    """The valid copies of one checkpoint that survive the loss of its primary's machine: coord's
+    replicas, and any copy on another machine than the primary's (a rank's own copy on its node)."""
+    primary = next((c for c in group if role(c) == PRIMARY), None)
+    if primary is None:
+        return [c for c in group if c["valid"]]
+    return [c for c in group if c["valid"] and c is not primary
+            and (role(c) == REPLICA or not same_machine(c["node"], primary["node"]))]
 
 
 def settled(found: list[dict[str, Any]], *, attempt_over: bool) -> list[dict[str, Any]]:

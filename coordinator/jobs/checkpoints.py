@@ -1,4 +1,5 @@
-"""A run's checkpoints, for its supervisor: found on rank 0's node and validated, catalogued,
+"""A run's checkpoints, for its supervisor: found where the ranks wrote them (rank 0's node, and
+with coord's trainer every node's own copy) and validated there, catalogued,
 kept or removed (retention), invalidated after a divergence, chosen and placed for a resume,
 and their final copy awaited before success.
 
@@ -15,6 +16,7 @@ from coordinator.jobs import catalog, core
 from coordinator.jobs.effects import HEAD, LaunchError, Placement
 from coordinator.jobs.fingerprints import Divergence
 from coordinator.jobs.policy import DIVERGED, Outcome
+from coordinator.jobs.replica import node_replica_rel
 from coordinator.jobs.transfer import CheckpointDamaged
 from shared.rpc import RemoteError
 
@@ -30,9 +32,22 @@ FINAL_COPY_TIMEOUT_S = 600.0
 class CheckpointKeeping(_Runner):
     """The checkpoint half of a run's supervisor."""
 
+    def _same_machine(self, a: str, b: str) -> bool:
+        """Two catalog places on one machine: the same node, or the head and nodes on the head's machine."""
+        if a == b:
+            return True
+        on_head = [n == HEAD or (n in self.fx.node_names() and self.fx.on_head_machine(n)) for n in (a, b)]
+        return all(on_head)
+
+    def _ranks_write_own_copies(self) -> bool:
+        """coord's trainer: every rank writes the checkpoint on its own node (data parallel ranks hold
+        the same weights); mlx-lm's trainer and other scripts: rank 0 only."""
+        return self.spec.trainer == "coord"
+
     async def _await_final_copy(self) -> None:
-        """Success means done: with replicas on, the newest valid checkpoint's copy has landed
-        before the job is called succeeded; when it cannot land, the job says so."""
+        """Success means done: with replicas on, the newest valid checkpoint has a copy off its
+        primary's machine (coord's replica, or another node's own copy) before the job is called
+        succeeded; when none can land, the job says so."""
         if self.replicator is None:
             return
         newest = catalog.newest_valid(self.fx.checkpoints(self.run_id))
@@ -45,30 +60,40 @@ class CheckpointKeeping(_Runner):
                     copying.cancel_scope.cancel()
 
                 copying.start_soon(cut_short_by_a_stop)
-                await self.replicator.replicate_pending()
+                await self.replicator.replicate_pending(final=True)
                 copying.cancel_scope.cancel()
-        copies = [c for c in self.fx.checkpoints(self.run_id)
-                  if c["valid"] and (c["step"], c["attempt"]) == (newest["step"], newest["attempt"])
-                  and c.get("role") == catalog.REPLICA]
-        if not copies:
+        group = [c for c in self.fx.checkpoints(self.run_id)
+                 if c["valid"] and (c["step"], c["attempt"]) == (newest["step"], newest["attempt"])]
+        if not catalog.off_machine(group, self._same_machine):
             self.record["warning"] = (f"the final checkpoint (step {newest['step']}) has no replica: its copy to "
                                       f"{self.spec.replica} did not land; it is only on {newest['node']}")
             self.event("replica_missing", self.record["warning"], step=newest["step"])
 
     async def _choose_resume(self, order: list[str]) -> tuple[dict[str, Any] | None, dict[str, str]]:
-        """The newest checkpoint of this run with a copy that still verifies, placed on every node
-        of ``order``.
+        """The newest valid checkpoint of this run that can be reached, and node -> the file each
+        rank of ``order`` resumes from.
 
-        Copies are tried primary first, then the replica (the primary's machine may be the one
-        that was lost); a copy whose bytes no longer match its SHA256 is marked invalid and
-        never used again, and the next copy or the checkpoint before is tried."""
-        for copies in catalog.resume_candidates(self.fx.checkpoints(self.run_id)):
-            for copy in copies:
-                if copy["node"] != HEAD and (copy["node"] not in self.fx.node_names()
-                                             or not self._node_up(copy["node"])):
-                    continue
+        The rule: the newest valid checkpoint with a reachable copy, never an older one to save a
+        copy (redoing a checkpoint interval costs more than sending one file). Every node that
+        holds a valid copy of it with the same SHA256 (its rank's own copy, or coord's replica)
+        resumes from that copy where it lies; only the nodes that lack it (new, back from an
+        outage, or whose copy failed) are sent it, from its first reachable copy in role order
+        (primary, a rank's own copy, a replica). A copy whose bytes no longer match its SHA256 is
+        marked invalid and never used again, and the next copy or the checkpoint before is tried."""
+        def reachable(node: str) -> bool:
+            return node == HEAD or (node in self.fx.node_names() and self._node_up(node))
+
+        for group in catalog.resume_candidates(self.fx.checkpoints(self.run_id)):
+            key = (group[0]["step"], group[0]["attempt"])
+            while True:
+                group = [c for c in self.fx.checkpoints(self.run_id) if c["valid"] and (c["step"], c["attempt"]) == key]
+                group = catalog.resume_candidates(group)[0] if group else []
+                plan = catalog.plan_resume(group, order, reachable)
+                if plan is None:
+                    break
+                copy = plan.source
                 try:
-                    return copy, await self._place_resume_file(copy, order)
+                    return copy, await self._place_resume_file(plan, order)
                 except (RemoteError, CheckpointDamaged, OSError) as exc:
                     reason = exc.message if isinstance(exc, RemoteError) else str(exc)
                     if isinstance(exc, RemoteError) and core.unreachable_error(exc.code):
@@ -77,25 +102,42 @@ class CheckpointKeeping(_Runner):
                                           node=copy["node"] if copy["node"] != HEAD else None) from None
                     self.fx.add_checkpoint(self.run_id, {**copy, "valid": False, "detail": reason})
                     kind = "replica_rejected" if copy.get("role") == catalog.REPLICA else "checkpoint_rejected"
-                    self.event(kind, f"{copy.get('role', 'primary')} copy of the checkpoint of step {copy['step']} "
+                    self.event(kind, f"{catalog.role(copy)} copy of the checkpoint of step {copy['step']} "
                                f"({copy['node']}) cannot be resumed from: {reason}", step=copy["step"])
         return None, {}
 
-    async def _place_resume_file(self, checkpoint: dict[str, Any], order: list[str]) -> dict[str, str]:
-        """Every rank's node needs the checkpoint to resume from: stream it from where it is to all
-        of them at once, its SHA256 checked against the catalog's."""
+    async def _place_resume_file(self, plan: catalog.ResumePlan, order: list[str]) -> dict[str, str]:
+        """Each rank resumes from its own node's copy where it has one; the nodes that lack it are
+        sent it, all at once, its SHA256 checked against the catalog's. Says what was copied
+        (nothing, when every node held it)."""
         started = self.fx.monotonic()
+        checkpoint = plan.source
         name = posixpath.basename(checkpoint["path"])
-        placed = {checkpoint["node"]: checkpoint["path"]} if checkpoint["node"] in order else {}
+        placed = {node: copy["path"] for node, copy in plan.in_place.items()}
         if not checkpoint.get("sha256"):
             raise CheckpointDamaged("no SHA256 was recorded for it")
-        targets = [node for node in order if node not in placed]
+        targets = [node for node in order if node in plan.missing]
         if targets:
             paths = await self.fx.copy_checkpoint(
-                checkpoint, [Placement(node, f"checkpoints/{self.run_id}/resume/{name}") for node in targets])
+                checkpoint, [Placement(node, node_replica_rel(self.run_id, checkpoint["attempt"], name))
+                             for node in targets])
             placed.update(zip(targets, paths))
-            self.event("checkpoint_placed", f"checkpoint of step {checkpoint['step']} from {checkpoint['node']}:"
-                       f"{checkpoint['path']} placed on {len(targets)} nodes", seconds=round(self.fx.monotonic() - started, 3))
+            for node, path in zip(targets, paths):
+                # Catalogued like any replica: a later resume finds it there, retention removes it.
+                self.fx.add_checkpoint(self.run_id, {
+                    **checkpoint, "node": node, "path": path, "role": catalog.REPLICA, "created": self.fx.now(),
+                    "detail": f"placed for a resume, from {checkpoint['node']}:{checkpoint['path']}"})
+        self._last_placement = {"in_place": sorted(plan.in_place), "copied_to": targets,
+                                "bytes_copied": (checkpoint.get("size") or 0) * len(targets)}
+        self.event("checkpoint_placed",
+                   f"checkpoint of step {checkpoint['step']}: "
+                   + (f"{len(plan.in_place)} nodes resume from their own copy ({', '.join(plan.in_place)})"
+                      if plan.in_place else "no node holds it")
+                   + (f"; copied from {checkpoint['node']}:{checkpoint['path']} to {', '.join(targets)}"
+                      if targets else "; nothing copied"),
+                   step=checkpoint["step"], in_place=sorted(plan.in_place), copied_to=targets,
+                   bytes_copied=(checkpoint.get("size") or 0) * len(targets),
+                   seconds=round(self.fx.monotonic() - started, 3))
         return placed
 
     async def _watch_checkpoints(self) -> None:
@@ -125,7 +167,8 @@ class CheckpointKeeping(_Runner):
         return f"taken after the replicas diverged (last agreed at step {self._diverged_after})"
 
     async def _poll_checkpoints(self, *, attempt_over: bool = False) -> None:
-        """Find new checkpoints on rank 0's node, validate them, enter them in the catalog, apply retention.
+        """Find new checkpoints on the attempt's nodes (rank 0's, and with coord's trainer every
+        rank's own), validate them where they lie, enter them in the catalog, apply retention.
 
         ``attempt_over``: the ranks are stopped, so a checkpoint that fails validation is damaged,
         not still being written."""
@@ -135,33 +178,56 @@ class CheckpointKeeping(_Runner):
     async def _poll_checkpoints_now(self, attempt_over: bool) -> None:
         if not self.record["order"] or self.record["attempt"] < 0:
             return
-        name, attempt = self.record["order"][0], self.record["attempt"]
-        listed = await self._catalogue(name, attempt, self.record["start_step"], self._known_checkpoints,
-                                       attempt_over=attempt_over)
-        if not listed and attempt_over:
-            # Rank 0's node is away: what it wrote until the end is catalogued when it is back,
+        order, attempt = self.record["order"], self.record["attempt"]
+        nodes = order if self._ranks_write_own_copies() else order[:1]
+        listed: dict[str, bool] = {}
+
+        async def one(rank: int, name: str) -> None:
+            role = catalog.PRIMARY if rank == 0 else catalog.LOCAL
+            known = self._known_checkpoints.setdefault(name, set())
+            listed[name] = await self._catalogue(name, attempt, self.record["start_step"], known,
+                                                 attempt_over=attempt_over, role=role)
+
+        async with anyio.create_task_group() as tasks:
+            for rank, name in enumerate(nodes):
+                tasks.start_soon(one, rank, name)
+        if attempt_over:
+            # A node that is away: what it wrote until the end is catalogued when it is back,
             # before the next resume is chosen (its ranks may even have finished meanwhile).
             left = self.record.setdefault("uncatalogued", [])
-            if [name, attempt, self.record["start_step"]] not in left:
-                left.append([name, attempt, self.record["start_step"]])
+            for rank, name in enumerate(nodes):
+                entry = [name, attempt, self.record["start_step"]] + ([] if rank == 0 else [catalog.LOCAL])
+                if not listed.get(name) and entry not in left:
+                    left.append(entry)
         await self._retain()
         self.save()
+        self._poke_replicator()
+
+    def _poke_replicator(self) -> None:
+        """After a whole poll (every node's copies catalogued): which copies are still wanted
+        depends on all of them."""
+        if getattr(self, "_validated_since_poke", False) and self.replicator is not None:
+            self.replicator.poke()
+        self._validated_since_poke = False
 
     async def _catalogue_left_behind(self) -> None:
-        """Checkpoints of earlier attempts whose rank-0 node was away when they ended."""
+        """Checkpoints of earlier attempts whose nodes were away when they ended."""
         left = []
-        for name, attempt, start_step in self.record.get("uncatalogued") or []:
+        for entry in self.record.get("uncatalogued") or []:
+            name, attempt, start_step = entry[:3]
+            role = entry[3] if len(entry) > 3 else catalog.PRIMARY
             known = {posixpath.basename(c["path"]) for c in self.fx.checkpoints(self.run_id)
-                     if c["attempt"] == attempt and c["node"] == name}
+                     if c["attempt"] == attempt and c["node"] == name and catalog.role(c) != catalog.REPLICA}
             if name not in self.fx.node_names() or not await self._catalogue(name, attempt, start_step, known,
-                                                                              attempt_over=True):
-                left.append([name, attempt, start_step])
+                                                                              attempt_over=True, role=role):
+                left.append(entry)
         self.record["uncatalogued"] = left
+        self._poke_replicator()
 
     async def _catalogue(self, name: str, attempt: int, start_step: int, known: set[str], *,
-                         attempt_over: bool) -> bool:
-        """List one attempt's checkpoints on ``name``, validate and catalogue the new ones; False when
-        the node could not be asked."""
+                         attempt_over: bool, role: str = catalog.PRIMARY) -> bool:
+        """List one attempt's checkpoints on ``name``, validate and catalogue the new ones (as that
+        node's ``role`` copy); False when the node could not be asked."""
         if not self.fx.node(name).up:
             return False
         try:
@@ -178,19 +244,23 @@ class CheckpointKeeping(_Runner):
                 entry = {**entry, "valid": False, "detail": self._diverged_detail()}
             self.fx.add_checkpoint(self.run_id, {
                 "step": step, "attempt": attempt, "node": name, "path": entry["path"], "sha256": entry["sha256"],
-                "size": entry["size"], "valid": entry["valid"], "detail": entry["detail"], "created": self.fx.now()})
+                "size": entry["size"], "valid": entry["valid"], "detail": entry["detail"], "created": self.fx.now(),
+                "role": role})
+            whose = "" if role == catalog.PRIMARY else f" on {name} (its rank's own copy)"
             if entry["valid"]:
                 last = self.record.get("last_checkpoint")
-                if last is None or step >= last["step"]:
+                if last is None or step > last["step"] or (step == last["step"] and role == catalog.PRIMARY):
                     self.record["last_checkpoint"] = {"step": step, "time": self.fx.now(), "node": name}
-                self.event("checkpoint", f"checkpoint of step {step} validated ({entry['detail']})"
-                           + ("" if current else f", written by attempt {attempt} while {name} was away"),
-                           step=step)
-                if self.replicator is not None:
-                    self.replicator.poke()
+                if role == catalog.PRIMARY:
+                    self.event("checkpoint", f"checkpoint of step {step} validated ({entry['detail']})"
+                               + ("" if current else f", written by attempt {attempt} while {name} was away"),
+                               step=step)
+                else:
+                    self.log.info("checkpoint_copy", step=step, node=name, sha256=entry["sha256"])
+                self._validated_since_poke = True
             else:
-                self.event("checkpoint_invalid", f"checkpoint of step {step} is not valid: {entry['detail']}",
-                           step=step)
+                self.event("checkpoint_invalid", f"checkpoint of step {step}{whose} is not valid: {entry['detail']}",
+                           step=step, node=name)
         return True
 
     async def _retain(self) -> None:

@@ -64,6 +64,17 @@ class DaemonEffects:
         return NodeView(name, session.state == UP, session.node.workdir, session.node.python,
                         session.view.reason, session.view.facts, session.generation)
 
+    def on_head_machine(self, node: str) -> bool:
+        from coordinator.config import is_loopback
+
+        config = next((n for n in self.daemon.config.nodes if n.name == node), None)
+        if config is None:
+            return False
+        try:
+            return config.is_local or is_loopback(config.host)
+        except ValueError:  # a host name, not an address: another machine
+            return False
+
     async def call(self, node: str, method: str, params: dict[str, Any], *, timeout: float) -> dict[str, Any]:
         session = self.daemon.cluster.sessions[node]
         try:

@@ -63,6 +63,10 @@ class JobEffects(Protocol):
     async def call(self, node: str, method: str, params: dict[str, Any], *, timeout: float) -> dict[str, Any]:
         """Call the node's agent (its workdir is added); RemoteError on any failure."""
 
+    def on_head_machine(self, node: str) -> bool:
+        """Whether the node is the head's own machine (host "local", or a loopback address): a
+        copy on the head then protects nothing against that node's loss."""
+
     # --- before the first attempt ---
     async def sync(self, source: str, nodes: list[str] | None = None) -> dict[str, Any]: ...
     async def preflight(self, *, backend: str | None, source: str | None,

@@ -1,10 +1,14 @@
 """Checkpoints off the failing machine: each validated checkpoint is copied, in the background,
 to a second place (the head's state directory, or another node) and entered in the catalog
-as a replica once its SHA256 matched on arrival.
+as a replica once its SHA256 matched on arrival. With a trainer whose rank 0 alone saves
+(mlx-lm's), the newest checkpoint is also copied to every other node of the attempt, in the
+same stream (``copy_checkpoint`` with several placements), so that a resume finds it in place.
 
 Copies run one at a time, newest first, and never in the training path: the ranks keep
 training while the daemon streams the file from rank 0's agent. A copy that fails is tried
-again at the next checkpoint, and once more before the run is called succeeded.
+again at the next checkpoint, and once more before the run is called succeeded. When the head
+is rank 0's own machine and another machine already holds the checkpoint (coord's trainer:
+every rank's own copy), the head's copy is not made: it would protect nothing.
 """
 
 from __future__ import annotations
@@ -47,29 +51,53 @@ class Replicator:
             self._wake = anyio.Event()
             await self.replicate_pending()
 
-    async def replicate_pending(self) -> None:
+    def _spread_to(self) -> list[str]:
+        """The nodes that should hold the newest checkpoint before anything fails: with a trainer
+        whose rank 0 alone saves (mlx-lm's), every node of the attempt; with coord's, none (each
+        rank writes its own copy on its own node)."""
+        runner = self.runner
+        if runner.spec.trainer == "coord":
+            return []
+        return [n for n in runner.record.get("order") or [] if n in runner.fx.node_names()]
+
+    async def replicate_pending(self, *, final: bool = False) -> None:
+        """Every background copy still wanted, newest checkpoint first. ``final``: only the copy off
+        the primary's machine (nothing follows the run's last checkpoint that needs it on every node)."""
         runner = self.runner
         async with self._one_at_a_time:
-            for primary in catalog.unreplicated(runner.fx.checkpoints(runner.run_id), runner.spec.keep):
-                await self.replicate(primary)
+            wanted = catalog.copies_wanted(runner.fx.checkpoints(runner.run_id), runner.spec.keep,
+                                           target=runner.spec.replica, spread_to=[] if final else self._spread_to(),
+                                           same_machine=runner._same_machine,
+                                           head_is_a_node=any(runner.fx.on_head_machine(n) for n in runner.job_nodes()))
+            for one in wanted:
+                await self.replicate(one.source, one.targets)
 
-    async def replicate(self, primary: dict[str, Any]) -> None:
+    async def replicate(self, primary: dict[str, Any], targets: list[str] | None = None) -> None:
+        """Copy one checkpoint to ``targets`` (node names or ``REPLICA_HEAD``) in one verified stream;
+        each copy that lands is catalogued as a replica on its node."""
         runner, fx = self.runner, self.runner.fx
-        if primary["node"] not in fx.node_names() or not fx.node(primary["node"]).up:
+        if primary["node"] != HEAD and (primary["node"] not in fx.node_names() or not fx.node(primary["node"]).up):
             return  # its node is away; the resume will use an older replica or this primary when it is back
         name = primary["path"].rsplit("/", 1)[-1]
-        target = runner.spec.replica
-        if target != REPLICA_HEAD and (target == primary["node"] or target not in fx.node_names()
-                                       or not fx.node(target).up):
-            target = REPLICA_HEAD  # a copy on the same machine protects nothing; a node away cannot take it
-        if target == REPLICA_HEAD:
-            placement = Placement(HEAD, fx.head_path(*head_replica_parts(runner.run_id, primary["attempt"], name)))
-        else:
-            placement = Placement(target, node_replica_rel(runner.run_id, primary["attempt"], name))
-        where = f"{placement.node}:{placement.path}"
+        placements: list[Placement] = []
+        for target in targets if targets is not None else [runner.spec.replica]:
+            if target != REPLICA_HEAD and (target == primary["node"] or target not in fx.node_names()
+                                           or not fx.node(target).up):
+                if target != runner.spec.replica:
+                    continue  # a node away gets it at the next checkpoint, or when it resumes
+                target = REPLICA_HEAD  # a copy on the same machine protects nothing; a node away cannot take it
+            if target == REPLICA_HEAD:
+                placement = Placement(HEAD, fx.head_path(*head_replica_parts(runner.run_id, primary["attempt"], name)))
+            else:
+                placement = Placement(target, node_replica_rel(runner.run_id, primary["attempt"], name))
+            if placement not in placements:
+                placements.append(placement)
+        if not placements:
+            return
+        where = ", ".join(f"{p.node}:{p.path}" for p in placements)
         started = fx.monotonic()
         try:
-            (path,) = await fx.copy_checkpoint(primary, [placement])
+            paths = await fx.copy_checkpoint(primary, placements)
         except (RemoteError, CheckpointDamaged, OSError) as exc:
             reason = exc.message if isinstance(exc, RemoteError) else str(exc)
             runner.event("replica_failed", f"checkpoint of step {primary['step']} not copied to {where}: "
@@ -79,13 +107,16 @@ class Replicator:
         # The primary may have been found bad meanwhile (replicas that diverged invalidate
         # what was saved after it): the copy is no better than its original.
         now = next((c for c in fx.checkpoints(runner.run_id)
-                    if c.get("role", catalog.PRIMARY) == catalog.PRIMARY and c["attempt"] == primary["attempt"]
-                    and c["node"] == primary["node"] and c["path"] == primary["path"]), None)
+                    if c["attempt"] == primary["attempt"] and c["node"] == primary["node"]
+                    and c["path"] == primary["path"]), None)
         valid = now is not None and now["valid"]
         detail = (f"replica of {primary['node']}:{primary['path']}" if valid else
                   f"replica of an invalid checkpoint: {now['detail'] if now else 'its primary was removed'}")
-        fx.add_checkpoint(runner.run_id, {**primary, "node": placement.node, "path": path, "role": catalog.REPLICA,
-                                          "valid": valid, "detail": detail, "created": fx.now()})
+        for placement, path in zip(placements, paths):
+            fx.add_checkpoint(runner.run_id, {**primary, "node": placement.node, "path": path,
+                                              "role": catalog.REPLICA, "valid": valid, "detail": detail,
+                                              "created": fx.now()})
         runner.event("replicated", f"checkpoint of step {primary['step']} copied to {where} in {seconds:.2f} s "
                      f"({primary['size'] / max(seconds, 1e-6) / 1e6:.0f} MB/s), SHA256 checked on arrival",
-                     step=primary["step"], seconds=round(seconds, 3), bytes=primary["size"])
+                     step=primary["step"], seconds=round(seconds, 3), bytes=primary["size"],
+                     targets=[p.node for p in placements])

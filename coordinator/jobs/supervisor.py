@@ -61,7 +61,8 @@ class JobRunner(RankWatching, CheckpointKeeping):
         self.log = log.bind(job=spec.name, run=run_id)
         self._progress_offsets: dict[int, int] = {}
         self._log_offsets: dict[int, int] = {}
-        self._known_checkpoints: set[str] = set()
+        self._known_checkpoints: dict[str, set[str]] = {}  # node -> names of this attempt's checkpoints there
+        self._last_placement: dict[str, Any] = {}  # what the last resume's placing did (for its event)
         self._diverged_after: int | None = None  # checkpoints of this attempt after this step are not valid
         self._checkpoint_poll = anyio.Lock()  # the background watcher and the end of an attempt take turns
         self._planned: tuple[dict[str, Any], dict[str, Any]] | None = None  # from pre-flight, for attempt 0
@@ -304,8 +305,10 @@ class JobRunner(RankWatching, CheckpointKeeping):
         self._replica_check = ReplicaCheck(len(self.record.get("order", [])))
         self._log_offsets = {rank: self.fx.log_size(self.run_id, self.record["attempt"], rank)
                              for rank in range(len(self.record.get("order", [])))}
-        self._known_checkpoints = {posixpath.basename(c["path"]) for c in self.fx.checkpoints(self.run_id)
-                                   if c["attempt"] == self.record["attempt"] and c.get("role") != catalog.REPLICA}
+        self._known_checkpoints = {}
+        for c in self.fx.checkpoints(self.run_id):
+            if c["attempt"] == self.record["attempt"] and catalog.role(c) != catalog.REPLICA:
+                self._known_checkpoints.setdefault(c["node"], set()).add(posixpath.basename(c["path"]))
 
     def _fail_early(self, reason: str) -> bool:
         self.record["error"] = reason
@@ -438,8 +441,14 @@ class JobRunner(RankWatching, CheckpointKeeping):
         # not this one's (an attempt whose ranks all exit 0 must have reached the total itself).
         self.record["step"] = start_step
         if resume:
+            placed = self._last_placement
+            copied = placed.get("copied_to") or []
             self.event("resume_from", f"resuming from the checkpoint of step {resume['step']} "
-                       f"({resume['node']}:{resume['path']})", step=resume["step"], attempt=resume["attempt"],
+                       f"({resume['node']}:{resume['path']}); "
+                       + (f"{len(placed.get('in_place') or [])} of {len(order)} nodes from their own copy, "
+                          f"copied to {', '.join(copied)}" if copied else "every node from its own copy, nothing copied"),
+                       step=resume["step"], attempt=resume["attempt"], in_place=placed.get("in_place") or [],
+                       copied_to=copied, bytes_copied=placed.get("bytes_copied", 0),
                        seconds=round(self.fx.monotonic() - choose_started, 3))
         if self.spec.total_steps is not None and start_step >= self.spec.total_steps:
             # The newest valid checkpoint of this run is the final step: there is nothing left to run.

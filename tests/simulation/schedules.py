@@ -57,10 +57,12 @@ class Schedule:
     crashes: list[tuple[int, float]] = field(default_factory=list)  # (effect number, restart delay)
     stop_at: float | None = None
     runs: int = 1  # the same name run this many times, one after the other
+    head_machine: tuple[str, ...] = ()  # nodes that are the head's own machine (host "local")
 
     def describe(self) -> str:
         lines = [f"seed {self.seed}: nodes {', '.join(self.nodes)}; step {self.step_s:g} s, startup "
-                 f"{self.startup_s:g} s, copy {self.copy_s:g} s; runs {self.runs}",
+                 f"{self.startup_s:g} s, copy {self.copy_s:g} s; runs {self.runs}"
+                 + (f"; head on {', '.join(self.head_machine)}'s machine" if self.head_machine else ""),
                  "  spec: " + ", ".join(f"{k}={v}" for k, v in self.spec.items() if k != "command")]
         lines += [f"  fault: {fault}" for fault in self.faults]
         lines += [f"  daemon killed at its effect #{n}, back after {d:g} s" for n, d in self.crashes]
@@ -113,6 +115,12 @@ def make_schedule(seed: int) -> Schedule:
         schedule.stop_at = rng.uniform(0, horizon)
     if rng.random() < 0.1:
         schedule.runs = 2
+    # Drawn apart, so that the schedules above stay what they were for each seed: the trainer
+    # (coord's: every rank writes its own copy on its node) and whether the head is rank 0's machine.
+    more = random.Random(f"copies:{seed}")
+    spec["trainer"] = more.choice(["mlx_lm", "coord"])
+    if more.random() < 0.4:
+        schedule.head_machine = (nodes[0],)
     return schedule
 
 
@@ -221,9 +229,14 @@ class Checker:
             valid = [c for c in copies if c["valid"]]
             if valid and spec["replica"] != "none" and not record.get("warning"):
                 newest = max((c["step"], c["attempt"]) for c in valid)
-                if not any(c.get("role") == "replica" and (c["step"], c["attempt"]) == newest for c in valid):
-                    self.fail("a", f"run {run_id} succeeded before the copy of its final checkpoint {newest} landed, "
-                                   "and says nothing of it")
+                group = [c for c in valid if (c["step"], c["attempt"]) == newest]
+                primary = next((c["node"] for c in group if c.get("role", "primary") == "primary"), None)
+                on_head = world.head_machine | {"head"}
+                if not any(c.get("role") == "replica" or (c.get("role") == "local" and c["node"] != primary and not
+                                                          (c["node"] in on_head and primary in on_head))
+                           for c in group):
+                    self.fail("a", f"run {run_id} succeeded before a copy of its final checkpoint {newest} landed "
+                                   "off its primary's machine, and says nothing of it")
         if stop_seen_at is not None and runner_state != "succeeded" and ended_at - stop_seen_at > STOP_BOUND_S:
             self.fail("f", f"a stop took {ended_at - stop_seen_at:.0f} s")
         if stop_seen_at is not None and runner_state not in FINISHED:
@@ -274,6 +287,7 @@ async def _drive(schedule: Schedule, world: World, checker: Checker) -> dict[str
                                   "the run ended and its node is back")
         faults.cancel_scope.cancel()
     result["launches"] = world.launch_log
+    result["copies"] = world.copies
     return result
 
 
@@ -371,7 +385,8 @@ async def _timed_fault(world: World, fault: dict[str, Any]) -> None:
 def run_schedule(seed: int | Schedule) -> dict[str, Any]:
     """Run one schedule under a virtual clock; InvariantBroken (with the replay) when one breaks."""
     schedule = seed if isinstance(seed, Schedule) else make_schedule(seed)
-    world = World(schedule.nodes, step_s=schedule.step_s, startup_s=schedule.startup_s, copy_s=schedule.copy_s)
+    world = World(schedule.nodes, step_s=schedule.step_s, startup_s=schedule.startup_s, copy_s=schedule.copy_s,
+                  every_rank_saves=schedule.spec.get("trainer") == "coord", head_machine=schedule.head_machine)
     checker = Checker(schedule, world)
     world.checkers.append(checker.continuous)
     try:

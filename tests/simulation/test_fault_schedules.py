@@ -108,3 +108,43 @@ def test_a_copy_that_cannot_land_is_said_with_the_success():
                                         "back_after": None}, ]))
     (run,) = result["runs"]
     assert run["state"] in ("succeeded", "failed"), run
+
+
+def test_rank_0s_node_lost_resumes_from_another_nodes_own_copy_and_nothing_is_copied():
+    # coord's trainer: every rank writes its own copy on its own node. The head is n1's own
+    # machine (host "local"), so n2's and n3's copies are what protect a checkpoint, and the head
+    # gets none. n1 is powered off for good after step 30: n2 and n3 go on from their own copies
+    # of step 30, and not one byte of a checkpoint is copied, before the loss or for the resume.
+    result = run_schedule(base(spec={"trainer": "coord", "min_nodes": 2, "node_timeout": 5.0}, head_machine=("n1",),
+                               faults=[{"kind": "power", "node": "n1", "at": 6.6, "detect_s": 2.0,
+                                        "back_after": None}]))
+    (run,) = result["runs"]
+    assert run["state"] == "succeeded", run["record"]
+    assert run["record"]["order"] == ["n2", "n3"]
+    resumed = [launch for launch in result["launches"] if any(start for _, start, _ in launch["ranks"].values())]
+    assert resumed, result["launches"]
+    ranks = resumed[0]["ranks"]
+    start = ranks[0][1]
+    assert start >= 30
+    for node, _, resume in ranks.values():
+        assert resume == f"/w/{node}/checkpoints/{run['run_id']}/attempt-0/{start:07d}_adapters.safetensors"
+    assert result["copies"] == []
+
+
+def test_a_node_that_was_down_is_sent_the_checkpoint_and_the_others_use_their_own():
+    # n3 loses power early and is left out (--min-nodes 2); attempt 1 trains on n1 and n2 while
+    # it is away. n3 is back when attempt 1's rank 1 is killed: attempt 2 takes it in again and
+    # resumes from attempt 1's newest checkpoint, which only n3 lacks: it alone is sent it.
+    result = run_schedule(base(spec={"trainer": "coord", "replica": "none", "min_nodes": 2, "node_timeout": 5.0},
+                               faults=[{"kind": "kill", "attempt": 1, "rank": 1, "after": 25, "status": 137},
+                                       {"kind": "power", "node": "n3", "at": 4.5, "detect_s": 1.0,
+                                        "back_after": 8.0}]))
+    (run,) = result["runs"]
+    assert run["state"] == "succeeded", run["record"]
+    last = result["launches"][-1]
+    assert sorted(node for node, _, _ in last["ranks"].values()) == ["n1", "n2", "n3"]
+    assert result["copies"] and all(c["targets"] == ["n3"] for c in result["copies"]), result["copies"]
+    start = last["ranks"][0][1]
+    for node, _, resume in last["ranks"].values():
+        where = "replica/attempt-1" if node == "n3" else "attempt-1"
+        assert resume == f"/w/{node}/checkpoints/{run['run_id']}/{where}/{start - 10:07d}_adapters.safetensors"

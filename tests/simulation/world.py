@@ -1,6 +1,8 @@
 """A simulated cluster behind the supervisor's effects (``coordinator.jobs.effects``).
 
-Nodes, their agents and sessions, ranks that train at a given speed and write checkpoints,
+Nodes, their agents and sessions, ranks that train at a given speed and write checkpoints
+(rank 0 alone, as mlx-lm's trainer; or every rank its own copy on its own node, as coord's:
+a node that was down when one was written lacks it),
 disks, the launcher and the daemon's store, all under trio's virtual clock: a schedule that
 spans hours runs in milliseconds. Faults are applied by ``tests.simulation.schedules``.
 
@@ -128,8 +130,13 @@ class SimNode:
 class World:
     """The ground truth, shared by every daemon incarnation."""
 
-    def __init__(self, nodes: list[str], *, step_s: float = 0.5, startup_s: float = 2.0, copy_s: float = 0.5):
+    def __init__(self, nodes: list[str], *, step_s: float = 0.5, startup_s: float = 2.0, copy_s: float = 0.5,
+                 every_rank_saves: bool = False, head_machine: tuple[str, ...] = ()):
         self.nodes = {name: SimNode(name) for name in nodes}
+        # coord's trainer: every rank writes its own copy of each checkpoint on its own node
+        self.every_rank_saves = every_rank_saves
+        self.head_machine = set(head_machine)  # nodes that are the head's own machine
+        self.copies: list[dict[str, Any]] = []  # every copy_checkpoint that landed: time, source, targets
         self.order = list(nodes)
         self.step_s = step_s
         self.startup_s = startup_s
@@ -197,7 +204,7 @@ class World:
             rank.lost_peer_at = when
 
     def _write_checkpoints(self, rank: SimRank, upto: float) -> None:
-        if rank.rank != 0 or rank.launched_at is None:
+        if (rank.rank != 0 and not self.every_rank_saves) or rank.launched_at is None:
             return
         node = self.nodes[rank.node]
         reached = rank.step_at(upto)
@@ -214,7 +221,7 @@ class World:
                     rank.die_after = (iteration, 1)
                     rank.last_line = "OSError: [Errno 28] No space left on device"
                 break
-            bad = self.bad_checkpoints.get(step)
+            bad = self.bad_checkpoints.get(step) if rank.rank == 0 else None  # one disk's fault: rank 0's copy
             digest = hashlib.sha256(f"{rank.run}:{step}:{rank.attempt}".encode()).hexdigest()
             node.files[path] = SimFile(rank.run, step, 4096, digest, written + WRITE_S, torn=bad == "torn",
                                        corrupt=bad == "corrupt")
@@ -323,6 +330,11 @@ class SimEffects:
         return NodeView(name, node.session_up, node.workdir, "/usr/bin/python3",
                         None if node.session_up else "keepalive timeout", {"mlx_lm_version": "0.30.2"},
                         node.generation)
+
+    def on_head_machine(self, node: str) -> bool:
+        if self.dead:
+            raise DaemonCrash()
+        return node in self.world.head_machine
 
     async def call(self, name: str, method: str, params: dict[str, Any], *, timeout: float) -> dict[str, Any]:
         self._effect()
@@ -518,6 +530,8 @@ class SimEffects:
             path = f"{target.workdir}/{placement.path}"
             target.files[path] = copy.copy(file)
             paths.append(path)
+        world.copies.append({"time": world.now(), "source": (source["node"], source["path"]),
+                             "targets": [p.node for p in placements]})
         return paths
 
     def head_path(self, *parts: str) -> str:

@@ -163,7 +163,9 @@ def test_retention_removes_every_copy_of_an_old_checkpoint_and_replication_follo
     copies = [_ckpt(s) for s in (10, 20, 30)] + [{**_ckpt(10), "node": "head", "role": "replica"}]
     removed = catalog.to_remove(copies, keep=2)
     assert {(c["step"], c["node"]) for c in removed} == {(10, "n1"), (10, "head")}
-    assert [c["step"] for c in catalog.unreplicated(copies, keep=2)] == [30, 20]
+    copies = [{**c, "sha256": f"h{c['step']}"} for c in copies]
+    wanted = catalog.copies_wanted(copies, keep=2, target="head", spread_to=[], same_machine=lambda a, b: a == b)
+    assert [(w.source["step"], w.targets) for w in wanted] == [(30, ["head"]), (20, ["head"])]
 
 
 def test_a_resize_relaunches_at_once_without_using_a_restart():
