@@ -91,6 +91,8 @@ class CheckpointKeeping(_Runner):
                 plan = catalog.plan_resume(group, order, reachable)
                 if plan is None:
                     break
+                if await self._gone_in_place(plan):
+                    continue  # marked invalid: plan again without them
                 copy = plan.source
                 try:
                     return copy, await self._place_resume_file(plan, order)
@@ -105,6 +107,39 @@ class CheckpointKeeping(_Runner):
                     self.event(kind, f"{catalog.role(copy)} copy of the checkpoint of step {copy['step']} "
                                f"({copy['node']}) cannot be resumed from: {reason}", step=copy["step"])
         return None, {}
+
+    async def _gone_in_place(self, plan: catalog.ResumePlan) -> bool:
+        """Each node's own copy is still there at the size it was validated with (one cheap call per
+        node, all at once; its bytes were hashed on that node when it was catalogued). A copy that is
+        gone or changed size is marked invalid; True when one was."""
+        gone: list[tuple[dict[str, Any], str]] = []
+        away: list[tuple[str, str]] = []
+
+        async def look(node: str, copy: dict[str, Any]) -> None:
+            try:
+                answer = await self.fx.call(node, "read_file", {"path": copy["path"], "offset": copy["size"] or 0},
+                                            timeout=30)
+            except RemoteError as exc:
+                if core.unreachable_error(exc.code):
+                    away.append((node, exc.message))
+                else:
+                    gone.append((copy, exc.message))
+                return
+            if answer.get("size") != copy["size"]:
+                gone.append((copy, f"it is {answer.get('size')} bytes now, {copy['size']} when it was validated"))
+
+        async with anyio.create_task_group() as tasks:
+            for node, copy in plan.in_place.items():
+                tasks.start_soon(look, node, copy)
+        if away:
+            node, reason = sorted(away)[0]
+            raise LaunchError(f"the checkpoint of step {plan.source['step']} could not be looked at on {node}: "
+                              f"{reason}", node=node)
+        for copy, reason in gone:
+            self.fx.add_checkpoint(self.run_id, {**copy, "valid": False, "detail": reason})
+            self.event("checkpoint_rejected", f"{catalog.role(copy)} copy of the checkpoint of step {copy['step']} "
+                       f"({copy['node']}) cannot be resumed from: {reason}", step=copy["step"])
+        return bool(gone)
 
     async def _place_resume_file(self, plan: catalog.ResumePlan, order: list[str]) -> dict[str, str]:
         """Each rank resumes from its own node's copy where it has one; the nodes that lack it are

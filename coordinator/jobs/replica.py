@@ -19,7 +19,7 @@ import anyio
 
 from coordinator.jobs import catalog
 from coordinator.jobs.effects import HEAD, Placement
-from coordinator.jobs.spec import REPLICA_HEAD
+from coordinator.jobs.spec import REPLICA_HEAD, is_mlx_lm
 from coordinator.jobs.transfer import CheckpointDamaged
 from shared.rpc import RemoteError
 
@@ -56,8 +56,8 @@ class Replicator:
         whose rank 0 alone saves (mlx-lm's), every node of the attempt; with coord's, none (each
         rank writes its own copy on its own node)."""
         runner = self.runner
-        if runner.spec.trainer == "coord":
-            return []
+        if runner.spec.trainer == "coord" or not is_mlx_lm(runner.spec.command):
+            return []  # coord's trainer: each rank's own copy; a script of one's own: as before, rank 0's
         return [n for n in runner.record.get("order") or [] if n in runner.fx.node_names()]
 
     async def replicate_pending(self, *, final: bool = False) -> None:

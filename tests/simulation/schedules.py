@@ -63,7 +63,8 @@ class Schedule:
         lines = [f"seed {self.seed}: nodes {', '.join(self.nodes)}; step {self.step_s:g} s, startup "
                  f"{self.startup_s:g} s, copy {self.copy_s:g} s; runs {self.runs}"
                  + (f"; head on {', '.join(self.head_machine)}'s machine" if self.head_machine else ""),
-                 "  spec: " + ", ".join(f"{k}={v}" for k, v in self.spec.items() if k != "command")]
+                 "  spec: " + ", ".join(f"{k}={v}" for k, v in self.spec.items() if k != "command")
+                 + ("; an mlx_lm lora command" if "mlx_lm" in self.spec["command"] else "")]
         lines += [f"  fault: {fault}" for fault in self.faults]
         lines += [f"  daemon killed at its effect #{n}, back after {d:g} s" for n, d in self.crashes]
         if self.stop_at is not None:
@@ -118,7 +119,11 @@ def make_schedule(seed: int) -> Schedule:
     # Drawn apart, so that the schedules above stay what they were for each seed: the trainer
     # (coord's: every rank writes its own copy on its node) and whether the head is rank 0's machine.
     more = random.Random(f"copies:{seed}")
-    spec["trainer"] = more.choice(["mlx_lm", "coord"])
+    trainer = more.choice(["script", "mlx_lm", "coord"])
+    if trainer == "mlx_lm":  # rank 0 alone saves; its newest checkpoint is copied to every node
+        spec["command"] = ["python", "-m", "mlx_lm", "lora", "--model", "m", "--train", "--data", "d",
+                           "--iters", str(total), "--batch-size", "12"]
+    spec["trainer"] = "coord" if trainer == "coord" else "mlx_lm"
     if more.random() < 0.4:
         schedule.head_machine = (nodes[0],)
     return schedule

@@ -148,3 +148,24 @@ def test_a_node_that_was_down_is_sent_the_checkpoint_and_the_others_use_their_ow
     for node, _, resume in last["ranks"].values():
         where = "replica/attempt-1" if node == "n3" else "attempt-1"
         assert resume == f"/w/{node}/checkpoints/{run['run_id']}/{where}/{start - 10:07d}_adapters.safetensors"
+
+
+def test_mlx_lms_checkpoints_are_copied_to_every_node_and_a_lost_rank_0_resumes_from_them_in_place():
+    # mlx-lm's trainer: rank 0 alone saves. Each new checkpoint is streamed in the background to
+    # n2 and n3 (one copy_checkpoint, two placements); the head is n1's machine, so it gets none.
+    # n1 is lost for good: n2 and n3 resume from the copies they already hold.
+    command = ["python", "-m", "mlx_lm", "lora", "--model", "m", "--train", "--data", "d", "--iters", "60",
+               "--batch-size", "12"]
+    result = run_schedule(base(spec={"command": command, "min_nodes": 2, "node_timeout": 5.0}, head_machine=("n1",),
+                               faults=[{"kind": "power", "node": "n1", "at": 6.6, "detect_s": 2.0,
+                                        "back_after": None}]))
+    (run,) = result["runs"]
+    assert run["state"] == "succeeded", run["record"]
+    lost_at = 6.6
+    before = [c for c in result["copies"] if c["time"] < lost_at]
+    assert before and all(c["targets"] == ["n2", "n3"] for c in before), before
+    resumed = [launch for launch in result["launches"] if any(start for _, start, _ in launch["ranks"].values())][0]
+    start = resumed["ranks"][0][1]
+    for node, _, resume in resumed["ranks"].values():
+        assert resume == f"/w/{node}/checkpoints/{run['run_id']}/replica/attempt-0/{start:07d}_adapters.safetensors"
+    assert not [c for c in result["copies"] if lost_at <= c["time"] <= resumed["time"]], result["copies"]

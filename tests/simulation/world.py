@@ -429,6 +429,12 @@ class SimEffects:
                           "detail": "1 tensors" if whole else "truncated safetensors header"})
         return {"dir": prefix, "checkpoints": found}
 
+    def _agent_read_file(self, node: SimNode, *, path: str, offset: int = 0) -> dict[str, Any]:
+        file = node.files.get(path)
+        if file is None:
+            raise RemoteError("refused", f"{path} does not exist")
+        return {"data": b"", "offset": offset, "size": file.size}
+
     def _agent_remove_checkpoints(self, node: SimNode, *, job: str, attempt: int, names: list,
                                   replica: bool = False) -> dict[str, Any]:
         directory = f"{node.workdir}/checkpoints/{job}/" + (f"replica/attempt-{attempt}/" if replica
