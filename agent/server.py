@@ -15,6 +15,7 @@ from shared.version import COORD_VERSION
 
 from agent import facts as node_facts
 from agent import launch as node_launch
+from agent import relay as node_relay
 from agent import ranks as node_ranks
 from agent import sync as node_sync
 from agent.calibration_runner import run_calibration
@@ -64,8 +65,9 @@ def _in_thread(func):
     return call
 
 
-def build_dispatcher() -> Dispatcher:
+def build_dispatcher(relay: node_relay.Relay | None = None) -> Dispatcher:
     table = Dispatcher()
+    relay = relay or node_relay.Relay()
     table.add("hello", hello, required={"protocol": int}, optional={"client": str})
     table.add("facts", facts, optional={"workdir": (str, type(None))})
     table.add("ping", ping)
@@ -74,6 +76,8 @@ def build_dispatcher() -> Dispatcher:
     uploads = node_sync.Uploads()
     table.add("manifest", _in_thread(node_sync.describe), required={"root": str, "patterns": list})
     table.add("put_files", _in_thread(node_sync.put_files), required={"root": str, "files": list})
+    table.add("sync_state", _in_thread(node_sync.sync_state), required={"root": str, "patterns": list},
+              optional={"known": (list, type(None))})
     table.add("upload_begin", _in_thread(uploads.begin),
               required={"root": str, "path": str, "size": int, "mode": int, "sha256": str})
     table.add("upload_chunk", _in_thread(uploads.chunk), required={"upload": int, "offset": int, "data": bytes})
@@ -84,6 +88,15 @@ def build_dispatcher() -> Dispatcher:
     table.add("set_modes", _in_thread(node_sync.set_modes), required={"root": str, "modes": list})
     table.add("inspect_files", _in_thread(node_sync.inspect_files), required={"root": str, "paths": list},
               optional={"count_lines": bool})
+    table.add("relay_receive", relay.open_receiver,
+              required={"transfer": str, "token": str, "root": str, "path": str, "size": int, "mode": int,
+                        "sha256": str, "chunk_bytes": int, "chunks": list})
+    table.add("relay_source", relay.open_source,
+              required={"transfer": str, "token": str, "workdir": str, "path": str, "size": int, "sha256": str},
+              optional={"chunk_bytes": int})
+    table.add("relay_forward", relay.forward, required={"transfer": str, "targets": list})
+    table.add("relay_wait", relay.wait, required={"transfer": str}, optional={"timeout": (int, float), "have": int})
+    table.add("relay_close", relay.close, required={"transfer": str})
     table.add("topology", _in_thread(collect_topology))
     table.add("check_writable", _in_thread(node_sync.check_writable), required={"root": str, "subdir": str})
     table.add("prepare_rank", _in_thread(node_launch.prepare_rank),
@@ -123,5 +136,9 @@ async def calibrate(emit, python: str, workdir: str, quick: bool = False, timeou
 
 async def serve(reader: Reader, writer: Writer, *, name: str = "agent") -> None:
     """Serve the agent's methods until the other side hangs up."""
-    peer = Peer(reader, writer, dispatcher=build_dispatcher(), name=name)
-    await peer.run()
+    relay = node_relay.Relay()
+    peer = Peer(reader, writer, dispatcher=build_dispatcher(relay), name=name)
+    try:
+        await peer.run()
+    finally:
+        await relay.close_all()  # no half-received file outlives the session that asked for it

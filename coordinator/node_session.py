@@ -76,6 +76,7 @@ class NodeSession:
         self._on_change = on_change
         self._connect = connect
         self._peer: Peer | None = None
+        self.peer_address: str | None = None  # the address the head reached the node at, while connected
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=20)
         self.log = log.bind(node=node.name)
 
@@ -143,6 +144,7 @@ class NodeSession:
             await self._set(DOWN, exc.reason)
             raise
         was_up = False
+        self.peer_address = getattr(transport, "peer_address", None)
         try:
             was_up = await self._run_agent(transport)
         except NodeUnreachable as exc:

@@ -51,6 +51,8 @@ class Transport(Protocol):
 class LocalTransport:
     """This machine, no SSH: the same shell commands through /bin/sh."""
 
+    peer_address = "127.0.0.1"
+
     async def run(self, command: str, input: bytes | None = None) -> CommandResult:
         proc = await asyncio.create_subprocess_exec(
             "/bin/sh", "-c", command, stdin=asyncio.subprocess.PIPE,
@@ -79,6 +81,9 @@ class SshTransport:
 
     def __init__(self, conn: asyncssh.SSHClientConnection):
         self._conn = conn
+        peer = conn.get_extra_info("peername")
+        # The address this head reached the node at: where the head sends a relay's bytes.
+        self.peer_address: str | None = peer[0] if isinstance(peer, tuple) and peer else None
 
     @classmethod
     async def connect(cls, node: NodeConfig, ssh: SshSettings) -> "SshTransport":

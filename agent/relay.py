@@ -1,0 +1,387 @@
+"""The node side of a broadcast: receive a file chunk by chunk, verify each chunk, and pass it on.
+
+The daemon opens a transfer on every node that needs the file (``open_receiver``), on the
+node that already holds it if it is the source (``open_source``), and tells each node whom
+to forward to (``forward``). One TCP listener per agent serves every transfer; each
+connection names its transfer and proves it with the transfer's token.
+
+A receiver writes verified chunks into a temporary file beside the target and renames it
+only when every chunk is there (the chunks' hashes were computed from a read whose whole-
+file SHA256 matched, so the whole file matches too), after an fsync: a node never holds a
+file under its final name that does not match its hash. Chunks arrive in order; a new
+upstream (the daemon routed around a failed relay) resumes at the first chunk missing.
+A forwarder reads what has arrived from the temporary file and sends it on while the rest
+is still coming: a chain is pipelined by chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import os
+import stat
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared import protocol as p
+from shared import relay as wire
+from shared.paths import UnsafePath, resolve_under
+from shared.rpc import RemoteError
+
+from agent import sync as node_sync
+
+_ids = itertools.count(1)
+MAX_TRANSFERS = 64
+IDLE_CLOSE_S = 600.0  # a transfer nobody asked about for this long is dropped
+
+
+@dataclass
+class Forward:
+    host: str
+    port: int
+    task: asyncio.Task | None = None
+    sent: int = 0
+    error: str | None = None
+    done: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "port": self.port, "sent": self.sent, "error": self.error, "done": self.done}
+
+
+@dataclass
+class Transfer:
+    id: str
+    token: str
+    plan: wire.ChunkPlan
+    hashes: list[bytes]
+    read_fd: int
+    source: bool  # holds the whole file already
+    root: str = ""
+    rel: str = ""
+    target: str = ""
+    tmp: str = ""
+    mode: int = 0o644
+    sha256: str = ""
+    write_fd: int | None = None
+    have: int = 0  # leading chunks verified and written
+    done: bool = False
+    error: str | None = None  # this node cannot hold the file (its disk, say): final
+    upstream_error: str | None = None  # what the last upstream did wrong: the daemon may route around it
+    upstream_error_at: int = 0  # the upstream connection (counted from 1) the error came from
+    connections: int = 0  # upstream connections accepted so far
+    upstream: asyncio.Task | None = None
+    upstream_peer: str | None = None
+    forwards: dict[str, Forward] = field(default_factory=dict)
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+    touched: float = field(default_factory=time.monotonic)
+    started: float = field(default_factory=time.monotonic)
+    finished: float | None = None
+
+    def state(self) -> dict[str, Any]:
+        return {"transfer": self.id, "have": self.have, "chunks": self.plan.count, "size": self.plan.size,
+                "bytes": min(self.plan.size, self.have * self.plan.chunk_bytes), "done": self.done,
+                "error": self.error, "upstream_error": self.upstream_error,
+                "upstream_error_at": self.upstream_error_at, "connections": self.connections, "path": self.target,
+                "upstream": self.upstream_peer,
+                "seconds": round((self.finished or time.monotonic()) - self.started, 3),
+                "forwards": [f.as_dict() for f in self.forwards.values()]}
+
+    def read_chunk(self, index: int) -> bytes:
+        return wire.pread_exact(self.read_fd, self.plan.length(index), index * self.plan.chunk_bytes)
+
+
+def _mode(mode: int) -> int:
+    return mode & 0o777
+
+
+class Relay:
+    def __init__(self) -> None:
+        self._transfers: dict[str, Transfer] = {}
+        self._server: asyncio.base_events.Server | None = None
+        self.port: int | None = None
+
+    # --- control (RPC) -----------------------------------------------------------------
+
+    async def open_receiver(self, transfer: str, token: str, root: str, path: str, size: int, mode: int,
+                            sha256: str, chunk_bytes: int, chunks: list) -> dict[str, Any]:
+        """Get ready to receive ``path`` (under ``root``); returns the port to send to."""
+        plan, hashes = self._check_plan(size, chunk_bytes, chunks)
+        root = node_sync._root(root, create=True)
+        try:
+            target = resolve_under(root, path)
+        except UnsafePath as exc:
+            raise RemoteError(p.REFUSED, str(exc)) from None
+        self._check_new(transfer)
+        directory = os.path.dirname(target)
+        os.makedirs(directory, exist_ok=True)
+        tmp = os.path.join(directory, f".{os.path.basename(target)}.coord-relay-{os.getpid()}-{next(_ids)}")
+        write_fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        try:
+            read_fd = os.open(tmp, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            os.close(write_fd)
+            os.unlink(tmp)
+            raise
+        self._transfers[transfer] = Transfer(transfer, token, plan, hashes, read_fd, False, root=root, rel=path,
+                                             target=target, tmp=tmp, mode=_mode(mode), sha256=sha256,
+                                             write_fd=write_fd)
+        if plan.count == 0:
+            await asyncio.to_thread(self._commit, self._transfers[transfer])
+        await self._listen()
+        return {"port": self.port}
+
+    async def open_source(self, transfer: str, token: str, workdir: str, path: str, size: int, sha256: str,
+                          chunk_bytes: int = wire.CHUNK_BYTES) -> dict[str, Any]:
+        """Serve a file this node holds whole; returns its chunks' hashes, read now, after checking
+        that the file still has the SHA256 recorded for it."""
+        if not isinstance(workdir, str) or not os.path.isabs(workdir):
+            raise RemoteError(p.BAD_ARGS, f"workdir must be an absolute path, got {workdir!r}")
+        try:
+            full = resolve_under(workdir, os.path.relpath(path, workdir) if os.path.isabs(path) else path,
+                                 must_exist=True)
+        except UnsafePath as exc:
+            raise RemoteError(p.REFUSED, str(exc)) from None
+        if chunk_bytes <= 0 or chunk_bytes > 64 << 20:
+            raise RemoteError(p.BAD_ARGS, f"chunk size {chunk_bytes} out of range")
+        self._check_new(transfer)
+        try:
+            hashes, whole = await asyncio.to_thread(wire.chunk_hashes, full, size, chunk_bytes)
+        except (OSError, wire.RelayError) as exc:
+            raise RemoteError(p.NOT_FOUND, f"cannot read {full}: {exc}") from None
+        if whole != sha256:
+            raise RemoteError(p.REFUSED, f"{full} no longer matches the SHA256 recorded for it")
+        read_fd = os.open(full, os.O_RDONLY)
+        plan = wire.ChunkPlan(size, chunk_bytes)
+        self._transfers[transfer] = Transfer(transfer, token, plan, hashes, read_fd, True, target=full,
+                                             have=plan.count, done=True, sha256=sha256)
+        await self._listen()
+        return {"port": self.port, "chunks": hashes}
+
+    async def forward(self, transfer: str, targets: list) -> dict[str, Any]:
+        """Send this transfer on to each of ``targets`` ([host, port] pairs) as chunks arrive."""
+        state = self._get(transfer)
+        for target in targets:
+            if not (isinstance(target, list) and len(target) == 2 and isinstance(target[0], str)
+                    and isinstance(target[1], int)):
+                raise RemoteError(p.BAD_ARGS, "each target must be [host, port]")
+            key = f"{target[0]}:{target[1]}"
+            old = state.forwards.get(key)
+            if old is not None and old.task is not None and not old.task.done():
+                continue
+            entry = Forward(target[0], target[1])
+            entry.task = asyncio.create_task(self._forward(state, entry))
+            state.forwards[key] = entry
+        return state.state()
+
+    async def wait(self, transfer: str, timeout: float = 5.0, have: int = -1) -> dict[str, Any]:
+        """This transfer's state once it is done, failed or holds more than ``have`` chunks, or
+        after ``timeout`` seconds: the daemon's long poll."""
+        state = self._get(transfer)
+        deadline = time.monotonic() + max(0.0, min(float(timeout), 60.0))
+        while not (state.done or state.error) and state.have <= have:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            async with state.changed:
+                try:
+                    await asyncio.wait_for(state.changed.wait(), remaining)
+                except asyncio.TimeoutError:
+                    break
+        state.touched = time.monotonic()
+        return state.state()
+
+    async def close(self, transfer: str) -> dict[str, Any]:
+        """Forget a transfer: its forwarders stop, an unfinished temporary file is removed."""
+        state = self._transfers.pop(transfer, None)
+        if state is None:
+            return {"closed": False}
+        await self._drop(state)
+        if not self._transfers:
+            await self._stop_listening()
+        return {"closed": True, "done": state.done}
+
+    async def close_all(self) -> None:
+        for transfer in list(self._transfers):
+            await self.close(transfer)
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _check_plan(self, size: int, chunk_bytes: int, chunks: list) -> tuple[wire.ChunkPlan, list[bytes]]:
+        if size < 0 or chunk_bytes <= 0 or chunk_bytes > 64 << 20:
+            raise RemoteError(p.BAD_ARGS, f"size {size} or chunk size {chunk_bytes} out of range")
+        plan = wire.ChunkPlan(size, chunk_bytes)
+        if len(chunks) != plan.count or not all(isinstance(h, bytes) and len(h) == 32 for h in chunks):
+            raise RemoteError(p.BAD_ARGS, f"expected {plan.count} chunk hashes of 32 bytes")
+        return plan, list(chunks)
+
+    def _check_new(self, transfer: str) -> None:
+        self._expire()
+        if not isinstance(transfer, str) or not transfer or len(transfer) > 64:
+            raise RemoteError(p.BAD_ARGS, "a transfer id is a short string")
+        if transfer in self._transfers:
+            raise RemoteError(p.REFUSED, f"transfer {transfer} is already open here")
+        if len(self._transfers) >= MAX_TRANSFERS:
+            raise RemoteError(p.REFUSED, f"already {MAX_TRANSFERS} transfers open on this node")
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for transfer, state in list(self._transfers.items()):
+            if now - state.touched > IDLE_CLOSE_S:
+                self._transfers.pop(transfer, None)
+                asyncio.get_running_loop().create_task(self._drop(state))
+
+    def _get(self, transfer: str) -> Transfer:
+        state = self._transfers.get(transfer)
+        if state is None:
+            raise RemoteError(p.NOT_FOUND, f"no transfer {transfer} open on this node")
+        state.touched = time.monotonic()
+        return state
+
+    async def _drop(self, state: Transfer) -> None:
+        tasks = [f.task for f in state.forwards.values() if f.task is not None]
+        if state.upstream is not None:
+            tasks.append(state.upstream)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        if state.write_fd is not None:
+            os.close(state.write_fd)
+            state.write_fd = None
+        os.close(state.read_fd)
+        if not state.done and state.tmp:
+            try:
+                os.unlink(state.tmp)
+            except OSError:
+                pass
+
+    async def _listen(self) -> None:
+        # IPv4 on every interface, one port: binding both families would give each its own port.
+        # A connection proves itself with the transfer's token before it can write anything.
+        if self._server is not None:
+            return
+        self._server = await asyncio.start_server(self._serve, host="0.0.0.0", port=0, reuse_address=True)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def _stop_listening(self) -> None:
+        server, self._server, self.port = self._server, None, None
+        if server is not None:
+            server.close()
+
+    async def _notify(self, state: Transfer) -> None:
+        async with state.changed:
+            state.changed.notify_all()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One upstream connection: hello, then chunks in order until the file is whole."""
+        peer = writer.get_extra_info("peername")
+        peer_text = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "a peer"
+        state: Transfer | None = None
+        epoch = 0
+        try:
+            magic = await asyncio.wait_for(reader.readexactly(len(wire.MAGIC)), wire.HELLO_TIMEOUT_S)
+            if magic != wire.MAGIC:
+                return
+            hello = await wire.read_frame(reader)
+            state = self._transfers.get(hello.get("transfer"))  # type: ignore[arg-type]
+            if state is None or not wire.token_matches(state.token, hello.get("token")) or state.source:
+                writer.write(wire.pack_frame({"error": "no such transfer here"}))
+                await writer.drain()
+                return
+            if state.upstream is not None and state.upstream is not asyncio.current_task():
+                state.upstream.cancel()  # the newest upstream wins: the daemon routed around the old one
+            state.upstream = asyncio.current_task()
+            state.upstream_peer = peer_text
+            state.connections += 1
+            epoch = state.connections
+            writer.write(wire.pack_frame({"want": state.have}))
+            await writer.drain()
+            while state.have < state.plan.count:
+                await self._receive_chunk(state, reader, peer_text)
+            writer.write(wire.pack_frame({"done": True}))
+            await writer.drain()
+        except asyncio.CancelledError:
+            pass
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError, ValueError) as exc:
+            if state is not None and epoch and epoch == state.connections:
+                # The link, not this node: the daemon may route around it. An older upstream's
+                # end (one the daemon already replaced) is not news.
+                state.upstream_error = f"link from {peer_text} lost: {exc.__class__.__name__}"
+                state.upstream_error_at = epoch
+                await self._notify(state)
+        except (wire.RelayError, OSError) as exc:
+            if state is not None:
+                if isinstance(exc, wire.RelayError):
+                    if epoch != state.connections:
+                        return
+                    state.upstream_error = str(exc)  # bad bytes from upstream: take them from another
+                    state.upstream_error_at = epoch
+                else:
+                    state.error = f"cannot write {state.target}: {exc.strerror or exc}"
+                await self._notify(state)
+                try:
+                    writer.write(wire.pack_frame({"error": state.error or state.upstream_error}))
+                except (OSError, RuntimeError):
+                    pass
+        finally:
+            if state is not None and state.upstream is asyncio.current_task():
+                state.upstream = None
+            writer.close()
+
+    async def _receive_chunk(self, state: Transfer, reader: asyncio.StreamReader, peer: str) -> None:
+        header = await asyncio.wait_for(reader.readexactly(wire.CHUNK_HEADER.size), wire.STALL_TIMEOUT_S)
+        index, length = wire.CHUNK_HEADER.unpack(header)
+        if index != state.have or length != state.plan.length(index):
+            raise wire.RelayError(f"{peer} sent chunk {index} of {length} bytes, chunk {state.have} of "
+                                  f"{state.plan.length(state.have)} bytes was expected")
+        data = await asyncio.wait_for(reader.readexactly(length), wire.STALL_TIMEOUT_S)
+        await asyncio.to_thread(self._verify_and_write, state, index, data, peer)
+        state.have = index + 1
+        if state.have == state.plan.count:
+            await asyncio.to_thread(self._commit, state)
+        await self._notify(state)
+
+    @staticmethod
+    def _verify_and_write(state: Transfer, index: int, data: bytes, peer: str) -> None:
+        if hashlib.sha256(data).digest() != state.hashes[index]:
+            raise wire.RelayError(f"chunk {index} from {peer} does not match its SHA256")
+        view, offset = memoryview(data), index * state.plan.chunk_bytes
+        while view:
+            written = os.pwrite(state.write_fd, view, offset)
+            view, offset = view[written:], offset + written
+
+    @staticmethod
+    def _commit(state: Transfer) -> None:
+        """Every chunk verified: make it durable, give it its mode, rename it into place."""
+        os.fchmod(state.write_fd, state.mode)
+        os.fsync(state.write_fd)
+        os.close(state.write_fd)
+        state.write_fd = None
+        os.replace(state.tmp, state.target)
+        node_sync._fsync_dirs({os.path.dirname(state.target)})
+        info = os.stat(state.target)
+        if stat.S_ISREG(info.st_mode):
+            node_sync.cache_for(state.root).store(state.rel, info, state.sha256)
+        state.done = True
+        state.finished = time.monotonic()
+
+    async def _forward(self, state: Transfer, entry: Forward) -> None:
+        def on_sent(count: int) -> None:
+            entry.sent = count
+
+        try:
+            await wire.send_file(entry.host, entry.port, transfer=state.id, token=state.token, plan=state.plan,
+                                 read_chunk=state.read_chunk, available=lambda: state.have,
+                                 changed=state.changed, on_sent=on_sent)
+            entry.done = True
+        except asyncio.CancelledError:
+            raise
+        except (wire.RelayError, OSError, asyncio.TimeoutError) as exc:
+            entry.error = str(exc) or exc.__class__.__name__
+        finally:
+            await self._notify(state)

@@ -1,0 +1,179 @@
+"""The relay's data plane: a file sent as numbered chunks over plain TCP, node to node.
+
+A broadcast sends each byte over every link of a chain (or tree) once, instead of over
+the head's uplink once per node. The daemon sets it up over the agents' SSH sessions
+(the control plane): it gives every receiver the file's size, its SHA256 and the SHA256
+of every chunk, read from the source before anything is sent, plus a random token for
+this transfer. The data plane only carries bytes:
+
+    sender -> receiver   b"COORDRL1" + frame {"transfer": id, "token": token}
+    receiver -> sender   frame {"want": k}            (or {"error": "..."} and close)
+    sender -> receiver   chunk k, k+1, ...: >II (index, length) + the bytes
+
+A frame is a 4-byte big-endian length and msgpack, at most ``MAX_HELLO`` bytes. The
+receiver checks each chunk against the hash the daemon gave it before it writes or
+forwards it, so a relay can corrupt nothing downstream; it asks for the first chunk it
+lacks, so a sender that replaces a failed one resumes where the last one stopped. The
+bytes are not encrypted (like MLX's own ring traffic between the same machines); the
+token keeps other programs from feeding a receiver, the hashes keep anything from
+landing that the source did not hold. Stdlib and msgpack only: this runs on every node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import os
+import struct
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import msgpack
+
+MAGIC = b"COORDRL1"
+MAX_HELLO = 4096
+CHUNK_BYTES = 4 << 20
+CHUNK_HEADER = struct.Struct(">II")
+LENGTH = struct.Struct(">I")
+CONNECT_TIMEOUT_S = 10.0
+HELLO_TIMEOUT_S = 10.0
+#: A link that moves nothing for this long is given up (a cut cable sends no RST).
+STALL_TIMEOUT_S = 30.0
+
+
+class RelayError(Exception):
+    """A transfer on the data plane failed; the message says where and why."""
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """How a file of ``size`` bytes is cut: ``count`` chunks of ``chunk_bytes``, the last shorter."""
+
+    size: int
+    chunk_bytes: int
+
+    @property
+    def count(self) -> int:
+        return max(1, -(-self.size // self.chunk_bytes)) if self.size else 0
+
+    def length(self, index: int) -> int:
+        return min(self.chunk_bytes, self.size - index * self.chunk_bytes)
+
+
+def chunk_hashes(path: str, size: int, chunk_bytes: int = CHUNK_BYTES) -> tuple[list[bytes], str]:
+    """The SHA256 of each chunk and of the whole file, in one read (the two hashes run side by
+    side: hashlib releases the GIL on large buffers)."""
+    whole = hashlib.sha256()
+    digests: list[bytes] = []
+    read = 0
+    with open(path, "rb", buffering=0) as handle:
+        while True:
+            block = handle.read(chunk_bytes)
+            if not block:
+                break
+            whole.update(block)
+            digests.append(hashlib.sha256(block).digest())
+            read += len(block)
+    if read != size:
+        raise RelayError(f"{path} holds {read} bytes, {size} were expected")
+    return digests, whole.hexdigest()
+
+
+def pack_frame(message: dict[str, Any]) -> bytes:
+    body = msgpack.packb(message, use_bin_type=True)
+    return LENGTH.pack(len(body)) + body
+
+
+async def read_frame(reader: asyncio.StreamReader, timeout: float = HELLO_TIMEOUT_S) -> dict[str, Any]:
+    header = await asyncio.wait_for(reader.readexactly(LENGTH.size), timeout)
+    (length,) = LENGTH.unpack(header)
+    if length > MAX_HELLO:
+        raise RelayError(f"frame of {length} bytes refused (at most {MAX_HELLO})")
+    body = await asyncio.wait_for(reader.readexactly(length), timeout)
+    message = msgpack.unpackb(body, raw=False)
+    if not isinstance(message, dict):
+        raise RelayError("a frame that is not a map")
+    return message
+
+
+def token_matches(expected: str, given: Any) -> bool:
+    return isinstance(given, str) and hmac.compare_digest(expected.encode(), given.encode())
+
+
+async def send_file(host: str, port: int, *, transfer: str, token: str, plan: ChunkPlan,
+                    read_chunk: Callable[[int], bytes], available: Callable[[], int],
+                    changed: asyncio.Condition | None = None,
+                    on_sent: Callable[[int], None] | None = None) -> int:
+    """Connect to a receiver and send it every chunk from the one it asks for.
+
+    ``available()`` says how many leading chunks this side holds (all of them at a source,
+    what has arrived so far at a relay); ``changed`` is notified as that grows. Returns
+    the number of chunks sent. Raises RelayError (or OSError) when the link fails."""
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), CONNECT_TIMEOUT_S)
+    except (OSError, asyncio.TimeoutError) as exc:
+        raise RelayError(f"cannot connect to {host}:{port}: {exc or exc.__class__.__name__}") from None
+    sent = 0
+    try:
+        writer.write(MAGIC + pack_frame({"transfer": transfer, "token": token}))
+        await asyncio.wait_for(writer.drain(), STALL_TIMEOUT_S)
+        answer = await read_frame(reader)
+        if "error" in answer:
+            raise RelayError(f"{host}:{port} refused the transfer: {answer['error']}")
+        want = answer.get("want")
+        if not isinstance(want, int) or not 0 <= want <= plan.count:
+            raise RelayError(f"{host}:{port} asked for chunk {want!r} of {plan.count}")
+        loop = asyncio.get_running_loop()
+        for index in range(want, plan.count):
+            while available() <= index:
+                if changed is None:
+                    raise RelayError(f"chunk {index} is not here to send")
+                async with changed:
+                    if available() <= index:
+                        await asyncio.wait_for(changed.wait(), STALL_TIMEOUT_S * 4)
+            data = await loop.run_in_executor(None, read_chunk, index)
+            writer.write(CHUNK_HEADER.pack(index, len(data)))
+            writer.write(data)
+            try:
+                await asyncio.wait_for(writer.drain(), STALL_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                raise RelayError(f"{host}:{port} took nothing for {STALL_TIMEOUT_S:.0f} s") from None
+            sent += 1
+            if on_sent is not None:
+                on_sent(index + 1)
+        # The receiver closes once it holds the whole file; wait for that (or its error).
+        try:
+            tail = await asyncio.wait_for(reader.read(MAX_HELLO), STALL_TIMEOUT_S * 4)
+        except asyncio.TimeoutError:
+            tail = b""
+        if tail:
+            try:
+                (length,) = LENGTH.unpack(tail[:LENGTH.size])
+                message = msgpack.unpackb(tail[LENGTH.size:LENGTH.size + length], raw=False)
+            except (struct.error, ValueError):
+                message = None
+            if isinstance(message, dict) and message.get("error"):
+                raise RelayError(f"{host}:{port}: {message['error']}")
+        return sent
+    except (ConnectionError, asyncio.IncompleteReadError) as exc:
+        raise RelayError(f"link to {host}:{port} lost after {sent} chunks: {exc.__class__.__name__}") from None
+    finally:
+        writer.close()
+        try:
+            await asyncio.wait_for(writer.wait_closed(), 2)
+        except (OSError, asyncio.TimeoutError, ConnectionError):
+            pass
+
+
+def pread_exact(fd: int, length: int, offset: int) -> bytes:
+    """``length`` bytes at ``offset`` (pread may return less than asked)."""
+    parts = []
+    while length > 0:
+        block = os.pread(fd, length, offset)
+        if not block:
+            raise RelayError(f"file ended {length} bytes early at offset {offset}")
+        parts.append(block)
+        length -= len(block)
+        offset += len(block)
+    return parts[0] if len(parts) == 1 else b"".join(parts)

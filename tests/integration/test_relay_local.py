@@ -1,0 +1,219 @@
+"""Broadcasts through real agents (local transport, one agent process per node, real TCP between
+them): every node gets the file whole and verified, relayed node to node, and a relay lost
+mid-transfer is routed around with what its receivers already hold kept."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import hashlib
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.relay import Relay
+from coordinator.agent_bundle import build_bundle
+from coordinator.config import NodeConfig, SshSettings
+from coordinator.node_session import UP, NodeSession
+from coordinator.relay.broadcast import HEAD, Source, Target, broadcast
+from shared import relay as wire
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _leftovers(root: Path) -> list[str]:
+    return [p.name for p in root.rglob("*") if ".coord-relay-" in p.name]
+
+
+async def _sessions(tmp_path: Path, names: list[str]) -> tuple[dict[str, NodeSession], list[asyncio.Task]]:
+    bundle = build_bundle()
+    settings = SshSettings(keepalive_s=0.5)
+    sessions = {name: NodeSession(NodeConfig(name=name, host="local", python=sys.executable,
+                                             workdir=str(tmp_path / name)),
+                                  settings, bundle) for name in names}
+    tasks = [asyncio.ensure_future(s.run()) for s in sessions.values()]
+    deadline = time.monotonic() + 30
+    while not all(s.state == UP for s in sessions.values()):
+        assert time.monotonic() < deadline, {n: s.view.reason for n, s in sessions.items()}
+        await asyncio.sleep(0.05)
+    return sessions, tasks
+
+
+async def _stop(tasks: list[asyncio.Task]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    # The agents' pipe transports are closed while the loop still runs, not by the collector later.
+    await asyncio.sleep(0.1)
+    gc.collect()
+    await asyncio.sleep(0)
+
+
+def _loopback(sender: str, receiver: str) -> str:
+    return "127.0.0.1"
+
+
+def test_a_file_reaches_every_node_through_a_chain_verified(tmp_path):
+    source = tmp_path / "model.safetensors"
+    source.write_bytes(os.urandom(6 << 20) + b"tail")
+    sha = _sha(source)
+
+    async def body():
+        sessions, tasks = await _sessions(tmp_path, ["n1", "n2", "n3"])
+        try:
+            outcomes = await broadcast(sessions, Source(HEAD, str(source), source.stat().st_size, sha),
+                                       [Target(n, "models/m.safetensors", 0o640) for n in sessions],
+                                       address=_loopback, chunk_bytes=256 << 10)
+        finally:
+            await _stop(tasks)
+        return outcomes
+
+    outcomes = asyncio.run(body())
+    assert all(o.ok for o in outcomes.values()), {n: o.detail for n, o in outcomes.items()}
+    # A chain: the head feeds one node, each node the next; each file whole, with its mode.
+    assert sorted(o.sender for o in outcomes.values()) == sorted([HEAD, "n1", "n2"])
+    for name in ("n1", "n2", "n3"):
+        landed = tmp_path / name / "models" / "m.safetensors"
+        assert _sha(landed) == sha
+        assert oct(landed.stat().st_mode & 0o777) == oct(0o640)
+        assert _leftovers(tmp_path / name) == []
+
+
+def test_a_node_source_sends_its_copy_and_a_changed_copy_is_refused(tmp_path):
+    async def body():
+        sessions, tasks = await _sessions(tmp_path, ["n1", "n2", "n3"])
+        try:
+            held = tmp_path / "n1" / "checkpoints" / "run" / "0000010_adapters.safetensors"
+            held.parent.mkdir(parents=True)
+            held.write_bytes(os.urandom(1 << 20))
+            sha = _sha(held)
+            outcomes = await broadcast(sessions, Source("n1", str(held), held.stat().st_size, sha),
+                                       [Target(n, "checkpoints/run/local/0000010.safetensors") for n in ("n2", "n3")],
+                                       address=_loopback, chunk_bytes=64 << 10)
+            held.write_bytes(os.urandom(1 << 20))  # the same size, other bytes
+            refused = await broadcast(sessions, Source("n1", str(held), held.stat().st_size, sha),
+                                      [Target("n2", "checkpoints/run/local/again.safetensors")],
+                                      address=_loopback, chunk_bytes=64 << 10)
+        finally:
+            await _stop(tasks)
+        return sha, outcomes, refused
+
+    sha, outcomes, refused = asyncio.run(body())
+    assert all(o.ok for o in outcomes.values())
+    for name in ("n2", "n3"):
+        assert _sha(tmp_path / name / "checkpoints/run/local/0000010.safetensors") == sha
+    assert not refused["n2"].ok and "no longer matches" in refused["n2"].detail
+    assert not (tmp_path / "n2" / "checkpoints/run/local/again.safetensors").exists()
+    assert _leftovers(tmp_path / "n2") == []
+
+
+def test_a_relay_frozen_mid_transfer_is_routed_around_and_receivers_keep_their_chunks(tmp_path):
+    source = tmp_path / "data.bin"
+    source.write_bytes(os.urandom(24 << 20))
+    sha = _sha(source)
+    frozen: list[int] = []
+    resumed_from: dict[str, int] = {}
+
+    async def body():
+        sessions, tasks = await _sessions(tmp_path, ["n1", "n2", "n3"])
+        reroutes: list[str] = []
+
+        def progress(update):
+            # Freeze the first relay (n1's agent) once the node after it holds part of the file.
+            if not frozen and update["node"] == "n2" and 0 < update["bytes_done"] < update["bytes_total"] // 2:
+                pid = sessions["n1"].view.agent["pid"]
+                os.kill(pid, signal.SIGSTOP)
+                frozen.append(pid)
+                resumed_from["n2"] = update["bytes_done"]
+
+        def events(kind, text):
+            reroutes.append(text)
+
+        try:
+            outcomes = await broadcast(sessions, Source(HEAD, str(source), source.stat().st_size, sha),
+                                       [Target(n, "data/train.bin") for n in ("n1", "n2", "n3")],
+                                       address=_loopback, chunk_bytes=64 << 10, progress=progress, events=events)
+        finally:
+            for pid in frozen:
+                try:
+                    os.kill(pid, signal.SIGCONT)  # the session may have ended it already
+                except ProcessLookupError:
+                    pass
+            await _stop(tasks)
+        return outcomes, reroutes
+
+    outcomes, reroutes = asyncio.run(body())
+    assert frozen, "the transfer ended before the relay could be frozen"
+    assert not outcomes["n1"].ok and "lost" in outcomes["n1"].detail
+    for name in ("n2", "n3"):
+        assert outcomes[name].ok, outcomes[name].detail
+        assert _sha(tmp_path / name / "data/train.bin") == sha
+    assert outcomes["n2"].sender == HEAD and outcomes["n2"].reroutes == 1
+    assert any("n2 now receives from head" in text for text in reroutes), reroutes
+    assert not (tmp_path / "n1" / "data" / "train.bin").exists()
+
+
+def test_a_receiver_takes_only_chunks_that_match_and_resumes_from_what_it_holds(tmp_path):
+    good = os.urandom(300_000)
+    bad = bytearray(good)
+    bad[200_000] ^= 1
+    chunk = 64 << 10
+    plan = wire.ChunkPlan(len(good), chunk)
+    hashes = [hashlib.sha256(good[i * chunk:(i + 1) * chunk]).digest() for i in range(plan.count)]
+    root = tmp_path / "work"
+
+    async def body():
+        relay = Relay()
+        opened = await relay.open_receiver("t1", "secret", str(root), "f.bin", len(good), 0o644,
+                                           hashlib.sha256(good).hexdigest(), chunk, hashes)
+        port = opened["port"]
+
+        def reader(data):
+            return lambda i: bytes(data[i * chunk:(i + 1) * chunk])
+
+        with pytest.raises(wire.RelayError, match="refused"):
+            await wire.send_file("127.0.0.1", port, transfer="t1", token="wrong", plan=plan,
+                                 read_chunk=reader(good), available=lambda: plan.count)
+        try:
+            await wire.send_file("127.0.0.1", port, transfer="t1", token="secret", plan=plan,
+                                 read_chunk=reader(bad), available=lambda: plan.count)
+        except wire.RelayError:
+            pass  # the receiver hangs up on the bad chunk
+        state = await relay.wait("t1", timeout=2)
+        assert state["have"] == 3 and not state["done"]  # chunks 0-2 verified; chunk 3 held the flip
+        assert "does not match its SHA256" in state["upstream_error"]
+        assert not (root / "f.bin").exists()
+        await wire.send_file("127.0.0.1", port, transfer="t1", token="secret", plan=plan,
+                             read_chunk=reader(good), available=lambda: plan.count,
+                             on_sent=lambda n: sent.append(n))
+        state = await relay.wait("t1", timeout=5)
+        await relay.close("t1")
+        return state
+
+    sent: list[int] = []
+    state = asyncio.run(body())
+    assert state["done"] and sent[0] == 4  # the second sender started at chunk 3, the first missing
+    assert (root / "f.bin").read_bytes() == good
+    assert _leftovers(root) == []
+
+
+def test_paths_from_the_wire_are_checked_before_anything_is_written(tmp_path):
+    root = tmp_path / "work"
+    root.mkdir()
+    (root / "link").symlink_to(tmp_path)
+
+    async def body():
+        relay = Relay()
+        for bad in ("../x", "/etc/x", "link/x"):
+            with pytest.raises(Exception, match="refused|outside|absolute|symlink"):
+                await relay.open_receiver(f"t-{len(bad)}", "s", str(root), bad, 1, 0o644, "0" * 64, 1 << 20,
+                                          [b"\0" * 32])
+
+    asyncio.run(body())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]
