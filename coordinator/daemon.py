@@ -32,6 +32,7 @@ from coordinator.config import ClusterConfig, ConfigError, load_config
 from coordinator.control import ControlServer, ControlSocketError
 from coordinator.dashboard.document import dashboard_document
 from coordinator.node_session import Connect, open_transport
+from coordinator.relay.links import LinkBook
 from coordinator.state import StateError, StateStore
 from coordinator.logs import configure_logging
 from coordinator.metrics.history import MetricsHistory
@@ -87,6 +88,7 @@ class Daemon:
         self.jobs: dict[str, Any] = {}  # job name -> its newest run's supervisor
         self.runs: dict[str, Any] = {}  # run id -> supervisor, every run this cluster has had
         from coordinator.jobs.daemon_effects import DaemonEffects, tensorboard_dir
+        self.links = LinkBook(list(config.nodes))  # where relays send: addresses and cables, per node session
         self.job_effects = DaemonEffects(self)
         self.alerts = attach_alerts(self)  # hears every event the daemon records from here on
         self.history = MetricsHistory(state.connection, runs_of=self.runs_of,

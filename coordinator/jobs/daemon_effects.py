@@ -17,8 +17,17 @@ import structlog
 from agent.launch import rank_command
 from coordinator.jobs.effects import HEAD, LaunchError, NodeView, Placement
 from coordinator.jobs.launcher import launcher_argv
-from coordinator.jobs.transfer import HeadSink, HeadSource, NodeSink, NodeSource, copy_verified
+from coordinator.jobs.transfer import (
+    CheckpointDamaged,
+    HeadSink,
+    HeadSource,
+    NodeSink,
+    NodeSource,
+    copy_verified,
+)
 from coordinator.node_session import UP
+from coordinator.relay.broadcast import Source as RelaySource
+from coordinator.relay.broadcast import Target, broadcast
 from coordinator.services.launch_plan import node_topologies, plan_backend, write_launch_files
 from shared.rpc import RemoteError
 
@@ -151,6 +160,55 @@ class DaemonEffects:
 
     # --- checkpoint bytes ---
     async def copy_checkpoint(self, source: dict[str, Any], placements: list[Placement]) -> list[str]:
+        """Copies to nodes go through the relay (each byte over each link once, every chunk checked
+        on arrival); a node the relay could not reach is sent its copy over its SSH session; a copy
+        to the head is streamed from the source beside it. The paths written, in placement order."""
+        sessions = self.daemon.cluster.sessions
+        to_nodes = [p for p in placements if p.node != HEAD]
+        to_head = [p for p in placements if p.node == HEAD]
+        written: dict[int, str] = {}
+
+        async def through_relay() -> None:
+            if not to_nodes:
+                return
+            names = [p.node for p in to_nodes] + ([source["node"]] if source["node"] != HEAD else [])
+            await self.daemon.links.refresh(sessions, names)
+            outcomes = await broadcast(
+                sessions, RelaySource(source["node"], source["path"], source["size"], source["sha256"]),
+                [Target(p.node, p.path) for p in to_nodes], address=self.daemon.links.address,
+                thunderbolt=self.daemon.links.thunderbolt,
+                events=lambda kind, text: self.daemon.cluster.record_event(kind, text))
+            left = []
+            for p in to_nodes:
+                outcome = outcomes[p.node]
+                if outcome.ok:
+                    written[id(p)] = outcome.path
+                elif "no longer matches" in outcome.detail:
+                    raise CheckpointDamaged(f"{source['node']}:{source['path']} {outcome.detail}")
+                else:
+                    left.append((p, outcome.detail))
+            for p, detail in left:  # the relay could not reach it: its SSH session may
+                if p.node not in sessions or sessions[p.node].state != UP:
+                    raise RemoteError("connection_lost", f"{p.node}: {detail}")
+                log.info("relay failed, copying over ssh", node=p.node, detail=detail)
+                (path,) = await self._stream(source, [p])
+                written[id(p)] = path
+
+        async def to_the_head() -> None:
+            if to_head:
+                for p, path in zip(to_head, await self._stream(source, to_head)):
+                    written[id(p)] = path
+
+        try:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(through_relay)
+                tasks.start_soon(to_the_head)
+        except BaseExceptionGroup as group:
+            raise _first_error(group) from None
+        return [written[id(p)] for p in placements]
+
+    async def _stream(self, source: dict[str, Any], placements: list[Placement]) -> list[str]:
+        """Read the source once through its agent (or the head's file) into every placement."""
         sessions = self.daemon.cluster.sessions
         if source["node"] == HEAD:
             reader = HeadSource(Path(source["path"]))
@@ -231,3 +289,10 @@ class DaemonEffects:
 
 async def _quiet(_event) -> None:
     return None
+
+
+def _first_error(group: BaseExceptionGroup) -> BaseException:
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc

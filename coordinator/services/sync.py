@@ -6,6 +6,7 @@ import hashlib
 import os
 import subprocess
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +14,7 @@ import anyio
 
 from coordinator.consistency import compare_nodes, diff_manifests
 from coordinator.node_session import UP
-from coordinator.sync import manifest_from_wire, plan_sync, sync_node
+from coordinator.sync import SourceReader, SyncPlan, manifest_from_wire, plan_sync, sync_node
 from shared import protocol as p
 from shared.ignore import DEFAULT_PATTERNS, IgnoreRules, read_ignore_file
 from shared.manifest import HashCache, scan_tree, tree_hash
@@ -77,9 +78,27 @@ def run_hook(daemon: "Daemon", source: Path) -> dict[str, Any] | None:
             "detail": f"sync hook {path} exited {code}" if code is not None else f"sync hook {path}: {output}"}
 
 
+#: The source's hash cache, kept in memory between syncs (a re-check is then a stat per file).
+_source_caches: dict[str, HashCache] = {}
+#: Manifests of trees seen lately (the source's, and nodes' that differ from it), by tree hash: a node
+#: whose tree hash is one of these is known file by file without sending its manifest.
+_known_trees: "OrderedDict[str, dict]" = OrderedDict()
+KNOWN_TREES_ENTRIES = 2_000_000  # files, over all manifests kept
+
+
+def remember_tree(digest: str, manifest: dict) -> None:
+    _known_trees[digest] = manifest
+    _known_trees.move_to_end(digest)
+    while len(_known_trees) > 1 and sum(len(m) for m in _known_trees.values()) > KNOWN_TREES_ENTRIES:
+        _known_trees.popitem(last=False)
+
+
 def source_manifest(daemon: "Daemon", source: Path, patterns: list[str]) -> tuple[dict, dict]:
     key = hashlib.sha256(str(source).encode()).hexdigest()[:16]
-    cache = HashCache(str(daemon.config.state_dir / "hashcache" / f"{key}.json"))
+    path = str(daemon.config.state_dir / "hashcache" / f"{key}.json")
+    cache = _source_caches.get(path)
+    if cache is None:
+        cache = _source_caches[path] = HashCache(path)
     manifest, stats = scan_tree(str(source), IgnoreRules(patterns), cache=cache)
     return manifest, stats.as_dict()
 
@@ -110,14 +129,44 @@ async def node_manifests(daemon: "Daemon", patterns: list[str], only: set[str] |
     return manifests, missing
 
 
+async def node_state(session, patterns: list[str], known: list[str] | None) -> tuple[str, dict | None]:
+    """A node's tree hash after it flushed what it was sent, and its manifest when ``known`` lacks its hash."""
+    answer = await session.call("sync_state", {"root": session.node.workdir, "patterns": patterns,
+                                               "known": known}, timeout=3600)
+    files = answer.get("files")
+    return answer["tree_hash"], (manifest_from_wire(files) if files is not None else None)
+
+
+def _same_tree_report(hashes: dict[str, str], threshold: float, what: str) -> dict[str, Any]:
+    """compare_nodes' report for nodes that all hold one tree (told by hash, with no manifest walked)."""
+    digest = next(iter(hashes.values()))
+    return {"what": what, "nodes": len(hashes), "threshold": threshold, "hashes": dict(hashes), "divergent": [],
+            "ratio": 1.0, "majority_hash": digest, "status": "pass",
+            "detail": f"all {len(hashes)} nodes hold the same {what} ({digest[:12]})"}
+
+
 async def serve_sync(daemon: "Daemon", emit, source: str | None = None, delete: bool = False,
                      dry_run: bool = False, nodes: list[str] | None = None) -> dict[str, Any]:
-    """Send the source to every node, or to ``nodes`` only (a job's own: other jobs' nodes are left as they are)."""
+    """Send the source to every node, or to ``nodes`` only (a job's own: other jobs' nodes are left as they are).
+
+    The head hashes the source while every node re-checks its tree (a stat per file) and
+    answers with its tree hash; a node's manifest crosses the wire only when its hash is not
+    a tree the daemon already knows. Nodes are sent what they lack, then each flushes once
+    and answers with its tree hash again: equal to the source's, it is proven to match.
+    """
     started = time.monotonic()
+    timing: dict[str, float] = {}
+
+    def lap(name: str, since: float) -> float:
+        now = time.monotonic()
+        timing[name] = round(now - since, 4)
+        return now
+
     source_dir = resolve_source(daemon, source)
     patterns = ignore_patterns(daemon, source_dir)
-    report: dict[str, Any] = {"source": str(source_dir), "dry_run": dry_run, "delete": delete, "nodes": {}}
-    hook = await anyio.to_thread.run_sync(run_hook, daemon, source_dir)
+    report: dict[str, Any] = {"source": str(source_dir), "dry_run": dry_run, "delete": delete, "nodes": {},
+                              "timing": timing}
+    hook = await anyio.to_thread.run_sync(run_hook, daemon, source_dir) if daemon.config.sync.hook else None
     report["hook"] = hook
     if hook is not None:
         daemon.cluster.record_event("sync.hook", f"sync hook: {hook['detail']}", data={"exit_code": hook["exit_code"]})
@@ -125,19 +174,72 @@ async def serve_sync(daemon: "Daemon", emit, source: str | None = None, delete: 
             report["status"] = "failed"
             report["detail"] = f"{hook['detail']}; nothing was synced"
             return report
+    mark = lap("hook", started)
     await emit({"phase": "hash", "node": "head"})
-    source_files, source_stats = await anyio.to_thread.run_sync(source_manifest, daemon, source_dir, patterns)
+
+    sessions = {name: session for name, session in daemon.cluster.sessions.items() if not nodes or name in nodes}
+    missing: dict[str, str] = {}
+    states: dict[str, tuple[str, dict | None]] = {}
+    known = list(_known_trees) or None
+    scanned: dict[str, Any] = {}
+
+    async def scan_source() -> None:
+        scanned["files"], scanned["stats"] = await anyio.to_thread.run_sync(source_manifest, daemon, source_dir,
+                                                                           patterns)
+
+    async def ask(name: str, session) -> None:
+        if session.state != UP:
+            missing[name] = f"node is {session.state}" + (f": {session.view.reason}" if session.view.reason else "")
+            return
+        try:
+            states[name] = await node_state(session, patterns, known)
+        except RemoteError as exc:
+            missing[name] = exc.message
+
+    async with anyio.create_task_group() as tasks:  # the head and the nodes scan at once
+        tasks.start_soon(scan_source)
+        for name, session in sessions.items():
+            tasks.start_soon(ask, name, session)
+    source_files, source_stats = scanned["files"], scanned["stats"]
+    source_hash = tree_hash(source_files)
+    remember_tree(source_hash, source_files)
     report["source_files"] = len(source_files)
     report["source_bytes"] = sum(entry[0] for entry in source_files.values())
-    report["source_tree_hash"] = tree_hash(source_files)
+    report["source_tree_hash"] = source_hash
     report["source_scan"] = source_stats
+    mark = lap("scan", mark)
     await emit({"phase": "compare"})
-    remote, missing = await node_manifests(daemon, patterns, only=set(nodes) if nodes else None)
-    plans = {name: plan_sync(source_files, manifest, delete=delete) for name, manifest in remote.items()}
+
+    hashes: dict[str, str] = {}
+    remote: dict[str, dict] = {}
+
+    async def resolve(name: str) -> None:
+        digest, manifest = states[name]
+        if manifest is None:
+            manifest = source_files if digest == source_hash else _known_trees.get(digest)
+        if manifest is None:  # a tree this daemon has not seen: ask for its listing
+            try:
+                digest, manifest = await node_state(sessions[name], patterns, [])
+            except RemoteError as exc:
+                missing[name] = exc.message
+                return
+        if digest != source_hash:
+            remember_tree(digest, manifest)
+        hashes[name], remote[name] = digest, manifest
+
+    async with anyio.create_task_group() as tasks:
+        for name in states:
+            tasks.start_soon(resolve, name)
+    plans = {name: plan_sync(source_files, manifest, delete=delete) if hashes[name] != source_hash else SyncPlan()
+             for name, manifest in remote.items()}
+    mark = lap("compare", mark)
     await emit({"phase": "plan", "files_total": sum(len(pl.send) for pl in plans.values()),
                 "bytes_total": sum(pl.bytes_to_send for pl in plans.values())})
     for name, reason in missing.items():
         report["nodes"][name] = {"status": "skipped", "detail": reason}
+
+    reader = SourceReader(str(source_dir), source_files)
+    proven: set[str] = set()
 
     async def one(name: str) -> None:
         plan = plans[name]
@@ -146,32 +248,49 @@ async def serve_sync(daemon: "Daemon", emit, source: str | None = None, delete: 
         if dry_run or plan.empty:
             entry["status"] = "planned" if dry_run else "unchanged"
             return
+        session = daemon.cluster.sessions[name]
         try:
-            entry["result"] = await sync_node(daemon.cluster.sessions[name], str(source_dir), source_files, plan,
-                                              progress=emit)
+            entry["result"] = await sync_node(session, str(source_dir), source_files, plan, progress=emit,
+                                              reader=reader)
             entry["status"] = "synced"
         except RemoteError as exc:
             entry["status"] = "failed"
             entry["detail"] = exc.message
+        # Written or half written: the node flushes what it holds, then proves it by its tree hash.
+        try:
+            digest, manifest = await node_state(session, patterns, [source_hash])
+        except RemoteError as exc:
+            remote.pop(name, None)
+            hashes.pop(name, None)
+            missing[name] = exc.message
+            if entry["status"] == "synced":
+                entry["status"], entry["detail"] = "failed", f"not verified: {exc.message}"
+            return
+        if manifest is None:
+            manifest = source_files
+        else:
+            remember_tree(digest, manifest)
+        hashes[name], remote[name] = digest, manifest
 
     async with anyio.create_task_group() as tasks:
         for name in plans:
             tasks.start_soon(one, name)
+    lap("send_verify", mark)
+    if any(entry["status"] in ("synced", "failed") for entry in report["nodes"].values()):
+        report["source_reads"] = reader.reads
 
-    changed = {name for name, entry in report["nodes"].items() if entry["status"] in ("synced", "failed")}
-    if changed and not dry_run:
-        # Read back the nodes that were written to; the others were read a moment ago.
-        await emit({"phase": "verify"})
-        fresh, more_missing = await node_manifests(daemon, patterns, only=changed)
-        remote.update(fresh)
-        for name in changed - set(fresh):
-            remote.pop(name, None)
-        missing.update(more_missing)
-    report["consistency"] = compare_nodes(remote, threshold=daemon.config.sync.threshold, what="code")
+    threshold = daemon.config.sync.threshold
+    if len(hashes) >= 2 and len(set(hashes.values())) == 1:
+        report["consistency"] = _same_tree_report(hashes, threshold, "code")
+    else:
+        report["consistency"] = compare_nodes(remote, threshold=threshold, what="code")
     # A node matches the source when it holds every source file as is; files only the node
     # has are kept without --delete, and reported, not failed.
     report["versus_source"] = {}
     for name, manifest in remote.items():
+        if hashes.get(name) == source_hash:
+            report["versus_source"][name] = {"matches": True, "differences": []}
+            continue
         differences = diff_manifests(source_files, manifest)
         missing_or_other = [d for d in differences if d["how"] != "extra"]
         report["versus_source"][name] = {"matches": not missing_or_other if not delete else not differences,
