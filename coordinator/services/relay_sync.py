@@ -78,7 +78,9 @@ async def relay_files(daemon: "Daemon", source_dir: str, source: dict[str, list]
             else:
                 entry["failed"].append([rel, outcome.detail])
 
+    order = {node.name: index for index, node in enumerate(daemon.config.nodes)}
     async with anyio.create_task_group() as tasks:
         for rel, nodes in wanted.items():
-            tasks.start_soon(one, rel, nodes)
+            # The chain follows the cluster file's order (then the cables): the same every time.
+            tasks.start_soon(one, rel, sorted(nodes, key=lambda name: order.get(name, len(order))))
     return results
