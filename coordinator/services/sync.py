@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
@@ -14,6 +15,7 @@ import anyio
 
 from coordinator.consistency import compare_nodes, diff_manifests
 from coordinator.node_session import UP
+from coordinator.services.relay_sync import relay_files, take_large_files
 from coordinator.sync import SourceReader, SyncPlan, manifest_from_wire, plan_sync, sync_node
 from shared import protocol as p
 from shared.ignore import DEFAULT_PATTERNS, IgnoreRules, read_ignore_file
@@ -78,28 +80,32 @@ def run_hook(daemon: "Daemon", source: Path) -> dict[str, Any] | None:
             "detail": f"sync hook {path} exited {code}" if code is not None else f"sync hook {path}: {output}"}
 
 
-#: The source's hash cache, kept in memory between syncs (a re-check is then a stat per file).
-_source_caches: dict[str, HashCache] = {}
+#: The source's hash cache, kept in memory between syncs (a re-check is then a stat per file),
+#: with a lock: two syncs of one source at once scan it one after the other.
+_source_caches: dict[str, tuple[HashCache, threading.Lock]] = {}
 #: Manifests of trees seen lately (the source's, and nodes' that differ from it), by tree hash: a node
 #: whose tree hash is one of these is known file by file without sending its manifest.
 _known_trees: "OrderedDict[str, dict]" = OrderedDict()
+KNOWN_TREES = 8
 KNOWN_TREES_ENTRIES = 2_000_000  # files, over all manifests kept
 
 
 def remember_tree(digest: str, manifest: dict) -> None:
     _known_trees[digest] = manifest
     _known_trees.move_to_end(digest)
-    while len(_known_trees) > 1 and sum(len(m) for m in _known_trees.values()) > KNOWN_TREES_ENTRIES:
+    while len(_known_trees) > 1 and (len(_known_trees) > KNOWN_TREES or
+                                     sum(len(m) for m in _known_trees.values()) > KNOWN_TREES_ENTRIES):
         _known_trees.popitem(last=False)
 
 
 def source_manifest(daemon: "Daemon", source: Path, patterns: list[str]) -> tuple[dict, dict]:
     key = hashlib.sha256(str(source).encode()).hexdigest()[:16]
     path = str(daemon.config.state_dir / "hashcache" / f"{key}.json")
-    cache = _source_caches.get(path)
-    if cache is None:
-        cache = _source_caches[path] = HashCache(path)
-    manifest, stats = scan_tree(str(source), IgnoreRules(patterns), cache=cache)
+    if path not in _source_caches:
+        _source_caches[path] = (HashCache(path), threading.Lock())
+    cache, lock = _source_caches[path]
+    with lock:
+        manifest, stats = scan_tree(str(source), IgnoreRules(patterns), cache=cache)
     return manifest, stats.as_dict()
 
 
@@ -240,25 +246,43 @@ async def serve_sync(daemon: "Daemon", emit, source: str | None = None, delete: 
 
     reader = SourceReader(str(source_dir), source_files)
     proven: set[str] = set()
+    # Large files go through the relay (once over the head's uplink, node to node), beside each
+    # node's batches of small files; each node is verified once both are done.
+    wanted = {} if dry_run else take_large_files(source_files, plans)
+    relay_for = {name for nodes in wanted.values() for name in nodes}
+    relayed: dict[str, dict[str, Any]] = {}
+    relay_done = anyio.Event()
+
+    async def relay() -> None:
+        try:
+            relayed.update(await relay_files(daemon, str(source_dir), source_files, wanted, progress=emit))
+        finally:
+            relay_done.set()
 
     async def one(name: str) -> None:
         plan = plans[name]
         entry = {"plan": plan.as_dict()}
         report["nodes"][name] = entry
-        if dry_run or plan.empty:
+        if dry_run or (plan.empty and name not in relay_for):
             entry["status"] = "planned" if dry_run else "unchanged"
             return
         session = daemon.cluster.sessions[name]
+        entry["status"] = "synced"
         try:
-            entry["result"] = await sync_node(session, str(source_dir), source_files, plan, progress=emit,
-                                              reader=reader)
-            entry["status"] = "synced"
+            if not plan.empty:
+                entry["result"] = await sync_node(session, str(source_dir), source_files, plan, progress=emit,
+                                                  reader=reader)
         except RemoteError as exc:
             entry["status"] = "failed"
             entry["detail"] = exc.message
+        if name in relay_for:
+            await relay_done.wait()
+            await relay_fallback(session, entry, relayed.get(name))
         # Written or half written: the node flushes what it holds, then proves it by its tree hash.
+        verify_started = time.monotonic()
         try:
             digest, manifest = await node_state(session, patterns, [source_hash])
+            entry["verify_seconds"] = round(time.monotonic() - verify_started, 3)
         except RemoteError as exc:
             remote.pop(name, None)
             hashes.pop(name, None)
@@ -272,7 +296,24 @@ async def serve_sync(daemon: "Daemon", emit, source: str | None = None, delete: 
             remember_tree(digest, manifest)
         hashes[name], remote[name] = digest, manifest
 
+    async def relay_fallback(session, entry: dict[str, Any], result: dict[str, Any] | None) -> None:
+        """What the relay could not bring to the node goes over the node's own session."""
+        if result is None:
+            return
+        entry["relay"] = result
+        if not result["failed"] or entry["status"] == "failed":
+            return
+        retry = SyncPlan(send=[rel for rel, _ in result["failed"]])
+        retry.bytes_to_send = sum(source_files[rel][0] for rel in retry.send)
+        try:
+            entry["fallback"] = await sync_node(session, str(source_dir), source_files, retry, progress=emit,
+                                                reader=reader)
+        except RemoteError as exc:
+            entry["status"] = "failed"
+            entry["detail"] = f"{exc.message} (the relay first: {result['failed'][0][1]})"
+
     async with anyio.create_task_group() as tasks:
+        tasks.start_soon(relay)
         for name in plans:
             tasks.start_soon(one, name)
     lap("send_verify", mark)
