@@ -351,9 +351,11 @@ class Relay:
         if hashlib.sha256(data).digest() != state.hashes[index]:
             raise wire.RelayError(f"chunk {index} from {peer} does not match its SHA256")
         view, offset = memoryview(data), index * state.plan.chunk_bytes
+        start = offset
         while view:
             written = os.pwrite(state.write_fd, view, offset)
             view, offset = view[written:], offset + written
+        wire.start_writeback(state.write_fd, start, len(data))
 
     @staticmethod
     def _commit(state: Transfer) -> None:
