@@ -590,3 +590,16 @@ def test_every_error_in_an_orchestration_input_is_reported_at_once():
     assert str(caught.value).splitlines() == ["clusterConfig is required", "modelConfig.path must be a string, "
                                               "got an integer (1)", "dataConfig.size must be a string, got an "
                                               "integer (2)"]
+
+
+def test_the_checkpoint_section_says_what_every_nodes_own_copies_cost():
+    exact = build_plan(mesh_inputs(options=JobOptions(per_rank_batch_size=4, learning_rate=1e-4, trainer="coord")))
+    validate(exact)
+    checkpoint = exact["checkpoint_strategy"]
+    assert checkpoint["storage"].startswith("every node:")
+    assert "a resume copies nothing" in checkpoint["copies"]
+    assert checkpoint["disk_bytes_per_node"] == 3 * 126 * 2**20  # keep 3 on every node
+    assert checkpoint["host_memory_bytes_per_rank"] == 126 * 2**20
+    plain = build_plan(mesh_inputs())["checkpoint_strategy"]
+    assert "copied in the background to every other node" in plain["copies"]
+    assert "host_memory_bytes_per_rank" not in plain
