@@ -33,6 +33,12 @@ class SyncProgress:
                 self._nodes[node] = self._progress.add_task(node, total=event["bytes_total"] or 1)
             self._progress.update(self._nodes[node], completed=event["bytes_done"],
                                   description=f"{node} {event['files_done']}/{event['files_total']} files")
+        elif phase == "relay":  # a large file relayed node to node: a bar per node and file
+            key = f"{event['node']} {event['file']}"
+            if key not in self._nodes:
+                self._nodes[key] = self._progress.add_task(key, total=event["bytes_total"] or 1)
+            self._progress.update(self._nodes[key], completed=event["bytes_done"],
+                                  description=f"{event['node']} <- {event['sender']}: {event['file']}")
         elif phase:
             labels = {"hash": "hashing the source", "compare": "reading node manifests", "plan": "sending",
                       "verify": "verifying nodes"}

@@ -15,19 +15,26 @@ def render_sync(report: dict[str, Any], console) -> None:
         if hook.get("output") and hook["status"] != "pass":
             console.print(hook["output"], markup=False, highlight=False)
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in ("NODE", "STATUS", "SENT", "BYTES", "MODES", "DELETED", "EXTRA KEPT", "TIME"):
+    for column in ("NODE", "STATUS", "SENT", "BYTES", "RELAYED", "MODES", "DELETED", "EXTRA KEPT", "TIME"):
         table.add_column(column)
     for name, entry in sorted(report["nodes"].items()):
         plan = entry.get("plan", {})
         result = entry.get("result", {})
+        relay = entry.get("relay") or {}
+        seconds = max(result.get("seconds", 0), relay.get("seconds", 0))
         table.add_row(name, entry["status"], str(result.get("files_sent", plan.get("send", 0))),
-                      _size(result.get("bytes_sent", plan.get("bytes_to_send", 0))), str(plan.get("chmod", 0)),
+                      _size(result.get("bytes_sent", plan.get("bytes_to_send", 0))),
+                      f"{relay['files']} ({_size(relay['bytes'])})" if relay else "-", str(plan.get("chmod", 0)),
                       str(result.get("deleted", plan.get("delete", 0))), str(plan.get("extra_kept", 0)),
-                      f"{result['seconds']:.2f}s" if "seconds" in result else "-")
+                      f"{seconds:.2f}s" if seconds else "-")
     console.print(table)
     for name, entry in sorted(report["nodes"].items()):
         if entry.get("detail"):
             console.print(f"[red]{name}[/]: {entry['detail']}", soft_wrap=True)
+        for rel, why in (entry.get("relay") or {}).get("failed", []):
+            how = "sent over its SSH session instead" if entry.get("fallback") else "not sent"
+            console.print(f"{name}: {rel}: the relay could not bring it ({why}); {how}", soft_wrap=True,
+                          markup=False)
     consistency = report.get("consistency")
     if consistency:
         console.print(f"consistency: {consistency['status']}: {consistency['detail']}", soft_wrap=True,
