@@ -2,20 +2,30 @@
 
 Every path is checked by ``shared.paths`` against the workdir before use, and
 every write goes to a temporary name in the target's directory, is checked
-against the SHA256 the head sent, fsynced, and renamed into place: a node never
-holds half a file under its real name, and nothing outside the workdir is
-touched.
+against the SHA256 the head sent and renamed into place: a node never holds half
+a file, or other bytes than the hash it was sent under, under its real name, and
+nothing outside the workdir is touched.
+
+Small files are not flushed one by one or batch by batch: ``sync_state`` (the
+end of a sync, and the start of the next) makes everything written since the
+last one durable at once (one ``syncfs`` on Linux; elsewhere an fsync per file
+written and per directory touched, then one ``F_FULLFSYNC`` on macOS) before it
+reports the tree's hash. Until then the files written are not entered in the
+saved hash cache, so a crash before that flush costs a re-hash, never a wrong
+cache entry.
 """
 
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import hashlib
 import itertools
 import os
 import shutil
 import stat
 import sys
+import threading
 from typing import Any
 
 from shared import protocol as p
@@ -50,15 +60,23 @@ def _mode(mode: int) -> int:
 
 
 _caches: dict[str, HashCache] = {}
+_scan_locks: dict[str, threading.Lock] = {}
 
 
 def cache_for(root: str) -> HashCache:
-    """One hash cache per workdir for the agent's life: files it writes are entered as written,
+    """One hash cache per workdir for the agent's life: files it writes are entered once flushed,
     so the check after a sync costs a stat per file, not a read."""
     cache = _caches.get(root)
     if cache is None:
         cache = _caches[root] = HashCache(os.path.join(root, CACHE_NAME))
     return cache
+
+
+def _scan(root: str, patterns: list[str]) -> tuple[dict[str, list], Any]:
+    """scan_tree with this workdir's cache; two scans of one workdir take turns."""
+    lock = _scan_locks.setdefault(root, threading.Lock())
+    with lock:
+        return scan_tree(root, IgnoreRules(patterns), cache=cache_for(root))
 
 
 def _syncfs(path: str) -> bool:
@@ -78,16 +96,97 @@ def _syncfs(path: str) -> bool:
 
 def describe(root: str, patterns: list[str]) -> dict[str, Any]:
     root = _root(root, create=True)
-    rules = IgnoreRules(patterns)
-    manifest, stats = scan_tree(root, rules, cache=cache_for(root))
+    manifest, stats = _scan(root, patterns)
     return {"files": [[rel, *entry] for rel, entry in manifest.items()], "tree_hash": tree_hash(manifest),
             "stats": stats.as_dict()}
 
 
-def _write_temporary(target: str, data: bytes, mode: int, sha256: str, *, fsync: bool) -> str:
-    """The verified content in a temporary beside target; the caller renames it."""
-    if hashlib.sha256(data).hexdigest() != sha256:
-        raise RemoteError(p.BAD_ARGS, f"content of {target} does not match its SHA256")
+class _Unflushed:
+    """What ``put_files`` wrote under one workdir since its last flush."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.writing = threading.Lock()
+        self.files: dict[str, tuple[str, os.stat_result, str]] = {}  # rel -> (path, stat when written, sha256)
+        self.dirs: set[str] = set()
+        self.devices: dict[int, str] = {}  # st_dev -> a directory on it (for syncfs)
+
+
+_unflushed: dict[str, _Unflushed] = {}
+_unflushed_lock = threading.Lock()
+
+
+def _pending(root: str) -> _Unflushed:
+    with _unflushed_lock:
+        state = _unflushed.get(root)
+        if state is None:
+            state = _unflushed[root] = _Unflushed()
+        return state
+
+
+def flush(root: str) -> dict[str, Any]:
+    """Make every file written under root since the last flush durable, then enter them in the hash cache.
+
+    Linux: one ``syncfs`` per filesystem written to (it flushes file data, inodes and the
+    directory entries of the renames). Elsewhere, or where syncfs fails: an fsync per file
+    and per directory, and on macOS one ``F_FULLFSYNC`` (plain fsync there leaves the data
+    in the drive's cache).
+    """
+    state = _pending(root)
+    with state.lock:
+        files, dirs, devices = state.files, state.dirs, state.devices
+        state.files, state.dirs, state.devices = {}, set(), {}
+    if not files and not dirs:
+        return {"flushed": 0, "how": "nothing"}
+    try:
+        how = "syncfs"
+        if not all(_syncfs(directory) for directory in devices.values()):
+            how = "fsync"
+            for path, _, _ in files.values():
+                _fsync_path(path)
+            _fsync_dirs(dirs)
+            if sys.platform == "darwin" and hasattr(fcntl, "F_FULLFSYNC"):
+                how = "fsync+F_FULLFSYNC"
+                fd = os.open(root, os.O_RDONLY)
+                try:
+                    fcntl.fcntl(fd, fcntl.F_FULLFSYNC)
+                except OSError:
+                    pass
+                finally:
+                    os.close(fd)
+    except BaseException:
+        with state.lock:  # not flushed: the next flush tries again
+            for rel, item in files.items():
+                state.files.setdefault(rel, item)
+            state.dirs |= dirs
+            state.devices.update(devices)
+        raise
+    cache = cache_for(root)
+    for rel, (_, info, digest) in files.items():
+        cache.store(rel, info, digest)  # a file changed since is not matched by its stat
+    return {"flushed": len(files), "how": how}
+
+
+def sync_state(root: str, patterns: list[str], known: list | None = None) -> dict[str, Any]:
+    """Flush what is pending, then describe the tree by its hash from a stat-only scan.
+
+    The full manifest comes back only when ``known`` (hashes of trees the head already holds
+    the manifest of) is given and the tree's hash is not in it: an unchanged node sends a
+    hash, not its listing.
+    """
+    root = _root(root, create=True)
+    flushed = flush(root)
+    manifest, stats = _scan(root, patterns)
+    digest = tree_hash(manifest)
+    answer: dict[str, Any] = {"tree_hash": digest, "count": len(manifest), "flushed": flushed["flushed"],
+                              "flush": flushed["how"], "stats": stats.as_dict()}
+    if known is not None and digest not in known:
+        answer["files"] = [[rel, *entry] for rel, entry in manifest.items()]
+    return answer
+
+
+def _write_temporary(target: str, data: bytes, mode: int) -> tuple[str, os.stat_result]:
+    """The (already verified) content in a temporary beside target, and its stat; the caller renames it."""
     directory = os.path.dirname(target)
     tmp = os.path.join(directory, f".{os.path.basename(target)}.coord-{os.getpid()}-{next(_upload_ids)}")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
@@ -101,21 +200,21 @@ def _write_temporary(target: str, data: bytes, mode: int, sha256: str, *, fsync:
         while view:
             view = view[os.write(fd, view):]
         os.fchmod(fd, _mode(mode))
-        if fsync:
-            os.fsync(fd)
+        info = os.fstat(fd)  # size, mtime and inode survive the rename: the cache entry, without a stat
     except BaseException:
         os.close(fd)
         os.unlink(tmp)
         raise
     os.close(fd)
-    return tmp
+    return tmp, info
 
 
 def put_files(root: str, files: list) -> dict[str, Any]:
-    """Write whole small files: [[rel, mode, sha256, data], ...], each verified, durable, then renamed.
+    """Write whole small files: [[rel, mode, sha256, data], ...], each verified, then renamed.
 
-    Every temporary is flushed to disk before any rename: on Linux with one syncfs for
-    the batch, elsewhere with an fsync per file.
+    Every hash is checked before anything is written, so a batch with one bad file writes
+    none. Each file goes to a temporary beside its target and is renamed into place; none is
+    flushed here: ``flush`` (through ``sync_state``) makes the lot durable at the end.
     """
     root = _root(root, create=True)
     for item in files:
@@ -127,31 +226,27 @@ def put_files(root: str, files: list) -> dict[str, Any]:
         targets = [guard.resolve(item[0]) for item in files]  # every path checked before any write
     except UnsafePath as exc:
         raise RemoteError(p.REFUSED, str(exc)) from None
-    batch_sync = sys.platform.startswith("linux")
-    written: list[tuple[str, str]] = []
-    try:
+    sha256 = hashlib.sha256
+    for rel, _, sha, data in files:
+        if sha256(data).hexdigest() != sha:
+            raise RemoteError(p.BAD_ARGS, f"content of {rel} does not match its SHA256; nothing of this batch "
+                                          "was written")
+    state = _pending(root)
+    written = 0
+    # One batch at a time per workdir (the next ones wait decoded in memory): a dozen threads creating
+    # files on one filesystem contend in its inode allocator for no gain.
+    with state.writing:
         for (rel, mode, sha, data), target in zip(files, targets):
-            written.append((_write_temporary(target, data, mode, sha, fsync=not batch_sync), target))
-        if batch_sync and not _syncfs(root):
-            for tmp, _ in written:
-                fd = os.open(tmp, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-    except BaseException:
-        for tmp, _ in written:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-        raise
-    cache = cache_for(root)
-    for (tmp, target), item in zip(written, files):
-        os.replace(tmp, target)
-        cache.store(item[0], os.stat(target), item[2])
-    _fsync_dirs({os.path.dirname(target) for target in targets})
-    return {"files": len(files), "bytes": sum(len(item[3]) for item in files)}
+            tmp, info = _write_temporary(target, data, mode)
+            os.replace(tmp, target)
+            directory = os.path.dirname(target)
+            with state.lock:
+                state.files[rel] = (target, info, sha)
+                if directory not in state.dirs:
+                    state.dirs.add(directory)
+                    state.devices.setdefault(info.st_dev, directory)
+            written += len(data)
+    return {"files": len(files), "bytes": written}
 
 
 class Uploads:
@@ -270,6 +365,17 @@ def inspect_files(root: str, paths: list, count_lines: bool = False) -> dict[str
                 entry["lines"] = sum(block.count(b"\n") for block in iter(lambda: handle.read(1 << 20), b""))
         found[rel] = entry
     return {"files": found}
+
+
+def _fsync_path(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:  # replaced or deleted since: nothing of ours to flush
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _fsync_dirs(directories: set[str]) -> None:

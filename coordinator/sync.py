@@ -2,13 +2,17 @@
 
 ``plan_sync`` is pure policy (tested with plain dicts); ``sync_node`` carries a
 plan out through one node's agent: small files go in batches, large ones in
-chunks, a few calls in flight at once so the link stays busy.
+chunks (``send_large``, the one place a large file is sent), a few calls in
+flight at once so the link stays busy. Nodes sent the same files at the same
+time share one read of each batch (``SourceReader``). Nothing here flushes: the
+node's ``sync_state`` at the end does, once.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -107,24 +111,77 @@ def _batches(source: Manifest, paths: list[str]) -> tuple[list[list[str]], list[
 
 
 def _read(path: str) -> bytes:
-    with open(path, "rb") as handle:
-        return handle.read()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks = []
+        while True:
+            block = os.read(fd, 1 << 20)
+            if not block:
+                return b"".join(chunks) if len(chunks) != 1 else chunks[0]
+            chunks.append(block)
+    finally:
+        os.close(fd)
+
+
+class SourceReader:
+    """Batches of source files, each read from disk once for every node sent it at about the same time.
+
+    On a first sync (or a change made on the head) every node is sent the same batches: the
+    nodes' senders ask for the same batch within moments, and the first one's read serves
+    the others. Read batches are kept until ``keep_bytes`` is exceeded (oldest dropped
+    first), so memory stays bounded however far apart the nodes run.
+    """
+
+    def __init__(self, source_dir: str, source: Manifest, keep_bytes: int = 4 * BATCH_BYTES * IN_FLIGHT):
+        self.source_dir, self.source, self.keep_bytes = source_dir, source, keep_bytes
+        self._kept: OrderedDict[tuple[str, ...], tuple[list[list], int]] = OrderedDict()
+        self._kept_bytes = 0
+        self._loading: dict[tuple[str, ...], anyio.Event] = {}
+        self.reads = 0
+
+    def _read_batch(self, batch: list[str]) -> list[list]:
+        source, directory = self.source, self.source_dir
+        return [[rel, source[rel][1], source[rel][2], _read(os.path.join(directory, rel))] for rel in batch]
+
+    async def batch(self, batch: list[str]) -> list[list]:
+        key = tuple(batch)
+        while True:
+            kept = self._kept.get(key)
+            if kept is not None:
+                self._kept.move_to_end(key)
+                return kept[0]
+            loading = self._loading.get(key)
+            if loading is None:
+                break
+            await loading.wait()  # another node's sender is reading it; a failed read is retried here
+        loading = self._loading[key] = anyio.Event()
+        try:
+            files = await anyio.to_thread.run_sync(self._read_batch, batch)
+            self.reads += 1
+            size = sum(len(item[3]) for item in files)
+            self._kept[key] = (files, size)
+            self._kept_bytes += size
+            while self._kept_bytes > self.keep_bytes and len(self._kept) > 1:
+                _, (_, dropped) = self._kept.popitem(last=False)
+                self._kept_bytes -= dropped
+            return files
+        finally:
+            del self._loading[key]
+            loading.set()
 
 
 async def sync_node(session: NodeSession, source_dir: str, source: Manifest, plan: SyncPlan,
-                    progress: Progress | None = None) -> dict[str, Any]:
-    """Carry out one node's plan; returns what was done."""
+                    progress: Progress | None = None, *, reader: SourceReader | None = None) -> dict[str, Any]:
+    """Carry out one node's plan; returns what was done. Nothing is flushed here (see ``sync_state``)."""
     root = session.node.workdir
     meter = Meter(session.node.name, len(plan.send), plan.bytes_to_send, progress)
     small, large = _batches(source, plan.send)
     limiter = anyio.Semaphore(IN_FLIGHT)
-
-    def read_batch(batch: list[str]) -> list[list]:
-        return [[rel, source[rel][1], source[rel][2], _read(os.path.join(source_dir, rel))] for rel in batch]
+    reader = reader or SourceReader(source_dir, source, keep_bytes=0)
 
     async def send_batch(batch: list[str]) -> None:
         async with limiter:
-            files = await anyio.to_thread.run_sync(read_batch, batch)
+            files = await reader.batch(batch)
             await session.call("put_files", {"root": root, "files": files})
             await meter.add(len(batch), sum(len(f[3]) for f in files))
 

@@ -14,6 +14,7 @@ import itertools
 import json
 import os
 import stat
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -70,18 +71,24 @@ class HashCache:
     def prune(self, keep: set[str]) -> None:
         stale = set(self.entries) - keep
         for rel in stale:
-            del self.entries[rel]
+            self.entries.pop(rel, None)
         self.dirty = self.dirty or bool(stale)
 
     def save(self) -> None:
+        """Write the cache (not flushed: a lost or torn cache file only costs a re-hash)."""
         if not self.path or not self.dirty:
             return
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        tmp = f"{self.path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump({"version": CACHE_VERSION, "entries": self.entries}, handle, separators=(",", ":"))
-        os.replace(tmp, self.path)
         self.dirty = False
+        entries = dict(self.entries)  # a snapshot: another thread may store while this one writes
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        tmp = f"{self.path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        try:
+            with open(tmp, "w", encoding="utf-8") as handle:
+                json.dump({"version": CACHE_VERSION, "entries": entries}, handle, separators=(",", ":"))
+            os.replace(tmp, self.path)
+        except BaseException:
+            self.dirty = True
+            raise
 
 
 def sha256_file(path: str, size: int | None = None) -> str:
@@ -107,31 +114,45 @@ def sha256_file(path: str, size: int | None = None) -> str:
 
 
 def walk_tree(root: str, rules: IgnoreRules, stats: ScanStats) -> list[tuple[str, os.stat_result]]:
-    """Regular files under root, sorted, minus ignored ones; links and specials are skipped."""
+    """Regular files under root, sorted by path, minus ignored ones; links and specials are skipped.
+
+    One ``lstat`` per file (``scandir`` tells files from directories without one) and
+    one sort at the end: on an unchanged tree this walk is most of a re-check's cost.
+    """
     found: list[tuple[str, os.stat_result]] = []
+    skipped = stats.skipped
+    matches = rules.matches
+    exists = os.path.exists
+    join = os.path.join
 
     def visit(directory: str, prefix: str) -> None:
         try:
-            entries = sorted(os.scandir(directory), key=lambda e: e.name)
+            with os.scandir(directory) as listing:
+                entries = list(listing)
         except (FileNotFoundError, NotADirectoryError):
             return
         for entry in entries:
-            rel = f"{prefix}{entry.name}"
+            rel = prefix + entry.name
             if entry.is_symlink():
-                stats.skipped.append(rel)
-                continue
-            if entry.is_dir(follow_symlinks=False):
-                if rules.matches(rel, True) or os.path.exists(os.path.join(entry.path, "pyvenv.cfg")):
+                skipped.append(rel)
+            elif entry.is_dir(follow_symlinks=False):
+                if matches(rel, True) or exists(join(entry.path, "pyvenv.cfg")):
                     continue  # ignored directories and virtual environments are not descended
                 visit(entry.path, rel + "/")
             elif entry.is_file(follow_symlinks=False):
-                if not rules.matches(rel, False):
+                if not matches(rel, False):
                     found.append((rel, entry.stat(follow_symlinks=False)))
             else:
-                stats.skipped.append(rel)
+                skipped.append(rel)
 
     visit(root, "")
+    found.sort(key=_first)
+    skipped.sort()
     return found
+
+
+def _first(item: tuple) -> str:
+    return item[0]
 
 
 def scan_tree(root: str, rules: IgnoreRules, *, cache: HashCache | None = None, threads: int | None = None,
@@ -143,14 +164,18 @@ def scan_tree(root: str, rules: IgnoreRules, *, cache: HashCache | None = None, 
     files = walk_tree(root, rules, stats)
     manifest: dict[str, list] = {}
     todo: list[tuple[str, os.stat_result]] = []
-    for rel, info in files:
-        stats.files += 1
-        stats.bytes += info.st_size
-        digest = cache.lookup(rel, info)
-        if digest is None:
-            todo.append((rel, info))
+    entries = cache.entries
+    total = 0
+    for rel, info in files:  # the warm path: a dict look-up per file, inlined
+        size = info.st_size
+        total += size
+        entry = entries.get(rel)
+        if entry is not None and entry[0] == size and entry[1] == info.st_mtime_ns and entry[2] == info.st_ino:
+            manifest[rel] = [size, info.st_mode & 0o7777, entry[3]]
         else:
-            manifest[rel] = [info.st_size, stat.S_IMODE(info.st_mode), digest]
+            todo.append((rel, info))
+    stats.files = len(files)
+    stats.bytes = total
     if todo:
         workers = max(1, min(threads or os.cpu_count() or 1, 8, len(todo)))
 
@@ -182,16 +207,16 @@ def scan_tree(root: str, rules: IgnoreRules, *, cache: HashCache | None = None, 
         finally:
             if pool is not None:
                 pool.shutdown()
-    cache.prune(set(manifest))
+    if len(entries) != len(manifest):  # every entry left is a file found: nothing stale to drop
+        cache.prune(set(manifest))
     cache.save()
     stats.seconds = time.monotonic() - started
-    return dict(sorted(manifest.items())), stats
+    if todo:
+        manifest = dict(sorted(manifest.items()))  # hashed files went in after the cached ones
+    return manifest, stats
 
 
 def tree_hash(manifest: dict[str, list]) -> str:
     """One digest for a whole tree: paths, modes and contents."""
-    digest = hashlib.sha256()
-    for rel in sorted(manifest):
-        size, mode, sha = manifest[rel]
-        digest.update(f"{rel}\0{mode:o}\0{sha}\n".encode("utf-8", "surrogateescape"))
-    return digest.hexdigest()
+    lines = "".join([f"{rel}\0{manifest[rel][1]:o}\0{manifest[rel][2]}\n" for rel in sorted(manifest)])
+    return hashlib.sha256(lines.encode("utf-8", "surrogateescape")).hexdigest()
