@@ -31,13 +31,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.cluster.netns import DEFAULT_NODES, NetnsCluster, NodeSpec  # noqa: E402
+from tests.cluster.netns import NetnsCluster, NodeSpec  # noqa: E402
 from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir  # noqa: E402
 
 
 def nodes_for(count: int) -> list[NodeSpec]:
-    extra = [NodeSpec(f"n{i}", f"coordb{i}", f"/home/coordb{i}", f"/home/coordb{i}/venv") for i in range(4, count + 1)]
-    return [*DEFAULT_NODES, *extra][:count]
+    """Users of the benchmark's own (a test cluster may be up beside it)."""
+    return [NodeSpec(f"n{i}", f"coordbench{i}", f"/home/coordbench{i}", f"/home/coordbench{i}/venv")
+            for i in range(1, count + 1)]
 
 
 def make_file(path: Path, size: int) -> str:
