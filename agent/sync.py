@@ -124,13 +124,18 @@ def _pending(root: str) -> _Unflushed:
         return state
 
 
+#: Up to this many files, a flush fsyncs each of them and their directories rather than the whole
+#: filesystem (syncfs also waits for every other writer's dirty data on it, a training run's included).
+FSYNC_AT_MOST = 64
+
+
 def flush(root: str) -> dict[str, Any]:
     """Make every file written under root since the last flush durable, then enter them in the hash cache.
 
     Linux: one ``syncfs`` per filesystem written to (it flushes file data, inodes and the
-    directory entries of the renames). Elsewhere, or where syncfs fails: an fsync per file
-    and per directory, and on macOS one ``F_FULLFSYNC`` (plain fsync there leaves the data
-    in the drive's cache).
+    directory entries of the renames), or for a handful of files an fsync each and one per
+    directory. Elsewhere, or where syncfs fails: an fsync per file and per directory, and on
+    macOS then one ``F_FULLFSYNC`` (plain fsync there leaves the data in the drive's cache).
     """
     state = _pending(root)
     with state.lock:
@@ -140,7 +145,7 @@ def flush(root: str) -> dict[str, Any]:
         return {"flushed": 0, "how": "nothing"}
     try:
         how = "syncfs"
-        if not all(_syncfs(directory) for directory in devices.values()):
+        if len(files) <= FSYNC_AT_MOST or not all(_syncfs(directory) for directory in devices.values()):
             how = "fsync"
             for path, _, _ in files.values():
                 _fsync_path(path)
@@ -238,7 +243,11 @@ def put_files(root: str, files: list) -> dict[str, Any]:
     with state.writing:
         for (rel, mode, sha, data), target in zip(files, targets):
             tmp, info = _write_temporary(target, data, mode)
-            os.replace(tmp, target)
+            try:
+                os.replace(tmp, target)
+            except BaseException:
+                os.unlink(tmp)
+                raise
             directory = os.path.dirname(target)
             with state.lock:
                 state.files[rel] = (target, info, sha)

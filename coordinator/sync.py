@@ -20,6 +20,7 @@ from typing import Any
 import anyio
 
 from coordinator.node_session import NodeSession
+from shared.rpc import RemoteError
 
 SMALL_FILE = 1 << 20
 BATCH_BYTES = 8 << 20
@@ -108,6 +109,16 @@ def _batches(source: Manifest, paths: list[str]) -> tuple[list[list[str]], list[
     if batch:
         small.append(batch)
     return small, large
+
+
+def _first_remote_error(group: BaseExceptionGroup) -> BaseException:
+    """The node's own refusal out of a task group's errors (the other calls were cancelled by it)."""
+    remote = group.subgroup(lambda exc: isinstance(exc, RemoteError))
+    if remote is None:
+        return group
+    while isinstance(remote, BaseExceptionGroup):
+        remote = remote.exceptions[0]
+    return remote
 
 
 def _read(path: str) -> bytes:
@@ -203,11 +214,14 @@ async def sync_node(session: NodeSession, source_dir: str, source: Manifest, pla
             await session.call("upload_finish", {"upload": upload})
             await meter.add(1, 0)
 
-    async with anyio.create_task_group() as tasks:
-        for batch in small:
-            tasks.start_soon(send_batch, batch)
-        for rel in large:
-            tasks.start_soon(send_large, rel)
+    try:
+        async with anyio.create_task_group() as tasks:
+            for batch in small:
+                tasks.start_soon(send_batch, batch)
+            for rel in large:
+                tasks.start_soon(send_large, rel)
+    except BaseExceptionGroup as group:
+        raise _first_remote_error(group) from None
     if plan.chmod:
         await session.call("set_modes", {"root": root, "modes": [[rel, mode] for rel, mode in plan.chmod]})
     if plan.delete:

@@ -109,37 +109,15 @@ def source_manifest(daemon: "Daemon", source: Path, patterns: list[str]) -> tupl
     return manifest, stats.as_dict()
 
 
-async def node_manifests(daemon: "Daemon", patterns: list[str], only: set[str] | None = None
-                         ) -> tuple[dict[str, dict], dict[str, str]]:
-    """Every up node's manifest of its workdir; the others with the reason they are missing."""
-    manifests: dict[str, dict] = {}
-    missing: dict[str, str] = {}
-
-    async def one(session) -> None:
-        if only is not None and session.node.name not in only:
-            return
-        if session.state != UP:
-            missing[session.node.name] = f"node is {session.state}" + (
-                f": {session.view.reason}" if session.view.reason else "")
-            return
-        try:
-            answer = await session.call("manifest", {"root": session.node.workdir, "patterns": patterns},
-                                        timeout=3600)
-            manifests[session.node.name] = manifest_from_wire(answer["files"])
-        except RemoteError as exc:
-            missing[session.node.name] = exc.message
-
-    async with anyio.create_task_group() as tasks:
-        for session in daemon.cluster.sessions.values():
-            tasks.start_soon(one, session)
-    return manifests, missing
-
-
-async def node_state(session, patterns: list[str], known: list[str] | None) -> tuple[str, dict | None]:
-    """A node's tree hash after it flushed what it was sent, and its manifest when ``known`` lacks its hash."""
+async def node_state(session, patterns: list[str], known: list[str] | None,
+                     listings: list[str] | None = None) -> tuple[str, dict | None]:
+    """A node's tree hash after it flushed what it was sent, and its manifest when ``known`` lacks its hash
+    (then its name is added to ``listings``: the nodes whose listing crossed the wire)."""
     answer = await session.call("sync_state", {"root": session.node.workdir, "patterns": patterns,
                                                "known": known}, timeout=3600)
     files = answer.get("files")
+    if files is not None and listings is not None:
+        listings.append(session.node.name)
     return answer["tree_hash"], (manifest_from_wire(files) if files is not None else None)
 
 
@@ -186,6 +164,8 @@ async def serve_sync(daemon: "Daemon", emit, source: str | None = None, delete: 
     sessions = {name: session for name, session in daemon.cluster.sessions.items() if not nodes or name in nodes}
     missing: dict[str, str] = {}
     states: dict[str, tuple[str, dict | None]] = {}
+    listings: list[str] = []  # one name per node manifest received: none on an unchanged tree
+    report["listings_received"] = listings
     known = list(_known_trees) or None
     scanned: dict[str, Any] = {}
 
@@ -198,7 +178,7 @@ async def serve_sync(daemon: "Daemon", emit, source: str | None = None, delete: 
             missing[name] = f"node is {session.state}" + (f": {session.view.reason}" if session.view.reason else "")
             return
         try:
-            states[name] = await node_state(session, patterns, known)
+            states[name] = await node_state(session, patterns, known, listings)
         except RemoteError as exc:
             missing[name] = exc.message
 
@@ -225,7 +205,7 @@ async def serve_sync(daemon: "Daemon", emit, source: str | None = None, delete: 
             manifest = source_files if digest == source_hash else _known_trees.get(digest)
         if manifest is None:  # a tree this daemon has not seen: ask for its listing
             try:
-                digest, manifest = await node_state(sessions[name], patterns, [])
+                digest, manifest = await node_state(sessions[name], patterns, [], listings)
             except RemoteError as exc:
                 missing[name] = exc.message
                 return
@@ -245,7 +225,6 @@ async def serve_sync(daemon: "Daemon", emit, source: str | None = None, delete: 
         report["nodes"][name] = {"status": "skipped", "detail": reason}
 
     reader = SourceReader(str(source_dir), source_files)
-    proven: set[str] = set()
     # Large files go through the relay (once over the head's uplink, node to node), beside each
     # node's batches of small files; each node is verified once both are done.
     wanted = {} if dry_run else take_large_files(source_files, plans)
@@ -281,7 +260,7 @@ async def serve_sync(daemon: "Daemon", emit, source: str | None = None, delete: 
         # Written or half written: the node flushes what it holds, then proves it by its tree hash.
         verify_started = time.monotonic()
         try:
-            digest, manifest = await node_state(session, patterns, [source_hash])
+            digest, manifest = await node_state(session, patterns, [source_hash], listings)
             entry["verify_seconds"] = round(time.monotonic() - verify_started, 3)
         except RemoteError as exc:
             remote.pop(name, None)

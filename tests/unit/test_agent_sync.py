@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 
 import pytest
 
@@ -103,3 +104,80 @@ def test_nothing_under_a_coord_directory_is_ever_in_a_manifest(tmp_path, pattern
     after = node_sync.describe(str(model), patterns)["files"]
     assert sorted(f[0] for f in after) == ["sub/config.json", "weights.safetensors"]
     assert after == before
+
+
+def _flush_calls(monkeypatch) -> dict[str, int]:
+    """Count the agent's flushes (fsync of any fd, syncfs of a filesystem)."""
+    calls = {"fsync": 0, "syncfs": 0}
+    real_fsync, real_syncfs = os.fsync, node_sync._syncfs
+
+    def fsync(fd):
+        calls["fsync"] += 1
+        return real_fsync(fd)
+
+    def syncfs(path):
+        calls["syncfs"] += 1
+        return real_syncfs(path)
+
+    monkeypatch.setattr(node_sync.os, "fsync", fsync)
+    monkeypatch.setattr(node_sync, "_syncfs", syncfs)
+    return calls
+
+
+def _batch(start: int, count: int) -> list:
+    return [[f"d{i % 7}/f{i}.py", 0o644, _sha(f"x = {i}\n".encode()), f"x = {i}\n".encode()]
+            for i in range(start, start + count)]
+
+
+def test_batches_are_not_flushed_one_by_one_and_sync_state_makes_them_durable_once(tmp_path, monkeypatch):
+    root = str(tmp_path / "work")
+    calls = _flush_calls(monkeypatch)
+    for start in range(0, 600, 200):
+        node_sync.put_files(root, _batch(start, 200))
+    assert calls == {"fsync": 0, "syncfs": 0}  # three batches written, renamed, nothing flushed yet
+    assert node_sync.cache_for(root).entries == {}  # not in the hash cache before they are durable
+    state = node_sync.sync_state(root, [], known=None)
+    expected = {"syncfs": 1, "fsync": 0} if sys.platform.startswith("linux") else None
+    if expected is not None:
+        assert calls == expected, calls  # one syncfs for the whole sync
+    else:
+        assert calls["fsync"] >= 600  # elsewhere an fsync per file (and per directory) at the end only
+    assert state["flushed"] == 600 and state["count"] == 600 and "files" not in state
+    assert state["stats"]["hashed_files"] == 0  # the files it wrote are known: the check is a stat per file
+    again = node_sync.sync_state(root, [], known=[state["tree_hash"]])
+    assert again["flushed"] == 0 and again["tree_hash"] == state["tree_hash"] and "files" not in again
+    assert calls["syncfs"] == (1 if expected else 0)  # nothing pending: nothing flushed again
+
+
+def test_a_few_files_are_flushed_file_by_file_not_with_the_whole_filesystem(tmp_path, monkeypatch):
+    root = str(tmp_path / "work")
+    calls = _flush_calls(monkeypatch)
+    node_sync.put_files(root, _batch(0, 3))
+    node_sync.sync_state(root, [])
+    assert calls["syncfs"] == 0 and calls["fsync"] == 3 + 3  # three files, their three directories
+
+
+def test_sync_state_sends_the_listing_only_for_a_tree_the_head_does_not_know(tmp_path):
+    root = tmp_path / "work"
+    node_sync.put_files(str(root), _batch(0, 5))
+    first = node_sync.sync_state(str(root), [], known=[])
+    assert [f[0] for f in first["files"]] == sorted(f"d{i % 7}/f{i}.py" for i in range(5))
+    assert "files" not in node_sync.sync_state(str(root), [], known=[first["tree_hash"]])
+    (root / "d1" / "f1.py").write_text("changed by hand\n")
+    changed = node_sync.sync_state(str(root), [], known=[first["tree_hash"]])
+    assert changed["tree_hash"] != first["tree_hash"] and len(changed["files"]) == 5
+
+
+def test_a_batch_with_one_bad_hash_writes_nothing_and_a_failed_write_leaves_no_temporary(tmp_path):
+    root = tmp_path / "work"
+    batch = _batch(0, 4)
+    batch[2] = [batch[2][0], 0o644, _sha(b"what the head hashed"), b"what arrived"]
+    with pytest.raises(RemoteError, match="does not match its SHA256"):
+        node_sync.put_files(str(root), batch)
+    assert not root.exists() or list(root.rglob("*")) == []
+    (root / "d3" / "f3.py").mkdir(parents=True)  # a directory where a file must go: its rename fails
+    with pytest.raises(OSError):
+        node_sync.put_files(str(root), _batch(0, 4))
+    names = sorted(p.relative_to(root).as_posix() for p in root.rglob("*"))
+    assert not [n for n in names if ".coord-" in n], names  # no temporary left behind
+    assert node_sync.sync_state(str(root), [])["flushed"] == 3  # what landed before the failure is kept

@@ -1,0 +1,169 @@
+"""`coord sync` through a real daemon and three local nodes (real agents over the local transport):
+an unchanged tree is proven by tree hashes alone, a small change moves one file and no listing, a
+sync that fails halfway keeps what it wrote and the next one completes, and bytes that do not
+match their hash never land under their final name."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import shlex
+import shutil
+import signal
+import sys
+
+import pytest
+
+from tests.integration.daemon_harness import REPO, DaemonProcess, all_up, coord, environment, short_tempdir
+
+NODES = ("a", "b", "c")
+CLUSTER = """\
+[cluster]
+name = "sync-test"
+state_dir = "{root}/state"
+""" + "".join(f"""
+[[nodes]]
+name = "{name}"
+host = "local"
+python = "{{python}}"
+workdir = "{{root}}/{name}"
+""" for name in NODES)
+
+
+@pytest.fixture
+def cluster():
+    root = short_tempdir()
+    config = root / "cluster.toml"
+    config.write_text(CLUSTER.format(root=root, python=sys.executable))
+    source = root / "project"
+    for i in range(300):
+        path = source / f"pkg{i % 10}" / f"m{i:03d}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"VALUE = {i}\n")
+    (source / "run.sh").write_text("#!/bin/sh\necho run\n")
+    (source / "run.sh").chmod(0o755)
+    daemon = DaemonProcess(config, env=environment()).start()
+    try:
+        daemon.wait_for(all_up, 30, "all nodes up")
+        yield daemon, root, source
+    finally:
+        daemon.stop(signal.SIGKILL)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _sync(daemon, source) -> dict:
+    result = coord("sync", "--json", "--config", str(daemon.config), "--source", str(source), env=daemon.env,
+                   timeout=120)
+    assert result.stdout, result.stderr
+    return json.loads(result.stdout)
+
+
+def _tree(path) -> dict[str, bytes]:
+    return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*"))
+            if p.is_file() and ".coord" not in p.relative_to(path).parts}
+
+
+def test_an_unchanged_tree_is_proven_by_hashes_and_a_change_moves_one_file_and_no_listing(cluster):
+    daemon, root, source = cluster
+    first = _sync(daemon, source)
+    assert first["status"] == "ok", first
+    assert all(first["nodes"][n]["result"]["files_sent"] == 301 for n in NODES)
+    assert all(_tree(root / n) == _tree(source) for n in NODES)
+    assert first["source_reads"] == 1  # one read of the batch for the three nodes
+    # Each node proved the source's tree by its hash after one flush at the end.
+    assert set(first["consistency"]["hashes"].values()) == {first["source_tree_hash"]}
+
+    noop = _sync(daemon, source)
+    assert noop["status"] == "ok", noop
+    assert {e["status"] for e in noop["nodes"].values()} == {"unchanged"}
+    assert noop["listings_received"] == []  # no node sent its manifest: only tree hashes crossed
+    assert noop["consistency"]["status"] == "pass" and noop["versus_source"]["a"]["matches"]
+
+    (source / "pkg3" / "m003.py").write_text("VALUE = -3\n")
+    one = _sync(daemon, source)
+    assert one["status"] == "ok", one
+    assert all(one["nodes"][n]["result"]["files_sent"] == 1 for n in NODES)
+    assert one["listings_received"] == []  # planned from the tree the daemon knows each node holds
+    assert all((root / n / "pkg3" / "m003.py").read_text() == "VALUE = -3\n" for n in NODES)
+
+    # A file changed by hand on one node: that node's listing (and only its) is read, and repaired.
+    (root / "b" / "pkg5" / "m005.py").write_text("VALUE = 'edited'\n")
+    repaired = _sync(daemon, source)
+    assert repaired["status"] == "ok", repaired
+    assert repaired["listings_received"] == ["b"]
+    assert repaired["nodes"]["b"]["result"]["files_sent"] == 1
+    assert {repaired["nodes"][n]["status"] for n in ("a", "c")} == {"unchanged"}
+    assert _tree(root / "b") == _tree(source)
+
+
+def test_a_sync_that_fails_halfway_keeps_what_it_wrote_and_the_next_one_completes(cluster):
+    daemon, root, source = cluster
+    # On node b a directory stands where a source file goes: that file cannot be renamed into place.
+    (root / "b" / "pkg4" / "m004.py").mkdir(parents=True)
+    failed = _sync(daemon, source)
+    assert failed["status"] == "failed" and failed["nodes"]["b"]["status"] == "failed", failed
+    assert "IsADirectoryError" in failed["nodes"]["b"]["detail"] or "directory" in failed["nodes"]["b"]["detail"]
+    assert failed["nodes"]["a"]["status"] == failed["nodes"]["c"]["status"] == "synced"
+    assert not failed["versus_source"]["b"]["matches"]
+    landed = _tree(root / "b")
+    assert landed and all(landed[rel] == (source / rel).read_bytes() for rel in landed)  # nothing wrong landed
+    assert not [p for p in (root / "b").rglob("*") if ".coord-" in p.name]  # and no temporary is left
+
+    (root / "b" / "pkg4" / "m004.py").rmdir()
+    again = _sync(daemon, source)
+    assert again["status"] == "ok", again
+    sent = again["nodes"]["b"]["result"]["files_sent"]
+    assert 1 <= sent < 301 - len(landed) + 1  # only what the failed batch did not land
+    assert {again["nodes"][n]["status"] for n in ("a", "c")} == {"unchanged"}
+    assert _tree(root / "b") == _tree(source)
+
+
+TAMPER = """
+import asyncio, hashlib, json, sys
+from coordinator.transport import LocalTransport
+from shared import protocol as p
+from shared.rpc import Peer, RemoteError
+
+async def main(root):
+    proc = await LocalTransport().start(sys.argv[2])
+    peer = Peer(proc.reader, proc.writer, name="test")
+    runner = asyncio.ensure_future(peer.run())
+    await peer.call("hello", {"protocol": p.PROTOCOL_VERSION}, timeout=30)
+    good, sent, arrived = b"print('good')\\n", b"print('what the head sent')\\n", b"print('tampered')\\n"
+    outcome = {}
+    try:
+        await peer.call("put_files", {"root": root, "files": [
+            ["good.py", 0o644, hashlib.sha256(good).hexdigest(), good],
+            ["train.py", 0o644, hashlib.sha256(sent).hexdigest(), arrived]]})
+        outcome["put_files"] = "written"
+    except RemoteError as exc:
+        outcome["put_files"] = exc.message
+    state = await peer.call("sync_state", {"root": root, "patterns": [], "known": []}, timeout=30)
+    outcome["files"] = state["files"]
+    await peer.close()
+    proc.terminate()
+    runner.cancel()
+    print(json.dumps(outcome))
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def test_bytes_that_do_not_match_their_hash_never_land_under_their_final_name(tmp_path):
+    """Through a real agent over the local transport: the whole batch is refused, nothing written."""
+    root = tmp_path / "work"
+    start = f"cd {shlex.quote(str(REPO))} && exec {shlex.quote(sys.executable)} -m agent"
+    result = asyncio.run(asyncio.wait_for(_run(TAMPER, str(root), start), 60))
+    assert "does not match its SHA256" in result["put_files"]
+    assert result["files"] == []
+    assert not [p for p in root.rglob("*") if ".coord" not in p.parts]
+
+
+async def _run(script: str, *args: str) -> dict:
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", script, *args, cwd=REPO,
+                                                env=environment(), stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode(errors="replace")
+    return json.loads(out)
