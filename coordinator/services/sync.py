@@ -251,9 +251,9 @@ async def serve_sync(daemon: "Daemon", emit, source: str | None = None, delete: 
             if not plan.empty:
                 entry["result"] = await sync_node(session, str(source_dir), source_files, plan, progress=emit,
                                                   reader=reader)
-        except RemoteError as exc:
+        except (RemoteError, BaseExceptionGroup) as exc:
             entry["status"] = "failed"
-            entry["detail"] = exc.message
+            entry["detail"] = _remote_error(exc).message
         if name in relay_for:
             await relay_done.wait()
             await relay_fallback(session, entry, relayed.get(name))
@@ -282,14 +282,17 @@ async def serve_sync(daemon: "Daemon", emit, source: str | None = None, delete: 
         entry["relay"] = result
         if not result["failed"] or entry["status"] == "failed":
             return
+        if session.state != UP:  # lost during the transfer: nothing to fall back on
+            entry["status"], entry["detail"] = "failed", result["failed"][0][1]
+            return
         retry = SyncPlan(send=[rel for rel, _ in result["failed"]])
         retry.bytes_to_send = sum(source_files[rel][0] for rel in retry.send)
         try:
             entry["fallback"] = await sync_node(session, str(source_dir), source_files, retry, progress=emit,
                                                 reader=reader)
-        except RemoteError as exc:
+        except (RemoteError, BaseExceptionGroup) as exc:
             entry["status"] = "failed"
-            entry["detail"] = f"{exc.message} (the relay first: {result['failed'][0][1]})"
+            entry["detail"] = f"{_remote_error(exc).message} (the relay first: {result['failed'][0][1]})"
 
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(relay)
@@ -332,3 +335,14 @@ async def serve_sync(daemon: "Daemon", emit, source: str | None = None, delete: 
                                 f"sync {report['status']}: {sent} files sent; {report['detail']}",
                                 data={"seconds": report["seconds"], "files_sent": sent})
     return report
+
+
+def _remote_error(exc: BaseException) -> RemoteError:
+    """The node's own error out of the task groups a send runs in (a node lost mid-send fails
+    every call in flight at once): the first RemoteError, else the exception said in words."""
+    while isinstance(exc, BaseExceptionGroup):
+        exc = next((e for e in exc.exceptions if isinstance(e, (RemoteError, BaseExceptionGroup))),
+                   exc.exceptions[0])
+    if isinstance(exc, RemoteError):
+        return exc
+    raise exc

@@ -54,6 +54,7 @@ def test_a_relay_cut_mid_transfer_is_routed_around_and_every_copy_is_verified(ne
                 time.sleep(0.02)
             cluster.cut_link("n2")  # n3's sender, and n1's receiver
             out, err = sync.communicate(timeout=300)
+            assert out.strip(), f"coord sync exited {sync.returncode} with no report: {err}\n{daemon.log_tail(60)}"
             report = json.loads(out)
             nodes = report["nodes"]
             assert nodes["n1"]["status"] == "synced" and nodes["n3"]["status"] == "synced", (report, err)
