@@ -20,6 +20,7 @@ import asyncio
 import hashlib
 import itertools
 import os
+import socket
 import stat
 import time
 from dataclasses import dataclass, field
@@ -67,6 +68,7 @@ class Transfer:
     write_fd: int | None = None
     have: int = 0  # leading chunks verified and written
     done: bool = False
+    committing: bool = False
     error: str | None = None  # this node cannot hold the file (its disk, say): final
     upstream_error: str | None = None  # what the last upstream did wrong: the daemon may route around it
     upstream_error_at: int = 0  # the upstream connection (counted from 1) the error came from
@@ -88,8 +90,6 @@ class Transfer:
                 "seconds": round((self.finished or time.monotonic()) - self.started, 3),
                 "forwards": [f.as_dict() for f in self.forwards.values()]}
 
-    def read_chunk(self, index: int) -> bytes:
-        return wire.pread_exact(self.read_fd, self.plan.length(index), index * self.plan.chunk_bytes)
 
 
 def _mode(mode: int) -> int:
@@ -99,7 +99,7 @@ def _mode(mode: int) -> int:
 class Relay:
     def __init__(self) -> None:
         self._transfers: dict[str, Transfer] = {}
-        self._server: asyncio.base_events.Server | None = None
+        self._server: asyncio.Task | None = None  # the accept loop of the data port
         self.port: int | None = None
 
     # --- control (RPC) -----------------------------------------------------------------
@@ -128,6 +128,7 @@ class Relay:
                                              target=target, tmp=tmp, mode=_mode(mode), sha256=sha256,
                                              write_fd=write_fd)
         if plan.count == 0:
+            self._transfers[transfer].committing = True
             await asyncio.to_thread(self._commit, self._transfers[transfer])
         await self._listen()
         return {"port": self.port}
@@ -261,37 +262,62 @@ class Relay:
                 pass
 
     async def _listen(self) -> None:
-        # IPv4 on every interface, one port: binding both families would give each its own port.
-        # A connection proves itself with the transfer's token before it can write anything.
+        # IPv4 on every interface, one port. A connection proves itself with the transfer's
+        # token before it can write anything.
         if self._server is not None:
             return
-        self._server = await asyncio.start_server(self._serve, host="0.0.0.0", port=0, reuse_address=True)
-        self.port = self._server.sockets[0].getsockname()[1]
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("0.0.0.0", 0))
+        listener.listen(64)
+        listener.setblocking(False)
+        self.port = listener.getsockname()[1]
+        self._server = asyncio.get_running_loop().create_task(self._accept(listener))
+
+    async def _accept(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        connections: set[asyncio.Task] = set()
+        try:
+            while True:
+                conn, peer = await loop.sock_accept(listener)
+                conn.setblocking(False)
+                task = loop.create_task(self._serve(conn, peer))
+                connections.add(task)
+                task.add_done_callback(connections.discard)
+        finally:
+            listener.close()
+            for task in list(connections):
+                task.cancel()
 
     async def _stop_listening(self) -> None:
         server, self._server, self.port = self._server, None, None
         if server is not None:
-            server.close()
+            server.cancel()
+            try:
+                await server
+            except asyncio.CancelledError:
+                pass
 
     async def _notify(self, state: Transfer) -> None:
         async with state.changed:
             state.changed.notify_all()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve(self, conn: socket.socket, peer: Any) -> None:
         """One upstream connection: hello, then chunks in order until the file is whole."""
-        peer = writer.get_extra_info("peername")
+        loop = asyncio.get_running_loop()
         peer_text = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "a peer"
         state: Transfer | None = None
         epoch = 0
         try:
-            magic = await asyncio.wait_for(reader.readexactly(len(wire.MAGIC)), wire.HELLO_TIMEOUT_S)
+            magic = bytearray(len(wire.MAGIC))
+            await asyncio.wait_for(wire.recv_into(conn, memoryview(magic)), wire.HELLO_TIMEOUT_S)
             if magic != wire.MAGIC:
                 return
-            hello = await wire.read_frame(reader)
+            hello = await wire.read_frame(conn)
             state = self._transfers.get(hello.get("transfer"))  # type: ignore[arg-type]
             if state is None or not wire.token_matches(state.token, hello.get("token")) or state.source:
-                writer.write(wire.pack_frame({"error": "no such transfer here"}))
-                await writer.drain()
+                state = None
+                await loop.sock_sendall(conn, wire.pack_frame({"error": "no such transfer here"}))
                 return
             if state.upstream is not None and state.upstream is not asyncio.current_task():
                 state.upstream.cancel()  # the newest upstream wins: the daemon routed around the old one
@@ -299,15 +325,12 @@ class Relay:
             state.upstream_peer = peer_text
             state.connections += 1
             epoch = state.connections
-            writer.write(wire.pack_frame({"want": state.have}))
-            await writer.drain()
-            while state.have < state.plan.count:
-                await self._receive_chunk(state, reader, peer_text)
-            writer.write(wire.pack_frame({"done": True}))
-            await writer.drain()
+            await loop.sock_sendall(conn, wire.pack_frame({"want": state.have}))
+            await self._receive_chunks(state, conn, peer_text)
+            await loop.sock_sendall(conn, wire.pack_frame({"done": True}))
         except asyncio.CancelledError:
             pass
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError, ValueError) as exc:
+        except (ConnectionError, asyncio.TimeoutError, ValueError) as exc:
             if state is not None and epoch and epoch == state.connections:
                 # The link, not this node: the daemon may route around it. An older upstream's
                 # end (one the daemon already replaced) is not news.
@@ -315,7 +338,7 @@ class Relay:
                 state.upstream_error_at = epoch
                 await self._notify(state)
         except (wire.RelayError, OSError) as exc:
-            if state is not None:
+            if state is not None and epoch:
                 if isinstance(exc, wire.RelayError):
                     if epoch != state.connections:
                         return
@@ -325,24 +348,51 @@ class Relay:
                     state.error = f"cannot write {state.target}: {exc.strerror or exc}"
                 await self._notify(state)
                 try:
-                    writer.write(wire.pack_frame({"error": state.error or state.upstream_error}))
-                except (OSError, RuntimeError):
+                    await asyncio.wait_for(loop.sock_sendall(
+                        conn, wire.pack_frame({"error": state.error or state.upstream_error})), 2)
+                except (OSError, asyncio.TimeoutError):
                     pass
         finally:
             if state is not None and state.upstream is asyncio.current_task():
                 state.upstream = None
-            writer.close()
+            conn.close()
 
-    async def _receive_chunk(self, state: Transfer, reader: asyncio.StreamReader, peer: str) -> None:
-        header = await asyncio.wait_for(reader.readexactly(wire.CHUNK_HEADER.size), wire.STALL_TIMEOUT_S)
-        index, length = wire.CHUNK_HEADER.unpack(header)
-        if index != state.have or length != state.plan.length(index):
-            raise wire.RelayError(f"{peer} sent chunk {index} of {length} bytes, chunk {state.have} of "
-                                  f"{state.plan.length(state.have)} bytes was expected")
-        data = await asyncio.wait_for(reader.readexactly(length), wire.STALL_TIMEOUT_S)
-        await asyncio.to_thread(self._verify_and_write, state, index, data, peer)
-        state.have = index + 1
-        if state.have == state.plan.count:
+    async def _receive_chunks(self, state: Transfer, conn: socket.socket, peer: str) -> None:
+        """Chunks straight into one of two buffers: while one is checked and written (in a thread),
+        the next arrives in the other."""
+        loop = asyncio.get_running_loop()
+        buffers = [bytearray(state.plan.chunk_bytes), bytearray(state.plan.chunk_bytes)]
+        header = bytearray(wire.CHUNK_HEADER.size)
+        pending: tuple[int, asyncio.Future] | None = None
+        which = 0
+        expected = state.have
+        while expected < state.plan.count:
+            await asyncio.wait_for(wire.recv_into(conn, memoryview(header)), wire.STALL_TIMEOUT_S)
+            index, length = wire.CHUNK_HEADER.unpack(header)
+            if index != expected or length != state.plan.length(index):
+                raise wire.RelayError(f"{peer} sent chunk {index} of {length} bytes, chunk {expected} of "
+                                      f"{state.plan.length(expected)} bytes was expected")
+            view = memoryview(buffers[which])[:length]
+            await asyncio.wait_for(wire.recv_into(conn, view), wire.STALL_TIMEOUT_S)
+            work = loop.run_in_executor(None, self._verify_and_write, state, index, view, peer)
+            if pending is not None:
+                await self._settle(state, *pending)
+            pending = (index, work)
+            which ^= 1
+            expected += 1
+        if pending is not None:
+            await self._settle(state, *pending)
+
+    async def _settle(self, state: Transfer, index: int, work: asyncio.Future) -> None:
+        try:
+            await work
+        except asyncio.CancelledError:
+            await asyncio.shield(work)  # the buffer is the thread's until it is done with it
+            raise
+        # An upstream being replaced may settle a chunk the new one also sends: never go back.
+        state.have = max(state.have, index + 1)
+        if state.have == state.plan.count and not state.committing:
+            state.committing = True
             await asyncio.to_thread(self._commit, state)
         await self._notify(state)
 
@@ -378,7 +428,7 @@ class Relay:
 
         try:
             await wire.send_file(entry.host, entry.port, transfer=state.id, token=state.token, plan=state.plan,
-                                 read_chunk=state.read_chunk, available=lambda: state.have,
+                                 fd=state.read_fd, available=lambda: state.have,
                                  changed=state.changed, on_sent=on_sent)
             entry.done = True
         except asyncio.CancelledError:

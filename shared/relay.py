@@ -26,6 +26,7 @@ import ctypes
 import hashlib
 import hmac
 import os
+import socket
 import struct
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -114,13 +115,33 @@ def pack_frame(message: dict[str, Any]) -> bytes:
     return LENGTH.pack(len(body)) + body
 
 
-async def read_frame(reader: asyncio.StreamReader, timeout: float = HELLO_TIMEOUT_S) -> dict[str, Any]:
-    header = await asyncio.wait_for(reader.readexactly(LENGTH.size), timeout)
+class LinkLost(ConnectionError):
+    """The other end closed the connection (or it broke) before all was said."""
+
+
+async def recv_into(sock: socket.socket, view: memoryview) -> None:
+    """Fill ``view`` from the socket: straight into the caller's buffer, no copy in between."""
+    loop = asyncio.get_running_loop()
+    got = 0
+    while got < len(view):
+        count = await loop.sock_recv_into(sock, view[got:])
+        if count == 0:
+            raise LinkLost(f"connection closed after {got} of {len(view)} bytes")
+        got += count
+
+
+async def read_frame(sock: socket.socket, timeout: float = HELLO_TIMEOUT_S) -> dict[str, Any]:
+    header = bytearray(LENGTH.size)
+    await asyncio.wait_for(recv_into(sock, memoryview(header)), timeout)
     (length,) = LENGTH.unpack(header)
     if length > MAX_HELLO:
         raise RelayError(f"frame of {length} bytes refused (at most {MAX_HELLO})")
-    body = await asyncio.wait_for(reader.readexactly(length), timeout)
-    message = msgpack.unpackb(body, raw=False)
+    body = bytearray(length)
+    await asyncio.wait_for(recv_into(sock, memoryview(body)), timeout)
+    try:
+        message = msgpack.unpackb(bytes(body), raw=False)
+    except ValueError as exc:
+        raise RelayError(f"a frame that is not msgpack: {exc}") from None
     if not isinstance(message, dict):
         raise RelayError("a frame that is not a map")
     return message
@@ -130,79 +151,61 @@ def token_matches(expected: str, given: Any) -> bool:
     return isinstance(given, str) and hmac.compare_digest(expected.encode(), given.encode())
 
 
-async def send_file(host: str, port: int, *, transfer: str, token: str, plan: ChunkPlan,
-                    read_chunk: Callable[[int], bytes], available: Callable[[], int],
-                    changed: asyncio.Condition | None = None,
+async def send_file(host: str, port: int, *, transfer: str, token: str, plan: ChunkPlan, fd: int,
+                    available: Callable[[], int], changed: asyncio.Condition | None = None,
                     on_sent: Callable[[int], None] | None = None) -> int:
-    """Connect to a receiver and send it every chunk from the one it asks for.
+    """Connect to a receiver and send it every chunk of the file open at ``fd`` from the one it asks for.
 
     ``available()`` says how many leading chunks this side holds (all of them at a source,
-    what has arrived so far at a relay); ``changed`` is notified as that grows. Returns
-    the number of chunks sent. Raises RelayError (or OSError) when the link fails."""
-    try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), CONNECT_TIMEOUT_S)
-    except (OSError, asyncio.TimeoutError) as exc:
-        raise RelayError(f"cannot connect to {host}:{port}: {exc or exc.__class__.__name__}") from None
+    what has arrived so far at a relay); ``changed`` is notified as that grows. The chunks go
+    from the page cache to the socket with sendfile, read at their offsets (``fd``'s own
+    position is never used, so several senders share one file). Returns the number of chunks
+    sent. Raises RelayError when the link fails or the receiver refuses."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setblocking(False)
     sent = 0
     try:
-        writer.write(MAGIC + pack_frame({"transfer": transfer, "token": token}))
-        await asyncio.wait_for(writer.drain(), STALL_TIMEOUT_S)
-        answer = await read_frame(reader)
+        try:
+            await asyncio.wait_for(loop.sock_connect(sock, (host, port)), CONNECT_TIMEOUT_S)
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise RelayError(f"cannot connect to {host}:{port}: {exc or exc.__class__.__name__}") from None
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        await asyncio.wait_for(loop.sock_sendall(sock, MAGIC + pack_frame({"transfer": transfer, "token": token})),
+                               STALL_TIMEOUT_S)
+        answer = await read_frame(sock)
         if "error" in answer:
             raise RelayError(f"{host}:{port} refused the transfer: {answer['error']}")
         want = answer.get("want")
         if not isinstance(want, int) or not 0 <= want <= plan.count:
             raise RelayError(f"{host}:{port} asked for chunk {want!r} of {plan.count}")
-        loop = asyncio.get_running_loop()
-        for index in range(want, plan.count):
-            while available() <= index:
-                if changed is None:
-                    raise RelayError(f"chunk {index} is not here to send")
-                async with changed:
-                    if available() <= index:
-                        await asyncio.wait_for(changed.wait(), STALL_TIMEOUT_S * 4)
-            data = await loop.run_in_executor(None, read_chunk, index)
-            writer.write(CHUNK_HEADER.pack(index, len(data)))
-            writer.write(data)
-            try:
-                await asyncio.wait_for(writer.drain(), STALL_TIMEOUT_S)
-            except asyncio.TimeoutError:
-                raise RelayError(f"{host}:{port} took nothing for {STALL_TIMEOUT_S:.0f} s") from None
-            sent += 1
-            if on_sent is not None:
-                on_sent(index + 1)
-        # The receiver closes once it holds the whole file; wait for that (or its error).
+        with os.fdopen(os.dup(fd), "rb", buffering=0) as handle:
+            for index in range(want, plan.count):
+                while available() <= index:
+                    if changed is None:
+                        raise RelayError(f"chunk {index} is not here to send")
+                    async with changed:
+                        if available() <= index:
+                            await asyncio.wait_for(changed.wait(), STALL_TIMEOUT_S * 4)
+                length = plan.length(index)
+                try:
+                    await asyncio.wait_for(loop.sock_sendall(sock, CHUNK_HEADER.pack(index, length)), STALL_TIMEOUT_S)
+                    await asyncio.wait_for(loop.sock_sendfile(sock, handle, index * plan.chunk_bytes, length),
+                                           STALL_TIMEOUT_S)
+                except asyncio.TimeoutError:
+                    raise RelayError(f"{host}:{port} took nothing for {STALL_TIMEOUT_S:.0f} s") from None
+                sent += 1
+                if on_sent is not None:
+                    on_sent(index + 1)
+        # The receiver answers once it holds the whole file (or says what went wrong).
         try:
-            tail = await asyncio.wait_for(reader.read(MAX_HELLO), STALL_TIMEOUT_S * 4)
-        except asyncio.TimeoutError:
-            tail = b""
-        if tail:
-            try:
-                (length,) = LENGTH.unpack(tail[:LENGTH.size])
-                message = msgpack.unpackb(tail[LENGTH.size:LENGTH.size + length], raw=False)
-            except (struct.error, ValueError):
-                message = None
-            if isinstance(message, dict) and message.get("error"):
-                raise RelayError(f"{host}:{port}: {message['error']}")
+            final = await read_frame(sock, STALL_TIMEOUT_S * 4)
+        except (asyncio.TimeoutError, LinkLost):
+            final = {}
+        if final.get("error"):
+            raise RelayError(f"{host}:{port}: {final['error']}")
         return sent
-    except (ConnectionError, asyncio.IncompleteReadError) as exc:
+    except (ConnectionError, OSError) as exc:
         raise RelayError(f"link to {host}:{port} lost after {sent} chunks: {exc.__class__.__name__}") from None
     finally:
-        writer.close()
-        try:
-            await asyncio.wait_for(writer.wait_closed(), 2)
-        except (OSError, asyncio.TimeoutError, ConnectionError):
-            pass
-
-
-def pread_exact(fd: int, length: int, offset: int) -> bytes:
-    """``length`` bytes at ``offset`` (pread may return less than asked)."""
-    parts = []
-    while length > 0:
-        block = os.pread(fd, length, offset)
-        if not block:
-            raise RelayError(f"file ended {length} bytes early at offset {offset}")
-        parts.append(block)
-        length -= len(block)
-        offset += len(block)
-    return parts[0] if len(parts) == 1 else b"".join(parts)
+        sock.close()

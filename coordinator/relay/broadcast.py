@@ -208,15 +208,10 @@ class Broadcast:
             await self._lose(sender, _reason(exc))
 
     async def _send_from_head(self, host: str, receiver: _Receiver) -> None:
-        fd = self._head_fd
-        assert fd is not None
-
-        def read_chunk(index: int) -> bytes:
-            return wire.pread_exact(fd, self.plan.length(index), index * self.chunk_bytes)
-
+        assert self._head_fd is not None
         try:
             await wire.send_file(host, receiver.port or 0, transfer=self.transfer, token=self.token, plan=self.plan,
-                                 read_chunk=read_chunk, available=lambda: self.plan.count)
+                                 fd=self._head_fd, available=lambda: self.plan.count)
         except (wire.RelayError, OSError) as exc:
             receiver.head_error = f"from the head: {exc}"
 

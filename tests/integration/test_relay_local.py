@@ -175,14 +175,17 @@ def test_a_receiver_takes_only_chunks_that_match_and_resumes_from_what_it_holds(
         port = opened["port"]
 
         def reader(data):
-            return lambda i: bytes(data[i * chunk:(i + 1) * chunk])
+            path = tmp_path / f"source-{len(opened_files)}"
+            path.write_bytes(bytes(data))
+            opened_files.append(os.open(path, os.O_RDONLY))
+            return opened_files[-1]
 
         with pytest.raises(wire.RelayError, match="refused"):
             await wire.send_file("127.0.0.1", port, transfer="t1", token="wrong", plan=plan,
-                                 read_chunk=reader(good), available=lambda: plan.count)
+                                 fd=reader(good), available=lambda: plan.count)
         try:
             await wire.send_file("127.0.0.1", port, transfer="t1", token="secret", plan=plan,
-                                 read_chunk=reader(bad), available=lambda: plan.count)
+                                 fd=reader(bad), available=lambda: plan.count)
         except wire.RelayError:
             pass  # the receiver hangs up on the bad chunk
         state = await relay.wait("t1", timeout=2)
@@ -190,14 +193,17 @@ def test_a_receiver_takes_only_chunks_that_match_and_resumes_from_what_it_holds(
         assert "does not match its SHA256" in state["upstream_error"]
         assert not (root / "f.bin").exists()
         await wire.send_file("127.0.0.1", port, transfer="t1", token="secret", plan=plan,
-                             read_chunk=reader(good), available=lambda: plan.count,
+                             fd=reader(good), available=lambda: plan.count,
                              on_sent=lambda n: sent.append(n))
         state = await relay.wait("t1", timeout=5)
         await relay.close("t1")
         return state
 
     sent: list[int] = []
+    opened_files: list[int] = []
     state = asyncio.run(body())
+    for fd in opened_files:
+        os.close(fd)
     assert state["done"] and sent[0] == 4  # the second sender started at chunk 3, the first missing
     assert (root / "f.bin").read_bytes() == good
     assert _leftovers(root) == []
