@@ -292,6 +292,21 @@ def read_file(workdir: str, path: str, offset: int = 0) -> dict[str, Any]:
     return {"data": data, "offset": offset + len(data), "size": os.path.getsize(full)}
 
 
+def hash_file(workdir: str, path: str) -> dict[str, Any]:
+    """Size and SHA256 of a file under the workdir: a checkpoint copy checked where it lies before
+    a rank resumes from it."""
+    from shared.manifest import sha256_file
+    from shared.paths import UnsafePath, resolve_under
+
+    try:
+        full = resolve_under(workdir, os.path.relpath(path, workdir) if os.path.isabs(path) else path,
+                             must_exist=True)
+    except (UnsafePath, ValueError) as exc:
+        raise RemoteError(p.REFUSED, str(exc)) from None
+    size = os.path.getsize(full)
+    return {"size": size, "sha256": sha256_file(full, size)}
+
+
 def remove_checkpoints(workdir: str, job: str, attempt: int, names: list, replica: bool = False) -> dict[str, Any]:
     directory = checkpoint_dir(workdir, job, attempt, replica)
     removed = 0

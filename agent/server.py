@@ -111,6 +111,7 @@ def build_dispatcher(relay: node_relay.Relay | None = None) -> Dispatcher:
               required={"workdir": str, "job": str, "attempt": int}, optional={"known": list})
     table.add("remove_checkpoints", _in_thread(node_ranks.remove_checkpoints),
               required={"workdir": str, "job": str, "attempt": int, "names": list}, optional={"replica": bool})
+    table.add("hash_file", _in_thread(node_ranks.hash_file), required={"workdir": str, "path": str})
     table.add("read_file", _in_thread(node_ranks.read_file), required={"workdir": str, "path": str},
               optional={"offset": int})
     table.add("calibrate", calibrate, required={"python": str, "workdir": str},

@@ -109,24 +109,24 @@ class CheckpointKeeping(_Runner):
         return None, {}
 
     async def _gone_in_place(self, plan: catalog.ResumePlan) -> bool:
-        """Each node's own copy is still there at the size it was validated with (one cheap call per
-        node, all at once; its bytes were hashed on that node when it was catalogued). A copy that is
-        gone or changed size is marked invalid; True when one was."""
+        """Each node's own copy still has the SHA256 it was validated with: every node hashes its
+        copy where it lies, all at once (a copy is trusted only as far as its bytes, however long
+        ago it was catalogued). A copy that is gone or changed is marked invalid; True when one was."""
         gone: list[tuple[dict[str, Any], str]] = []
         away: list[tuple[str, str]] = []
+        timeout = max(60.0, (plan.source.get("size") or 0) / 50e6)
 
         async def look(node: str, copy: dict[str, Any]) -> None:
             try:
-                answer = await self.fx.call(node, "read_file", {"path": copy["path"], "offset": copy["size"] or 0},
-                                            timeout=30)
+                answer = await self.fx.call(node, "hash_file", {"path": copy["path"]}, timeout=timeout)
             except RemoteError as exc:
                 if core.unreachable_error(exc.code):
                     away.append((node, exc.message))
                 else:
                     gone.append((copy, exc.message))
                 return
-            if answer.get("size") != copy["size"]:
-                gone.append((copy, f"it is {answer.get('size')} bytes now, {copy['size']} when it was validated"))
+            if answer.get("size") != copy["size"] or answer.get("sha256") != copy.get("sha256"):
+                gone.append((copy, "its bytes no longer match the SHA256 recorded when it was validated"))
 
         async with anyio.create_task_group() as tasks:
             for node, copy in plan.in_place.items():

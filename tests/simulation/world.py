@@ -435,6 +435,12 @@ class SimEffects:
             raise RemoteError("refused", f"{path} does not exist")
         return {"data": b"", "offset": offset, "size": file.size}
 
+    def _agent_hash_file(self, node: SimNode, *, path: str) -> dict[str, Any]:
+        file = node.files.get(path)
+        if file is None:
+            raise RemoteError("refused", f"{path} does not exist")
+        return {"size": file.size, "sha256": "0" * 64 if file.corrupt else file.sha256}
+
     def _agent_remove_checkpoints(self, node: SimNode, *, job: str, attempt: int, names: list,
                                   replica: bool = False) -> dict[str, Any]:
         directory = f"{node.workdir}/checkpoints/{job}/" + (f"replica/attempt-{attempt}/" if replica
