@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -35,9 +36,16 @@ def netns_cluster():
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"netns cluster unavailable under CI=true: {reason}")
         pytest.skip(reason)
-    from tests.cluster.netns import NetnsCluster
+    from tests.cluster.netns import DEFAULT_NODES, NetnsCluster
 
-    with NetnsCluster() as cluster:
+    nodes = DEFAULT_NODES
+    suffix = os.environ.get("COORD_NETNS_USER_SUFFIX", "")
+    if suffix:  # a second cluster beside one that holds the default users (another checkout's tests)
+        if not suffix.isalnum() or len(suffix) > 6:
+            pytest.fail(f"COORD_NETNS_USER_SUFFIX must be up to 6 letters or digits, got {suffix!r}")
+        nodes = tuple(dataclasses.replace(n, user=n.user + suffix, home=n.home + suffix,
+                                          venv=n.venv.replace(n.home, n.home + suffix)) for n in DEFAULT_NODES)
+    with NetnsCluster(nodes) as cluster:
         yield cluster
 
 

@@ -443,10 +443,12 @@ class JobRunner(RankWatching, CheckpointKeeping):
         if resume:
             placed = self._last_placement
             copied = placed.get("copied_to") or []
-            self.event("resume_from", f"resuming from the checkpoint of step {resume['step']} "
-                       f"({resume['node']}:{resume['path']}); "
+            # Name the copy the bytes came from only when some were sent: with nothing copied, every
+            # rank read its own node's copy, whatever copy the catalog lists first.
+            self.event("resume_from", f"resuming from the checkpoint of step {resume['step']}; "
                        + (f"{len(placed.get('in_place') or [])} of {len(order)} nodes from their own copy, "
-                          f"copied to {', '.join(copied)}" if copied else "every node from its own copy, nothing copied"),
+                          f"copied from {resume['node']}:{resume['path']} to {', '.join(copied)}" if copied
+                          else "every node from its own copy, nothing copied"),
                        step=resume["step"], attempt=resume["attempt"], in_place=placed.get("in_place") or [],
                        copied_to=copied, bytes_copied=placed.get("bytes_copied", 0),
                        seconds=round(self.fx.monotonic() - choose_started, 3))

@@ -1,6 +1,7 @@
 """Lose nothing, on the multi-host cluster: rank 0's machine cut off for good. The job goes on
-with the two remaining nodes and the same global batch, from the checkpoint replicated to the
-head, refusing a replica whose bytes do not match their SHA256."""
+with the two remaining nodes and the same global batch, from the newest checkpoint, whose copies
+reached the other nodes in the background; copies whose bytes no longer match their SHA256 (one
+node's, the head's) are refused, and the node that held a damaged one is sent a good one."""
 
 from __future__ import annotations
 
@@ -63,20 +64,28 @@ def test_rank0s_node_lost_for_good_the_job_finishes_on_two_from_a_verified_repli
     replicas = sorted((running["root"] / "state" / "replicas" / job["run_id"] / "attempt-0").glob("*.safetensors"))
     assert len(replicas) >= 2, replicas
     newest = replicas[-1]
-    with open(newest, "r+b") as handle:  # the head's copy of the newest checkpoint no longer matches
-        handle.seek(newest.stat().st_size // 2)
-        handle.write(b"\x00\xff" * 8)
-    lost = job["nodes"][0]
+    newest_step = int(newest.name[:7])
+    lost, second, third = job["nodes"]
+    # mlx-lm's newest checkpoint went to every other node too; damage the head's copy and the second node's
+    node_copy = (Path(netns_cluster.node(second).workdir) / "checkpoints" / job["run_id"] / "replica" / "attempt-0"
+                 / newest.name)
+    assert node_copy.exists(), sorted(node_copy.parent.parent.rglob("*"))
+    for damaged in (newest, node_copy):
+        with open(damaged, "r+b") as handle:  # same size, other bytes
+            handle.seek(damaged.stat().st_size // 2)
+            handle.write(b"\x00\xff" * 8)
     netns_cluster.cut_link(lost)
     try:
         final = finish(daemon, "shrink")
         found = events(daemon, "shrink")
         story = final["story"]
-        newest_step = int(newest.name[:7])
-        assert any(e["kind"] == "job.replica_rejected" and e["data"]["step"] == newest_step for e in found), story
+        refused = [e for e in found if e["kind"] in ("job.checkpoint_rejected", "job.replica_rejected")
+                   and e["data"]["step"] == newest_step]
+        assert any(f"({second})" in e["message"] for e in refused), story
         resumed = [e for e in found if e["kind"] == "job.resume_from"]
-        assert resumed[-1]["data"]["step"] == newest_step - 10, story
-        assert "head:" in [e for e in found if e["kind"] == "job.checkpoint_placed"][-1]["message"], story
+        assert resumed[-1]["data"]["step"] == newest_step, story  # the third node's copy still verified
+        placed = [e for e in found if e["kind"] == "job.checkpoint_placed"][-1]
+        assert placed["data"]["copied_to"] == [second] and third in placed["data"]["in_place"], story
         resized = [e for e in found if e["kind"] == "job.resized"]
         assert resized and resized[-1]["data"]["left_out"] == [lost], story
         assert "global batch 6" in resized[-1]["message"], story
