@@ -16,7 +16,7 @@ import structlog
 
 from agent.launch import rank_command
 from coordinator.jobs.effects import HEAD, LaunchError, NodeView, Placement
-from coordinator.jobs.launcher import launcher_argv
+from coordinator.jobs.launcher import launcher_argv, ring_starting_port
 from coordinator.jobs.transfer import (
     CheckpointDamaged,
     HeadSink,
@@ -120,7 +120,8 @@ class DaemonEffects:
             files = write_launch_files(directory, self.daemon.config, document)
         except OSError as exc:
             raise LaunchError(f"the launch files could not be written in {directory}: {exc}") from None
-        argv = [*launcher_argv(), "--hostfile", files["hostfile"], "--", *rank_command(run_id)]
+        argv = [*launcher_argv(), "--hostfile", files["hostfile"], "--starting-port",
+                str(ring_starting_port(run_id, attempt)), "--", *rank_command(run_id)]
         env = dict(os.environ, PATH=files["path_prefix"] + os.pathsep + os.environ.get("PATH", "/usr/bin:/bin"))
         try:
             with open(directory / "launcher.log", "ab") as output:

@@ -16,6 +16,8 @@ module has another shape, it runs unchanged.
 
 from __future__ import annotations
 
+import hashlib
+
 import importlib.util
 import os
 import select
@@ -53,6 +55,23 @@ def find_launcher() -> tuple[str, ...] | None:
         return (sys.executable, "-m", __name__)
     on_path = shutil.which("mlx.launch")
     return (on_path,) if on_path else None
+
+
+#: Where each attempt's ring ports are drawn from: above the usual services, below the ephemeral range.
+RING_PORTS = (20000, 48000)
+RING_PORTS_WIDTH = 256  # ports one attempt may use: one per rank, IP and connection
+
+
+def ring_starting_port(run_id: str, attempt: int) -> int:
+    """This attempt's own base port for the ranks' connections (``mlx.launch --starting-port``).
+
+    mlx.launch's default (32323) is the same for every job: two jobs whose ranks share a machine
+    (local nodes, two people's runs on one Mac) would connect to each other's ranks and sum each
+    other's gradients, a wrong answer nobody sees. Drawn from the run id and the attempt, it is
+    stable across a daemon restart, and a new attempt never waits on the last one's sockets."""
+    digest = hashlib.sha256(f"{run_id}:{attempt}".encode()).digest()
+    span = RING_PORTS[1] - RING_PORTS[0] - RING_PORTS_WIDTH
+    return RING_PORTS[0] + int.from_bytes(digest[:4], "big") % span
 
 
 def launcher_argv() -> tuple[str, ...]:

@@ -88,3 +88,12 @@ def test_launch_links_keep_each_pair_of_neighbours_once_with_kind_and_speed():
         "links": [{"a": "n1", "b": "n2", "kind": "thunderbolt", "speed_gbps": 40},
                   {"a": "n2", "b": "n3", "kind": "ethernet", "speed_gbps": 10}]}
     assert core.launch_links({"backend": "ring", "transport": "tcp", "hosts": []})["links"] == []
+
+
+def test_each_attempt_has_ring_ports_of_its_own():
+    from coordinator.jobs.launcher import RING_PORTS, RING_PORTS_WIDTH, ring_starting_port
+
+    ports = {ring_starting_port(f"job-{i:08x}", attempt) for i in range(200) for attempt in range(3)}
+    assert all(RING_PORTS[0] <= p and p + RING_PORTS_WIDTH <= RING_PORTS[1] for p in ports)
+    assert len(ports) > 590  # 600 attempts: the default 32323 for all of them was how jobs cross-talked
+    assert ring_starting_port("job-1", 0) == ring_starting_port("job-1", 0) != ring_starting_port("job-1", 1)
