@@ -256,6 +256,37 @@ def validate_safetensors(path: str) -> tuple[bool, str]:
     return True, f"{len(header) - ('__metadata__' in header)} tensors"
 
 
+#: Checkpoints this agent hashed (or received whole, each chunk checked), by path: (size, mtime_ns,
+#: inode, sha256). A resume re-checks each copy where it lies; one unchanged since it was hashed
+#: (same size, mtime and inode, the rule of the sync's hash cache) is not read again.
+_hashed: dict[str, tuple[int, int, int, str]] = {}
+_HASHED_AT_MOST = 4096
+
+
+def _stat_key(info: os.stat_result) -> tuple[int, int, int]:
+    return info.st_size, info.st_mtime_ns, info.st_ino
+
+
+def remember_hash(path: str, sha256: str) -> None:
+    if len(_hashed) >= _HASHED_AT_MOST:
+        _hashed.clear()
+    _hashed[path] = (*_stat_key(os.stat(path)), sha256)
+
+
+def sha256_remembered(path: str) -> str:
+    """The file's SHA256, read again only when it changed since this agent last hashed it."""
+    before = os.stat(path)
+    known = _hashed.get(path)
+    if known is not None and known[:3] == _stat_key(before):
+        return known[3]
+    digest = sha256_file(path, before.st_size)
+    if _stat_key(os.stat(path)) == _stat_key(before):  # not being written while it was read
+        if len(_hashed) >= _HASHED_AT_MOST:
+            _hashed.clear()
+        _hashed[path] = (*_stat_key(before), digest)
+    return digest
+
+
 def list_checkpoints(workdir: str, job: str, attempt: int, known: list | None = None) -> dict[str, Any]:
     """Checkpoint files of one attempt, validated, with SHA256 (skipping ones already known)."""
     directory = checkpoint_dir(workdir, job, attempt)
@@ -273,7 +304,7 @@ def list_checkpoints(workdir: str, job: str, attempt: int, known: list | None = 
         valid, detail = validate_safetensors(path)
         found.append({"name": name, "iteration": int(match.group(1)), "path": path, "valid": valid,
                       "detail": detail, "size": os.path.getsize(path),
-                      "sha256": sha256_file(path) if valid else None})
+                      "sha256": sha256_remembered(path) if valid else None})
     return {"dir": directory, "checkpoints": found}
 
 
@@ -295,7 +326,6 @@ def read_file(workdir: str, path: str, offset: int = 0) -> dict[str, Any]:
 def hash_file(workdir: str, path: str) -> dict[str, Any]:
     """Size and SHA256 of a file under the workdir: a checkpoint copy checked where it lies before
     a rank resumes from it."""
-    from shared.manifest import sha256_file
     from shared.paths import UnsafePath, resolve_under
 
     try:
@@ -303,8 +333,7 @@ def hash_file(workdir: str, path: str) -> dict[str, Any]:
                              must_exist=True)
     except (UnsafePath, ValueError) as exc:
         raise RemoteError(p.REFUSED, str(exc)) from None
-    size = os.path.getsize(full)
-    return {"size": size, "sha256": sha256_file(full, size)}
+    return {"size": os.path.getsize(full), "sha256": sha256_remembered(full)}
 
 
 def remove_checkpoints(workdir: str, job: str, attempt: int, names: list, replica: bool = False) -> dict[str, Any]:

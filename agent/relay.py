@@ -31,6 +31,7 @@ from shared import relay as wire
 from shared.paths import UnsafePath, resolve_under
 from shared.rpc import RemoteError
 
+from agent import ranks as node_ranks
 from agent import sync as node_sync
 
 _ids = itertools.count(1)
@@ -419,6 +420,7 @@ class Relay:
         info = os.stat(state.target)
         if stat.S_ISREG(info.st_mode):
             node_sync.cache_for(state.root).store(state.rel, info, state.sha256)
+            node_ranks.remember_hash(state.target, state.sha256)  # a checkpoint copy, re-checked at a resume
         state.done = True
         state.finished = time.monotonic()
 
