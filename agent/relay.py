@@ -93,6 +93,30 @@ class Transfer:
 
 
 
+def _remove_stale_temporaries(target: str) -> None:
+    """Temporaries of this target left by an agent that was killed mid-transfer (its process is
+    gone): the next transfer of the file removes them, so they do not pile up on a node."""
+    prefix = f".{os.path.basename(target)}.coord-relay-"
+    directory = os.path.dirname(target)
+    for name in os.listdir(directory):
+        if not name.startswith(prefix):
+            continue
+        pid = name[len(prefix):].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # another agent of this user is alive with that pid: maybe its transfer
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        try:
+            os.unlink(os.path.join(directory, name))
+        except OSError:
+            pass
+
+
 def _mode(mode: int) -> int:
     return mode & 0o777
 
@@ -117,6 +141,7 @@ class Relay:
         self._check_new(transfer)
         directory = os.path.dirname(target)
         os.makedirs(directory, exist_ok=True)
+        _remove_stale_temporaries(target)
         tmp = os.path.join(directory, f".{os.path.basename(target)}.coord-relay-{os.getpid()}-{next(_ids)}")
         write_fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
         try:
@@ -153,7 +178,7 @@ class Relay:
         except (OSError, wire.RelayError) as exc:
             raise RemoteError(p.NOT_FOUND, f"cannot read {full}: {exc}") from None
         if whole != sha256:
-            raise RemoteError(p.REFUSED, f"{full} no longer matches the SHA256 recorded for it")
+            raise RemoteError(p.DAMAGED, f"{full} no longer matches the SHA256 recorded for it")
         read_fd = os.open(full, os.O_RDONLY)
         plan = wire.ChunkPlan(size, chunk_bytes)
         self._transfers[transfer] = Transfer(transfer, token, plan, hashes, read_fd, True, target=full,
@@ -242,16 +267,7 @@ class Relay:
         return state
 
     async def _drop(self, state: Transfer) -> None:
-        tasks = [f.task for f in state.forwards.values() if f.task is not None]
-        if state.upstream is not None:
-            tasks.append(state.upstream)
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await wire.cancel_and_wait([*(f.task for f in state.forwards.values()), state.upstream])
         if state.write_fd is not None:
             os.close(state.write_fd)
             state.write_fd = None

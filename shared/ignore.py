@@ -110,7 +110,9 @@ def compile_rule(line: str) -> Rule | None:
 #: What coord itself writes into a tree (hash caches, rank state): never user data, so never part of a
 #: manifest, a sync or a consistency check, whatever patterns a caller gives (an empty list included).
 #: Last, so that no negation before it can bring it back.
-ALWAYS_IGNORED = (".coord/",)
+#: The temporaries beside a file being written (a sync's, a relay's) are left behind only by an
+#: agent killed mid-write.
+ALWAYS_IGNORED = (".coord/", ".*.coord-relay-*", ".*.coord-[0-9]*-[0-9]*")
 
 
 class IgnoreRules:

@@ -38,6 +38,7 @@ INTERNAL = "internal"
 CONNECTION_LOST = "connection_lost"
 NOT_FOUND = "not_found"
 REFUSED = "refused"
+DAMAGED = "damaged"  # a file no longer has the SHA256 recorded for it
 
 
 class ProtocolError(Exception):

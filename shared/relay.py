@@ -110,6 +110,18 @@ def _load_sync_file_range():
 _sync_file_range = _load_sync_file_range()
 
 
+async def cancel_and_wait(tasks) -> None:
+    """Cancel tasks and wait until each has ended, whatever it ended with (cleanup paths)."""
+    tasks = [task for task in tasks if task is not None]
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        try:
+            await task
+        except (asyncio.CancelledError, Exception):
+            pass
+
+
 def pack_frame(message: dict[str, Any]) -> bytes:
     body = msgpack.packb(message, use_bin_type=True)
     return LENGTH.pack(len(body)) + body

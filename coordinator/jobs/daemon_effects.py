@@ -184,7 +184,7 @@ class DaemonEffects:
                 outcome = outcomes[p.node]
                 if outcome.ok:
                     written[id(p)] = outcome.path
-                elif "no longer matches" in outcome.detail:
+                elif outcome.source_damaged:
                     raise CheckpointDamaged(f"{source['node']}:{source['path']} {outcome.detail}")
                 else:
                     left.append((p, outcome.detail))

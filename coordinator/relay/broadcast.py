@@ -23,6 +23,7 @@ import anyio
 import structlog
 
 from coordinator.relay.route import Linked, plan_route, reroute
+from shared import protocol as p
 from shared import relay as wire
 from shared.rpc import RemoteError
 
@@ -66,6 +67,7 @@ class Outcome:
     sender: str | None = None
     seconds: float = 0.0
     reroutes: int = 0
+    source_damaged: bool = False  # the source no longer has its recorded SHA256: no copy of it is any good
 
     def as_dict(self) -> dict[str, Any]:
         return {"node": self.node, "ok": self.ok, "path": self.path, "detail": self.detail, "sender": self.sender,
@@ -130,10 +132,13 @@ class Broadcast:
         started = time.monotonic()
         try:
             hashes = await self._open_source()
-        except (SourceChanged, OSError) as exc:
-            return self._fail_all(str(exc))
+        except SourceChanged as exc:
+            return self._fail_all(str(exc), source_damaged=True)
+        except OSError as exc:
+            return self._fail_all(f"cannot read {self.source.path} on the head: {exc.strerror or exc}")
         except RemoteError as exc:
-            return self._fail_all(f"the source {self.source.node} cannot send it: {exc.message}")
+            return self._fail_all(f"the source {self.source.node} cannot send it: {exc.message}",
+                                  source_damaged=exc.code == p.DAMAGED)
         try:
             await self._open_receivers(hashes)
             ready = [name for name, r in self.receivers.items() if r.outcome is None]
@@ -299,17 +304,11 @@ class Broadcast:
 
     # --- ending -----------------------------------------------------------------------------
 
-    def _fail_all(self, detail: str) -> dict[str, Outcome]:
-        return {name: Outcome(name, detail=detail) for name in self.receivers}
+    def _fail_all(self, detail: str, *, source_damaged: bool = False) -> dict[str, Outcome]:
+        return {name: Outcome(name, detail=detail, source_damaged=source_damaged) for name in self.receivers}
 
     async def _close(self) -> None:
-        for task in self._head_sends.values():
-            task.cancel()
-        for task in self._head_sends.values():
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await wire.cancel_and_wait(self._head_sends.values())
         if self._head_fd is not None:
             os.close(self._head_fd)
             self._head_fd = None

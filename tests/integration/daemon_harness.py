@@ -25,6 +25,21 @@ def coord(*args: str, env: dict[str, str] | None = None, timeout: float = 60, pr
     return result
 
 
+def write_local_cluster(root: Path, nodes: tuple[str, ...] | list[str], *, name: str = "local-test",
+                        keepalive_s: float | None = None) -> Path:
+    """A cluster file of local nodes (agents over the local transport, this Python), each with a
+    workdir of its own under root; returns its path."""
+    text = f'[cluster]\nname = "{name}"\nstate_dir = "{root}/state"\n'
+    if keepalive_s is not None:
+        text += f"\n[ssh]\nkeepalive_s = {keepalive_s}\n"
+    for node in nodes:
+        text += (f'\n[[nodes]]\nname = "{node}"\nhost = "local"\npython = "{sys.executable}"\n'
+                 f'workdir = "{root}/{node}"\n')
+    config = root / "cluster.toml"
+    config.write_text(text)
+    return config
+
+
 def short_tempdir(prefix: str = "coord-") -> Path:
     """Unix socket paths are short (104 bytes on macOS): keep test state dirs near /tmp."""
     return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))

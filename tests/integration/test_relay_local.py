@@ -9,6 +9,7 @@ import gc
 import hashlib
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -223,3 +224,30 @@ def test_paths_from_the_wire_are_checked_before_anything_is_written(tmp_path):
 
     asyncio.run(body())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]
+
+
+def test_a_dead_agents_temporaries_are_removed_and_never_part_of_a_manifest(tmp_path):
+    from shared.ignore import IgnoreRules
+    from shared.manifest import scan_tree
+
+    root = tmp_path / "work"
+    (root / "data").mkdir(parents=True)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = root / "data" / f".train.bin.coord-relay-{dead.pid}-1"  # its agent was killed mid-transfer
+    stale.write_bytes(b"half")
+    alive = root / "data" / f".train.bin.coord-relay-{os.getpid()}-9"  # this process: a transfer of its own
+    alive.write_bytes(b"mine")
+    manifest, _ = scan_tree(str(root), IgnoreRules())
+    assert manifest == {}  # coord's temporaries are not user data
+
+    data = b"x" * 1000
+
+    async def body():
+        relay = Relay()
+        await relay.open_receiver("t", "s", str(root), "data/train.bin", len(data), 0o644,
+                                  hashlib.sha256(data).hexdigest(), 1 << 20, [hashlib.sha256(data).digest()])
+        await relay.close("t")
+
+    asyncio.run(body())
+    assert not stale.exists() and alive.exists()

@@ -9,33 +9,16 @@ import json
 import os
 import shutil
 import signal
-import sys
 
 import pytest
 
-from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir
-
-CLUSTER = """\
-[cluster]
-name = "relay-test"
-state_dir = "{root}/state"
-
-[ssh]
-keepalive_s = 0.5
-""" + "".join(f"""
-[[nodes]]
-name = "{name}"
-host = "local"
-python = "{{python}}"
-workdir = "{{root}}/{name}"
-""" for name in ("a", "b", "c"))
-
+from tests.integration.daemon_harness import (DaemonProcess, all_up, coord, environment, short_tempdir,
+                                              write_local_cluster)
 
 @pytest.fixture
 def three_local_nodes():
     root = short_tempdir()
-    config = root / "cluster.toml"
-    config.write_text(CLUSTER.format(root=root, python=sys.executable))
+    config = write_local_cluster(root, ("a", "b", "c"), name="relay-test", keepalive_s=0.5)
     daemon = DaemonProcess(config, env=environment()).start()
     try:
         daemon.wait_for(all_up, 30, "all nodes up")

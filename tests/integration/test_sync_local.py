@@ -15,27 +15,16 @@ import sys
 
 import pytest
 
-from tests.integration.daemon_harness import REPO, DaemonProcess, all_up, coord, environment, short_tempdir
+from tests.integration.daemon_harness import (REPO, DaemonProcess, all_up, coord, environment, short_tempdir,
+                                              write_local_cluster)
 
 NODES = ("a", "b", "c")
-CLUSTER = """\
-[cluster]
-name = "sync-test"
-state_dir = "{root}/state"
-""" + "".join(f"""
-[[nodes]]
-name = "{name}"
-host = "local"
-python = "{{python}}"
-workdir = "{{root}}/{name}"
-""" for name in NODES)
 
 
 @pytest.fixture
 def cluster():
     root = short_tempdir()
-    config = root / "cluster.toml"
-    config.write_text(CLUSTER.format(root=root, python=sys.executable))
+    config = write_local_cluster(root, NODES, name="sync-test")
     source = root / "project"
     for i in range(300):
         path = source / f"pkg{i % 10}" / f"m{i:03d}.py"
