@@ -20,26 +20,13 @@ import pytest
 
 from coordinator.demo import last_train_step
 from coordinator.tinymodel import write_project
-from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir
+from tests.integration.daemon_harness import (DaemonProcess, all_up, coord, environment, short_tempdir,
+                                              write_local_cluster)
 
 pytestmark = pytest.mark.timeout(900)
 EXACT = 1e-5
 ITERS = 24
 SAVE_EVERY = 4
-
-CLUSTER = """\
-[cluster]
-name = "own-copies"
-state_dir = "{root}/state"
-
-[ssh]
-keepalive_s = 0.5
-""" + "".join(f"""
-[[nodes]]
-name = "{name}"
-host = "local"
-workdir = "{{root}}/{name}"
-""" for name in ("a", "b"))
 
 COMMAND = ["python", "-m", "mlx_lm", "lora", "--model", "model", "--train", "--data", "data", "--fine-tune-type",
            "full", "--batch-size", "4", "--iters", str(ITERS), "--learning-rate", "1e-3", "--seed", "7",
@@ -50,8 +37,7 @@ COMMAND = ["python", "-m", "mlx_lm", "lora", "--model", "model", "--train", "--d
 def cluster():
     root = short_tempdir()
     write_project(root / "project")
-    config = root / "cluster.toml"
-    config.write_text(CLUSTER.format(root=root))
+    config = write_local_cluster(root, ("a", "b"), name="own-copies", keepalive_s=0.5)
     daemon = DaemonProcess(config, env=environment()).start()
     daemon.wait_for(all_up, 30, "all nodes up")
     yield daemon, root
