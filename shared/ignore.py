@@ -42,6 +42,9 @@ class Rule:
     regex: re.Pattern
     negate: bool
     dir_only: bool
+    #: A pattern without a slash matches a path's last component, at any depth: its regex is
+    #: matched against the name alone (as git does), which is also what makes a walk cheap.
+    on_name: bool = False
 
 
 def _translate(glob: str) -> str:
@@ -102,9 +105,7 @@ def compile_rule(line: str) -> Rule | None:
         return None
     anchored = "/" in text
     text = text.lstrip("/")
-    body = _translate(text)
-    prefix = "" if anchored else "(?:.*/)?"
-    return Rule(line, re.compile(f"^{prefix}{body}$", re.DOTALL), negate, dir_only)
+    return Rule(line, re.compile(f"^{_translate(text)}$", re.DOTALL), negate, dir_only, on_name=not anchored)
 
 
 #: What coord itself writes into a tree (hash caches, rank state): never user data, so never part of a
@@ -121,30 +122,40 @@ class IgnoreRules:
         self.rules = [rule for rule in map(compile_rule, self.patterns) if rule is not None]
         # Without negations the order of rules does not matter: one alternation per kind
         # of path replaces a dozen regex calls per file (a 10,000-file tree notices).
-        self._combined: tuple[re.Pattern | None, re.Pattern | None] | None = None
+        # Four of them: rules on the name or on the whole path, for any path or for directories only.
+        self._combined: tuple[re.Pattern | None, ...] | None = None
         if not any(rule.negate for rule in self.rules):
-            any_path = [r.regex.pattern for r in self.rules if not r.dir_only]
-            dir_only = [r.regex.pattern for r in self.rules if r.dir_only]
-            self._combined = (re.compile("|".join(f"(?:{p})" for p in any_path), re.DOTALL) if any_path else None,
-                              re.compile("|".join(f"(?:{p})" for p in dir_only), re.DOTALL) if dir_only else None)
+            self._combined = tuple(_alternation([r for r in self.rules if r.on_name == on_name and r.dir_only == dirs])
+                                   for on_name in (True, False) for dirs in (False, True))
 
     @classmethod
     def with_defaults(cls, extra: list[str] | tuple[str, ...] = ()) -> "IgnoreRules":
         return cls(list(DEFAULT_PATTERNS) + list(extra))
 
-    def matches(self, path: str, is_dir: bool) -> bool:
-        """Whether this path itself is ignored (its parents are the walker's business)."""
+    def matches(self, path: str, is_dir: bool, name: str | None = None) -> bool:
+        """Whether this path itself is ignored (its parents are the walker's business).
+
+        ``name`` is the path's last component, when the caller has it at hand (a walk does).
+        """
+        if name is None:
+            name = path.rpartition("/")[2]
         if self._combined is not None:
-            any_path, dir_only = self._combined
-            return bool((any_path is not None and any_path.match(path)) or
-                        (is_dir and dir_only is not None and dir_only.match(path)))
+            name_any, name_dir, path_any, path_dir = self._combined
+            return bool((name_any is not None and name_any.match(name)) or
+                        (path_any is not None and path_any.match(path)) or
+                        (is_dir and ((name_dir is not None and name_dir.match(name)) or
+                                     (path_dir is not None and path_dir.match(path)))))
         ignored = False
         for rule in self.rules:
             if rule.dir_only and not is_dir:
                 continue
-            if rule.regex.match(path):
+            if rule.regex.match(name if rule.on_name else path):
                 ignored = not rule.negate
         return ignored
+
+
+def _alternation(rules: list[Rule]) -> re.Pattern | None:
+    return re.compile("|".join(f"(?:{r.regex.pattern})" for r in rules), re.DOTALL) if rules else None
 
 
 def read_ignore_file(text: str) -> list[str]:

@@ -136,11 +136,11 @@ def walk_tree(root: str, rules: IgnoreRules, stats: ScanStats) -> list[tuple[str
             if entry.is_symlink():
                 skipped.append(rel)
             elif entry.is_dir(follow_symlinks=False):
-                if matches(rel, True) or exists(join(entry.path, "pyvenv.cfg")):
+                if matches(rel, True, entry.name) or exists(join(entry.path, "pyvenv.cfg")):
                     continue  # ignored directories and virtual environments are not descended
                 visit(entry.path, rel + "/")
             elif entry.is_file(follow_symlinks=False):
-                if not matches(rel, False):
+                if not matches(rel, False, entry.name):
                     found.append((rel, entry.stat(follow_symlinks=False)))
             else:
                 skipped.append(rel)

@@ -57,8 +57,11 @@ def find_launcher() -> tuple[str, ...] | None:
     return (on_path,) if on_path else None
 
 
-#: Where each attempt's ring ports are drawn from: above the usual services, below the ephemeral range.
-RING_PORTS = (20000, 48000)
+#: Where each attempt's ring ports are drawn from: above the usual services, below every usual
+#: ephemeral range (Linux gives outgoing connections 32768-60999, macOS 49152-65535): a port an
+#: outgoing connection holds, an earlier attempt's ranks' own included, would fail the bind
+#: ("Couldn't bind socket") and burn a restart.
+RING_PORTS = (20000, 32768)
 RING_PORTS_WIDTH = 256  # ports one attempt may use: one per rank, IP and connection
 
 

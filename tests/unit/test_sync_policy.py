@@ -31,6 +31,13 @@ from shared.paths import UnsafePath, check_relative, resolve_under
     (["data?.bin"], "data1.bin", False, True),
     (["[ab].txt"], "b.txt", False, True),
     (["[!ab].txt"], "b.txt", False, False),
+    # A pattern without a slash is about the last component only: nothing in it spans a "/".
+    (["a[!x]b"], "a/b", False, False),
+    (["a[!x]b"], "deep/a-b", False, True),
+    (["*.log", "!keep.log"], "a/keep.log/x.log", False, True),
+    (["*.log", "!keep.log"], "keep.log", True, False),
+    (["!x", "*"], "d/x", False, True),
+    (["x", "!d/x"], "d/x", False, False),
 ])
 def test_ignore_rules_follow_gitignore(patterns, path, is_dir, ignored):
     assert IgnoreRules(patterns).matches(path, is_dir) is ignored
