@@ -192,8 +192,8 @@ def sync_state(root: str, patterns: list[str], known: list | None = None) -> dic
 
 def _write_temporary(target: str, data: bytes, mode: int) -> tuple[str, os.stat_result]:
     """The (already verified) content in a temporary beside target, and its stat; the caller renames it."""
-    directory = os.path.dirname(target)
-    tmp = os.path.join(directory, f".{os.path.basename(target)}.coord-{os.getpid()}-{next(_upload_ids)}")
+    directory, _, name = target.rpartition("/")
+    tmp = f"{directory}/.{name}.coord-{os.getpid()}-{next(_upload_ids)}"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     try:
         fd = os.open(tmp, flags, 0o600)
@@ -248,7 +248,7 @@ def put_files(root: str, files: list) -> dict[str, Any]:
             except BaseException:
                 os.unlink(tmp)
                 raise
-            directory = os.path.dirname(target)
+            directory = target.rpartition("/")[0]
             with state.lock:
                 state.files[rel] = (target, info, sha)
                 if directory not in state.dirs:

@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.cluster.netns import NetnsCluster, NodeSpec  # noqa: E402
-from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir  # noqa: E402
+from tests.integration.daemon_harness import DaemonProcess, all_up, coord, installed_environment, short_tempdir  # noqa: E402
 
 
 def nodes_for(count: int) -> list[NodeSpec]:
@@ -64,7 +64,7 @@ def run_size(count: int, args, source: Path, sha: str, root: Path) -> dict:
     with NetnsCluster(nodes_for(count)) as cluster:
         cluster.cap_links(args.rate)
         config = cluster.write_cluster_toml(root / f"cluster-{count}.toml", state_dir=root / f"state-{count}")
-        daemon = DaemonProcess(config, env=environment(), prefix=["ip", "netns", "exec", cluster.head_ns]).start()
+        daemon = DaemonProcess(config, env=installed_environment(), prefix=["ip", "netns", "exec", cluster.head_ns]).start()
         try:
             daemon.wait_for(all_up, 120, "all nodes up")
             started = time.perf_counter()

@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 from shared.ignore import IgnoreRules  # noqa: E402
 from shared.manifest import HashCache, scan_tree  # noqa: E402
 from tests.cluster.netns import NetnsCluster  # noqa: E402
-from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir  # noqa: E402
+from tests.integration.daemon_harness import DaemonProcess, all_up, coord, installed_environment, short_tempdir  # noqa: E402
 
 LINK_RATE = "1gbit"
 REPEATS = 3
@@ -103,7 +103,7 @@ def main() -> None:
         config = cluster.write_cluster_toml(root / "cluster.toml", state_dir=root / "state")
         with config.open("a") as handle:
             handle.write(f'\n[sync]\nsource = "{source}"\n')
-        daemon = DaemonProcess(config, env=environment(), prefix=["ip", "netns", "exec", cluster.head_ns]).start()
+        daemon = DaemonProcess(config, env=installed_environment(), prefix=["ip", "netns", "exec", cluster.head_ns]).start()
         try:
             daemon.wait_for(all_up, 60, "all nodes up")
 

@@ -132,6 +132,15 @@ class IgnoreRules:
     def with_defaults(cls, extra: list[str] | tuple[str, ...] = ()) -> "IgnoreRules":
         return cls(list(DEFAULT_PATTERNS) + list(extra))
 
+    def file_rules(self) -> tuple:
+        """For a walk's files: (match on the name, match on the path or None), each a bound
+        ``re.Pattern.match``; (None, None) where the rules have negations and must run in order
+        through ``matches``."""
+        if self._combined is None:
+            return None, None
+        name_any, _, path_any, _ = self._combined
+        return (name_any or _NEVER).match, (path_any.match if path_any is not None else None)
+
     def matches(self, path: str, is_dir: bool, name: str | None = None) -> bool:
         """Whether this path itself is ignored (its parents are the walker's business).
 
@@ -152,6 +161,9 @@ class IgnoreRules:
             if rule.regex.match(name if rule.on_name else path):
                 ignored = not rule.negate
         return ignored
+
+
+_NEVER = re.compile(r"(?!)")  # matches nothing
 
 
 def _alternation(rules: list[Rule]) -> re.Pattern | None:

@@ -117,11 +117,13 @@ def walk_tree(root: str, rules: IgnoreRules, stats: ScanStats) -> list[tuple[str
     """Regular files under root, sorted by path, minus ignored ones; links and specials are skipped.
 
     One ``lstat`` per file (``scandir`` tells files from directories without one) and
-    one sort at the end: on an unchanged tree this walk is most of a re-check's cost.
+    one sort at the end: on an unchanged tree this walk is most of a re-check's cost, so
+    its loop is kept to the calls it needs.
     """
     found: list[tuple[str, os.stat_result]] = []
     skipped = stats.skipped
     matches = rules.matches
+    file_name_rule, file_path_rule = rules.file_rules()
     exists = os.path.exists
     join = os.path.join
 
@@ -132,27 +134,26 @@ def walk_tree(root: str, rules: IgnoreRules, stats: ScanStats) -> list[tuple[str
         except (FileNotFoundError, NotADirectoryError):
             return
         for entry in entries:
-            rel = prefix + entry.name
-            if entry.is_symlink():
-                skipped.append(rel)
+            name = entry.name
+            rel = prefix + name
+            if entry.is_file(follow_symlinks=False):  # a regular file, not a link to one
+                if file_name_rule is None:
+                    if matches(rel, False, name):  # rules with negations: in order
+                        continue
+                elif file_name_rule(name) is not None or (file_path_rule is not None and file_path_rule(rel)):
+                    continue
+                found.append((rel, entry.stat(follow_symlinks=False)))
             elif entry.is_dir(follow_symlinks=False):
-                if matches(rel, True, entry.name) or exists(join(entry.path, "pyvenv.cfg")):
+                if matches(rel, True, name) or exists(join(entry.path, "pyvenv.cfg")):
                     continue  # ignored directories and virtual environments are not descended
                 visit(entry.path, rel + "/")
-            elif entry.is_file(follow_symlinks=False):
-                if not matches(rel, False, entry.name):
-                    found.append((rel, entry.stat(follow_symlinks=False)))
             else:
-                skipped.append(rel)
+                skipped.append(rel)  # symbolic links, sockets, devices
 
     visit(root, "")
-    found.sort(key=_first)
+    found.sort()  # by path: paths are unique, so no two stat results are ever compared
     skipped.sort()
     return found
-
-
-def _first(item: tuple) -> str:
-    return item[0]
 
 
 def scan_tree(root: str, rules: IgnoreRules, *, cache: HashCache | None = None, threads: int | None = None,

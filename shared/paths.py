@@ -23,6 +23,15 @@ class UnsafePath(ValueError):
 
 def check_relative(path: object) -> str:
     """Validate the form of a relative path (no filesystem access); returns it normalised."""
+    # The common case first, already in normal form (a sync sends tens of thousands): short enough
+    # whatever its encoding, and nothing that needs the long look ("..", "." and "" parts included).
+    if (type(path) is str and 0 < len(path) <= MAX_PATH_BYTES // 4 and path[0] != "/" and path[-1] not in "/."
+            and "./" not in path and "//" not in path and "\\" not in path and "\0" not in path and ":" not in path):
+        return path
+    return _check_relative_fully(path)
+
+
+def _check_relative_fully(path: object) -> str:
     if not isinstance(path, str):
         raise UnsafePath(repr(path), "not a string")
     if not path or path in (".", "./"):
@@ -46,23 +55,33 @@ def check_relative(path: object) -> str:
 
 class PathGuard:
     """``resolve_under`` for many paths under one root: a directory checked once is not
-    checked again by the same guard (a sync batch touches each directory many times)."""
+    checked again by the same guard (a sync batch touches each directory many times). A guard
+    is for one batch, checked before anything of it is written: a directory missing when it was
+    checked is taken to be missing still."""
 
     def __init__(self, root: str):
         self.root = root
         self.real_root = os.path.realpath(root)
+        self._base = self.real_root.rstrip("/")  # "/" as a root: no "//" in what it resolves
         self._safe_dirs: set[str] = set()
+        self._missing_dirs: set[str] = set()  # a new tree's directories, checked as far as they exist
 
     def resolve(self, path: str, *, must_exist: bool = False) -> str:
         relative = check_relative(path)
         parent = relative.rpartition("/")[0]
-        if parent and parent in self._safe_dirs:
-            full = os.path.join(self.real_root, *relative.split("/"))
+        if not parent or parent in self._safe_dirs:
+            full = f"{self._base}/{relative}"
             _check_last(path, full, self.real_root, must_exist)
             return full
-        full = resolve_under(self.root, relative, must_exist=must_exist, real_root=self.real_root)
-        if parent and os.path.isdir(os.path.join(self.real_root, *parent.split("/"))):
+        if parent in self._missing_dirs:  # its existing part was checked; nothing in it exists yet
+            if must_exist:
+                raise UnsafePath(path, "no such file")
+            return f"{self._base}/{relative}"
+        full = _resolve_checked(path, relative, self.real_root, must_exist)
+        if os.path.isdir(f"{self._base}/{parent}"):
             self._safe_dirs.add(parent)
+        elif not os.path.lexists(f"{self._base}/{parent}"):
+            self._missing_dirs.add(parent)
         return full
 
 
@@ -90,13 +109,15 @@ def resolve_under(root: str, path: str, *, must_exist: bool = False, real_root: 
     Every existing component is checked: a symlink whose target is outside the
     root is refused, and so is a device, socket or FIFO.
     """
-    relative = check_relative(path)
-    real_root = real_root or os.path.realpath(root)
-    full = os.path.join(real_root, *relative.split("/"))
+    return _resolve_checked(path, check_relative(path), real_root or os.path.realpath(root), must_exist)
+
+
+def _resolve_checked(path: str, relative: str, real_root: str, must_exist: bool) -> str:
+    """resolve_under for a path whose form check_relative passed (``relative`` is its normal form)."""
     # Walk the existing prefix: realpath follows links, so an escape shows up here.
-    current = real_root
+    base = current = real_root.rstrip("/")
     for part in relative.split("/"):
-        current = os.path.join(current, part)
+        current = f"{current}/{part}"
         if not _check_last(path, current, real_root, must_exist):
             break
-    return full
+    return f"{base}/{relative}"

@@ -110,11 +110,14 @@ def source_manifest(daemon: "Daemon", source: Path, patterns: list[str]) -> tupl
 
 
 async def node_state(session, patterns: list[str], known: list[str] | None,
-                     listings: list[str] | None = None) -> tuple[str, dict | None]:
+                     listings: list[str] | None = None, scans: dict[str, float] | None = None) -> tuple[str, dict | None]:
     """A node's tree hash after it flushed what it was sent, and its manifest when ``known`` lacks its hash
-    (then its name is added to ``listings``: the nodes whose listing crossed the wire)."""
+    (then its name is added to ``listings``: the nodes whose listing crossed the wire; and the seconds
+    its own scan took to ``scans``)."""
     answer = await session.call("sync_state", {"root": session.node.workdir, "patterns": patterns,
                                                "known": known}, timeout=3600)
+    if scans is not None:
+        scans[session.node.name] = (answer.get("stats") or {}).get("seconds")
     files = answer.get("files")
     if files is not None and listings is not None:
         listings.append(session.node.name)
@@ -166,6 +169,7 @@ async def serve_sync(daemon: "Daemon", emit, source: str | None = None, delete: 
     states: dict[str, tuple[str, dict | None]] = {}
     listings: list[str] = []  # one name per node manifest received: none on an unchanged tree
     report["listings_received"] = listings
+    report["node_scan_seconds"] = node_scans = {}  # each node's own re-check of its tree, before sending
     known = list(_known_trees) or None
     scanned: dict[str, Any] = {}
 
@@ -178,7 +182,7 @@ async def serve_sync(daemon: "Daemon", emit, source: str | None = None, delete: 
             missing[name] = f"node is {session.state}" + (f": {session.view.reason}" if session.view.reason else "")
             return
         try:
-            states[name] = await node_state(session, patterns, known, listings)
+            states[name] = await node_state(session, patterns, known, listings, node_scans)
         except RemoteError as exc:
             missing[name] = exc.message
 

@@ -75,6 +75,28 @@ def test_unsafe_relative_paths_are_refused_by_form(bad):
         check_relative(bad)
 
 
+def test_the_quick_form_check_agrees_with_the_full_one_on_every_path():
+    """check_relative's shortcut for ordinary paths must never accept what the full check refuses,
+    nor return another form: 200,000 random paths over the characters that matter."""
+    import random
+
+    from shared.paths import _check_relative_fully
+
+    def outcome(check, path):
+        try:
+            return check(path)
+        except UnsafePath as exc:
+            return ("refused", exc.why)
+
+    rng = random.Random(13)
+    alphabet = ["a", "b", "/", ".", "..", "\\", ":", "\0", " ", "é", "\udcff"]
+    for _ in range(200_000):
+        path = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 8)))
+        assert outcome(check_relative, path) == outcome(_check_relative_fully, path), path
+    long_name = "a/" * 2100
+    assert outcome(check_relative, long_name) == outcome(_check_relative_fully, long_name)
+
+
 def test_a_symlink_out_of_the_root_is_refused(tmp_path):
     root = tmp_path / "root"
     root.mkdir()
@@ -87,6 +109,25 @@ def test_a_symlink_out_of_the_root_is_refused(tmp_path):
         resolve_under(str(root), "escape/x")
     assert resolve_under(str(root), "fine/x").endswith("fine/x")
     assert check_relative("./a//b/") == "a/b"
+
+
+def test_a_guard_checks_a_new_trees_paths_once_per_directory_and_still_refuses_an_escape(tmp_path):
+    from shared.paths import PathGuard
+
+    root = tmp_path / "root"
+    root.mkdir()
+    (tmp_path / "outside").mkdir()
+    os.symlink(tmp_path / "outside", root / "escape")
+    guard = PathGuard(str(root))
+    real = os.path.realpath(root)
+    assert [guard.resolve(f"new/dir/f{i}") for i in range(3)] == [f"{real}/new/dir/f{i}" for i in range(3)]
+    for _ in range(2):  # refused every time, not only when first seen
+        with pytest.raises(UnsafePath, match="symlink leads outside"):
+            guard.resolve("escape/new/x")
+    with pytest.raises(UnsafePath, match="no such file"):
+        guard.resolve("new/dir/f9", must_exist=True)
+    with pytest.raises(UnsafePath):
+        guard.resolve("new/../../x")
 
 
 def test_a_device_file_is_refused(tmp_path):
