@@ -105,7 +105,8 @@ def compile_rule(line: str) -> Rule | None:
         return None
     anchored = "/" in text
     text = text.lstrip("/")
-    return Rule(line, re.compile(f"^{_translate(text)}$", re.DOTALL), negate, dir_only, on_name=not anchored)
+    # \Z, not $: "$" also matches before a final newline, and a name may end in one.
+    return Rule(line, re.compile(f"^{_translate(text)}\\Z", re.DOTALL), negate, dir_only, on_name=not anchored)
 
 
 #: What coord itself writes into a tree (hash caches, rank state): never user data, so never part of a

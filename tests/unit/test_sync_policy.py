@@ -38,6 +38,7 @@ from shared.paths import UnsafePath, check_relative, resolve_under
     (["*.log", "!keep.log"], "keep.log", True, False),
     (["!x", "*"], "d/x", False, True),
     (["x", "!d/x"], "d/x", False, False),
+    (["*.pyc"], "a.pyc\n", False, False),  # a name may end in a newline; it is not "a.pyc"
 ])
 def test_ignore_rules_follow_gitignore(patterns, path, is_dir, ignored):
     assert IgnoreRules(patterns).matches(path, is_dir) is ignored
