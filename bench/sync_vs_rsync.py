@@ -51,14 +51,55 @@ LINK_RATE = "1gbit"
 SETTLE_S = 370
 
 
-def settle(source: Path) -> None:
+def settle(source: Path, seconds: float) -> None:
     subprocess.run(["sync"], check=True)
-    time.sleep(SETTLE_S)
+    time.sleep(seconds)
     for path in source.rglob("*"):
         if path.is_file():
             with open(path, "rb") as handle:
                 while handle.read(1 << 20):
                     pass
+
+
+REPEATS = 3
+# The goals, and the figures before the change that set them (ba9abe9, same bench without link caps).
+GOALS = {"first sync": ("<= 1.00x", "2.18x"), "no-op sync": ("<= 0.50x", "1.56x"),
+         "one file changed": ("<= 1.00x", "3.24x")}
+
+
+def make_tree(root: Path, files: int) -> int:
+    total = 0
+    for i in range(files):
+        path = root / f"d{i % 100:02d}" / f"f{i:05d}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        body = (f"# file {i}\n" + "x = 1\n" * (i % 300)).encode()
+        path.write_bytes(body)
+        total += len(body)
+    big = root / "weights.bin"
+    big.write_bytes(os.urandom(32 << 20))
+    return total + (32 << 20)
+
+
+def make_large_tree(root: Path, model_mib: int, lines: int) -> int:
+    """A model of model_mib MiB in four safetensors-like files, its config, and a JSONL data set."""
+    model = root / "model"
+    model.mkdir(parents=True)
+    parts = 4
+    per_part = (model_mib << 20) // parts
+    block = 64 << 20  # written in blocks: the bench never holds a whole model in memory
+    for part in range(parts):
+        with open(model / f"model-{part + 1:05d}-of-{parts:05d}.safetensors", "wb") as handle:
+            left = per_part
+            while left:
+                handle.write(os.urandom(min(block, left)))
+                left -= min(block, left)
+    (model / "config.json").write_text('{"model_type": "llama", "hidden_size": 2048}\n')
+    data = root / "data"
+    data.mkdir()
+    with open(data / "train.jsonl", "w") as handle:
+        for i in range(lines):
+            handle.write(json.dumps({"text": f"example {i}: " + "the quick brown fox " * (i % 20)}) + "\n")
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
 
 
 def timed(fn) -> float:
@@ -72,6 +113,8 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=10_000)
     parser.add_argument("--model-mib", type=int, default=1024)
     parser.add_argument("--lines", type=int, default=60_000)
+    parser.add_argument("--settle-s", type=float, default=SETTLE_S,
+                        help="seconds to wait before the first sync (see SETTLE_S; 0 for a quick try)")
     args = parser.parse_args()
     root = short_tempdir("coord-bench-sync-")
     root.chmod(0o755)
@@ -130,7 +173,7 @@ def main() -> None:
             nodes = len(cluster.nodes)
             # The first sync twice, each tool first once: a tree's first copy creates 30,000 inodes on
             # one disk, and neither tool should be the one that always goes first.
-            settle(source)
+            settle(source, args.settle_s)
             first_rounds = [(timed(coord_sync), timed(rsync_all))]
             first_timing = dict(last_report.get("timing", {}))
             move_copies_aside("round1")
