@@ -26,6 +26,7 @@ import shutil
 import stat
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from shared import protocol as p
@@ -129,20 +130,23 @@ def _pending(root: str) -> _Unflushed:
 FSYNC_AT_MOST = 64
 
 
-def flush(root: str) -> dict[str, Any]:
-    """Make every file written under root since the last flush durable, then enter them in the hash cache.
+def _take_pending(root: str) -> tuple[dict, set, dict] | None:
+    """What was written under root since the last flush, taken (files, directories, devices); None if nothing."""
+    state = _pending(root)
+    with state.lock:
+        files, dirs, devices = state.files, state.dirs, state.devices
+        state.files, state.dirs, state.devices = {}, set(), {}
+    return (files, dirs, devices) if files or dirs else None
+
+
+def _make_durable(root: str, files: dict, dirs: set, devices: dict) -> str:
+    """Flush what ``_take_pending`` took; on failure it goes back to be flushed next time. Returns how.
 
     Linux: one ``syncfs`` per filesystem written to (it flushes file data, inodes and the
     directory entries of the renames), or for a handful of files an fsync each and one per
     directory. Elsewhere, or where syncfs fails: an fsync per file and per directory, and on
     macOS then one ``F_FULLFSYNC`` (plain fsync there leaves the data in the drive's cache).
     """
-    state = _pending(root)
-    with state.lock:
-        files, dirs, devices = state.files, state.dirs, state.devices
-        state.files, state.dirs, state.devices = {}, set(), {}
-    if not files and not dirs:
-        return {"flushed": 0, "how": "nothing"}
     try:
         how = "syncfs"
         if len(files) <= FSYNC_AT_MOST or not all(_syncfs(directory) for directory in devices.values()):
@@ -160,31 +164,54 @@ def flush(root: str) -> dict[str, Any]:
                 finally:
                     os.close(fd)
     except BaseException:
+        state = _pending(root)
         with state.lock:  # not flushed: the next flush tries again
             for rel, item in files.items():
                 state.files.setdefault(rel, item)
             state.dirs |= dirs
             state.devices.update(devices)
         raise
-    cache = cache_for(root)
-    for rel, (_, info, digest) in files.items():
-        cache.store(rel, info, digest)  # a file changed since is not matched by its stat
-    return {"flushed": len(files), "how": how}
+    return how
 
 
 def sync_state(root: str, patterns: list[str], known: list | None = None) -> dict[str, Any]:
-    """Flush what is pending, then describe the tree by its hash from a stat-only scan.
+    """Make everything written since the last call durable, and describe the tree by its hash from a
+    stat-only scan.
 
-    The full manifest comes back only when ``known`` (hashes of trees the head already holds
-    the manifest of) is given and the tree's hash is not in it: an unchanged node sends a
-    hash, not its listing.
+    The scan runs while the disk flushes: it reads no file data (the files just written are known
+    by their stat and hash), and nothing it learns is saved to the hash cache until the flush has
+    succeeded, so a crash never leaves a cache entry for bytes that were not durable. The full
+    manifest comes back only when ``known`` (hashes of trees the head already holds the manifest
+    of) is given and the tree's hash is not in it: an unchanged node sends a hash, not its listing.
     """
     root = _root(root, create=True)
-    flushed = flush(root)
-    manifest, stats = _scan(root, patterns)
+    rules = IgnoreRules(patterns)
+    cache = cache_for(root)
+    with _scan_locks.setdefault(root, threading.Lock()):  # no other scan saves the cache meanwhile
+        taken = _take_pending(root)
+        if taken is None:
+            manifest, stats = scan_tree(root, rules, cache=cache)
+            flushed, how = 0, "nothing"
+        else:
+            files = taken[0]
+            for rel, (_, info, digest) in files.items():
+                cache.store(rel, info, digest)  # in memory only: a file changed since is not matched by its stat
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                durable = pool.submit(_make_durable, root, *taken)
+                try:
+                    manifest, stats = scan_tree(root, rules, cache=cache, save=False)
+                finally:
+                    try:
+                        how = durable.result()
+                    except BaseException:
+                        for rel in files:  # not durable: known again only by a read, after the next flush
+                            cache.entries.pop(rel, None)
+                        raise
+            cache.save()
+            flushed = len(files)
     digest = tree_hash(manifest)
-    answer: dict[str, Any] = {"tree_hash": digest, "count": len(manifest), "flushed": flushed["flushed"],
-                              "flush": flushed["how"], "stats": stats.as_dict()}
+    answer: dict[str, Any] = {"tree_hash": digest, "count": len(manifest), "flushed": flushed,
+                              "flush": how, "stats": stats.as_dict()}
     if known is not None and digest not in known:
         answer["files"] = [[rel, *entry] for rel, entry in manifest.items()]
     return answer
@@ -219,7 +246,7 @@ def put_files(root: str, files: list) -> dict[str, Any]:
 
     Every hash is checked before anything is written, so a batch with one bad file writes
     none. Each file goes to a temporary beside its target and is renamed into place; none is
-    flushed here: ``flush`` (through ``sync_state``) makes the lot durable at the end.
+    flushed here: ``sync_state`` makes the lot durable at the end.
     """
     root = _root(root, create=True)
     for item in files:

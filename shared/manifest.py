@@ -157,8 +157,10 @@ def walk_tree(root: str, rules: IgnoreRules, stats: ScanStats) -> list[tuple[str
 
 
 def scan_tree(root: str, rules: IgnoreRules, *, cache: HashCache | None = None, threads: int | None = None,
-              on_progress: Callable[[int, int], None] | None = None) -> tuple[dict[str, list], ScanStats]:
-    """Describe root: {rel: [size, mode, sha256]} and what it cost."""
+              on_progress: Callable[[int, int], None] | None = None,
+              save: bool = True) -> tuple[dict[str, list], ScanStats]:
+    """Describe root: {rel: [size, mode, sha256]} and what it cost. ``save``: write the cache file
+    at the end (a caller holding entries not yet durable saves it itself, once they are)."""
     started = time.monotonic()
     stats = ScanStats()
     cache = cache or HashCache(None)
@@ -210,7 +212,8 @@ def scan_tree(root: str, rules: IgnoreRules, *, cache: HashCache | None = None, 
                 pool.shutdown()
     if len(entries) != len(manifest):  # every entry left is a file found: nothing stale to drop
         cache.prune(set(manifest))
-    cache.save()
+    if save:
+        cache.save()
     stats.seconds = time.monotonic() - started
     if todo:
         manifest = dict(sorted(manifest.items()))  # hashed files went in after the cached ones

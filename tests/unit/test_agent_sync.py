@@ -149,6 +149,45 @@ def test_batches_are_not_flushed_one_by_one_and_sync_state_makes_them_durable_on
     assert calls["syncfs"] == (1 if expected else 0)  # nothing pending: nothing flushed again
 
 
+def test_the_hash_cache_on_disk_names_a_written_file_only_once_it_is_durable(tmp_path, monkeypatch):
+    """sync_state walks the tree while the disk flushes: the cache file is written only after the flush
+    succeeded, and a flush that fails leaves no entry for the files (they are flushed next time)."""
+    import time
+
+    root = str(tmp_path / "work")
+    cache_file = os.path.join(root, node_sync.CACHE_NAME)
+    node_sync.put_files(root, _batch(0, 100))
+
+    def cached_on_disk() -> bool:
+        if not os.path.exists(cache_file):
+            return False
+        with open(cache_file, encoding="utf-8") as handle:
+            return "d0/f0.py" in handle.read()
+
+    seen: list[bool] = []
+    real_syncfs = node_sync._syncfs
+
+    def slow_syncfs(path):
+        time.sleep(0.3)  # long after the walk is done
+        seen.append(cached_on_disk())
+        return real_syncfs(path)
+
+    def failing_fsync(path):
+        raise OSError(5, "Input/output error")
+
+    with monkeypatch.context() as patch:  # the flush fails: syncfs unavailable, then an fsync fails
+        patch.setattr(node_sync, "_syncfs", lambda path: False)
+        patch.setattr(node_sync, "_fsync_path", failing_fsync)
+        with pytest.raises(OSError):
+            node_sync.sync_state(root, [])
+    assert not cached_on_disk() and "d0/f0.py" not in node_sync.cache_for(root).entries
+    if sys.platform.startswith("linux"):
+        monkeypatch.setattr(node_sync, "_syncfs", slow_syncfs)
+    state = node_sync.sync_state(root, [])
+    assert state["flushed"] == 100 and state["count"] == 100 and state["stats"]["hashed_files"] == 0
+    assert seen in ([False], []) and cached_on_disk()  # not on disk while flushing; on disk after
+
+
 def test_a_few_files_are_flushed_file_by_file_not_with_the_whole_filesystem(tmp_path, monkeypatch):
     root = str(tmp_path / "work")
     calls = _flush_calls(monkeypatch)
