@@ -73,10 +73,14 @@ def cache_for(root: str) -> HashCache:
     return cache
 
 
+def _scan_lock(root: str) -> threading.Lock:
+    """Held by whatever scans a workdir or saves its cache: two scans of one workdir take turns."""
+    return _scan_locks.setdefault(root, threading.Lock())
+
+
 def _scan(root: str, patterns: list[str]) -> tuple[dict[str, list], Any]:
-    """scan_tree with this workdir's cache; two scans of one workdir take turns."""
-    lock = _scan_locks.setdefault(root, threading.Lock())
-    with lock:
+    """scan_tree with this workdir's cache."""
+    with _scan_lock(root):
         return scan_tree(root, IgnoreRules(patterns), cache=cache_for(root))
 
 
@@ -187,7 +191,7 @@ def sync_state(root: str, patterns: list[str], known: list | None = None) -> dic
     root = _root(root, create=True)
     rules = IgnoreRules(patterns)
     cache = cache_for(root)
-    with _scan_locks.setdefault(root, threading.Lock()):  # no other scan saves the cache meanwhile
+    with _scan_lock(root):  # no other scan saves the cache meanwhile
         taken = _take_pending(root)
         if taken is None:
             manifest, stats = scan_tree(root, rules, cache=cache)

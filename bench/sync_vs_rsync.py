@@ -53,7 +53,10 @@ SETTLE_S = 370
 
 def settle(source: Path, seconds: float) -> None:
     subprocess.run(["sync"], check=True)
-    time.sleep(seconds)
+    if seconds > 0:
+        print(f"waiting {seconds:.0f} s for the disk to settle before the first sync (see SETTLE_S; "
+              "--settle-s 0 for a quick try)", file=sys.stderr, flush=True)
+        time.sleep(seconds)
     for path in source.rglob("*"):
         if path.is_file():
             with open(path, "rb") as handle:
