@@ -14,7 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from coordinator.config import EXAMPLE_CLUSTER, ConfigError, default_state_dir, load_config
+# Not coordinator.config: its dataclasses and checks are a third of a start that every command pays
+# (each imports it where it needs the whole file).
+from coordinator.control_socket import SOCKET_NAME, default_state_dir, socket_from_file
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -26,18 +28,27 @@ class CliError(Exception):
 
 
 def resolve_socket(args: argparse.Namespace) -> Path:
-    """--socket, then COORD_SOCKET, then --config (or COORD_CONFIG), then the default state dir."""
+    """--socket, then COORD_SOCKET, then --config (or COORD_CONFIG), then the default state dir.
+
+    A cluster file's ``[cluster]`` table alone names the socket; the rest of the file is the daemon's
+    to check (it did, when it started), so a command still reaches a running daemon while its file is
+    being edited."""
     if getattr(args, "socket", None):
         return Path(args.socket)
     if os.environ.get("COORD_SOCKET"):
         return Path(os.environ["COORD_SOCKET"])
     config_path = getattr(args, "config", None) or os.environ.get("COORD_CONFIG")
     if config_path:
-        try:
+        socket = socket_from_file(config_path)
+        if socket is not None:
+            return socket
+        from coordinator.config import ConfigError, load_config
+
+        try:  # the file or its [cluster] table is unusable: the full check says where and why
             return load_config(config_path).socket
         except ConfigError as exc:
             raise CliError(str(exc), EXIT_USAGE) from None
-    return default_state_dir() / "coord.sock"
+    return default_state_dir() / SOCKET_NAME
 
 
 def ask_daemon(socket: Path, method: str, args: dict[str, Any] | None = None, *, config_hint: str | None = None,
@@ -411,6 +422,8 @@ def cmd_init(args: argparse.Namespace) -> int:
         raise CliError(f"{path} already exists; use --force to overwrite it", EXIT_USAGE)
     if args.hosts:
         return _init_from_hosts(args, path)
+    from coordinator.config import EXAMPLE_CLUSTER
+
     path.write_text(EXAMPLE_CLUSTER)
     print(f"wrote {path}; edit the nodes, then start the daemon with: coord daemon --config {path}")
     return EXIT_OK
@@ -476,6 +489,7 @@ def _init_words(args: argparse.Namespace, path: Path) -> list[str]:
 
 def cmd_trust(args: argparse.Namespace) -> int:
     from coordinator.commands.trust import request_for, trust_host
+    from coordinator.config import ConfigError, load_config
     from coordinator.known_hosts import TrustRefused
     from coordinator.transport import NodeUnreachable
 

@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from coordinator.control_socket import MAX_SOCKET_PATH, default_state_dir, socket_of
+from coordinator.control_socket import resolve_under as _resolve
+
 LOCAL_HOST = "local"
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-# Unix socket paths are limited to 104 bytes on macOS (108 on Linux).
-MAX_SOCKET_PATH = 103
 
 
 class ConfigError(Exception):
@@ -176,13 +177,6 @@ _ALERT_KEYS = {
 _TOP_KEYS = {"cluster": dict, "ssh": dict, "nodes": list, "sync": dict, "alerts": list, "dashboard": dict}
 
 
-def default_state_dir() -> Path:
-    if sys.platform == "darwin":
-        return Path.home() / "Library" / "Application Support" / "coord"
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "coord"
-
-
 def load_config(path: str | os.PathLike) -> ClusterConfig:
     path = Path(path)
     try:
@@ -233,8 +227,7 @@ def parse_config(text: str, path: Path | None = None) -> ClusterConfig:
                                              f"duplicate node name {node.name!r} (first used by nodes[{seen[node.name]}])"))
         seen[node.name] = i
 
-    state_dir = _resolve(cluster["state_dir"], base) if "state_dir" in cluster else default_state_dir()
-    socket = _resolve(cluster["socket"], base) if "socket" in cluster else state_dir / "coord.sock"
+    state_dir, socket = socket_of(cluster, base)
     if len(str(socket).encode()) > MAX_SOCKET_PATH:
         raise ConfigError(locate.message("cluster", None, "socket" if "socket" in cluster else "state_dir",
                                          f"control socket path {socket} is longer than {MAX_SOCKET_PATH} bytes, "
@@ -476,11 +469,6 @@ def _check_table(table: dict, schema: dict, name: str, index: int | None, locate
 def _toml_type(value: Any) -> str:
     return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
             list: "a list", dict: "a table"}.get(type(value), type(value).__name__)
-
-
-def _resolve(value: str, base: Path) -> Path:
-    path = Path(os.path.expanduser(value))
-    return path if path.is_absolute() else base / path
 
 
 class _Locator:
