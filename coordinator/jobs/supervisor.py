@@ -233,8 +233,9 @@ class JobRunner(RankWatching, CheckpointKeeping):
                 self.record["restarts"] += 1
             self.set_state("recovering")  # the outcome, the restart and the state in one save
             if decision.counts:
-                self.event("restart", f"restart {self.record['restarts']} of {self.spec.max_restarts} in "
-                           f"{decision.delay_s:g} s: {decision.reason}", delay_s=decision.delay_s)
+                when = f"in {decision.delay_s:g} s" if decision.delay_s else "now"
+                self.event("restart", f"restart {self.record['restarts']} of {self.spec.max_restarts} {when}: "
+                           f"{decision.reason}", delay_s=decision.delay_s)
             await self._pause(decision.delay_s)
             nodes = await self._wait_for_nodes(elastic=True)
             if nodes is None or self._stopped_before_launch():
@@ -465,6 +466,10 @@ class JobRunner(RankWatching, CheckpointKeeping):
                                f"attempt {previous['attempt']}: {previous['kind']}: {previous['detail']}"
                                if previous else None)
         await self._prepare_ranks(attempt, order, resume_files, start_step, batch)
+        # Saved before any rank starts: a daemon restarted while this attempt runs catalogues its
+        # checkpoints from start_step (a file's name is its step within the attempt). Saved later,
+        # a restart would read the previous attempt's start step and misnumber every checkpoint.
+        self.save()
         self.record["launcher_pid"] = self.fx.start_launcher(self.run_id, attempt, document)
         self.record["last_progress"] = self.fx.now()
         self.set_state("running")

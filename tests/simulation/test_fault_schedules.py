@@ -11,6 +11,7 @@ import time
 import pytest
 
 from tests.simulation.schedules import InvariantBroken, Schedule, make_schedule, run_schedule
+from tests.simulation.world import SimEffects
 
 SCHEDULES = int(os.environ.get("COORD_SIM_SCHEDULES", "10000"))
 FIRST_SEED = int(os.environ.get("COORD_SIM_SEED", "0"))
@@ -169,3 +170,34 @@ def test_mlx_lms_checkpoints_are_copied_to_every_node_and_a_lost_rank_0_resumes_
     for node, _, resume in resumed["ranks"].values():
         assert resume == f"/w/{node}/checkpoints/{run['run_id']}/replica/attempt-0/{start:07d}_adapters.safetensors"
     assert not [c for c in result["copies"] if lost_at <= c["time"] <= resumed["time"]], result["copies"]
+
+
+
+@pytest.mark.parametrize("trainer", ["mlx_lm", "coord"])
+def test_a_daemon_killed_as_an_attempt_starts_catalogues_its_checkpoints_by_their_step(trainer, monkeypatch):
+    # Attempt 1 resumes from step 20, so its files are named by their step within it (global step - 20).
+    # The daemon is killed at each effect around attempt 1's launch, the one just after mlx.launch
+    # started among them; a daemon that came back with the previous attempt's start step would
+    # catalogue 0000010 as step 10 and resume from it as such (invariant b).
+    command = ["python", "train.py"] if trainer == "coord" else ["python", "-m", "mlx_lm", "lora", "--train"]
+
+    def schedule(crashes):
+        return base(spec={"trainer": trainer, "command": command, "total_steps": 50},
+                    faults=[{"kind": "kill", "attempt": 0, "rank": 1, "after": 25, "status": 1},
+                            {"kind": "kill", "attempt": 1, "rank": 2, "after": 15, "status": 1}], crashes=crashes)
+
+    launches: list[tuple[int, int]] = []  # (attempt, the daemon's effect count once its launcher started)
+    start_launcher = SimEffects.start_launcher
+
+    def recorded(self, run_id, attempt, document):
+        pid = start_launcher(self, run_id, attempt, document)
+        launches.append((attempt, self.calls))
+        return pid
+
+    monkeypatch.setattr(SimEffects, "start_launcher", recorded)
+    (run,) = run_schedule(schedule([]))["runs"]
+    assert run["state"] == "succeeded" and run["record"]["restarts"] == 2, run["record"]
+    launched = next(calls for attempt, calls in launches if attempt == 1)
+    for effect in range(launched - 4, launched + 6):
+        (run,) = run_schedule(schedule([(effect, 6.0)]))["runs"]  # back after attempt 1 saved
+        assert run["state"] == "succeeded", (effect, run["record"])
