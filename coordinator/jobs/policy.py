@@ -40,6 +40,15 @@ def backoff(restarts_used: int) -> float:
     return float(RESTART_WAIT(state))
 
 
+def restart_delay(restarts_used: int) -> float:
+    """The wait before a run's next attempt: none before its first restart, then 1 s doubling to 30 s.
+
+    A single failure (a killed rank, a node that dropped out) is relaunched at once: that relaunch is
+    the whole of a recovery's critical path, and a wait protects nothing there. A failure that keeps
+    coming back backs off from the second restart on, so a loop of quick crashes does not spin."""
+    return 0.0 if restarts_used <= 0 else backoff(restarts_used - 1)
+
+
 def decide(outcome: Outcome, history: list[Outcome], *, max_restarts: int, restarts_used: int) -> Decision:
     """``history`` holds the earlier attempts' outcomes, oldest first (not this one)."""
     if outcome.kind == SUCCEEDED:
@@ -57,7 +66,7 @@ def decide(outcome: Outcome, history: list[Outcome], *, max_restarts: int, resta
         return Decision("fail", f"failed twice in a row before its first step with the same error: {outcome.detail}")
     if restarts_used >= max_restarts:
         return Decision("fail", f"{outcome.detail}; no restarts left ({restarts_used} of {max_restarts} used)")
-    return Decision("restart", outcome.detail, backoff(restarts_used))
+    return Decision("restart", outcome.detail, restart_delay(restarts_used))
 
 
 def hang_timeout(configured: float | None, step_seconds: float | None) -> float:

@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence
 
 from coordinator.calibration import is_stale, train_rate, workload_shares
 from coordinator.config import NodeConfig
-from coordinator.jobs.policy import MAX_BACKOFF_S, backoff
+from coordinator.jobs.policy import MAX_BACKOFF_S, backoff, restart_delay
 from coordinator.jobs.spec import REPLICA_HEAD, REPLICA_NONE, TRAINERS, JobSpec, is_mlx_lm
 from agent.qos import qos_for_platform
 from coordinator.plan import robust
@@ -328,8 +328,9 @@ def expected_recovery(inputs: PlanInputs) -> tuple[float | None, str]:
     if not timings.launch_to_first_step_s:
         return None, ("no job has reached its first step on this cluster yet; run one (coord run, or coord demo "
                       "on this machine) and the plan uses the measured launch and recovery times")
-    total = backoff(0)
-    parts = [f"first restart backoff {total:g} s (coord's restart policy)"]
+    total = restart_delay(0)
+    parts = ["first restart at once (coord's restart policy)" if not total else
+             f"first restart backoff {total:g} s (coord's restart policy)"]
     for measured, what in ((timings.stop_s, "stopping every rank"), (timings.checkpoint_place_s,
                                                                      "copying the checkpoint to every node"),
                            (timings.launch_to_first_step_s, "launch to first step")):
@@ -596,8 +597,8 @@ def checkpoint_section(inputs: PlanInputs, options: dict[str, tuple[Any, str]]) 
     section.put("approach", f"resume from the newest valid checkpoint: a failed rank, lost node or hang stops every "
                 f"rank on every node; the newest checkpoint whose SHA256 and safetensors header check out is used "
                 f"from each node's own copy where the node holds one, copied only to the nodes that lack it, and "
-                f"the job relaunches from its step (at most {restarts} restarts, backoff "
-                f"{backoff(0):g} s doubling to {MAX_BACKOFF_S:g} s)", f"coord's supervisor; {restarts_source}")
+                f"the job relaunches from its step (at most {restarts} restarts: the first at once, later ones "
+                f"after {backoff(0):g} s doubling to {MAX_BACKOFF_S:g} s)", f"coord's supervisor; {restarts_source}")
     if trainer is None:
         section.lack("async", f"the training script writes its own checkpoints into COORD_CHECKPOINT_DIR "
                      f"({trainer_source})")

@@ -343,21 +343,21 @@ def test_a_stop_during_a_restarts_backoff_ends_it_at_once_and_launches_nothing_m
                       "--max-restarts", "6", "--detach", "--", "python", "plain.py", "--steps", "1000",
                       "--sleep", "0.05", "--fail-after", "2", env=daemon.env)
     assert submitted.returncode == 0, submitted.stderr
-    # restarts wait 1, 2, 4, then 8 s: the stop lands inside the fourth backoff
+    # restarts wait 0, 1, 2, 4, then 8 s: the stop lands inside the fifth restart's backoff
     deadline = time.monotonic() + 300
-    while not (restarts := [e for e in _events(daemon, "backoff") if e["kind"] == "job.restart"])[3:]:
+    while not (restarts := [e for e in _events(daemon, "backoff") if e["kind"] == "job.restart"])[4:]:
         assert time.monotonic() < deadline, _events(daemon, "backoff")
         time.sleep(0.2)
-    assert restarts[3]["data"]["delay_s"] == 8
+    assert [r["data"]["delay_s"] for r in restarts] == [0, 1, 2, 4, 8]
     stopped = coord("stop", "--config", str(daemon.config), "backoff", env=daemon.env, timeout=120)
     assert stopped.returncode == 0 and "backoff: stopped" in stopped.stdout, stopped.stderr
     found = _events(daemon, "backoff")
     end = [e for e in found if e["kind"] == "job.stopped"]
     assert end and "before the next attempt was launched" in end[-1]["message"], found
-    assert end[-1]["ts"] - restarts[3]["ts"] < 8  # the backoff was cut short, not waited out
-    assert not [e for e in found if e["kind"] == "job.launched" and e["data"]["attempt"] == 4], found
+    assert end[-1]["ts"] - restarts[4]["ts"] < 8  # the backoff was cut short, not waited out
+    assert not [e for e in found if e["kind"] == "job.launched" and e["data"]["attempt"] == 5], found
     job = job_of(daemon.status(), "backoff")
-    assert job["state"] == "stopped" and job["restarts"] == 4 and job["attempt"] == 3
+    assert job["state"] == "stopped" and job["restarts"] == 5 and job["attempt"] == 4
 
 
 def test_a_name_run_again_starts_over_and_resume_continues_the_newest_run(cluster):

@@ -6,7 +6,7 @@ import pytest
 
 from coordinator.jobs import catalog
 from coordinator.jobs.policy import (HUNG, NODE_LOST, RANK_FAILED, STOPPED, SUCCEEDED, Outcome, RankFailure, backoff,
-                                     decide, hang_timeout, root_cause)
+                                     decide, hang_timeout, restart_delay, root_cause)
 from coordinator.jobs.spec import JobSpec, JobSpecError, attempt_command, is_mlx_lm, validate
 
 FAIL_EARLY = Outcome(RANK_FAILED, "rank 1 exited with status 1: ImportError", False, "exit:1:ImportError")
@@ -25,7 +25,7 @@ def test_failures_restart_with_growing_backoff_until_restarts_run_out(kind):
         decision = decide(outcome, [outcome] * used, max_restarts=3, restarts_used=used)
         assert decision.action == "restart"
         delays.append(decision.delay_s)
-    assert delays == sorted(delays) and delays[0] > 0
+    assert delays == [0.0, 1.0, 2.0]  # the first relaunch at once, then backing off
     final = decide(outcome, [outcome] * 3, max_restarts=3, restarts_used=3)
     assert final.action == "fail" and "no restarts left" in final.reason
 
@@ -47,6 +47,7 @@ def test_an_early_failure_after_a_different_one_is_retried():
 def test_backoff_is_capped_and_hang_timeout_follows_the_step_time():
     assert [backoff(n) for n in range(6)] == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0]
     assert backoff(100) == 30.0
+    assert [restart_delay(n) for n in range(7)] == [0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0]
     assert hang_timeout(None, None) == 60.0
     assert hang_timeout(None, 0.5) == 60.0
     assert hang_timeout(None, 12.0) == 120.0

@@ -493,9 +493,9 @@ def test_recovery_time_is_measured_when_known_else_estimated_and_says_which():
     assert measured["sources"]["expected_recovery_time"].startswith("measured: median of 1 recovery")
     estimate = build_plan(mesh_inputs(timings=MeasuredTimings(launch_to_first_step_s=(4.0, 5.0), stop_s=(0.5,))))
     checkpoint = estimate["checkpoint_strategy"]
-    assert checkpoint["expected_recovery_seconds"] == 6.0  # 1 s first backoff + 0.5 s stop + 4.5 s median launch
+    assert checkpoint["expected_recovery_seconds"] == 5.0  # no wait before a first restart + 0.5 s stop + 4.5 s launch
     how = checkpoint["sources"]["expected_recovery_time"]
-    assert how.startswith("estimate: first restart backoff 1 s")
+    assert how.startswith("estimate: first restart at once")
     assert "copying the checkpoint to every node not included (not measured yet)" in how
 
 
