@@ -187,9 +187,11 @@ async def serve_sync(daemon: "Daemon", emit, source: str | None = None, delete: 
             missing[name] = exc.message
 
     async with anyio.create_task_group() as tasks:  # the head and the nodes scan at once
-        tasks.start_soon(scan_source)
         for name, session in sessions.items():
             tasks.start_soon(ask, name, session)
+        # The head's walk last: each ask has written its request by the time this task runs, so the nodes
+        # start at once, not after the daemon's event loop wins the GIL back from the walk's thread.
+        tasks.start_soon(scan_source)
     source_files, source_stats = scanned["files"], scanned["stats"]
     source_hash = tree_hash(source_files)
     remember_tree(source_hash, source_files)
