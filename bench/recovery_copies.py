@@ -13,6 +13,10 @@ coord's trainer (``--trainer coord``): its checkpoint (weights and both Adam mom
    catalogued), to the first step of the resumed attempt. The ``resume_from`` event says what
    was copied (nothing, when every node holds its own copy).
 
+Steps 2 and 3 run ``--rounds`` times (3 by default), alternating, and the table gives each round
+and the mean: on 2 shared cores one training step of this model takes about 10 s and varies by
+a few seconds, as much as the difference being measured.
+
 Times are the ranks' own time stamps of their first step. The machine's memory in use is
 sampled every 0.5 s and its peak reported.
 
@@ -164,12 +168,25 @@ def killed_recovery(cluster, daemon, project, name) -> dict:
     os.kill(pid, signal.SIGKILL)
     _, first = wait_step(cluster, daemon, name, 1, 1)
     resumed = wait_event(daemon, name, "job.resume_from")
-    phases = {e["kind"]: e["data"].get("seconds") for e in events_of(daemon, name)
+    events = events_of(daemon, name)
+    phases = {e["kind"]: e["data"].get("seconds") for e in events
               if e["kind"] in ("job.attempt_ended", "job.stopped_ranks", "job.checkpoint_placed", "job.resume_from",
                                "job.launched")}
+    # When each phase ended, from the kill; and the background copies to the head that overlapped the
+    # relaunch (they share rank 0's link and these 2 cores with the new ranks).
+    timeline = {e["kind"]: round(e["ts"] - killed, 2) for e in events
+                if e["ts"] >= killed and e["kind"] in ("job.attempt_ended", "job.stopped_ranks", "job.restart",
+                                                         "job.launched")}
+    overlapping = [{"step": e["data"].get("step"), "started": round(e["ts"] - e["data"]["seconds"] - killed, 1),
+                    "ended": round(e["ts"] - killed, 1)} for e in events
+                   if e["kind"] == "job.replicated" and e["ts"] >= killed]
+    steps = [r["time"] for r in train_records(progress_file(cluster, job, 0))]
     stop(daemon, name)
+    gaps = sorted(b - a for a, b in zip(steps[1:], steps[2:]))  # after the first step, which compiles
     return {"recovery_s": first["time"] - killed, "killed_at_step": at["step"], "resumed_step": first["step"],
-            "resume": resumed["data"], "phases": phases}
+            "resume": resumed["data"], "phases": phases, "timeline": timeline, "copies_during_relaunch": overlapping,
+            "first_step_after_launch_s": first["time"] - killed - timeline.get("job.launched", 0.0),
+            "step_s": gaps[len(gaps) // 2] if gaps else None}
 
 
 def main() -> None:
@@ -177,6 +194,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--width", type=int, default=768)
     parser.add_argument("--rate", default="1gbit")
+    parser.add_argument("--rounds", type=int, default=3, help="cold launches and recoveries, alternating")
     args = parser.parse_args()
     root = short_tempdir("coord-bench-copies-")
     root.chmod(0o755)
@@ -188,7 +206,7 @@ def main() -> None:
     params = (project / "model" / "model.safetensors").stat().st_size / 4
     memory = MemoryPeak()
     memory.start()
-    out: dict = {"parameters": params}
+    out: dict = {"parameters": params, "cold_first_step_s": [], "kills": []}
     with NetnsCluster(NODES) as cluster:
         cluster.cap_links(args.rate)
         names = [n.name for n in cluster.nodes][:3]
@@ -200,10 +218,12 @@ def main() -> None:
             assert synced.returncode == 0, synced.stderr
             out["warmup_first_step_s"] = launch_to_first_step(cluster, daemon, project, "warmup")
             print(f"warm-up: {out['warmup_first_step_s']:.1f} s", file=sys.stderr, flush=True)
-            out["cold_first_step_s"] = launch_to_first_step(cluster, daemon, project, "cold")
-            print(f"cold: {out['cold_first_step_s']:.1f} s", file=sys.stderr, flush=True)
-            out["kill"] = killed_recovery(cluster, daemon, project, "kill")
-            files = sorted(Path(cluster.node(names[0]).workdir).glob("checkpoints/kill-*/attempt-0/*_adapters.safetensors"))
+            for round_ in range(args.rounds):
+                out["cold_first_step_s"].append(launch_to_first_step(cluster, daemon, project, f"cold{round_}"))
+                out["kills"].append(killed_recovery(cluster, daemon, project, f"kill{round_}"))
+                print(f"round {round_ + 1}: cold {out['cold_first_step_s'][-1]:.1f} s, recovery "
+                      f"{out['kills'][-1]['recovery_s']:.1f} s", file=sys.stderr, flush=True)
+            files = sorted(Path(cluster.node(names[0]).workdir).glob("checkpoints/kill0-*/attempt-0/*_adapters.safetensors"))
             out["checkpoint_bytes"] = files[0].stat().st_size if files else None
         finally:
             daemon.stop()
@@ -211,19 +231,28 @@ def main() -> None:
     memory.stopped.set()
     out["peak_memory_bytes"] = memory.peak
     shutil.rmtree(root, ignore_errors=True)
-    kill = out["kill"]
-    ratio = kill["recovery_s"] / out["cold_first_step_s"]
+    colds, kills = out["cold_first_step_s"], out["kills"]
+    recoveries = [k["recovery_s"] for k in kills]
     print(json.dumps(out, indent=1))
     print(f"\n{params / 1e6:.0f}M-parameter llama, full fine-tune with Adam, checkpoint "
-          f"{(out['checkpoint_bytes'] or 0) / 1e6:.0f} MB, 3 nodes, links {args.rate}, {os.cpu_count()} cores\n")
-    print("| measure | seconds |")
-    print("|---|---:|")
-    print(f"| cold launch to first step | {out['cold_first_step_s']:.1f} |")
-    print(f"| SIGKILL at step {kill['killed_at_step']} to first resumed step | {kill['recovery_s']:.1f} "
-          f"({ratio:.2f}x the cold launch) |")
-    print(f"| bytes copied for the resume | {kill['resume'].get('bytes_copied')} "
-          f"(in place on {', '.join(kill['resume'].get('in_place') or [])}) |")
-    print(f"| peak memory in use on the machine | {out['peak_memory_bytes'] / 2**30:.1f} GiB |")
+          f"{(out['checkpoint_bytes'] or 0) / 1e6:.0f} MB, 3 nodes, links {args.rate}, {os.cpu_count()} cores, "
+          f"{args.rounds} rounds (cold launch, then a kill)\n")
+    print("| measure | " + " | ".join(f"round {i + 1}" for i in range(len(kills))) + " | mean |")
+    print("|---|" + "---:|" * (len(kills) + 1))
+
+    def row(label: str, values: list[float], fmt: str = "{:.1f}") -> None:
+        print(f"| {label} | " + " | ".join(fmt.format(v) for v in values) + f" | {fmt.format(sum(values) / len(values))} |")
+
+    row("cold launch to first step (s)", colds)
+    row(f"SIGKILL at step {KILL_AT} to first resumed step (s)", recoveries)
+    row("recovery / cold launch", [r / c for r, c in zip(recoveries, colds)], "{:.2f}x")
+    row("kill to the relaunch (s): detect, stop, choose", [k["timeline"].get("job.launched", float("nan")) for k in kills])
+    row("relaunch to its first step (s)", [k["first_step_after_launch_s"] for k in kills])
+    row("one training step, steady (s, median)", [k["step_s"] or float("nan") for k in kills])
+    row("checkpoint bytes copied for the resume", [k["resume"].get("bytes_copied") or 0 for k in kills], "{:.0f}")
+    print(f"\nratio of the means: {sum(recoveries) / sum(colds):.2f}x; peak memory in use on the machine: "
+          f"{out['peak_memory_bytes'] / 2**30:.1f} GiB; head copies during a relaunch: "
+          f"{[k['copies_during_relaunch'] for k in kills]}")
 
 
 if __name__ == "__main__":
