@@ -88,9 +88,9 @@ def test_a_missing_config_says_how_to_make_one(tmp_path, monkeypatch):
 
 
 def test_starting_the_cli_does_not_load_the_config_module():
-    """What keeps `coord sync` on an unchanged tree quick: the CLI's start imports neither the cluster
-    file's checks nor asyncio nor the progress bars."""
-    probe = ("import sys, json; import coordinator.cli; "
+    """What keeps `coord sync` on an unchanged tree quick: the CLI's start and its wire format import
+    neither the cluster file's checks nor asyncio nor the progress bars nor dataclasses."""
+    probe = ("import sys, json; import coordinator.cli, shared.protocol; "
              "print(json.dumps([m for m in ('coordinator.config', 'asyncio', 'rich', 'dataclasses') "
              "if m in sys.modules]))")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"}
