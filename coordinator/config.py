@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from coordinator.control_socket import MAX_SOCKET_PATH, default_state_dir, socket_of
-from coordinator.control_socket import resolve_under as _resolve
+from coordinator.control_socket import MAX_SOCKET_PATH, resolve_under, socket_of
 
 LOCAL_HOST = "local"
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -233,9 +232,9 @@ def parse_config(text: str, path: Path | None = None) -> ClusterConfig:
                                          f"control socket path {socket} is longer than {MAX_SOCKET_PATH} bytes, "
                                          "which Unix sockets do not allow; set a shorter cluster.socket"))
     ssh = SshSettings(
-        known_hosts=str(_resolve(ssh_raw["known_hosts"], base)) if "known_hosts" in ssh_raw else None,
-        identity_file=str(_resolve(ssh_raw["identity_file"], base)) if "identity_file" in ssh_raw else None,
-        config=str(_resolve(ssh_raw["config"], base)) if "config" in ssh_raw else None,
+        known_hosts=str(resolve_under(ssh_raw["known_hosts"], base)) if "known_hosts" in ssh_raw else None,
+        identity_file=str(resolve_under(ssh_raw["identity_file"], base)) if "identity_file" in ssh_raw else None,
+        config=str(resolve_under(ssh_raw["config"], base)) if "config" in ssh_raw else None,
         keepalive_s=float(ssh_raw.get("keepalive_s", 2.0)),
         connect_timeout_s=float(ssh_raw.get("connect_timeout_s", 10.0)),
         cluster_file=str(path) if path else None,
@@ -317,7 +316,7 @@ def _parse_sync(raw: dict, locate: "_Locator", base: Path) -> SyncSettings:
     single = {key: _relative_paths([raw[key]], "sync", None, key, locate)[0] for key in ("hook", "script", "model")
               if key in raw}
     return SyncSettings(
-        source=_resolve(raw["source"], base) if "source" in raw else None,
+        source=resolve_under(raw["source"], base) if "source" in raw else None,
         ignore=tuple(raw.get("ignore", [])),
         threshold=threshold,
         data=_relative_paths(raw.get("data", []), "sync", None, "data", locate),
@@ -425,7 +424,7 @@ def _parse_alert(entry: Any, index: int, locate: "_Locator", base: Path) -> Aler
             raise refuse("command", "command must be a non-empty list of strings, the program and its arguments "
                                     "(it runs without a shell), e.g. [\"/usr/local/bin/notify\", \"--urgent\"]")
         if "/" in command[0]:  # a path, relative to the cluster file like every path in it; else found on PATH
-            command = [str(_resolve(command[0], base)), *command[1:]]
+            command = [str(resolve_under(command[0], base)), *command[1:]]
     on = entry.get("on", list(DEFAULT_ALERT_EVENTS))
     if not on or not all(isinstance(kind, str) for kind in on):
         raise refuse("on", f"on must be a non-empty list of event names: {', '.join(ALERT_EVENTS)}")
