@@ -25,6 +25,7 @@ else:
     _Runner = object
 
 POLL_S = 0.5
+MAX_REREADS = 20  # polls at once after every rank exited, each reading up to the agent's cap of records
 LOG_DIAGNOSIS_BYTES = 256 << 10  # the end of a rank's log, where the error that stopped it is
 FAILURES = (RANK_FAILED, NODE_LOST, HUNG, LAUNCH_FAILED)  # outcomes a recovery is timed from
 RECOVERIES_KEPT = 100
@@ -37,10 +38,12 @@ class RankWatching(_Runner):
         """Poll every rank through its node's agent until the attempt ends one way or another."""
         attempt = self.record["attempt"]
         order = self.record["order"]
+        rereads = 0
         while True:
             if self.stop_requested:
                 return self._outcome(STOPPED, "stop requested", "")
             reports: list[core.RankReport] = []
+            read_any = False
             for rank, name in enumerate(order):
                 view = self.fx.node(name)
                 if not view.up:
@@ -57,6 +60,7 @@ class RankWatching(_Runner):
                     self.record.setdefault("rank_memory", {})[str(rank)] = status["rss_bytes"]
                     # the largest since the last point: what the history keeps per rank
                     self._rank_peaks[str(rank)] = max(self._rank_peaks.get(str(rank), 0), status["rss_bytes"])
+                read_any = read_any or bool(status["progress"])
                 for record in status["progress"]:
                     self._on_progress(record)
                 await self._pull_log(rank, name, status["log_size"])
@@ -69,7 +73,14 @@ class RankWatching(_Runner):
                                           total_steps=self.spec.total_steps,
                                           launcher_exit=self.fx.launcher_exit(pid) if pid else None,
                                           since_launch=self.fx.now() - (self.record.get("launched_at") or 0))
+            # Before the verdict: fingerprints that disagree, read in the same poll that found every
+            # rank finished, make the run resume from before them, never a success.
+            if self._divergence is not None:
+                return await self._diverged(self._divergence)
             if verdict is not None:
+                if read_any and rereads < MAX_REREADS and all(r.state == "exited" for r in reports):
+                    rereads += 1  # every rank is done: what they wrote last (a read is capped) is judged too
+                    continue
                 return await self._ended(verdict)
             hung = core.hang_reason(now=self.fx.now(), last_progress=self.record.get("last_progress"),
                                     first_step_at=self.record["first_step_at"], configured=self.spec.hang_timeout,
@@ -79,8 +90,6 @@ class RankWatching(_Runner):
                 return self._outcome(HUNG, hung, "hang")
             if self.record.get("unstopped"):
                 await self._reap()
-            if self._divergence is not None:
-                return await self._diverged(self._divergence)
             resize = self._resize_due()
             if resize:
                 return self._outcome(RESIZED, resize, "resize")

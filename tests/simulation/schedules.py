@@ -191,6 +191,12 @@ class Checker:
         rank0 = next((r for r in previous if r.rank == 0), None)
         if rank0 is None or rank0.launched_at is None:
             return
+        diverged = [r.diverge_at for r in previous if r.diverge_at is not None and r.step_at(world.now()) >= r.diverge_at]
+        if diverged:  # weights that differ are never resumed from: the resume is from before them
+            if start >= min(diverged):
+                self.fail("c", f"attempt {launch['attempt']} resumes from step {start}, at or after rank weights "
+                               f"diverged at step {min(diverged)}")
+            return
         failed_at = min((r.exited_at for r in previous if r.exited_at is not None and r.exit != 0),
                         default=world.now())
         reached = rank0.step_at(failed_at)
@@ -360,6 +366,9 @@ async def _apply_faults(schedule: Schedule, world: World) -> None:
             if kind == "early":
                 for rank in range(len(schedule.nodes)):
                     world.rank_faults[(fault["attempt"], rank)] = fault
+        elif kind == "diverge":  # every rank reports fingerprints; this one's differ from step "from_step" on
+            world.fingerprint_every = fault["every"]
+            world.rank_faults[(fault["attempt"], fault["rank"])] = fault
         elif kind == "launch":
             world.launch_faults[fault["attempt"]] = fault["how"]
         elif kind == "checkpoint":

@@ -201,3 +201,18 @@ def test_a_daemon_killed_as_an_attempt_starts_catalogues_its_checkpoints_by_thei
     for effect in range(launched - 4, launched + 6):
         (run,) = run_schedule(schedule([(effect, 6.0)]))["runs"]  # back after attempt 1 saved
         assert run["state"] == "succeeded", (effect, run["record"])
+
+
+@pytest.mark.parametrize("startup_s", [2.0 + 0.05 * i for i in range(10)])
+def test_weights_that_diverge_are_caught_even_when_the_attempt_ends_between_two_polls(startup_s):
+    # Rank 1's weights differ from step 7 on; every rank reports a fingerprint every 2 steps. The whole
+    # attempt (16 steps of 5 ms, then its last checkpoint written) fits between two of the daemon's polls;
+    # over these start-up times some polls find the ranks still running and some find every rank
+    # already exited 0, with every fingerprint read in that same poll: a divergence either way, never a
+    # success. (Invariant c: the resume is from before the divergence.)
+    (run,) = run_schedule(base(spec={"trainer": "coord", "total_steps": 16, "save_every": 2, "keep": 10},
+                               step_s=0.005, startup_s=startup_s,
+                               faults=[{"kind": "diverge", "attempt": 0, "rank": 1, "from_step": 7, "every": 2}]))["runs"]
+    history = run["record"]["history"]
+    assert run["state"] == "succeeded", run["record"]
+    assert [h["kind"] for h in history] == ["diverged", "succeeded"], history

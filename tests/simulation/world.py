@@ -72,6 +72,8 @@ class SimRank:
     exit_early_after: int | None = None
     lost_peer_at: float | None = None  # a peer went away: this rank exits with status 1 then
     written_to: int = 0  # the last step whose checkpoint was materialised
+    fingerprint_every: int = 0  # steps between the SHA256 of its weights it reports (--fingerprint-every)
+    diverge_at: int | None = None  # from this step on its weights differ from the other ranks'
 
     @property
     def begin(self) -> float:
@@ -153,6 +155,7 @@ class World:
         self.checkers: list[Callable[[], None]] = []
         self.launch_faults: dict[int, str] = {}  # attempt -> "missing" | "dies"
         self.rank_faults: dict[tuple[int, int], dict[str, Any]] = {}  # (attempt, rank) -> fault
+        self.fingerprint_every = 0  # ranks report fingerprints every this many steps (0: none)
         self.bad_checkpoints: dict[int, str] = {}  # global step -> "corrupt" | "torn"
         self.detect_s = 3.0
         self.launch_log: list[dict[str, Any]] = []  # each launch as the invariants need it
@@ -372,6 +375,9 @@ class SimEffects:
             sim.hang_after = fault["after"]
         elif fault.get("kind") == "early":
             sim.exit_early_after = fault["after"]
+        elif fault.get("kind") == "diverge":
+            sim.diverge_at = fault["from_step"]
+        sim.fingerprint_every = world.fingerprint_every
         world.prepared.setdefault((job, attempt), {})[rank] = sim
         return {"script": f"/home/{node.name}/.coord/jobs/{job}/rank-{rank}.sh"}
 
@@ -387,9 +393,15 @@ class SimEffects:
         if sim is None or sim.node != node.name:
             return {**answer, "state": "starting"}
         step = sim.step_at(now)
+        if sim.fingerprint_every and step > progress_offset:
+            answer["progress"] = [{"kind": "fingerprint", "step": s, "rank": rank,
+                                   "sha256": ("d" if sim.diverge_at is not None and s >= sim.diverge_at else "a") * 64}
+                                  for s in range(max(progress_offset, sim.start_step) + 1, step + 1)
+                                  if s % sim.fingerprint_every == 0]
+            answer["progress_offset"] = step
         if rank == 0 and step > progress_offset and step > sim.start_step:
-            answer["progress"] = [{"kind": "train", "step": step, "time": EPOCH + sim.time_of(step),
-                                   "loss": 1.0 / step}]
+            answer["progress"].append({"kind": "train", "step": step, "time": EPOCH + sim.time_of(step),
+                                       "loss": 1.0 / step})
             answer["progress_offset"] = step
         answer["pid"] = 4000 + rank
         answer["log_size"] = 1 if sim.last_line and not sim.running() else 0
