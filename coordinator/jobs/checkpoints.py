@@ -188,15 +188,22 @@ class CheckpointKeeping(_Runner):
         """Replicas that no longer agree: stop, and resume from a checkpoint taken before it happened."""
         order = self.record["order"]
         named = ", ".join(f"{r} on {order[r]}" for r in found.ranks if r < len(order))
+        # Saved first: a daemon restarted from here on still knows this attempt's checkpoints after
+        # the last agreed step are not valid (the fingerprints that showed it are not read again).
+        self.record["diverged_after"] = found.last_agreed if found.last_agreed is not None else self.record["start_step"]
+        self.save()
         self.event("replica_diverged", f"{found.describe()} (rank {named})", step=found.step, ranks=found.ranks)
         outcome = self._outcome(DIVERGED, found.describe(), f"diverged:{found.step}")
-        good_until = found.last_agreed if found.last_agreed is not None else self.record["start_step"]
-        self._diverged_after = good_until  # and checkpoints still to be found, when the ranks are stopped
+        await self._invalidate_after_divergence()
+        return outcome
+
+    async def _invalidate_after_divergence(self) -> None:
+        """The attempt's checkpoints after its last agreed step, catalogued or still to be found, are not valid."""
+        good_until = self._diverged_after = self.record["diverged_after"]
         async with self._checkpoint_poll:
             for copy in self.fx.checkpoints(self.run_id):
                 if copy["valid"] and copy["attempt"] == self.record["attempt"] and copy["step"] > good_until:
                     self.fx.add_checkpoint(self.run_id, {**copy, "valid": False, "detail": self._diverged_detail()})
-        return outcome
 
     def _diverged_detail(self) -> str:
         return f"taken after the replicas diverged (last agreed at step {self._diverged_after})"

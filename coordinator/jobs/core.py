@@ -47,6 +47,8 @@ class JobRecord(TypedDict, total=False):
     progress_offsets: dict[int, int]
     rank_memory: dict[str, int]
     unstopped: list[list[Any]]  # [node, attempt, rank] of ranks on nodes that were away when stopped
+    diverged_after: int | None  # the attempt's replicas diverged after this step: later checkpoints are invalid
+    replica_state: dict[str, Any] | None  # the attempt's fingerprint comparison so far (ReplicaCheck.state)
     batch: str | None
     diagnoses: list[dict[str, Any]]
     replica_check: dict[str, Any]

@@ -51,6 +51,23 @@ class ReplicaCheck:
             return None
         return Divergence(step, divergent, majority, self.last_agreed)
 
+    def state(self) -> dict[str, Any]:
+        """What a daemon restarted later needs to go on comparing (saved with the job's record, beside
+        the progress offsets: the fingerprints already read are not read again)."""
+        return {"last_agreed": self.last_agreed, "compared": self.compared, "last_compared": self.last_compared,
+                "pending": {str(step): {str(rank): sha for rank, sha in seen.items()}
+                            for step, seen in self._pending.items()}}
+
+    @classmethod
+    def from_state(cls, ranks: int, state: dict[str, Any] | None) -> "ReplicaCheck":
+        check = cls(ranks)
+        if state:
+            check.last_agreed, check.compared = state.get("last_agreed"), state.get("compared", 0)
+            check.last_compared = state.get("last_compared")
+            check._pending = {int(step): {int(rank): sha for rank, sha in seen.items()}
+                              for step, seen in (state.get("pending") or {}).items()}
+        return check
+
 
 def comparison_summary(summary: dict[str, Any] | None, check: ReplicaCheck, attempt: int, order: list[str],
                        found: Divergence | None) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import anyio
 
 from coordinator.jobs import core
 from coordinator.jobs.fingerprints import comparison_summary
-from coordinator.jobs.policy import (HUNG, LAUNCH_FAILED, NODE_LOST, RANK_FAILED, RESIZED, STOPPED, Outcome,
+from coordinator.jobs.policy import (DIVERGED, HUNG, LAUNCH_FAILED, NODE_LOST, RANK_FAILED, RESIZED, STOPPED, Outcome,
                                      RankFailure, root_cause)
 from coordinator.jobs.spec import attempt_command
 from coordinator.plan import diagnosis
@@ -39,6 +39,10 @@ class RankWatching(_Runner):
         attempt = self.record["attempt"]
         order = self.record["order"]
         rereads = 0
+        if self.record.get("diverged_after") is not None:  # seen before a daemon restart: ended as it was then
+            await self._invalidate_after_divergence()
+            return self._outcome(DIVERGED, f"the replicas diverged after step {self.record['diverged_after']} "
+                                 "(found before the daemon restarted)", f"diverged:{self.record['diverged_after']}")
         while True:
             if self.stop_requested:
                 return self._outcome(STOPPED, "stop requested", "")
@@ -153,6 +157,7 @@ class RankWatching(_Runner):
             check = self._replica_check
             compared = check.compared
             found = check.add(int(record["step"]), int(record["rank"]), str(record["sha256"]))
+            self.record["replica_state"] = check.state()  # saved with the progress offsets it goes with
             first = found if self._divergence is None else None  # the one the attempt is stopped for
             self._divergence = self._divergence or found
             if check.compared != compared:  # every rank reported this step: kept for the plan

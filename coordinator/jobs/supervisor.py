@@ -303,7 +303,8 @@ class JobRunner(RankWatching, CheckpointKeeping):
         checkpoints; none of them is fetched or judged again."""
         self._progress_offsets = self.record["progress_offsets"] = {
             int(rank): offset for rank, offset in (self.record.get("progress_offsets") or {}).items()}
-        self._replica_check = ReplicaCheck(len(self.record.get("order", [])))
+        self._replica_check = ReplicaCheck.from_state(len(self.record.get("order", [])), self.record.get("replica_state"))
+        self._diverged_after = self.record.get("diverged_after")  # the attempt's checkpoints after it are not valid
         self._log_offsets = {rank: self.fx.log_size(self.run_id, self.record["attempt"], rank)
                              for rank in range(len(self.record.get("order", [])))}
         self._known_checkpoints = {}
@@ -401,9 +402,10 @@ class JobRunner(RankWatching, CheckpointKeeping):
         self._rank_peaks.clear()
         self._log_offsets.clear()
         self._replica_check = ReplicaCheck(len(nodes))
+        self.record["replica_state"] = None
         self._divergence = None
         self._known_checkpoints.clear()
-        self._diverged_after = None
+        self._diverged_after = self.record["diverged_after"] = None
         try:
             return await self._start_attempt(attempt, nodes, started)
         except LaunchError as exc:

@@ -116,6 +116,12 @@ def make_schedule(seed: int) -> Schedule:
         schedule.stop_at = rng.uniform(0, horizon)
     if rng.random() < 0.1:
         schedule.runs = 2
+    # Drawn apart, as below: a rank whose weights diverge, on clusters of three or more (two ranks
+    # that disagree have no majority to name the wrong one).
+    diverging = random.Random(f"diverge:{seed}")
+    if count >= 3 and diverging.random() < 0.1:
+        schedule.faults.append({"kind": "diverge", "attempt": diverging.randint(0, 1), "rank": diverging.randrange(count),
+                                "from_step": diverging.randint(1, total), "every": diverging.randint(1, 3)})
     # Drawn apart, so that the schedules above stay what they were for each seed: the trainer
     # (coord's: every rank writes its own copy on its node) and whether the head is rank 0's machine.
     more = random.Random(f"copies:{seed}")
@@ -191,8 +197,10 @@ class Checker:
         rank0 = next((r for r in previous if r.rank == 0), None)
         if rank0 is None or rank0.launched_at is None:
             return
-        diverged = [r.diverge_at for r in previous if r.diverge_at is not None and r.step_at(world.now()) >= r.diverge_at]
-        if diverged:  # weights that differ are never resumed from: the resume is from before them
+        diverged = [max(r.diverge_at, r.start_step + 1) for r in previous if r.diverge_at is not None]
+        seen = any(kind == "job.attempt_ended" and f"attempt {last_attempt}: diverged" in message
+                   for t, kind, message in world.events if t >= rank0.launched_at)
+        if diverged and seen:  # a divergence coord saw is never resumed from: the resume is from before it
             if start >= min(diverged):
                 self.fail("c", f"attempt {launch['attempt']} resumes from step {start}, at or after rank weights "
                                f"diverged at step {min(diverged)}")
@@ -236,6 +244,16 @@ class Checker:
             if not (all_ranks or at_total):
                 self.fail("a", f"run {run_id} succeeded without an attempt that finished and without a checkpoint "
                                f"at step {total}")
+            last = record.get("attempt")  # the attempt the success is of
+            peers = [r for (r_run, attempt, _), r in world.ranks.items() if r_run == run_id and attempt == last]
+            for rank in peers:
+                every, start, rank_no, attempt = rank.fingerprint_every, rank.diverge_at, rank.rank, last
+                # a step whose fingerprint every rank of the attempt reported, the diverged one's differing
+                if start is not None and every and any(
+                        step % every == 0 and all(p.step_at(p.exited_at or world.now()) >= step for p in peers)
+                        for step in range(max(start, rank.start_step + 1), total + 1)):
+                    self.fail("a", f"run {run_id} succeeded with attempt {attempt}, whose rank {rank_no} reported "
+                                   f"weights that diverged from step {start}")
             copies = list(world.catalog.get(run_id, {}).values())
             valid = [c for c in copies if c["valid"]]
             if valid and spec["replica"] != "none" and not record.get("warning"):
@@ -368,7 +386,7 @@ async def _apply_faults(schedule: Schedule, world: World) -> None:
                     world.rank_faults[(fault["attempt"], rank)] = fault
         elif kind == "diverge":  # every rank reports fingerprints; this one's differ from step "from_step" on
             world.fingerprint_every = fault["every"]
-            world.rank_faults[(fault["attempt"], fault["rank"])] = fault
+            world.diverging[(fault["attempt"], fault["rank"])] = fault["from_step"]
         elif kind == "launch":
             world.launch_faults[fault["attempt"]] = fault["how"]
         elif kind == "checkpoint":

@@ -156,6 +156,7 @@ class World:
         self.launch_faults: dict[int, str] = {}  # attempt -> "missing" | "dies"
         self.rank_faults: dict[tuple[int, int], dict[str, Any]] = {}  # (attempt, rank) -> fault
         self.fingerprint_every = 0  # ranks report fingerprints every this many steps (0: none)
+        self.diverging: dict[tuple[int, int], int] = {}  # (attempt, rank) -> step its weights differ from
         self.bad_checkpoints: dict[int, str] = {}  # global step -> "corrupt" | "torn"
         self.detect_s = 3.0
         self.launch_log: list[dict[str, Any]] = []  # each launch as the invariants need it
@@ -375,8 +376,7 @@ class SimEffects:
             sim.hang_after = fault["after"]
         elif fault.get("kind") == "early":
             sim.exit_early_after = fault["after"]
-        elif fault.get("kind") == "diverge":
-            sim.diverge_at = fault["from_step"]
+        sim.diverge_at = world.diverging.get((attempt, rank))
         sim.fingerprint_every = world.fingerprint_every
         world.prepared.setdefault((job, attempt), {})[rank] = sim
         return {"script": f"/home/{node.name}/.coord/jobs/{job}/rank-{rank}.sh"}
