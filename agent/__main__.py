@@ -13,6 +13,7 @@ except ImportError:
     sys.path.append(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_vendor"))
 
 import asyncio  # noqa: E402
+import contextlib
 
 from shared.log import configure_json_logging  # noqa: E402
 
@@ -35,10 +36,8 @@ async def serve_stdio() -> None:
 
 def main() -> None:
     configure_json_logging(level=os.environ.get("COORD_AGENT_LOG_LEVEL", "info"))
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve_stdio())
-    except KeyboardInterrupt:
-        pass
 
 
 if __name__ == "__main__":

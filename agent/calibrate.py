@@ -23,13 +23,15 @@ the CPU otherwise). The training-step model is the same on every device, so
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import platform
 import sys
 import time
-from typing import Any, Callable, Dict, Optional
+from collections.abc import Callable
+from typing import Any
 
 CALIBRATION_VERSION = 1
 EXIT_MLX_MISSING = 3
@@ -72,7 +74,7 @@ class Calibration:
         self.nn = nn
         self.optim = optim
         self.quick = quick
-        self.errors: Dict[str, str] = {}
+        self.errors: dict[str, str] = {}
         self.is_gpu = False
 
     # -- helpers ----------------------------------------------------------------------
@@ -89,7 +91,7 @@ class Calibration:
 
     # -- device -----------------------------------------------------------------------
 
-    def device(self) -> Dict[str, Any]:
+    def device(self) -> dict[str, Any]:
         mx = self.mx
         device = mx.default_device()
         self.is_gpu = device.type == mx.gpu
@@ -97,14 +99,11 @@ class Calibration:
 
     # -- matmul -----------------------------------------------------------------------
 
-    def matmul_gflops(self, dtype_name: str) -> Optional[float]:
+    def matmul_gflops(self, dtype_name: str) -> float | None:
         mx = self.mx
         dtype = getattr(mx, dtype_name)
         budget = self._seconds(MATMUL_SECONDS)
-        if self.is_gpu:
-            n = 2048 if self.quick else 4096
-        else:
-            n = 512 if self.quick else 1024
+        n = (2048 if self.quick else 4096) if self.is_gpu else 512 if self.quick else 1024
         # Shrink until one matmul is a small part of the budget (slow CPUs, small GPUs),
         # so the rate is an average over several products rather than one or two.
         while True:
@@ -130,7 +129,7 @@ class Calibration:
 
     # -- memory bandwidth -------------------------------------------------------------
 
-    def memory_bandwidth_gbps(self) -> Optional[float]:
+    def memory_bandwidth_gbps(self) -> float | None:
         mx = self.mx
         mib = 64 if self.quick else 256
         elements = mib * 1024 * 1024 // 4
@@ -261,13 +260,13 @@ class Calibration:
 
     # -- all of it --------------------------------------------------------------------
 
-    def run(self) -> Dict[str, Any]:
+    def run(self) -> dict[str, Any]:
         mx = self.mx
         started = time.perf_counter()
-        self.matmul_sizes: Dict[str, int] = {}
-        self.bandwidth_method: Optional[str] = None
-        self.train_steps: Optional[int] = None
-        result: Dict[str, Any] = {
+        self.matmul_sizes: dict[str, int] = {}
+        self.bandwidth_method: str | None = None
+        self.train_steps: int | None = None
+        result: dict[str, Any] = {
             "ok": True,
             "calibration_version": CALIBRATION_VERSION,
             "quick": self.quick,
@@ -275,10 +274,8 @@ class Calibration:
             "python_version": platform.python_version(),
             "cpu_count": os.cpu_count(),
         }
-        try:
+        with contextlib.suppress(Exception):
             mx.random.seed(0)
-        except Exception:
-            pass
         _emit_progress("device", 0.0)
         device = self._guard("device", self.device)
         result.update(device or {"device": None, "device_kind": None})
@@ -315,16 +312,14 @@ class Calibration:
     def _release(self) -> None:
         clear = self._mlx_function("clear_cache")
         if clear is not None:
-            try:
+            with contextlib.suppress(Exception):
                 clear()
-            except Exception:
-                pass
 
     def _mlx_function(self, name: str) -> Any:
         """mx.<name>, or mx.metal.<name> in older MLX that only had the Metal one."""
         return getattr(self.mx, name, None) or getattr(getattr(self.mx, "metal", None), name, None)
 
-    def _mlx_peak_used(self) -> Optional[int]:
+    def _mlx_peak_used(self) -> int | None:
         getter = self._mlx_function("get_peak_memory")
         return int(getter()) if getter is not None else None
 
@@ -340,7 +335,7 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def main(argv: Optional[list] = None) -> int:
+def main(argv: list | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m agent.calibrate", description=(__doc__ or "").split("\n")[0]
     )

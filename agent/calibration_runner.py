@@ -21,8 +21,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 # The directory that holds the ``agent`` package (the bundle root on a node).
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]

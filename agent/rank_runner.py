@@ -13,6 +13,7 @@ the rank's whole group. On macOS it holds a power assertion while the rank runs
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -45,10 +46,8 @@ def stop_group(pgid: int, grace: float = KILL_GRACE_S) -> None:
 
 
 def _kill_group(pgid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def exit_status(returncode: int) -> int:
@@ -65,10 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("no command")
     os.makedirs(args.dir, exist_ok=True)
     for stale in ("exit", "pid"):
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(args.dir, stale))
-        except FileNotFoundError:
-            pass
     log = open(os.path.join(args.dir, "output.log"), "ab", buffering=0)
     try:
         # A process group of its own, so that the whole rank can be killed as one, but not a

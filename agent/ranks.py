@@ -7,6 +7,7 @@ Paths are built here from validated names, never taken from the wire.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -129,10 +130,8 @@ def rank_status(workdir: str, job: str, attempt: int, rank: int, progress_offset
     exited_at = None
     if code is not None:
         state, alive = "exited", False
-        try:
+        with contextlib.suppress(OSError):
             exited_at = os.stat(os.path.join(directory, "exit")).st_mtime
-        except OSError:
-            pass
     elif alive or runner_alive:
         state = "running"
     else:
@@ -199,10 +198,8 @@ def stop_rank(workdir: str, job: str, attempt: int, rank: int, grace: float = 5.
     if pgid is None:
         return {"stopped": True, "left": [], "detail": "rank never started"}
     for sig in (signal.SIGCONT, signal.SIGTERM):
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and _group_members(pgid):
         time.sleep(0.1)
@@ -217,10 +214,8 @@ def stop_rank(workdir: str, job: str, attempt: int, rank: int, grace: float = 5.
     while runner and _alive(runner) and time.monotonic() < deadline:
         time.sleep(0.02)
     if runner and _alive(runner):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(runner, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and (_group_members(pgid) or _alive(runner)):
         time.sleep(0.05)

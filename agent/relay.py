@@ -17,6 +17,7 @@ is still coming: a chain is pipelined by chunks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import itertools
 import os
@@ -26,13 +27,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent import ranks as node_ranks
+from agent import sync as node_sync
 from shared import protocol as p
 from shared import relay as wire
 from shared.paths import UnsafePath, resolve_under
 from shared.rpc import RemoteError
-
-from agent import ranks as node_ranks
-from agent import sync as node_sync
 
 _ids = itertools.count(1)
 MAX_TRANSFERS = 64
@@ -111,10 +111,8 @@ def _remove_stale_temporaries(target: str) -> None:
             pass
         except PermissionError:
             continue
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(os.path.join(directory, name))
-        except OSError:
-            pass
 
 
 def _mode(mode: int) -> int:
@@ -214,7 +212,7 @@ class Relay:
             async with state.changed:
                 try:
                     await asyncio.wait_for(state.changed.wait(), remaining)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     break
         state.touched = time.monotonic()
         return state.state()
@@ -273,10 +271,8 @@ class Relay:
             state.write_fd = None
         os.close(state.read_fd)
         if not state.done and state.tmp:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(state.tmp)
-            except OSError:
-                pass
 
     async def _listen(self) -> None:
         # IPv4 on every interface, one port. A connection proves itself with the transfer's
@@ -310,10 +306,8 @@ class Relay:
         server, self._server, self.port = self._server, None, None
         if server is not None:
             server.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await server
-            except asyncio.CancelledError:
-                pass
 
     async def _notify(self, state: Transfer) -> None:
         async with state.changed:
@@ -347,7 +341,7 @@ class Relay:
             await loop.sock_sendall(conn, wire.pack_frame({"done": True}))
         except asyncio.CancelledError:
             pass
-        except (ConnectionError, asyncio.TimeoutError, ValueError) as exc:
+        except (TimeoutError, ConnectionError, ValueError) as exc:
             if state is not None and epoch and epoch == state.connections:
                 # The link, not this node: the daemon may route around it. An older upstream's
                 # end (one the daemon already replaced) is not news.
@@ -364,11 +358,9 @@ class Relay:
                 else:
                     state.error = f"cannot write {state.target}: {exc.strerror or exc}"
                 await self._notify(state)
-                try:
+                with contextlib.suppress(TimeoutError, OSError):
                     await asyncio.wait_for(loop.sock_sendall(
                         conn, wire.pack_frame({"error": state.error or state.upstream_error})), 2)
-                except (OSError, asyncio.TimeoutError):
-                    pass
         finally:
             if state is not None and state.upstream is asyncio.current_task():
                 state.upstream = None
@@ -451,7 +443,7 @@ class Relay:
             entry.done = True
         except asyncio.CancelledError:
             raise
-        except (wire.RelayError, OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, wire.RelayError, OSError) as exc:
             entry.error = str(exc) or exc.__class__.__name__
         finally:
             await self._notify(state)

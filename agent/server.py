@@ -2,25 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import asyncio
-from shared import protocol as p
-from shared.rpc import Dispatcher, Peer, Reader, RemoteError, Writer
-from shared.version import COORD_VERSION
-
 from agent import facts as node_facts
 from agent import launch as node_launch
-from agent import relay as node_relay
 from agent import ranks as node_ranks
+from agent import relay as node_relay
 from agent import sync as node_sync
 from agent.calibration_runner import run_calibration
 from agent.topology import collect_topology
 from agent.usage import collect_usage
+from shared import protocol as p
+from shared.rpc import Dispatcher, Peer, Reader, RemoteError, Writer
+from shared.version import COORD_VERSION
 
 
 def bundle_id() -> str:

@@ -17,6 +17,7 @@ cache entry.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import hashlib
@@ -344,10 +345,8 @@ class Uploads:
             return
         if state["fd"] is not None:
             os.close(state["fd"])
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(state["tmp"])
-        except OSError:
-            pass
 
     def abort_all(self) -> None:
         for upload in list(self._open):

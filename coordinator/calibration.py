@@ -12,7 +12,8 @@ the same; ``is_stale`` says why it is not.
 from __future__ import annotations
 
 import math
-from typing import Any, Hashable, Mapping
+from collections.abc import Hashable, Mapping
+from typing import Any
 
 # Node facts that, when changed, make a stored calibration meaningless.
 CALIBRATION_KEY_FIELDS: tuple[str, ...] = (

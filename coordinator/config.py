@@ -273,7 +273,7 @@ def is_loopback(host: str) -> bool:
     return host == "localhost" or ipaddress.ip_address(host).is_loopback
 
 
-def _parse_dashboard(raw: dict, locate: "_Locator") -> DashboardSettings:
+def _parse_dashboard(raw: dict, locate: _Locator) -> DashboardSettings:
     _check_table(raw, _DASHBOARD_KEYS, "dashboard", None, locate)
     try:
         host, port = parse_listen(raw.get("listen", DEFAULT_DASHBOARD))
@@ -293,7 +293,7 @@ def _parse_dashboard(raw: dict, locate: "_Locator") -> DashboardSettings:
     return DashboardSettings(host=host, port=port, token=token)
 
 
-def _relative_paths(values: list, table: str, index: int | None, key: str, locate: "_Locator") -> tuple[str, ...]:
+def _relative_paths(values: list, table: str, index: int | None, key: str, locate: _Locator) -> tuple[str, ...]:
     from shared.paths import UnsafePath, check_relative
 
     out = []
@@ -305,7 +305,7 @@ def _relative_paths(values: list, table: str, index: int | None, key: str, locat
     return tuple(out)
 
 
-def _parse_sync(raw: dict, locate: "_Locator", base: Path) -> SyncSettings:
+def _parse_sync(raw: dict, locate: _Locator, base: Path) -> SyncSettings:
     _check_table(raw, _SYNC_KEYS, "sync", None, locate)
     threshold = float(raw.get("threshold", 0.95))
     if not 0 < threshold <= 1:
@@ -324,7 +324,7 @@ def _parse_sync(raw: dict, locate: "_Locator", base: Path) -> SyncSettings:
     )
 
 
-def _parse_node(entry: Any, index: int, locate: "_Locator", base: Path) -> NodeConfig:
+def _parse_node(entry: Any, index: int, locate: _Locator, base: Path) -> NodeConfig:
     if not isinstance(entry, dict):
         raise ConfigError(locate.message("nodes", index, None, "each node must be a [[nodes]] table"))
     _check_table(entry, _NODE_KEYS, "nodes", index, locate)
@@ -377,7 +377,7 @@ def redact_url(url: str) -> str:
     return f"{parts.scheme}://{host}{port}{tail}"
 
 
-def _parse_alerts(entries: list, locate: "_Locator", base: Path) -> tuple[AlertSettings, ...]:
+def _parse_alerts(entries: list, locate: _Locator, base: Path) -> tuple[AlertSettings, ...]:
     alerts = tuple(_parse_alert(entry, i, locate, base) for i, entry in enumerate(entries))
     seen: dict[str, int] = {}
     for i, alert in enumerate(alerts):
@@ -388,7 +388,7 @@ def _parse_alerts(entries: list, locate: "_Locator", base: Path) -> tuple[AlertS
     return alerts
 
 
-def _parse_alert(entry: Any, index: int, locate: "_Locator", base: Path) -> AlertSettings:
+def _parse_alert(entry: Any, index: int, locate: _Locator, base: Path) -> AlertSettings:
     label = f"alerts[{index}]"
 
     def refuse(key: str | None, text: str) -> ConfigError:
@@ -447,7 +447,7 @@ def _parse_alert(entry: Any, index: int, locate: "_Locator", base: Path) -> Aler
                          retries=retries, **minutes)
 
 
-def _check_table(table: dict, schema: dict, name: str, index: int | None, locate: "_Locator") -> None:
+def _check_table(table: dict, schema: dict, name: str, index: int | None, locate: _Locator) -> None:
     label = f"{name}[{index}]" if index is not None else name
     for key, value in table.items():
         if key not in schema:

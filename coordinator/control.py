@@ -8,6 +8,7 @@ daemon can run commands on every node of the cluster.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import stat
@@ -80,10 +81,8 @@ class ControlServer:
             self._server.close()
         for peer in list(self._peers):
             await peer.close()
-        try:
+        with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
-        except FileNotFoundError:
-            pass
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         uid = peer_uid(writer.get_extra_info("socket"))
@@ -118,7 +117,5 @@ async def call_daemon(path: Path, method: str, args: dict[str, Any] | None = Non
     finally:
         await peer.close()
         runner.cancel()
-        try:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
             await runner
-        except (asyncio.CancelledError, Exception):
-            pass

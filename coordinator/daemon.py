@@ -31,17 +31,17 @@ from coordinator.commands import status as status_command
 from coordinator.config import ClusterConfig, ConfigError, load_config
 from coordinator.control import ControlServer, ControlSocketError
 from coordinator.dashboard.document import dashboard_document
-from coordinator.node_session import Connect, open_transport
-from coordinator.relay.links import LinkBook
-from coordinator.state import StateError, StateStore
 from coordinator.logs import configure_logging
 from coordinator.metrics.history import MetricsHistory
 from coordinator.metrics.sampler import sample_nodes
 from coordinator.metrics.tensorboard import TensorBoardScalars
-from coordinator.web.routes import daemon_routes, page_routes
-from coordinator.web.server import WebServer
+from coordinator.node_session import Connect, open_transport
+from coordinator.relay.links import LinkBook
 from coordinator.services import preflight as preflight_service
 from coordinator.services import sync as sync_service
+from coordinator.state import StateError, StateStore
+from coordinator.web.routes import daemon_routes, page_routes
+from coordinator.web.server import WebServer
 from shared.rpc import Dispatcher
 from shared.version import COORD_VERSION
 

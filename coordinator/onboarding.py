@@ -341,10 +341,7 @@ def propose_workdir(home: str, requested: str = DEFAULT_WORKDIR) -> str:
     if not requested:
         raise OnboardingError("the workdir must not be empty")
     requested = requested.removeprefix("~/")
-    if requested.startswith("/"):
-        path = requested
-    else:
-        path = home.rstrip("/") + "/" + requested
+    path = requested if requested.startswith("/") else home.rstrip("/") + "/" + requested
     parts = [part for part in path.split("/") if part not in ("", ".")]
     if ".." in parts:
         raise OnboardingError(f"the workdir {requested!r} must not contain '..'")

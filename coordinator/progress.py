@@ -9,8 +9,14 @@ class SyncProgress:
     """One bar per node for bytes sent (files in the description), plus a phase line."""
 
     def __init__(self, console):
-        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn,
-                                   TransferSpeedColumn)
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TransferSpeedColumn,
+        )
 
         self._progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                                   TransferSpeedColumn(), TimeElapsedColumn(), console=console, transient=False,
@@ -18,7 +24,7 @@ class SyncProgress:
         self._phase = self._progress.add_task("starting", total=None)
         self._nodes: dict[str, Any] = {}
 
-    def __enter__(self) -> "SyncProgress":
+    def __enter__(self) -> SyncProgress:
         self._progress.__enter__()
         return self
 
@@ -56,7 +62,7 @@ class NodeProgress:
                                   disable=not console.is_terminal)
         self._nodes: dict[str, Any] = {}
 
-    def __enter__(self) -> "NodeProgress":
+    def __enter__(self) -> NodeProgress:
         self._progress.__enter__()
         return self
 

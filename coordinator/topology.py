@@ -14,7 +14,8 @@ Pure functions over the topologies the agents report (``agent.topology``): no I/
 from __future__ import annotations
 
 import ipaddress
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 BACKENDS = ("jaccl", "jaccl-ring", "ring")
 #: IP link kinds, best first. Loopback never links two nodes.

@@ -8,9 +8,11 @@ the protocol. Everything above this module is the same for local and SSH nodes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Protocol
 
 import asyncssh
 
@@ -86,7 +88,7 @@ class SshTransport:
         self.peer_address: str | None = peer[0] if isinstance(peer, tuple) and peer else None
 
     @classmethod
-    async def connect(cls, node: NodeConfig, ssh: SshSettings) -> "SshTransport":
+    async def connect(cls, node: NodeConfig, ssh: SshSettings) -> SshTransport:
         options = ssh_options(node, ssh)
         try:
             conn = await asyncssh.connect(node.host, **options)
@@ -97,7 +99,7 @@ class SshTransport:
             key = ssh.identity_file or "the default keys"
             raise NodeUnreachable(f"key authentication refused for {who} at {node.host} with {key}; "
                                   f"add the public key to that user's ~/.ssh/authorized_keys") from None
-        except (OSError, asyncssh.Error, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError, asyncssh.Error) as exc:
             text = str(exc) or exc.__class__.__name__
             raise NodeUnreachable(f"cannot connect to {node.address}: {text}") from None
         return cls(conn)
@@ -117,10 +119,8 @@ class SshTransport:
 
     async def close(self) -> None:
         self._conn.close()
-        try:
+        with contextlib.suppress(TimeoutError, OSError, asyncssh.Error):
             await asyncio.wait_for(self._conn.wait_closed(), 5)
-        except (asyncio.TimeoutError, OSError, asyncssh.Error):
-            pass
 
 
 class UnknownHostKey(NodeUnreachable):

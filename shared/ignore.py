@@ -95,9 +95,7 @@ def compile_rule(line: str) -> Rule | None:
     if not text or text.startswith("#"):
         return None
     negate = text.startswith("!")
-    if negate:
-        text = text[1:]
-    elif text.startswith("\\!") or text.startswith("\\#"):
+    if negate or text.startswith("\\!") or text.startswith("\\#"):
         text = text[1:]
     dir_only = text.endswith("/")
     text = text.rstrip("/")
@@ -130,7 +128,7 @@ class IgnoreRules:
                                    for on_name in (True, False) for dirs in (False, True))
 
     @classmethod
-    def with_defaults(cls, extra: list[str] | tuple[str, ...] = ()) -> "IgnoreRules":
+    def with_defaults(cls, extra: list[str] | tuple[str, ...] = ()) -> IgnoreRules:
         return cls(list(DEFAULT_PATTERNS) + list(extra))
 
     def file_rules(self) -> tuple:

@@ -17,7 +17,7 @@ from typing import Any, Protocol, TextIO
 
 
 class Logger(Protocol):
-    def bind(self, **context: Any) -> "Logger": ...
+    def bind(self, **context: Any) -> Logger: ...
     def debug(self, event: str, **kw: Any) -> Any: ...
     def info(self, event: str, **kw: Any) -> Any: ...
     def warning(self, event: str, **kw: Any) -> Any: ...
@@ -32,7 +32,7 @@ class KeyValueLogger:
         self._logger = logging.getLogger(name)
         self._context = context or {}
 
-    def bind(self, **context: Any) -> "KeyValueLogger":
+    def bind(self, **context: Any) -> KeyValueLogger:
         return KeyValueLogger(self._logger.name, {**self._context, **context})
 
     def _log(self, level: int, event: str, exc_info: bool = False, **kw: Any) -> None:

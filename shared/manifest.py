@@ -16,9 +16,9 @@ import os
 import stat
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable
 
 from shared.ignore import IgnoreRules
 

@@ -22,6 +22,7 @@ landing that the source did not hold. Stdlib and msgpack only: this runs on ever
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import hashlib
 import hmac
@@ -29,9 +30,10 @@ import os
 import socket
 import struct
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import msgpack
 
@@ -116,10 +118,8 @@ async def cancel_and_wait(tasks) -> None:
     for task in tasks:
         task.cancel()
     for task in tasks:
-        try:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
-        except (asyncio.CancelledError, Exception):
-            pass
 
 
 def pack_frame(message: dict[str, Any]) -> bytes:
@@ -180,7 +180,7 @@ async def send_file(host: str, port: int, *, transfer: str, token: str, plan: Ch
     try:
         try:
             await asyncio.wait_for(loop.sock_connect(sock, (host, port)), CONNECT_TIMEOUT_S)
-        except (OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError) as exc:
             raise RelayError(f"cannot connect to {host}:{port}: {exc or exc.__class__.__name__}") from None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         await asyncio.wait_for(loop.sock_sendall(sock, MAGIC + pack_frame({"transfer": transfer, "token": token})),
@@ -204,7 +204,7 @@ async def send_file(host: str, port: int, *, transfer: str, token: str, plan: Ch
                     await asyncio.wait_for(loop.sock_sendall(sock, CHUNK_HEADER.pack(index, length)), STALL_TIMEOUT_S)
                     await asyncio.wait_for(loop.sock_sendfile(sock, handle, index * plan.chunk_bytes, length),
                                            STALL_TIMEOUT_S)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     raise RelayError(f"{host}:{port} took nothing for {STALL_TIMEOUT_S:.0f} s") from None
                 sent += 1
                 if on_sent is not None:
@@ -212,7 +212,7 @@ async def send_file(host: str, port: int, *, transfer: str, token: str, plan: Ch
         # The receiver answers once it holds the whole file (or says what went wrong).
         try:
             final = await read_frame(sock, STALL_TIMEOUT_S * 4)
-        except (asyncio.TimeoutError, LinkLost):
+        except (TimeoutError, LinkLost):
             final = {}
         if final.get("error"):
             raise RelayError(f"{host}:{port}: {final['error']}")

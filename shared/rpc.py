@@ -155,7 +155,7 @@ class Peer:
                 return await future
             try:
                 return await asyncio.wait_for(future, timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise TimeoutError(f"{method} got no answer within {timeout:g} s") from None
         finally:
             self._pending.pop(msg_id, None)

@@ -15,6 +15,7 @@ final name.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -83,10 +84,8 @@ def write_atomic(path: str, tensors: dict[str, HostTensor], metadata: dict[str, 
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
     fsync_directory(os.path.dirname(path) or ".")
     return written

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from coordinator.daemon import Daemon
 
 
-def attach_alerts(daemon: "Daemon") -> AlertDispatcher:
+def attach_alerts(daemon: Daemon) -> AlertDispatcher:
     """An AlertDispatcher that hears every event the daemon records; ``daemon.run`` runs it."""
     dispatcher = AlertDispatcher(
         daemon.config.name, daemon.config.alerts, record_event=daemon.cluster.record_event,
@@ -34,6 +34,6 @@ def run_facts(runner: Any) -> RunFacts | None:
                     started=record.get("started"))
 
 
-def node_facts(daemon: "Daemon") -> list[NodeFacts]:
+def node_facts(daemon: Daemon) -> list[NodeFacts]:
     return [NodeFacts(name, session.state == UP, session.view.reason)
             for name, session in daemon.cluster.sessions.items()]

@@ -77,7 +77,7 @@ def _json_request(document: dict[str, Any]) -> WebhookRequest:
 
 
 def _iso(ts: float) -> str:
-    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).isoformat(timespec="seconds")
+    return datetime.datetime.fromtimestamp(ts, datetime.UTC).isoformat(timespec="seconds")
 
 
 def _slack_escape(text: str) -> str:

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from coordinator.daemon import Daemon
 
 
-async def serve_calibrate(daemon: "Daemon", emit, refresh: bool = False, quick: bool = False) -> dict[str, Any]:
+async def serve_calibrate(daemon: Daemon, emit, refresh: bool = False, quick: bool = False) -> dict[str, Any]:
     report: dict[str, Any] = {"nodes": {}}
 
     async def one(session) -> None:

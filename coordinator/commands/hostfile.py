@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from coordinator.daemon import Daemon
 
 
-async def serve_hostfile(daemon: "Daemon", output: str | None = None, backend: str | None = None) -> dict[str, Any]:
+async def serve_hostfile(daemon: Daemon, output: str | None = None, backend: str | None = None) -> dict[str, Any]:
     if output and not Path(output).is_absolute():
         raise RemoteError(p.BAD_ARGS, "output must be an absolute path")
     try:

@@ -21,9 +21,21 @@ import asyncssh
 from coordinator.commands.trust import TrustRequest, decide_and_add, trust_command_for
 from coordinator.config import NodeConfig, SshSettings
 from coordinator.known_hosts import SshTarget, TrustRefused, known_hosts_path, resolve_target
-from coordinator.onboarding import (HostSpec, NodeReport, OnboardingError, SshFileSettings, assess, facts_command,
-                                    format_bytes, parse_facts, parse_probe, probe_command, propose_workdir,
-                                    python_path, render_cluster)
+from coordinator.onboarding import (
+    HostSpec,
+    NodeReport,
+    OnboardingError,
+    SshFileSettings,
+    assess,
+    facts_command,
+    format_bytes,
+    parse_facts,
+    parse_probe,
+    probe_command,
+    propose_workdir,
+    python_path,
+    render_cluster,
+)
 from coordinator.transport import NodeUnreachable, SshTransport, UnknownHostKey
 
 SURVEY_TIMEOUT_S = 120.0  # a node's answers, all candidate Pythons included

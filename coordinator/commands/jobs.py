@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from coordinator.jobs.spec import REPLICA_HEAD, REPLICA_NONE, JobSpec, JobSpecError, validate
 from coordinator.jobs.core import new_run_id
 from coordinator.jobs.daemon_effects import attempt_dir
+from coordinator.jobs.spec import REPLICA_HEAD, REPLICA_NONE, JobSpec, JobSpecError, validate
 from coordinator.jobs.supervisor import ACTIVE, JobRunner
 from shared import protocol as p
 from shared.rpc import RemoteError
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 MAX_LOG_READ = 1 << 20
 
 
-def start_job(daemon: "Daemon", spec_fields: dict[str, Any], *, resume: bool = False) -> dict[str, Any]:
+def start_job(daemon: Daemon, spec_fields: dict[str, Any], *, resume: bool = False) -> dict[str, Any]:
     """A new run of the job (a name run again starts from step 0), or with ``resume`` the named
     job's newest run continued from its newest valid checkpoint."""
     previous = daemon.jobs.get(spec_fields.get("name", ""))
@@ -78,7 +78,7 @@ def continued_record(record: dict[str, Any], total_steps: int | None) -> dict[st
             "first_step_at": None, "launched_at": None, "stop_requested": False, "resumes": int(record.get("resumes") or 0) + 1}
 
 
-def find(daemon: "Daemon", name: str) -> JobRunner:
+def find(daemon: Daemon, name: str) -> JobRunner:
     """A run by its id, or a job's newest run by the job's name."""
     runner = daemon.runs.get(name) or daemon.jobs.get(name)
     if runner is None:
@@ -87,7 +87,7 @@ def find(daemon: "Daemon", name: str) -> JobRunner:
     return runner
 
 
-def cancel_job(daemon: "Daemon", name: str) -> dict[str, Any]:
+def cancel_job(daemon: Daemon, name: str) -> dict[str, Any]:
     """coord cancel: a queued job leaves the queue (a running one is stopped with coord stop)."""
     runner = find(daemon, name)
     if runner.state != "queued":
@@ -100,7 +100,7 @@ def cancel_job(daemon: "Daemon", name: str) -> dict[str, Any]:
     return runner.view()
 
 
-def stop_job(daemon: "Daemon", name: str) -> dict[str, Any]:
+def stop_job(daemon: Daemon, name: str) -> dict[str, Any]:
     runner = find(daemon, name)
     if runner.state == "queued":
         return cancel_job(daemon, name)
@@ -111,7 +111,7 @@ def stop_job(daemon: "Daemon", name: str) -> dict[str, Any]:
     return runner.view()
 
 
-def resize_job(daemon: "Daemon", name: str) -> dict[str, Any]:
+def resize_job(daemon: Daemon, name: str) -> dict[str, Any]:
     runner = find(daemon, name)
     if runner.state not in ("running", "starting"):
         raise RemoteError(p.REFUSED, f"job {name} is {runner.state}; only a running job can be resized")
@@ -120,7 +120,7 @@ def resize_job(daemon: "Daemon", name: str) -> dict[str, Any]:
     return {**runner.view(), "detail": detail}
 
 
-def job_logs(daemon: "Daemon", name: str, rank: int = 0, attempt: int | None = None, offset: int = 0) -> dict[str, Any]:
+def job_logs(daemon: Daemon, name: str, rank: int = 0, attempt: int | None = None, offset: int = 0) -> dict[str, Any]:
     runner = find(daemon, name)
     attempt = runner.record["attempt"] if attempt is None else attempt
     if attempt < 0:

@@ -31,7 +31,7 @@ OPTION_FIELDS = {"fine_tune_type": str, "per_rank_batch_size": int, "gradient_ac
                  "replica": str, "min_nodes": int, "node_timeout": float}
 
 
-async def serve_plan(daemon: "Daemon", emit, *, schema: str = "v2", model: str | None = None,
+async def serve_plan(daemon: Daemon, emit, *, schema: str = "v2", model: str | None = None,
                      data: str | None = None, options: dict | None = None, request: dict | None = None,
                      name: str = "job", seq_len: int = 2048) -> dict[str, Any]:
     from coordinator.services.preflight import run_preflight
@@ -81,7 +81,7 @@ async def serve_plan(daemon: "Daemon", emit, *, schema: str = "v2", model: str |
     return document
 
 
-def latest_replica_check(daemon: "Daemon", name: str) -> dict[str, Any] | None:
+def latest_replica_check(daemon: Daemon, name: str) -> dict[str, Any] | None:
     """The named job's replica checks, or else those of the newest job that made any."""
     checked = [runner for runner in daemon.runs.values() if (runner.record.get("replica_check") or {})
                .get("steps_compared")]

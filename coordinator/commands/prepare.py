@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from agent.launch import rank_command
-from coordinator.services.launch_plan import node_topologies, plan_backend, write_launch_files
 from coordinator.jobs.launcher import launcher_argv
+from coordinator.services.launch_plan import node_topologies, plan_backend, write_launch_files
 from shared import protocol as p
 from shared.rpc import RemoteError
 
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
-async def prepare_job(daemon: "Daemon", job: str, argv: list, env: dict | None = None,
+async def prepare_job(daemon: Daemon, job: str, argv: list, env: dict | None = None,
                       backend: str | None = None) -> dict[str, Any]:
     """Everything a launch needs; returns the exact mlx.launch argv and its environment."""
     if not JOB_NAME.match(job):

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 MAX_EVENTS = 10_000
 
 
-def recent_events(daemon: "Daemon", count: int) -> list[dict[str, Any]]:
+def recent_events(daemon: Daemon, count: int) -> list[dict[str, Any]]:
     """The newest ``count`` events: from memory when it holds that many (the common, fast case),
     else from the store, which keeps them all; never silently fewer than asked for and kept."""
     count = min(max(0, count), MAX_EVENTS)
@@ -26,7 +26,7 @@ def recent_events(daemon: "Daemon", count: int) -> list[dict[str, Any]]:
     return daemon.state.recent_events(count)
 
 
-def serve_status(daemon: "Daemon", *, events: int = 10, every_run: bool = False) -> dict[str, Any]:
+def serve_status(daemon: Daemon, *, events: int = 10, every_run: bool = False) -> dict[str, Any]:
     """The daemon half: a plain document, the same one `--json` prints. Jobs are each name's newest
     run and any run still going; ``every_run`` adds every earlier run too."""
     nodes = daemon.cluster.node_views()
@@ -43,7 +43,7 @@ def serve_status(daemon: "Daemon", *, events: int = 10, every_run: bool = False)
     }
 
 
-def shown_runs(daemon: "Daemon", *, every_run: bool = False) -> list:
+def shown_runs(daemon: Daemon, *, every_run: bool = False) -> list:
     """Each job's newest run and every run still going (``every_run``: all of them)."""
     return [runner for runner in daemon.runs.values()
             if every_run or daemon.jobs.get(runner.spec.name) is runner or runner.state in ACTIVE]

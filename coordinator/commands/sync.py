@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+
 def render_sync(report: dict[str, Any], console) -> None:
     from rich.table import Table
 

@@ -19,8 +19,17 @@ from typing import TextIO
 import asyncssh
 
 from coordinator.config import ClusterConfig, NodeConfig, SshSettings
-from coordinator.known_hosts import (SshTarget, TrustRefused, append_known_host, check_can_add, fetch_host_key,
-                                     fingerprint, fingerprint_matches, known_hosts_path, resolve_target)
+from coordinator.known_hosts import (
+    SshTarget,
+    TrustRefused,
+    append_known_host,
+    check_can_add,
+    fetch_host_key,
+    fingerprint,
+    fingerprint_matches,
+    known_hosts_path,
+    resolve_target,
+)
 from coordinator.onboarding import OnboardingError, parse_host_spec
 
 

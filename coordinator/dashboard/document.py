@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from coordinator.jobs.supervisor import ACTIVE
 
@@ -66,7 +67,7 @@ def node_entry(view: dict[str, Any], usage: dict[str, Any] | None = None) -> dic
             "power_watts": usage.get("power_watts"), "temperature_c": usage.get("temperature_c")}
 
 
-def dashboard_document(daemon: "Daemon", *, history: Callable[[str], dict[str, Any] | None] | None = None,
+def dashboard_document(daemon: Daemon, *, history: Callable[[str], dict[str, Any] | None] | None = None,
                        usage: dict[str, dict[str, Any]] | None = None, now: float | None = None) -> dict[str, Any]:
     """The whole page's data. ``history(run_id)`` gives a run's metric points (its curves);
     ``usage`` each node's latest usage sample."""

@@ -15,8 +15,9 @@ node's own copy in place and copies the checkpoint only to the nodes that lack i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 PRIMARY, LOCAL, REPLICA = "primary", "local", "replica"
 _ROLE_ORDER = {PRIMARY: 0, LOCAL: 1, REPLICA: 2}

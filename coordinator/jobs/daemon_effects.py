@@ -3,13 +3,15 @@ wall clock, SQLite, the event log and the head's state directory."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
 import subprocess
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import structlog
@@ -53,7 +55,7 @@ def attempt_dir(state_dir: Path, run_id: str, attempt: int) -> Path:
 
 
 class DaemonEffects:
-    def __init__(self, daemon: "Daemon"):
+    def __init__(self, daemon: Daemon):
         self.daemon = daemon
         self._launchers: dict[int, subprocess.Popen] = {}
 
@@ -147,10 +149,8 @@ class DaemonEffects:
         return None
 
     async def stop_launcher(self, pid: int, *, final: bool) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL if final else signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
         proc = self._launchers.get(pid)
         if final and proc is not None:
             with anyio.move_on_after(LAUNCHER_REAP_S):

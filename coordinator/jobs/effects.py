@@ -12,8 +12,9 @@ Sleeping is not an effect: the supervisor sleeps with anyio, which a virtual clo
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Protocol
 
 HEAD = "head"  # the catalog's node name for a copy in the head's state directory
 

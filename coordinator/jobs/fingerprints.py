@@ -59,7 +59,7 @@ class ReplicaCheck:
                             for step, seen in self._pending.items()}}
 
     @classmethod
-    def from_state(cls, ranks: int, state: dict[str, Any] | None) -> "ReplicaCheck":
+    def from_state(cls, ranks: int, state: dict[str, Any] | None) -> ReplicaCheck:
         check = cls(ranks)
         if state:
             check.last_agreed, check.compared = state.get("last_agreed"), state.get("compared", 0)

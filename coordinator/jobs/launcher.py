@@ -17,7 +17,6 @@ module has another shape, it runs unchanged.
 from __future__ import annotations
 
 import hashlib
-
 import importlib.util
 import os
 import select

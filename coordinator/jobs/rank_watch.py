@@ -13,8 +13,18 @@ import anyio
 
 from coordinator.jobs import core
 from coordinator.jobs.fingerprints import comparison_summary
-from coordinator.jobs.policy import (DIVERGED, HUNG, LAUNCH_FAILED, NODE_LOST, RANK_FAILED, RESIZED, STOPPED, Outcome,
-                                     RankFailure, root_cause)
+from coordinator.jobs.policy import (
+    DIVERGED,
+    HUNG,
+    LAUNCH_FAILED,
+    NODE_LOST,
+    RANK_FAILED,
+    RESIZED,
+    STOPPED,
+    Outcome,
+    RankFailure,
+    root_cause,
+)
 from coordinator.jobs.spec import attempt_command
 from coordinator.plan import diagnosis
 from shared.rpc import RemoteError

@@ -36,7 +36,7 @@ def node_replica_rel(run_id: str, attempt: int, name: str) -> str:
 
 
 class Replicator:
-    def __init__(self, runner: "JobRunner"):
+    def __init__(self, runner: JobRunner):
         self.runner = runner
         self._wake = anyio.Event()
         self._one_at_a_time = anyio.Lock()  # the background loop and the run's final copy take turns

@@ -51,7 +51,7 @@ class JobSpec:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "JobSpec":
+    def from_dict(cls, data: dict[str, Any]) -> JobSpec:
         return cls(**data)
 
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 import hashlib
 import os
 import posixpath
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Protocol
+from typing import Any, Protocol
 
 import anyio
 

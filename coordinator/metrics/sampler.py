@@ -23,7 +23,7 @@ THIN_EVERY_S = 600.0
 USAGE_TIMEOUT_S = 15.0
 
 
-async def sample_nodes(sessions: dict[str, "NodeSession"], history: "MetricsHistory", *,
+async def sample_nodes(sessions: dict[str, NodeSession], history: MetricsHistory, *,
                        interval: float = NODE_SAMPLE_S) -> None:
     """Sample until cancelled, each node every ``interval`` and at once when it comes up; a node
     that is down or does not answer is skipped this time."""
@@ -47,7 +47,7 @@ async def sample_nodes(sessions: dict[str, "NodeSession"], history: "MetricsHist
         await anyio.sleep(min(1.0, interval))
 
 
-async def _sample_one(session: "NodeSession", history: "MetricsHistory") -> None:
+async def _sample_one(session: NodeSession, history: MetricsHistory) -> None:
     try:
         sample = await session.call("usage", {}, timeout=USAGE_TIMEOUT_S)
     except (RemoteError, TimeoutError) as exc:

@@ -18,10 +18,11 @@ import gc
 import json
 import math
 from collections import Counter
-from itertools import islice
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 CHUNK_SIZE = 50_000
 #: How many bad lines a report names; the rest are only counted.

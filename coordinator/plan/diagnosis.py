@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from coordinator.jobs.spec import MLX_LM_FORMS, option_value
 from coordinator.topology import BRIDGE_INSTRUCTION

@@ -21,15 +21,16 @@ import math
 import shlex
 import statistics
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from importlib import resources
-from typing import Any, Mapping, Sequence
+from typing import Any
 
+from agent.qos import qos_for_platform
 from coordinator.calibration import is_stale, train_rate, workload_shares
 from coordinator.config import NodeConfig
 from coordinator.jobs.policy import MAX_BACKOFF_S, backoff, restart_delay
 from coordinator.jobs.spec import REPLICA_HEAD, REPLICA_NONE, TRAINERS, JobSpec, is_mlx_lm
-from agent.qos import qos_for_platform
 from coordinator.plan import robust
 
 VERSION = "2.0.0"

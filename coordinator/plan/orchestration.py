@@ -14,16 +14,27 @@ from __future__ import annotations
 import json
 import math
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any
 
 from coordinator.calibration import train_rate, workload_shares
-from coordinator.jobs.policy import hang_timeout
 from coordinator.jobs.core import FIRST_STEP_TIMEOUT_S
+from coordinator.jobs.policy import hang_timeout
 from coordinator.jobs.supervisor import CHECKPOINT_POLL_S, NODE_WAIT_S, POLL_S
-from coordinator.plan.document import (JACCL_PORT, PlanInputs, Section, checkpoint_section, disabled_section,
-                                       expected_recovery, load_schema, rank_order, resolve_options, trainer_of,
-                                       usable_calibrations)
+from coordinator.plan.document import (
+    JACCL_PORT,
+    PlanInputs,
+    Section,
+    checkpoint_section,
+    disabled_section,
+    expected_recovery,
+    load_schema,
+    rank_order,
+    resolve_options,
+    trainer_of,
+    usable_calibrations,
+)
 
 KEEPALIVE_COUNT = 3  # node sessions give up after this many missed keepalives
 DATA_PARALLEL_NAMES = ("data", "data_parallel", "data-parallel", "ddp", "dp")

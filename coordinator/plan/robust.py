@@ -21,7 +21,8 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter
-from typing import Hashable, Mapping, Sequence, TypeVar
+from collections.abc import Hashable, Mapping, Sequence
+from typing import TypeVar
 
 Key = TypeVar("Key", bound=Hashable)
 Value = float | Sequence[float]

@@ -57,9 +57,10 @@ import json
 import math
 import re
 import struct
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 GIB = 2**30
 
@@ -489,10 +490,7 @@ def block_activation_values(shape: ModelShape) -> int:
 
 def _trained_blocks(shape: ModelShape, setup: _Setup, stage: _Stage) -> int:
     """Blocks of the stage that train; the backward pass goes through exactly these."""
-    if setup.fine_tune_type == "full" or setup.lora_layers == -1:
-        lowest = 0
-    else:
-        lowest = shape.num_layers - setup.lora_layers
+    lowest = 0 if setup.fine_tune_type == "full" or setup.lora_layers == -1 else shape.num_layers - setup.lora_layers
     return max(0, stage.stop - max(stage.first, lowest))
 
 

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from coordinator.daemon import Daemon
 
 
-async def node_topologies(daemon: "Daemon") -> dict[str, Any]:
+async def node_topologies(daemon: Daemon) -> dict[str, Any]:
     found: dict[str, Any] = {}
 
     async def one(session) -> None:
@@ -40,7 +40,7 @@ async def node_topologies(daemon: "Daemon") -> dict[str, Any]:
     return found
 
 
-def plan_backend(daemon: "Daemon", topologies: dict[str, Any], *, forced: str | None = None,
+def plan_backend(daemon: Daemon, topologies: dict[str, Any], *, forced: str | None = None,
                  envs: list[str] | None = None, nodes: list[str] | None = None,
                  ssh_names: dict[str, str] | None = None,
                  ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, str | None]:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 CHECKPOINT_DIR = "checkpoints"
 
 
-async def gather(daemon: "Daemon", emit, source: Path | None = None, nodes: list[str] | None = None) -> dict[str, Any]:
+async def gather(daemon: Daemon, emit, source: Path | None = None, nodes: list[str] | None = None) -> dict[str, Any]:
     """Ask every up node, at once, for what the checks need."""
     config = daemon.config
     source = source or config.sync.source
@@ -86,7 +86,7 @@ async def gather(daemon: "Daemon", emit, source: Path | None = None, nodes: list
     return found
 
 
-async def run_preflight(daemon: "Daemon", emit, backend: str | None = None,
+async def run_preflight(daemon: Daemon, emit, backend: str | None = None,
                         source: str | None = None, only: list[str] | None = None) -> dict[str, Any]:
     """Every check on every node, or on the nodes in ``only`` (a job that holds a subset of the cluster)."""
     started = time.monotonic()

@@ -25,7 +25,7 @@ RELAY_MIN_BYTES = 8 << 20
 PARALLEL_FILES = 2
 
 
-def take_large_files(source: dict[str, list], plans: dict[str, "SyncPlan"]) -> dict[str, list[str]]:
+def take_large_files(source: dict[str, list], plans: dict[str, SyncPlan]) -> dict[str, list[str]]:
     """{path: the nodes lacking it} for every large file of the plans, taken out of them."""
     wanted: dict[str, list[str]] = {}
     for name, plan in plans.items():
@@ -40,7 +40,7 @@ def take_large_files(source: dict[str, list], plans: dict[str, "SyncPlan"]) -> d
     return wanted
 
 
-async def relay_files(daemon: "Daemon", source_dir: str, source: dict[str, list], wanted: dict[str, list[str]],
+async def relay_files(daemon: Daemon, source_dir: str, source: dict[str, list], wanted: dict[str, list[str]],
                       progress=None) -> dict[str, dict[str, Any]]:
     """Send each wanted file to the nodes lacking it; per node: files and bytes relayed, and the
     files that did not arrive with why."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import subprocess
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 HOOK_TIMEOUT_S = 600
 
 
-def resolve_source(daemon: "Daemon", source: str | None) -> Path:
+def resolve_source(daemon: Daemon, source: str | None) -> Path:
     chosen = Path(source) if source else daemon.config.sync.source
     if chosen is None:
         raise RemoteError(p.BAD_ARGS, "no source directory: pass --source DIR or set sync.source in the cluster file")
@@ -40,16 +41,14 @@ def resolve_source(daemon: "Daemon", source: str | None) -> Path:
     return chosen
 
 
-def ignore_patterns(daemon: "Daemon", source: Path) -> list[str]:
+def ignore_patterns(daemon: Daemon, source: Path) -> list[str]:
     patterns = list(DEFAULT_PATTERNS)
-    try:
+    with contextlib.suppress(FileNotFoundError):
         patterns += read_ignore_file((source / ".coordignore").read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        pass
     return patterns + list(daemon.config.sync.ignore)
 
 
-def run_hook(daemon: "Daemon", source: Path) -> dict[str, Any] | None:
+def run_hook(daemon: Daemon, source: Path) -> dict[str, Any] | None:
     """The user's pre-sync hook: its exit code and output are recorded; missing is a warning."""
     hook = daemon.config.sync.hook
     if not hook:
@@ -85,7 +84,7 @@ def run_hook(daemon: "Daemon", source: Path) -> dict[str, Any] | None:
 _source_caches: dict[str, tuple[HashCache, threading.Lock]] = {}
 #: Manifests of trees seen lately (the source's, and nodes' that differ from it), by tree hash: a node
 #: whose tree hash is one of these is known file by file without sending its manifest.
-_known_trees: "OrderedDict[str, dict]" = OrderedDict()
+_known_trees: OrderedDict[str, dict] = OrderedDict()
 KNOWN_TREES = 8
 KNOWN_TREES_ENTRIES = 2_000_000  # files, over all manifests kept
 
@@ -98,7 +97,7 @@ def remember_tree(digest: str, manifest: dict) -> None:
         _known_trees.popitem(last=False)
 
 
-def source_manifest(daemon: "Daemon", source: Path, patterns: list[str]) -> tuple[dict, dict]:
+def source_manifest(daemon: Daemon, source: Path, patterns: list[str]) -> tuple[dict, dict]:
     key = hashlib.sha256(str(source).encode()).hexdigest()[:16]
     path = str(daemon.config.state_dir / "hashcache" / f"{key}.json")
     if path not in _source_caches:
@@ -132,7 +131,7 @@ def _same_tree_report(hashes: dict[str, str], threshold: float, what: str) -> di
             "detail": f"all {len(hashes)} nodes hold the same {what} ({digest[:12]})"}
 
 
-async def serve_sync(daemon: "Daemon", emit, source: str | None = None, delete: bool = False,
+async def serve_sync(daemon: Daemon, emit, source: str | None = None, delete: bool = False,
                      dry_run: bool = False, nodes: list[str] | None = None) -> dict[str, Any]:
     """Send the source to every node, or to ``nodes`` only (a job's own: other jobs' nodes are left as they are).
 
