@@ -35,7 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from coordinator.tinymodel import write_data, write_model  # noqa: E402
+from coordinator.cli.tinymodel import write_data, write_model  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:

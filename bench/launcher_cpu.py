@@ -67,7 +67,7 @@ def main() -> None:
     stock = shutil.which("mlx.launch")
     if stock is None:
         raise SystemExit("mlx.launch is not on PATH: pip install 'mlx[cpu]' (Linux) or mlx (macOS)")
-    launchers = {"mlx.launch": [stock], "coord's launcher": [sys.executable, "-m", "coordinator.jobs.launcher"]}
+    launchers = {"mlx.launch": [stock], "coord's launcher": [sys.executable, "-m", "coordinator.launch.mlx_launch"]}
     results: dict[str, list[dict]] = {name: [] for name in launchers}
     for _ in range(args.repeats):
         for name, argv in launchers.items():

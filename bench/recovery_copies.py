@@ -2,7 +2,7 @@
 
 On the multi-host test cluster (network namespaces; root on Linux), every link capped at
 1 Gbit/s each way (``cap_links``), 3 nodes, a ~70M-parameter llama (12 layers, width 768,
-built as ``coordinator/tinymodel.py`` builds its tiny one) fully fine-tuned with Adam under
+built as ``coordinator/cli/tinymodel.py`` builds its tiny one) fully fine-tuned with Adam under
 coord's trainer (``--trainer coord``): its checkpoint (weights and both Adam moments) is about
 850 MB, written by every rank on its own node.
 
@@ -38,7 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from coordinator.tinymodel import write_data, write_model  # noqa: E402
+from coordinator.cli.tinymodel import write_data, write_model  # noqa: E402
 from tests.cluster.netns import NetnsCluster, NodeSpec  # noqa: E402
 from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir  # noqa: E402
 

@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from coordinator.control import DaemonNotRunning, call_daemon  # noqa: E402
+from coordinator.control.server import DaemonNotRunning, call_daemon  # noqa: E402
 
 
 def write_cluster(root: Path, size: int, ssh: dict | None) -> Path:
@@ -78,7 +78,7 @@ def cli_latency(config: Path, runs: int) -> float:
     samples = []
     for _ in range(runs):
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "coordinator.cli", "status", "--json", "--config", str(config)],
+        subprocess.run([sys.executable, "-m", "coordinator.cli.main", "status", "--json", "--config", str(config)],
                        check=True, stdout=subprocess.DEVNULL, cwd=REPO)
         samples.append(time.perf_counter() - start)
     return statistics.median(samples)
@@ -148,7 +148,7 @@ def measure(size: int, calls: int, ssh: dict | None) -> dict:
     root = Path(tempfile.mkdtemp(prefix="coord-bench-", dir="/tmp"))
     config = write_cluster(root, size, ssh)
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    daemon = subprocess.Popen([sys.executable, "-m", "coordinator.cli", "daemon", "--config", str(config),
+    daemon = subprocess.Popen([sys.executable, "-m", "coordinator.cli.main", "daemon", "--config", str(config),
                                "--log-file", str(root / "coordd.log")], cwd=REPO, env=env)
     try:
         socket = root / "state" / "coord.sock"

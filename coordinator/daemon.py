@@ -20,28 +20,28 @@ import anyio
 import anyio.abc
 import structlog
 
-from coordinator.agent_bundle import AgentBundle, build_bundle
-from coordinator.alerts.hookup import attach_alerts
-from coordinator.cluster import Cluster
 from coordinator.commands import calibrate as calibrate_command
 from coordinator.commands import hostfile as hostfile_command
 from coordinator.commands import jobs as jobs_command
 from coordinator.commands import prepare as prepare_command
 from coordinator.commands import status as status_command
-from coordinator.config import ClusterConfig, ConfigError, load_config
-from coordinator.control import ControlServer, ControlSocketError
-from coordinator.dashboard.document import dashboard_document
-from coordinator.logs import configure_logging
-from coordinator.metrics.history import MetricsHistory
-from coordinator.metrics.sampler import sample_nodes
-from coordinator.metrics.tensorboard import TensorBoardScalars
-from coordinator.node_session import Connect, open_transport
+from coordinator.config.cluster_file import ClusterConfig, ConfigError, load_config
+from coordinator.config.logs import configure_logging
+from coordinator.control.server import ControlServer, ControlSocketError
+from coordinator.nodes.agent_bundle import AgentBundle, build_bundle
+from coordinator.nodes.cluster import Cluster
+from coordinator.nodes.session import Connect, open_transport
+from coordinator.observe.alerts.hookup import attach_alerts
+from coordinator.observe.dashboard.document import dashboard_document
+from coordinator.observe.metrics.history import MetricsHistory
+from coordinator.observe.metrics.sampler import sample_nodes
+from coordinator.observe.metrics.tensorboard import TensorBoardScalars
+from coordinator.observe.web.routes import daemon_routes, page_routes
+from coordinator.observe.web.server import WebServer
+from coordinator.readiness import preflight as preflight_service
+from coordinator.readiness import sync as sync_service
 from coordinator.relay.links import LinkBook
-from coordinator.services import preflight as preflight_service
-from coordinator.services import sync as sync_service
-from coordinator.state import StateError, StateStore
-from coordinator.web.routes import daemon_routes, page_routes
-from coordinator.web.server import WebServer
+from coordinator.store.state import StateError, StateStore
 from shared.rpc import Dispatcher
 from shared.version import COORD_VERSION
 
@@ -362,7 +362,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="coordd", description="The coord daemon: keeps a session to every node's agent and "
                                    "answers `coord` on its control socket. Runs in the foreground.")
-    from coordinator.cli import add_daemon_arguments
+    from coordinator.cli.main import add_daemon_arguments
     add_daemon_arguments(parser)
     args = parser.parse_args(argv)
     sys.exit(run_daemon(args.config, log_file=args.log_file, log_level=args.log_level))

@@ -107,7 +107,7 @@ on_node() {
 
 # The Python that has coord (the coordinator package) installed.
 can_import() {
-    "$1" -c 'import coordinator.agent_bundle' >/dev/null 2>&1
+    "$1" -c 'import coordinator.nodes.agent_bundle' >/dev/null 2>&1
 }
 coord_python=""
 candidates=()
@@ -139,7 +139,7 @@ zip="${workdir}/coord-agent.zip"
 if [ -n "${coord_bin}" ]; then
     info="$(coord agent-bundle -o "${zip}")" || die "coord agent-bundle failed"
 else
-    info="$("${coord_python}" -m coordinator.cli agent-bundle -o "${zip}")" || die "coord agent-bundle failed"
+    info="$("${coord_python}" -m coordinator.cli.main agent-bundle -o "${zip}")" || die "coord agent-bundle failed"
 fi
 bundle_id="$(printf '%s' "${info}" | "${coord_python}" -c 'import json, sys; print(json.load(sys.stdin)["bundle_id"])')" ||
     die "cannot read the bundle id from: ${info}"
@@ -150,7 +150,7 @@ esac
 
 # 2. The daemon's own install command for this node's Python.
 # shellcheck disable=SC2016  # the program is Python, not shell
-install_cmd="$("${coord_python}" -c 'from coordinator.agent_bundle import build_bundle; import sys; b=build_bundle(); sys.stdout.write(b.install_command(sys.argv[1]))' "${node_python}")" ||
+install_cmd="$("${coord_python}" -c 'from coordinator.nodes.agent_bundle import build_bundle; import sys; b=build_bundle(); sys.stdout.write(b.install_command(sys.argv[1]))' "${node_python}")" ||
     die "cannot get the install command from ${coord_python}"
 case "${install_cmd}" in
     *"/${bundle_id}\""*) ;;

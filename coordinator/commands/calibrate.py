@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from coordinator.calibration import calibration_record, is_stale, train_rate, workload_shares
-from coordinator.node_session import UP
+from coordinator.nodes.session import UP
+from coordinator.readiness.calibration import calibration_record, is_stale, train_rate, workload_shares
 from shared.rpc import RemoteError
 
 if TYPE_CHECKING:

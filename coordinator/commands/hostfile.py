@@ -1,7 +1,7 @@
-"""`coord hostfile`: the daemon half (the plan itself is in coordinator.services.launch_plan).
+"""`coord hostfile`: the daemon half (the plan itself is in coordinator.launch.plan).
 
 The hostfile written here is for the user's own ``mlx.launch --hostfile``: each node named
-as the user's plain ssh reaches it (coordinator.user_hostfile), not by coord's private
+as the user's plain ssh reaches it (coordinator.launch.user_hostfile), not by coord's private
 aliases, which only coord's own launches (with their ssh wrapper) understand.
 """
 
@@ -12,10 +12,10 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coordinator.config import ClusterConfig
-from coordinator.hostfile import HostfileError
-from coordinator.services.launch_plan import node_topologies, plan_backend
-from coordinator.user_hostfile import choose_entries, write_include_file
+from coordinator.config.cluster_file import ClusterConfig
+from coordinator.launch.hostfile import HostfileError
+from coordinator.launch.plan import node_topologies, plan_backend
+from coordinator.launch.user_hostfile import choose_entries, write_include_file
 from shared import protocol as p
 from shared.rpc import RemoteError
 

@@ -1,6 +1,6 @@
 """`coord init --hosts`: reach every host as the daemon will, ask what it has, write the cluster file.
 
-The logic is in ``coordinator.onboarding`` (pure); this is the SSH layer around it: the same
+The logic is in ``coordinator.nodes.onboarding`` (pure); this is the SSH layer around it: the same
 asyncssh options as the daemon (the user's ssh config, known_hosts and keys; key
 authentication only), two commands per host, all hosts at once. A host key nobody trusted
 yet is shown and trusted only on the user's yes (``coordinator.commands.trust``).
@@ -19,9 +19,9 @@ from typing import Any, TextIO
 import asyncssh
 
 from coordinator.commands.trust import TrustRequest, decide_and_add, trust_command_for
-from coordinator.config import NodeConfig, SshSettings
-from coordinator.known_hosts import SshTarget, TrustRefused, known_hosts_path, resolve_target
-from coordinator.onboarding import (
+from coordinator.config.cluster_file import NodeConfig, SshSettings
+from coordinator.nodes.known_hosts import SshTarget, TrustRefused, known_hosts_path, resolve_target
+from coordinator.nodes.onboarding import (
     HostSpec,
     NodeReport,
     OnboardingError,
@@ -36,7 +36,7 @@ from coordinator.onboarding import (
     python_path,
     render_cluster,
 )
-from coordinator.transport import NodeUnreachable, SshTransport, UnknownHostKey
+from coordinator.nodes.transport import NodeUnreachable, SshTransport, UnknownHostKey
 
 SURVEY_TIMEOUT_S = 120.0  # a node's answers, all candidate Pythons included
 

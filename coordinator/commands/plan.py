@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from agent.launch import rank_command
-from coordinator.calibration import gpu_memory
-from coordinator.jobs.launcher import launcher_argv
-from coordinator.plan import datasets, diagnosis, sizing
+from coordinator.jobs import diagnosis
+from coordinator.launch.mlx_launch import launcher_argv
+from coordinator.plan import datasets, sizing
 from coordinator.plan.document import JobOptions, PlanInputError, PlanInputs, build_plan, timings_from_events
 from coordinator.plan.orchestration import OrchestrationInputError, build_orchestration, parse_orchestration_input
+from coordinator.readiness.calibration import gpu_memory
 from shared import protocol as p
 from shared.rpc import RemoteError
 
@@ -34,7 +35,7 @@ OPTION_FIELDS = {"fine_tune_type": str, "per_rank_batch_size": int, "gradient_ac
 async def serve_plan(daemon: Daemon, emit, *, schema: str = "v2", model: str | None = None,
                      data: str | None = None, options: dict | None = None, request: dict | None = None,
                      name: str = "job", seq_len: int = 2048) -> dict[str, Any]:
-    from coordinator.services.preflight import run_preflight
+    from coordinator.readiness.preflight import run_preflight
 
     if schema not in SCHEMAS:
         raise RemoteError(p.BAD_ARGS, f"schema must be one of {', '.join(SCHEMAS)}")

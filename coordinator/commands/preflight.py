@@ -1,4 +1,4 @@
-"""`coord preflight`: the report on screen (the checks themselves are in coordinator.services.preflight)."""
+"""`coord preflight`: the report on screen (the checks themselves are in coordinator.readiness.preflight)."""
 
 from __future__ import annotations
 

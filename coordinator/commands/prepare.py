@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from agent.launch import rank_command
-from coordinator.jobs.launcher import launcher_argv
-from coordinator.services.launch_plan import node_topologies, plan_backend, write_launch_files
+from coordinator.launch.mlx_launch import launcher_argv
+from coordinator.launch.plan import node_topologies, plan_backend, write_launch_files
 from shared import protocol as p
 from shared.rpc import RemoteError
 

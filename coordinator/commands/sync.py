@@ -1,4 +1,4 @@
-"""`coord sync`: the report on screen (the sync itself is in coordinator.services.sync)."""
+"""`coord sync`: the report on screen (the sync itself is in coordinator.readiness.sync)."""
 
 from __future__ import annotations
 

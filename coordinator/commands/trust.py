@@ -18,8 +18,8 @@ from typing import TextIO
 
 import asyncssh
 
-from coordinator.config import ClusterConfig, NodeConfig, SshSettings
-from coordinator.known_hosts import (
+from coordinator.config.cluster_file import ClusterConfig, NodeConfig, SshSettings
+from coordinator.nodes.known_hosts import (
     SshTarget,
     TrustRefused,
     append_known_host,
@@ -30,7 +30,7 @@ from coordinator.known_hosts import (
     known_hosts_path,
     resolve_target,
 )
-from coordinator.onboarding import OnboardingError, parse_host_spec
+from coordinator.nodes.onboarding import OnboardingError, parse_host_spec
 
 
 @dataclass(frozen=True)

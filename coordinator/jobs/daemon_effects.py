@@ -18,7 +18,6 @@ import structlog
 
 from agent.launch import rank_command
 from coordinator.jobs.effects import HEAD, LaunchError, NodeView, Placement
-from coordinator.jobs.launcher import launcher_argv, ring_starting_port
 from coordinator.jobs.transfer import (
     CheckpointDamaged,
     HeadSink,
@@ -27,10 +26,11 @@ from coordinator.jobs.transfer import (
     NodeSource,
     copy_verified,
 )
-from coordinator.node_session import UP
+from coordinator.launch.mlx_launch import launcher_argv, ring_starting_port
+from coordinator.launch.plan import node_topologies, plan_backend, write_launch_files
+from coordinator.nodes.session import UP
 from coordinator.relay.broadcast import Source as RelaySource
 from coordinator.relay.broadcast import Target, broadcast
-from coordinator.services.launch_plan import node_topologies, plan_backend, write_launch_files
 from shared.rpc import RemoteError
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ class DaemonEffects:
                         session.view.reason, session.view.facts, session.generation)
 
     def on_head_machine(self, node: str) -> bool:
-        from coordinator.config import is_loopback
+        from coordinator.config.cluster_file import is_loopback
 
         config = next((n for n in self.daemon.config.nodes if n.name == node), None)
         if config is None:
@@ -95,12 +95,12 @@ class DaemonEffects:
 
     # --- before the first attempt ---
     async def sync(self, source: str, nodes: list[str] | None = None) -> dict[str, Any]:
-        from coordinator.services.sync import serve_sync
+        from coordinator.readiness.sync import serve_sync
         return await serve_sync(self.daemon, _quiet, source=source, nodes=nodes)
 
     async def preflight(self, *, backend: str | None, source: str | None,
                         nodes: list[str] | None = None) -> dict[str, Any]:
-        from coordinator.services.preflight import run_preflight
+        from coordinator.readiness.preflight import run_preflight
         return await run_preflight(self.daemon, _quiet, backend=backend, source=source, only=nodes)
 
     # --- launching ---

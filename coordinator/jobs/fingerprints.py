@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from coordinator.plan.robust import majority_fingerprint
+from coordinator.jobs.robust import majority_fingerprint
 
 
 @dataclass(frozen=True)

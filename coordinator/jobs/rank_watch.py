@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from coordinator.jobs import core
+from coordinator.jobs import core, diagnosis
 from coordinator.jobs.fingerprints import comparison_summary
 from coordinator.jobs.policy import (
     DIVERGED,
@@ -26,7 +26,6 @@ from coordinator.jobs.policy import (
     root_cause,
 )
 from coordinator.jobs.spec import attempt_command
-from coordinator.plan import diagnosis
 from shared.rpc import RemoteError
 
 if TYPE_CHECKING:

@@ -27,11 +27,11 @@ from importlib import resources
 from typing import Any
 
 from agent.qos import qos_for_platform
-from coordinator.calibration import is_stale, train_rate, workload_shares
-from coordinator.config import NodeConfig
+from coordinator.config.cluster_file import NodeConfig
+from coordinator.jobs import robust
 from coordinator.jobs.policy import MAX_BACKOFF_S, backoff, restart_delay
 from coordinator.jobs.spec import REPLICA_HEAD, REPLICA_NONE, TRAINERS, JobSpec, is_mlx_lm
-from coordinator.plan import robust
+from coordinator.readiness.calibration import is_stale, train_rate, workload_shares
 
 VERSION = "2.0.0"
 SECTIONS = ("strategy", "batch_configuration", "distributed_config", "rdma_config", "checkpoint_strategy",
@@ -130,13 +130,13 @@ class PlanInputs:
     calibrations: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)
     backend: Mapping[str, Any] | None = None  # choose_backend() / plan_backend()'s choice
     backend_error: str | None = None
-    hostfile: Mapping[str, Any] | None = None  # coordinator.hostfile.build_hostfile() document
+    hostfile: Mapping[str, Any] | None = None  # coordinator.launch.hostfile.build_hostfile() document
     hostfile_path: str | None = None
     launch_argv: Sequence[str] | None = None  # the exact mlx.launch argv
     launch_env: Mapping[str, str] | None = None  # what coord adds to mlx.launch's environment
     training_command: Sequence[str] | None = None  # the job's command, as each rank runs it
     job_name: str | None = None
-    consistency: Mapping[str, Any] | None = None  # coordinator.consistency.compare_nodes() of the code
+    consistency: Mapping[str, Any] | None = None  # coordinator.readiness.consistency.compare_nodes() of the code
     preflight: Mapping[str, Any] | None = None  # run_preflight()'s result
     sync_hook: str | None = None  # the cluster file's sync.hook
     keepalive_s: float | None = None  # the cluster file's ssh.keepalive_s
@@ -479,7 +479,7 @@ def distributed_section(inputs: PlanInputs, options: dict[str, tuple[Any, str]])
     mlx_version = _common_fact(inputs, order, "mlx_version")
     section = Section()
     section.put("mlx_launch_command", shlex.join(inputs.launch_argv),
-                "coord's launcher: mlx.launch (run as coordinator.jobs.launcher where the head's Python has mlx: "
+                "coord's launcher: mlx.launch (run as coordinator.launch.mlx_launch where the head's Python has mlx: "
                 "the same main(), without its busy output loops) with the hostfile coord writes; each rank runs "
                 "its node's rank "
                 "script (~/.coord/jobs/JOB/rank-$MLX_RANK.sh), which enters the node's workdir and runs the "

@@ -18,7 +18,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from coordinator.calibration import train_rate, workload_shares
 from coordinator.jobs.core import FIRST_STEP_TIMEOUT_S
 from coordinator.jobs.policy import hang_timeout
 from coordinator.jobs.supervisor import CHECKPOINT_POLL_S, NODE_WAIT_S, POLL_S
@@ -35,6 +34,7 @@ from coordinator.plan.document import (
     trainer_of,
     usable_calibrations,
 )
+from coordinator.readiness.calibration import train_rate, workload_shares
 
 KEEPALIVE_COUNT = 3  # node sessions give up after this many missed keepalives
 DATA_PARALLEL_NAMES = ("data", "data_parallel", "data-parallel", "ddp", "dp")

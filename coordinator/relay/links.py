@@ -10,10 +10,10 @@ from typing import Any
 
 import anyio
 
-from coordinator.hostfile import node_address
-from coordinator.node_session import UP
+from coordinator.launch.hostfile import node_address
+from coordinator.launch.topology import connectivity_matrix
+from coordinator.nodes.session import UP
 from coordinator.relay.broadcast import HEAD
-from coordinator.topology import connectivity_matrix
 from shared.rpc import RemoteError
 
 TOPOLOGY_TIMEOUT_S = 30.0

@@ -10,8 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from coordinator.demo import last_train_step
-from coordinator.tinymodel import write_project
+from coordinator.cli.demo import last_train_step
+from coordinator.cli.tinymodel import write_project
 from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir
 
 TOTAL_STEPS = 60

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.config import load_config
+from coordinator.config.cluster_file import load_config
 from tests.integration.daemon_harness import REPO, DaemonProcess, all_up, environment, short_tempdir
 
 pytestmark = pytest.mark.cluster
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.cluster
 
 def _coord_in_head(netns_cluster, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     """The CLI in the head namespace with no terminal (stdin is /dev/null), as a script runs it."""
-    argv = netns_cluster.ns_argv("head", [sys.executable, "-m", "coordinator.cli", *args])
+    argv = netns_cluster.ns_argv("head", [sys.executable, "-m", "coordinator.cli.main", *args])
     return subprocess.run(argv, capture_output=True, text=True, timeout=180, env=env, cwd=REPO,
                           stdin=subprocess.DEVNULL)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.control import call_daemon
+from coordinator.control.server import call_daemon
 from tests.integration.daemon_harness import REPO, DaemonProcess, all_up, coord, environment, short_tempdir
 
 pytestmark = pytest.mark.cluster
@@ -144,9 +144,9 @@ def test_a_node_with_another_mlx_version_fails_preflight_with_the_fix(netns_clus
 
 TRAVERSAL = """
 import asyncio, json, sys
-from coordinator.agent_bundle import build_bundle
-from coordinator.config import load_config
-from coordinator.transport import SshTransport
+from coordinator.nodes.agent_bundle import build_bundle
+from coordinator.config.cluster_file import load_config
+from coordinator.nodes.transport import SshTransport
 from shared.rpc import Peer, RemoteError
 import hashlib
 

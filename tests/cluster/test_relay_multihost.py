@@ -42,7 +42,7 @@ def test_a_relay_cut_mid_transfer_is_routed_around_and_every_copy_is_verified(ne
             weights.write_bytes(os.urandom(SIZE))
             weights.chmod(0o644)
             sha = _sha(weights)
-            argv = ["ip", "netns", "exec", cluster.head_ns, sys.executable, "-m", "coordinator.cli", "sync",
+            argv = ["ip", "netns", "exec", cluster.head_ns, sys.executable, "-m", "coordinator.cli.main", "sync",
                     "--json", "--config", str(daemon.config), "--source", str(project)]
             sync = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                     env=daemon.env, cwd=REPO)

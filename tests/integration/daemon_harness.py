@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 def coord(*args: str, env: dict[str, str] | None = None, timeout: float = 60, prefix: list[str] | None = None,
           check: bool = False) -> subprocess.CompletedProcess:
     """Run the coord CLI as a user would (optionally through a prefix such as `ip netns exec`)."""
-    argv = (prefix or []) + [sys.executable, "-m", "coordinator.cli", *args]
+    argv = (prefix or []) + [sys.executable, "-m", "coordinator.cli.main", *args]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
     if check and result.returncode != 0:
         raise AssertionError(f"coord {' '.join(args)} exited {result.returncode}: {result.stderr}")
@@ -55,7 +55,7 @@ class DaemonProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "DaemonProcess":
-        argv = self.prefix + [sys.executable, "-m", "coordinator.cli", "daemon", "--config", str(self.config),
+        argv = self.prefix + [sys.executable, "-m", "coordinator.cli.main", "daemon", "--config", str(self.config),
                               "--log-file", str(self.log_file)]
         self.proc = subprocess.Popen(argv, cwd=REPO, env=self.env, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, text=True)

@@ -3,7 +3,7 @@ uninterrupted run at every later step, on one rank and on three (mlx.launch, rin
 checkpoint resumed on two ranks with the same global batch split another way trains on the same examples;
 replicas' fingerprints agree until one is corrupted.
 
-Real MLX training of the tiny llama of coordinator/tinymodel.py on the CPU.
+Real MLX training of the tiny llama of coordinator/cli/tinymodel.py on the CPU.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import pytest
 from agent.ranks import validate_safetensors
 from agent.trainer import state as trainer_state
 from agent.trainer.safetensors_file import read_metadata
-from coordinator.tinymodel import write_data, write_model
+from coordinator.cli.tinymodel import write_data, write_model
 from tests.integration.daemon_harness import REPO
 
 HANG_GUARD_S = 300  # per trainer run; only a guard against hangs

@@ -262,7 +262,7 @@ def test_a_failed_preflight_blocks_the_launch_and_a_job_file_with_force_launches
 
 
 def test_a_daemon_killed_mid_run_and_again_mid_recovery_carries_the_job_to_the_end(cluster):
-    from coordinator.state import StateStore
+    from coordinator.store.state import StateStore
 
     daemon, root = cluster
     name = "phoenix"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from coordinator.jobs.launcher import launcher_argv
+from coordinator.launch.mlx_launch import launcher_argv
 
 RANK = ("import mlx.core as mx; g = mx.distributed.init(); "
         "print('rank', g.rank(), 'of', g.size(), 'sum', mx.distributed.all_sum(mx.ones(1) * (g.rank() + 1)).item(),"
@@ -13,7 +13,7 @@ RANK = ("import mlx.core as mx; g = mx.distributed.init(); "
 
 
 def test_the_daemon_uses_its_own_python_to_run_mlx_launchs_main():
-    assert launcher_argv() == (sys.executable, "-m", "coordinator.jobs.launcher")
+    assert launcher_argv() == (sys.executable, "-m", "coordinator.launch.mlx_launch")
 
 
 def test_two_ring_ranks_start_all_reduce_and_both_outputs_come_back():

@@ -3,7 +3,7 @@ trainer writes each checkpoint on every node (byte-identical, each validated on 
 killed rank is resumed from each node's own copy, with nothing copied or placed, and the resumed
 run still has, at every later step, the loss of a run that was never interrupted.
 
-Real MLX training of the tiny llama of coordinator/tinymodel.py on the CPU.
+Real MLX training of the tiny llama of coordinator/cli/tinymodel.py on the CPU.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.demo import last_train_step
-from coordinator.tinymodel import write_project
+from coordinator.cli.demo import last_train_step
+from coordinator.cli.tinymodel import write_project
 from tests.integration.daemon_harness import (DaemonProcess, all_up, coord, environment, short_tempdir,
                                               write_local_cluster)
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from coordinator.config import load_config
+from coordinator.config.cluster_file import load_config
 from tests.integration.daemon_harness import REPO
 
 
@@ -108,14 +108,14 @@ def _init_args(server: ShellServer, known_hosts: Path, output: Path) -> list[str
 
 
 def _coord(*args: str, stdin=subprocess.DEVNULL) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "coordinator.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "coordinator.cli.main", *args], capture_output=True, text=True,
                           timeout=120, env=_env(), cwd=REPO, stdin=stdin)
 
 
 def _coord_on_a_terminal(args: list[str], answer: str) -> tuple[int, str, str]:
     """Run coord with a pseudo-terminal as stdin; type answer once the question is asked."""
     master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "coordinator.cli", *args], stdin=slave,
+    proc = subprocess.Popen([sys.executable, "-m", "coordinator.cli.main", *args], stdin=slave,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(), cwd=REPO)
     os.close(slave)
     asked, err = False, b""

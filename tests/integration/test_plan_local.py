@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from coordinator.plan.document import load_schema
-from coordinator.tinymodel import write_project
+from coordinator.cli.tinymodel import write_project
 from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir
 from tests.integration.test_jobs_local import CLUSTER
 

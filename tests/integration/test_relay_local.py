@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from agent.relay import Relay
-from coordinator.agent_bundle import build_bundle
-from coordinator.config import NodeConfig, SshSettings
-from coordinator.node_session import UP, NodeSession
+from coordinator.nodes.agent_bundle import build_bundle
+from coordinator.config.cluster_file import NodeConfig, SshSettings
+from coordinator.nodes.session import UP, NodeSession
 from coordinator.relay.broadcast import HEAD, Source, Target, broadcast
 from shared import relay as wire
 

@@ -15,9 +15,9 @@ import asyncssh
 import pytest
 
 from agent.server import serve
-from coordinator.agent_bundle import build_bundle
-from coordinator.config import NodeConfig, SshSettings
-from coordinator.node_session import DOWN, UP, NodeSession
+from coordinator.nodes.agent_bundle import build_bundle
+from coordinator.config.cluster_file import NodeConfig, SshSettings
+from coordinator.nodes.session import DOWN, UP, NodeSession
 
 
 class SshFixture:

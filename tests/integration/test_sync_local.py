@@ -110,7 +110,7 @@ def test_a_sync_that_fails_halfway_keeps_what_it_wrote_and_the_next_one_complete
 
 TAMPER = """
 import asyncio, hashlib, json, sys
-from coordinator.transport import LocalTransport
+from coordinator.nodes.transport import LocalTransport
 from shared import protocol as p
 from shared.rpc import Peer, RemoteError
 

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from coordinator.tinymodel import write_project
+from coordinator.cli.tinymodel import write_project
 from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir
 
 CLUSTER = """\

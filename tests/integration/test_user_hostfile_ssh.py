@@ -10,9 +10,9 @@ import subprocess
 import anyio
 import pytest
 
-from coordinator.config import parse_config
-from coordinator.ssh_view import parse_ssh_g, resolve_ssh
-from coordinator.user_hostfile import choose_entries, write_include_file
+from coordinator.config.cluster_file import parse_config
+from coordinator.nodes.ssh_view import parse_ssh_g, resolve_ssh
+from coordinator.launch.user_hostfile import choose_entries, write_include_file
 
 pytestmark = pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client (ssh -G)")
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from coordinator.alerts.delivery import AlertDispatcher, Destination, desktop_settings
-from coordinator.alerts.rules import Alert, NodeFacts, RunFacts
-from coordinator.config import AlertSettings
+from coordinator.observe.alerts.delivery import AlertDispatcher, Destination, desktop_settings
+from coordinator.observe.alerts.rules import Alert, NodeFacts, RunFacts
+from coordinator.config.cluster_file import AlertSettings
 from tests.receiver import Receiver
 
 T0 = 1_700_000_000.0
@@ -158,7 +158,7 @@ def test_a_desktop_notification_is_shown_on_a_mac():
 
 
 def test_a_command_past_its_time_is_killed_and_that_is_a_failed_try(tmp_path):
-    from coordinator.alerts.delivery import DeliveryError, run_command
+    from coordinator.observe.alerts.delivery import DeliveryError, run_command
 
     pid_file = tmp_path / "pid"
     program = script(tmp_path, f'echo $$ > "{pid_file}"\nexec sleep 30\n')

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from coordinator.alerts import payloads, rules
-from coordinator.alerts.rules import Alert, NodeFacts, RunFacts
-from coordinator.config import AlertSettings
+from coordinator.observe.alerts import payloads, rules
+from coordinator.observe.alerts.rules import Alert, NodeFacts, RunFacts
+from coordinator.config.cluster_file import AlertSettings
 
 T0 = 1_700_000_000.0
 RUN = RunFacts(run_id="tiny-3f9a0c1e", name="tiny", state="failed", step=12, total_steps=100, restarts=2,

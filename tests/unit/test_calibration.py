@@ -12,7 +12,7 @@ import pytest
 
 from agent import calibration_runner
 from agent.calibration_runner import run_calibration
-from coordinator.calibration import (
+from coordinator.readiness.calibration import (
     CALIBRATION_KEY_FIELDS,
     calibration_key,
     calibration_record,

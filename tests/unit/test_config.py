@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.config import EXAMPLE_CLUSTER, ConfigError, load_config, parse_config
+from coordinator.config.cluster_file import EXAMPLE_CLUSTER, ConfigError, load_config, parse_config
 
 GOOD = """\
 [cluster]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.config import ConfigError, parse_config, redact_url
+from coordinator.config.cluster_file import ConfigError, parse_config, redact_url
 
 BASE = """\
 [cluster]

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.cli import CliError, resolve_socket
-from coordinator.config import load_config
-from coordinator.control_socket import socket_from_file
+from coordinator.cli.main import CliError, resolve_socket
+from coordinator.config.cluster_file import load_config
+from coordinator.control.address import socket_from_file
 
 NODES = """
 [[nodes]]
@@ -90,8 +90,8 @@ def test_a_missing_config_says_how_to_make_one(tmp_path, monkeypatch):
 def test_starting_the_cli_does_not_load_the_config_module():
     """What keeps `coord sync` on an unchanged tree quick: the CLI's start and its wire format import
     neither the cluster file's checks nor asyncio nor the progress bars nor dataclasses."""
-    probe = ("import sys, json; import coordinator.cli, shared.protocol; "
-             "print(json.dumps([m for m in ('coordinator.config', 'asyncio', 'rich', 'dataclasses') "
+    probe = ("import sys, json; import coordinator.cli.main, shared.protocol; "
+             "print(json.dumps([m for m in ('coordinator.config.cluster_file', 'asyncio', 'rich', 'dataclasses') "
              "if m in sys.modules]))")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"}
     out = subprocess.run([sys.executable, "-S", "-c", f"import sys; sys.path[:0] = {sys.path!r}; {probe}"],

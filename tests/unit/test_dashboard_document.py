@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from coordinator.dashboard.document import FINISHED_SHOWN, checkpoint_rows, node_entry, shown_runs
+from coordinator.observe.dashboard.document import FINISHED_SHOWN, checkpoint_rows, node_entry, shown_runs
 
 
 def _runner(run_id: str, state: str, started: float, position: int | None = None) -> SimpleNamespace:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.config import ConfigError, DashboardSettings, parse_config
-from coordinator.dashboard.assets import static_files
-from coordinator.web.routes import page_routes
-from coordinator.web.server import Request, WebServer, host_allowed
+from coordinator.config.cluster_file import ConfigError, DashboardSettings, parse_config
+from coordinator.observe.dashboard.assets import static_files
+from coordinator.observe.web.routes import page_routes
+from coordinator.observe.web.server import Request, WebServer, host_allowed
 
 BASE = '[cluster]\nname = "x"\n[[nodes]]\nname = "a"\nhost = "local"\nworkdir = "/tmp/w"\n'
 

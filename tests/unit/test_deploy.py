@@ -224,7 +224,7 @@ def test_systemd_shipped_unit_verifies_with_coordd_in_local_bin(tmp_path: Path) 
 
 
 def current_bundle():
-    from coordinator.agent_bundle import build_bundle
+    from coordinator.nodes.agent_bundle import build_bundle
 
     return build_bundle()
 
@@ -269,7 +269,7 @@ def test_install_agent_local_installs_a_working_agent(tmp_path: Path, monkeypatc
 
 
 async def _hello_via_start_command(bundle) -> str:
-    from coordinator.transport import LocalTransport
+    from coordinator.nodes.transport import LocalTransport
     from shared import protocol as p
     from shared.rpc import Peer
 

@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from coordinator import preflight
-from coordinator.demo import missing_training_message
-from coordinator.head_python import install_command, install_mlx_command, mlx_requirements
+from coordinator.readiness import checks as preflight
+from coordinator.cli.demo import missing_training_message
+from coordinator.readiness.head_python import install_command, install_mlx_command, mlx_requirements
 
 REPO = Path(__file__).resolve().parents[2]
 PY = "/Users/alice/.local/share/uv/tools/coord/bin/python"
@@ -50,7 +50,7 @@ def test_a_head_without_any_mlx_launch_fails_preflight_with_the_install_command(
 
 
 def test_a_head_whose_python_has_mlx_passes_preflight() -> None:
-    result = preflight.head_launcher((PY, "-m", "coordinator.jobs.launcher"), PY, INSTALL)
+    result = preflight.head_launcher((PY, "-m", "coordinator.launch.mlx_launch"), PY, INSTALL)
     assert result["status"] == "pass" and result["fix_command"] is None
 
 
@@ -78,7 +78,7 @@ def test_the_install_command_names_this_python() -> None:
 
 # --- finding the launcher ---------------------------------------------------------------
 
-FIND = "from coordinator.jobs.launcher import find_launcher; print(find_launcher())"
+FIND = "from coordinator.launch.mlx_launch import find_launcher; print(find_launcher())"
 
 
 def test_without_mlx_or_mlx_launch_on_path_there_is_no_launcher(tmp_path: Path) -> None:
@@ -98,12 +98,12 @@ def test_without_mlx_the_mlx_launch_on_path_is_the_launcher(tmp_path: Path) -> N
 
 def test_with_mlx_this_python_is_the_launcher(tmp_path: Path) -> None:
     result = python_without("nothing", FIND, path=str(tmp_path))
-    assert result.stdout.strip() == repr((sys.executable, "-m", "coordinator.jobs.launcher")), result.stderr
+    assert result.stdout.strip() == repr((sys.executable, "-m", "coordinator.launch.mlx_launch")), result.stderr
 
 
 # --- coord demo -------------------------------------------------------------------------
 
-DEMO = "from coordinator.cli import main; main(['demo', *args])"
+DEMO = "from coordinator.cli.main import main; main(['demo', *args])"
 
 
 def test_the_demo_without_mlx_says_what_to_install_and_exits_non_zero(tmp_path: Path) -> None:

@@ -91,7 +91,7 @@ def test_launch_links_keep_each_pair_of_neighbours_once_with_kind_and_speed():
 
 
 def test_each_attempt_has_ring_ports_of_its_own():
-    from coordinator.jobs.launcher import RING_PORTS, RING_PORTS_WIDTH, ring_starting_port
+    from coordinator.launch.mlx_launch import RING_PORTS, RING_PORTS_WIDTH, ring_starting_port
 
     ports = {ring_starting_port(f"job-{i:08x}", attempt) for i in range(200) for attempt in range(3)}
     assert all(RING_PORTS[0] <= p and p + RING_PORTS_WIDTH <= RING_PORTS[1] for p in ports)

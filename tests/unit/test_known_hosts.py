@@ -13,8 +13,8 @@ import asyncssh
 import pytest
 
 from coordinator.commands.trust import ask_user, decide_and_add
-from coordinator.config import NodeConfig, SshSettings
-from coordinator.known_hosts import (SshTarget, TrustRefused, append_known_host, check_can_add, fingerprint,
+from coordinator.config.cluster_file import NodeConfig, SshSettings
+from coordinator.nodes.known_hosts import (SshTarget, TrustRefused, append_known_host, check_can_add, fingerprint,
                                      fingerprint_matches, known_hosts_line, recorded_keys, resolve_target)
 
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.metrics import thinning
-from coordinator.metrics.event_file import crc32c
-from coordinator.metrics.history import MetricsHistory
-from coordinator.metrics.tensorboard import TensorBoardScalars
-from coordinator.state import SCHEMA_VERSION, StateStore
+from coordinator.observe.metrics import thinning
+from coordinator.observe.metrics.event_file import crc32c
+from coordinator.observe.metrics.history import MetricsHistory
+from coordinator.observe.metrics.tensorboard import TensorBoardScalars
+from coordinator.store.state import SCHEMA_VERSION, StateStore
 
 # --- the rules ------------------------------------------------------------------------------
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.config import parse_config
-from coordinator.onboarding import (DiskFree, HostFacts, HostSpec, OnboardingError, ProbeResult, PythonFound,
+from coordinator.config.cluster_file import parse_config
+from coordinator.nodes.onboarding import (DiskFree, HostFacts, HostSpec, OnboardingError, ProbeResult, PythonFound,
                                     SshFileSettings, assess, choose_python, dedupe_pythons, facts_command, name_nodes,
                                     parse_facts, parse_hosts, parse_probe, parse_python_probe, probe_command,
                                     propose_workdir, python_path, render_cluster)

@@ -10,7 +10,7 @@ import pytest
 
 from agent.facts_parsers import parse_sw_vers
 from agent.topology import build_macos_topology
-from coordinator.plan.diagnosis import (
+from coordinator.jobs.diagnosis import (
     KNOWN_FAILURES,
     diagnose_cluster,
     diagnose_job,

@@ -19,17 +19,17 @@ import pytest
 
 from agent.launch import rank_command
 from agent.topology import build_macos_topology
-from coordinator import preflight as checks
-from coordinator.calibration import calibration_record
-from coordinator.config import ClusterConfig, NodeConfig, SshSettings
-from coordinator.consistency import compare_nodes
-from coordinator.hostfile import build_hostfile
+from coordinator.readiness import checks
+from coordinator.readiness.calibration import calibration_record
+from coordinator.config.cluster_file import ClusterConfig, NodeConfig, SshSettings
+from coordinator.readiness.consistency import compare_nodes
+from coordinator.launch.hostfile import build_hostfile
 from coordinator.plan.document import (SECTIONS, JobOptions, MeasuredTimings, PlanInputError, PlanInputs,
                                        build_plan, load_schema, scale_learning_rate, split_batch,
                                        timings_from_events)
 from coordinator.plan.orchestration import (OrchestrationInputError, build_orchestration,
                                             parse_orchestration_input, read_orchestration_input)
-from coordinator.topology import choose_backend, connectivity_matrix
+from coordinator.launch.topology import choose_backend, connectivity_matrix
 
 # The repository is /work/main; the shared fixtures and formats sit beside it in /work/shared.
 SHARED = Path(__file__).resolve().parents[1] / "fixtures"  # copies of ../shared/fixtures and ../shared/formats

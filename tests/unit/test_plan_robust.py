@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.plan.robust import (default_faulty, krum_scores, majority_fingerprint, neighbour_count,
+from coordinator.jobs.robust import (default_faulty, krum_scores, majority_fingerprint, neighbour_count,
                                      outliers)
 
 WEIGHTS = [0.12, -0.40, 0.93, 0.05]

@@ -80,7 +80,7 @@ def test_safetensors_headers_give_the_same_count_as_the_config_and_the_model_its
     from mlx.utils import tree_flatten
     from mlx_lm.models import llama
 
-    from coordinator.tinymodel import write_model
+    from coordinator.cli.tinymodel import write_model
 
     directory = write_model(tmp_path / "tiny")
     shape = read_model_shape(directory)
@@ -214,7 +214,7 @@ def test_lora_and_full_trainable_counts_match_mlx_lm(tmp_path):
     from mlx_lm.models import llama
     from mlx_lm.tuner.utils import linear_to_lora_layers
 
-    from coordinator.tinymodel import write_model
+    from coordinator.cli.tinymodel import write_model
 
     directory = write_model(tmp_path / "tiny", layers=4)
     shape = read_model_shape(directory)

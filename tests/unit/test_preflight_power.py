@@ -7,7 +7,7 @@ import shlex
 from pathlib import Path
 
 from agent.facts_parsers import parse_pmset
-from coordinator import preflight as checks
+from coordinator.readiness import checks
 
 SYNTHETIC = Path(__file__).resolve().parents[1] / "fixtures" / "macos-synthetic"
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from coordinator.services.relay_sync import RELAY_MIN_BYTES, take_large_files
-from coordinator.sync import plan_sync
+from coordinator.readiness.relay_sync import RELAY_MIN_BYTES, take_large_files
+from coordinator.readiness.push import plan_sync
 
 
 def test_large_files_leave_the_plans_and_are_wanted_once_by_every_node_lacking_them():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from coordinator.state import SCHEMA_VERSION, StateStore
+from coordinator.store.state import SCHEMA_VERSION, StateStore
 
 V1_CHECKPOINTS = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);

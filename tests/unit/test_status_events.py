@@ -5,9 +5,9 @@ from __future__ import annotations
 import collections
 from types import SimpleNamespace
 
-from coordinator.cluster import RECENT_EVENTS
+from coordinator.nodes.cluster import RECENT_EVENTS
 from coordinator.commands.status import recent_events
-from coordinator.state import StateStore
+from coordinator.store.state import StateStore
 
 
 def _daemon(store: StateStore) -> SimpleNamespace:

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from coordinator.consistency import compare_nodes, diff_manifests
-from coordinator.sync import plan_sync
+from coordinator.readiness.consistency import compare_nodes, diff_manifests
+from coordinator.readiness.push import plan_sync
 from shared.ignore import IgnoreRules
 from shared.manifest import HashCache, scan_tree, tree_hash
 from shared.paths import UnsafePath, check_relative, resolve_under

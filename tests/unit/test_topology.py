@@ -33,7 +33,7 @@ from agent.topology_parsers import (
     thunderbolt_generation,
     thunderbolt_receptacles,
 )
-from coordinator.topology import (
+from coordinator.launch.topology import (
     RECOVERY_INSTRUCTION,
     UPGRADE_INSTRUCTION,
     choose_backend,

@@ -12,10 +12,10 @@ import stat
 import anyio
 import pytest
 
-from coordinator.config import parse_config
-from coordinator.hostfile import HostfileError, build_hostfile
-from coordinator.ssh_view import SshView, parse_ssh_g
-from coordinator.user_hostfile import (
+from coordinator.config.cluster_file import parse_config
+from coordinator.launch.hostfile import HostfileError, build_hostfile
+from coordinator.nodes.ssh_view import SshView, parse_ssh_g
+from coordinator.launch.user_hostfile import (
     INCLUDE_FILE,
     choose_entries,
     config_value,

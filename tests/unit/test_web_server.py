@@ -5,8 +5,8 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from coordinator.config import DashboardSettings
-from coordinator.web.server import BadRequest, Response, WebServer, parse_head
+from coordinator.config.cluster_file import DashboardSettings
+from coordinator.observe.web.server import BadRequest, Response, WebServer, parse_head
 
 TOKEN = "0123456789abcdef-token"
 

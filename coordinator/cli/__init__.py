@@ -1,0 +1,1 @@
+"""`coord`, the command line, with its progress display and the demo."""

@@ -1,0 +1,563 @@
+"""The cluster file: parsed, checked, and turned into typed settings.
+
+Every mistake is refused with the file, the line and the key it concerns, so a
+user never has to guess which of sixteen ``[[nodes]]`` tables is wrong.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from coordinator.control.address import MAX_SOCKET_PATH, resolve_under, socket_of
+
+LOCAL_HOST = "local"
+NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+class ConfigError(Exception):
+    """A cluster file that cannot be used; the message names the file, line and key."""
+
+
+@dataclass(frozen=True)
+class SshSettings:
+    known_hosts: str | None = None  # None: the user's ~/.ssh/known_hosts, as OpenSSH does
+    identity_file: str | None = None
+    config: str | None = None  # None: ~/.ssh/config when it exists
+    keepalive_s: float = 2.0
+    connect_timeout_s: float = 10.0
+    cluster_file: str | None = None  # the file these came from, named in the fixes coord prints
+
+
+@dataclass(frozen=True)
+class SyncSettings:
+    source: Path | None = None  # the project directory on the head; `coord sync --source` overrides
+    hook: str | None = None  # a script under the source, run before every sync
+    ignore: tuple[str, ...] = ()  # more patterns, on top of .coordignore and the defaults
+    threshold: float = 0.95  # agreement ratio below which a launch is blocked
+    script: str | None = None  # training script, data and model, relative to each workdir
+    data: tuple[str, ...] = ()
+    model: str | None = None
+
+
+@dataclass(frozen=True)
+class DashboardSettings:
+    """The daemon's HTTP server (/metrics, and the dashboard): loopback by default; any other
+    address needs a token, sent as ``Authorization: Bearer TOKEN`` or ``?token=TOKEN``."""
+
+    host: str = "127.0.0.1"
+    port: int = 8470
+    token: str | None = None
+    enabled: bool = True
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/"
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    name: str
+    host: str
+    python: str
+    workdir: str
+    user: str | None = None
+    port: int | None = None
+    ips: tuple[str, ...] = ()
+    # Per-node overrides of [sync] script/data/model, relative to this node's workdir.
+    script: str | None = None
+    data: tuple[str, ...] | None = None
+    model: str | None = None
+
+    @property
+    def is_local(self) -> bool:
+        return self.host == LOCAL_HOST
+
+    @property
+    def address(self) -> str:
+        """user@host[:port], as shown to people."""
+        if self.is_local:
+            return LOCAL_HOST
+        who = f"{self.user}@" if self.user else ""
+        port = f":{self.port}" if self.port else ""
+        return f"{who}{self.host}{port}"
+
+
+DEFAULT_DASHBOARD = "127.0.0.1:8470"
+
+
+ALERT_EVENTS = ("job_failed", "job_succeeded", "job_restarted", "job_stalled", "node_down")
+ALERT_FORMATS = ("generic", "slack", "ntfy")
+DEFAULT_ALERT_EVENTS = ("job_failed",)  # a job that gives up is a failed job: job_failed covers it
+
+
+@dataclass(frozen=True)
+class AlertSettings:
+    """One [[alerts]] entry: one destination (a webhook or a command) and the events it wants."""
+
+    name: str  # what events and logs call it: the entry's `name`, else alerts[i]
+    on: tuple[str, ...] = DEFAULT_ALERT_EVENTS
+    webhook: str | None = None  # http(s) URL; may hold a token, so it is never shown in full
+    format: str = "generic"  # for a webhook: generic JSON, slack or ntfy
+    command: tuple[str, ...] = ()  # argv, run without a shell
+    stalled_minutes: float = 30.0  # job_stalled: no progress for this long
+    node_down_minutes: float = 5.0  # node_down: down for longer than this
+    retries: int = 4  # further tries of a failed delivery, with exponential backoff
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    name: str
+    state_dir: Path
+    socket: Path
+    ssh: SshSettings
+    nodes: tuple[NodeConfig, ...]
+    path: Path | None = None
+    sync: SyncSettings = SyncSettings()
+    dashboard: DashboardSettings = DashboardSettings()
+    alerts: tuple[AlertSettings, ...] = ()
+
+    def node_files(self, node: NodeConfig) -> dict[str, object]:
+        """The training script, data files and model of a node, relative to its workdir."""
+        return {"script": node.script if node.script is not None else self.sync.script,
+                "data": list(node.data if node.data is not None else self.sync.data),
+                "model": node.model if node.model is not None else self.sync.model}
+
+
+# key -> (accepted types, required)
+_CLUSTER_KEYS = {"name": (str, True), "state_dir": (str, False), "socket": (str, False)}
+_SSH_KEYS = {
+    "known_hosts": (str, False),
+    "identity_file": (str, False),
+    "config": (str, False),
+    "keepalive_s": ((int, float), False),
+    "connect_timeout_s": ((int, float), False),
+}
+_NODE_KEYS = {
+    "name": (str, True),
+    "host": (str, True),
+    "user": (str, False),
+    "port": (int, False),
+    "python": (str, False),  # required unless host = "local"
+    "workdir": (str, True),
+    "ips": (list, False),
+    "script": (str, False),
+    "data": (list, False),
+    "model": (str, False),
+}
+_SYNC_KEYS = {
+    "source": (str, False),
+    "hook": (str, False),
+    "ignore": (list, False),
+    "threshold": ((int, float), False),
+    "script": (str, False),
+    "data": (list, False),
+    "model": (str, False),
+}
+_DASHBOARD_KEYS = {"listen": (str, False), "token": (str, False), "enabled": (bool, False)}
+_ALERT_KEYS = {
+    "name": (str, False),
+    "on": (list, False),
+    "webhook": (str, False),
+    "format": (str, False),
+    "command": (list, False),
+    "stalled_minutes": ((int, float), False),
+    "node_down_minutes": ((int, float), False),
+    "retries": (int, False),
+}
+_TOP_KEYS = {"cluster": dict, "ssh": dict, "nodes": list, "sync": dict, "alerts": list, "dashboard": dict}
+
+
+def load_config(path: str | os.PathLike) -> ClusterConfig:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such cluster file (write one from your hosts with: coord init --hosts "
+                          f"USER@HOST,... -o {path})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the cluster file: {exc}") from None
+    return parse_config(text, path)
+
+
+def parse_config(text: str, path: Path | None = None) -> ClusterConfig:
+    where = str(path) if path else "<cluster file>"
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{where}: not valid TOML: {exc}") from None
+    locate = _Locator(text, where)
+    base = path.resolve().parent if path else Path.cwd()
+
+    for key, value in raw.items():
+        kind = _TOP_KEYS.get(key)
+        if kind is None:
+            raise ConfigError(locate.message(None, None, key, f"unknown key {key!r} (expected one of: "
+                                                                 f"{', '.join(_TOP_KEYS)})"))
+        if not isinstance(value, kind):
+            shape = f"an array of tables ([[{key}]])" if kind is list else f"a table ([{key}])"
+            raise ConfigError(locate.message(None, None, key, f"{key!r} must be {shape}"))
+
+    cluster = raw.get("cluster")
+    if cluster is None:
+        raise ConfigError(f"{where}: missing the [cluster] table (with at least name = \"...\")")
+    _check_table(cluster, _CLUSTER_KEYS, "cluster", None, locate)
+    ssh_raw = raw.get("ssh", {})
+    _check_table(ssh_raw, _SSH_KEYS, "ssh", None, locate)
+    sync = _parse_sync(raw.get("sync", {}), locate, base)
+    dashboard = _parse_dashboard(raw.get("dashboard", {}), locate)
+
+    nodes_raw = raw.get("nodes", [])
+    if not nodes_raw:
+        raise ConfigError(f"{where}: no nodes: add at least one [[nodes]] table")
+    nodes = tuple(_parse_node(entry, i, locate, base) for i, entry in enumerate(nodes_raw))
+    seen: dict[str, int] = {}
+    for i, node in enumerate(nodes):
+        if node.name in seen:
+            raise ConfigError(locate.message("nodes", i, "name",
+                                             f"duplicate node name {node.name!r} (first used by nodes[{seen[node.name]}])"))
+        seen[node.name] = i
+
+    state_dir, socket = socket_of(cluster, base)
+    if len(str(socket).encode()) > MAX_SOCKET_PATH:
+        raise ConfigError(locate.message("cluster", None, "socket" if "socket" in cluster else "state_dir",
+                                         f"control socket path {socket} is longer than {MAX_SOCKET_PATH} bytes, "
+                                         "which Unix sockets do not allow; set a shorter cluster.socket"))
+    ssh = SshSettings(
+        known_hosts=str(resolve_under(ssh_raw["known_hosts"], base)) if "known_hosts" in ssh_raw else None,
+        identity_file=str(resolve_under(ssh_raw["identity_file"], base)) if "identity_file" in ssh_raw else None,
+        config=str(resolve_under(ssh_raw["config"], base)) if "config" in ssh_raw else None,
+        keepalive_s=float(ssh_raw.get("keepalive_s", 2.0)),
+        connect_timeout_s=float(ssh_raw.get("connect_timeout_s", 10.0)),
+        cluster_file=str(path) if path else None,
+    )
+    for key in ("keepalive_s", "connect_timeout_s"):
+        if getattr(ssh, key) <= 0:
+            raise ConfigError(locate.message("ssh", None, key, f"{key} must be greater than 0"))
+    alerts = _parse_alerts(raw.get("alerts", []), locate, base)
+    return ClusterConfig(name=cluster["name"], state_dir=state_dir, socket=socket, ssh=ssh, nodes=nodes, path=path,
+                         sync=sync, dashboard=dashboard, alerts=alerts)
+
+
+def parse_listen(value: str) -> tuple[str | None, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) to (host, port); ``off`` or an empty string to (None, 0).
+    Raises ValueError with what is wrong."""
+    value = value.strip()
+    if value.lower() in ("", "off", "none", "false"):
+        return None, 0
+    host, sep, port = value.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"listen = {value!r} is not HOST:PORT (e.g. \"{DEFAULT_DASHBOARD}\", or \"off\")")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"listen = {value!r}: the port must be a number from 0 to 65535")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if host != "localhost":
+            raise ValueError(f"listen = {value!r}: the host must be an IP address of this machine "
+                             "(127.0.0.1 for this machine only) or localhost") from None
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    return host == "localhost" or ipaddress.ip_address(host).is_loopback
+
+
+def _parse_dashboard(raw: dict, locate: _Locator) -> DashboardSettings:
+    _check_table(raw, _DASHBOARD_KEYS, "dashboard", None, locate)
+    try:
+        host, port = parse_listen(raw.get("listen", DEFAULT_DASHBOARD))
+    except ValueError as exc:
+        raise ConfigError(locate.message("dashboard", None, "listen", str(exc))) from None
+    token = raw.get("token")
+    if token is not None and (len(token) < 16 or any(c.isspace() for c in token)):
+        raise ConfigError(locate.message("dashboard", None, "token", "token must be at least 16 characters without "
+                                         "spaces (e.g. the output of: openssl rand -hex 16)"))
+    if host is not None and not is_loopback(host) and token is None:
+        raise ConfigError(locate.message("dashboard", None, "listen",
+                                         f"the dashboard on {host}, which other machines can reach, needs a token: "
+                                         "add token = \"...\" (e.g. from: openssl rand -hex 16) to [dashboard], "
+                                         "or listen on 127.0.0.1"))
+    if host is None or not raw.get("enabled", True):  # listen = "off", or enabled = false
+        return DashboardSettings(enabled=False)
+    return DashboardSettings(host=host, port=port, token=token)
+
+
+def _relative_paths(values: list, table: str, index: int | None, key: str, locate: _Locator) -> tuple[str, ...]:
+    from shared.paths import UnsafePath, check_relative
+
+    out = []
+    for value in values:
+        try:
+            out.append(check_relative(value))
+        except UnsafePath as exc:
+            raise ConfigError(locate.message(table, index, key, f"{key}: {exc} (paths are relative to the workdir)"))
+    return tuple(out)
+
+
+def _parse_sync(raw: dict, locate: _Locator, base: Path) -> SyncSettings:
+    _check_table(raw, _SYNC_KEYS, "sync", None, locate)
+    threshold = float(raw.get("threshold", 0.95))
+    if not 0 < threshold <= 1:
+        raise ConfigError(locate.message("sync", None, "threshold", "threshold must be in (0, 1]"))
+    for key in ("ignore", "data"):
+        if not all(isinstance(v, str) and v for v in raw.get(key, [])):
+            raise ConfigError(locate.message("sync", None, key, f"sync.{key} must be a list of strings"))
+    single = {key: _relative_paths([raw[key]], "sync", None, key, locate)[0] for key in ("hook", "script", "model")
+              if key in raw}
+    return SyncSettings(
+        source=resolve_under(raw["source"], base) if "source" in raw else None,
+        ignore=tuple(raw.get("ignore", [])),
+        threshold=threshold,
+        data=_relative_paths(raw.get("data", []), "sync", None, "data", locate),
+        **single,
+    )
+
+
+def _parse_node(entry: Any, index: int, locate: _Locator, base: Path) -> NodeConfig:
+    if not isinstance(entry, dict):
+        raise ConfigError(locate.message("nodes", index, None, "each node must be a [[nodes]] table"))
+    _check_table(entry, _NODE_KEYS, "nodes", index, locate)
+    name = entry["name"]
+    if not NODE_NAME.match(name):
+        raise ConfigError(locate.message("nodes", index, "name",
+                                         f"node name {name!r} must be letters, digits, '.', '_' or '-' (at most 63)"))
+    host = entry["host"].strip()
+    if not host or any(c.isspace() for c in host) or host.startswith("-"):
+        raise ConfigError(locate.message("nodes", index, "host", f"host {entry['host']!r} is not an address or ssh alias"))
+    port = entry.get("port")
+    if port is not None and not 0 < port < 65536:
+        raise ConfigError(locate.message("nodes", index, "port", f"port {port} is not between 1 and 65535"))
+    user = entry.get("user")
+    if user is not None and not re.match(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$", user):
+        raise ConfigError(locate.message("nodes", index, "user", f"user {user!r} is not a valid user name"))
+    python = entry.get("python")
+    if python is None:
+        if host != LOCAL_HOST:
+            raise ConfigError(locate.message("nodes", index, None,
+                                             f"node {name!r} is missing the key 'python' (the node's training Python, "
+                                             "e.g. \"/Users/alice/venv/bin/python\")"))
+        python = sys.executable
+    for key, value in (("python", python), ("workdir", entry["workdir"])):
+        if not value.startswith("/"):
+            raise ConfigError(locate.message("nodes", index, key,
+                                             f"{key} must be an absolute path on the node, got {value!r}"))
+    ips = entry.get("ips", [])
+    if not all(isinstance(ip, str) and ip for ip in ips):
+        raise ConfigError(locate.message("nodes", index, "ips", "ips must be a list of address strings"))
+    if not all(isinstance(v, str) and v for v in entry.get("data", [])):
+        raise ConfigError(locate.message("nodes", index, "data", "data must be a list of paths"))
+    files = {key: _relative_paths([entry[key]], "nodes", index, key, locate)[0] for key in ("script", "model")
+             if key in entry}
+    data = _relative_paths(entry["data"], "nodes", index, "data", locate) if "data" in entry else None
+    return NodeConfig(name=name, host=host, python=python, workdir=entry["workdir"].rstrip("/") or "/",
+                      user=user, port=port, ips=tuple(ips), data=data, **files)
+
+
+def redact_url(url: str) -> str:
+    """A webhook URL as events and logs show it: scheme and host only, since the path, the query
+    or the user part usually is the secret (a Slack hook's path, an ntfy topic, ?token=...)."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or "?"
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "<an unreadable URL>"
+    tail = "/…" if (parts.path not in ("", "/") or parts.query or parts.username) else ""
+    return f"{parts.scheme}://{host}{port}{tail}"
+
+
+def _parse_alerts(entries: list, locate: _Locator, base: Path) -> tuple[AlertSettings, ...]:
+    alerts = tuple(_parse_alert(entry, i, locate, base) for i, entry in enumerate(entries))
+    seen: dict[str, int] = {}
+    for i, alert in enumerate(alerts):
+        if alert.name in seen:
+            raise ConfigError(locate.message("alerts", i, "name", f"duplicate alert name {alert.name!r} (first used "
+                                             f"by alerts[{seen[alert.name]}]); give each [[alerts]] its own name"))
+        seen[alert.name] = i
+    return alerts
+
+
+def _parse_alert(entry: Any, index: int, locate: _Locator, base: Path) -> AlertSettings:
+    label = f"alerts[{index}]"
+
+    def refuse(key: str | None, text: str) -> ConfigError:
+        return ConfigError(locate.message("alerts", index, key, f"{label}: {text}"))
+
+    if not isinstance(entry, dict):
+        raise ConfigError(locate.message("alerts", index, None, "each alert must be an [[alerts]] table"))
+    _check_table(entry, _ALERT_KEYS, "alerts", index, locate)
+    name = entry.get("name", label)
+    if "name" in entry and not NODE_NAME.match(name):
+        raise refuse("name", f"name {name!r} must be letters, digits, '.', '_' or '-' (at most 63)")
+    if ("webhook" in entry) == ("command" in entry):
+        raise refuse(None, "give exactly one destination: webhook = \"https://...\" or command = [\"/path/to/program\", "
+                           "\"arg\", ...]")
+    webhook = entry.get("webhook")
+    if webhook is not None:
+        try:
+            parts = urlsplit(webhook)
+            valid = parts.scheme in ("http", "https") and bool(parts.hostname) and not any(c.isspace() for c in webhook)
+            parts.port  # noqa: B018 (raises on a port that is not a number)
+        except ValueError:
+            valid = False
+        if not valid:
+            raise refuse("webhook", f"webhook must be an http:// or https:// URL with a host, got {redact_url(webhook)!r}")
+    fmt = entry.get("format", "generic")
+    if fmt not in ALERT_FORMATS:
+        raise refuse("format", f"format must be one of {', '.join(ALERT_FORMATS)}, got {fmt!r}")
+    if "format" in entry and webhook is None:
+        raise refuse("format", "format applies to a webhook only; a command gets the alert as JSON on its stdin")
+    command = entry.get("command", [])
+    if webhook is None:
+        if not command or not all(isinstance(word, str) and word for word in command):
+            raise refuse("command", "command must be a non-empty list of strings, the program and its arguments "
+                                    "(it runs without a shell), e.g. [\"/usr/local/bin/notify\", \"--urgent\"]")
+        if "/" in command[0]:  # a path, relative to the cluster file like every path in it; else found on PATH
+            command = [str(resolve_under(command[0], base)), *command[1:]]
+    on = entry.get("on", list(DEFAULT_ALERT_EVENTS))
+    if not on or not all(isinstance(kind, str) for kind in on):
+        raise refuse("on", f"on must be a non-empty list of event names: {', '.join(ALERT_EVENTS)}")
+    unknown = [kind for kind in on if kind not in ALERT_EVENTS]
+    if unknown:
+        raise refuse("on", f"unknown event {unknown[0]!r} in on (expected any of: {', '.join(ALERT_EVENTS)})")
+    if len(set(on)) != len(on):
+        raise refuse("on", "on names an event twice")
+    minutes = {}
+    for key, event, default in (("stalled_minutes", "job_stalled", 30.0), ("node_down_minutes", "node_down", 5.0)):
+        if key in entry and event not in on:
+            raise refuse(key, f"{key} is set but {event!r} is not in on; add {event!r} to on, or remove {key}")
+        minutes[key] = float(entry.get(key, default))
+        if minutes[key] <= 0:
+            raise refuse(key, f"{key} must be greater than 0, got {entry[key]!r}")
+    retries = entry.get("retries", 4)
+    if not 0 <= retries <= 20:
+        raise refuse("retries", f"retries must be between 0 and 20, got {retries}")
+    return AlertSettings(name=name, on=tuple(on), webhook=webhook, format=fmt, command=tuple(command),
+                         retries=retries, **minutes)
+
+
+def _check_table(table: dict, schema: dict, name: str, index: int | None, locate: _Locator) -> None:
+    label = f"{name}[{index}]" if index is not None else name
+    for key, value in table.items():
+        if key not in schema:
+            raise ConfigError(locate.message(name, index, key,
+                                             f"unknown key {label}.{key} (expected one of: {', '.join(schema)})"))
+        kind, _ = schema[key]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
+            expected = " or ".join({"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
+                                    "list": "a list", "dict": "a table"}[k.__name__] for k in kinds)
+            raise ConfigError(locate.message(name, index, key,
+                                             f"{label}.{key} must be {expected}, got {_toml_type(value)} {value!r}"))
+    for key, (_, required) in schema.items():
+        if required and key not in table:
+            raise ConfigError(locate.message(name, index, None, f"{label} is missing the required key {key!r}"))
+
+
+def _toml_type(value: Any) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            list: "a list", dict: "a table"}.get(type(value), type(value).__name__)
+
+
+class _Locator:
+    """Finds the line of a key in the source, since tomllib keeps no positions."""
+
+    _HEADER = re.compile(r"^\s*(\[\[?)\s*([A-Za-z0-9_.\-\"' ]+?)\s*\]\]?")
+    _KEY = re.compile(r"^\s*([A-Za-z0-9_\-]+|\"[^\"]*\"|'[^']*')\s*=")
+
+    def __init__(self, text: str, where: str):
+        self.lines = text.splitlines()
+        self.where = where
+
+    def line_of(self, table: str | None, index: int | None, key: str | None) -> int | None:
+        current, occurrence = None, -1
+        for number, line in enumerate(self.lines, start=1):
+            header = self._HEADER.match(line)
+            if header:
+                current = header.group(2).strip().strip("\"'")
+                if current == table:
+                    occurrence += 1
+                    if occurrence == (index or 0) and key is None:
+                        return number
+                continue
+            found = self._KEY.match(line)
+            if key is not None and found and found.group(1).strip("\"'") == key:
+                in_place = (table is None and current is None) or (
+                    current == table and (index is None or occurrence == index))
+                if in_place:
+                    return number
+        if table is None and key is not None:  # a top-level table named by a header
+            for number, line in enumerate(self.lines, start=1):
+                header = self._HEADER.match(line)
+                if header and header.group(2).strip() == key:
+                    return number
+        return None
+
+    def message(self, table: str | None, index: int | None, key: str | None, text: str) -> str:
+        line = self.line_of(table, index, key)
+        return f"{self.where}:{line}: {text}" if line else f"{self.where}: {text}"
+
+
+EXAMPLE_CLUSTER = '''\
+# coord cluster file. Check it with: coord daemon --config THIS_FILE
+# Each node may have its own user, home, Python and workdir.
+
+[cluster]
+name = "lab"
+# state_dir = "..."    # default: ~/Library/Application Support/coord on macOS, ~/.local/state/coord elsewhere
+# socket = "..."       # default: <state_dir>/coord.sock
+
+[ssh]                  # defaults for every node, all optional
+# known_hosts = "~/.ssh/known_hosts"     # host keys are always verified against this file
+# identity_file = "~/.ssh/id_ed25519"    # key authentication only, never passwords
+# config = "~/.ssh/config"               # honoured by default: Host aliases, HostName, User, Port
+# keepalive_s = 2                        # a lost node is noticed within about 3 keepalives
+
+[sync]                 # what `coord sync` sends, and what pre-flight compares; all optional
+# source = "~/project"                   # the project directory on this machine (default: --source)
+# hook = "scripts/pre-sync.sh"           # run before each sync, relative to the source; non-zero blocks
+# ignore = ["*.log", "outputs/"]         # on top of .coordignore and the defaults (.git, venvs, checkpoints...)
+# threshold = 0.95                       # agreement ratio below which a launch is blocked
+# script = "train.py"                    # relative to each node's workdir; a node may override these
+# data = ["data/train.jsonl", "data/valid.jsonl"]
+# model = "models/tiny"
+
+[dashboard]            # the daemon's HTTP server: Prometheus /metrics (and the dashboard)
+# listen = "127.0.0.1:8470"              # the default; any other address needs a token
+# token = "..."                          # sent as Authorization: Bearer ... or ?token=...
+# enabled = true
+
+[[nodes]]
+name = "n1"
+host = "local"                           # "local" = this machine, no SSH
+workdir = "/Users/alice/coord-work"      # where code, data and checkpoints live on that node
+# python = "/Users/alice/venv/bin/python"  # default for "local": the Python running coord
+
+[[nodes]]
+name = "n2"
+host = "10.0.0.2"                        # an address, or a Host alias from the ssh config
+user = "bob"                             # optional
+# port = 22                              # optional
+python = "/opt/mlx/bin/python"           # the node's training Python (has mlx and mlx-lm)
+workdir = "/Users/bob/work"
+# ips = ["192.168.2.2"]                  # optional: addresses ranks should talk over
+
+# [[alerts]]           # where to hear about a job; as many as you like, each one destination
+# name = "phone"
+# webhook = "https://ntfy.sh/my-secret-topic"   # or: command = ["/usr/local/bin/notify", "--urgent"]
+# format = "ntfy"                        # generic (JSON, the default), slack or ntfy
+# on = ["job_failed", "job_stalled", "node_down"]   # default: ["job_failed"]; also job_succeeded, job_restarted
+# stalled_minutes = 30                   # job_stalled: no progress for this long
+# node_down_minutes = 5                  # node_down: down for longer than this
+'''

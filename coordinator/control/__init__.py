@@ -1,0 +1,1 @@
+"""The control socket: where it is, and the server that answers on it."""

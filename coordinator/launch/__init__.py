@@ -1,0 +1,1 @@
+"""Starting ranks: the links and backend, the hostfile, and the launchers."""

@@ -1,0 +1,82 @@
+"""All node sessions of one cluster, and what they report into durable state."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import structlog
+
+from coordinator.config.cluster_file import ClusterConfig
+from coordinator.nodes.agent_bundle import AgentBundle
+from coordinator.nodes.session import UP, Connect, NodeSession, open_transport
+from coordinator.store.state import StateStore
+
+log = structlog.get_logger("cluster")
+RECENT_EVENTS = 50
+
+
+class Cluster:
+    def __init__(self, config: ClusterConfig, state: StateStore, bundle: AgentBundle, *,
+                 connect: Connect = open_transport):
+        self.config = config
+        self.state = state
+        self.bundle = bundle
+        self.sessions = {
+            node.name: NodeSession(node, config.ssh, bundle, on_change=self._node_changed, connect=connect)
+            for node in config.nodes
+        }
+        # Status is answered from memory so it never waits on SQLite or a node.
+        self.events: collections.deque[dict[str, Any]] = collections.deque(
+            state.recent_events(RECENT_EVENTS), maxlen=RECENT_EVENTS)
+        # Called with every event once it is stored (the alerts); each must return at once.
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []
+        self._forget_removed_nodes()
+
+    def _forget_removed_nodes(self) -> None:
+        for name, row in self.state.nodes().items():
+            if name not in self.sessions and row["state"] != "removed":
+                self.state.save_node(name, row["address"], "removed", "no longer in the cluster file", None, None)
+
+    async def run(self) -> None:
+        """Connect to every node at once and keep them connected until cancelled."""
+        async with anyio.create_task_group() as tasks:
+            for session in self.sessions.values():
+                tasks.start_soon(session.run, name=f"node:{session.node.name}")
+
+    def record_event(self, kind: str, message: str, *, node: str | None = None,
+                     data: dict[str, Any] | None = None) -> None:
+        event = self.state.add_event(kind, message, node=node, data=data)
+        self.events.append(event)
+        for listener in self.listeners:
+            try:
+                listener(event)
+            except Exception:  # the edge: whoever recorded the event (a job's supervisor) goes on
+                log.exception("event listener failed", kind=kind)
+
+    async def _node_changed(self, session: NodeSession, state: str, reason: str | None) -> None:
+        view = session.view
+        self.state.save_node(view.name, view.address, state, reason, view.facts if state == UP else None,
+                             view.last_seen)
+        message = f"{view.name} is {state}" + (f": {reason}" if reason else "")
+        self.record_event(f"node.{state}", message, node=view.name)
+
+    def node_views(self) -> list[dict[str, Any]]:
+        stored = self.state.nodes()
+        views = []
+        for name, session in self.sessions.items():
+            view = session.view.as_dict()
+            if view["facts"] is None and name in stored:  # last known facts while the node is away
+                view["facts"] = stored[name]["facts"]
+                view["last_seen"] = view["last_seen"] or stored[name]["last_seen"]
+            view["user"] = session.node.user
+            view["host"] = session.node.host
+            view["workdir"] = session.node.workdir
+            view["python"] = session.node.python
+            views.append(view)
+        return views
+
+    def all_up(self) -> bool:
+        return all(s.state == UP for s in self.sessions.values())

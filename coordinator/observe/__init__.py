@@ -1,0 +1,1 @@
+"""What the daemon shows and tells: metrics, the dashboard, its web server, alerts."""

@@ -1,0 +1,39 @@
+"""The daemon's side of alerts: its events in, its runs and nodes as plain facts."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from coordinator.nodes.session import UP
+from coordinator.observe.alerts.delivery import AlertDispatcher
+from coordinator.observe.alerts.rules import NodeFacts, RunFacts
+
+if TYPE_CHECKING:
+    from coordinator.daemon import Daemon
+
+
+def attach_alerts(daemon: Daemon) -> AlertDispatcher:
+    """An AlertDispatcher that hears every event the daemon records; ``daemon.run`` runs it."""
+    dispatcher = AlertDispatcher(
+        daemon.config.name, daemon.config.alerts, record_event=daemon.cluster.record_event,
+        run_facts=lambda run_id: run_facts(daemon.runs.get(run_id)),
+        facts=lambda: ([run_facts(runner) for runner in list(daemon.runs.values())], node_facts(daemon)))
+    daemon.cluster.listeners.append(dispatcher.on_event)
+    return dispatcher
+
+
+def run_facts(runner: Any) -> RunFacts | None:
+    """A job supervisor (coordinator.jobs.supervisor.JobRunner) as an alert sees it."""
+    if runner is None:
+        return None
+    record = runner.record
+    return RunFacts(run_id=runner.run_id, name=runner.spec.name, state=runner.state, step=record.get("step", 0),
+                    total_steps=runner.spec.total_steps, restarts=record.get("restarts", 0),
+                    max_restarts=runner.spec.max_restarts, error=record.get("error"),
+                    last_progress=record.get("last_progress"), launched_at=record.get("launched_at"),
+                    started=record.get("started"))
+
+
+def node_facts(daemon: Daemon) -> list[NodeFacts]:
+    return [NodeFacts(name, session.state == UP, session.view.reason)
+            for name, session in daemon.cluster.sessions.items()]

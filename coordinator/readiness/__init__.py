@@ -1,0 +1,1 @@
+"""Is the cluster ready to run a job: sync, consistency, pre-flight checks and calibration."""

@@ -1,0 +1,139 @@
+"""Pre-flight: every check a cluster must pass before a rank starts, on all nodes at once."""
+
+from __future__ import annotations
+
+import posixpath
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from coordinator.launch.mlx_launch import find_launcher
+from coordinator.launch.plan import plan_backend
+from coordinator.nodes.session import UP
+from coordinator.readiness import checks
+from coordinator.readiness.calibration import is_stale
+from coordinator.readiness.head_python import install_mlx_command
+from coordinator.readiness.push import manifest_from_wire
+from coordinator.readiness.sync import ignore_patterns, source_manifest
+from shared.ignore import DEFAULT_PATTERNS
+from shared.rpc import RemoteError
+
+if TYPE_CHECKING:
+    from coordinator.daemon import Daemon
+
+CHECKPOINT_DIR = "checkpoints"
+
+
+async def gather(daemon: Daemon, emit, source: Path | None = None, nodes: list[str] | None = None) -> dict[str, Any]:
+    """Ask every up node, at once, for what the checks need."""
+    config = daemon.config
+    source = source or config.sync.source
+    patterns = ignore_patterns(daemon, source) if source and source.is_dir() else \
+        list(DEFAULT_PATTERNS) + list(config.sync.ignore)
+    found: dict[str, Any] = {"manifests": {}, "missing": {}, "script": {}, "data": {}, "model": {},
+                             "probes": {}, "topologies": {}}
+    source_files = None
+    if source is not None and source.is_dir():
+        source_files, _ = await anyio.to_thread.run_sync(source_manifest, daemon, source, patterns)
+
+    async def one(session) -> None:
+        name, node = session.node.name, session.node
+        if session.state != UP:
+            found["missing"][name] = f"node is {session.state}"
+            return
+        await emit({"node": name, "progress": "hashing the workdir", "fraction": 0.1})
+        files = config.node_files(node)
+        try:
+            # Facts again: a venv changed since the node came up must show in the version checks.
+            session.view.facts = await session.call("facts", {"workdir": node.workdir}, timeout=120)
+            answer = await session.call("manifest", {"root": node.workdir, "patterns": patterns}, timeout=3600)
+            manifest = manifest_from_wire(answer["files"])
+            if source_files is not None:
+                # With a source, the code is the source's files: what else a node keeps in its
+                # workdir (outputs, its own wrappers) is its business, not a divergence.
+                manifest = {rel: entry for rel, entry in manifest.items() if rel in source_files}
+            found["manifests"][name] = manifest
+            if files["script"]:
+                found["script"][name] = (await session.call(
+                    "inspect_files", {"root": node.workdir, "paths": [files["script"]]}, timeout=600))["files"]
+            if files["data"]:
+                found["data"][name] = (await session.call(
+                    "inspect_files", {"root": node.workdir, "paths": files["data"], "count_lines": True},
+                    timeout=3600))["files"]
+            if files["model"]:
+                model_root = posixpath.join(node.workdir, files["model"])
+                try:
+                    model = await session.call("manifest", {"root": model_root, "patterns": []}, timeout=3600)
+                    found["model"][name] = {rel: {"size": size, "mode": mode, "sha256": sha}
+                                            for rel, size, mode, sha in model["files"]} or {files["model"]: None}
+                except RemoteError:
+                    found["model"][name] = {files["model"]: None}
+            await emit({"node": name, "progress": "checking the checkpoint directory", "fraction": 0.7})
+            found["probes"][name] = await session.call("check_writable",
+                                                       {"root": node.workdir, "subdir": CHECKPOINT_DIR}, timeout=60)
+            found["topologies"][name] = await session.call("topology", timeout=120)
+            await emit({"node": name, "progress": "done", "fraction": 1.0})
+        except RemoteError as exc:
+            found["missing"][name] = exc.message
+
+    async with anyio.create_task_group() as tasks:
+        for session in daemon.cluster.sessions.values():
+            if nodes is None or session.node.name in nodes:
+                tasks.start_soon(one, session)
+    return found
+
+
+async def run_preflight(daemon: Daemon, emit, backend: str | None = None,
+                        source: str | None = None, only: list[str] | None = None) -> dict[str, Any]:
+    """Every check on every node, or on the nodes in ``only`` (a job that holds a subset of the cluster)."""
+    started = time.monotonic()
+    config = daemon.config
+    found = await gather(daemon, emit, Path(source) if source else None, only)
+    views = [v for v in daemon.cluster.node_views() if only is None or v["name"] in only]
+    nodes = {v["name"]: {**v, "port": next(n.port for n in config.nodes if n.name == v["name"])} for v in views}
+    up = {n: v for n, v in nodes.items() if v["state"] == "up"}
+    facts = {n: v["facts"] for n, v in up.items() if v.get("facts")}
+
+    report = []
+    report += checks.reachability(list(nodes.values()))
+    report.append(checks.agent_versions({n: v["agent"] or {} for n, v in up.items()},
+                                        daemon.cluster.bundle.bundle_id))
+    report.append(checks.head_launcher(find_launcher(), sys.executable, install_mlx_command()))
+    report += checks.equal_versions(nodes, facts)
+    report.append(checks.equal_os(facts))
+    report += checks.system_sleep(nodes, facts)
+    code = checks.code_consistency(found["manifests"], found["missing"], config.sync.threshold)
+    report.append(code)
+    configured = [config.node_files(n) for n in config.nodes if only is None or n.name in only]
+    report.append(checks.named_files("script.hash", "training script", found["script"], key="script",
+                                     required=any(f["script"] for f in configured)))
+    report.append(checks.named_files("data.files", "data files", found["data"], key="data", lines=True,
+                                     required=any(f["data"] for f in configured)))
+    report.append(checks.named_files("model.files", "model files", found["model"], key="model",
+                                     required=any(f["model"] for f in configured)))
+    model_bytes = max((sum(e["size"] for e in files.values() if e) for files in found["model"].values()),
+                      default=0)
+    report += checks.disk_and_checkpoints(nodes, found["probes"], needed_bytes=3 * model_bytes)
+    report.append(checks.memory_for_model(facts, model_bytes or None))
+    calibrated = {}
+    for name, fact in facts.items():
+        stale, _ = is_stale(daemon.state.calibration(name), fact, refresh=False)
+        calibrated[name] = not stale
+    report.append(checks.calibration(calibrated))
+    last_hook = next((e for e in reversed(daemon.state.recent_events(200)) if e["kind"] == "sync.hook"), None)
+    report.append(checks.sync_hook(config.sync.hook, last_hook))
+    choice, document, error = plan_backend(daemon, found["topologies"], forced=backend, nodes=only)
+    report += checks.backend(choice, error if choice is None else None)
+    report.append(checks.hostfile(document, error))
+    status = checks.overall(report)
+    layers = {layer: checks.overall([c for c in report if c["layer"] == layer]) for layer in checks.LAYERS
+              if any(c["layer"] == layer for c in report)}
+    daemon.cluster.record_event("preflight." + status, f"pre-flight {status}: "
+                                f"{sum(c['status'] == 'fail' for c in report)} failed, "
+                                f"{sum(c['status'] == 'warn' for c in report)} warnings")
+    return {"status": status, "checks": report, "layers": layers, "backend": choice, "hostfile": document,
+            "backend_error": error, "consistency": code.pop("report"), "topologies": found["topologies"],
+            "seconds": round(time.monotonic() - started, 3)}

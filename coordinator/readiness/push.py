@@ -1,0 +1,231 @@
+"""The head side of sync: compare manifests, send only what a node lacks.
+
+``plan_sync`` is pure policy (tested with plain dicts); ``sync_node`` carries a
+plan out through one node's agent: small files go in batches, large ones in
+chunks (``send_large``, the one place a large file is sent), a few calls in
+flight at once so the link stays busy. Nodes sent the same files at the same
+time share one read of each batch (``SourceReader``). Nothing here flushes: the
+node's ``sync_state`` at the end does, once.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from coordinator.nodes.session import NodeSession
+from shared.rpc import RemoteError
+
+SMALL_FILE = 1 << 20
+BATCH_BYTES = 8 << 20
+BATCH_FILES = 2048
+CHUNK_BYTES = 4 << 20
+IN_FLIGHT = 4
+
+Manifest = dict[str, list]  # rel -> [size, mode, sha256]
+Progress = Callable[[dict[str, Any]], Awaitable[None] | None]
+
+
+@dataclass
+class SyncPlan:
+    send: list[str] = field(default_factory=list)
+    chmod: list[tuple[str, int]] = field(default_factory=list)
+    delete: list[str] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)  # on the node only, kept without --delete
+    bytes_to_send: int = 0
+
+    @property
+    def empty(self) -> bool:
+        return not (self.send or self.chmod or self.delete)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"send": len(self.send), "bytes_to_send": self.bytes_to_send, "chmod": len(self.chmod),
+                "delete": len(self.delete), "extra_kept": len(self.extra),
+                "send_paths": self.send[:20], "delete_paths": self.delete[:20], "extra_paths": self.extra[:20]}
+
+
+def plan_sync(source: Manifest, remote: Manifest, *, delete: bool) -> SyncPlan:
+    plan = SyncPlan()
+    for rel, (size, mode, sha) in source.items():
+        have = remote.get(rel)
+        if have is None or have[2] != sha:
+            plan.send.append(rel)
+            plan.bytes_to_send += size
+        elif have[1] != mode:
+            plan.chmod.append((rel, mode))
+    for rel in remote:
+        if rel not in source:
+            (plan.delete if delete else plan.extra).append(rel)
+    return plan
+
+
+def manifest_from_wire(files: list) -> Manifest:
+    return {rel: [size, mode, sha] for rel, size, mode, sha in files}
+
+
+class Meter:
+    """Files and bytes done toward a total, reported at most ten times a second."""
+
+    def __init__(self, node: str, files: int, total_bytes: int, progress: Progress | None):
+        self.node, self.files_total, self.bytes_total = node, files, total_bytes
+        self.files_done = self.bytes_done = 0
+        self.started = time.monotonic()
+        self._progress = progress
+        self._last = 0.0
+
+    async def add(self, files: int, nbytes: int, *, final: bool = False) -> None:
+        self.files_done += files
+        self.bytes_done += nbytes
+        now = time.monotonic()
+        if self._progress is not None and (final or now - self._last >= 0.1):
+            self._last = now
+            outcome = self._progress({"phase": "send", "node": self.node, "files_done": self.files_done,
+                                      "files_total": self.files_total, "bytes_done": self.bytes_done,
+                                      "bytes_total": self.bytes_total})
+            if outcome is not None:
+                await outcome
+
+
+def _batches(source: Manifest, paths: list[str]) -> tuple[list[list[str]], list[str]]:
+    small, large = [], []
+    batch: list[str] = []
+    size = 0
+    for rel in paths:
+        length = source[rel][0]
+        if length >= SMALL_FILE:
+            large.append(rel)
+            continue
+        if batch and (size + length > BATCH_BYTES or len(batch) >= BATCH_FILES):
+            small.append(batch)
+            batch, size = [], 0
+        batch.append(rel)
+        size += length
+    if batch:
+        small.append(batch)
+    return small, large
+
+
+def _first_remote_error(group: BaseExceptionGroup) -> BaseException:
+    """The node's own refusal out of a task group's errors (the other calls were cancelled by it)."""
+    remote = group.subgroup(lambda exc: isinstance(exc, RemoteError))
+    if remote is None:
+        return group
+    while isinstance(remote, BaseExceptionGroup):
+        remote = remote.exceptions[0]
+    return remote
+
+
+def _read(path: str) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks = []
+        while True:
+            block = os.read(fd, 1 << 20)
+            if not block:
+                return b"".join(chunks) if len(chunks) != 1 else chunks[0]
+            chunks.append(block)
+    finally:
+        os.close(fd)
+
+
+class SourceReader:
+    """Batches of source files, each read from disk once for every node sent it at about the same time.
+
+    On a first sync (or a change made on the head) every node is sent the same batches: the
+    nodes' senders ask for the same batch within moments, and the first one's read serves
+    the others. Read batches are kept until ``keep_bytes`` is exceeded (oldest dropped
+    first), so memory stays bounded however far apart the nodes run.
+    """
+
+    def __init__(self, source_dir: str, source: Manifest, keep_bytes: int = 4 * BATCH_BYTES * IN_FLIGHT):
+        self.source_dir, self.source, self.keep_bytes = source_dir, source, keep_bytes
+        self._kept: OrderedDict[tuple[str, ...], tuple[list[list], int]] = OrderedDict()
+        self._kept_bytes = 0
+        self._loading: dict[tuple[str, ...], anyio.Event] = {}
+        self.reads = 0
+
+    def _read_batch(self, batch: list[str]) -> list[list]:
+        source, directory = self.source, self.source_dir
+        return [[rel, source[rel][1], source[rel][2], _read(os.path.join(directory, rel))] for rel in batch]
+
+    async def batch(self, batch: list[str]) -> list[list]:
+        key = tuple(batch)
+        while True:
+            kept = self._kept.get(key)
+            if kept is not None:
+                self._kept.move_to_end(key)
+                return kept[0]
+            loading = self._loading.get(key)
+            if loading is None:
+                break
+            await loading.wait()  # another node's sender is reading it; a failed read is retried here
+        loading = self._loading[key] = anyio.Event()
+        try:
+            files = await anyio.to_thread.run_sync(self._read_batch, batch)
+            self.reads += 1
+            size = sum(len(item[3]) for item in files)
+            self._kept[key] = (files, size)
+            self._kept_bytes += size
+            while self._kept_bytes > self.keep_bytes and len(self._kept) > 1:
+                _, (_, dropped) = self._kept.popitem(last=False)
+                self._kept_bytes -= dropped
+            return files
+        finally:
+            del self._loading[key]
+            loading.set()
+
+
+async def sync_node(session: NodeSession, source_dir: str, source: Manifest, plan: SyncPlan,
+                    progress: Progress | None = None, *, reader: SourceReader | None = None) -> dict[str, Any]:
+    """Carry out one node's plan; returns what was done. Nothing is flushed here (see ``sync_state``)."""
+    root = session.node.workdir
+    meter = Meter(session.node.name, len(plan.send), plan.bytes_to_send, progress)
+    small, large = _batches(source, plan.send)
+    limiter = anyio.Semaphore(IN_FLIGHT)
+    reader = reader or SourceReader(source_dir, source, keep_bytes=0)
+
+    async def send_batch(batch: list[str]) -> None:
+        async with limiter:
+            files = await reader.batch(batch)
+            await session.call("put_files", {"root": root, "files": files})
+            await meter.add(len(batch), sum(len(f[3]) for f in files))
+
+    async def send_large(rel: str) -> None:
+        async with limiter:
+            size, mode, sha = source[rel]
+            begun = await session.call("upload_begin", {"root": root, "path": rel, "size": size, "mode": mode,
+                                                        "sha256": sha})
+            upload = begun["upload"]
+            with open(os.path.join(source_dir, rel), "rb") as handle:
+                offset = 0
+                while offset < size:
+                    data = await anyio.to_thread.run_sync(handle.read, CHUNK_BYTES)
+                    if not data:
+                        break
+                    await session.call("upload_chunk", {"upload": upload, "offset": offset, "data": data})
+                    offset += len(data)
+                    await meter.add(0, len(data))
+            await session.call("upload_finish", {"upload": upload})
+            await meter.add(1, 0)
+
+    try:
+        async with anyio.create_task_group() as tasks:
+            for batch in small:
+                tasks.start_soon(send_batch, batch)
+            for rel in large:
+                tasks.start_soon(send_large, rel)
+    except BaseExceptionGroup as group:
+        raise _first_remote_error(group) from None
+    if plan.chmod:
+        await session.call("set_modes", {"root": root, "modes": [[rel, mode] for rel, mode in plan.chmod]})
+    if plan.delete:
+        await session.call("delete_files", {"root": root, "paths": plan.delete})
+    await meter.add(0, 0, final=True)
+    return {"files_sent": meter.files_done, "bytes_sent": meter.bytes_done, "chmod": len(plan.chmod),
+            "deleted": len(plan.delete), "seconds": round(time.monotonic() - meter.started, 3)}

@@ -1,0 +1,86 @@
+"""The large files of a sync go through the relay: a model or data file that several nodes lack
+crosses the head's uplink once, and the nodes pass it on to each other.
+
+Small files stay in each node's own plan (batched over its SSH session): for them the cost is
+per file, not per byte. A large file the relay could not bring to a node (no route to it, a
+data port a firewall blocks) is put back in that node's plan and sent over its SSH session.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from coordinator.relay.broadcast import HEAD, Outcome, Source, Target, broadcast
+
+if TYPE_CHECKING:
+    from coordinator.daemon import Daemon
+    from coordinator.readiness.push import SyncPlan
+
+#: Files at least this large are relayed: below it a file is a few chunks and the batches win.
+RELAY_MIN_BYTES = 8 << 20
+#: Files relayed at once: each already fills the links of its chain.
+PARALLEL_FILES = 2
+
+
+def take_large_files(source: dict[str, list], plans: dict[str, SyncPlan]) -> dict[str, list[str]]:
+    """{path: the nodes lacking it} for every large file of the plans, taken out of them."""
+    wanted: dict[str, list[str]] = {}
+    for name, plan in plans.items():
+        keep = []
+        for rel in plan.send:
+            if source[rel][0] >= RELAY_MIN_BYTES:
+                wanted.setdefault(rel, []).append(name)
+                plan.bytes_to_send -= source[rel][0]
+            else:
+                keep.append(rel)
+        plan.send = keep
+    return wanted
+
+
+async def relay_files(daemon: Daemon, source_dir: str, source: dict[str, list], wanted: dict[str, list[str]],
+                      progress=None) -> dict[str, dict[str, Any]]:
+    """Send each wanted file to the nodes lacking it; per node: files and bytes relayed, and the
+    files that did not arrive with why."""
+    results: dict[str, dict[str, Any]] = {}
+    for nodes in wanted.values():
+        for name in nodes:
+            results.setdefault(name, {"files": 0, "bytes": 0, "failed": [], "seconds": 0.0, "reroutes": 0})
+    if not wanted:
+        return results
+    sessions = daemon.cluster.sessions
+    await daemon.links.refresh(sessions, sorted(results))
+    limiter = anyio.Semaphore(PARALLEL_FILES)
+
+    async def one(rel: str, nodes: list[str]) -> None:
+        size, mode, sha = source[rel]
+        async with limiter:
+            async def report(update: dict[str, Any]) -> None:
+                if progress is not None:
+                    outcome = progress({**update, "file": rel})
+                    if outcome is not None:
+                        await outcome
+
+            outcomes: dict[str, Outcome] = await broadcast(
+                sessions, Source(HEAD, os.path.join(source_dir, rel), size, sha),
+                [Target(name, rel, mode) for name in nodes], address=daemon.links.address,
+                thunderbolt=daemon.links.thunderbolt, progress=report,
+                events=lambda kind, text: daemon.cluster.record_event(kind, f"sync {rel}: {text}"))
+        for name, outcome in outcomes.items():
+            entry = results[name]
+            entry["reroutes"] += outcome.reroutes
+            if outcome.ok:
+                entry["files"] += 1
+                entry["bytes"] += size
+                entry["seconds"] = max(entry["seconds"], outcome.seconds)
+            else:
+                entry["failed"].append([rel, outcome.detail])
+
+    order = {node.name: index for index, node in enumerate(daemon.config.nodes)}
+    async with anyio.create_task_group() as tasks:
+        for rel, nodes in wanted.items():
+            # The chain follows the cluster file's order (then the cables): the same every time.
+            tasks.start_soon(one, rel, sorted(nodes, key=lambda name: order.get(name, len(order))))
+    return results

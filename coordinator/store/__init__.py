@@ -1,0 +1,1 @@
+"""Durable state: SQLite in the daemon's state dir."""

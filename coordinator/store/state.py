@@ -1,0 +1,254 @@
+"""The daemon's durable state: SQLite in the state dir.
+
+It holds what must survive a daemon restart: the nodes as last seen, their facts,
+and a timestamped event log. Writes are small and few (a node changes state, an
+event happens), so they run on the event loop's thread; WAL keeps readers apart.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 4
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS nodes (
+    name TEXT PRIMARY KEY,
+    address TEXT NOT NULL,
+    state TEXT NOT NULL,
+    reason TEXT,
+    facts TEXT,
+    last_seen REAL,
+    updated REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    ts REAL NOT NULL,
+    kind TEXT NOT NULL,
+    node TEXT,
+    message TEXT NOT NULL,
+    data TEXT
+);
+CREATE INDEX IF NOT EXISTS events_ts ON events (ts);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,  -- what every file of the run, on the head and on the nodes, is keyed by
+    name TEXT NOT NULL,       -- the job name the user typed; run again, it is a new run
+    spec TEXT NOT NULL,
+    state TEXT NOT NULL,
+    record TEXT NOT NULL,
+    created REAL NOT NULL,
+    updated REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS runs_name ON runs (name, created);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    job TEXT NOT NULL,  -- the run id
+    step INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    node TEXT NOT NULL,
+    path TEXT NOT NULL,
+    sha256 TEXT,
+    size INTEGER,
+    valid INTEGER NOT NULL,
+    detail TEXT,
+    created REAL NOT NULL,
+    role TEXT NOT NULL DEFAULT 'primary',  -- 'primary' where rank 0 wrote it, 'replica' for its copy
+    PRIMARY KEY (job, attempt, node, path)
+);
+CREATE TABLE IF NOT EXISTS calibrations (
+    node TEXT PRIMARY KEY,
+    record TEXT NOT NULL,
+    measured_at REAL NOT NULL
+);
+"""
+
+# Schema 4: the metrics history (coordinator/observe/metrics/history.py). New tables only, so an older
+# database gains them as they are; their rows are thinned as coordinator/observe/metrics/thinning.py says.
+_METRICS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS metric_points (
+    run_id TEXT NOT NULL,
+    series TEXT NOT NULL,           -- 'train' or 'val'
+    step INTEGER NOT NULL,          -- the run's global step: one point per step, whichever attempt wrote it
+    attempt INTEGER NOT NULL,
+    ts REAL NOT NULL,
+    loss REAL,                      -- the validation loss in the 'val' series
+    learning_rate REAL,
+    tokens_per_second REAL,
+    peak_memory_bytes INTEGER,      -- rank 0's MLX peak memory
+    rank_memory TEXT,               -- JSON {rank: bytes}: each rank's largest RSS since the point before
+    PRIMARY KEY (run_id, series, step)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS metric_attempts (
+    run_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    start_step INTEGER NOT NULL,    -- the step it resumed from (0: from the start)
+    ts REAL NOT NULL,
+    nodes TEXT NOT NULL,            -- JSON list, rank by rank
+    detail TEXT,                    -- why the attempt before it ended
+    PRIMARY KEY (run_id, attempt)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS node_samples (
+    node TEXT NOT NULL,
+    ts REAL NOT NULL,
+    memory_used_bytes INTEGER,
+    memory_total_bytes INTEGER,
+    gpu_utilization REAL,           -- percent
+    gpu_memory_bytes INTEGER,
+    power_watts REAL,
+    temperature_c REAL,
+    PRIMARY KEY (node, ts)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS node_samples_ts ON node_samples (ts);
+"""
+
+
+class StateError(Exception):
+    pass
+
+
+class StateStore:
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            raise StateError(f"state database {path} cannot be opened: {exc}; "
+                             "move it aside to start with empty state") from None
+        row = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+        if row is None:
+            self._db.executescript(_METRICS_SCHEMA)
+            self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+        elif int(row[0]) > SCHEMA_VERSION:
+            raise StateError(f"state database {path} is from a newer coord (schema {row[0]})")
+        elif int(row[0]) < SCHEMA_VERSION:
+            self._migrate(int(row[0]))
+
+    def _migrate(self, version: int) -> None:
+        if version < 2:
+            # Replicas: a checkpoint may now be in two places (the key gains the node), with a role.
+            self._db.executescript("""
+                BEGIN;
+                ALTER TABLE checkpoints RENAME TO checkpoints_v1;
+                CREATE TABLE checkpoints (job TEXT NOT NULL, step INTEGER NOT NULL, attempt INTEGER NOT NULL,
+                    node TEXT NOT NULL, path TEXT NOT NULL, sha256 TEXT, size INTEGER, valid INTEGER NOT NULL,
+                    detail TEXT, created REAL NOT NULL, role TEXT NOT NULL DEFAULT 'primary',
+                    PRIMARY KEY (job, attempt, node, path));
+                INSERT INTO checkpoints (job, step, attempt, node, path, sha256, size, valid, detail, created)
+                    SELECT job, step, attempt, node, path, sha256, size, valid, detail, created FROM checkpoints_v1;
+                DROP TABLE checkpoints_v1;
+                COMMIT;
+            """)
+        if version < 3:
+            # Runs: a job name may be run again. Each earlier job is a run whose id is its name,
+            # which is also what its files on the nodes and its checkpoints are keyed by.
+            exists = self._db.execute("SELECT name FROM sqlite_master WHERE type='table' AND name='jobs'").fetchone()
+            if exists:
+                self._db.executescript("""
+                    BEGIN;
+                    INSERT OR IGNORE INTO runs (run_id, name, spec, state, record, created, updated)
+                        SELECT name, name, spec, state, record, created, updated FROM jobs;
+                    DROP TABLE jobs;
+                    COMMIT;
+                """)
+        if version < 4:
+            self._db.executescript(_METRICS_SCHEMA)
+        self._db.execute("UPDATE meta SET value=? WHERE key='schema'", (str(SCHEMA_VERSION),))
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        """For the stores that keep their own tables in this database (the metrics history)."""
+        return self._db
+
+    def close(self) -> None:
+        self._db.close()
+
+    def save_node(self, name: str, address: str, state: str, reason: str | None,
+                  facts: dict[str, Any] | None, last_seen: float | None) -> None:
+        self._db.execute(
+            "INSERT INTO nodes (name, address, state, reason, facts, last_seen, updated) VALUES (?,?,?,?,?,?,?) "
+            "ON CONFLICT(name) DO UPDATE SET address=excluded.address, state=excluded.state, "
+            "reason=excluded.reason, facts=COALESCE(excluded.facts, nodes.facts), "
+            "last_seen=COALESCE(excluded.last_seen, nodes.last_seen), updated=excluded.updated",
+            (name, address, state, reason, json.dumps(facts) if facts is not None else None, last_seen, time.time()),
+        )
+
+    def nodes(self) -> dict[str, dict[str, Any]]:
+        rows = self._db.execute("SELECT name, address, state, reason, facts, last_seen, updated FROM nodes")
+        return {
+            name: {"name": name, "address": address, "state": state, "reason": reason,
+                   "facts": json.loads(facts) if facts else None, "last_seen": last_seen, "updated": updated}
+            for name, address, state, reason, facts, last_seen, updated in rows
+        }
+
+    def add_event(self, kind: str, message: str, *, node: str | None = None,
+                  data: dict[str, Any] | None = None, ts: float | None = None) -> dict[str, Any]:
+        ts = time.time() if ts is None else ts
+        cursor = self._db.execute(
+            "INSERT INTO events (ts, kind, node, message, data) VALUES (?,?,?,?,?)",
+            (ts, kind, node, message, json.dumps(data) if data else None),
+        )
+        return {"id": cursor.lastrowid, "ts": ts, "kind": kind, "node": node, "message": message, "data": data}
+
+    def recent_events(self, limit: int = 20) -> list[dict[str, Any]]:
+        rows = self._db.execute(
+            "SELECT id, ts, kind, node, message, data FROM events ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
+        return [{"id": i, "ts": ts, "kind": kind, "node": node, "message": message,
+                 "data": json.loads(data) if data else None} for i, ts, kind, node, message, data in reversed(rows)]
+
+    def save_calibration(self, node: str, record: dict[str, Any], measured_at: float | None = None) -> None:
+        self._db.execute("INSERT OR REPLACE INTO calibrations (node, record, measured_at) VALUES (?,?,?)",
+                         (node, json.dumps(record), time.time() if measured_at is None else measured_at))
+
+    def calibration(self, node: str) -> dict[str, Any] | None:
+        row = self._db.execute("SELECT record, measured_at FROM calibrations WHERE node=?", (node,)).fetchone()
+        if row is None:
+            return None
+        record = json.loads(row[0])
+        record["measured_at"] = row[1]
+        return record
+
+    # --- jobs ---------------------------------------------------------------------------
+
+    def save_run(self, run_id: str, name: str, spec: dict[str, Any], state: str, record: dict[str, Any]) -> None:
+        now = time.time()
+        self._db.execute(
+            "INSERT INTO runs (run_id, name, spec, state, record, created, updated) VALUES (?,?,?,?,?,?,?) "
+            "ON CONFLICT(run_id) DO UPDATE SET spec=excluded.spec, state=excluded.state, record=excluded.record, "
+            "updated=excluded.updated", (run_id, name, json.dumps(spec), state, json.dumps(record), now, now))
+
+    def runs(self) -> list[dict[str, Any]]:
+        """Every run, oldest first."""
+        rows = self._db.execute("SELECT run_id, name, spec, state, record, created, updated FROM runs "
+                                "ORDER BY created, rowid")
+        return [{"run_id": run_id, "name": name, "spec": json.loads(spec), "state": state,
+                 "record": json.loads(record), "created": created, "updated": updated}
+                for run_id, name, spec, state, record, created, updated in rows]
+
+    def run_ids(self) -> set[str]:
+        return {row[0] for row in self._db.execute("SELECT run_id FROM runs")}
+
+    def add_checkpoint(self, job: str, entry: dict[str, Any]) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO checkpoints (job, step, attempt, node, path, sha256, size, valid, detail, created, "
+            "role) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            (job, entry["step"], entry["attempt"], entry["node"], entry["path"], entry.get("sha256"),
+             entry.get("size"), int(bool(entry["valid"])), entry.get("detail"), entry.get("created", time.time()),
+             entry.get("role", "primary")))
+
+    def checkpoints(self, job: str) -> list[dict[str, Any]]:
+        rows = self._db.execute("SELECT step, attempt, node, path, sha256, size, valid, detail, created, role "
+                                "FROM checkpoints WHERE job=? ORDER BY step, attempt, role", (job,))
+        return [{"step": step, "attempt": attempt, "node": node, "path": path, "sha256": sha, "size": size,
+                 "valid": bool(valid), "detail": detail, "created": created, "role": role}
+                for step, attempt, node, path, sha, size, valid, detail, created, role in rows]
+
+    def remove_checkpoint(self, job: str, attempt: int, node: str, path: str) -> None:
+        self._db.execute("DELETE FROM checkpoints WHERE job=? AND attempt=? AND node=? AND path=?",
+                         (job, attempt, node, path))
