@@ -13,6 +13,8 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,17 +28,23 @@ from coordinator.commands import jobs as jobs_command
 from coordinator.commands import prepare as prepare_command
 from coordinator.commands import status as status_command
 from coordinator.config.cluster_file import ClusterConfig, ConfigError, load_config
+from coordinator.config.daemon_options import add_daemon_arguments
 from coordinator.config.logs import configure_logging
 from coordinator.control.server import ControlServer, ControlSocketError
+from coordinator.jobs.daemon_effects import DaemonEffects
+from coordinator.jobs.head_paths import tensorboard_dir
+from coordinator.jobs.manager import JobManager
 from coordinator.nodes.agent_bundle import AgentBundle, build_bundle
 from coordinator.nodes.cluster import Cluster
 from coordinator.nodes.session import Connect, open_transport
 from coordinator.observe.alerts.hookup import attach_alerts
 from coordinator.observe.dashboard.document import dashboard_document
 from coordinator.observe.metrics.history import MetricsHistory
+from coordinator.observe.metrics.prometheus import cluster_registry
+from coordinator.observe.metrics.run_metrics import RunMetrics
 from coordinator.observe.metrics.sampler import sample_nodes
 from coordinator.observe.metrics.tensorboard import TensorBoardScalars
-from coordinator.observe.web.routes import daemon_routes, page_routes
+from coordinator.observe.web.routes import api_routes, page_routes
 from coordinator.observe.web.server import WebServer
 from coordinator.readiness import preflight as preflight_service
 from coordinator.readiness import sync as sync_service
@@ -44,6 +52,8 @@ from coordinator.relay.links import LinkBook
 from coordinator.store.state import StateError, StateStore
 from shared.rpc import Dispatcher
 from shared.version import COORD_VERSION
+
+Emit = Callable[[dict[str, Any]], Awaitable[None]]
 
 log = structlog.get_logger("coordd")
 
@@ -78,95 +88,44 @@ class StateDirLock:
 
 
 class Daemon:
+    """The composition root: builds the parts, hands each what it uses, and answers the control
+    socket from a dispatch table. What to do about jobs is the job manager's (coordinator.jobs.manager)."""
+
     def __init__(self, config: ClusterConfig, state: StateStore, bundle: AgentBundle, *,
                  connect: Connect = open_transport):
         self.config = config
         self.state = state
         self.started = time.time()
         self.cluster = Cluster(config, state, bundle, connect=connect)
-        self.control = ControlServer(config.socket, self._dispatcher())
-        self.jobs: dict[str, Any] = {}  # job name -> its newest run's supervisor
-        self.runs: dict[str, Any] = {}  # run id -> supervisor, every run this cluster has had
-        from coordinator.jobs.daemon_effects import DaemonEffects, tensorboard_dir
         self.links = LinkBook(list(config.nodes))  # where relays send: addresses and cables, per node session
-        self.job_effects = DaemonEffects(self)
-        self.alerts = attach_alerts(self)  # hears every event the daemon records from here on
-        self.history = MetricsHistory(state.connection, runs_of=self.runs_of,
+        self.history = MetricsHistory(state.connection, runs_of=self._runs_of,
                                       node_names=lambda: [node.name for node in config.nodes])
         self.tensorboard = TensorBoardScalars(lambda run_id: tensorboard_dir(config.state_dir, run_id))
-        self.web = (WebServer(config.dashboard, daemon_routes(self), public=frozenset(page_routes()))
+        self.job_effects = DaemonEffects(self.cluster, self.links, RunMetrics(self.history, self.tensorboard),
+                                         self.start_task)
+        self.jobs = JobManager(self.job_effects, state, config.state_dir)
+        self.alerts = attach_alerts(self.cluster, self.jobs)  # hears every event recorded from here on
+        self.web = (WebServer(config.dashboard, self._web_routes(), public=frozenset(page_routes()))
                     if config.dashboard.enabled else None)
         self.web_error: str | None = None
-        self._tasks = None
-        self._pending_tasks: list[tuple[Any, str]] = []
+        self.control = ControlServer(config.socket, self._dispatcher())
+        self._tasks: anyio.abc.TaskGroup | None = None
+        self._pending_tasks: list[tuple[Callable[[], Awaitable[None]], str]] = []
 
-    def start_task(self, func, *, name: str) -> None:
+    def start_task(self, func: Callable[[], Awaitable[None]], name: str) -> None:
         """Run func in the daemon's task group (jobs live as long as the daemon)."""
         if self._tasks is None:
             self._pending_tasks.append((func, name))
         else:
             self._tasks.start_soon(func, name=name)
 
-    def _reattach_jobs(self) -> None:
-        """Runs that were going when the daemon stopped are supervised again, not relaunched;
-        finished ones stay readable (coord status --all, coord logs)."""
-        from coordinator.jobs.spec import JobSpec
-        from coordinator.jobs.supervisor import ACTIVE, JobRunner
+    def _runs_of(self, run_id: str | None) -> list[tuple[str, str]]:
+        return self.jobs.runs_of(run_id)
 
-        for row in self.state.runs():
-            runner = JobRunner(self.job_effects, JobSpec.from_dict(row["spec"]), run_id=row["run_id"],
-                               record=row["record"], state=row["state"])
-            self.add_run(runner)
-            if row["state"] not in ACTIVE:
-                if row["record"].get("unstopped"):  # ranks left on nodes that were away at its end
-                    self.start_task(runner.reap_when_back, name=f"job:{row['run_id']}:reap")
-                continue
-            if row["state"] == "queued":
-                continue  # it waits for its nodes again: schedule_jobs starts it
-            if row["record"].get("attempt", -1) >= 0:
-                # An attempt was launched: watch it again, or finish the recovery that was under way.
-                self.start_task(lambda r=runner: self._run_then_schedule(r, reattach=True), name=f"job:{row['run_id']}")
-            else:
-                # Stopped before its first launch (sync, pre-flight): no rank runs, start it again.
-                runner.event("reattached", f"starting again after a daemon restart (it was {row['state']})")
-                self.start_task(lambda r=runner: self._run_then_schedule(r), name=f"job:{row['run_id']}")
-
-    def schedule_jobs(self) -> None:
-        """Start every queued run whose nodes are free (the policy: coordinator/jobs/queue.py); the
-        others learn their place in the queue."""
-        from coordinator.jobs.queue import Waiting, positions, startable
-        from coordinator.jobs.supervisor import ACTIVE
-
-        busy = {node for runner in self.runs.values() if runner.state in ACTIVE and runner.state != "queued"
-                for node in runner.job_nodes()}
-        waiting = [Waiting(runner.run_id, frozenset(runner.job_nodes()), runner.spec.priority,
-                           runner.record.get("submitted") or runner.record.get("started") or 0.0)
-                   for runner in self.runs.values() if runner.state == "queued"]
-        started = startable(waiting, busy)
-        for run_id in started:
-            runner = self.runs[run_id]
-            runner.queue_position = None
-            runner.set_state("pending")
-            runner.event("dequeued", f"its nodes are free ({', '.join(runner.job_nodes())}): starting")
-            self.start_task(lambda r=runner: self._run_then_schedule(r), name=f"job:{run_id}")
-        for run_id, position in positions([w for w in waiting if w.run_id not in started]).items():
-            self.runs[run_id].queue_position = position
-
-    async def _run_then_schedule(self, runner, *, reattach: bool = False) -> None:
-        """A run holds its nodes until it ends; then the queue moves on, however it ended."""
-        try:
-            await runner.run(reattach=reattach)
-        finally:
-            self.schedule_jobs()
-
-    def runs_of(self, run_id: str | None) -> list[tuple[str, str]]:
-        """(run id, job name) of a run (or a job's newest run); without one, the runs status lists."""
-        if run_id is None:
-            from coordinator.commands.status import shown_runs
-
-            return [(runner.run_id, runner.spec.name) for runner in shown_runs(self)]
-        runner = self.runs.get(run_id) or self.jobs.get(run_id)
-        return [(runner.run_id, runner.spec.name)] if runner is not None else []
+    def _web_routes(self) -> dict[str, Any]:
+        return api_routes(status_document=self.status_document, history=self.history,
+                          dashboard_document=self.dashboard_document,
+                          registry=cluster_registry(self.cluster, self.jobs, self.history))
 
     def dashboard(self) -> dict[str, Any]:
         """Where the HTTP server (/metrics, the dashboard) answers, or why it does not."""
@@ -175,11 +134,12 @@ class Daemon:
         return {"url": self.web.url, "metrics": f"{self.web.url}metrics" if self.web.url else None,
                 "token_required": self.config.dashboard.token is not None, "error": self.web_error}
 
-    async def _serve_web(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+    async def _serve_web(self, web: WebServer, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                         ) -> None:
         """The HTTP server; an address that cannot be bound is said in status and the events, and
         the daemon runs on without it (a second cluster's daemon on the same head, say)."""
         try:
-            await self.web.serve(task_status=task_status)
+            await web.serve(task_status=task_status)
         except OSError as exc:
             listen = f"{self.config.dashboard.host}:{self.config.dashboard.port}"
             self.web_error = (f"cannot listen on {listen}: {exc.strerror or exc}; set another address with "
@@ -188,72 +148,39 @@ class Daemon:
             log.warning("http server not started", error=self.web_error)
             task_status.started(None)
 
-    def add_run(self, runner) -> None:
-        """A run is known by its id; its name means its newest run."""
-        self.runs[runner.run_id] = runner
-        self.jobs[runner.spec.name] = runner
-
     def _dispatcher(self) -> Dispatcher:
+        jobs, cluster = self.jobs, self.cluster
         table = Dispatcher()
         table.add("status", self._status, optional={"events": int, "all": bool, "history": bool,
                                                      "run": (str, type(None)), "since": (int, float, type(None))})
         table.add("ping", self._ping)
-        table.add("sync", self._sync, optional={"source": (str, type(None)), "delete": bool, "dry_run": bool},
-                  streams=True)
-        table.add("calibrate", self._calibrate, optional={"refresh": bool, "quick": bool}, streams=True)
-        table.add("preflight", self._preflight, optional={"backend": (str, type(None))}, streams=True)
-        table.add("run", self._run_job, required={"spec": dict}, optional={"resume": bool})
-        table.add("stop", self._stop_job, required={"name": str})
-        table.add("cancel", self._cancel_job, required={"name": str})
-        table.add("resize", self._resize_job, required={"name": str})
-        table.add("job", self._job, required={"name": str})
-        table.add("logs", self._logs, required={"name": str},
+        table.add("sync", partial(sync_service.serve_sync, cluster, self.links),
+                  optional={"source": (str, type(None)), "delete": bool, "dry_run": bool}, streams=True)
+        table.add("calibrate", partial(calibrate_command.serve_calibrate, cluster),
+                  optional={"refresh": bool, "quick": bool}, streams=True)
+        table.add("preflight", partial(preflight_service.run_preflight, cluster),
+                  optional={"backend": (str, type(None))}, streams=True)
+        table.add("run", _sync_handler(jobs_command.start_job, jobs), required={"spec": dict},
+                  optional={"resume": bool})
+        table.add("stop", _sync_handler(jobs_command.stop_job, jobs), required={"name": str})
+        table.add("cancel", _sync_handler(jobs_command.cancel_job, jobs), required={"name": str})
+        table.add("resize", _sync_handler(jobs_command.resize_job, jobs), required={"name": str})
+        table.add("job", _sync_handler(jobs_command.job_view, jobs), required={"name": str})
+        table.add("logs", _sync_handler(jobs_command.job_logs, jobs), required={"name": str},
                   optional={"rank": int, "attempt": (int, type(None)), "offset": int})
-        table.add("prepare_job", self._prepare_job, required={"job": str, "argv": list},
+        table.add("prepare_job", partial(prepare_command.prepare_job, cluster), required={"job": str, "argv": list},
                   optional={"env": dict, "backend": (str, type(None))})
         table.add("plan", self._plan, optional={"schema": str, "model": (str, type(None)), "data": (str, type(None)),
                                                 "options": dict, "request": (dict, type(None)), "name": str,
                                                 "seq_len": int}, streams=True)
-        table.add("hostfile", self._hostfile, optional={"output": (str, type(None)), "backend": (str, type(None))})
+        table.add("hostfile", partial(hostfile_command.serve_hostfile, cluster),
+                  optional={"output": (str, type(None)), "backend": (str, type(None))})
         return table
 
-    async def _plan(self, emit, **args: Any) -> dict[str, Any]:
-        from coordinator.commands.plan import serve_plan
+    async def _plan(self, emit: Emit, **args: Any) -> dict[str, Any]:
+        from coordinator.commands.plan import serve_plan  # the plan's modules load only when asked for
 
-        return await serve_plan(self, emit, **args)
-
-    async def _preflight(self, emit, **args: Any) -> dict[str, Any]:
-        return await preflight_service.run_preflight(self, emit, **args)
-
-    async def _run_job(self, spec: dict, resume: bool = False) -> dict[str, Any]:
-        return jobs_command.start_job(self, spec, resume=resume)
-
-    async def _resize_job(self, name: str) -> dict[str, Any]:
-        return jobs_command.resize_job(self, name)
-
-    async def _stop_job(self, name: str) -> dict[str, Any]:
-        return jobs_command.stop_job(self, name)
-
-    async def _cancel_job(self, name: str) -> dict[str, Any]:
-        return jobs_command.cancel_job(self, name)
-
-    async def _job(self, name: str) -> dict[str, Any]:
-        return jobs_command.find(self, name).view()
-
-    async def _logs(self, **args: Any) -> dict[str, Any]:
-        return jobs_command.job_logs(self, **args)
-
-    async def _prepare_job(self, **args: Any) -> dict[str, Any]:
-        return await prepare_command.prepare_job(self, **args)
-
-    async def _hostfile(self, **args: Any) -> dict[str, Any]:
-        return await hostfile_command.serve_hostfile(self, **args)
-
-    async def _calibrate(self, emit, **args: Any) -> dict[str, Any]:
-        return await calibrate_command.serve_calibrate(self, emit, **args)
-
-    async def _sync(self, emit, **args: Any) -> dict[str, Any]:
-        return await sync_service.serve_sync(self, emit, **args)
+        return await serve_plan(self.cluster, list(self.jobs.runs.values()), emit, **args)
 
     async def _status(self, events: int = 10, all: bool = False, history: bool = False,  # noqa: A002 (wire names)
                       run: str | None = None, since: float | None = None) -> dict[str, Any]:
@@ -262,7 +189,8 @@ class Daemon:
     async def status_document(self, *, events: int = 10, every_run: bool = False, history: bool = False,
                               run: str | None = None, since: float | None = None) -> dict[str, Any]:
         """The `coord status --json` document (the web server's /api/status too)."""
-        doc = status_command.serve_status(self, events=events, every_run=every_run)
+        doc = status_command.serve_status(self.cluster, self.jobs, daemon=self.info(), dashboard=self.dashboard(),
+                                          events=events, every_run=every_run)
         if history:
             doc["history"] = self.history.document(run_id=run, since=since)
         return doc
@@ -275,7 +203,7 @@ class Daemon:
                 "socket": str(self.config.socket), "state_dir": str(self.config.state_dir),
                 "config": str(self.config.path) if self.config.path else None}
 
-    async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: anyio.abc.TaskStatus[Daemon] = anyio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled or SIGTERM/SIGINT; clean up the socket either way."""
         await self.control.start()
         self.cluster.record_event("daemon.started", f"coordd {COORD_VERSION} started (pid {os.getpid()})")
@@ -288,9 +216,9 @@ class Daemon:
                 tasks.start_soon(self.alerts.run, name="alerts")
                 tasks.start_soon(sample_nodes, self.cluster.sessions, self.history, name="metrics:nodes")
                 if self.web is not None:
-                    await tasks.start(self._serve_web)
-                self._reattach_jobs()
-                self.schedule_jobs()
+                    await tasks.start(self._serve_web, self.web)
+                self.jobs.reattach()
+                self.jobs.schedule()
                 for func, name in self._pending_tasks:
                     tasks.start_soon(func, name=name)
                 self._pending_tasks.clear()
@@ -303,9 +231,10 @@ class Daemon:
 
     def dashboard_document(self) -> dict[str, Any]:
         """What the dashboard page draws: the cluster, the runs with their curves, the events."""
-        return dashboard_document(self, history=self.run_history, usage=self.history.latest)
+        return dashboard_document(self.cluster, list(self.jobs.runs.values()), history=self._run_history,
+                                  usage=self.history.latest)
 
-    def run_history(self, run_id: str) -> dict[str, Any] | None:
+    def _run_history(self, run_id: str) -> dict[str, Any] | None:
         runs = self.history.document(run_id=run_id)["runs"]
         return runs[0] if runs else None
 
@@ -315,6 +244,13 @@ class Daemon:
                 log.info("stopping on signal", signal=signal.Signals(signum).name)
                 scope.cancel()
                 return
+
+
+def _sync_handler(func: Callable[..., dict[str, Any]], *first: Any) -> Callable[..., Awaitable[dict[str, Any]]]:
+    """A control handler around a plain function of the job manager (the dispatcher awaits handlers)."""
+    async def handler(**args: Any) -> dict[str, Any]:
+        return func(*first, **args)
+    return handler
 
 
 def open_state(config: ClusterConfig) -> tuple[StateDirLock, StateStore]:
@@ -362,7 +298,6 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="coordd", description="The coord daemon: keeps a session to every node's agent and "
                                    "answers `coord` on its control socket. Runs in the foreground.")
-    from coordinator.cli.main import add_daemon_arguments
     add_daemon_arguments(parser)
     args = parser.parse_args(argv)
     sys.exit(run_daemon(args.config, log_file=args.log_file, log_level=args.log_level))

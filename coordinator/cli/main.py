@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from coordinator.config.daemon_options import add_daemon_arguments
+
 # Not coordinator.config.cluster_file: its dataclasses and checks are a third of a start that every command pays
 # (each imports it where it needs the whole file).
 from coordinator.control.address import SOCKET_NAME, default_state_dir, socket_from_file
@@ -524,12 +526,6 @@ def cmd_agent_bundle(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from coordinator.cli.demo import run_demo
     return run_demo(Path(args.dir), keep=args.keep)
-
-
-def add_daemon_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", "-c", required=True, help="the cluster file (TOML); see: coord init")
-    parser.add_argument("--log-file", help="append JSON log lines here instead of stderr")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,10 +12,10 @@ from coordinator.readiness.calibration import calibration_record, is_stale, trai
 from shared.rpc import RemoteError
 
 if TYPE_CHECKING:
-    from coordinator.daemon import Daemon
+    from coordinator.nodes.cluster import Cluster
 
 
-async def serve_calibrate(daemon: Daemon, emit, refresh: bool = False, quick: bool = False) -> dict[str, Any]:
+async def serve_calibrate(cluster: Cluster, emit, refresh: bool = False, quick: bool = False) -> dict[str, Any]:
     report: dict[str, Any] = {"nodes": {}}
 
     async def one(session) -> None:
@@ -24,7 +24,7 @@ async def serve_calibrate(daemon: Daemon, emit, refresh: bool = False, quick: bo
             report["nodes"][name] = {"status": "skipped", "detail": f"node is {session.state}"}
             return
         facts = session.view.facts
-        stored = daemon.state.calibration(name)
+        stored = cluster.state.calibration(name)
         stale, reason = is_stale(stored, facts, refresh=refresh)
         if not stale:
             report["nodes"][name] = {"status": "reused", "detail": reason, "result": stored["result"],
@@ -46,12 +46,12 @@ async def serve_calibrate(daemon: Daemon, emit, refresh: bool = False, quick: bo
                                      "result": result}
             return
         record = calibration_record(facts, result)
-        daemon.state.save_calibration(name, record)
+        cluster.state.save_calibration(name, record)
         report["nodes"][name] = {"status": "measured", "detail": reason, "result": result,
                                  "measured_at": time.time()}
 
     async with anyio.create_task_group() as tasks:
-        for session in daemon.cluster.sessions.values():
+        for session in cluster.sessions.values():
             tasks.start_soon(one, session)
     rates = {name: train_rate(entry.get("result")) if entry["status"] in ("measured", "reused") else None
              for name, entry in report["nodes"].items()}
@@ -59,7 +59,7 @@ async def serve_calibrate(daemon: Daemon, emit, refresh: bool = False, quick: bo
     failed = [n for n, e in report["nodes"].items() if e["status"] in ("failed", "skipped")]
     report["status"] = "failed" if failed else "ok"
     measured = [n for n, e in report["nodes"].items() if e["status"] == "measured"]
-    daemon.cluster.record_event("calibrate.done", f"calibration {report['status']}: measured {len(measured)}, "
+    cluster.record_event("calibrate.done", f"calibration {report['status']}: measured {len(measured)}, "
                                 f"reused {sum(e['status'] == 'reused' for e in report['nodes'].values())}, "
                                 f"shares {report['shares']['policy']}")
     return report

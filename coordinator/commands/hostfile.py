@@ -20,24 +20,24 @@ from shared import protocol as p
 from shared.rpc import RemoteError
 
 if TYPE_CHECKING:
-    from coordinator.daemon import Daemon
+    from coordinator.nodes.cluster import Cluster
 
 
-async def serve_hostfile(daemon: Daemon, output: str | None = None, backend: str | None = None) -> dict[str, Any]:
+async def serve_hostfile(cluster: Cluster, output: str | None = None, backend: str | None = None) -> dict[str, Any]:
     if output and not Path(output).is_absolute():
         raise RemoteError(p.BAD_ARGS, "output must be an absolute path")
     try:
-        entries = await choose_entries(daemon.config)
+        entries = await choose_entries(cluster.config)
     except HostfileError as exc:
         raise RemoteError(p.REFUSED, f"no hostfile: {exc}") from None
-    topologies = await node_topologies(daemon)
-    choice, document, error = plan_backend(daemon, topologies, forced=backend,
+    topologies = await node_topologies(cluster)
+    choice, document, error = plan_backend(cluster, topologies, forced=backend,
                                            ssh_names={name: entry.ssh for name, entry in entries.items()})
     if document is None:
         raise RemoteError(p.REFUSED, f"no hostfile: {error}" + (
             "; " + "; ".join(f"{f['node']}: {f['instruction']}" for f in choice.get("fixes", [])) if choice else ""))
-    user_ssh = write_include_file(daemon.config, entries)
-    target = Path(output) if output else daemon.config.state_dir / "launch" / "hostfile.json"
+    user_ssh = write_include_file(cluster.config, entries)
+    target = Path(output) if output else cluster.config.state_dir / "launch" / "hostfile.json"
     if not output:
         target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     try:
@@ -46,10 +46,10 @@ async def serve_hostfile(daemon: Daemon, output: str | None = None, backend: str
         raise RemoteError(p.BAD_ARGS, f"cannot write the hostfile to {target}: {exc.strerror}") from None
     files = {"hostfile": str(target), "ssh_include": user_ssh.include_file}
     needing = [e.node for e in entries.values() if e.needs]
-    daemon.cluster.record_event("hostfile.written", f"hostfile ({document['backend']}) written to {target}"
+    cluster.record_event("hostfile.written", f"hostfile ({document['backend']}) written to {target}"
                                 + (f"; {', '.join(needing)} reached through {user_ssh.include_file}" if needing else ""))
     return {"hostfile": document, "files": files, "backend": choice, "ssh": user_ssh.describe(),
-            "launch": launch_hint(daemon.config, target)}
+            "launch": launch_hint(cluster.config, target)}
 
 
 def launch_hint(config: ClusterConfig, hostfile: Path) -> str:

@@ -23,7 +23,10 @@ from shared import protocol as p
 from shared.rpc import RemoteError
 
 if TYPE_CHECKING:
-    from coordinator.daemon import Daemon
+    from collections.abc import Iterable
+
+    from coordinator.jobs.supervisor import JobRunner
+    from coordinator.nodes.cluster import Cluster
 
 SCHEMAS = ("v2", "orchestration")
 OPTION_FIELDS = {"fine_tune_type": str, "per_rank_batch_size": int, "gradient_accumulation_steps": int,
@@ -32,7 +35,7 @@ OPTION_FIELDS = {"fine_tune_type": str, "per_rank_batch_size": int, "gradient_ac
                  "replica": str, "min_nodes": int, "node_timeout": float}
 
 
-async def serve_plan(daemon: Daemon, emit, *, schema: str = "v2", model: str | None = None,
+async def serve_plan(cluster: Cluster, runs: Iterable[JobRunner], emit, *, schema: str = "v2", model: str | None = None,
                      data: str | None = None, options: dict | None = None, request: dict | None = None,
                      name: str = "job", seq_len: int = 2048) -> dict[str, Any]:
     from coordinator.readiness.preflight import run_preflight
@@ -48,24 +51,24 @@ async def serve_plan(daemon: Daemon, emit, *, schema: str = "v2", model: str | N
         model = model or parsed.model_path
         data = data or parsed.data_path
     await emit({"node": "head", "progress": "pre-flight on every node", "fraction": 0.1})
-    preflight = await run_preflight(daemon, _quiet)
-    facts = {session.node.name: session.view.facts for session in daemon.cluster.sessions.values()}
-    calibrations = {n.name: daemon.state.calibration(n.name) for n in daemon.config.nodes}
+    preflight = await run_preflight(cluster, _quiet)
+    facts = {session.node.name: session.view.facts for session in cluster.sessions.values()}
+    calibrations = {n.name: cluster.state.calibration(n.name) for n in cluster.config.nodes}
     fit = await _sizing(emit, model, facts, gpu_memory(calibrations, facts), job_options, seq_len) if model else None
     dataset = await _dataset(emit, data) if data else None
-    state_dir = daemon.config.state_dir
+    state_dir = cluster.config.state_dir
     hostfile_path = str(state_dir / "jobs" / name / "attempt-0" / "hostfile.json")
     inputs = PlanInputs(
-        nodes=tuple(daemon.config.nodes), facts=facts, calibrations=calibrations,
+        nodes=tuple(cluster.config.nodes), facts=facts, calibrations=calibrations,
         backend=preflight["backend"], backend_error=preflight.get("backend_error"), hostfile=preflight["hostfile"],
         hostfile_path=hostfile_path,
         launch_argv=[*launcher_argv(), "--hostfile", hostfile_path, "--", *rank_command(name)],
         launch_env={"PATH": str(state_dir / "jobs" / name / "attempt-0" / "bin") + ":$PATH"},
         job_name=name, consistency=preflight.get("consistency"), preflight=preflight,
-        sync_hook=daemon.config.sync.hook, keepalive_s=daemon.config.ssh.keepalive_s,
-        timings=timings_from_events(daemon.state.recent_events(2000)),
+        sync_hook=cluster.config.sync.hook, keepalive_s=cluster.config.ssh.keepalive_s,
+        timings=timings_from_events(cluster.state.recent_events(2000)),
         sizing=sizing.sizing_summary(fit) if fit else None, dataset=dataset,
-        options=job_options, replica_check=latest_replica_check(daemon, name))
+        options=job_options, replica_check=latest_replica_check(runs, name))
     try:
         if schema == "orchestration":
             return build_orchestration(inputs, parsed)
@@ -82,9 +85,9 @@ async def serve_plan(daemon: Daemon, emit, *, schema: str = "v2", model: str | N
     return document
 
 
-def latest_replica_check(daemon: Daemon, name: str) -> dict[str, Any] | None:
+def latest_replica_check(runs: Iterable[JobRunner], name: str) -> dict[str, Any] | None:
     """The named job's replica checks, or else those of the newest job that made any."""
-    checked = [runner for runner in daemon.runs.values() if (runner.record.get("replica_check") or {})
+    checked = [runner for runner in runs if (runner.record.get("replica_check") or {})
                .get("steps_compared")]
     named = [runner for runner in checked if runner.spec.name == name]
     if not (named or checked):

@@ -15,25 +15,25 @@ from shared import protocol as p
 from shared.rpc import RemoteError
 
 if TYPE_CHECKING:
-    from coordinator.daemon import Daemon
+    from coordinator.nodes.cluster import Cluster
 
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
-async def prepare_job(daemon: Daemon, job: str, argv: list, env: dict | None = None,
+async def prepare_job(cluster: Cluster, job: str, argv: list, env: dict | None = None,
                       backend: str | None = None) -> dict[str, Any]:
     """Everything a launch needs; returns the exact mlx.launch argv and its environment."""
     if not JOB_NAME.match(job):
         raise RemoteError(p.BAD_ARGS, f"job name {job!r} must be letters, digits, '.', '_' or '-' (at most 64)")
     if not argv or not all(isinstance(word, str) for word in argv):
         raise RemoteError(p.BAD_ARGS, "the command must be a non-empty list of words")
-    topologies = await node_topologies(daemon)
-    choice, document, error = plan_backend(daemon, topologies, forced=backend)
+    topologies = await node_topologies(cluster)
+    choice, document, error = plan_backend(cluster, topologies, forced=backend)
     if document is None:
         raise RemoteError(p.REFUSED, f"cannot launch: {error}")
-    files = write_launch_files(daemon.config.state_dir / "jobs" / job, daemon.config, document)
-    order = choice.get("order") or [n.name for n in daemon.config.nodes]
-    sessions = daemon.cluster.sessions
+    files = write_launch_files(cluster.config.state_dir / "jobs" / job, cluster.config, document)
+    order = choice.get("order") or [n.name for n in cluster.config.nodes]
+    sessions = cluster.sessions
     down = [name for name in order if sessions[name].state != "up"]
     if down:
         raise RemoteError(p.REFUSED, f"cannot launch: {', '.join(down)} not up")

@@ -5,48 +5,43 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from coordinator.jobs.supervisor import ACTIVE
-
 if TYPE_CHECKING:
-    from coordinator.daemon import Daemon
+    from coordinator.jobs.manager import JobManager
+    from coordinator.nodes.cluster import Cluster
 
 
 MAX_EVENTS = 10_000
 
 
-def recent_events(daemon: Daemon, count: int) -> list[dict[str, Any]]:
+def recent_events(cluster: Cluster, count: int) -> list[dict[str, Any]]:
     """The newest ``count`` events: from memory when it holds that many (the common, fast case),
     else from the store, which keeps them all; never silently fewer than asked for and kept."""
     count = min(max(0, count), MAX_EVENTS)
     if not count:
         return []
-    held = daemon.cluster.events
+    held = cluster.events
     if count <= len(held) or len(held) < (held.maxlen or 0):
         return list(held)[-count:]
-    return daemon.state.recent_events(count)
+    return cluster.state.recent_events(count)
 
 
-def serve_status(daemon: Daemon, *, events: int = 10, every_run: bool = False) -> dict[str, Any]:
+def serve_status(cluster: Cluster, jobs: JobManager, *, daemon: dict[str, Any], dashboard: dict[str, Any],
+                 events: int = 10, every_run: bool = False) -> dict[str, Any]:
     """The daemon half: a plain document, the same one `--json` prints. Jobs are each name's newest
-    run and any run still going; ``every_run`` adds every earlier run too."""
-    nodes = daemon.cluster.node_views()
-    recent = recent_events(daemon, events)
+    run and any run still going; ``every_run`` adds every earlier run too. ``daemon`` and
+    ``dashboard`` say where the daemon and its web server are."""
+    nodes = cluster.node_views()
+    recent = recent_events(cluster, events)
     return {
-        "cluster": {"name": daemon.config.name},
-        "daemon": daemon.info(),
-        "dashboard": daemon.dashboard(),
+        "cluster": {"name": cluster.config.name},
+        "daemon": daemon,
+        "dashboard": dashboard,
         "time": time.time(),
         "summary": {"nodes": len(nodes), "up": sum(n["state"] == "up" for n in nodes)},
         "nodes": nodes,
-        "jobs": [runner.view() for runner in shown_runs(daemon, every_run=every_run)],
+        "jobs": [runner.view() for runner in jobs.shown_runs(every_run=every_run)],
         "events": recent,
     }
-
-
-def shown_runs(daemon: Daemon, *, every_run: bool = False) -> list:
-    """Each job's newest run and every run still going (``every_run``: all of them)."""
-    return [runner for runner in daemon.runs.values()
-            if every_run or daemon.jobs.get(runner.spec.name) is runner or runner.state in ACTIVE]
 
 
 def render_status(doc: dict[str, Any], console) -> None:

@@ -6,18 +6,18 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import sqlite3
 import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import structlog
 
 from agent.launch import rank_command
 from coordinator.jobs.effects import HEAD, LaunchError, NodeView, Placement
+from coordinator.jobs.head_paths import attempt_dir
 from coordinator.jobs.transfer import (
     CheckpointDamaged,
     HeadSink,
@@ -34,29 +34,31 @@ from coordinator.relay.broadcast import Target, broadcast
 from shared.rpc import RemoteError
 
 if TYPE_CHECKING:
-    from coordinator.daemon import Daemon
+    from coordinator.nodes.cluster import Cluster
+    from coordinator.relay.links import LinkBook
 
 LAUNCHER_REAP_S = 5.0
 log = structlog.get_logger("job")
 
 
-def run_dir(state_dir: Path, run_id: str) -> Path:
-    """Where the head keeps a run's launch files and each rank's output."""
-    return state_dir / "jobs" / run_id
+class RunMetrics(Protocol):
+    """Where a run's curves go (the metrics history and TensorBoard); never raises."""
 
-
-def tensorboard_dir(state_dir: Path, run_id: str) -> Path:
-    """Where a run's TensorBoard event files are: ``tensorboard --logdir <state_dir>/jobs`` shows every run."""
-    return run_dir(state_dir, run_id) / "tensorboard"
-
-
-def attempt_dir(state_dir: Path, run_id: str, attempt: int) -> Path:
-    return run_dir(state_dir, run_id) / f"attempt-{attempt}"
+    def record_attempt(self, run_id: str, attempt: int, start_step: int, nodes: list[str],
+                       detail: str | None) -> None: ...
+    def record_point(self, run_id: str, series: str, point: dict[str, Any]) -> None: ...
 
 
 class DaemonEffects:
-    def __init__(self, daemon: Daemon):
-        self.daemon = daemon
+    """``JobEffects`` filled with the real parts: what the daemon built, handed over one by one."""
+
+    def __init__(self, cluster: Cluster, links: LinkBook, metrics: RunMetrics,
+                 spawn: Callable[[Callable[[], Awaitable[None]], str], None]):
+        self.cluster = cluster
+        self.config = cluster.config
+        self.links = links
+        self.metrics = metrics
+        self._spawn = spawn
         self._launchers: dict[int, subprocess.Popen] = {}
 
     # --- the clock ---
@@ -68,17 +70,17 @@ class DaemonEffects:
 
     # --- nodes ---
     def node_names(self) -> list[str]:
-        return [n.name for n in self.daemon.config.nodes]
+        return [n.name for n in self.config.nodes]
 
     def node(self, name: str) -> NodeView:
-        session = self.daemon.cluster.sessions[name]
+        session = self.cluster.sessions[name]
         return NodeView(name, session.state == UP, session.node.workdir, session.node.python,
                         session.view.reason, session.view.facts, session.generation)
 
     def on_head_machine(self, node: str) -> bool:
         from coordinator.config.cluster_file import is_loopback
 
-        config = next((n for n in self.daemon.config.nodes if n.name == node), None)
+        config = next((n for n in self.config.nodes if n.name == node), None)
         if config is None:
             return False
         try:
@@ -87,7 +89,7 @@ class DaemonEffects:
             return False
 
     async def call(self, node: str, method: str, params: dict[str, Any], *, timeout: float) -> dict[str, Any]:
-        session = self.daemon.cluster.sessions[node]
+        session = self.cluster.sessions[node]
         try:
             return await session.call(method, {"workdir": session.node.workdir, **params}, timeout=timeout)
         except TimeoutError as exc:  # the RPC layer's own timeout: the node is as good as unreachable
@@ -96,30 +98,30 @@ class DaemonEffects:
     # --- before the first attempt ---
     async def sync(self, source: str, nodes: list[str] | None = None) -> dict[str, Any]:
         from coordinator.readiness.sync import serve_sync
-        return await serve_sync(self.daemon, _quiet, source=source, nodes=nodes)
+        return await serve_sync(self.cluster, self.links, _quiet, source=source, nodes=nodes)
 
     async def preflight(self, *, backend: str | None, source: str | None,
                         nodes: list[str] | None = None) -> dict[str, Any]:
         from coordinator.readiness.preflight import run_preflight
-        return await run_preflight(self.daemon, _quiet, backend=backend, source=source, only=nodes)
+        return await run_preflight(self.cluster, _quiet, backend=backend, source=source, only=nodes)
 
     # --- launching ---
     async def plan_launch(self, nodes: list[str], backend: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
-        topologies = await node_topologies(self.daemon)
+        topologies = await node_topologies(self.cluster)
         missing = [n for n in nodes if n not in topologies]
         if missing:
             # A node whose session has not noticed yet that it is gone: blame it, so that the
             # next launch waits for it like a lost node.
             raise LaunchError(f"no link information from {', '.join(missing)} (is it up?)", node=missing[0])
-        choice, document, error = plan_backend(self.daemon, topologies, forced=backend, nodes=nodes)
+        choice, document, error = plan_backend(self.cluster, topologies, forced=backend, nodes=nodes)
         if document is None:
             raise LaunchError(f"no hostfile: {error}")
         return choice, document
 
     def start_launcher(self, run_id: str, attempt: int, document: dict[str, Any]) -> int:
-        directory = attempt_dir(self.daemon.config.state_dir, run_id, attempt)
+        directory = attempt_dir(self.config.state_dir, run_id, attempt)
         try:
-            files = write_launch_files(directory, self.daemon.config, document)
+            files = write_launch_files(directory, self.config, document)
         except OSError as exc:
             raise LaunchError(f"the launch files could not be written in {directory}: {exc}") from None
         argv = [*launcher_argv(), "--hostfile", files["hostfile"], "--starting-port",
@@ -164,7 +166,7 @@ class DaemonEffects:
         """Copies to nodes go through the relay (each byte over each link once, every chunk checked
         on arrival); a node the relay could not reach is sent its copy over its SSH session; a copy
         to the head is streamed from the source beside it. The paths written, in placement order."""
-        sessions = self.daemon.cluster.sessions
+        sessions = self.cluster.sessions
         to_nodes = [p for p in placements if p.node != HEAD]
         to_head = [p for p in placements if p.node == HEAD]
         written: dict[int, str] = {}
@@ -173,12 +175,12 @@ class DaemonEffects:
             if not to_nodes:
                 return
             names = [p.node for p in to_nodes] + ([source["node"]] if source["node"] != HEAD else [])
-            await self.daemon.links.refresh(sessions, names)
+            await self.links.refresh(sessions, names)
             outcomes = await broadcast(
                 sessions, RelaySource(source["node"], source["path"], source["size"], source["sha256"]),
-                [Target(p.node, p.path) for p in to_nodes], address=self.daemon.links.address,
-                thunderbolt=self.daemon.links.thunderbolt,
-                events=lambda kind, text: self.daemon.cluster.record_event(kind, text))
+                [Target(p.node, p.path) for p in to_nodes], address=self.links.address,
+                thunderbolt=self.links.thunderbolt,
+                events=lambda kind, text: self.cluster.record_event(kind, text))
             left = []
             for p in to_nodes:
                 outcome = outcomes[p.node]
@@ -210,7 +212,7 @@ class DaemonEffects:
 
     async def _stream(self, source: dict[str, Any], placements: list[Placement]) -> list[str]:
         """Read the source once through its agent (or the head's file) into every placement."""
-        sessions = self.daemon.cluster.sessions
+        sessions = self.cluster.sessions
         if source["node"] == HEAD:
             reader = HeadSource(Path(source["path"]))
         else:
@@ -223,14 +225,14 @@ class DaemonEffects:
             raise RemoteError("timeout", str(exc)) from None
 
     def head_path(self, *parts: str) -> str:
-        return str(self.daemon.config.state_dir.joinpath(*parts))
+        return str(self.config.state_dir.joinpath(*parts))
 
     def remove_head_file(self, path: str) -> None:
         Path(path).unlink(missing_ok=True)
 
     # --- each rank's output on the head ---
     def _log_path(self, run_id: str, attempt: int, rank: int) -> Path:
-        return attempt_dir(self.daemon.config.state_dir, run_id, attempt) / f"rank-{rank}.log"
+        return attempt_dir(self.config.state_dir, run_id, attempt) / f"rank-{rank}.log"
 
     def append_log(self, run_id: str, attempt: int, rank: int, data: bytes) -> None:
         path = self._log_path(run_id, attempt, rank)
@@ -255,37 +257,29 @@ class DaemonEffects:
 
     # --- the store and the event log ---
     def save_run(self, run_id: str, name: str, spec: dict[str, Any], state: str, record: dict[str, Any]) -> None:
-        self.daemon.state.save_run(run_id, name, spec, state, record)
+        self.cluster.state.save_run(run_id, name, spec, state, record)
 
     def checkpoints(self, run_id: str) -> list[dict[str, Any]]:
-        return self.daemon.state.checkpoints(run_id)
+        return self.cluster.state.checkpoints(run_id)
 
     def add_checkpoint(self, run_id: str, entry: dict[str, Any]) -> None:
-        self.daemon.state.add_checkpoint(run_id, entry)
+        self.cluster.state.add_checkpoint(run_id, entry)
 
     def remove_checkpoint(self, run_id: str, attempt: int, node: str, path: str) -> None:
-        self.daemon.state.remove_checkpoint(run_id, attempt, node, path)
+        self.cluster.state.remove_checkpoint(run_id, attempt, node, path)
 
     def event(self, kind: str, message: str, data: dict[str, Any] | None) -> None:
-        self.daemon.cluster.record_event(kind, message, data=data or None)
+        self.cluster.record_event(kind, message, data=data or None)
 
     def record_attempt(self, run_id: str, attempt: int, start_step: int, nodes: list[str],
                        detail: str | None) -> None:
-        try:
-            self.daemon.history.start_attempt(run_id, attempt, start_step, nodes, detail)
-            self.daemon.tensorboard.start_attempt(run_id, attempt, start_step)
-        except (OSError, sqlite3.Error) as exc:
-            log.warning("metrics history not written", run=run_id, error=str(exc))
+        self.metrics.record_attempt(run_id, attempt, start_step, nodes, detail)
 
     def record_point(self, run_id: str, series: str, point: dict[str, Any]) -> None:
-        try:
-            if self.daemon.history.add_point(run_id, series, point):  # not a report read again
-                self.daemon.tensorboard.add_point(run_id, series, point)
-        except (OSError, sqlite3.Error) as exc:
-            log.warning("metrics history not written", run=run_id, error=str(exc))
+        self.metrics.record_point(run_id, series, point)
 
     def spawn(self, func: Callable[[], Awaitable[None]], *, name: str) -> None:
-        self.daemon.start_task(func, name=name)
+        self._spawn(func, name)
 
 
 async def _quiet(_event) -> None:

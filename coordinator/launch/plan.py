@@ -21,10 +21,10 @@ from coordinator.nodes.session import UP
 from shared.rpc import RemoteError
 
 if TYPE_CHECKING:
-    from coordinator.daemon import Daemon
+    from coordinator.nodes.cluster import Cluster
 
 
-async def node_topologies(daemon: Daemon) -> dict[str, Any]:
+async def node_topologies(cluster: Cluster) -> dict[str, Any]:
     found: dict[str, Any] = {}
 
     async def one(session) -> None:
@@ -35,12 +35,12 @@ async def node_topologies(daemon: Daemon) -> dict[str, Any]:
                 pass
 
     async with anyio.create_task_group() as tasks:
-        for session in daemon.cluster.sessions.values():
+        for session in cluster.sessions.values():
             tasks.start_soon(one, session)
     return found
 
 
-def plan_backend(daemon: Daemon, topologies: dict[str, Any], *, forced: str | None = None,
+def plan_backend(cluster: Cluster, topologies: dict[str, Any], *, forced: str | None = None,
                  envs: list[str] | None = None, nodes: list[str] | None = None,
                  ssh_names: dict[str, str] | None = None,
                  ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, str | None]:
@@ -50,7 +50,7 @@ def plan_backend(daemon: Daemon, topologies: dict[str, Any], *, forced: str | No
     ``ssh_names`` gives each node's ``ssh`` entry as the user's own ssh reaches it
     (``coord hostfile``); without it the entries are coord's private aliases, which
     only work through the files write_launch_files writes (coord's own launches)."""
-    config = daemon.config
+    config = cluster.config
     names = nodes or [n.name for n in config.nodes]
     missing = [n for n in names if n not in topologies]
     if missing:

@@ -22,22 +22,22 @@ from shared.ignore import DEFAULT_PATTERNS
 from shared.rpc import RemoteError
 
 if TYPE_CHECKING:
-    from coordinator.daemon import Daemon
+    from coordinator.nodes.cluster import Cluster
 
 CHECKPOINT_DIR = "checkpoints"
 
 
-async def gather(daemon: Daemon, emit, source: Path | None = None, nodes: list[str] | None = None) -> dict[str, Any]:
+async def gather(cluster: Cluster, emit, source: Path | None = None, nodes: list[str] | None = None) -> dict[str, Any]:
     """Ask every up node, at once, for what the checks need."""
-    config = daemon.config
+    config = cluster.config
     source = source or config.sync.source
-    patterns = ignore_patterns(daemon, source) if source and source.is_dir() else \
+    patterns = ignore_patterns(cluster, source) if source and source.is_dir() else \
         list(DEFAULT_PATTERNS) + list(config.sync.ignore)
     found: dict[str, Any] = {"manifests": {}, "missing": {}, "script": {}, "data": {}, "model": {},
                              "probes": {}, "topologies": {}}
     source_files = None
     if source is not None and source.is_dir():
-        source_files, _ = await anyio.to_thread.run_sync(source_manifest, daemon, source, patterns)
+        source_files, _ = await anyio.to_thread.run_sync(source_manifest, cluster, source, patterns)
 
     async def one(session) -> None:
         name, node = session.node.name, session.node
@@ -80,19 +80,19 @@ async def gather(daemon: Daemon, emit, source: Path | None = None, nodes: list[s
             found["missing"][name] = exc.message
 
     async with anyio.create_task_group() as tasks:
-        for session in daemon.cluster.sessions.values():
+        for session in cluster.sessions.values():
             if nodes is None or session.node.name in nodes:
                 tasks.start_soon(one, session)
     return found
 
 
-async def run_preflight(daemon: Daemon, emit, backend: str | None = None,
+async def run_preflight(cluster: Cluster, emit, backend: str | None = None,
                         source: str | None = None, only: list[str] | None = None) -> dict[str, Any]:
     """Every check on every node, or on the nodes in ``only`` (a job that holds a subset of the cluster)."""
     started = time.monotonic()
-    config = daemon.config
-    found = await gather(daemon, emit, Path(source) if source else None, only)
-    views = [v for v in daemon.cluster.node_views() if only is None or v["name"] in only]
+    config = cluster.config
+    found = await gather(cluster, emit, Path(source) if source else None, only)
+    views = [v for v in cluster.node_views() if only is None or v["name"] in only]
     nodes = {v["name"]: {**v, "port": next(n.port for n in config.nodes if n.name == v["name"])} for v in views}
     up = {n: v for n, v in nodes.items() if v["state"] == "up"}
     facts = {n: v["facts"] for n, v in up.items() if v.get("facts")}
@@ -100,7 +100,7 @@ async def run_preflight(daemon: Daemon, emit, backend: str | None = None,
     report = []
     report += checks.reachability(list(nodes.values()))
     report.append(checks.agent_versions({n: v["agent"] or {} for n, v in up.items()},
-                                        daemon.cluster.bundle.bundle_id))
+                                        cluster.bundle.bundle_id))
     report.append(checks.head_launcher(find_launcher(), sys.executable, install_mlx_command()))
     report += checks.equal_versions(nodes, facts)
     report.append(checks.equal_os(facts))
@@ -120,18 +120,18 @@ async def run_preflight(daemon: Daemon, emit, backend: str | None = None,
     report.append(checks.memory_for_model(facts, model_bytes or None))
     calibrated = {}
     for name, fact in facts.items():
-        stale, _ = is_stale(daemon.state.calibration(name), fact, refresh=False)
+        stale, _ = is_stale(cluster.state.calibration(name), fact, refresh=False)
         calibrated[name] = not stale
     report.append(checks.calibration(calibrated))
-    last_hook = next((e for e in reversed(daemon.state.recent_events(200)) if e["kind"] == "sync.hook"), None)
+    last_hook = next((e for e in reversed(cluster.state.recent_events(200)) if e["kind"] == "sync.hook"), None)
     report.append(checks.sync_hook(config.sync.hook, last_hook))
-    choice, document, error = plan_backend(daemon, found["topologies"], forced=backend, nodes=only)
+    choice, document, error = plan_backend(cluster, found["topologies"], forced=backend, nodes=only)
     report += checks.backend(choice, error if choice is None else None)
     report.append(checks.hostfile(document, error))
     status = checks.overall(report)
     layers = {layer: checks.overall([c for c in report if c["layer"] == layer]) for layer in checks.LAYERS
               if any(c["layer"] == layer for c in report)}
-    daemon.cluster.record_event("preflight." + status, f"pre-flight {status}: "
+    cluster.record_event("preflight." + status, f"pre-flight {status}: "
                                 f"{sum(c['status'] == 'fail' for c in report)} failed, "
                                 f"{sum(c['status'] == 'warn' for c in report)} warnings")
     return {"status": status, "checks": report, "layers": layers, "backend": choice, "hostfile": document,

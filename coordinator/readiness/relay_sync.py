@@ -16,8 +16,9 @@ import anyio
 from coordinator.relay.broadcast import HEAD, Outcome, Source, Target, broadcast
 
 if TYPE_CHECKING:
-    from coordinator.daemon import Daemon
+    from coordinator.nodes.cluster import Cluster
     from coordinator.readiness.push import SyncPlan
+    from coordinator.relay.links import LinkBook
 
 #: Files at least this large are relayed: below it a file is a few chunks and the batches win.
 RELAY_MIN_BYTES = 8 << 20
@@ -40,8 +41,8 @@ def take_large_files(source: dict[str, list], plans: dict[str, SyncPlan]) -> dic
     return wanted
 
 
-async def relay_files(daemon: Daemon, source_dir: str, source: dict[str, list], wanted: dict[str, list[str]],
-                      progress=None) -> dict[str, dict[str, Any]]:
+async def relay_files(cluster: Cluster, links: LinkBook, source_dir: str, source: dict[str, list],
+                      wanted: dict[str, list[str]], progress=None) -> dict[str, dict[str, Any]]:
     """Send each wanted file to the nodes lacking it; per node: files and bytes relayed, and the
     files that did not arrive with why."""
     results: dict[str, dict[str, Any]] = {}
@@ -50,8 +51,8 @@ async def relay_files(daemon: Daemon, source_dir: str, source: dict[str, list], 
             results.setdefault(name, {"files": 0, "bytes": 0, "failed": [], "seconds": 0.0, "reroutes": 0})
     if not wanted:
         return results
-    sessions = daemon.cluster.sessions
-    await daemon.links.refresh(sessions, sorted(results))
+    sessions = cluster.sessions
+    await links.refresh(sessions, sorted(results))
     limiter = anyio.Semaphore(PARALLEL_FILES)
 
     async def one(rel: str, nodes: list[str]) -> None:
@@ -65,9 +66,9 @@ async def relay_files(daemon: Daemon, source_dir: str, source: dict[str, list], 
 
             outcomes: dict[str, Outcome] = await broadcast(
                 sessions, Source(HEAD, os.path.join(source_dir, rel), size, sha),
-                [Target(name, rel, mode) for name in nodes], address=daemon.links.address,
-                thunderbolt=daemon.links.thunderbolt, progress=report,
-                events=lambda kind, text: daemon.cluster.record_event(kind, f"sync {rel}: {text}"))
+                [Target(name, rel, mode) for name in nodes], address=links.address,
+                thunderbolt=links.thunderbolt, progress=report,
+                events=lambda kind, text: cluster.record_event(kind, f"sync {rel}: {text}"))
         for name, outcome in outcomes.items():
             entry = results[name]
             entry["reroutes"] += outcome.reroutes
@@ -78,7 +79,7 @@ async def relay_files(daemon: Daemon, source_dir: str, source: dict[str, list], 
             else:
                 entry["failed"].append([rel, outcome.detail])
 
-    order = {node.name: index for index, node in enumerate(daemon.config.nodes)}
+    order = {node.name: index for index, node in enumerate(cluster.config.nodes)}
     async with anyio.create_task_group() as tasks:
         for rel, nodes in wanted.items():
             # The chain follows the cluster file's order (then the cables): the same every time.

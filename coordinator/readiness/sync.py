@@ -25,13 +25,14 @@ from shared.paths import UnsafePath, resolve_under
 from shared.rpc import RemoteError
 
 if TYPE_CHECKING:
-    from coordinator.daemon import Daemon
+    from coordinator.nodes.cluster import Cluster
+    from coordinator.relay.links import LinkBook
 
 HOOK_TIMEOUT_S = 600
 
 
-def resolve_source(daemon: Daemon, source: str | None) -> Path:
-    chosen = Path(source) if source else daemon.config.sync.source
+def resolve_source(cluster: Cluster, source: str | None) -> Path:
+    chosen = Path(source) if source else cluster.config.sync.source
     if chosen is None:
         raise RemoteError(p.BAD_ARGS, "no source directory: pass --source DIR or set sync.source in the cluster file")
     if not chosen.is_absolute():
@@ -41,16 +42,16 @@ def resolve_source(daemon: Daemon, source: str | None) -> Path:
     return chosen
 
 
-def ignore_patterns(daemon: Daemon, source: Path) -> list[str]:
+def ignore_patterns(cluster: Cluster, source: Path) -> list[str]:
     patterns = list(DEFAULT_PATTERNS)
     with contextlib.suppress(FileNotFoundError):
         patterns += read_ignore_file((source / ".coordignore").read_text(encoding="utf-8"))
-    return patterns + list(daemon.config.sync.ignore)
+    return patterns + list(cluster.config.sync.ignore)
 
 
-def run_hook(daemon: Daemon, source: Path) -> dict[str, Any] | None:
+def run_hook(cluster: Cluster, source: Path) -> dict[str, Any] | None:
     """The user's pre-sync hook: its exit code and output are recorded; missing is a warning."""
-    hook = daemon.config.sync.hook
+    hook = cluster.config.sync.hook
     if not hook:
         return None
     try:
@@ -97,9 +98,9 @@ def remember_tree(digest: str, manifest: dict) -> None:
         _known_trees.popitem(last=False)
 
 
-def source_manifest(daemon: Daemon, source: Path, patterns: list[str]) -> tuple[dict, dict]:
+def source_manifest(cluster: Cluster, source: Path, patterns: list[str]) -> tuple[dict, dict]:
     key = hashlib.sha256(str(source).encode()).hexdigest()[:16]
-    path = str(daemon.config.state_dir / "hashcache" / f"{key}.json")
+    path = str(cluster.config.state_dir / "hashcache" / f"{key}.json")
     if path not in _source_caches:
         _source_caches[path] = (HashCache(path), threading.Lock())
     cache, lock = _source_caches[path]
@@ -131,7 +132,7 @@ def _same_tree_report(hashes: dict[str, str], threshold: float, what: str) -> di
             "detail": f"all {len(hashes)} nodes hold the same {what} ({digest[:12]})"}
 
 
-async def serve_sync(daemon: Daemon, emit, source: str | None = None, delete: bool = False,
+async def serve_sync(cluster: Cluster, links: LinkBook, emit, source: str | None = None, delete: bool = False,
                      dry_run: bool = False, nodes: list[str] | None = None) -> dict[str, Any]:
     """Send the source to every node, or to ``nodes`` only (a job's own: other jobs' nodes are left as they are).
 
@@ -148,14 +149,14 @@ async def serve_sync(daemon: Daemon, emit, source: str | None = None, delete: bo
         timing[name] = round(now - since, 4)
         return now
 
-    source_dir = resolve_source(daemon, source)
-    patterns = ignore_patterns(daemon, source_dir)
+    source_dir = resolve_source(cluster, source)
+    patterns = ignore_patterns(cluster, source_dir)
     report: dict[str, Any] = {"source": str(source_dir), "dry_run": dry_run, "delete": delete, "nodes": {},
                               "timing": timing}
-    hook = await anyio.to_thread.run_sync(run_hook, daemon, source_dir) if daemon.config.sync.hook else None
+    hook = await anyio.to_thread.run_sync(run_hook, cluster, source_dir) if cluster.config.sync.hook else None
     report["hook"] = hook
     if hook is not None:
-        daemon.cluster.record_event("sync.hook", f"sync hook: {hook['detail']}", data={"exit_code": hook["exit_code"]})
+        cluster.record_event("sync.hook", f"sync hook: {hook['detail']}", data={"exit_code": hook["exit_code"]})
         if hook["status"] == "fail":
             report["status"] = "failed"
             report["detail"] = f"{hook['detail']}; nothing was synced"
@@ -163,7 +164,7 @@ async def serve_sync(daemon: Daemon, emit, source: str | None = None, delete: bo
     mark = lap("hook", started)
     await emit({"phase": "hash", "node": "head"})
 
-    sessions = {name: session for name, session in daemon.cluster.sessions.items() if not nodes or name in nodes}
+    sessions = {name: session for name, session in cluster.sessions.items() if not nodes or name in nodes}
     missing: dict[str, str] = {}
     states: dict[str, tuple[str, dict | None]] = {}
     listings: list[str] = []  # one name per node manifest received: none on an unchanged tree
@@ -173,7 +174,7 @@ async def serve_sync(daemon: Daemon, emit, source: str | None = None, delete: bo
     scanned: dict[str, Any] = {}
 
     async def scan_source() -> None:
-        scanned["files"], scanned["stats"] = await anyio.to_thread.run_sync(source_manifest, daemon, source_dir,
+        scanned["files"], scanned["stats"] = await anyio.to_thread.run_sync(source_manifest, cluster, source_dir,
                                                                            patterns)
 
     async def ask(name: str, session) -> None:
@@ -239,7 +240,7 @@ async def serve_sync(daemon: Daemon, emit, source: str | None = None, delete: bo
 
     async def relay() -> None:
         try:
-            relayed.update(await relay_files(daemon, str(source_dir), source_files, wanted, progress=emit))
+            relayed.update(await relay_files(cluster, links, str(source_dir), source_files, wanted, progress=emit))
         finally:
             relay_done.set()
 
@@ -250,7 +251,7 @@ async def serve_sync(daemon: Daemon, emit, source: str | None = None, delete: bo
         if dry_run or (plan.empty and name not in relay_for):
             entry["status"] = "planned" if dry_run else "unchanged"
             return
-        session = daemon.cluster.sessions[name]
+        session = cluster.sessions[name]
         entry["status"] = "synced"
         try:
             if not plan.empty:
@@ -307,7 +308,7 @@ async def serve_sync(daemon: Daemon, emit, source: str | None = None, delete: bo
     if any(entry["status"] in ("synced", "failed") for entry in report["nodes"].values()):
         report["source_reads"] = reader.reads
 
-    threshold = daemon.config.sync.threshold
+    threshold = cluster.config.sync.threshold
     if len(hashes) >= 2 and len(set(hashes.values())) == 1:
         report["consistency"] = _same_tree_report(hashes, threshold, "code")
     else:
@@ -336,7 +337,7 @@ async def serve_sync(daemon: Daemon, emit, source: str | None = None, delete: bo
         report["detail"] = "dry run: nothing was changed" if dry_run else "every node matches the source"
     report["seconds"] = round(time.monotonic() - started, 3)
     sent = sum(e.get("result", {}).get("files_sent", 0) for e in report["nodes"].values())
-    daemon.cluster.record_event("sync.done" if report["status"] == "ok" else "sync.failed",
+    cluster.record_event("sync.done" if report["status"] == "ok" else "sync.failed",
                                 f"sync {report['status']}: {sent} files sent; {report['detail']}",
                                 data={"seconds": report["seconds"], "files_sent": sent})
     return report

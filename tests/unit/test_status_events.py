@@ -11,8 +11,9 @@ from coordinator.store.state import StateStore
 
 
 def _daemon(store: StateStore) -> SimpleNamespace:
+    """The part of a Cluster that recent_events reads: its events in memory and its store."""
     held = collections.deque(store.recent_events(RECENT_EVENTS), maxlen=RECENT_EVENTS)
-    return SimpleNamespace(state=store, cluster=SimpleNamespace(events=held))
+    return SimpleNamespace(state=store, events=held)
 
 
 def test_more_events_than_memory_holds_come_from_the_store(tmp_path):

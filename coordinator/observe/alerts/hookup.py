@@ -9,16 +9,17 @@ from coordinator.observe.alerts.delivery import AlertDispatcher
 from coordinator.observe.alerts.rules import NodeFacts, RunFacts
 
 if TYPE_CHECKING:
-    from coordinator.daemon import Daemon
+    from coordinator.jobs.manager import JobManager
+    from coordinator.nodes.cluster import Cluster
 
 
-def attach_alerts(daemon: Daemon) -> AlertDispatcher:
-    """An AlertDispatcher that hears every event the daemon records; ``daemon.run`` runs it."""
+def attach_alerts(cluster: Cluster, jobs: JobManager) -> AlertDispatcher:
+    """An AlertDispatcher that hears every event the cluster records; the daemon runs it."""
     dispatcher = AlertDispatcher(
-        daemon.config.name, daemon.config.alerts, record_event=daemon.cluster.record_event,
-        run_facts=lambda run_id: run_facts(daemon.runs.get(run_id)),
-        facts=lambda: ([run_facts(runner) for runner in list(daemon.runs.values())], node_facts(daemon)))
-    daemon.cluster.listeners.append(dispatcher.on_event)
+        cluster.config.name, cluster.config.alerts, record_event=cluster.record_event,
+        run_facts=lambda run_id: run_facts(jobs.runs.get(run_id)),
+        facts=lambda: ([run_facts(runner) for runner in list(jobs.runs.values())], node_facts(cluster)))
+    cluster.listeners.append(dispatcher.on_event)
     return dispatcher
 
 
@@ -34,6 +35,6 @@ def run_facts(runner: Any) -> RunFacts | None:
                     started=record.get("started"))
 
 
-def node_facts(daemon: Daemon) -> list[NodeFacts]:
+def node_facts(cluster: Cluster) -> list[NodeFacts]:
     return [NodeFacts(name, session.state == UP, session.view.reason)
-            for name, session in daemon.cluster.sessions.items()]
+            for name, session in cluster.sessions.items()]

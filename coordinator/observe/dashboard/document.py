@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 from coordinator.jobs.supervisor import ACTIVE
 
 if TYPE_CHECKING:
-    from coordinator.daemon import Daemon
+    from coordinator.jobs.supervisor import JobRunner
+    from coordinator.nodes.cluster import Cluster
 
 #: How many finished runs the page lists beside the active and queued ones.
 FINISHED_SHOWN = 10
@@ -67,22 +68,22 @@ def node_entry(view: dict[str, Any], usage: dict[str, Any] | None = None) -> dic
             "power_watts": usage.get("power_watts"), "temperature_c": usage.get("temperature_c")}
 
 
-def dashboard_document(daemon: Daemon, *, history: Callable[[str], dict[str, Any] | None] | None = None,
+def dashboard_document(cluster: Cluster, runs: list[JobRunner], *, history: Callable[[str], dict[str, Any] | None] | None = None,
                        usage: dict[str, dict[str, Any]] | None = None, now: float | None = None) -> dict[str, Any]:
     """The whole page's data. ``history(run_id)`` gives a run's metric points (its curves);
     ``usage`` each node's latest usage sample."""
     now = time.time() if now is None else now
-    runners = shown_runs(list(daemon.runs.values()))
+    runners = shown_runs(runs)
     jobs = []
     for runner in runners:
         view = runner.view()
-        view["checkpoints"] = checkpoint_rows(daemon.state.checkpoints(runner.run_id), now)
+        view["checkpoints"] = checkpoint_rows(cluster.state.checkpoints(runner.run_id), now)
         view["backend"] = runner.record.get("backend")
         # Live curves for the runs still going and the first run listed (the page's choice when
         # nothing runs); another finished run's the page asks /api/history for once, when chosen.
         if history is not None and (runner.state in ACTIVE or runner is runners[0]):
             view["history"] = history(runner.run_id)
         jobs.append(view)
-    nodes = [node_entry(v, (usage or {}).get(v["name"])) for v in daemon.cluster.node_views()]
-    return {"cluster": daemon.config.name, "time": now, "nodes": nodes, "jobs": jobs,
-            "events": list(daemon.cluster.events)[-EVENTS_SHOWN:]}
+    nodes = [node_entry(v, (usage or {}).get(v["name"])) for v in cluster.node_views()]
+    return {"cluster": cluster.config.name, "time": now, "nodes": nodes, "jobs": jobs,
+            "events": list(cluster.events)[-EVENTS_SHOWN:]}

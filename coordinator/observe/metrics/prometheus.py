@@ -28,21 +28,27 @@ from coordinator.nodes.session import UP
 from shared.version import COORD_VERSION
 
 if TYPE_CHECKING:
-    from coordinator.daemon import Daemon
+    from coordinator.jobs.manager import JobManager
+    from coordinator.nodes.cluster import Cluster
+    from coordinator.observe.metrics.history import MetricsHistory
 
 RECOVERY_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 
-class DaemonCollector(Collector):
-    def __init__(self, daemon: Daemon):
-        self.daemon = daemon
+class ClusterCollector(Collector):
+    """The cluster's nodes and runs, read when scraped."""
+
+    def __init__(self, cluster: Cluster, jobs: JobManager, history: MetricsHistory):
+        self.cluster = cluster
+        self.jobs = jobs
+        self.history = history
 
     def collect(self) -> Iterator[Metric]:
         yield from self._nodes()
         yield from self._jobs()
         yield self._recoveries()
         info = InfoMetricFamily("coord", "The coord daemon: its version and cluster")
-        info.add_metric([], {"version": COORD_VERSION, "cluster": self.daemon.config.name})
+        info.add_metric([], {"version": COORD_VERSION, "cluster": self.cluster.config.name})
         yield info
 
     def _nodes(self) -> Iterator[Metric]:
@@ -55,8 +61,8 @@ class DaemonCollector(Collector):
                                 "The node's GPU utilisation, 0 to 1 (macOS ioreg; latest sample)", labels=["node"])
         power = GaugeMetricFamily("coord_node_power_watts", "The node's power draw (Macs with a battery only)",
                                   labels=["node"])
-        latest = self.daemon.history.latest
-        for name, session in self.daemon.cluster.sessions.items():
+        latest = self.history.latest
+        for name, session in self.cluster.sessions.items():
             up.add_metric([name], 1.0 if session.state == UP else 0.0)
             sample = latest.get(name) or {}
             for family, key, scale in ((used, "memory_used_bytes", 1), (total, "memory_total_bytes", 1),
@@ -79,7 +85,7 @@ class DaemonCollector(Collector):
         memory = GaugeMetricFamily("coord_rank_memory_bytes", "Resident memory of each running rank",
                                    labels=["job", "rank", "node"])
         info = InfoMetricFamily("coord_job", "The job's newest run and its state", labels=["job"])
-        for name, runner in self.daemon.jobs.items():
+        for name, runner in self.jobs.jobs.items():
             record = runner.record
             step.add_metric([name], float(record.get("step") or 0))
             if runner.spec.total_steps is not None:
@@ -101,7 +107,7 @@ class DaemonCollector(Collector):
 
     def _recoveries(self) -> Metric:
         """Every recovery of every run this cluster has had (kept with each run, so it survives restarts)."""
-        seconds = [s for runner in self.daemon.runs.values() for s in runner.record.get("recoveries") or []]
+        seconds = [s for runner in self.jobs.runs.values() for s in runner.record.get("recoveries") or []]
         buckets = [(_bound(b), float(sum(s <= b for s in seconds))) for b in RECOVERY_BUCKETS]
         buckets.append(("+Inf", float(len(seconds))))
         return HistogramMetricFamily("coord_recovery_seconds", "From a failed attempt's end to the next attempt's "
@@ -117,8 +123,8 @@ def metrics_text(registry: CollectorRegistry) -> tuple[bytes, str]:
     return generate_latest(registry), CONTENT_TYPE_LATEST
 
 
-def daemon_registry(daemon: Daemon) -> CollectorRegistry:
-    """A registry of the daemon's collector alone (not the process metrics of the default one)."""
+def cluster_registry(cluster: Cluster, jobs: JobManager, history: MetricsHistory) -> CollectorRegistry:
+    """A registry of the cluster's collector alone (not the process metrics of the default one)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(DaemonCollector(daemon))
+    registry.register(ClusterCollector(cluster, jobs, history))
     return registry

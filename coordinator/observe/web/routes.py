@@ -13,31 +13,34 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from coordinator.observe.dashboard.assets import static_files
-from coordinator.observe.metrics.prometheus import daemon_registry, metrics_text
+from coordinator.observe.metrics.prometheus import metrics_text
 from coordinator.observe.web.server import Handler, Request, Response
 
 if TYPE_CHECKING:
-    from coordinator.daemon import Daemon
+    from prometheus_client import CollectorRegistry
+
+    from coordinator.observe.metrics.history import MetricsHistory
 
 JSON = "application/json"
 STREAM_EVERY_S = 1.0
 
 
-def daemon_routes(daemon: Daemon) -> dict[str, Handler]:
-    registry = daemon_registry(daemon)
+def api_routes(*, status_document: Callable[[], Awaitable[dict[str, Any]]], history: MetricsHistory,
+               dashboard_document: Callable[[], dict[str, Any]], registry: CollectorRegistry) -> dict[str, Handler]:
+    """The pages read from the daemon's memory: what each is made from is handed over by the daemon."""
 
     async def metrics(_request: Request) -> Response:
         body, content_type = metrics_text(registry)
         return Response(body=body, content_type=content_type)
 
     async def status(_request: Request) -> Response:
-        return _json(await daemon.status_document())
+        return _json(await status_document())
 
     async def history(request: Request) -> Response:
         run = request.query.get("run", [None])[0]
@@ -48,16 +51,16 @@ def daemon_routes(daemon: Daemon) -> dict[str, Handler]:
             return Response(400, f"since must be a Unix time in seconds, got {since_text!r}\n".encode())
         if since is not None and not math.isfinite(since):
             return Response(400, b"since must be a finite number\n")
-        return _json(daemon.history.document(run_id=run, since=since))
+        return _json(history.document(run_id=run, since=since))
 
     async def dashboard(_request: Request) -> Response:
-        return _json(daemon.dashboard_document())
+        return _json(dashboard_document())
 
     async def stream(_request: Request) -> Response:
         async def documents() -> AsyncIterator[bytes]:
             while True:
                 # One line: an event's data field ends at a newline.
-                yield b"data: " + json.dumps(daemon.dashboard_document(), separators=(",", ":"), default=str).encode() \
+                yield b"data: " + json.dumps(dashboard_document(), separators=(",", ":"), default=str).encode() \
                     + b"\n\n"
                 await anyio.sleep(STREAM_EVERY_S)
         return Response(content_type="text/event-stream", stream=documents())

@@ -1,0 +1,246 @@
+"""Every run the cluster has had, and who may start when: the job manager.
+
+It owns the runs registry (run id -> supervisor; job name -> its newest run), the queue (a
+job holds its nodes; one that needs busy nodes waits, by priority then submission time, as
+``coordinator.jobs.queue`` decides), re-attach after a daemon restart, and what the control
+commands ask of jobs: submit, resume, stop, cancel, resize, read a rank's log.
+
+It reaches the world only through the supervisor's effects (``JobEffects``) and a store of
+runs (``RunStore``): the daemon fills them with real parts, the fault simulator with
+simulated ones, so that the queue is checked under fault schedules like the supervisor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from coordinator.jobs.core import new_run_id
+from coordinator.jobs.effects import JobEffects
+from coordinator.jobs.head_paths import attempt_dir
+from coordinator.jobs.queue import Waiting, positions, startable
+from coordinator.jobs.spec import REPLICA_HEAD, REPLICA_NONE, JobSpec, JobSpecError, validate
+from coordinator.jobs.supervisor import ACTIVE, JobRunner
+from shared import protocol as p
+from shared.rpc import RemoteError
+
+MAX_LOG_READ = 1 << 20
+
+
+class JobError(RemoteError):
+    """A job request that cannot be honoured, with the protocol code the CLI turns into an exit status."""
+
+
+class RunStore(Protocol):
+    def runs(self) -> list[dict[str, Any]]:
+        """Every stored run: ``run_id``, ``spec``, ``state`` and ``record``, oldest first."""
+
+    def run_ids(self) -> set[str]: ...
+
+
+def continued_record(record: dict[str, Any], total_steps: int | None) -> dict[str, Any]:
+    """The record of a run continued with coord run --resume: its attempts, checkpoints and progress
+    stay; its restarts, outcomes and error start afresh (the new attempts get their own budget)."""
+    kept = {key: record[key] for key in ("run_id", "attempt", "step", "loss", "tokens_per_second", "started",
+                                          "last_checkpoint", "replica_check", "diagnoses", "order", "unstopped")
+            if key in record}
+    return {**kept, "restarts": 0, "history": [], "error": None, "warning": None, "total_steps": total_steps,
+            "start_step": 0, "launcher_pid": None, "step_seconds": None, "last_progress": None,
+            "first_step_at": None, "launched_at": None, "stop_requested": False,
+            "resumes": int(record.get("resumes") or 0) + 1}
+
+
+class JobManager:
+    def __init__(self, effects: JobEffects, store: RunStore, state_dir: Path):
+        self.fx = effects
+        self.store = store
+        self.state_dir = state_dir
+        self.jobs: dict[str, JobRunner] = {}  # job name -> its newest run's supervisor
+        self.runs: dict[str, JobRunner] = {}  # run id -> supervisor, every run this cluster has had
+
+    # --- the registry ---------------------------------------------------------------------
+
+    def add_run(self, runner: JobRunner) -> None:
+        """A run is known by its id; its name means its newest run."""
+        self.runs[runner.run_id] = runner
+        self.jobs[runner.spec.name] = runner
+
+    def find(self, name: str) -> JobRunner:
+        """A run by its id, or a job's newest run by the job's name."""
+        runner = self.runs.get(name) or self.jobs.get(name)
+        if runner is None:
+            known = ", ".join(sorted(self.jobs)) or "none"
+            raise JobError(p.NOT_FOUND, f"no job or run named {name!r} (jobs: {known})")
+        return runner
+
+    def shown_runs(self, *, every_run: bool = False) -> list[JobRunner]:
+        """Each job's newest run and every run still going (``every_run``: all of them)."""
+        return [runner for runner in self.runs.values()
+                if every_run or self.jobs.get(runner.spec.name) is runner or runner.state in ACTIVE]
+
+    def runs_of(self, run_id: str | None) -> list[tuple[str, str]]:
+        """(run id, job name) of a run (or a job's newest run); without one, the runs status lists."""
+        if run_id is None:
+            return [(runner.run_id, runner.spec.name) for runner in self.shown_runs()]
+        runner = self.runs.get(run_id) or self.jobs.get(run_id)
+        return [(runner.run_id, runner.spec.name)] if runner is not None else []
+
+    # --- after a daemon restart -------------------------------------------------------------
+
+    def reattach(self) -> None:
+        """Runs that were going when the daemon stopped are supervised again, not relaunched;
+        finished ones stay readable (coord status --all, coord logs)."""
+        for row in self.store.runs():
+            runner = JobRunner(self.fx, JobSpec.from_dict(row["spec"]), run_id=row["run_id"],
+                               record=row["record"], state=row["state"])
+            self.add_run(runner)
+            if row["state"] not in ACTIVE:
+                if row["record"].get("unstopped"):  # ranks left on nodes that were away at its end
+                    self.fx.spawn(runner.reap_when_back, name=f"job:{row['run_id']}:reap")
+                continue
+            if row["state"] == "queued":
+                continue  # it waits for its nodes again: schedule starts it
+            if row["record"].get("attempt", -1) >= 0:
+                # An attempt was launched: watch it again, or finish the recovery that was under way.
+                self._start(runner, reattach=True)
+            else:
+                # Stopped before its first launch (sync, pre-flight): no rank runs, start it again.
+                runner.event("reattached", f"starting again after a daemon restart (it was {row['state']})")
+                self._start(runner)
+
+    # --- the queue --------------------------------------------------------------------------
+
+    def schedule(self) -> None:
+        """Start every queued run whose nodes are free (the policy: coordinator/jobs/queue.py); the
+        others learn their place in the queue."""
+        busy = {node for runner in self.runs.values() if runner.state in ACTIVE and runner.state != "queued"
+                for node in runner.job_nodes()}
+        waiting = [Waiting(runner.run_id, frozenset(runner.job_nodes()), runner.spec.priority,
+                           runner.record.get("submitted") or runner.record.get("started") or 0.0)
+                   for runner in self.runs.values() if runner.state == "queued"]
+        started = startable(waiting, busy)
+        for run_id in started:
+            runner = self.runs[run_id]
+            runner.queue_position = None
+            runner.set_state("pending")
+            runner.event("dequeued", f"its nodes are free ({', '.join(runner.job_nodes())}): starting")
+            self._start(runner)
+        for run_id, position in positions([w for w in waiting if w.run_id not in started]).items():
+            self.runs[run_id].queue_position = position
+
+    def _start(self, runner: JobRunner, *, reattach: bool = False) -> None:
+        self.fx.spawn(self._run_then_schedule(runner, reattach), name=f"job:{runner.run_id}")
+
+    def _run_then_schedule(self, runner: JobRunner, reattach: bool) -> Callable[[], Awaitable[None]]:
+        async def run() -> None:
+            """A run holds its nodes until it ends; then the queue moves on, however it ended."""
+            try:
+                await runner.run(reattach=reattach)
+            finally:
+                self.schedule()
+        return run
+
+    # --- what the control commands ask ------------------------------------------------------
+
+    def submit(self, spec_fields: dict[str, Any], *, resume: bool = False) -> JobRunner:
+        """A new run of the job (a name run again starts from step 0), or with ``resume`` the named
+        job's newest run continued from its newest valid checkpoint."""
+        previous = self.jobs.get(spec_fields.get("name", ""))
+        if resume:
+            if previous is None:
+                known = ", ".join(sorted(self.jobs)) or "none"
+                raise JobError(p.NOT_FOUND, f"no run of a job named {spec_fields.get('name')!r} to resume "
+                               f"(jobs: {known})")
+            if not spec_fields.get("command"):  # coord run --resume NAME alone: the run's own command
+                spec_fields = {**previous.spec.as_dict(), "force": spec_fields.get("force", previous.spec.force)}
+        spec = self._checked_spec(spec_fields)
+        if previous is not None and previous.state in ACTIVE:
+            raise JobError(p.REFUSED, f"job {spec.name} is already {previous.state} (run {previous.run_id}); "
+                           f"stop it first: coord stop {spec.name}")
+        if resume:
+            assert previous is not None
+            runner = JobRunner(self.fx, spec, run_id=previous.run_id,
+                               record=continued_record(previous.record, spec.total_steps), state="queued")
+        else:
+            runner = JobRunner(self.fx, spec, run_id=new_run_id(spec.name, self.store.run_ids()), state="queued")
+        runner.record["submitted"] = self.fx.now()
+        runner.save()
+        self.add_run(runner)
+        if resume:
+            runner.event("resumed", f"run {runner.run_id} continued on request from its newest valid checkpoint: "
+                         f"{' '.join(spec.command)}")
+        else:
+            runner.event("submitted", f"submitted as run {runner.run_id}: {' '.join(spec.command)}")
+        self.schedule()  # it starts now if its nodes are free, else it waits its turn
+        if runner.state == "queued":
+            runner.event("queued", f"waiting for its nodes ({', '.join(runner.job_nodes())}), position "
+                         f"{runner.queue_position}")
+        return runner
+
+    def _checked_spec(self, spec_fields: dict[str, Any]) -> JobSpec:
+        try:
+            spec = validate(JobSpec(**spec_fields))
+        except (TypeError, JobSpecError) as exc:
+            raise JobError(p.BAD_ARGS, str(exc)) from None
+        names = self.fx.node_names()
+        if spec.min_nodes is not None and spec.min_nodes > len(names):
+            raise JobError(p.BAD_ARGS, f"--min-nodes {spec.min_nodes} is more than the cluster's {len(names)} nodes")
+        unknown = [n for n in spec.nodes or [] if n not in names]
+        if unknown:
+            raise JobError(p.BAD_ARGS, f"--nodes names {', '.join(unknown)}, not a node of this cluster "
+                           f"({', '.join(names)})")
+        if spec.replica not in (REPLICA_HEAD, REPLICA_NONE, *names):
+            raise JobError(p.BAD_ARGS, f"--replica {spec.replica!r} is not head, none or a node "
+                           f"({', '.join(names)})")
+        return spec
+
+    def cancel(self, name: str) -> JobRunner:
+        """coord cancel: a queued job leaves the queue (a running one is stopped with coord stop)."""
+        runner = self.find(name)
+        if runner.state != "queued":
+            raise JobError(p.REFUSED, f"job {runner.spec.name} is {runner.state}, not queued"
+                           + (f"; stop it with: coord stop {runner.spec.name}" if runner.state in ACTIVE else ""))
+        runner.queue_position = None
+        runner.set_state("stopped")
+        runner.event("cancelled", "cancelled while queued: it never started")
+        self.schedule()
+        return runner
+
+    def stop(self, name: str) -> JobRunner:
+        runner = self.find(name)
+        if runner.state == "queued":
+            return self.cancel(name)
+        if runner.state not in ACTIVE:
+            return runner
+        runner.request_stop()
+        runner.event("stop_requested", "stop requested")
+        return runner
+
+    def resize(self, name: str) -> tuple[JobRunner, str]:
+        runner = self.find(name)
+        if runner.state not in ("running", "starting"):
+            raise JobError(p.REFUSED, f"job {name} is {runner.state}; only a running job can be resized")
+        detail = runner.request_resize()
+        runner.event("resize_requested", detail)
+        return runner, detail
+
+    def read_log(self, name: str, rank: int = 0, attempt: int | None = None, offset: int = 0) -> dict[str, Any]:
+        """Up to 1 MiB of a rank's output from ``offset``, as the head keeps it."""
+        runner = self.find(name)
+        attempt = runner.record["attempt"] if attempt is None else attempt
+        if attempt < 0:
+            return {"data": b"", "offset": 0, "attempt": attempt, "rank": rank, "done": runner.state not in ACTIVE}
+        directory = attempt_dir(self.state_dir, runner.run_id, attempt)
+        path = directory / f"rank-{rank}.log"
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(offset)
+                data = handle.read(MAX_LOG_READ)
+        except FileNotFoundError:
+            if not directory.exists():
+                raise JobError(p.NOT_FOUND, f"run {runner.run_id} of job {runner.spec.name} has no attempt "
+                               f"{attempt}") from None
+            data = b""
+        return {"data": data, "offset": offset + len(data), "attempt": attempt, "rank": rank, "path": str(path),
+                "run_id": runner.run_id, "done": runner.state not in ACTIVE or attempt != runner.record["attempt"]}
