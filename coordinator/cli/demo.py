@@ -115,7 +115,7 @@ def missing_training_message() -> str | None:
 
 
 def run_demo(root: Path, *, keep: bool, timeout: float = 600.0) -> int:
-    from coordinator.cli.main import make_console
+    from coordinator.cli.console import make_console
     from coordinator.commands.jobs import render_job
     from coordinator.commands.status import render_status
     from coordinator.config.cluster_file import load_config

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from coordinator.cli.console import make_console
 from coordinator.config.daemon_options import add_daemon_arguments
 
 # Not coordinator.config.cluster_file: its dataclasses and checks are a third of a start that every command pays
@@ -134,13 +135,6 @@ def cmd_status(args: argparse.Namespace) -> int:
         if args.history:
             render_history(doc["history"], make_console())
     return EXIT_OK if doc["summary"]["up"] == doc["summary"]["nodes"] or not args.check else EXIT_FAILED
-
-
-def make_console():
-    """A console as wide as the terminal, or wide enough for a whole table when piped."""
-    from rich.console import Console
-
-    return Console() if sys.stdout.isatty() else Console(width=200)
 
 
 def _watch_status(args: argparse.Namespace, socket: Path, hint: str | None) -> int:

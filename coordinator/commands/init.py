@@ -36,7 +36,8 @@ from coordinator.nodes.onboarding import (
     python_path,
     render_cluster,
 )
-from coordinator.nodes.transport import NodeUnreachable, SshTransport, UnknownHostKey
+from coordinator.nodes.ssh_settings import NodeUnreachable, UnknownHostKey
+from coordinator.nodes.transport import SshTransport
 
 SURVEY_TIMEOUT_S = 120.0  # a node's answers, all candidate Pythons included
 

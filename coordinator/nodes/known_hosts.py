@@ -15,7 +15,7 @@ from pathlib import Path
 import asyncssh
 
 from coordinator.config.cluster_file import NodeConfig, SshSettings
-from coordinator.nodes.transport import NodeUnreachable, ssh_options
+from coordinator.nodes.ssh_settings import NodeUnreachable, UnknownHostKey, ssh_options
 
 DEFAULT_PORT = 22
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
@@ -146,3 +146,23 @@ def _quote_arg(text: str) -> str:
     import shlex
 
     return shlex.quote(text)
+
+
+async def unknown_host_key(node: NodeConfig, ssh: SshSettings, exc: Exception) -> UnknownHostKey:
+    """Say which key the node presented and the command that trusts it, never trust it ourselves."""
+    target = resolve_target(node, ssh)
+    port = target.port
+    known = ssh.known_hosts or "~/.ssh/known_hosts"
+    trust = f"coord trust {node.name}" + (f" --config {ssh.cluster_file}" if ssh.cluster_file else "")
+    try:
+        key = await fetch_host_key(target, ssh)
+    except NodeUnreachable:  # best effort: the reason is still shown without the fingerprint
+        key = None
+    if key is not None:
+        fingerprint = key.get_fingerprint("sha256")
+        return UnknownHostKey(
+            f"host key of {target.host}:{port} is not trusted ({key.get_algorithm()} {fingerprint}, "
+            f"not in {known}: {exc}); if that fingerprint is the node's, trust it with: "
+            f"{trust} --fingerprint {fingerprint}", key=key)
+    return UnknownHostKey(f"host key of {target.host}:{port} is not trusted ({exc}); check it, then trust it "
+                          f"with: {trust}", key=None)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -17,15 +16,10 @@ from typing import Any, Protocol
 import asyncssh
 
 from coordinator.config.cluster_file import NodeConfig, SshSettings
+from coordinator.nodes.known_hosts import unknown_host_key
+from coordinator.nodes.ssh_settings import NodeUnreachable, UnknownHostKey, ssh_options
 
-
-class NodeUnreachable(Exception):
-    """The node could not be reached; ``reason`` is shown to the user as is."""
-
-    def __init__(self, reason: str, *, retry: bool = True):
-        super().__init__(reason)
-        self.reason = reason
-        self.retry = retry
+__all__ = ["NodeUnreachable", "UnknownHostKey", "ssh_options"]  # what callers of the transport catch and use
 
 
 @dataclass
@@ -121,62 +115,3 @@ class SshTransport:
         self._conn.close()
         with contextlib.suppress(TimeoutError, OSError, asyncssh.Error):
             await asyncio.wait_for(self._conn.wait_closed(), 5)
-
-
-class UnknownHostKey(NodeUnreachable):
-    """The node's host key is not in known_hosts; ``key`` is what it presented (None if unseen)."""
-
-    def __init__(self, reason: str, *, key: asyncssh.SSHKey | None):
-        super().__init__(reason)
-        self.key = key
-
-
-def ssh_options(node: NodeConfig, ssh: SshSettings) -> dict[str, Any]:
-    """asyncssh.connect options for a node: key auth only, host keys verified, the user's ssh config."""
-    options: dict[str, Any] = {
-        "keepalive_interval": ssh.keepalive_s,
-        "keepalive_count_max": 3,
-        "connect_timeout": ssh.connect_timeout_s,
-        "password_auth": False,
-        "kbdint_auth": False,
-        "agent_forwarding": False,
-    }
-    # Leaving known_hosts unset means ~/.ssh/known_hosts; passing None would turn
-    # verification off, which coord never does.
-    if ssh.known_hosts:
-        # A file not made yet holds no keys, as for ssh: every host is unknown (and `coord trust` makes it).
-        exists = os.path.exists(os.path.expanduser(ssh.known_hosts))
-        options["known_hosts"] = ssh.known_hosts if exists else asyncssh.import_known_hosts("")
-    if ssh.identity_file:
-        options["client_keys"] = [ssh.identity_file]
-    if ssh.config:
-        options["config"] = [ssh.config]
-    elif os.path.exists(os.path.expanduser("~/.ssh/config")):
-        options["config"] = [os.path.expanduser("~/.ssh/config")]
-    if node.user:
-        options["username"] = node.user
-    if node.port:
-        options["port"] = node.port
-    return options
-
-
-async def unknown_host_key(node: NodeConfig, ssh: SshSettings, exc: Exception) -> UnknownHostKey:
-    """Say which key the node presented and the command that trusts it, never trust it ourselves."""
-    from coordinator.nodes.known_hosts import fetch_host_key, resolve_target
-
-    target = resolve_target(node, ssh)
-    port = target.port
-    known = ssh.known_hosts or "~/.ssh/known_hosts"
-    trust = f"coord trust {node.name}" + (f" --config {ssh.cluster_file}" if ssh.cluster_file else "")
-    try:
-        key = await fetch_host_key(target, ssh)
-    except NodeUnreachable:  # best effort: the reason is still shown without the fingerprint
-        key = None
-    if key is not None:
-        fingerprint = key.get_fingerprint("sha256")
-        return UnknownHostKey(
-            f"host key of {target.host}:{port} is not trusted ({key.get_algorithm()} {fingerprint}, "
-            f"not in {known}: {exc}); if that fingerprint is the node's, trust it with: "
-            f"{trust} --fingerprint {fingerprint}", key=key)
-    return UnknownHostKey(f"host key of {target.host}:{port} is not trusted ({exc}); check it, then trust it "
-                          f"with: {trust}", key=None)
