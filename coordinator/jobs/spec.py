@@ -6,7 +6,7 @@ callback), sets the adapter path inside each node's workdir (one directory per
 attempt, so a resume never overwrites an earlier checkpoint), ``--save-every``,
 ``--num-layers -1`` for full fine-tunes, and on a resume the checkpoint and the
 remaining iterations. Any other command is run as given, with the environment
-contract of ``COORD_*`` variables (see README).
+contract of ``COORD_*`` variables (see docs/script-contract.md).
 """
 
 from __future__ import annotations

@@ -528,7 +528,8 @@ def mlx_rank_environment(backend: str, hostfile: Mapping[str, Any] | None) -> di
         name, value = entry.split("=", 1)
         env[name] = f"{value} (the hostfile's envs)"
     env["TMPDIR"] = "<workdir>/.coord/tmp: one per node, so MLX's compiled CPU kernels never collide (coord)"
-    env["COORD_RANK"] = "this rank (coord); COORD_JOB, COORD_ATTEMPT, COORD_CHECKPOINT_DIR and the rest: see README"
+    env["COORD_RANK"] = ("this rank (coord); COORD_JOB, COORD_ATTEMPT, COORD_CHECKPOINT_DIR and the rest: "
+                         "see docs/script-contract.md")
     return env
 
 
