@@ -1,75 +1,76 @@
 """A run's checkpoints, for its supervisor: found where the ranks wrote them (rank 0's node, and
 with coord's trainer every node's own copy) and validated there, catalogued,
 kept or removed (retention), invalidated after a divergence, chosen and placed for a resume,
-and their final copy awaited before success.
-
-A mixin of ``JobRunner``: it works on the runner's record, effects and events."""
+and their final copy awaited before success."""
 
 from __future__ import annotations
 
 import posixpath
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 
 from coordinator.jobs import catalog, core
+from coordinator.jobs.attempt import Attempt
 from coordinator.jobs.effects import HEAD, LaunchError, Placement
-from coordinator.jobs.fingerprints import Divergence
-from coordinator.jobs.policy import DIVERGED, Outcome
-from coordinator.jobs.replica import node_replica_rel
+from coordinator.jobs.node_health import NodeHealth
+from coordinator.jobs.replica import Replicator, node_replica_rel
+from coordinator.jobs.run_context import RunContext
 from coordinator.jobs.transfer import CheckpointDamaged
 from shared.rpc import RemoteError
-
-if TYPE_CHECKING:
-    from coordinator.jobs.supervisor import JobRunner as _Runner
-else:
-    _Runner = object
 
 CHECKPOINT_POLL_S = 2.0
 FINAL_COPY_TIMEOUT_S = 600.0
 
 
-class CheckpointKeeping(_Runner):
-    """The checkpoint half of a run's supervisor."""
+def _diverged_detail(last_agreed: int) -> str:
+    return f"taken after the replicas diverged (last agreed at step {last_agreed})"
 
-    def _same_machine(self, a: str, b: str) -> bool:
-        """Two catalog places on one machine: the same node, or the head and nodes on the head's machine."""
-        if a == b:
-            return True
-        on_head = [n == HEAD or (n in self.fx.node_names() and self.fx.on_head_machine(n)) for n in (a, b)]
-        return all(on_head)
 
-    def _ranks_write_own_copies(self) -> bool:
+class CheckpointKeeper:
+    """One run's checkpoints: its catalog entries, the attempt's copies found and validated, the
+    resume chosen and placed, retention, and the background replicator poked when one is new."""
+
+    def __init__(self, ctx: RunContext, health: NodeHealth, replicator: Replicator | None):
+        self.ctx = ctx
+        self.fx = ctx.fx
+        self.health = health
+        self.replicator = replicator
+        self._lock = anyio.Lock()  # the background watcher and the end of an attempt take turns
+        self._validated_since_poke = False
+        self.last_placement: dict[str, Any] = {}  # what the last resume's placing did (for its event)
+
+    def ranks_write_own_copies(self) -> bool:
         """coord's trainer: every rank writes the checkpoint on its own node (data parallel ranks hold
         the same weights); mlx-lm's trainer and other scripts: rank 0 only."""
-        return self.spec.trainer == "coord"
+        return self.ctx.spec.trainer == "coord"
 
-    async def _await_final_copy(self) -> None:
+    async def await_final_copy(self) -> None:
         """Success means done: with replicas on, the newest valid checkpoint has a copy off its
         primary's machine (coord's replica, or another node's own copy) before the job is called
         succeeded; when none can land, the job says so."""
         if self.replicator is None:
             return
-        newest = catalog.newest_valid(self.fx.checkpoints(self.run_id))
+        newest = catalog.newest_valid(self.fx.checkpoints(self.ctx.run_id))
         if newest is None:
             return
         with anyio.move_on_after(FINAL_COPY_TIMEOUT_S):
             async with anyio.create_task_group() as copying:
                 async def cut_short_by_a_stop() -> None:
-                    await self._stop_asked.wait()
+                    await self.ctx.stop_asked.wait()
                     copying.cancel_scope.cancel()
 
                 copying.start_soon(cut_short_by_a_stop)
                 await self.replicator.replicate_pending(final=True)
                 copying.cancel_scope.cancel()
-        group = [c for c in self.fx.checkpoints(self.run_id)
+        group = [c for c in self.fx.checkpoints(self.ctx.run_id)
                  if c["valid"] and (c["step"], c["attempt"]) == (newest["step"], newest["attempt"])]
-        if not catalog.off_machine(group, self._same_machine):
-            self.record["warning"] = (f"the final checkpoint (step {newest['step']}) has no replica: its copy to "
-                                      f"{self.spec.replica} did not land; it is only on {newest['node']}")
-            self.event("replica_missing", self.record["warning"], step=newest["step"])
+        if not catalog.off_machine(group, self.health.same_machine):
+            self.ctx.record["warning"] = (f"the final checkpoint (step {newest['step']}) has no replica: its copy to "
+                                          f"{self.ctx.spec.replica} did not land; it is only on {newest['node']}")
+            self.ctx.event("replica_missing", self.ctx.record["warning"], step=newest["step"])
 
-    async def _choose_resume(self, order: list[str]) -> tuple[dict[str, Any] | None, dict[str, str]]:
+    async def choose_resume(self, order: list[str]) -> tuple[dict[str, Any] | None, dict[str, str]]:
         """The newest valid checkpoint of this run that can be reached, and node -> the file each
         rank of ``order`` resumes from.
 
@@ -80,15 +81,13 @@ class CheckpointKeeping(_Runner):
         outage, or whose copy failed) are sent it, from its first reachable copy in role order
         (primary, a rank's own copy, a replica). A copy whose bytes no longer match its SHA256 is
         marked invalid and never used again, and the next copy or the checkpoint before is tried."""
-        def reachable(node: str) -> bool:
-            return node == HEAD or (node in self.fx.node_names() and self._node_up(node))
-
-        for group in catalog.resume_candidates(self.fx.checkpoints(self.run_id)):
+        for group in catalog.resume_candidates(self.fx.checkpoints(self.ctx.run_id)):
             key = (group[0]["step"], group[0]["attempt"])
             while True:
-                group = [c for c in self.fx.checkpoints(self.run_id) if c["valid"] and (c["step"], c["attempt"]) == key]
+                group = [c for c in self.fx.checkpoints(self.ctx.run_id)
+                         if c["valid"] and (c["step"], c["attempt"]) == key]
                 group = catalog.resume_candidates(group)[0] if group else []
-                plan = catalog.plan_resume(group, order, reachable)
+                plan = catalog.plan_resume(group, order, self.health.reachable)
                 if plan is None:
                     break
                 if await self._gone_in_place(plan):
@@ -102,9 +101,9 @@ class CheckpointKeeping(_Runner):
                         # The copy may be fine; the node holding it or receiving it is away.
                         raise LaunchError(f"the checkpoint of step {copy['step']} could not be placed: {reason}",
                                           node=copy["node"] if copy["node"] != HEAD else None) from None
-                    self.fx.add_checkpoint(self.run_id, {**copy, "valid": False, "detail": reason})
+                    self.fx.add_checkpoint(self.ctx.run_id, {**copy, "valid": False, "detail": reason})
                     kind = "replica_rejected" if copy.get("role") == catalog.REPLICA else "checkpoint_rejected"
-                    self.event(kind, f"{catalog.role(copy)} copy of the checkpoint of step {copy['step']} "
+                    self.ctx.event(kind, f"{catalog.role(copy)} copy of the checkpoint of step {copy['step']} "
                                f"({copy['node']}) cannot be resumed from: {reason}", step=copy["step"])
         return None, {}
 
@@ -136,8 +135,8 @@ class CheckpointKeeping(_Runner):
             raise LaunchError(f"the checkpoint of step {plan.source['step']} could not be looked at on {node}: "
                               f"{reason}", node=node)
         for copy, reason in gone:
-            self.fx.add_checkpoint(self.run_id, {**copy, "valid": False, "detail": reason})
-            self.event("checkpoint_rejected", f"{catalog.role(copy)} copy of the checkpoint of step {copy['step']} "
+            self.fx.add_checkpoint(self.ctx.run_id, {**copy, "valid": False, "detail": reason})
+            self.ctx.event("checkpoint_rejected", f"{catalog.role(copy)} copy of the checkpoint of step {copy['step']} "
                        f"({copy['node']}) cannot be resumed from: {reason}", step=copy["step"])
         return bool(gone)
 
@@ -154,17 +153,17 @@ class CheckpointKeeping(_Runner):
         targets = [node for node in order if node in plan.missing]
         if targets:
             paths = await self.fx.copy_checkpoint(
-                checkpoint, [Placement(node, node_replica_rel(self.run_id, checkpoint["attempt"], name))
+                checkpoint, [Placement(node, node_replica_rel(self.ctx.run_id, checkpoint["attempt"], name))
                              for node in targets])
-            placed.update(zip(targets, paths))
-            for node, path in zip(targets, paths):
+            placed.update(zip(targets, paths, strict=True))
+            for node, path in zip(targets, paths, strict=True):
                 # Catalogued like any replica: a later resume finds it there, retention removes it.
-                self.fx.add_checkpoint(self.run_id, {
+                self.fx.add_checkpoint(self.ctx.run_id, {
                     **checkpoint, "node": node, "path": path, "role": catalog.REPLICA, "created": self.fx.now(),
                     "detail": f"placed for a resume, from {checkpoint['node']}:{checkpoint['path']}"})
-        self._last_placement = {"in_place": sorted(plan.in_place), "copied_to": targets,
+        self.last_placement = {"in_place": sorted(plan.in_place), "copied_to": targets,
                                 "bytes_copied": (checkpoint.get("size") or 0) * len(targets)}
-        self.event("checkpoint_placed",
+        self.ctx.event("checkpoint_placed",
                    f"checkpoint of step {checkpoint['step']}: "
                    + (f"{len(plan.in_place)} nodes resume from their own copy ({', '.join(plan.in_place)})"
                       if plan.in_place else "no node holds it")
@@ -175,60 +174,46 @@ class CheckpointKeeping(_Runner):
                    seconds=round(self.fx.monotonic() - started, 3))
         return placed
 
-    async def _watch_checkpoints(self) -> None:
+    async def watch(self, attempt: Attempt) -> None:
+        """Find the attempt's new checkpoints while it runs (hashing a large one takes seconds: a
+        rank's exit must not wait for it)."""
         while True:
             await anyio.sleep(CHECKPOINT_POLL_S)
             started = self.fx.monotonic()
             with anyio.CancelScope(shield=True):  # a poll half done would leave the catalog behind the disk
-                await self._poll_checkpoints()
+                await self.poll(attempt)
             if self.fx.monotonic() - started > 5 * CHECKPOINT_POLL_S:
-                self.log.warning("slow checkpoint poll", seconds=round(self.fx.monotonic() - started, 1))
+                self.ctx.log.warning("slow checkpoint poll", seconds=round(self.fx.monotonic() - started, 1))
 
-    async def _diverged(self, found: Divergence) -> Outcome:
-        """Replicas that no longer agree: stop, and resume from a checkpoint taken before it happened."""
-        order = self.record["order"]
-        named = ", ".join(f"{r} on {order[r]}" for r in found.ranks if r < len(order))
-        # Saved first: a daemon restarted from here on still knows this attempt's checkpoints after
-        # the last agreed step are not valid (the fingerprints that showed it are not read again).
-        self.record["diverged_after"] = found.last_agreed if found.last_agreed is not None else self.record["start_step"]
-        self.save()
-        self.event("replica_diverged", f"{found.describe()} (rank {named})", step=found.step, ranks=found.ranks)
-        outcome = self._outcome(DIVERGED, found.describe(), f"diverged:{found.step}")
-        await self._invalidate_after_divergence()
-        return outcome
-
-    async def _invalidate_after_divergence(self) -> None:
+    async def invalidate_after_divergence(self, attempt: Attempt) -> None:
         """The attempt's checkpoints after its last agreed step, catalogued or still to be found, are not valid."""
-        good_until = self._diverged_after = self.record["diverged_after"]
-        async with self._checkpoint_poll:
-            for copy in self.fx.checkpoints(self.run_id):
-                if copy["valid"] and copy["attempt"] == self.record["attempt"] and copy["step"] > good_until:
-                    self.fx.add_checkpoint(self.run_id, {**copy, "valid": False, "detail": self._diverged_detail()})
+        good_until = attempt.diverged_after = self.ctx.record["diverged_after"]
+        async with self._lock:
+            for copy in self.fx.checkpoints(self.ctx.run_id):
+                if copy["valid"] and copy["attempt"] == attempt.number and copy["step"] > good_until:
+                    self.fx.add_checkpoint(self.ctx.run_id, {**copy, "valid": False,
+                                                             "detail": _diverged_detail(good_until)})
 
-    def _diverged_detail(self) -> str:
-        return f"taken after the replicas diverged (last agreed at step {self._diverged_after})"
-
-    async def _poll_checkpoints(self, *, attempt_over: bool = False) -> None:
+    async def poll(self, attempt: Attempt | None, *, attempt_over: bool = False) -> None:
         """Find new checkpoints on the attempt's nodes (rank 0's, and with coord's trainer every
         rank's own), validate them where they lie, enter them in the catalog, apply retention.
 
         ``attempt_over``: the ranks are stopped, so a checkpoint that fails validation is damaged,
         not still being written."""
-        async with self._checkpoint_poll:
-            await self._poll_checkpoints_now(attempt_over)
+        async with self._lock:
+            await self._poll_now(attempt, attempt_over)
 
-    async def _poll_checkpoints_now(self, attempt_over: bool) -> None:
-        if not self.record["order"] or self.record["attempt"] < 0:
+    async def _poll_now(self, attempt: Attempt | None, attempt_over: bool) -> None:
+        if attempt is None or not attempt.order:
             return
-        order, attempt = self.record["order"], self.record["attempt"]
-        nodes = order if self._ranks_write_own_copies() else order[:1]
+        nodes = attempt.order if self.ranks_write_own_copies() else attempt.order[:1]
         listed: dict[str, bool] = {}
 
         async def one(rank: int, name: str) -> None:
             role = catalog.PRIMARY if rank == 0 else catalog.LOCAL
-            known = self._known_checkpoints.setdefault(name, set())
-            listed[name] = await self._catalogue(name, attempt, self.record["start_step"], known,
-                                                 attempt_over=attempt_over, role=role)
+            known = attempt.known_checkpoints.setdefault(name, set())
+            listed[name] = await self._catalogue(name, attempt.number, attempt.start_step, known,
+                                                 attempt_over=attempt_over, role=role, current=attempt)
 
         async with anyio.create_task_group() as tasks:
             for rank, name in enumerate(nodes):
@@ -236,87 +221,93 @@ class CheckpointKeeping(_Runner):
         if attempt_over:
             # A node that is away: what it wrote until the end is catalogued when it is back,
             # before the next resume is chosen (its ranks may even have finished meanwhile).
-            left = self.record.setdefault("uncatalogued", [])
+            left = self.ctx.record.setdefault("uncatalogued", [])
             for rank, name in enumerate(nodes):
-                entry = [name, attempt, self.record["start_step"]] + ([] if rank == 0 else [catalog.LOCAL])
+                entry = [name, attempt.number, attempt.start_step] + ([] if rank == 0 else [catalog.LOCAL])
                 if not listed.get(name) and entry not in left:
                     left.append(entry)
         await self._retain()
-        self.save()
+        self.ctx.save()
         self._poke_replicator()
 
     def _poke_replicator(self) -> None:
         """After a whole poll (every node's copies catalogued): which copies are still wanted
         depends on all of them."""
-        if getattr(self, "_validated_since_poke", False) and self.replicator is not None:
+        if self._validated_since_poke and self.replicator is not None:
             self.replicator.poke()
         self._validated_since_poke = False
 
-    async def _catalogue_left_behind(self) -> None:
+    async def catalogue_left_behind(self) -> None:
         """Checkpoints of earlier attempts whose nodes were away when they ended."""
+        async with self._lock:
+            await self._catalogue_left_behind_now()
+
+    async def _catalogue_left_behind_now(self) -> None:
         left = []
-        for entry in self.record.get("uncatalogued") or []:
+        for entry in self.ctx.record.get("uncatalogued") or []:
             name, attempt, start_step = entry[:3]
             role = entry[3] if len(entry) > 3 else catalog.PRIMARY
-            known = {posixpath.basename(c["path"]) for c in self.fx.checkpoints(self.run_id)
+            known = {posixpath.basename(c["path"]) for c in self.fx.checkpoints(self.ctx.run_id)
                      if c["attempt"] == attempt and c["node"] == name and catalog.role(c) != catalog.REPLICA}
             if name not in self.fx.node_names() or not await self._catalogue(name, attempt, start_step, known,
-                                                                              attempt_over=True, role=role):
+                                                                              attempt_over=True, role=role,
+                                                                              current=None):
                 left.append(entry)
-        self.record["uncatalogued"] = left
+        self.ctx.record["uncatalogued"] = left
         self._poke_replicator()
 
     async def _catalogue(self, name: str, attempt: int, start_step: int, known: set[str], *,
-                         attempt_over: bool, role: str = catalog.PRIMARY) -> bool:
+                         attempt_over: bool, role: str = catalog.PRIMARY, current: Attempt | None) -> bool:
         """List one attempt's checkpoints on ``name``, validate and catalogue the new ones (as that
         node's ``role`` copy); False when the node could not be asked."""
         if not self.fx.node(name).up:
             return False
         try:
-            found = await self.fx.call(name, "list_checkpoints", {"job": self.run_id, "attempt": attempt,
+            found = await self.fx.call(name, "list_checkpoints", {"job": self.ctx.run_id, "attempt": attempt,
                                                                   "known": sorted(known)}, timeout=60)
         except RemoteError as exc:
-            self.log.warning("checkpoints not listed", node=name, reason=exc.message)
+            self.ctx.log.warning("checkpoints not listed", node=name, reason=exc.message)
             return False
-        current = attempt == self.record["attempt"]
+        diverged_after = current.diverged_after if current is not None and current.number == attempt else None
+        current_attempt = current is not None and current.number == attempt
         for entry in catalog.settled(found["checkpoints"], attempt_over=attempt_over):
             known.add(entry["name"])
             step = start_step + entry["iteration"]
-            if current and entry["valid"] and self._diverged_after is not None and step > self._diverged_after:
-                entry = {**entry, "valid": False, "detail": self._diverged_detail()}
-            self.fx.add_checkpoint(self.run_id, {
+            if entry["valid"] and diverged_after is not None and step > diverged_after:
+                entry = {**entry, "valid": False, "detail": _diverged_detail(diverged_after)}
+            self.fx.add_checkpoint(self.ctx.run_id, {
                 "step": step, "attempt": attempt, "node": name, "path": entry["path"], "sha256": entry["sha256"],
                 "size": entry["size"], "valid": entry["valid"], "detail": entry["detail"], "created": self.fx.now(),
                 "role": role})
             whose = "" if role == catalog.PRIMARY else f" on {name} (its rank's own copy)"
             if entry["valid"]:
-                last = self.record.get("last_checkpoint")
+                last = self.ctx.record.get("last_checkpoint")
                 if last is None or step > last["step"] or (step == last["step"] and role == catalog.PRIMARY):
-                    self.record["last_checkpoint"] = {"step": step, "time": self.fx.now(), "node": name}
+                    self.ctx.record["last_checkpoint"] = {"step": step, "time": self.fx.now(), "node": name}
                 if role == catalog.PRIMARY:
-                    self.event("checkpoint", f"checkpoint of step {step} validated ({entry['detail']})"
-                               + ("" if current else f", written by attempt {attempt} while {name} was away"),
+                    self.ctx.event("checkpoint", f"checkpoint of step {step} validated ({entry['detail']})"
+                               + ("" if current_attempt else f", written by attempt {attempt} while {name} was away"),
                                step=step)
                 else:
-                    self.log.info("checkpoint_copy", step=step, node=name, sha256=entry["sha256"])
+                    self.ctx.log.info("checkpoint_copy", step=step, node=name, sha256=entry["sha256"])
                 self._validated_since_poke = True
             else:
-                self.event("checkpoint_invalid", f"checkpoint of step {step}{whose} is not valid: {entry['detail']}",
+                self.ctx.event("checkpoint_invalid", f"checkpoint of step {step}{whose} is not valid: {entry['detail']}",
                            step=step, node=name)
         return True
 
     async def _retain(self) -> None:
-        for old in catalog.to_remove(self.fx.checkpoints(self.run_id), self.spec.keep):
+        for old in catalog.to_remove(self.fx.checkpoints(self.ctx.run_id), self.ctx.spec.keep):
             if old["node"] == HEAD:
                 self.fx.remove_head_file(old["path"])
-                self.fx.remove_checkpoint(self.run_id, old["attempt"], old["node"], old["path"])
+                self.fx.remove_checkpoint(self.ctx.run_id, old["attempt"], old["node"], old["path"])
                 continue
             if old["node"] not in self.fx.node_names() or not self.fx.node(old["node"]).up:
                 continue
             try:
                 await self.fx.call(old["node"], "remove_checkpoints", {
-                    "job": self.run_id, "attempt": old["attempt"], "names": [posixpath.basename(old["path"])],
+                    "job": self.ctx.run_id, "attempt": old["attempt"], "names": [posixpath.basename(old["path"])],
                     "replica": old.get("role") == catalog.REPLICA}, timeout=60)
-                self.fx.remove_checkpoint(self.run_id, old["attempt"], old["node"], old["path"])
+                self.fx.remove_checkpoint(self.ctx.run_id, old["attempt"], old["node"], old["path"])
             except RemoteError:
                 continue

@@ -7,8 +7,11 @@ reports its rank (running, exit status, progress), and a node whose session drop
 as lost. Whatever goes wrong while launching is an attempt outcome (``LAUNCH_FAILED``) like
 any other, handled by the same policy, the wait for nodes and the elastic shrink.
 
-The loop and the launch live here; watching the ranks is ``rank_watch.RankWatching`` and
-keeping the checkpoints ``checkpoints.CheckpointKeeping``, the two halves it is made of.
+The runner is made of parts with narrow interfaces, each given what it uses:
+``RunContext`` (effects, spec, record, events, state), ``NodeHealth`` (which node to trust),
+``RankWatcher`` (is the attempt over, and how), ``CheckpointKeeper`` (find, validate,
+catalogue, choose and place checkpoints) and ``Replicator`` (background copies). Each
+attempt's own state is an ``Attempt``, made fresh for it.
 
 The supervisor reaches the world only through ``JobEffects`` (``coordinator.jobs.effects``):
 the daemon fills them with real sessions, mlx.launch and SQLite; the fault simulator fills
@@ -27,103 +30,75 @@ from typing import Any
 import anyio
 import structlog
 
-from coordinator.jobs import catalog, core
-from coordinator.jobs.checkpoints import CHECKPOINT_POLL_S, CheckpointKeeping  # noqa: F401 (re-exported)
+from coordinator.jobs import core
+from coordinator.jobs.attempt import Attempt
+from coordinator.jobs.checkpoints import CHECKPOINT_POLL_S, CheckpointKeeper
 from coordinator.jobs.effects import JobEffects, LaunchError
 from coordinator.jobs.elastic import Undividable, choose_nodes, rebatch
-from coordinator.jobs.fingerprints import Divergence, ReplicaCheck
-from coordinator.jobs.policy import LAUNCH_FAILED, SUCCEEDED, Decision, Outcome, decide
-from coordinator.jobs.rank_watch import POLL_S, RankWatching  # noqa: F401 (re-exported)
+from coordinator.jobs.node_health import NodeHealth
+from coordinator.jobs.policy import LAUNCH_FAILED, RESIZED, STOPPED, SUCCEEDED, Decision, Outcome, decide
+from coordinator.jobs.rank_watch import MAX_REREADS, POLL_S, READ_AGAIN, RankWatcher
 from coordinator.jobs.replica import Replicator
+from coordinator.jobs.run_context import RunContext
 from coordinator.jobs.spec import REPLICA_NONE, JobSpec, JobSpecError, attempt_command, batch_split, is_mlx_lm
+from coordinator.jobs.states import ACTIVE, FINISHED, JobState
 from shared.rpc import RemoteError
+
+__all__ = ["ACTIVE", "CHECKPOINT_POLL_S", "FINISHED", "NODE_WAIT_S", "POLL_S", "JobRunner", "JobState"]
 
 log = structlog.get_logger("job")
 
 NODE_WAIT_S = 600.0
 REATTACH_GRACE_S = 60.0  # a restarted daemon's sessions connect within this; a node still away is lost
-UNREACHABLE_HOLD_S = 15.0  # longer than a session takes to notice its node is gone (keepalives)
-ACTIVE = ("queued", "pending", "preflight", "syncing", "starting", "running", "recovering")
-FINISHED = ("succeeded", "failed", "stopped")
 
 
-class JobRunner(RankWatching, CheckpointKeeping):
+class JobRunner:
     def __init__(self, fx: JobEffects, spec: JobSpec, *, run_id: str, record: dict[str, Any] | None = None,
                  state: str = "pending"):
+        self.ctx = RunContext(fx, spec, run_id=run_id, record=record, state=state)
         self.fx = fx
         self.spec = spec
-        self._spec_fields = spec.as_dict()  # saved with every progress record: made once
         self.run_id = run_id
-        self.record: core.JobRecord = record or core.new_record(run_id, spec.total_steps, fx.now())  # type: ignore
-        self.record["run_id"] = run_id
-        self.state = state
-        self.stop_requested = False
-        self.log = log.bind(job=spec.name, run=run_id)
-        self._progress_offsets: dict[int, int] = {}
-        self._log_offsets: dict[int, int] = {}
-        self._known_checkpoints: dict[str, set[str]] = {}  # node -> names of this attempt's checkpoints there
-        self._last_placement: dict[str, Any] = {}  # what the last resume's placing did (for its event)
-        self._diverged_after: int | None = None  # checkpoints of this attempt after this step are not valid
-        self._checkpoint_poll = anyio.Lock()  # the background watcher and the end of an attempt take turns
+        self.log = self.ctx.log
+        self.health = NodeHealth(fx)
+        self.replicator = Replicator(self.ctx, self.health) if spec.replica != REPLICA_NONE else None
+        self.checkpoints = CheckpointKeeper(self.ctx, self.health, self.replicator)
+        self.ranks = RankWatcher(self.ctx, self.health, self.checkpoints)
+        self.attempt: Attempt | None = None  # the attempt being launched or watched
         self._planned: tuple[dict[str, Any], dict[str, Any]] | None = None  # from pre-flight, for attempt 0
         self._down_since: dict[str, float] = {}
-        # node -> (session generation, time) of a call to it that failed: not trusted again until it
-        # reconnects, or its session stays up for UNREACHABLE_HOLD_S (the call was merely slow)
-        self._unreachable: dict[str, tuple[int, float]] = {}
-        self._replica_check = ReplicaCheck(0)
-        self._divergence: Divergence | None = None
-        self._rank_peaks: dict[str, int] = {}  # rank -> its largest RSS since the last train point
-        self._nothing_left = False
         self.resize_requested: int | None = None  # the checkpoint step the resize waits to pass
-        self.queue_position: int | None = None  # set by the daemon's queue while the job waits
-        self.replicator = Replicator(self) if spec.replica != REPLICA_NONE else None
+        self.queue_position: int | None = None  # set by the job manager's queue while the job waits
         self.done = anyio.Event()
-        self._stop_asked = anyio.Event()  # wakes a restart's backoff or a wait for nodes at once
-        if self.record.get("stop_requested") and state not in FINISHED:
-            self.stop_requested = True
-            self._stop_asked.set()
 
-    def request_stop(self) -> None:
-        """coord stop: kept with the run, so that a daemon restarted before it took effect still honours it."""
-        self.stop_requested = True
-        self._stop_asked.set()
-        self.record["stop_requested"] = True
-        self.save()
+    # --- what the rest of coord sees --------------------------------------------------------
 
-    async def _pause(self, seconds: float) -> None:
-        """Sleep between attempts or polls, cut short by a stop."""
-        with anyio.move_on_after(seconds):
-            await self._stop_asked.wait()
+    @property
+    def record(self) -> dict[str, Any]:
+        return self.ctx.record
 
-    # --- persistence and events ---------------------------------------------------------
+    @property
+    def state(self) -> JobState:
+        return self.ctx.state
+
+    @property
+    def stop_requested(self) -> bool:
+        return self.ctx.stop_requested
 
     def save(self) -> None:
-        self.fx.save_run(self.run_id, self.spec.name, self._spec_fields, self.state, dict(self.record))
+        self.ctx.save()
 
     def event(self, kind: str, message: str, **data: Any) -> None:
-        self.log.info(kind, message=message, **data)
-        self.fx.event(f"job.{kind}", f"{self.spec.name}: {message}", {"run": self.run_id, **data})
+        self.ctx.event(kind, message, **data)
 
     def set_state(self, state: str) -> None:
-        self.state = state
-        self.save()
+        self.ctx.set_state(state)
 
     def job_nodes(self) -> list[str]:
-        """The nodes this job holds: the ones it names (coord run --nodes), else every node."""
-        return list(self.spec.nodes) if self.spec.nodes else self.fx.node_names()
+        return self.ctx.job_nodes()
 
-    def _node_up(self, name: str) -> bool:
-        """Up, and not the same session that just failed a call (it may not have noticed yet)."""
-        view = self.fx.node(name)
-        failed = self._unreachable.get(name)
-        if failed is not None and (view.generation > failed[0]
-                                   or self.fx.monotonic() - failed[1] > UNREACHABLE_HOLD_S):
-            self._unreachable.pop(name, None)
-            failed = None
-        return view.up and failed is None
-
-    def _mark_unreachable(self, name: str) -> None:
-        self._unreachable[name] = (self.fx.node(name).generation, self.fx.monotonic())
+    def request_stop(self) -> None:
+        self.ctx.request_stop()
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -149,11 +124,14 @@ class JobRunner(RankWatching, CheckpointKeeping):
         ``coord run --resume`` continues from the newest valid checkpoint."""
         reason = core.describe_exception(exc, "the job's supervisor stopped on an unexpected error")
         try:
-            await self._stop_everything()
+            await self._stop_everything(self._last_attempt())
         except Exception as stop_exc:  # noqa: BLE001 (the job is failing already; say both)
             reason += f"; stopping its ranks failed too: {core.describe_exception(stop_exc, 'stop')}"
         self.record["error"] = f"{reason}; resume with: coord run --resume {self.spec.name}"
-        self.set_state("failed")
+        if self.state in FINISHED:  # it had ended already: the error is kept, the outcome stands
+            self.save()
+        else:
+            self.set_state(JobState.FAILED)
         self.event("failed", self.record["error"])
 
     async def reap_when_back(self) -> None:
@@ -162,9 +140,9 @@ class JobRunner(RankWatching, CheckpointKeeping):
         deadline = self.fx.monotonic() + NODE_WAIT_S
         while self.record.get("unstopped") and self.fx.monotonic() < deadline:
             await anyio.sleep(2.0)
-            await self._reap()
+            await self.reap()
 
-    async def _reap(self) -> None:
+    async def reap(self) -> None:
         """Stop the ranks of earlier attempts whose nodes were away when those attempts were stopped."""
         left = []
         for name, attempt, rank in self.record.get("unstopped", []):
@@ -187,10 +165,10 @@ class JobRunner(RankWatching, CheckpointKeeping):
             if not await self._prepare() or self._stopped_before_launch():
                 return
             outcome = await self._launch(self.job_nodes())
-        elif self.state in ("recovering", "starting"):
+        elif self.state in (JobState.RECOVERING, JobState.STARTING):
             # The daemon stopped between two attempts, or while one was being started: that one
             # is over (its leftovers are stopped before the next launch), the restart counted.
-            self._resume_bookkeeping()
+            self.attempt = Attempt.resumed(self.record, self.fx, self.run_id)
             self.event("reattached", f"finishing the recovery after attempt {self.record['attempt']} after a "
                        "daemon restart")
             nodes = await self._wait_for_nodes(elastic=True)
@@ -198,8 +176,8 @@ class JobRunner(RankWatching, CheckpointKeeping):
                 return
             # Whatever the old daemon had not done yet: every rank stopped, the attempt's last
             # checkpoints catalogued, so the resume is from the newest one.
-            await self._stop_everything()
-            await self._poll_checkpoints(attempt_over=True)
+            await self._stop_everything(self.attempt)
+            await self.checkpoints.poll(self.attempt, attempt_over=True)
             outcome = await self._launch(nodes)
         else:
             # The sessions of a daemon that just started are still connecting: a node that is
@@ -208,45 +186,58 @@ class JobRunner(RankWatching, CheckpointKeeping):
             if await self._wait_for_nodes(self.record["order"] or None, give_up_after=REATTACH_GRACE_S) is None \
                     and self.state in FINISHED:
                 return
-            self._resume_bookkeeping()
+            self.attempt = Attempt.resumed(self.record, self.fx, self.run_id)
             self.event("reattached", f"supervising attempt {self.record['attempt']} again after a daemon restart")
             outcome = None
         while True:
             if outcome is None:
-                outcome = await self._monitor()
-            stop_started = self.fx.monotonic()
-            stopped = await self._stop_everything()
-            self.event("stopped_ranks", f"attempt {self.record['attempt']}: every rank stopped"
-                       if stopped else "some ranks could not be confirmed stopped",
-                       seconds=round(self.fx.monotonic() - stop_started, 3))
-            # Checkpoints written up to the end count; with the ranks stopped nothing is still
-            # being written, so a damaged one is judged now.
-            await self._poll_checkpoints(attempt_over=True)
-            history = [_outcome_of(h) for h in self.record["history"]]
-            decision = decide(outcome, history, max_restarts=self.spec.max_restarts,
-                              restarts_used=self.record["restarts"])
-            self.record["history"].append({**outcome.__dict__, "attempt": self.record["attempt"],
-                                           "counted": decision.action == "restart" and decision.counts})
+                outcome = await self._monitor(self._last_attempt())
+            decision = await self._end_attempt(outcome)
             if await self._finish(decision, outcome):
                 return
             if decision.counts:
                 self.record["restarts"] += 1
-            self.set_state("recovering")  # the outcome, the restart and the state in one save
+            self.set_state(JobState.RECOVERING)  # the outcome, the restart and the state in one save
             if decision.counts:
                 when = f"in {decision.delay_s:g} s" if decision.delay_s else "now"
                 self.event("restart", f"restart {self.record['restarts']} of {self.spec.max_restarts} {when}: "
                            f"{decision.reason}", delay_s=decision.delay_s)
-            await self._pause(decision.delay_s)
+            await self.ctx.pause(decision.delay_s)
             nodes = await self._wait_for_nodes(elastic=True)
             if nodes is None or self._stopped_before_launch():
                 return
             outcome = await self._launch(nodes)
 
+    async def _end_attempt(self, outcome: Outcome) -> Decision:
+        """Every rank stopped, the last checkpoints catalogued, and the policy's word on what follows."""
+        attempt = self._last_attempt()
+        stop_started = self.fx.monotonic()
+        stopped = await self._stop_everything(attempt)
+        self.event("stopped_ranks", f"attempt {self.record['attempt']}: every rank stopped"
+                   if stopped else "some ranks could not be confirmed stopped",
+                   seconds=round(self.fx.monotonic() - stop_started, 3))
+        # Checkpoints written up to the end count; with the ranks stopped nothing is still
+        # being written, so a damaged one is judged now.
+        await self.checkpoints.poll(attempt, attempt_over=True)
+        history = [_outcome_of(h) for h in self.record["history"]]
+        decision = decide(outcome, history, max_restarts=self.spec.max_restarts,
+                          restarts_used=self.record["restarts"])
+        self.record["history"].append({**outcome.__dict__, "attempt": self.record["attempt"],
+                                       "counted": decision.action == "restart" and decision.counts})
+        return decision
+
+    def _last_attempt(self) -> Attempt | None:
+        """The attempt launched last (read back from the record when this runner did not launch it:
+        a run continued with --resume, or one a restarted daemon supervises again)."""
+        if self.attempt is None and self.record.get("attempt", -1) >= 0:
+            self.attempt = Attempt.resumed(self.record, self.fx, self.run_id)
+        return self.attempt
+
     async def _finish(self, decision: Decision, outcome: Outcome) -> bool:
         if decision.action != "restart":
             self.record.pop("failed_at", None)  # no recovery follows (a --resume later is not one)
         if decision.action == "succeed":
-            await self._await_final_copy()
+            await self.checkpoints.await_final_copy()
             self.set_state("succeeded")
             self.event("succeeded", f"finished at step {self.record['step']} with {self.record['restarts']} restarts"
                        + (f"; {self.record['warning']}" if self.record.get("warning") else ""))
@@ -297,21 +288,6 @@ class JobRunner(RankWatching, CheckpointKeeping):
         self.event("stopped", "stopped on request before the next attempt was launched")
         return True
 
-    def _resume_bookkeeping(self) -> None:
-        """After a daemon restart: the head already holds the start of each rank's log, the
-        record says how far the progress was read, and the catalog holds the attempt's
-        checkpoints; none of them is fetched or judged again."""
-        self._progress_offsets = self.record["progress_offsets"] = {
-            int(rank): offset for rank, offset in (self.record.get("progress_offsets") or {}).items()}
-        self._replica_check = ReplicaCheck.from_state(len(self.record.get("order", [])), self.record.get("replica_state"))
-        self._diverged_after = self.record.get("diverged_after")  # the attempt's checkpoints after it are not valid
-        self._log_offsets = {rank: self.fx.log_size(self.run_id, self.record["attempt"], rank)
-                             for rank in range(len(self.record.get("order", [])))}
-        self._known_checkpoints = {}
-        for c in self.fx.checkpoints(self.run_id):
-            if c["attempt"] == self.record["attempt"] and catalog.role(c) != catalog.REPLICA:
-                self._known_checkpoints.setdefault(c["node"], set()).add(posixpath.basename(c["path"]))
-
     def _fail_early(self, reason: str) -> bool:
         self.record["error"] = reason
         self.set_state("failed")
@@ -332,7 +308,7 @@ class JobRunner(RankWatching, CheckpointKeeping):
         announced = None
         while True:
             now = self.fx.monotonic()
-            up = [n for n in configured if self._node_up(n)]
+            up = [n for n in configured if self.health.up(n)]
             for name in configured:
                 if name in up:
                     self._down_since.pop(name, None)
@@ -361,16 +337,16 @@ class JobRunner(RankWatching, CheckpointKeeping):
             if give_up_after is not None and self.fx.monotonic() - started > give_up_after:
                 return None
             if self.fx.monotonic() - started > NODE_WAIT_S:
-                await self._stop_everything()  # what runs of the last attempt on the nodes that are here
+                await self._stop_everything(self._last_attempt())  # what runs of the last attempt on the nodes that are here
                 self._fail_early(f"nodes did not come back within {NODE_WAIT_S:g} s: {why}")
                 return None
             if why != announced:
                 self.event("waiting_for_nodes", why)
                 announced = why
-            await self._pause(delay)
+            await self.ctx.pause(delay)
             delay = min(delay * 2, 2.0 if elastic else 5.0)
 
-    def _batch_for(self, nodes: list[str]):
+    def _batch_for(self, nodes: list[str]) -> Any:
         """The batch split for an attempt on ``nodes`` (None: the job's own options, unchanged)."""
         configured = len(self.job_nodes())
         if len(nodes) == configured or not is_mlx_lm(self.spec.command):
@@ -389,98 +365,98 @@ class JobRunner(RankWatching, CheckpointKeeping):
         started = self.fx.monotonic()
         if self.record["attempt"] >= 0:
             # A node that was away when the last attempt was stopped may still run its rank.
-            await self._stop_everything()
+            await self._stop_everything(self._last_attempt())
         self.record["attempt"] += 1
-        attempt = self.record["attempt"]
+        number = self.record["attempt"]
+        self.attempt = Attempt.fresh(number, nodes, self.record)
         self.record["launcher_pid"] = None
         self.record["launched_at"] = self.fx.now()
         self.record["first_step_at"] = None
         self.record["last_progress"] = self.fx.now()
-        self.set_state("starting")
-        self._progress_offsets = self.record["progress_offsets"] = {}  # saved with the record
-        self.record["rank_memory"] = {}
-        self._rank_peaks.clear()
-        self._log_offsets.clear()
-        self._replica_check = ReplicaCheck(len(nodes))
-        self.record["replica_state"] = None
-        self._divergence = None
-        self._known_checkpoints.clear()
-        self._diverged_after = self.record["diverged_after"] = None
+        self.set_state(JobState.STARTING)
         try:
-            return await self._start_attempt(attempt, nodes, started)
+            return await self._start_attempt(self.attempt, nodes, started)
         except LaunchError as exc:
             if exc.node is not None:
-                self._mark_unreachable(exc.node)
+                self.health.mark_unreachable(exc.node)
             signature = f"node:{exc.node}" if exc.node else f"launch:{exc.message}"
-            return self._outcome(LAUNCH_FAILED, f"attempt {attempt} could not be launched: {exc.message}",
-                                 signature)
+            return self.ranks.ended(None, LAUNCH_FAILED, f"attempt {number} could not be launched: {exc.message}",
+                                    signature)
 
-    async def _start_attempt(self, attempt: int, nodes: list[str], started: float) -> Outcome | None:
-        previous = list(self.record["order"])
+    async def _plan(self, nodes: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The backend choice and hostfile for ``nodes``: the ones pre-flight just made for attempt 0."""
         if self._planned is not None and len(nodes) == len(self.fx.node_names()) and self.spec.nodes is None:
-            (choice, document), self._planned = self._planned, None
-        else:
-            choice, document = await self.fx.plan_launch(nodes, self.spec.backend)
+            planned, self._planned = self._planned, None
+            return planned
+        return await self.fx.plan_launch(nodes, self.spec.backend)
+
+    def _say_resized(self, previous: list[str], order: list[str], batch: Any) -> None:
+        left, back = sorted(set(previous) - set(order)), sorted(set(order) - set(previous))
+        self.event("resized", f"{len(previous)} → {len(order)} ranks"
+                   + (f"; left out {', '.join(left)}" if left else "") + (f"; back {', '.join(back)}" if back else "")
+                   + f"; {batch.describe() if batch else 'the job' + chr(39) + 's own batch'}; hostfile rewritten",
+                   nodes=order, left_out=left, back=back)
+
+    def _say_resume(self, resume: dict[str, Any], order: list[str], seconds: float) -> None:
+        placed = self.checkpoints.last_placement
+        copied = placed.get("copied_to") or []
+        # Name the copy the bytes came from only when some were sent: with nothing copied, every
+        # rank read its own node's copy, whatever copy the catalog lists first.
+        self.event("resume_from", f"resuming from the checkpoint of step {resume['step']}; "
+                   + (f"{len(placed.get('in_place') or [])} of {len(order)} nodes from their own copy, "
+                      f"copied from {resume['node']}:{resume['path']} to {', '.join(copied)}" if copied
+                      else "every node from its own copy, nothing copied"),
+                   step=resume["step"], attempt=resume["attempt"], in_place=placed.get("in_place") or [],
+                   copied_to=copied, bytes_copied=placed.get("bytes_copied", 0), seconds=round(seconds, 3))
+
+    async def _start_attempt(self, attempt: Attempt, nodes: list[str], started: float) -> Outcome | None:
+        previous = list(self.record["order"])
+        choice, document = await self._plan(nodes)
         order = choice.get("order") or nodes
         batch = self._batch_for(order)
         self.record["batch"] = batch.describe() if batch else None
         if previous and set(previous) != set(order):
-            left, back = sorted(set(previous) - set(order)), sorted(set(order) - set(previous))
-            self.event("resized", f"{len(previous)} → {len(order)} ranks"
-                       + (f"; left out {', '.join(left)}" if left else "") + (f"; back {', '.join(back)}" if back else "")
-                       + f"; {batch.describe() if batch else 'the job' + chr(39) + 's own batch'}; hostfile rewritten",
-                       nodes=order, left_out=left, back=back)
-        self.record["order"] = order
+            self._say_resized(previous, order, batch)
+        self.record["order"] = attempt.order = list(order)
         self.record["backend"] = core.launch_links(choice)
         self.save()  # before any rank can start: a daemon restarted from here knows whom to stop
         choose_started = self.fx.monotonic()
         if self.record.get("uncatalogued"):
-            async with self._checkpoint_poll:
-                await self._catalogue_left_behind()
-        resume, resume_files = await self._choose_resume(order)
+            await self.checkpoints.catalogue_left_behind()
+        resume, resume_files = await self.checkpoints.choose_resume(order)
         start_step = resume["step"] if resume else 0
-        self.record["start_step"] = start_step
+        self.record["start_step"] = attempt.start_step = start_step
         # This attempt's progress starts where it resumes: a step an earlier attempt reached is
         # not this one's (an attempt whose ranks all exit 0 must have reached the total itself).
         self.record["step"] = start_step
         if resume:
-            placed = self._last_placement
-            copied = placed.get("copied_to") or []
-            # Name the copy the bytes came from only when some were sent: with nothing copied, every
-            # rank read its own node's copy, whatever copy the catalog lists first.
-            self.event("resume_from", f"resuming from the checkpoint of step {resume['step']}; "
-                       + (f"{len(placed.get('in_place') or [])} of {len(order)} nodes from their own copy, "
-                          f"copied from {resume['node']}:{resume['path']} to {', '.join(copied)}" if copied
-                          else "every node from its own copy, nothing copied"),
-                       step=resume["step"], attempt=resume["attempt"], in_place=placed.get("in_place") or [],
-                       copied_to=copied, bytes_copied=placed.get("bytes_copied", 0),
-                       seconds=round(self.fx.monotonic() - choose_started, 3))
+            self._say_resume(resume, order, self.fx.monotonic() - choose_started)
         if self.spec.total_steps is not None and start_step >= self.spec.total_steps:
             # The newest valid checkpoint of this run is the final step: there is nothing left to run.
             self.record["step"] = max(self.record["step"], start_step)
-            self.set_state("running")
-            return self._outcome(SUCCEEDED, f"the checkpoint of step {start_step} is the last step", "")
-        if attempt == 0 or not self.record.get("diagnoses"):
-            self._diagnose_launch(order, document, batch)
+            self.set_state(JobState.RUNNING)
+            return self.ranks.ended(attempt, SUCCEEDED, f"the checkpoint of step {start_step} is the last step", "")
+        if attempt.number == 0 or not self.record.get("diagnoses"):
+            self.ranks.diagnose_launch(order, document, batch)
         # The history's curve goes on from start_step: what an earlier attempt reported past it is dropped.
-        previous = self.record["history"][-1] if self.record["history"] else None
-        self.fx.record_attempt(self.run_id, attempt, start_step, order,
-                               f"attempt {previous['attempt']}: {previous['kind']}: {previous['detail']}"
-                               if previous else None)
-        await self._prepare_ranks(attempt, order, resume_files, start_step, batch)
+        last = self.record["history"][-1] if self.record["history"] else None
+        self.fx.record_attempt(self.run_id, attempt.number, start_step, order,
+                               f"attempt {last['attempt']}: {last['kind']}: {last['detail']}" if last else None)
+        await self._prepare_ranks(attempt.number, order, resume_files, start_step, batch)
         # Saved before any rank starts: a daemon restarted while this attempt runs catalogues its
         # checkpoints from start_step (a file's name is its step within the attempt). Saved later,
         # a restart would read the previous attempt's start step and misnumber every checkpoint.
         self.save()
-        self.record["launcher_pid"] = self.fx.start_launcher(self.run_id, attempt, document)
+        self.record["launcher_pid"] = self.fx.start_launcher(self.run_id, attempt.number, document)
         self.record["last_progress"] = self.fx.now()
-        self.set_state("running")
-        self.event("launched", f"attempt {attempt} launched on {', '.join(order)} from step {start_step} "
-                   f"({choice['backend']})", attempt=attempt, seconds=round(self.fx.monotonic() - started, 3))
+        self.set_state(JobState.RUNNING)
+        self.event("launched", f"attempt {attempt.number} launched on {', '.join(order)} from step {start_step} "
+                   f"({choice['backend']})", attempt=attempt.number,
+                   seconds=round(self.fx.monotonic() - started, 3))
         return None
 
     async def _prepare_ranks(self, attempt: int, order: list[str], resume_files: dict[str, str], start_step: int,
-                             batch) -> None:
+                             batch: Any) -> None:
         """Each rank's script on its node, all at once; a node that cannot take it is a LaunchError."""
         errors: dict[str, RemoteError] = {}
 
@@ -513,15 +489,39 @@ class JobRunner(RankWatching, CheckpointKeeping):
             raise LaunchError(f"rank {order.index(name)} could not be prepared on {name}: {exc.message}",
                               node=name if core.unreachable_error(exc.code) else None)
 
-    async def _monitor(self) -> Outcome:
+    async def _monitor(self, attempt: Attempt | None) -> Outcome:
         """Watch the attempt until it ends one way or another. Checkpoints are found and hashed
         in a task of their own: hashing a large one takes seconds, and a rank's exit must not
         wait for it."""
+        assert attempt is not None, "an attempt is watched only once it was launched"
         async with anyio.create_task_group() as watchers:
-            watchers.start_soon(self._watch_checkpoints)
-            outcome = await self._watch_ranks()
+            watchers.start_soon(self.checkpoints.watch, attempt)
+            outcome = await self._watch(attempt)
             watchers.cancel_scope.cancel()
         return outcome
+
+    async def _watch(self, attempt: Attempt) -> Outcome:
+        """Poll every rank through its node's agent until the attempt ends; between polls, ranks
+        left behind on nodes that are back are stopped and a resize asked for is honoured."""
+        ended = await self.ranks.diverged_before_restart(attempt)
+        if ended is not None:
+            return ended
+        rereads = 0
+        while True:
+            if self.stop_requested:
+                return self.ranks.ended(attempt, STOPPED, "stop requested", "")
+            polled = await self.ranks.poll(attempt, may_read_again=rereads < MAX_REREADS)
+            if polled == READ_AGAIN:
+                rereads += 1
+                continue
+            if isinstance(polled, Outcome):
+                return polled
+            if self.record.get("unstopped"):
+                await self.reap()
+            resize = self._resize_due()
+            if resize:
+                return self.ranks.ended(attempt, RESIZED, resize, "resize")
+            await self.ctx.pause(POLL_S)
 
     def request_resize(self) -> str:
         """coord resize: relaunch on every node that is up, right after the next checkpoint (so that
@@ -531,7 +531,7 @@ class JobRunner(RankWatching, CheckpointKeeping):
         return self._resize_due() or "the job will be relaunched on every node that is up after its next checkpoint"
 
     def _resize_due(self) -> str | None:
-        up = [n for n in self.job_nodes() if self._node_up(n)]
+        up = [n for n in self.job_nodes() if self.health.up(n)]
         last = self.record.get("last_checkpoint")
         verdict = core.resize_due(self.resize_requested, up, self.record["order"], last["step"] if last else None)
         if not verdict.pending:
@@ -540,40 +540,39 @@ class JobRunner(RankWatching, CheckpointKeeping):
             self.event("resize_skipped", verdict.skipped)
         return verdict.reason
 
-    async def _stop_everything(self) -> bool:
-        """Stop every rank on every node, and the launcher; True when none is left anywhere."""
-        attempt = self.record["attempt"]
-        if attempt < 0:
+    async def _stop_everything(self, attempt: Attempt | None) -> bool:
+        """Stop every rank of the attempt on every node, and the launcher; True when none is left anywhere."""
+        if attempt is None:
             return True
+        number = attempt.number
         pid = self.record.get("launcher_pid")
         if pid:
             await self.fx.stop_launcher(pid, final=False)
         results: dict[str, bool] = {}
 
+        def left_running(rank: int, name: str) -> None:
+            results[name] = False
+            unstopped = self.record.setdefault("unstopped", [])
+            if [name, number, rank] not in unstopped:
+                unstopped.append([name, number, rank])
+
         async def stop(rank: int, name: str) -> None:
             if not self.fx.node(name).up:
-                results[name] = False
-                unstopped = self.record.setdefault("unstopped", [])
-                if [name, attempt, rank] not in unstopped:
-                    unstopped.append([name, attempt, rank])
+                left_running(rank, name)
                 return
             try:
-                answer = await self.fx.call(name, "stop_rank", {"job": self.run_id, "attempt": attempt,
+                answer = await self.fx.call(name, "stop_rank", {"job": self.run_id, "attempt": number,
                                                                 "rank": rank}, timeout=30)
                 results[name] = answer["stopped"]
             except RemoteError:
-                results[name] = False
-                unstopped = self.record.setdefault("unstopped", [])
-                if [name, attempt, rank] not in unstopped:
-                    unstopped.append([name, attempt, rank])
+                left_running(rank, name)
 
         async with anyio.create_task_group() as tasks:
-            for rank, name in enumerate(self.record.get("order", [])):
+            for rank, name in enumerate(attempt.order):
                 tasks.start_soon(stop, rank, name)
         if pid:
             await self.fx.stop_launcher(pid, final=True)
-        for rank in range(len(self.record.get("order", []))):
-            await self._pull_log(rank, self.record["order"][rank], 1 << 62)
+        await self.ranks.pull_all_logs(attempt)
         self.save()
         return all(results.values())
 
@@ -597,6 +596,8 @@ class JobRunner(RankWatching, CheckpointKeeping):
                 "started": record.get("started"), "command": self.spec.command,
                 "job_nodes": self.job_nodes(), "priority": self.spec.priority,
                 "queue_position": self.queue_position if self.state == "queued" else None}
+
+
 
 
 def _outcome_of(entry: dict[str, Any]) -> Outcome:

@@ -410,7 +410,7 @@ def test_jobs_queue_for_their_nodes_survive_a_daemon_restart_and_disjoint_jobs_r
         return ran.stdout
 
     # A job that holds both nodes and fails for good; one queued behind it; one cancelled while queued.
-    submit("blocker", "--max-restarts", "0", steps="400", more=("--fail-after", "40"))
+    submit("blocker", "--max-restarts", "0", steps="400", more=("--fail-after", "100"))  # 10 s: past a restart on a busy machine
     submit("waiter")
     submit("dropped", "--priority", "-1")
     doc = daemon.status()
