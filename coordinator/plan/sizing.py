@@ -686,7 +686,7 @@ def _pipeline_or_none(shape: ModelShape, nodes: Sequence[NodeMemory], request: M
     for checkpoint in (False, True):
         setup = _setup(shape, **request, grad_checkpoint=checkpoint)
         stages, first = [], 0
-        for index, (node, count) in enumerate(zip(nodes, counts)):
+        for index, (node, count) in enumerate(zip(nodes, counts, strict=True)):  # a count per node
             stage = _Stage(first, first + count, embedding=index == 0, head=index == len(nodes) - 1)
             need = _estimate_stage(shape, setup, stage).total_bytes
             stages.append({"node": node.name, "first_block": first, "last_block": first + count - 1,
