@@ -5,8 +5,20 @@ from __future__ import annotations
 import pytest
 
 from coordinator.jobs import catalog
-from coordinator.jobs.policy import (HUNG, NODE_LOST, RANK_FAILED, STOPPED, SUCCEEDED, Outcome, RankFailure, backoff,
-                                     decide, hang_timeout, restart_delay, root_cause)
+from coordinator.jobs.policy import (
+    HUNG,
+    NODE_LOST,
+    RANK_FAILED,
+    STOPPED,
+    SUCCEEDED,
+    Outcome,
+    RankFailure,
+    backoff,
+    decide,
+    hang_timeout,
+    restart_delay,
+    root_cause,
+)
 from coordinator.jobs.spec import JobSpec, JobSpecError, attempt_command, is_mlx_lm, validate
 
 FAIL_EARLY = Outcome(RANK_FAILED, "rank 1 exited with status 1: ImportError", False, "exit:1:ImportError")
