@@ -22,6 +22,8 @@ import re
 import struct
 from typing import Any, NamedTuple
 
+from shared import safetensors_header
+
 #: The dtype codes of the safetensors format.
 DTYPES = frozenset({"BOOL", "U8", "I8", "U16", "I16", "F16", "BF16", "U32", "I32", "F32", "U64", "I64", "F64"})
 #: Readers refuse larger headers; so do we (a corrupt length must not make us read gigabytes).
@@ -130,20 +132,7 @@ def _pid_alive(pid: int) -> bool:
 
 def read_header(path: str) -> dict[str, Any]:
     """The JSON header of a safetensors file (tensor entries and ``__metadata__``)."""
-    with open(path, "rb") as handle:
-        head = handle.read(8)
-        if len(head) != 8:
-            raise ValueError(f"{path}: shorter than a safetensors header")
-        (length,) = struct.unpack("<Q", head)
-        if length > MAX_HEADER:
-            raise ValueError(f"{path}: header length {length} is beyond the limit")
-        raw = handle.read(length)
-    if len(raw) != length:
-        raise ValueError(f"{path}: header runs past the end of the file")
-    header = json.loads(raw)
-    if not isinstance(header, dict):
-        raise ValueError(f"{path}: header is not a JSON object")
-    return header
+    return safetensors_header.read_header(path)
 
 
 def read_metadata(path: str) -> dict[str, str]:

@@ -145,10 +145,11 @@ def _watch_status(args: argparse.Namespace, socket: Path, hint: str | None) -> i
 
     console = Console()
     try:
-        with Live(console=console, auto_refresh=False, screen=False) as live:
+        # Each refresh renders into a recording console that writes nowhere (one devnull, not one a refresh).
+        with open(os.devnull, "w") as devnull, Live(console=console, auto_refresh=False, screen=False) as live:
             while True:
                 doc = ask_daemon(socket, "status", {"events": args.events}, config_hint=hint)
-                capture = Console(record=True, width=console.width, file=open(os.devnull, "w"))
+                capture = Console(record=True, width=console.width, file=devnull)
                 render_status(doc, capture)
                 from rich.text import Text
                 live.update(Text.from_ansi(capture.export_text(styles=True)), refresh=True)
@@ -464,7 +465,8 @@ def _init_from_hosts(args: argparse.Namespace, path: Path) -> int:
         for report in reports:
             print("\n".join(init.summary(report)))
         if written:
-            print(f"wrote {path} ({len(reports)} node{'s' if len(reports) != 1 else ''}). Start the daemon with: coord daemon --config {path}")
+            print(f"wrote {path} ({len(reports)} node{'s' if len(reports) != 1 else ''}). "
+                  f"Start the daemon with: coord daemon --config {path}")
         else:
             bad = [r.name for r in reports if not r.ok]
             print(f"nothing written: {', '.join(bad)} not ready; fix them, then run this command again",
@@ -476,7 +478,8 @@ def _init_words(args: argparse.Namespace, path: Path) -> list[str]:
     """The command line that wrote a cluster file, for its first comment."""
     words = ["init", "--hosts", args.hosts, "-o", str(path)]
     for flag, value, default in (("--name", args.name, "cluster"), ("--workdir", args.workdir, "coord-work"),
-                                 ("--known-hosts", args.known_hosts, None), ("--identity-file", args.identity_file, None),
+                                 ("--known-hosts", args.known_hosts, None),
+                                 ("--identity-file", args.identity_file, None),
                                  ("--ssh-config", args.ssh_config, None)):
         if value and value != default:
             words += [flag, value]
@@ -541,7 +544,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--watch", "-w", action="store_true", help="refresh until interrupted")
     p.add_argument("--all", action="store_true", help="every run of every job, not only each job's newest run")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes with --watch")
-    p.add_argument("--events", type=int, default=10, help="how many recent events to show (default 10; the daemon keeps them all, up to 10,000 are shown)")
+    p.add_argument("--events", type=int, default=10,
+                   help="how many recent events to show (default 10; the daemon keeps them all, "
+                        "up to 10,000 are shown)")
     p.add_argument("--check", action="store_true", help="exit 1 unless every node is up")
     p.add_argument("--history", action="store_true",
                    help="add the metrics history: each run's curves (loss, learning rate, tokens/s, validation "

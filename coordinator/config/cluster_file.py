@@ -223,7 +223,8 @@ def parse_config(text: str, path: Path | None = None) -> ClusterConfig:
     for i, node in enumerate(nodes):
         if node.name in seen:
             raise ConfigError(locate.message("nodes", i, "name",
-                                             f"duplicate node name {node.name!r} (first used by nodes[{seen[node.name]}])"))
+                                             f"duplicate node name {node.name!r} "
+                                             f"(first used by nodes[{seen[node.name]}])"))
         seen[node.name] = i
 
     state_dir, socket = socket_of(cluster, base)
@@ -301,7 +302,8 @@ def _relative_paths(values: list, table: str, index: int | None, key: str, locat
         try:
             out.append(check_relative(value))
         except UnsafePath as exc:
-            raise ConfigError(locate.message(table, index, key, f"{key}: {exc} (paths are relative to the workdir)"))
+            raise ConfigError(locate.message(table, index, key,
+                                             f"{key}: {exc} (paths are relative to the workdir)")) from None
     return tuple(out)
 
 
@@ -334,7 +336,8 @@ def _parse_node(entry: Any, index: int, locate: _Locator, base: Path) -> NodeCon
                                          f"node name {name!r} must be letters, digits, '.', '_' or '-' (at most 63)"))
     host = entry["host"].strip()
     if not host or any(c.isspace() for c in host) or host.startswith("-"):
-        raise ConfigError(locate.message("nodes", index, "host", f"host {entry['host']!r} is not an address or ssh alias"))
+        raise ConfigError(locate.message("nodes", index, "host",
+                                         f"host {entry['host']!r} is not an address or ssh alias"))
     port = entry.get("port")
     if port is not None and not 0 < port < 65536:
         raise ConfigError(locate.message("nodes", index, "port", f"port {port} is not between 1 and 65535"))
@@ -389,43 +392,70 @@ def _parse_alerts(entries: list, locate: _Locator, base: Path) -> tuple[AlertSet
 
 
 def _parse_alert(entry: Any, index: int, locate: _Locator, base: Path) -> AlertSettings:
-    label = f"alerts[{index}]"
-
-    def refuse(key: str | None, text: str) -> ConfigError:
-        return ConfigError(locate.message("alerts", index, key, f"{label}: {text}"))
-
     if not isinstance(entry, dict):
         raise ConfigError(locate.message("alerts", index, None, "each alert must be an [[alerts]] table"))
     _check_table(entry, _ALERT_KEYS, "alerts", index, locate)
-    name = entry.get("name", label)
+    refuse = _Refusal(locate, index)
+    name = entry.get("name", refuse.label)
     if "name" in entry and not NODE_NAME.match(name):
         raise refuse("name", f"name {name!r} must be letters, digits, '.', '_' or '-' (at most 63)")
     if ("webhook" in entry) == ("command" in entry):
-        raise refuse(None, "give exactly one destination: webhook = \"https://...\" or command = [\"/path/to/program\", "
-                           "\"arg\", ...]")
+        raise refuse(None, "give exactly one destination: webhook = \"https://...\" or "
+                           "command = [\"/path/to/program\", \"arg\", ...]")
     webhook = entry.get("webhook")
     if webhook is not None:
-        try:
-            parts = urlsplit(webhook)
-            valid = parts.scheme in ("http", "https") and bool(parts.hostname) and not any(c.isspace() for c in webhook)
-            parts.port  # noqa: B018 (raises on a port that is not a number)
-        except ValueError:
-            valid = False
-        if not valid:
-            raise refuse("webhook", f"webhook must be an http:// or https:// URL with a host, got {redact_url(webhook)!r}")
+        _check_webhook(webhook, refuse)
     fmt = entry.get("format", "generic")
     if fmt not in ALERT_FORMATS:
         raise refuse("format", f"format must be one of {', '.join(ALERT_FORMATS)}, got {fmt!r}")
     if "format" in entry and webhook is None:
         raise refuse("format", "format applies to a webhook only; a command gets the alert as JSON on its stdin")
-    command = entry.get("command", [])
-    if webhook is None:
-        if not command or not all(isinstance(word, str) and word for word in command):
-            raise refuse("command", "command must be a non-empty list of strings, the program and its arguments "
-                                    "(it runs without a shell), e.g. [\"/usr/local/bin/notify\", \"--urgent\"]")
-        if "/" in command[0]:  # a path, relative to the cluster file like every path in it; else found on PATH
-            command = [str(resolve_under(command[0], base)), *command[1:]]
-    on = entry.get("on", list(DEFAULT_ALERT_EVENTS))
+    command = _alert_command(entry.get("command", []), base, refuse) if webhook is None else []
+    on = _alert_events(entry.get("on", list(DEFAULT_ALERT_EVENTS)), refuse)
+    minutes = _alert_minutes(entry, on, refuse)
+    retries = entry.get("retries", 4)
+    if not 0 <= retries <= 20:
+        raise refuse("retries", f"retries must be between 0 and 20, got {retries}")
+    return AlertSettings(name=name, on=tuple(on), webhook=webhook, format=fmt, command=tuple(command),
+                         retries=retries, **minutes)
+
+
+@dataclass(frozen=True)
+class _Refusal:
+    """The ConfigError for a key of alerts[index], its message starting with ``alerts[index]:``."""
+
+    locate: _Locator
+    index: int
+
+    @property
+    def label(self) -> str:
+        return f"alerts[{self.index}]"
+
+    def __call__(self, key: str | None, text: str) -> ConfigError:
+        return ConfigError(self.locate.message("alerts", self.index, key, f"{self.label}: {text}"))
+
+
+def _check_webhook(webhook: str, refuse: _Refusal) -> None:
+    try:
+        parts = urlsplit(webhook)
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname) and not any(c.isspace() for c in webhook)
+        parts.port  # noqa: B018 (raises on a port that is not a number)
+    except ValueError:
+        valid = False
+    if not valid:
+        raise refuse("webhook", f"webhook must be an http:// or https:// URL with a host, got {redact_url(webhook)!r}")
+
+
+def _alert_command(command: list, base: Path, refuse: _Refusal) -> list[str]:
+    if not command or not all(isinstance(word, str) and word for word in command):
+        raise refuse("command", "command must be a non-empty list of strings, the program and its arguments "
+                                "(it runs without a shell), e.g. [\"/usr/local/bin/notify\", \"--urgent\"]")
+    if "/" in command[0]:  # a path, relative to the cluster file like every path in it; else found on PATH
+        return [str(resolve_under(command[0], base)), *command[1:]]
+    return command
+
+
+def _alert_events(on: list, refuse: _Refusal) -> list[str]:
     if not on or not all(isinstance(kind, str) for kind in on):
         raise refuse("on", f"on must be a non-empty list of event names: {', '.join(ALERT_EVENTS)}")
     unknown = [kind for kind in on if kind not in ALERT_EVENTS]
@@ -433,6 +463,10 @@ def _parse_alert(entry: Any, index: int, locate: _Locator, base: Path) -> AlertS
         raise refuse("on", f"unknown event {unknown[0]!r} in on (expected any of: {', '.join(ALERT_EVENTS)})")
     if len(set(on)) != len(on):
         raise refuse("on", "on names an event twice")
+    return on
+
+
+def _alert_minutes(entry: dict, on: list[str], refuse: _Refusal) -> dict[str, float]:
     minutes = {}
     for key, event, default in (("stalled_minutes", "job_stalled", 30.0), ("node_down_minutes", "node_down", 5.0)):
         if key in entry and event not in on:
@@ -440,11 +474,7 @@ def _parse_alert(entry: Any, index: int, locate: _Locator, base: Path) -> AlertS
         minutes[key] = float(entry.get(key, default))
         if minutes[key] <= 0:
             raise refuse(key, f"{key} must be greater than 0, got {entry[key]!r}")
-    retries = entry.get("retries", 4)
-    if not 0 <= retries <= 20:
-        raise refuse("retries", f"retries must be between 0 and 20, got {retries}")
-    return AlertSettings(name=name, on=tuple(on), webhook=webhook, format=fmt, command=tuple(command),
-                         retries=retries, **minutes)
+    return minutes
 
 
 def _check_table(table: dict, schema: dict, name: str, index: int | None, locate: _Locator) -> None:
@@ -456,8 +486,9 @@ def _check_table(table: dict, schema: dict, name: str, index: int | None, locate
         kind, _ = schema[key]
         kinds = kind if isinstance(kind, tuple) else (kind,)
         if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
-            expected = " or ".join({"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
-                                    "list": "a list", "dict": "a table"}[k.__name__] for k in kinds)
+            words = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
+                     "list": "a list", "dict": "a table"}
+            expected = " or ".join(words[k.__name__] for k in kinds)
             raise ConfigError(locate.message(name, index, key,
                                              f"{label}.{key} must be {expected}, got {_toml_type(value)} {value!r}"))
     for key, (_, required) in schema.items():

@@ -17,11 +17,12 @@ from typing import Any
 
 from coordinator.jobs.spec import MLX_LM_FORMS, option_value
 from coordinator.launch.topology import BRIDGE_INSTRUCTION
+from coordinator.nodes import versions
 
 #: mlx-lm's default --num-layers: without the flag it trains only the top 16 blocks.
 MLX_LM_DEFAULT_LAYERS = 16
 #: The first mlx-lm that no longer builds up the validation graph.
-MLX_LM_FIXED_VALIDATION = (0, 30, 2)
+MLX_LM_FIXED_VALIDATION = "0.30.2"
 #: Above this many steps between checkpoints a crash costs too much work.
 MAX_SAVE_EVERY = 1000
 FAST_SYNCH_VARIABLE = "MLX_METAL_FAST_SYNCH"
@@ -195,18 +196,10 @@ def _mlx_lm_options(args: list[str]) -> list[dict[str, Any]]:
 
 
 def _old_mlx_lm(version: str | None) -> dict[str, Any] | None:
-    parsed = parse_version(version)
-    if parsed is None or parsed >= MLX_LM_FIXED_VALIDATION:
+    """Flagged only when known to be older (an unparseable version is not checked)."""
+    if versions.at_least(version, MLX_LM_FIXED_VALIDATION) is not False:
         return None
-    return diagnosis(OLD_MLX_LM, f"mlx-lm {version} is older than 0.30.2")
-
-
-def parse_version(version: str | None) -> tuple[int, ...] | None:
-    """``"0.30.2.dev1"`` -> (0, 30, 2): the leading numbers; None when there are none."""
-    if not version:
-        return None
-    match = re.match(r"\d+(?:\.\d+)*", version.strip())
-    return tuple(int(part) for part in match.group(0).split(".")) if match else None
+    return diagnosis(OLD_MLX_LM, f"mlx-lm {version} is older than {MLX_LM_FIXED_VALIDATION}")
 
 
 # --- the cluster ------------------------------------------------------------------------------
@@ -222,8 +215,9 @@ def diagnose_cluster(node_facts: Mapping[str, Mapping[str, Any] | None],
     old = {name: facts.get("mlx_lm_version") for name, facts in sorted(node_facts.items())
            if facts and _old_mlx_lm(facts.get("mlx_lm_version")) is not None}
     if old:
-        out.append(diagnosis(OLD_MLX_LM, "older than 0.30.2: " + ", ".join(f"{n} has mlx-lm {v}" for n, v in old.items()),
-                             f"pip install -U 'mlx-lm>=0.30.2' in the Python of {', '.join(old)}"))
+        out.append(diagnosis(OLD_MLX_LM, f"older than {MLX_LM_FIXED_VALIDATION}: "
+                             + ", ".join(f"{n} has mlx-lm {v}" for n, v in old.items()),
+                             f"pip install -U 'mlx-lm>={MLX_LM_FIXED_VALIDATION}' in the Python of {', '.join(old)}"))
     fast = {name: (facts.get("mlx_env") or {}).get(FAST_SYNCH_VARIABLE) for name, facts in sorted(node_facts.items())
             if facts and _switched_on((facts.get("mlx_env") or {}).get(FAST_SYNCH_VARIABLE))}
     if fast:

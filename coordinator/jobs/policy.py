@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tenacity import RetryCallState, wait_exponential
-
 MAX_BACKOFF_S = 30.0
-# tenacity's exponential wait (1 s, 2 s, 4 s ... capped at 30 s), the same strategy the node
-# sessions reconnect with; the restart loop itself stays in the supervisor, because between
-# attempts it has more to do than call a function again (stop ranks, choose a checkpoint).
-RESTART_WAIT = wait_exponential(multiplier=1.0, max=MAX_BACKOFF_S)
+# 1 s, 2 s, 4 s ... capped at 30 s, like the node sessions' reconnects; those retry with tenacity,
+# but the restart loop stays in the supervisor, because between attempts it has more to do than
+# call a function again (stop ranks, choose a checkpoint), so only the delay is computed here.
+# The exponent is capped too: 2 ** 5 already passes the cap, and a huge n must not build a huge int.
+_MAX_EXPONENT = 16
+
 
 SUCCEEDED, RANK_FAILED, NODE_LOST, HUNG, LAUNCH_FAILED, STOPPED, RESIZED, DIVERGED = (
     "succeeded", "rank_failed", "node_lost", "hung", "launch_failed", "stopped", "resized", "diverged")
@@ -35,9 +35,8 @@ class Decision:
 
 
 def backoff(restarts_used: int) -> float:
-    state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})
-    state.attempt_number = restarts_used + 1
-    return float(RESTART_WAIT(state))
+    """``min(2 ** restarts_used, 30)`` seconds."""
+    return min(2.0 ** min(restarts_used, _MAX_EXPONENT), MAX_BACKOFF_S)
 
 
 def restart_delay(restarts_used: int) -> float:

@@ -30,6 +30,7 @@ from coordinator.jobs.policy import (
 )
 from coordinator.jobs.run_context import RunContext
 from coordinator.jobs.spec import attempt_command
+from coordinator.nodes import versions as node_versions
 from shared.rpc import RemoteError
 
 POLL_S = 0.5
@@ -163,7 +164,7 @@ class RankWatcher:
 
     def diagnose_launch(self, order: list[str], document: dict[str, Any], batch: Any) -> None:
         versions = [v for v in ((self.fx.node(n).facts or {}).get("mlx_lm_version") for n in order) if v]
-        oldest = min(versions, key=_version_key) if versions else None
+        oldest = node_versions.oldest(versions)
         command = attempt_command(self.ctx.spec, adapter_path="", resume_file=None, start_step=0, batch=batch)
         envs = dict(env.split("=", 1) for env in document.get("envs", []) if "=" in env)
         self._diagnose(diagnosis.diagnose_job(command, envs, oldest), "the job's command")
@@ -311,7 +312,3 @@ def _signal_name(status: int) -> str | None:
         except ValueError:
             return None
     return None
-
-
-def _version_key(version: str) -> tuple[int, ...]:
-    return tuple(int(part) if part.isdigit() else 0 for part in version.split("."))

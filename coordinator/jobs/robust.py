@@ -127,4 +127,4 @@ def _as_vectors(values: Mapping[Key, Value]) -> dict[Key, tuple[float, ...]]:
 
 
 def _squared_distance(a: tuple[float, ...], b: tuple[float, ...]) -> float:
-    return sum((x - y) ** 2 for x, y in zip(a, b))
+    return sum((x - y) ** 2 for x, y in zip(a, b, strict=True))  # _as_vectors made them one length

@@ -56,10 +56,22 @@ class JobSpec:
 
 
 def validate(spec: JobSpec) -> JobSpec:
+    """``spec`` checked, in this order, by each of the checks below; the first problem raises
+    JobSpecError. Two checks fill fields in: the trainer a command names, an mlx_lm run's total."""
+    for check in (_check_name_and_command, _check_counts, _check_trainer, _check_nodes_and_replica,
+                  _check_total_steps, _check_node_list, _check_priority, _check_mlx_lm_iters):
+        check(spec)
+    return spec
+
+
+def _check_name_and_command(spec: JobSpec) -> None:
     if not JOB_NAME.match(spec.name):
         raise JobSpecError(f"job name {spec.name!r} must be letters, digits, '.', '_' or '-' (at most 64)")
     if not spec.command or not all(isinstance(word, str) and word for word in spec.command):
         raise JobSpecError("the command must be given after --, e.g. coord run -- python -m mlx_lm lora ...")
+
+
+def _check_counts(spec: JobSpec) -> None:
     for key in ("save_every", "keep"):
         if getattr(spec, key) < 1:
             raise JobSpecError(f"{key.replace('_', '-')} must be at least 1")
@@ -67,6 +79,9 @@ def validate(spec: JobSpec) -> JobSpec:
         raise JobSpecError("max-restarts must be 0 or more")
     if spec.hang_timeout is not None and spec.hang_timeout <= 0:
         raise JobSpecError("hang-timeout must be greater than 0 seconds")
+
+
+def _check_trainer(spec: JobSpec) -> None:
     if is_mlx_lm(spec.command) and "agent.train" in spec.command[:3]:
         spec.trainer = "coord"  # the command names coord's trainer itself
     if spec.trainer not in TRAINERS:
@@ -74,37 +89,57 @@ def validate(spec: JobSpec) -> JobSpec:
     if spec.trainer == "coord" and not is_mlx_lm(spec.command):
         raise JobSpecError("--trainer coord runs mlx_lm lora's options: give the command as "
                            "python -m mlx_lm lora --model ... --train --data ... --iters N")
+
+
+def _check_nodes_and_replica(spec: JobSpec) -> None:
     if spec.min_nodes is not None and spec.min_nodes < 1:
         raise JobSpecError("min-nodes must be at least 1")
     if spec.node_timeout <= 0:
         raise JobSpecError("node-timeout must be greater than 0 seconds")
     if not spec.replica:
         raise JobSpecError("replica must be 'head', 'none' or a node's name")
-    if spec.total_steps is not None and (isinstance(spec.total_steps, bool) or not isinstance(spec.total_steps, int)
-                                         or spec.total_steps < 1):
+
+
+def _check_total_steps(spec: JobSpec) -> None:
+    if spec.total_steps is not None and (not _whole_number(spec.total_steps) or spec.total_steps < 1):
         raise JobSpecError(f"total-steps must be a whole number of at least 1, got {spec.total_steps!r}")
-    if spec.nodes is not None:
-        if not spec.nodes or not all(isinstance(n, str) and n for n in spec.nodes):
-            raise JobSpecError("nodes must name at least one node, e.g. --nodes n1,n2")
-        if len(set(spec.nodes)) != len(spec.nodes):
-            raise JobSpecError(f"nodes names a node twice: {', '.join(spec.nodes)}")
-        if spec.min_nodes is not None and spec.min_nodes > len(spec.nodes):
-            raise JobSpecError(f"min-nodes {spec.min_nodes} is more than the job's {len(spec.nodes)} nodes")
-    if isinstance(spec.priority, bool) or not isinstance(spec.priority, int):
+
+
+def _check_node_list(spec: JobSpec) -> None:
+    if spec.nodes is None:
+        return
+    if not spec.nodes or not all(isinstance(n, str) and n for n in spec.nodes):
+        raise JobSpecError("nodes must name at least one node, e.g. --nodes n1,n2")
+    if len(set(spec.nodes)) != len(spec.nodes):
+        raise JobSpecError(f"nodes names a node twice: {', '.join(spec.nodes)}")
+    if spec.min_nodes is not None and spec.min_nodes > len(spec.nodes):
+        raise JobSpecError(f"min-nodes {spec.min_nodes} is more than the job's {len(spec.nodes)} nodes")
+
+
+def _check_priority(spec: JobSpec) -> None:
+    if not _whole_number(spec.priority):
         raise JobSpecError(f"priority must be a whole number, got {spec.priority!r}")
-    if is_mlx_lm(spec.command):
-        iters = option_value(mlx_lm_args(spec.command), "--iters")
-        if iters is None:
-            raise JobSpecError("give the mlx_lm fine-tune its length with --iters N (coord resumes toward it)")
-        try:
-            total = int(iters)
-        except ValueError:
-            raise JobSpecError(f"--iters must be a whole number, got {iters!r}") from None
-        if spec.total_steps is not None and spec.total_steps != total:
-            raise JobSpecError(f"total-steps {spec.total_steps} differs from mlx_lm's --iters {total}: for mlx_lm "
-                               "lora the total is its --iters")
-        spec.total_steps = total
-    return spec
+
+
+def _check_mlx_lm_iters(spec: JobSpec) -> None:
+    """An mlx_lm run's total is its --iters, which must be given."""
+    if not is_mlx_lm(spec.command):
+        return
+    iters = option_value(mlx_lm_args(spec.command), "--iters")
+    if iters is None:
+        raise JobSpecError("give the mlx_lm fine-tune its length with --iters N (coord resumes toward it)")
+    try:
+        total = int(iters)
+    except ValueError:
+        raise JobSpecError(f"--iters must be a whole number, got {iters!r}") from None
+    if spec.total_steps is not None and spec.total_steps != total:
+        raise JobSpecError(f"total-steps {spec.total_steps} differs from mlx_lm's --iters {total}: for mlx_lm "
+                           "lora the total is its --iters")
+    spec.total_steps = total
+
+
+def _whole_number(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 _JOB_FILE_KEYS = {"name": str, "command": list, "save_every": int, "max_restarts": int,

@@ -10,6 +10,7 @@ Nothing half-copied is ever left under a checkpoint's name.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import posixpath
@@ -103,10 +104,8 @@ class NodeSink:
 
     async def abort(self) -> None:
         if self._upload is not None:
-            try:
+            with contextlib.suppress(RemoteError):  # a node that went away drops its open uploads itself
                 await self.session.call("upload_abort", {"upload": self._upload}, timeout=30)
-            except RemoteError:
-                pass  # a node that went away drops its open uploads itself
             self._upload = None
 
 

@@ -1,7 +1,9 @@
-"""The launch plan: the backend and the mlx.launch hostfile from what the nodes measured about their links, and the files a launch needs."""
+"""The launch plan: the backend and the mlx.launch hostfile from what the nodes measured about their links,
+and the files a launch needs."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -29,10 +31,9 @@ async def node_topologies(cluster: Cluster) -> dict[str, Any]:
 
     async def one(session) -> None:
         if session.state == UP:
-            try:
+            # a node that does not answer has no links to offer
+            with contextlib.suppress(RemoteError, TimeoutError):
                 found[session.node.name] = await session.call("topology", timeout=120)
-            except (RemoteError, TimeoutError):  # a node that does not answer has no links to offer
-                pass
 
     async with anyio.create_task_group() as tasks:
         for session in cluster.sessions.values():

@@ -17,10 +17,12 @@ import ipaddress
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from coordinator.nodes import versions
+
 BACKENDS = ("jaccl", "jaccl-ring", "ring")
 #: IP link kinds, best first. Loopback never links two nodes.
 LINK_KINDS = ("thunderbolt", "ethernet", "wifi", "other")
-RDMA_MIN_MACOS = (26, 2)
+RDMA_MIN_MACOS = "26.2"
 #: Largest cluster for which a ring is searched exhaustively.
 MAX_RING_SEARCH_NODES = 16
 
@@ -124,23 +126,9 @@ def _node_summary(topology: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
-def macos_version_tuple(version: Any) -> tuple[int, ...] | None:
-    """``"26.2"`` -> (26, 2); None when it is not a dotted version."""
-    if not isinstance(version, str) or not version.strip():
-        return None
-    parts = []
-    for part in version.strip().split("."):
-        if not part.isdigit():
-            return None
-        parts.append(int(part))
-    return tuple(parts)
-
-
 def _rdma_os_ok(version: Any) -> bool | None:
-    parsed = macos_version_tuple(version)
-    if parsed is None:
-        return None
-    return parsed >= RDMA_MIN_MACOS
+    """None when the macOS version is unknown or unparseable."""
+    return versions.at_least(version, RDMA_MIN_MACOS)
 
 
 def _buses(topology: dict[str, Any] | None) -> list[dict[str, Any]]:

@@ -11,12 +11,15 @@ The output (``schemas/orchestration-output.schema.json``) is built from the same
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
+
+import jsonschema
 
 from coordinator.jobs.core import FIRST_STEP_TIMEOUT_S
 from coordinator.jobs.policy import hang_timeout
@@ -90,56 +93,78 @@ def parse_orchestration_input(data: Any) -> OrchestrationRequest:
     """Check ``data`` against orchestration-input.schema.json and read it.
 
     Raises OrchestrationInputError listing every problem, e.g. ``clusterConfig.numNodes must
-    be an integer, got a string ('4')`` or ``clusterConfig is required``.
+    be an integer, got a string ("4")`` or ``clusterConfig is required``.
     """
-    schema = load_schema("orchestration-input")
-    errors = schema_errors(data, schema)
-    if not errors:
-        errors = [f"{section}.{key} must be at least 1, got {data[section][key]}"
-                  for (section, key) in _REQUEST_FIELDS
-                  if isinstance(data.get(section, {}).get(key), int) and data[section][key] < 1]
+    errors, ignored = check_request(data)
     if errors:
         raise OrchestrationInputError("\n".join(errors))
     values = {attribute: data[section][key] for (section, key), attribute in _REQUEST_FIELDS.items()
               if key in data.get(section, {})}
-    return OrchestrationRequest(**values, ignored=tuple(unknown_fields(data, schema)))
+    return OrchestrationRequest(**values, ignored=tuple(ignored))
 
 
-def schema_errors(value: Any, schema: Mapping[str, Any], path: str = "") -> list[str]:
-    """What in ``value`` breaks ``schema`` (the subset these schemas use: type, required,
-    properties), one message per problem, each naming the field by its path."""
-    expected = schema.get("type")
-    if expected and not _has_type(value, expected):
-        return [f"{path or 'the input'} must be {_article(expected)}, got {_describe(value)}"]
-    errors = []
-    if isinstance(value, dict):
-        errors += [f"{_join(path, key)} is required" for key in schema.get("required", []) if key not in value]
-        for key, sub in schema.get("properties", {}).items():
-            if key in value:
-                errors += schema_errors(value[key], sub, _join(path, key))
-    return errors
+def check_request(data: Any) -> tuple[list[str], list[str]]:
+    """(errors, ignored fields) of an orchestration input, each naming its field by its path.
+
+    jsonschema checks ``data`` against the format's own schema plus coord's two rules
+    (:func:`coord_rules`): every count is at least 1, and a field the schema does not name is
+    reported (``additionalProperties``) as ignored, not as an error, so a typo does not pass
+    silently while the format stays open to fields coord does not read.
+    """
+    validator = _request_validator()
+    errors: list[str] = []
+    ignored: list[str] = []
+    missing_named: set[str] = set()
+    for error in validator.iter_errors(data):
+        path = _path(error)
+        if error.validator == "additionalProperties":
+            known = list(error.schema.get("properties", {}))
+            ignored += [f"{_join(path, key)} (known: {', '.join(known)})" for key in error.instance if key not in known]
+        elif error.validator == "required":
+            # One error per missing field, each with the whole list: name them all at the first.
+            if path not in missing_named:
+                missing_named.add(path)
+                errors += [f"{_join(path, key)} is required" for key in error.validator_value
+                           if key not in error.instance]
+        else:
+            errors.append(_message(error, path))
+    return errors, ignored
 
 
-def unknown_fields(value: Any, schema: Mapping[str, Any], path: str = "") -> list[str]:
-    """Fields the schema does not name (allowed by it, but ignored here)."""
-    if not isinstance(value, dict) or "properties" not in schema:
-        return []
-    known = schema["properties"]
-    out = [f"{_join(path, key)} (known: {', '.join(known)})" for key in value if key not in known]
-    for key, sub in known.items():
-        out += unknown_fields(value.get(key), sub, _join(path, key))
+def coord_rules(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """``schema`` with coord's rules added where it sets none: ``minimum: 1`` on every integer
+    and ``additionalProperties: false`` on every object that lists its properties."""
+    out = {key: value for key, value in schema.items()}
+    if out.get("type") == "integer":
+        out.setdefault("minimum", 1)
+    if isinstance(out.get("properties"), Mapping):
+        out["properties"] = {key: coord_rules(sub) for key, sub in out["properties"].items()}
+        out.setdefault("additionalProperties", False)
     return out
 
 
-_JSON_TYPES = {"object": dict, "array": list, "string": str, "boolean": bool}
+@functools.cache
+def _request_validator() -> jsonschema.protocols.Validator:
+    schema = coord_rules(load_schema("orchestration-input"))
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    cls.check_schema(schema)
+    return cls(schema)
 
 
-def _has_type(value: Any, expected: str) -> bool:
-    if expected == "integer":
-        return isinstance(value, int) and not isinstance(value, bool)
-    if expected == "number":
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    return isinstance(value, _JSON_TYPES[expected])
+def _message(error: jsonschema.ValidationError, path: str) -> str:
+    """The user's words for one jsonschema error: the field's path, what it must be, what it is."""
+    where = path or "the input"
+    if error.validator == "type":
+        expected = error.validator_value
+        expected = expected if isinstance(expected, str) else " or ".join(expected)
+        return f"{where} must be {_article(expected)}, got {_describe(error.instance)}"
+    if error.validator == "minimum":
+        return f"{where} must be at least {error.validator_value}, got {error.instance}"
+    return f"{where}: {error.message}"
+
+
+def _path(error: jsonschema.ValidationError) -> str:
+    return ".".join(str(part) for part in error.absolute_path)
 
 
 def _article(kind: str) -> str:

@@ -56,11 +56,12 @@ from __future__ import annotations
 import json
 import math
 import re
-import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from shared import safetensors_header
 
 GIB = 2**30
 
@@ -90,8 +91,6 @@ LORA_LINEARS = 7
 MACOS_GPU_FRACTION = 0.75
 OTHER_OS_FRACTION = 0.90
 
-# The safetensors format caps its JSON header at 100 MB; a larger length is not a header.
-MAX_SAFETENSORS_HEADER_BYTES = 100 * 2**20
 _SAFETENSORS_FLOAT_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 _LAYER_TENSOR = re.compile(r"(?:^|\.)layers\.\d+\.")
 _EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
@@ -167,28 +166,10 @@ def read_model_shape(model_dir: str | Path) -> ModelShape:
 
 def read_safetensors_header(path: str | Path) -> dict[str, dict[str, Any]]:
     """``{tensor name: {"dtype", "shape", "data_offsets"}}`` from a safetensors file's header."""
-    with open(path, "rb") as handle:
-        prefix = handle.read(8)
-        if len(prefix) != 8:
-            raise SizingError(f"{path}: too short for a safetensors file")
-        (length,) = struct.unpack("<Q", prefix)
-        if length > MAX_SAFETENSORS_HEADER_BYTES:
-            raise SizingError(f"{path}: header length {length} is over the format's 100 MB limit")
-        raw = handle.read(length)
-    if len(raw) != length:
-        raise SizingError(f"{path}: header cut short ({len(raw)} of {length} bytes)")
     try:
-        header = json.loads(raw)
-    except ValueError as error:
-        raise SizingError(f"{path}: header is not JSON: {error}") from error
-    if not isinstance(header, dict):
-        raise SizingError(f"{path}: header is not a JSON object")
-    header.pop("__metadata__", None)
-    for name, entry in header.items():
-        if not (isinstance(entry, dict) and isinstance(entry.get("shape"), list)
-                and isinstance(entry.get("dtype"), str) and isinstance(entry.get("data_offsets"), list)):
-            raise SizingError(f"{path}: tensor {name!r} has no dtype, shape and data_offsets")
-    return header
+        return safetensors_header.tensor_entries(safetensors_header.read_header(path), path)
+    except safetensors_header.HeaderError as error:
+        raise SizingError(str(error)) from error
 
 
 def shape_from_config(config: Mapping[str, Any], headers: Sequence[Mapping[str, Mapping[str, Any]]] = (),
@@ -705,7 +686,7 @@ def _pipeline_or_none(shape: ModelShape, nodes: Sequence[NodeMemory], request: M
     for checkpoint in (False, True):
         setup = _setup(shape, **request, grad_checkpoint=checkpoint)
         stages, first = [], 0
-        for index, (node, count) in enumerate(zip(nodes, counts)):
+        for index, (node, count) in enumerate(zip(nodes, counts, strict=True)):  # a count per node
             stage = _Stage(first, first + count, embedding=index == 0, head=index == len(nodes) - 1)
             need = _estimate_stage(shape, setup, stage).total_bytes
             stages.append({"node": node.name, "first_block": first, "last_block": first + count - 1,

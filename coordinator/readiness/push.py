@@ -202,10 +202,11 @@ async def sync_node(session: NodeSession, source_dir: str, source: Manifest, pla
             begun = await session.call("upload_begin", {"root": root, "path": rel, "size": size, "mode": mode,
                                                         "sha256": sha})
             upload = begun["upload"]
-            with open(os.path.join(source_dir, rel), "rb") as handle:
+            # anyio's file opens, reads and closes in a worker thread: a slow disk never blocks the loop.
+            async with await anyio.open_file(os.path.join(source_dir, rel), "rb") as handle:
                 offset = 0
                 while offset < size:
-                    data = await anyio.to_thread.run_sync(handle.read, CHUNK_BYTES)
+                    data = await handle.read(CHUNK_BYTES)
                     if not data:
                         break
                     await session.call("upload_chunk", {"upload": upload, "offset": offset, "data": data})

@@ -12,6 +12,7 @@ first chunk it lacks. A receiver that is itself lost, or cannot write, fails alo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import time
@@ -317,10 +318,9 @@ class Broadcast:
             session = self.sessions.get(name)
             if session is None or name in self.lost:
                 return
-            try:
+            # an agent that went away drops its transfers with its session
+            with contextlib.suppress(RemoteError, TimeoutError):
                 await session.call("relay_close", {"transfer": self.transfer}, timeout=15)
-            except (RemoteError, TimeoutError):
-                pass  # an agent that went away drops its transfers with its session
 
         async with anyio.create_task_group() as tasks:
             for name in [*self.receivers, self.source.node]:

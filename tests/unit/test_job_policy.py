@@ -5,8 +5,20 @@ from __future__ import annotations
 import pytest
 
 from coordinator.jobs import catalog
-from coordinator.jobs.policy import (HUNG, NODE_LOST, RANK_FAILED, STOPPED, SUCCEEDED, Outcome, RankFailure, backoff,
-                                     decide, hang_timeout, restart_delay, root_cause)
+from coordinator.jobs.policy import (
+    HUNG,
+    NODE_LOST,
+    RANK_FAILED,
+    STOPPED,
+    SUCCEEDED,
+    Outcome,
+    RankFailure,
+    backoff,
+    decide,
+    hang_timeout,
+    restart_delay,
+    root_cause,
+)
 from coordinator.jobs.spec import JobSpec, JobSpecError, attempt_command, is_mlx_lm, validate
 
 FAIL_EARLY = Outcome(RANK_FAILED, "rank 1 exited with status 1: ImportError", False, "exit:1:ImportError")
@@ -228,3 +240,10 @@ def test_total_steps_is_for_scripts_of_ones_own_and_mlx_lm_takes_its_iters():
             validate(JobSpec(name="j", command=["python", "train.py"], total_steps=bad))
     with pytest.raises(JobSpecError, match="differs from mlx_lm's --iters 60"):
         validate(JobSpec(name="j", command=MLX, total_steps=100))
+
+
+def test_backoff_is_two_to_the_n_capped_at_30_s_for_every_n():
+    assert [backoff(n) for n in range(-2, 8)] == [0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
+    assert all(backoff(n) == 30.0 for n in (5, 63, 64, 1023, 1024, 10**6))
+    assert all(isinstance(backoff(n), float) for n in range(10))
+    assert [restart_delay(n) for n in range(-1, 8)] == [0.0, 0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]

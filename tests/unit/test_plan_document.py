@@ -19,17 +19,32 @@ import pytest
 
 from agent.launch import rank_command
 from agent.topology import build_macos_topology
+from coordinator.config.cluster_file import ClusterConfig, NodeConfig, SshSettings
+from coordinator.launch.hostfile import build_hostfile
+from coordinator.launch.topology import choose_backend, connectivity_matrix
+from coordinator.plan.document import (
+    SECTIONS,
+    JobOptions,
+    MeasuredTimings,
+    PlanInputError,
+    PlanInputs,
+    build_plan,
+    load_schema,
+    scale_learning_rate,
+    split_batch,
+    timings_from_events,
+)
+from coordinator.plan.orchestration import (
+    OrchestrationInputError,
+    build_orchestration,
+    check_request,
+    coord_rules,
+    parse_orchestration_input,
+    read_orchestration_input,
+)
 from coordinator.readiness import checks
 from coordinator.readiness.calibration import calibration_record
-from coordinator.config.cluster_file import ClusterConfig, NodeConfig, SshSettings
 from coordinator.readiness.consistency import compare_nodes
-from coordinator.launch.hostfile import build_hostfile
-from coordinator.plan.document import (SECTIONS, JobOptions, MeasuredTimings, PlanInputError, PlanInputs,
-                                       build_plan, load_schema, scale_learning_rate, split_batch,
-                                       timings_from_events)
-from coordinator.plan.orchestration import (OrchestrationInputError, build_orchestration,
-                                            parse_orchestration_input, read_orchestration_input)
-from coordinator.launch.topology import choose_backend, connectivity_matrix
 
 # The repository is /work/main; the shared fixtures and formats sit beside it in /work/shared.
 SHARED = Path(__file__).resolve().parents[1] / "fixtures"  # copies of ../shared/fixtures and ../shared/formats
@@ -590,6 +605,27 @@ def test_every_error_in_an_orchestration_input_is_reported_at_once():
     assert str(caught.value).splitlines() == ["clusterConfig is required", "modelConfig.path must be a string, "
                                               "got an integer (1)", "dataConfig.size must be a string, got an "
                                               "integer (2)"]
+
+
+def test_orchestration_input_names_unknown_fields_as_ignored_and_reports_counts_below_1_with_type_errors():
+    errors, ignored = check_request({**REQUEST, "modelConfig": {"path": "m", "pth": "x"}, "extra": 1,
+                                     "clusterConfig": {"numNodes": 0, "gpusPerNode": 1.5}})
+    assert errors == ["clusterConfig.numNodes must be at least 1, got 0",
+                      "clusterConfig.gpusPerNode must be an integer, got a number (1.5)"]
+    assert sorted(ignored) == ["extra (known: modelConfig, dataConfig, clusterConfig, trainingConfig)",
+                               "modelConfig.pth (known: path, size, framework)",
+                               "trainingConfig.lr (known: batchSize, epochs, parallelismStrategy)"]
+    request = parse_orchestration_input({**REQUEST, "modelConfig": {"path": "m", "pth": "x"}})
+    assert request.model_path == "m" and "modelConfig.pth (known: path, size, framework)" in request.ignored
+
+
+def test_coord_rules_leave_the_formats_schema_as_it_is():
+    schema = load_schema("orchestration-input")
+    strict = coord_rules(schema)
+    assert schema == load_schema("orchestration-input")  # not changed in place
+    assert strict["additionalProperties"] is False
+    assert strict["properties"]["clusterConfig"]["properties"]["numNodes"] == {"type": "integer", "minimum": 1}
+    jsonschema.Draft202012Validator.check_schema(strict)
 
 
 def test_the_checkpoint_section_says_what_every_nodes_own_copies_cost():

@@ -177,3 +177,29 @@ def test_no_majority_is_insufficient_consensus_and_one_node_passes():
 
 def test_diff_reports_extra_files():
     assert diff_manifests({}, {"x": [1, 0o644, "h"]}) == [{"path": "x", "how": "extra"}]
+
+
+def test_a_large_file_is_pushed_in_chunks_read_off_the_event_loop(tmp_path):
+    """sync_node's send_large: upload_begin, the chunks in order, upload_finish."""
+    import hashlib
+    from types import SimpleNamespace
+
+    import anyio
+
+    from coordinator.readiness import push
+
+    data = os.urandom(push.CHUNK_BYTES * 2 + 5)
+    (tmp_path / "w.bin").write_bytes(data)
+    source = {"w.bin": [len(data), 0o644, hashlib.sha256(data).hexdigest()]}
+    calls = []
+
+    async def call(method, args):
+        calls.append((method, args))
+        return {"upload": 7} if method == "upload_begin" else {}
+
+    session = SimpleNamespace(node=SimpleNamespace(name="n1", workdir="/w"), call=call)
+    result = anyio.run(push.sync_node, session, str(tmp_path), source, push.plan_sync(source, {}, delete=False))
+    assert [m for m, _ in calls] == ["upload_begin", "upload_chunk", "upload_chunk", "upload_chunk", "upload_finish"]
+    assert b"".join(a["data"] for m, a in calls if m == "upload_chunk") == data
+    assert [a["offset"] for m, a in calls if m == "upload_chunk"] == [0, push.CHUNK_BYTES, 2 * push.CHUNK_BYTES]
+    assert result["files_sent"] == 1 and result["bytes_sent"] == len(data)

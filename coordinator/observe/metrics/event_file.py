@@ -9,9 +9,27 @@ protobuf (``tensorboard/compat/proto/event.proto``). coord writes only what scal
     Summary { repeated Value value = 1; }   Value { string tag = 1; float simple_value = 2; }
     SessionLog { SessionStatus status = 1; }   START = 1
 
-tensorboardX would pull protobuf and numpy into the daemon for these few fields; this is
-the same bytes in about a hundred lines. The tests read the files back with tensorboardX's
-generated protobuf classes and its own CRC-32C, so the two implementations check each other.
+Why not tensorboardX's SummaryWriter (measured with Python 3.11 on Linux, tensorboardX 2.6.5,
+the best of 7 runs of ``python -X importtime``, on a busy 2-core machine):
+
+- Import: the daemon imports in about 440 ms and these two modules take 1.5 ms of it;
+  ``from tensorboardX import SummaryWriter`` adds 74 ms or more on top (numpy alone is
+  90 ms; the daemon loads neither numpy nor protobuf today).
+- Threads: each open SummaryWriter holds two threads (its event logger and a
+  multiprocessing.Queue feeder) and three file descriptors: 10 runs open at once were
+  +20 threads and +30 descriptors. Here nothing stays open between reports: each report
+  is an append to a file opened for it (0 threads, 0 descriptors).
+- Speed and size: 10 runs of 100 points took 80-270 ms here and 270-520 ms through
+  ``add_scalar`` (one event per tag, so a point is four events: 22.7 KB a file against
+  14.0 KB).
+- CRC: without the optional native ``crc32c`` package tensorboardX computes CRC-32C with
+  the same pure-Python table as :func:`crc32c` (55 us for a 124-byte event, either way).
+- Compatibility: the files are the same TFRecords; its ``purge_step`` is the two events
+  ``TensorBoardScalars.start_attempt`` writes.
+
+So the daemon keeps these lines, and tensorboardX stays a test dependency: the tests read the
+files back with tensorboardX's generated protobuf classes and its own CRC-32C, so the two
+implementations check each other.
 """
 
 from __future__ import annotations
