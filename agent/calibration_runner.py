@@ -13,6 +13,7 @@ with ``error_kind`` one of ``"timeout"``, ``"mlx_missing"``, ``"spawn_failed"``,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -65,17 +66,8 @@ def run_calibration(
     example a private TMPDIR for MLX's CPU kernel cache). ``on_progress`` is called in
     this thread with each progress dict; an exception from it is ignored."""
     started = time.monotonic()
-    command = calibration_command(python, quick=quick)
     try:
-        proc = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=calibration_env(extra=env),
-            cwd=str(PACKAGE_ROOT),
-            start_new_session=True,  # its own process group, so a timeout kills all of it
-        )
+        proc = _spawn(python, quick=quick, env=env)
     except OSError as exc:
         return _error("spawn_failed", f"cannot start {python}: {exc}", python, started)
 
@@ -90,40 +82,12 @@ def run_calibration(
 
     deadline = started + timeout
     stderr_tail: list[str] = []
-    stderr_open = True
-    timed_out = False
-    while stderr_open:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            timed_out = True
-            break
-        try:
-            line = lines.get(timeout=min(remaining, 0.5))
-        except queue.Empty:
-            continue
-        if line is _EOF:
-            stderr_open = False
-            continue
-        progress = _progress(line)
-        if progress is not None:
-            if on_progress is not None:
-                try:
-                    on_progress(progress)
-                except Exception:
-                    pass  # a broken observer must not break the calibration
-        elif line.strip():
-            stderr_tail.append(line.rstrip())
-            del stderr_tail[:-STDERR_TAIL_LINES]
-
-    if not timed_out:
-        try:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            timed_out = True
-    if timed_out:
+    finished = _follow_stderr(lines, deadline, on_progress, stderr_tail) and _wait(proc, deadline)
+    if not finished:
         _kill(proc)
-        for reader in readers:
-            reader.join(timeout=5)
+    for reader in readers:
+        reader.join(timeout=5)
+    if not finished:
         return _error(
             "timeout",
             f"calibration timed out after {timeout:g} s and was killed",
@@ -131,12 +95,61 @@ def run_calibration(
             started,
             stderr_tail=stderr_tail,
         )
-    for reader in readers:
-        reader.join(timeout=5)
-
     stdout = b"".join(stdout_chunks).decode("utf-8", errors="replace")
-    result = _last_json_object(stdout)
-    code = proc.returncode
+    return _outcome(_last_json_object(stdout), proc.returncode, python, started, stderr_tail)
+
+
+def _spawn(python: str, *, quick: bool, env: Mapping[str, str] | None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        calibration_command(python, quick=quick),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=calibration_env(extra=env),
+        cwd=str(PACKAGE_ROOT),
+        start_new_session=True,  # its own process group, so a timeout kills all of it
+    )
+
+
+def _follow_stderr(
+    lines: queue.Queue,
+    deadline: float,
+    on_progress: Callable[[dict], Any] | None,
+    stderr_tail: list[str],
+) -> bool:
+    """Hand progress lines to ``on_progress`` and keep the last other lines in ``stderr_tail``
+    until stderr closes (True) or the deadline passes (False)."""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        try:
+            line = lines.get(timeout=min(remaining, 0.5))
+        except queue.Empty:
+            continue
+        if line is _EOF:
+            return True
+        progress = _progress(line)
+        if progress is not None:
+            if on_progress is not None:
+                with contextlib.suppress(Exception):  # a broken observer must not break the calibration
+                    on_progress(progress)
+        elif line.strip():
+            stderr_tail.append(line.rstrip())
+            del stderr_tail[:-STDERR_TAIL_LINES]
+
+
+def _wait(proc: subprocess.Popen[bytes], deadline: float) -> bool:
+    """Whether the child exited before the deadline."""
+    try:
+        proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+def _outcome(result: dict | None, code: int, python: str, started: float, stderr_tail: list[str]) -> dict:
+    """The answer for a child that exited with ``code`` after printing ``result`` (None: no JSON line)."""
     if result is None:
         kind = "exit_status" if code != 0 else "bad_output"
         why = f"exited with status {code}" if code != 0 else "printed no JSON result line"
@@ -155,8 +168,6 @@ def run_calibration(
         result["exit_code"] = code
         result["stderr_tail"] = stderr_tail
         result.setdefault("python_executable", python)
-        result["wall_s"] = round(time.monotonic() - started, 3)
-        return result
     result["wall_s"] = round(time.monotonic() - started, 3)
     return result
 
@@ -208,19 +219,15 @@ def _last_json_object(stdout: str) -> dict | None:
     return None
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _kill(proc: subprocess.Popen[bytes]) -> None:
     """SIGKILL the child's process group (it has its own session), then reap it."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         if sys.platform != "win32":
             os.killpg(proc.pid, signal.SIGKILL)
         else:  # pragma: no cover - nodes are macOS or Linux
             proc.kill()
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):  # pragma: no cover - SIGKILL does not wait
         proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL does not wait
-        pass
 
 
 def _error(
