@@ -253,7 +253,7 @@ class Calibration:
             elapsed = time.perf_counter() - start
         if loss is not None:
             value = float(loss.item())
-            if value != value:  # NaN: the step computed nonsense, its speed means nothing
+            if math.isnan(value):  # the step computed nonsense, its speed means nothing
                 raise RuntimeError("training step produced a NaN loss")
         self.train_steps = steps
         return cfg["batch"] * steps / elapsed, elapsed / steps * 1000.0

@@ -204,10 +204,8 @@ def stop_rank(workdir: str, job: str, attempt: int, rank: int, grace: float = 5.
     while time.monotonic() < deadline and _group_members(pgid):
         time.sleep(0.1)
     if _group_members(pgid):
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)  # the whole group at once, on every platform
-        except (ProcessLookupError, PermissionError):
-            pass
     # The runner records the rank's exit status just after its child ends: give it that moment
     # before killing it, or the status is lost (it was in about 1 stop in 20 here).
     deadline = time.monotonic() + RUNNER_GRACE_S

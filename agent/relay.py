@@ -119,6 +119,17 @@ def _mode(mode: int) -> int:
     return mode & 0o777
 
 
+def _held_file(workdir: str, path: str) -> str:
+    """The file ``path`` names under ``workdir`` (relative, or absolute inside it); it must exist."""
+    if not isinstance(workdir, str) or not os.path.isabs(workdir):
+        raise RemoteError(p.BAD_ARGS, f"workdir must be an absolute path, got {workdir!r}")
+    try:
+        return resolve_under(workdir, os.path.relpath(path, workdir) if os.path.isabs(path) else path,
+                             must_exist=True)
+    except UnsafePath as exc:
+        raise RemoteError(p.REFUSED, str(exc)) from None
+
+
 class Relay:
     def __init__(self) -> None:
         self._transfers: dict[str, Transfer] = {}
@@ -161,13 +172,7 @@ class Relay:
                           chunk_bytes: int = wire.CHUNK_BYTES) -> dict[str, Any]:
         """Serve a file this node holds whole; returns its chunks' hashes, read now, after checking
         that the file still has the SHA256 recorded for it."""
-        if not isinstance(workdir, str) or not os.path.isabs(workdir):
-            raise RemoteError(p.BAD_ARGS, f"workdir must be an absolute path, got {workdir!r}")
-        try:
-            full = resolve_under(workdir, os.path.relpath(path, workdir) if os.path.isabs(path) else path,
-                                 must_exist=True)
-        except UnsafePath as exc:
-            raise RemoteError(p.REFUSED, str(exc)) from None
+        full = await asyncio.to_thread(_held_file, workdir, path)  # resolving it reads the disk
         if chunk_bytes <= 0 or chunk_bytes > 64 << 20:
             raise RemoteError(p.BAD_ARGS, f"chunk size {chunk_bytes} out of range")
         self._check_new(transfer)

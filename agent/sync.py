@@ -273,7 +273,7 @@ def put_files(root: str, files: list) -> dict[str, Any]:
     # One batch at a time per workdir (the next ones wait decoded in memory): a dozen threads creating
     # files on one filesystem contend in its inode allocator for no gain.
     with state.writing:
-        for (rel, mode, sha, data), target in zip(files, targets):
+        for (rel, mode, sha, data), target in zip(files, targets, strict=True):
             tmp, info = _write_temporary(target, data, mode)
             try:
                 os.replace(tmp, target)

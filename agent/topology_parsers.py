@@ -13,7 +13,9 @@ can cross the wire (msgpack) as is.
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import json
+import math
 import re
 from typing import Any
 
@@ -240,7 +242,7 @@ def thunderbolt_generation(speed_gbps: Any) -> int | None:
     older: the speed cannot tell 3 from 4), None for no link or an unknown speed."""
     if isinstance(speed_gbps, bool) or not isinstance(speed_gbps, (int, float)):
         return None
-    if speed_gbps != speed_gbps or speed_gbps <= 0:  # NaN or no link
+    if (isinstance(speed_gbps, float) and math.isnan(speed_gbps)) or speed_gbps <= 0:  # unknown or no link
         return None
     return 5 if speed_gbps > 40 else 4
 
@@ -637,7 +639,7 @@ def _ipv4_from_ifconfig(words: list[str]) -> dict[str, Any] | None:
     except ValueError:
         return None
     prefixlen = None
-    for key, value in zip(words, words[1:]):
+    for key, value in itertools.pairwise(words):
         if key in ("netmask", "Mask:"):
             prefixlen = _netmask_prefixlen(value)
     return {
@@ -656,7 +658,7 @@ def _ipv6_from_ifconfig(words: list[str]) -> dict[str, Any] | None:
     except ValueError:
         return None
     prefixlen = None
-    for key, value in zip(words, words[1:]):
+    for key, value in itertools.pairwise(words):
         if key == "prefixlen":
             prefixlen = _leading_int(value)
     if prefixlen is None and "/" in words[1]:

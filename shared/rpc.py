@@ -15,6 +15,7 @@ the rest of coord relies on (after mitogen):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import itertools
 from collections.abc import Awaitable, Callable
@@ -69,13 +70,14 @@ class Method:
         unknown = sorted(set(args) - set(self.required) - set(self.optional))
         if unknown:
             raise RemoteError(p.BAD_ARGS, f"unexpected argument(s): {', '.join(unknown)}")
-        for name, kind in self.required.items():
+        for name in self.required:
             if name not in args:
                 raise RemoteError(p.BAD_ARGS, f"missing argument: {name}")
         for name, value in args.items():
             kind = self.required.get(name, self.optional.get(name))
             if not _has_type(value, kind):
-                raise RemoteError(p.BAD_ARGS, f"argument {name!r} must be {_type_name(kind)}, got {type(value).__name__}")
+                raise RemoteError(p.BAD_ARGS,
+                                  f"argument {name!r} must be {_type_name(kind)}, got {type(value).__name__}")
 
 
 def _has_type(value: Any, kind: Any) -> bool:
@@ -169,17 +171,13 @@ class Peer:
             for task in list(self._serving):
                 task.cancel()
             self._shut(reason)
-            try:
+            with contextlib.suppress(Exception):  # already closed or broken
                 self._writer.close()  # whatever ended reading ends the connection
-            except Exception:  # already closed or broken
-                pass
 
     async def close(self) -> None:
         self._shut("closed locally")
-        try:
+        with contextlib.suppress(Exception):  # already closed or broken: nothing left to do
             self._writer.close()
-        except Exception:  # already closed or broken: nothing left to do
-            pass
 
     def _shut(self, reason: str) -> None:
         if self._closed_reason is None:
@@ -282,7 +280,5 @@ class Peer:
                 raise ConnectionLost(self._closed_reason) from None
 
     async def _send_quietly(self, message: p.Message) -> None:
-        try:
+        with contextlib.suppress(Exception):  # the peer is already gone; the log line has been written
             await self._send(message)
-        except Exception:  # the peer is already gone; the log line has been written
-            pass

@@ -51,7 +51,7 @@ def sum_across_ranks(tree, group):
         for i in chunk[:-1]:
             end += flat[i][1].size
             bounds.append(end)
-        for i, piece in zip(chunk, mx.split(total, bounds)):
+        for i, piece in zip(chunk, mx.split(total, bounds), strict=True):  # len(bounds) + 1 pieces
             summed[i] = (flat[i][0], piece.reshape(flat[i][1].shape))
     return tree_unflatten(summed)
 
