@@ -330,7 +330,8 @@ class Relay:
             if magic != wire.MAGIC:
                 return
             hello = await wire.read_frame(conn)
-            state = self._transfers.get(hello.get("transfer"))  # type: ignore[arg-type]
+            transfer = hello.get("transfer")
+            state = self._transfers.get(transfer) if isinstance(transfer, str) else None
             if state is None or not wire.token_matches(state.token, hello.get("token")) or state.source:
                 state = None
                 await loop.sock_sendall(conn, wire.pack_frame({"error": "no such transfer here"}))

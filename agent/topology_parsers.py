@@ -543,13 +543,14 @@ def parse_ip_json_addr(json_text: str | bytes | None) -> list[dict[str, Any]] | 
         name = _text(entry.get("ifname"))
         if name is None:
             continue  # some iproute2 versions print {} for a link without addresses
-        flags = [f for f in entry.get("flags") or [] if isinstance(f, str)]
+        flags = [f for f in _list(entry.get("flags")) if isinstance(f, str)]
         state = _text(entry.get("operstate"))
         addresses = []
-        for info in entry.get("addr_info") or []:
+        for info in _list(entry.get("addr_info")):
             if not isinstance(info, dict):
                 continue
-            family = {"inet": "ipv4", "inet6": "ipv6"}.get(info.get("family"))
+            family_name = info.get("family")
+            family = _IP_FAMILIES.get(family_name) if isinstance(family_name, str) else None
             local = _text(info.get("local"))
             if family is None or local is None:
                 continue
@@ -573,6 +574,7 @@ def parse_ip_json_addr(json_text: str | bytes | None) -> list[dict[str, Any]] | 
     return interfaces
 
 
+_IP_FAMILIES = {"inet": "ipv4", "inet6": "ipv6"}
 _IFCONFIG_HEADER = re.compile(r"^(\S+?):\s+flags=(?:\d+|0x[0-9a-fA-F]+)<([^>]*)>")
 
 
@@ -721,6 +723,11 @@ def _text(value: Any) -> str | None:
         return None
     value = value.strip()
     return value or None
+
+
+def _list(value: Any) -> list[Any]:
+    """A JSON list, or [] for anything else (null, a number or a string where a list belongs)."""
+    return value if isinstance(value, list) else []
 
 
 def _leading_int(value: Any) -> int | None:
