@@ -31,13 +31,24 @@ import platform
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict
 
 CALIBRATION_VERSION = 1
 EXIT_MLX_MISSING = 3
 
+
+class TrainModel(TypedDict):
+    kind: str
+    layers: int
+    dim: int
+    heads: int
+    vocab: int
+    seq_len: int
+    batch: int
+
+
 # The training-step model: a tiny pre-norm transformer, like the test suite's llama.
-TRAIN_MODEL = {
+TRAIN_MODEL: TrainModel = {
     "kind": "transformer",
     "layers": 2,
     "dim": 64,
@@ -76,6 +87,10 @@ class Calibration:
         self.quick = quick
         self.errors: dict[str, str] = {}
         self.is_gpu = False
+        # What the last run() learnt besides its measurements (reset by run()).
+        self.matmul_sizes: dict[str, int] = {}
+        self.bandwidth_method: str | None = None
+        self.train_steps: int | None = None
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -186,7 +201,7 @@ class Calibration:
             on_metal = bool(metal is not None and metal.is_available())
         except Exception:
             on_metal = False
-        if on_metal and hasattr(metal, "device_info"):
+        if on_metal and metal is not None and hasattr(metal, "device_info"):
             # Older MLX has only mx.metal.device_info; newer warns that it moved.
             if hasattr(mx, "device_info"):
                 return dict(mx.device_info()), "mx.device_info()"
@@ -203,8 +218,9 @@ class Calibration:
         """(samples/s, ms per step) of a tiny transformer's training step."""
         mx, nn, optim = self.mx, self.nn, self.optim
         cfg = TRAIN_MODEL
+        module: Any = nn.Module  # mlx.nn is handed in (this module must import without mlx)
 
-        class Tiny(nn.Module):
+        class Tiny(module):
             def __init__(self) -> None:
                 super().__init__()
                 self.embedding = nn.Embedding(cfg["vocab"], cfg["dim"])
@@ -263,9 +279,9 @@ class Calibration:
     def run(self) -> dict[str, Any]:
         mx = self.mx
         started = time.perf_counter()
-        self.matmul_sizes: dict[str, int] = {}
-        self.bandwidth_method: str | None = None
-        self.train_steps: int | None = None
+        self.matmul_sizes = {}
+        self.bandwidth_method = None
+        self.train_steps = None
         result: dict[str, Any] = {
             "ok": True,
             "calibration_version": CALIBRATION_VERSION,

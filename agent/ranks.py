@@ -181,7 +181,7 @@ def read_log(workdir: str, job: str, attempt: int, rank: int, offset: int = 0) -
 def dump_stacks(workdir: str, job: str, attempt: int, rank: int) -> dict[str, Any]:
     """Ask a hung rank to print its Python stacks (coord's trainers register SIGUSR1 for it)."""
     pid = _read_int(os.path.join(rank_dir(workdir, job, attempt, rank), "pid"))
-    if not _alive(pid):
+    if pid is None or not _alive(pid):
         return {"sent": False, "detail": "rank is not running"}
     try:
         os.kill(pid, signal.SIGUSR1)

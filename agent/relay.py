@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import itertools
 import os
@@ -81,6 +82,12 @@ class Transfer:
     touched: float = field(default_factory=time.monotonic)
     started: float = field(default_factory=time.monotonic)
     finished: float | None = None
+
+    def open_write_fd(self) -> int:
+        """The temporary file's descriptor for writing; closed (an OSError) once committed or dropped."""
+        if self.write_fd is None:
+            raise OSError(errno.EBADF, f"{self.tmp} is no longer open for writing")
+        return self.write_fd
 
     def state(self) -> dict[str, Any]:
         return {"transfer": self.id, "have": self.have, "chunks": self.plan.count, "size": self.plan.size,
@@ -412,22 +419,24 @@ class Relay:
         await self._notify(state)
 
     @staticmethod
-    def _verify_and_write(state: Transfer, index: int, data: bytes, peer: str) -> None:
+    def _verify_and_write(state: Transfer, index: int, data: memoryview, peer: str) -> None:
         if hashlib.sha256(data).digest() != state.hashes[index]:
             raise wire.RelayError(f"chunk {index} from {peer} does not match its SHA256")
+        fd = state.open_write_fd()
         view, offset = memoryview(data), index * state.plan.chunk_bytes
         start = offset
         while view:
-            written = os.pwrite(state.write_fd, view, offset)
+            written = os.pwrite(fd, view, offset)
             view, offset = view[written:], offset + written
-        wire.start_writeback(state.write_fd, start, len(data))
+        wire.start_writeback(fd, start, len(data))
 
     @staticmethod
     def _commit(state: Transfer) -> None:
         """Every chunk verified: make it durable, give it its mode, rename it into place."""
-        os.fchmod(state.write_fd, state.mode)
-        os.fsync(state.write_fd)
-        os.close(state.write_fd)
+        fd = state.open_write_fd()
+        os.fchmod(fd, state.mode)
+        os.fsync(fd)
+        os.close(fd)
         state.write_fd = None
         os.replace(state.tmp, state.target)
         node_sync._fsync_dirs({os.path.dirname(state.target)})

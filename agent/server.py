@@ -81,8 +81,7 @@ def build_dispatcher(relay: node_relay.Relay | None = None) -> Dispatcher:
               required={"root": str, "path": str, "size": int, "mode": int, "sha256": str})
     table.add("upload_chunk", _in_thread(uploads.chunk), required={"upload": int, "offset": int, "data": bytes})
     table.add("upload_finish", _in_thread(uploads.finish), required={"upload": int})
-    table.add("upload_abort", _in_thread(lambda upload: uploads.abort(upload) or {"aborted": upload}),
-              required={"upload": int})
+    table.add("upload_abort", _in_thread(uploads.abort_reply), required={"upload": int})
     table.add("delete_files", _in_thread(node_sync.delete_files), required={"root": str, "paths": list})
     table.add("set_modes", _in_thread(node_sync.set_modes), required={"root": str, "modes": list})
     table.add("inspect_files", _in_thread(node_sync.inspect_files), required={"root": str, "paths": list},

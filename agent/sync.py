@@ -348,6 +348,11 @@ class Uploads:
         with contextlib.suppress(OSError):
             os.unlink(state["tmp"])
 
+    def abort_reply(self, upload: int) -> dict[str, Any]:
+        """``abort`` as a method answers it (an upload not in progress is not an error)."""
+        self.abort(upload)
+        return {"aborted": upload}
+
     def abort_all(self) -> None:
         for upload in list(self._open):
             self.abort(upload)

@@ -165,7 +165,9 @@ def rdma_devices_from_sysfs(raw: dict[str, Any] | None) -> list[dict[str, Any]] 
     for name in sorted(raw):
         info = raw[name] if isinstance(raw[name], dict) else {}
         ports = []
-        raw_ports = info.get("ports") if isinstance(info.get("ports"), dict) else {}
+        raw_ports = info.get("ports")
+        if not isinstance(raw_ports, dict):
+            raw_ports = {}
         for number in sorted(raw_ports, key=lambda p: (_leading_int(p) or 0, p)):
             port = raw_ports[number] if isinstance(raw_ports[number], dict) else {}
             link_layer = port.get("link_layer")

@@ -179,7 +179,9 @@ class Peer:
         with contextlib.suppress(Exception):  # already closed or broken: nothing left to do
             self._writer.close()
 
-    def _shut(self, reason: str) -> None:
+    def _shut(self, reason: str) -> str:
+        """Mark the connection closed (the first reason given stays) and fail every pending call;
+        returns the reason it is closed for."""
         if self._closed_reason is None:
             self._closed_reason = reason
         for future, _ in list(self._pending.values()):
@@ -187,6 +189,7 @@ class Peer:
                 future.set_exception(ConnectionLost(self._closed_reason))
                 future.exception()  # a caller that already gave up must not leave a "never retrieved" log
         self._pending.clear()
+        return self._closed_reason
 
     async def _read_loop(self) -> str:
         while True:
@@ -276,8 +279,8 @@ class Peer:
                 self._writer.write(frame)
                 await self._writer.drain()
             except (OSError, EOFError) as exc:  # e.g. a pipe whose reader exited
-                self._shut(f"connection lost while writing: {exc}")
-                raise ConnectionLost(self._closed_reason) from None
+                reason = self._shut(f"connection lost while writing: {exc}")
+                raise ConnectionLost(reason) from None
 
     async def _send_quietly(self, message: p.Message) -> None:
         with contextlib.suppress(Exception):  # the peer is already gone; the log line has been written

@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten, tree_map, tree_unflatten
+from mlx.utils import tree_map, tree_unflatten
 
 from agent.trainer import state as trainer_state
-from agent.trainer.checkpoint import BackgroundWriter, mlx_key, optimizer_arrays, trainable_arrays
+from agent.trainer.checkpoint import BackgroundWriter, flatten, mlx_key, optimizer_arrays, trainable_arrays
 from agent.trainer.data import GlobalOrder, Split, as_item, pad_batch
 from agent.trainer.progress import Reporter
 
@@ -42,8 +43,8 @@ def sum_across_ranks(tree, group):
     """The tree of arrays added element-wise over all ranks, in few large all_sum calls."""
     if group.size() == 1:
         return tree
-    flat = tree_flatten(tree)
-    summed = [None] * len(flat)
+    flat = flatten(tree)
+    summed: dict[int, tuple[str, mx.array]] = {}
     for chunk in _chunks(flat):
         joined = mx.concatenate([flat[i][1].reshape(-1) for i in chunk])
         total = mx.distributed.all_sum(joined, group=group)
@@ -53,12 +54,13 @@ def sum_across_ranks(tree, group):
             bounds.append(end)
         for i, piece in zip(chunk, mx.split(total, bounds), strict=True):  # len(bounds) + 1 pieces
             summed[i] = (flat[i][0], piece.reshape(flat[i][1].shape))
-    return tree_unflatten(summed)
+    return tree_unflatten([summed[i] for i in range(len(flat))])  # every leaf is in one chunk
 
 
-def _chunks(flat):
+def _chunks(flat: list[tuple[str, mx.array]]) -> Iterator[list[int]]:
     """Runs of leaves of one dtype, each about ALL_SUM_BYTES (all_sum needs one dtype per call)."""
-    chunk, size = [], 0
+    chunk: list[int] = []
+    size = 0
     for i, (_, array) in enumerate(flat):
         if chunk and (array.dtype != flat[chunk[0]][1].dtype or size >= ALL_SUM_BYTES):
             yield chunk
@@ -184,6 +186,8 @@ class Trainer:
             batch, lengths = self.batch(self.train_set, indices)
             totals = self.micro_step(batch, lengths, totals)
             mx.eval(totals)
+        if totals is None:  # pragma: no cover - Split makes at least one micro-batch
+            raise ValueError(f"step {step} has no micro-batches")
         loss, tokens = self.update(*totals)
         mx.eval(self.compiled_state, loss, tokens)
         if mx.get_cache_memory() > self.options.clear_cache_threshold:

@@ -148,7 +148,10 @@ def restore(model, optimizer, state: dict | None, path: str, start_step: int, re
     from agent.trainer import checkpoint
 
     reporter.say(f"Loading fine-tuned weights from {path}")
-    weights, saved_optimizer = checkpoint.split_checkpoint(mx.load(path))
+    loaded = mx.load(path)
+    if not isinstance(loaded, dict):  # a .npy file holds one unnamed array
+        raise SetupError(f"--resume-adapter-file {path}: not a file of named tensors (safetensors)")
+    weights, saved_optimizer = checkpoint.split_checkpoint(loaded)
     checkpoint.restore_weights(model, weights, path, complete=state is not None)
     if state is None:
         # The schedule follows the job's global step; the moments start from zero.
@@ -216,9 +219,11 @@ def prepare(args) -> Job:
 
     reporter.say("Loading pretrained model")
     model, tokenizer = load(args.model, tokenizer_config={"trust_remote_code": args.trust_remote_code},
-                            trust_remote_code=args.trust_remote_code)
+                            trust_remote_code=args.trust_remote_code)[:2]  # (model, tokenizer[, config])
     reporter.say("Loading datasets")
-    train_set, valid_set, test_set = load_dataset(args, tokenizer)
+    # load_dataset is annotated with the Hugging Face tokenizer, but mlx_lm lora itself passes this
+    # TokenizerWrapper, which forwards every attribute to that tokenizer.
+    train_set, valid_set, test_set = load_dataset(args, tokenizer)  # type: ignore[arg-type]
     order = GlobalOrder(len(train_set), split.global_batch, args.seed)
     fixed = trainer_state.fixed_options(args, split.global_batch, len(train_set))
     if state is not None:

@@ -102,7 +102,7 @@ def fsync_directory(directory: str) -> None:
 
 def remove_stale_temps(directory: str) -> list[str]:
     """Remove temporary files left by writers that died mid-write (a killed run leaves one)."""
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
