@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from collections.abc import Iterator
 from typing import Any
 
 _SW_VERS_KEYS = {
@@ -215,7 +216,7 @@ def _arm_implementer_name(implementer: str | None, part: str | None) -> str | No
     return f"{vendor} (part {part})" if part else vendor
 
 
-def _colon_pairs(text: str):
+def _colon_pairs(text: str) -> Iterator[tuple[str, str]]:
     """Yield (key, value) from ``key: value`` lines, both stripped; other lines are skipped."""
     if not isinstance(text, str):
         return

@@ -17,10 +17,14 @@ import platform
 import signal
 import sys
 import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mlx_lm.tuner.callbacks import TrainingCallback
 
 
 class ProgressCallback:
-    def __init__(self, path: str, step_offset: int, wrapped=None):
+    def __init__(self, path: str, step_offset: int, wrapped: TrainingCallback | None = None) -> None:
         self.path = path
         self.step_offset = step_offset
         self.wrapped = wrapped
@@ -61,7 +65,7 @@ def main() -> None:
     if progress and mx.distributed.init().rank() == 0:
         original = lora.get_reporting_callbacks
 
-        def with_coord(*args, **kwargs):
+        def with_coord(*args: Any, **kwargs: Any) -> ProgressCallback:
             return ProgressCallback(progress, offset, wrapped=original(*args, **kwargs))
 
         lora.get_reporting_callbacks = with_coord

@@ -6,8 +6,9 @@ import asyncio
 import os
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from agent import facts as node_facts
 from agent import launch as node_launch
@@ -18,8 +19,10 @@ from agent.calibration_runner import run_calibration
 from agent.topology import collect_topology
 from agent.usage import collect_usage
 from shared import protocol as p
-from shared.rpc import Dispatcher, Peer, Reader, RemoteError, Writer
+from shared.rpc import Dispatcher, Emit, Peer, Reader, RemoteError, Writer
 from shared.version import COORD_VERSION
+
+Reply = TypeVar("Reply")
 
 
 def bundle_id() -> str:
@@ -55,10 +58,10 @@ async def ping() -> dict[str, Any]:
     return {"time": time.time()}
 
 
-def _in_thread(func):
+def _in_thread(func: Callable[..., Reply]) -> Callable[..., Awaitable[Reply]]:
     """Disk work runs off the event loop, so pings are answered during a long hash."""
 
-    async def call(**args):
+    async def call(**args: Any) -> Reply:
         return await asyncio.to_thread(func, **args)
 
     return call
@@ -117,7 +120,8 @@ def build_dispatcher(relay: node_relay.Relay | None = None) -> Dispatcher:
     return table
 
 
-async def calibrate(emit, python: str, workdir: str, quick: bool = False, timeout: float = 600) -> dict[str, Any]:
+async def calibrate(emit: Emit, python: str, workdir: str, quick: bool = False,
+                    timeout: float = 600) -> dict[str, Any]:
     """Measure this node with its training Python, in a child process; progress goes out as events."""
     if not os.path.isabs(workdir):
         raise RemoteError(p.BAD_ARGS, f"workdir must be an absolute path, got {workdir!r}")

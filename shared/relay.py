@@ -30,7 +30,7 @@ import os
 import socket
 import struct
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -98,7 +98,7 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
         _sync_file_range(fd, ctypes.c_int64(offset), ctypes.c_int64(length), 2)  # SYNC_FILE_RANGE_WRITE
 
 
-def _load_sync_file_range():
+def _load_sync_file_range() -> Callable[..., int] | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -112,12 +112,12 @@ def _load_sync_file_range():
 _sync_file_range = _load_sync_file_range()
 
 
-async def cancel_and_wait(tasks) -> None:
+async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any] | None]) -> None:
     """Cancel tasks and wait until each has ended, whatever it ended with (cleanup paths)."""
-    tasks = [task for task in tasks if task is not None]
-    for task in tasks:
+    started = [task for task in tasks if task is not None]
+    for task in started:
         task.cancel()
-    for task in tasks:
+    for task in started:
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
 

@@ -18,9 +18,9 @@ import asyncio
 import contextlib
 import inspect
 import itertools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from shared import protocol as p
 from shared.log import Logger, get_logger
@@ -54,7 +54,10 @@ class Writer(Protocol):
     def close(self) -> None: ...
 
 
-Emit = Callable[[Any], Awaitable[None]]
+#: What a streaming method is handed to send an event of its call (a coroutine function, so it can be
+#: scheduled from another thread with ``run_coroutine_threadsafe``).
+Emit = Callable[[Any], Coroutine[Any, Any, None]]
+Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
 
 
 @dataclass(frozen=True)
@@ -102,10 +105,10 @@ class Dispatcher:
             optional: dict | None = None, streams: bool = False) -> None:
         self._methods[name] = Method(func, required or {}, optional or {}, streams)
 
-    def method(self, name: str, *, streams: bool = False, **required: Any):
+    def method(self, name: str, *, streams: bool = False, **required: Any) -> Callable[[Handler], Handler]:
         """Decorator form of ``add`` for methods with required arguments only."""
 
-        def register(func):
+        def register(func: Handler) -> Handler:
             self.add(name, func, required=required, streams=streams)
             return func
 

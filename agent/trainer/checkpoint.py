@@ -152,7 +152,7 @@ def split_checkpoint(tensors: dict[str, mx.array]) -> tuple[dict[str, mx.array],
     return weights, optimizer
 
 
-def restore_weights(model, weights: dict[str, mx.array], path: str, *, complete: bool) -> None:
+def restore_weights(model: nn.Module, weights: dict[str, mx.array], path: str, *, complete: bool) -> None:
     """Load trainable parameters; ``complete`` demands every one of them (coord checkpoints)."""
     trainable = trainable_arrays(model)
     problems = [f"{name}: not a trainable parameter of this model" for name in sorted(set(weights) - set(trainable))]
@@ -166,7 +166,7 @@ def restore_weights(model, weights: dict[str, mx.array], path: str, *, complete:
     model.load_weights(list(weights.items()), strict=False)
 
 
-def restore_optimizer(optimizer, model, saved: dict[str, mx.array], path: str) -> None:
+def restore_optimizer(optimizer: optim.Optimizer, model: nn.Module, saved: dict[str, mx.array], path: str) -> None:
     """Put a saved optimizer state in place of a freshly initialised one of the same shape."""
     optimizer.init(model.trainable_parameters())
     expected = dict(tree_flatten(optimizer.state))

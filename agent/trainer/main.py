@@ -21,10 +21,20 @@ import platform
 import signal
 import sys
 import types
+from typing import TYPE_CHECKING, Any
 
 from agent.qos import set_user_interactive_qos
 from agent.trainer import state as trainer_state
 from agent.trainer.safetensors_file import read_metadata, remove_stale_temps
+
+if TYPE_CHECKING:  # imported where used: mlx and mlx_lm load only once the options are read
+    import mlx.nn as nn
+    import mlx.optimizers as optim
+    from mlx_lm.tuner.datasets import CacheDataset
+
+    from agent.trainer.checkpoint import BackgroundWriter
+    from agent.trainer.loop import LoopOptions, Trainer
+    from agent.trainer.progress import Reporter
 
 OPTIMIZERS = ("adam", "adamw", "muon", "sgd", "adafactor")
 
@@ -112,7 +122,7 @@ def starting_step(state: dict | None, resume_file: str | None, env_offset: str |
     return offset or 0, offset or 0
 
 
-def prepare_model(model, args) -> None:
+def prepare_model(model: nn.Module, args: types.SimpleNamespace) -> None:
     """Freeze the model and make the trainable part, as mlx_lm.lora.train_model does."""
     from mlx_lm.tuner.utils import linear_to_lora_layers
 
@@ -128,7 +138,7 @@ def prepare_model(model, args) -> None:
         raise SetupError(f"--fine-tune-type {args.fine_tune_type!r}: expected lora, dora or full")
 
 
-def build_optimizer(args):
+def build_optimizer(args: types.SimpleNamespace) -> optim.Optimizer:
     import mlx.optimizers as optim
     from mlx_lm.tuner.utils import build_schedule
 
@@ -141,7 +151,8 @@ def build_optimizer(args):
     return classes[name](learning_rate=learning_rate, **(args.optimizer_config or {}).get(name, {}))
 
 
-def restore(model, optimizer, state: dict | None, path: str, start_step: int, reporter) -> None:
+def restore(model: nn.Module, optimizer: optim.Optimizer, state: dict[str, Any] | None, path: str, start_step: int,
+            reporter: Reporter) -> None:
     """Weights from --resume-adapter-file; with coord trainer state also the optimizer state and RNG key."""
     import mlx.core as mx
 
@@ -173,7 +184,8 @@ def restore(model, optimizer, state: dict | None, path: str, start_step: int, re
 class Job:
     """A prepared run: the trainer, where it starts, and what follows the last step."""
 
-    def __init__(self, *, args, trainer, writer, start_step: int, test_set):
+    def __init__(self, *, args: types.SimpleNamespace, trainer: Trainer, writer: BackgroundWriter, start_step: int,
+                 test_set: CacheDataset) -> None:
         self.args = args
         self.trainer = trainer
         self.writer = writer
@@ -197,7 +209,7 @@ class Job:
             trainer.reporter.say(f"Test loss {test_loss:.3f}, Test ppl {math.exp(test_loss):.3f}.")
 
 
-def prepare(args) -> Job:
+def prepare(args: types.SimpleNamespace) -> Job:
     """Everything before the first step, with every check that can refuse the run."""
     import mlx.core as mx
     from mlx_lm.tuner.datasets import CacheDataset, load_dataset
@@ -254,19 +266,20 @@ def prepare(args) -> Job:
     return Job(args=args, trainer=trainer, writer=writer, start_step=start_step, test_set=CacheDataset(test_set))
 
 
-def make_reporter(args, rank: int):
+def make_reporter(args: types.SimpleNamespace, rank: int) -> Reporter:
     from mlx_lm.tuner.callbacks import get_reporting_callbacks
 
     from agent.trainer.progress import Reporter
 
     callback = None
     if rank == 0:  # --report-to services (wandb, swanlab) hear from rank 0, as with mlx_lm lora
+        # config is annotated str, but the callbacks take the options dict, and mlx_lm lora passes vars(args).
         callback = get_reporting_callbacks(args.report_to, project_name=args.project_name,
-                                           log_dir=args.adapter_path, config=vars(args))
+                                           log_dir=args.adapter_path, config=vars(args))  # type: ignore[arg-type]
     return Reporter(rank=rank, progress_file=os.environ.get("COORD_PROGRESS_FILE") or None, callback=callback)
 
 
-def prepare_adapter_path(args, rank: int, model) -> None:
+def prepare_adapter_path(args: types.SimpleNamespace, rank: int, model: nn.Module) -> None:
     """The adapter directory (each rank saves its own checkpoints in its own node's), with mlx-lm's
     adapter_config.json written by rank 0."""
     from mlx_lm.tuner.utils import print_trainable_parameters
@@ -279,7 +292,7 @@ def prepare_adapter_path(args, rank: int, model) -> None:
         print_trainable_parameters(model)
 
 
-def loop_options(args, step_offset: int, rank: int):
+def loop_options(args: types.SimpleNamespace, step_offset: int, rank: int) -> LoopOptions:
     from agent.trainer.loop import LoopOptions
 
     # coord's first attempt only: its relaunch replays the steps after the checkpoint, and perturbing

@@ -11,7 +11,10 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mlx_lm.tuner.callbacks import TrainingCallback
 
 
 def append_record(path: str | None, record: dict[str, Any]) -> None:
@@ -28,7 +31,7 @@ def append_record(path: str | None, record: dict[str, Any]) -> None:
 class Reporter:
     """Rank 0's reports, to stdout, the progress file and any mlx-lm reporting callback (--report-to)."""
 
-    def __init__(self, *, rank: int, progress_file: str | None, callback=None):
+    def __init__(self, *, rank: int, progress_file: str | None, callback: TrainingCallback | None = None) -> None:
         self.rank = rank
         self.progress_file = progress_file
         self.callback = callback

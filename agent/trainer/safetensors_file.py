@@ -20,7 +20,7 @@ import json
 import os
 import re
 import struct
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 #: The dtype codes of the safetensors format.
 DTYPES = frozenset({"BOOL", "U8", "I8", "U16", "I16", "F16", "BF16", "U32", "I32", "F32", "U64", "I64", "F64"})
@@ -55,7 +55,7 @@ def _header(tensors: dict[str, HostTensor], metadata: dict[str, str]) -> bytes:
     return encoded + b" " * (-len(encoded) % 8)
 
 
-def write_safetensors(handle, tensors: dict[str, HostTensor], metadata: dict[str, str] | None = None) -> int:
+def write_safetensors(handle: BinaryIO, tensors: dict[str, HostTensor], metadata: dict[str, str] | None = None) -> int:
     """Write a complete safetensors file to an open binary handle; returns the bytes written."""
     header = _header(tensors, metadata or {})
     handle.write(struct.pack("<Q", len(header)))
