@@ -31,21 +31,15 @@ import platform
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:  # at run time this module needs the standard library and mlx only
+    from shared.agent_api import CalibrationReply, JsonObject, TrainModel
+
+Measured = TypeVar("Measured")
 
 CALIBRATION_VERSION = 1
 EXIT_MLX_MISSING = 3
-
-
-class TrainModel(TypedDict):
-    kind: str
-    layers: int
-    dim: int
-    heads: int
-    vocab: int
-    seq_len: int
-    batch: int
-
 
 # The training-step model: a tiny pre-norm transformer, like the test suite's llama.
 TRAIN_MODEL: TrainModel = {
@@ -94,10 +88,10 @@ class Calibration:
 
     # -- helpers ----------------------------------------------------------------------
 
-    def _seconds(self, pair: tuple) -> float:
+    def _seconds(self, pair: tuple[float, float]) -> float:
         return pair[1] if self.quick else pair[0]
 
-    def _guard(self, name: str, fn: Callable[[], Any]) -> Any:
+    def _guard(self, name: str, fn: Callable[[], Measured]) -> Measured | None:
         try:
             return fn()
         except Exception as exc:  # one measurement failing never stops the others
@@ -106,7 +100,7 @@ class Calibration:
 
     # -- device -----------------------------------------------------------------------
 
-    def device(self) -> dict[str, Any]:
+    def device(self) -> dict[str, str | None]:
         mx = self.mx
         device = mx.default_device()
         self.is_gpu = device.type == mx.gpu
@@ -174,7 +168,7 @@ class Calibration:
 
     # -- memory MLX can use -----------------------------------------------------------
 
-    def peak_memory(self) -> tuple:
+    def peak_memory(self) -> tuple[int, str]:
         """(bytes, source) of the memory MLX can use on its default device."""
         mx = self.mx
         if self.is_gpu:
@@ -193,7 +187,7 @@ class Calibration:
             raise RuntimeError("os.sysconf reports no physical memory")
         return pages * page_size, "os.sysconf(SC_PHYS_PAGES * SC_PAGE_SIZE): physical memory"
 
-    def _device_info(self) -> tuple:
+    def _device_info(self) -> tuple[JsonObject, str]:
         mx = self.mx
         metal = getattr(mx, "metal", None)
         on_metal = False
@@ -214,7 +208,7 @@ class Calibration:
 
     # -- training steps ---------------------------------------------------------------
 
-    def train_step(self) -> tuple:
+    def train_step(self) -> tuple[float, float]:
         """(samples/s, ms per step) of a tiny transformer's training step."""
         mx, nn, optim = self.mx, self.nn, self.optim
         cfg = TRAIN_MODEL
@@ -276,13 +270,13 @@ class Calibration:
 
     # -- all of it --------------------------------------------------------------------
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> CalibrationReply:
         mx = self.mx
         started = time.perf_counter()
         self.matmul_sizes = {}
         self.bandwidth_method = None
         self.train_steps = None
-        result: dict[str, Any] = {
+        result: CalibrationReply = {
             "ok": True,
             "calibration_version": CALIBRATION_VERSION,
             "quick": self.quick,
@@ -293,8 +287,8 @@ class Calibration:
         with contextlib.suppress(Exception):
             mx.random.seed(0)
         _emit_progress("device", 0.0)
-        device = self._guard("device", self.device)
-        result.update(device or {"device": None, "device_kind": None})
+        device = self._guard("device", self.device) or {"device": None, "device_kind": None}
+        result["device"], result["device_kind"] = device["device"], device["device_kind"]
 
         _emit_progress("matmul float32", 0.05)
         fp32 = self._guard("matmul_gflops.float32", lambda: self.matmul_gflops("float32"))
@@ -317,7 +311,7 @@ class Calibration:
         train = self._guard("train_samples_per_s", self.train_step)
         result["train_samples_per_s"], result["train_step_ms"] = train or (None, None)
         result["train_steps"] = self.train_steps
-        result["train_model"] = dict(TRAIN_MODEL)
+        result["train_model"] = TRAIN_MODEL.copy()
 
         result["mlx_peak_used_bytes"] = self._guard("mlx_peak_used_bytes", self._mlx_peak_used)
         result["errors"] = dict(self.errors)

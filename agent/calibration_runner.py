@@ -24,12 +24,14 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, cast
+
+if TYPE_CHECKING:  # the agent's own process imports nothing of shared here
+    from shared.agent_api import CalibrationProgress, CalibrationReply, JsonObject
 
 # The directory that holds the ``agent`` package (the bundle root on a node).
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 STDERR_TAIL_LINES = 20
-_EOF = object()
 
 
 def calibration_command(python: str, *, quick: bool = False) -> list[str]:
@@ -58,9 +60,9 @@ def run_calibration(
     *,
     quick: bool = False,
     timeout: float = 300,
-    on_progress: Callable[[dict], Any] | None = None,
+    on_progress: Callable[[CalibrationProgress], object] | None = None,
     env: Mapping[str, str] | None = None,
-) -> dict:
+) -> CalibrationReply:
     """Calibrate this node with ``python``; returns the result dict (``"ok": True``) or an
     error dict (``"ok": False``). ``env`` adds variables to the child's environment (for
     example a private TMPDIR for MLX's CPU kernel cache). ``on_progress`` is called in
@@ -71,7 +73,7 @@ def run_calibration(
     except OSError as exc:
         return _error("spawn_failed", f"cannot start {python}: {exc}", python, started)
 
-    lines: queue.Queue = queue.Queue()
+    lines: queue.Queue[str | None] = queue.Queue()
     stdout_chunks: list[bytes] = []
     readers = [
         threading.Thread(target=_pump_lines, args=(proc.stderr, lines), daemon=True),
@@ -112,9 +114,9 @@ def _spawn(python: str, *, quick: bool, env: Mapping[str, str] | None) -> subpro
 
 
 def _follow_stderr(
-    lines: queue.Queue,
+    lines: queue.Queue[str | None],
     deadline: float,
-    on_progress: Callable[[dict], Any] | None,
+    on_progress: Callable[[CalibrationProgress], object] | None,
     stderr_tail: list[str],
 ) -> bool:
     """Hand progress lines to ``on_progress`` and keep the last other lines in ``stderr_tail``
@@ -127,7 +129,7 @@ def _follow_stderr(
             line = lines.get(timeout=min(remaining, 0.5))
         except queue.Empty:
             continue
-        if line is _EOF:
+        if line is None:  # stderr closed
             return True
         progress = _progress(line)
         if progress is not None:
@@ -148,7 +150,8 @@ def _wait(proc: subprocess.Popen[bytes], deadline: float) -> bool:
     return True
 
 
-def _outcome(result: dict | None, code: int, python: str, started: float, stderr_tail: list[str]) -> dict:
+def _outcome(result: JsonObject | None, code: int, python: str, started: float,
+             stderr_tail: list[str]) -> CalibrationReply:
     """The answer for a child that exited with ``code`` after printing ``result`` (None: no JSON line)."""
     if result is None:
         kind = "exit_status" if code != 0 else "bad_output"
@@ -169,20 +172,21 @@ def _outcome(result: dict | None, code: int, python: str, started: float, stderr
         result["stderr_tail"] = stderr_tail
         result.setdefault("python_executable", python)
     result["wall_s"] = round(time.monotonic() - started, 3)
-    return result
+    # agent.calibrate's result line, passed on as it came with the runner's fields added.
+    return cast("CalibrationReply", result)
 
 
-def _pump_lines(stream: Any, out: queue.Queue) -> None:
+def _pump_lines(stream: IO[bytes], out: queue.Queue[str | None]) -> None:
     try:
         for raw in iter(stream.readline, b""):
             out.put(raw.decode("utf-8", errors="replace"))
     except (OSError, ValueError):
         pass
     finally:
-        out.put(_EOF)
+        out.put(None)  # the end
 
 
-def _collect(stream: Any, out: list) -> None:
+def _collect(stream: IO[bytes], out: list[bytes]) -> None:
     try:
         while True:
             chunk = stream.read(65536)
@@ -193,7 +197,7 @@ def _collect(stream: Any, out: list) -> None:
         pass
 
 
-def _progress(line: str) -> dict | None:
+def _progress(line: str) -> CalibrationProgress | None:
     text = line.strip()
     if not text.startswith("{"):
         return None
@@ -202,11 +206,11 @@ def _progress(line: str) -> dict | None:
     except ValueError:
         return None
     if isinstance(value, dict) and "progress" in value:
-        return value
+        return cast("CalibrationProgress", value)  # agent.calibrate's progress line, passed on as it came
     return None
 
 
-def _last_json_object(stdout: str) -> dict | None:
+def _last_json_object(stdout: str) -> JsonObject | None:
     for line in reversed(stdout.splitlines()):
         text = line.strip()
         if not text:
@@ -238,7 +242,7 @@ def _error(
     *,
     exit_code: int | None = None,
     stderr_tail: list[str] | None = None,
-) -> dict:
+) -> CalibrationReply:
     return {
         "ok": False,
         "error_kind": kind,

@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent import facts as node_facts
 from agent import launch as node_launch
@@ -19,8 +19,11 @@ from agent.calibration_runner import run_calibration
 from agent.topology import collect_topology
 from agent.usage import collect_usage
 from shared import protocol as p
-from shared.rpc import Dispatcher, Emit, Peer, Reader, RemoteError, Writer
+from shared.rpc import ArgType, Dispatcher, Emit, Peer, Reader, RemoteError, Writer
 from shared.version import COORD_VERSION
+
+if TYPE_CHECKING:
+    from shared import agent_api as api
 
 Reply = TypeVar("Reply")
 
@@ -34,7 +37,7 @@ def bundle_id() -> str:
         return "source"
 
 
-async def hello(protocol: int, client: str = "") -> dict[str, Any]:
+async def hello(protocol: int, client: str = "") -> api.HelloReply:
     if protocol != p.PROTOCOL_VERSION:
         raise RemoteError(p.PROTOCOL_MISMATCH,
                           f"agent speaks protocol {p.PROTOCOL_VERSION}, caller speaks {protocol}")
@@ -47,14 +50,14 @@ async def hello(protocol: int, client: str = "") -> dict[str, Any]:
     }
 
 
-async def facts(workdir: str | None = None) -> dict[str, Any]:
+async def facts(workdir: str | None = None) -> api.FactsReply:
     if workdir is not None and not os.path.isabs(workdir):
         raise RemoteError(p.BAD_ARGS, f"workdir must be an absolute path, got {workdir!r}")
     # Facts run commands (system_profiler can take seconds): keep the loop free for pings.
     return await asyncio.to_thread(node_facts.collect_facts, workdir)
 
 
-async def ping() -> dict[str, Any]:
+async def ping() -> api.PingReply:
     return {"time": time.time()}
 
 
@@ -103,7 +106,7 @@ def build_dispatcher(relay: node_relay.Relay | None = None) -> Dispatcher:
     table.add("prepare_rank", _in_thread(node_launch.prepare_rank),
               required={"job": str, "rank": int, "workdir": str, "python": str, "argv": list, "env": dict},
               optional={"attempt": int})
-    rank = {"workdir": str, "job": str, "attempt": int, "rank": int}
+    rank: dict[str, ArgType] = {"workdir": str, "job": str, "attempt": int, "rank": int}
     table.add("rank_status", _in_thread(node_ranks.rank_status), required=rank, optional={"progress_offset": int})
     table.add("read_log", _in_thread(node_ranks.read_log), required=rank, optional={"offset": int})
     table.add("dump_stacks", _in_thread(node_ranks.dump_stacks), required=rank)
@@ -121,7 +124,7 @@ def build_dispatcher(relay: node_relay.Relay | None = None) -> Dispatcher:
 
 
 async def calibrate(emit: Emit, python: str, workdir: str, quick: bool = False,
-                    timeout: float = 600) -> dict[str, Any]:
+                    timeout: float = 600) -> api.CalibrationReply:
     """Measure this node with its training Python, in a child process; progress goes out as events."""
     if not os.path.isabs(workdir):
         raise RemoteError(p.BAD_ARGS, f"workdir must be an absolute path, got {workdir!r}")
@@ -130,7 +133,7 @@ async def calibrate(emit: Emit, python: str, workdir: str, quick: bool = False,
     tmpdir = os.path.join(workdir, ".coord", "tmp", "calibrate")
     os.makedirs(tmpdir, exist_ok=True)
 
-    def forward(progress: dict) -> None:
+    def forward(progress: api.CalibrationProgress) -> None:
         asyncio.run_coroutine_threadsafe(emit(progress), loop)
 
     return await asyncio.to_thread(run_calibration, python, quick=quick, timeout=timeout, on_progress=forward,

@@ -16,6 +16,7 @@ than the connection's limit is refused before its body is read.
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 from typing import Any, NamedTuple, TypeGuard
 
 import msgpack
@@ -58,7 +59,7 @@ class ProtocolError(Exception):
 class Request(NamedTuple):
     id: int
     method: str
-    args: dict[str, Any]
+    args: Mapping[str, Any]  # any method's arguments: checked by the method served (shared.rpc.Method)
 
 
 class Result(NamedTuple):

@@ -33,9 +33,12 @@ import sys
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
+
+if TYPE_CHECKING:
+    from shared.agent_api import JsonObject, RelayFrame
 
 MAGIC = b"COORDRL1"
 MAX_HELLO = 4096
@@ -122,7 +125,7 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any] | None]) -> None:
             await task
 
 
-def pack_frame(message: dict[str, Any]) -> bytes:
+def pack_frame(message: RelayFrame) -> bytes:
     body = msgpack.packb(message, use_bin_type=True)
     return LENGTH.pack(len(body)) + body
 
@@ -142,7 +145,8 @@ async def recv_into(sock: socket.socket, view: memoryview) -> None:
         got += count
 
 
-async def read_frame(sock: socket.socket, timeout: float = HELLO_TIMEOUT_S) -> dict[str, Any]:
+async def read_frame(sock: socket.socket, timeout: float = HELLO_TIMEOUT_S) -> JsonObject:
+    """The next frame from the other end: a map, whose fields the caller checks."""
     header = bytearray(LENGTH.size)
     await asyncio.wait_for(recv_into(sock, memoryview(header)), timeout)
     (length,) = LENGTH.unpack(header)
