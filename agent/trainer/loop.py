@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     import mlx.optimizers as optim
     from mlx_lm.tuner.datasets import CacheDataset
 
+    from shared.agent_api import JsonObject
+
 #: What the micro-steps of one optimizer step add up: (loss sum, token count, gradient tree).
 Totals = tuple[mx.array, mx.array, Any]
 
@@ -147,7 +149,7 @@ class Trainer:
 
     def __init__(self, *, model: nn.Module, optimizer: optim.Optimizer, train_set: CacheDataset,
                  val_set: CacheDataset | None, split: Split, order: GlobalOrder, group: mx.distributed.Group,
-                 options: LoopOptions, fixed_options: dict[str, Any], reporter: Reporter, writer: BackgroundWriter,
+                 options: LoopOptions, fixed_options: JsonObject, reporter: Reporter, writer: BackgroundWriter,
                  trained_tokens: int) -> None:
         self.model = model
         self.optimizer = optimizer

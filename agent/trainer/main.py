@@ -21,7 +21,7 @@ import platform
 import signal
 import sys
 import types
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from agent.qos import set_user_interactive_qos
 from agent.trainer import state as trainer_state
@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # imported where used: mlx and mlx_lm load only once the opti
     from agent.trainer.checkpoint import BackgroundWriter
     from agent.trainer.loop import LoopOptions, Trainer
     from agent.trainer.progress import Reporter
+    from agent.trainer.state import TrainerState
 
 OPTIMIZERS = ("adam", "adamw", "muon", "sgd", "adafactor")
 
@@ -95,7 +96,7 @@ def _rank_step(text: str) -> tuple[int, int]:
     return rank, step
 
 
-def resume_state(path: str | None) -> dict | None:
+def resume_state(path: str | None) -> TrainerState | None:
     """The coord trainer state of --resume-adapter-file, or None (no file, or plain mlx-lm adapters)."""
     if path is None:
         return None
@@ -104,7 +105,7 @@ def resume_state(path: str | None) -> dict | None:
     return trainer_state.decode(read_metadata(path), path)
 
 
-def starting_step(state: dict | None, resume_file: str | None, env_offset: str | None) -> tuple[int, int]:
+def starting_step(state: TrainerState | None, resume_file: str | None, env_offset: str | None) -> tuple[int, int]:
     """(global step to start from, step offset for checkpoint names)."""
     try:
         offset = int(env_offset) if env_offset not in (None, "") else None
@@ -151,7 +152,7 @@ def build_optimizer(args: types.SimpleNamespace) -> optim.Optimizer:
     return classes[name](learning_rate=learning_rate, **(args.optimizer_config or {}).get(name, {}))
 
 
-def restore(model: nn.Module, optimizer: optim.Optimizer, state: dict[str, Any] | None, path: str, start_step: int,
+def restore(model: nn.Module, optimizer: optim.Optimizer, state: TrainerState | None, path: str, start_step: int,
             reporter: Reporter) -> None:
     """Weights from --resume-adapter-file; with coord trainer state also the optimizer state and RNG key."""
     import mlx.core as mx

@@ -11,13 +11,15 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from mlx_lm.tuner.callbacks import TrainingCallback
 
+    from shared.agent_api import ProgressRecord
 
-def append_record(path: str | None, record: dict[str, Any]) -> None:
+
+def append_record(path: str | None, record: ProgressRecord) -> None:
     if not path:
         return
     line = (json.dumps({"time": time.time(), **record}) + "\n").encode("utf-8")

@@ -20,7 +20,10 @@ import json
 import os
 import re
 import struct
-from typing import Any, BinaryIO, NamedTuple
+from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
+
+if TYPE_CHECKING:
+    from shared.agent_api import JsonObject
 
 #: The dtype codes of the safetensors format.
 DTYPES = frozenset({"BOOL", "U8", "I8", "U16", "I16", "F16", "BF16", "U32", "I32", "F32", "U64", "I64", "F64"})
@@ -36,7 +39,7 @@ class HostTensor(NamedTuple):
 
 
 def _header(tensors: dict[str, HostTensor], metadata: dict[str, str]) -> bytes:
-    header: dict[str, Any] = {}
+    header: JsonObject = {}
     if metadata:
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
             raise TypeError("safetensors metadata must map strings to strings")
@@ -128,7 +131,7 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def read_header(path: str) -> dict[str, Any]:
+def read_header(path: str) -> JsonObject:
     """The JSON header of a safetensors file (tensor entries and ``__metadata__``)."""
     with open(path, "rb") as handle:
         head = handle.read(8)
