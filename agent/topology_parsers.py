@@ -17,7 +17,6 @@ import itertools
 import json
 import math
 import re
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -83,8 +82,6 @@ def parse_ibv_devices(text: str | None) -> list[str] | None:
             return None
         devices.append(words[0])
     return devices
-
-
 
 
 def parse_ibv_devinfo(text: str | None) -> list[IbvDevice] | None:
@@ -189,12 +186,13 @@ def parse_sysfs_port_state(text: str | None) -> str | None:
     return _SYSFS_PORT_STATES.get(name.strip().upper())
 
 
-def rdma_devices_from_sysfs(raw: Mapping[str, Any] | None) -> list[IbvDevice] | None:
+def rdma_devices_from_sysfs(raw: JsonObject | None) -> list[IbvDevice] | None:
     """Turn what the agent read under ``/sys/class/infiniband`` into
     :func:`parse_ibv_devinfo`'s shape.
 
     ``raw`` is ``{device: {"ports": {"1": {"state": "4: ACTIVE", "link_layer":
-    "Ethernet"}}, "netdevs": ["eth2"]}}``; each device also gets ``"netdevs"``.
+    "Ethernet"}}, "netdevs": ["eth2"]}}`` (``agent.topology.read_sysfs_infiniband``), each
+    field checked here; each device also gets ``"netdevs"``.
     """
     if not isinstance(raw, dict):
         return None
