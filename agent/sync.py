@@ -223,7 +223,7 @@ def sync_state(root: str, patterns: list[str], known: list[str] | None = None) -
             flushed = len(files)
     digest = tree_hash(manifest)
     answer: api.SyncStateReply = {"tree_hash": digest, "count": len(manifest), "flushed": flushed,
-                              "flush": how, "stats": stats.as_dict()}
+                                  "flush": how, "stats": stats.as_dict()}
     if known is not None and digest not in known:
         answer["files"] = [[rel, *entry] for rel, entry in manifest.items()]
     return answer
