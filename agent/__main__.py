@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import sys
 
 # An installed bundle carries a pure-Python msgpack for nodes whose Python lacks one;
 # the node's own msgpack, when present, is preferred.
 try:
-    import msgpack  # noqa: F401
+    import msgpack  # noqa: F401 - imported only to learn whether this Python has one
 except ImportError:
     sys.path.append(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_vendor"))
 
-import asyncio  # noqa: E402
-import contextlib
-
-from shared.log import configure_json_logging  # noqa: E402
+# coord's own modules only once the vendored msgpack can be found (shared imports it).
+from shared.log import configure_json_logging
 
 
 async def serve_stdio() -> None:

@@ -31,13 +31,18 @@ import platform
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:  # at run time this module needs the standard library and mlx only
+    from shared.agent_api import CalibrationReply, JsonObject, TrainModel
+
+Measured = TypeVar("Measured")
 
 CALIBRATION_VERSION = 1
 EXIT_MLX_MISSING = 3
 
 # The training-step model: a tiny pre-norm transformer, like the test suite's llama.
-TRAIN_MODEL = {
+TRAIN_MODEL: TrainModel = {
     "kind": "transformer",
     "layers": 2,
     "dim": 64,
@@ -76,13 +81,17 @@ class Calibration:
         self.quick = quick
         self.errors: dict[str, str] = {}
         self.is_gpu = False
+        # What the last run() learnt besides its measurements (reset by run()).
+        self.matmul_sizes: dict[str, int] = {}
+        self.bandwidth_method: str | None = None
+        self.train_steps: int | None = None
 
     # -- helpers ----------------------------------------------------------------------
 
-    def _seconds(self, pair: tuple) -> float:
+    def _seconds(self, pair: tuple[float, float]) -> float:
         return pair[1] if self.quick else pair[0]
 
-    def _guard(self, name: str, fn: Callable[[], Any]) -> Any:
+    def _guard(self, name: str, fn: Callable[[], Measured]) -> Measured | None:
         try:
             return fn()
         except Exception as exc:  # one measurement failing never stops the others
@@ -91,7 +100,7 @@ class Calibration:
 
     # -- device -----------------------------------------------------------------------
 
-    def device(self) -> dict[str, Any]:
+    def device(self) -> dict[str, str | None]:
         mx = self.mx
         device = mx.default_device()
         self.is_gpu = device.type == mx.gpu
@@ -159,7 +168,7 @@ class Calibration:
 
     # -- memory MLX can use -----------------------------------------------------------
 
-    def peak_memory(self) -> tuple:
+    def peak_memory(self) -> tuple[int, str]:
         """(bytes, source) of the memory MLX can use on its default device."""
         mx = self.mx
         if self.is_gpu:
@@ -178,7 +187,7 @@ class Calibration:
             raise RuntimeError("os.sysconf reports no physical memory")
         return pages * page_size, "os.sysconf(SC_PHYS_PAGES * SC_PAGE_SIZE): physical memory"
 
-    def _device_info(self) -> tuple:
+    def _device_info(self) -> tuple[JsonObject, str]:
         mx = self.mx
         metal = getattr(mx, "metal", None)
         on_metal = False
@@ -186,7 +195,7 @@ class Calibration:
             on_metal = bool(metal is not None and metal.is_available())
         except Exception:
             on_metal = False
-        if on_metal and hasattr(metal, "device_info"):
+        if on_metal and metal is not None and hasattr(metal, "device_info"):
             # Older MLX has only mx.metal.device_info; newer warns that it moved.
             if hasattr(mx, "device_info"):
                 return dict(mx.device_info()), "mx.device_info()"
@@ -199,12 +208,13 @@ class Calibration:
 
     # -- training steps ---------------------------------------------------------------
 
-    def train_step(self) -> tuple:
+    def train_step(self) -> tuple[float, float]:
         """(samples/s, ms per step) of a tiny transformer's training step."""
         mx, nn, optim = self.mx, self.nn, self.optim
         cfg = TRAIN_MODEL
+        module: Any = nn.Module  # mlx.nn is handed in (this module must import without mlx)
 
-        class Tiny(nn.Module):
+        class Tiny(module):
             def __init__(self) -> None:
                 super().__init__()
                 self.embedding = nn.Embedding(cfg["vocab"], cfg["dim"])
@@ -253,20 +263,20 @@ class Calibration:
             elapsed = time.perf_counter() - start
         if loss is not None:
             value = float(loss.item())
-            if value != value:  # NaN: the step computed nonsense, its speed means nothing
+            if math.isnan(value):  # the step computed nonsense, its speed means nothing
                 raise RuntimeError("training step produced a NaN loss")
         self.train_steps = steps
         return cfg["batch"] * steps / elapsed, elapsed / steps * 1000.0
 
     # -- all of it --------------------------------------------------------------------
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> CalibrationReply:
         mx = self.mx
         started = time.perf_counter()
-        self.matmul_sizes: dict[str, int] = {}
-        self.bandwidth_method: str | None = None
-        self.train_steps: int | None = None
-        result: dict[str, Any] = {
+        self.matmul_sizes = {}
+        self.bandwidth_method = None
+        self.train_steps = None
+        result: CalibrationReply = {
             "ok": True,
             "calibration_version": CALIBRATION_VERSION,
             "quick": self.quick,
@@ -277,8 +287,8 @@ class Calibration:
         with contextlib.suppress(Exception):
             mx.random.seed(0)
         _emit_progress("device", 0.0)
-        device = self._guard("device", self.device)
-        result.update(device or {"device": None, "device_kind": None})
+        device = self._guard("device", self.device) or {"device": None, "device_kind": None}
+        result["device"], result["device_kind"] = device["device"], device["device_kind"]
 
         _emit_progress("matmul float32", 0.05)
         fp32 = self._guard("matmul_gflops.float32", lambda: self.matmul_gflops("float32"))
@@ -301,7 +311,7 @@ class Calibration:
         train = self._guard("train_samples_per_s", self.train_step)
         result["train_samples_per_s"], result["train_step_ms"] = train or (None, None)
         result["train_steps"] = self.train_steps
-        result["train_model"] = dict(TRAIN_MODEL)
+        result["train_model"] = TRAIN_MODEL.copy()
 
         result["mlx_peak_used_bytes"] = self._guard("mlx_peak_used_bytes", self._mlx_peak_used)
         result["errors"] = dict(self.errors)

@@ -13,6 +13,7 @@ with ``error_kind`` one of ``"timeout"``, ``"mlx_missing"``, ``"spawn_failed"``,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -23,12 +24,14 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, cast
+
+if TYPE_CHECKING:  # the agent's own process imports nothing of shared here
+    from shared.agent_api import CalibrationProgress, CalibrationReply, JsonObject
 
 # The directory that holds the ``agent`` package (the bundle root on a node).
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 STDERR_TAIL_LINES = 20
-_EOF = object()
 
 
 def calibration_command(python: str, *, quick: bool = False) -> list[str]:
@@ -57,29 +60,20 @@ def run_calibration(
     *,
     quick: bool = False,
     timeout: float = 300,
-    on_progress: Callable[[dict], Any] | None = None,
+    on_progress: Callable[[CalibrationProgress], object] | None = None,
     env: Mapping[str, str] | None = None,
-) -> dict:
+) -> CalibrationReply:
     """Calibrate this node with ``python``; returns the result dict (``"ok": True``) or an
     error dict (``"ok": False``). ``env`` adds variables to the child's environment (for
     example a private TMPDIR for MLX's CPU kernel cache). ``on_progress`` is called in
     this thread with each progress dict; an exception from it is ignored."""
     started = time.monotonic()
-    command = calibration_command(python, quick=quick)
     try:
-        proc = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=calibration_env(extra=env),
-            cwd=str(PACKAGE_ROOT),
-            start_new_session=True,  # its own process group, so a timeout kills all of it
-        )
+        proc = _spawn(python, quick=quick, env=env)
     except OSError as exc:
         return _error("spawn_failed", f"cannot start {python}: {exc}", python, started)
 
-    lines: queue.Queue = queue.Queue()
+    lines: queue.Queue[str | None] = queue.Queue()
     stdout_chunks: list[bytes] = []
     readers = [
         threading.Thread(target=_pump_lines, args=(proc.stderr, lines), daemon=True),
@@ -90,40 +84,12 @@ def run_calibration(
 
     deadline = started + timeout
     stderr_tail: list[str] = []
-    stderr_open = True
-    timed_out = False
-    while stderr_open:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            timed_out = True
-            break
-        try:
-            line = lines.get(timeout=min(remaining, 0.5))
-        except queue.Empty:
-            continue
-        if line is _EOF:
-            stderr_open = False
-            continue
-        progress = _progress(line)
-        if progress is not None:
-            if on_progress is not None:
-                try:
-                    on_progress(progress)
-                except Exception:
-                    pass  # a broken observer must not break the calibration
-        elif line.strip():
-            stderr_tail.append(line.rstrip())
-            del stderr_tail[:-STDERR_TAIL_LINES]
-
-    if not timed_out:
-        try:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            timed_out = True
-    if timed_out:
+    finished = _follow_stderr(lines, deadline, on_progress, stderr_tail) and _wait(proc, deadline)
+    if not finished:
         _kill(proc)
-        for reader in readers:
-            reader.join(timeout=5)
+    for reader in readers:
+        reader.join(timeout=5)
+    if not finished:
         return _error(
             "timeout",
             f"calibration timed out after {timeout:g} s and was killed",
@@ -131,12 +97,62 @@ def run_calibration(
             started,
             stderr_tail=stderr_tail,
         )
-    for reader in readers:
-        reader.join(timeout=5)
-
     stdout = b"".join(stdout_chunks).decode("utf-8", errors="replace")
-    result = _last_json_object(stdout)
-    code = proc.returncode
+    return _outcome(_last_json_object(stdout), proc.returncode, python, started, stderr_tail)
+
+
+def _spawn(python: str, *, quick: bool, env: Mapping[str, str] | None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        calibration_command(python, quick=quick),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=calibration_env(extra=env),
+        cwd=str(PACKAGE_ROOT),
+        start_new_session=True,  # its own process group, so a timeout kills all of it
+    )
+
+
+def _follow_stderr(
+    lines: queue.Queue[str | None],
+    deadline: float,
+    on_progress: Callable[[CalibrationProgress], object] | None,
+    stderr_tail: list[str],
+) -> bool:
+    """Hand progress lines to ``on_progress`` and keep the last other lines in ``stderr_tail``
+    until stderr closes (True) or the deadline passes (False)."""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        try:
+            line = lines.get(timeout=min(remaining, 0.5))
+        except queue.Empty:
+            continue
+        if line is None:  # stderr closed
+            return True
+        progress = _progress(line)
+        if progress is not None:
+            if on_progress is not None:
+                with contextlib.suppress(Exception):  # a broken observer must not break the calibration
+                    on_progress(progress)
+        elif line.strip():
+            stderr_tail.append(line.rstrip())
+            del stderr_tail[:-STDERR_TAIL_LINES]
+
+
+def _wait(proc: subprocess.Popen[bytes], deadline: float) -> bool:
+    """Whether the child exited before the deadline."""
+    try:
+        proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+def _outcome(result: JsonObject | None, code: int, python: str, started: float,
+             stderr_tail: list[str]) -> CalibrationReply:
+    """The answer for a child that exited with ``code`` after printing ``result`` (None: no JSON line)."""
     if result is None:
         kind = "exit_status" if code != 0 else "bad_output"
         why = f"exited with status {code}" if code != 0 else "printed no JSON result line"
@@ -155,23 +171,22 @@ def run_calibration(
         result["exit_code"] = code
         result["stderr_tail"] = stderr_tail
         result.setdefault("python_executable", python)
-        result["wall_s"] = round(time.monotonic() - started, 3)
-        return result
     result["wall_s"] = round(time.monotonic() - started, 3)
-    return result
+    # agent.calibrate's result line, passed on as it came with the runner's fields added.
+    return cast("CalibrationReply", result)
 
 
-def _pump_lines(stream: Any, out: queue.Queue) -> None:
+def _pump_lines(stream: IO[bytes], out: queue.Queue[str | None]) -> None:
     try:
         for raw in iter(stream.readline, b""):
             out.put(raw.decode("utf-8", errors="replace"))
     except (OSError, ValueError):
         pass
     finally:
-        out.put(_EOF)
+        out.put(None)  # the end
 
 
-def _collect(stream: Any, out: list) -> None:
+def _collect(stream: IO[bytes], out: list[bytes]) -> None:
     try:
         while True:
             chunk = stream.read(65536)
@@ -182,7 +197,7 @@ def _collect(stream: Any, out: list) -> None:
         pass
 
 
-def _progress(line: str) -> dict | None:
+def _progress(line: str) -> CalibrationProgress | None:
     text = line.strip()
     if not text.startswith("{"):
         return None
@@ -191,11 +206,11 @@ def _progress(line: str) -> dict | None:
     except ValueError:
         return None
     if isinstance(value, dict) and "progress" in value:
-        return value
+        return cast("CalibrationProgress", value)  # agent.calibrate's progress line, passed on as it came
     return None
 
 
-def _last_json_object(stdout: str) -> dict | None:
+def _last_json_object(stdout: str) -> JsonObject | None:
     for line in reversed(stdout.splitlines()):
         text = line.strip()
         if not text:
@@ -208,19 +223,15 @@ def _last_json_object(stdout: str) -> dict | None:
     return None
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _kill(proc: subprocess.Popen[bytes]) -> None:
     """SIGKILL the child's process group (it has its own session), then reap it."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         if sys.platform != "win32":
             os.killpg(proc.pid, signal.SIGKILL)
         else:  # pragma: no cover - nodes are macOS or Linux
             proc.kill()
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):  # pragma: no cover - SIGKILL does not wait
         proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL does not wait
-        pass
 
 
 def _error(
@@ -231,7 +242,7 @@ def _error(
     *,
     exit_code: int | None = None,
     stderr_tail: list[str] | None = None,
-) -> dict:
+) -> CalibrationReply:
     return {
         "ok": False,
         "error_kind": kind,

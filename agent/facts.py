@@ -16,9 +16,12 @@ import shutil
 import socket
 import subprocess
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from agent import facts_parsers
+
+if TYPE_CHECKING:
+    from shared.agent_api import FactsReply, JsonObject, PythonFacts, SystemFacts
 
 COMMAND_TIMEOUT_S = 10.0
 GPU_PROBE_TIMEOUT_S = 30.0
@@ -51,32 +54,36 @@ print(json.dumps({"python_version": platform.python_version(),
 """
 
 
-def collect_facts(workdir: str | None = None, python_executable: str | None = None) -> dict:
+def collect_facts(workdir: str | None = None, python_executable: str | None = None) -> FactsReply:
     """Describe this node; ``python_executable`` is the interpreter ranks will use
     (default: the agent's own), and the Python, MLX and GPU facts are about it."""
     python = python_executable or sys.executable
     workdir_path = _expand(workdir)
-    facts: dict[str, Any] = {
-        "hostname": socket.gethostname() or None,
-        "user": read_user(),
-        "home": read_home(),
-        "arch": platform.machine() or None,
+    hostname, user, home, arch = socket.gethostname() or None, read_user(), read_home(), platform.machine() or None
+    disk_free = read_disk_free(workdir_path)
+    # MLX's own switches in the environment ranks inherit on this node (they start from the
+    # same user's SSH login as this agent); some are known to hurt (MLX_METAL_FAST_SYNCH).
+    mlx_env = {key: value for key, value in os.environ.items() if key.startswith("MLX_")}
+    system = read_system_facts()
+    python_facts = read_python_facts(python)
+    gpu, gpu_detail = _gpu_facts(python, python_facts["mlx_version"])
+    return {
+        "hostname": hostname,
+        "user": user,
+        "home": home,
+        "arch": arch,
         "workdir": workdir_path,
-        "disk_free_bytes": read_disk_free(workdir_path),
+        "disk_free_bytes": disk_free,
         "python_executable": python,
-        # MLX's own switches in the environment ranks inherit on this node (they start from the
-        # same user's SSH login as this agent); some are known to hurt (MLX_METAL_FAST_SYNCH).
-        "mlx_env": {key: value for key, value in os.environ.items() if key.startswith("MLX_")},
+        "mlx_env": mlx_env,
+        **system,
+        **python_facts,
+        "gpu": gpu,
+        "gpu_detail": gpu_detail,
     }
-    facts.update(read_system_facts())
-    facts.update(read_python_facts(python))
-    gpu, gpu_detail = _gpu_facts(python, facts["mlx_version"])
-    facts["gpu"] = gpu
-    facts["gpu_detail"] = gpu_detail
-    return facts
 
 
-def read_system_facts() -> dict[str, Any]:
+def read_system_facts() -> SystemFacts:
     """OS, chip, cores and memory, read the way this OS allows."""
     system = platform.system()
     if system == "Darwin":
@@ -92,7 +99,7 @@ def read_system_facts() -> dict[str, Any]:
     return facts
 
 
-def read_macos_facts() -> dict[str, Any]:
+def read_macos_facts() -> SystemFacts:
     versions = facts_parsers.parse_sw_vers(run_command(["sw_vers"]) or "")
     hardware = facts_parsers.parse_sp_hardware(
         run_command(["system_profiler", "SPHardwareDataType", "-json"]) or ""
@@ -114,7 +121,7 @@ def read_macos_facts() -> dict[str, Any]:
     }
 
 
-def read_linux_facts() -> dict[str, Any]:
+def read_linux_facts() -> SystemFacts:
     cpu = facts_parsers.parse_proc_cpuinfo(read_text("/proc/cpuinfo") or "")
     release_text = read_text("/etc/os-release") or read_text("/usr/lib/os-release") or ""
     release = facts_parsers.parse_os_release(release_text)
@@ -132,7 +139,7 @@ def read_linux_facts() -> dict[str, Any]:
     }
 
 
-def _generic_os_facts(system: str) -> dict[str, Any]:
+def _generic_os_facts(system: str) -> SystemFacts:
     return {
         "os": system or None,
         "os_version": platform.release() or None,
@@ -147,7 +154,7 @@ def _generic_os_facts(system: str) -> dict[str, Any]:
     }
 
 
-def read_python_facts(python: str) -> dict[str, Any]:
+def read_python_facts(python: str) -> PythonFacts:
     """Python, mlx and mlx-lm versions of ``python``, without importing mlx."""
     if _is_this_interpreter(python):
         return {
@@ -158,14 +165,13 @@ def read_python_facts(python: str) -> dict[str, Any]:
     return read_other_python_facts(python)
 
 
-def read_other_python_facts(python: str) -> dict[str, Any]:
+def read_other_python_facts(python: str) -> PythonFacts:
     """Ask another interpreter for its versions; all None if it cannot answer."""
-    unknown = dict.fromkeys(("python_version", "mlx_version", "mlx_lm_version"))
     output = run_command([python, "-c", _VERSIONS_PROBE], timeout=GPU_PROBE_TIMEOUT_S)
-    answer = _last_json_line(output or "")
-    if answer is None:
-        return unknown
-    return {key: _str_or_none(answer.get(key)) for key in unknown}
+    answer = _last_json_line(output or "") or {}
+    return {"python_version": _str_or_none(answer.get("python_version")),
+            "mlx_version": _str_or_none(answer.get("mlx_version")),
+            "mlx_lm_version": _str_or_none(answer.get("mlx_lm_version"))}
 
 
 def read_package_version(distribution: str) -> str | None:
@@ -198,7 +204,7 @@ def detect_gpu(python: str) -> tuple[str | None, str]:
     return _classify_gpu(answer)
 
 
-def _classify_gpu(answer: dict[str, Any]) -> tuple[str | None, str]:
+def _classify_gpu(answer: JsonObject) -> tuple[str | None, str]:
     device = _str_or_none(answer.get("device")) or "unknown device"
     metal, cuda = answer.get("metal"), answer.get("cuda")
     if metal is True:
@@ -229,7 +235,7 @@ def _gpu_cache_path() -> str:
     return os.path.join(os.path.expanduser("~"), ".coord", "cache", "gpu.json")
 
 
-def _read_gpu_cache() -> dict[str, Any]:
+def _read_gpu_cache() -> JsonObject:
     try:
         with open(_gpu_cache_path(), encoding="utf-8") as handle:
             data = json.load(handle)
@@ -328,7 +334,7 @@ def _is_this_interpreter(python: str) -> bool:
     return os.path.abspath(python) == os.path.abspath(sys.executable)
 
 
-def _last_json_line(text: str) -> dict[str, Any] | None:
+def _last_json_line(text: str) -> JsonObject | None:
     # MLX or site hooks may print before the probe does; its answer is the last line.
     try:
         answer = json.loads(_last_line(text))
@@ -342,5 +348,5 @@ def _last_line(text: str) -> str:
     return lines[-1].strip() if lines else ""
 
 
-def _str_or_none(value: Any) -> str | None:
+def _str_or_none(value: object) -> str | None:
     return value if isinstance(value, str) and value else None

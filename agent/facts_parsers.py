@@ -10,7 +10,11 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from shared.agent_api import CpuInfo, HardwareFacts, JsonObject, PowerSettings
 
 _SW_VERS_KEYS = {
     "ProductName": "product_name",
@@ -37,16 +41,6 @@ _ARM_IMPLEMENTERS = {
 # spaces: "Sleep On Power Button"), a value, and perhaps a note in parentheses.
 _PMSET_SETTING = re.compile(r"^\s+(?P<key>\S(?:.*?\S)?)\s+(?P<value>\S+)(?:\s+\((?P<note>[^)]*)\))?\s*$")
 
-_HARDWARE_KEYS = (
-    "chip",
-    "model",
-    "memory_bytes",
-    "cores",
-    "performance_cores",
-    "efficiency_cores",
-)
-
-
 def parse_sw_vers(text: str) -> dict[str, str | None]:
     """Read macOS ``sw_vers`` output (``ProductVersion:\\t26.2`` lines)."""
     result: dict[str, str | None] = dict.fromkeys(_SW_VERS_KEYS.values())
@@ -57,11 +51,12 @@ def parse_sw_vers(text: str) -> dict[str, str | None]:
     return result
 
 
-def parse_sp_hardware(json_text: str) -> dict[str, Any]:
+def parse_sp_hardware(json_text: str) -> HardwareFacts:
     """Read ``system_profiler SPHardwareDataType -json``; unreadable output is all None."""
     overview = _hardware_overview(json_text)
     if overview is None:
-        return dict.fromkeys(_HARDWARE_KEYS)
+        return {"chip": None, "model": None, "memory_bytes": None, "cores": None, "performance_cores": None,
+                "efficiency_cores": None}
     cores, performance, efficiency = parse_number_processors(overview.get("number_processors"))
     return {
         "chip": _text(overview.get("chip_type")) or _text(overview.get("cpu_type")),
@@ -73,7 +68,7 @@ def parse_sp_hardware(json_text: str) -> dict[str, Any]:
     }
 
 
-def parse_number_processors(value: Any) -> tuple[int | None, int | None, int | None]:
+def parse_number_processors(value: object) -> tuple[int | None, int | None, int | None]:
     """Return (total, performance, efficiency) cores from ``number_processors``.
 
     A virtual Mac reports a plain number; real Apple Silicon a string such as
@@ -98,7 +93,7 @@ def parse_number_processors(value: Any) -> tuple[int | None, int | None, int | N
     return total, performance, efficiency
 
 
-def parse_memory_size(value: Any) -> int | None:
+def parse_memory_size(value: object) -> int | None:
     """Turn system_profiler's ``"16 GB"`` into bytes (GB meaning GiB, as macOS does)."""
     if not isinstance(value, str):
         return None
@@ -109,7 +104,7 @@ def parse_memory_size(value: Any) -> int | None:
     return _positive(int(amount))
 
 
-def parse_proc_cpuinfo(text: str) -> dict[str, Any]:
+def parse_proc_cpuinfo(text: str) -> CpuInfo:
     """Read Linux ``/proc/cpuinfo``: the CPU's name and the number of logical CPUs."""
     pairs = list(_colon_pairs(text))
     processors = sum(1 for key, _ in pairs if key == "processor")
@@ -144,7 +139,7 @@ def parse_os_release(text: str) -> dict[str, str | None]:
     }
 
 
-def parse_pmset(text: str) -> dict[str, Any] | None:
+def parse_pmset(text: str) -> PowerSettings | None:
     """Read macOS ``pmset -g``: the system sleep timer of the active power profile.
 
     ``sleep_minutes`` is ``sleep`` under "Currently in use" (0: never sleeps on idle);
@@ -180,7 +175,7 @@ def parse_pmset(text: str) -> dict[str, Any] | None:
     }
 
 
-def _hardware_overview(json_text: str) -> dict[str, Any] | None:
+def _hardware_overview(json_text: str) -> JsonObject | None:
     try:
         document = json.loads(json_text)
     except (TypeError, ValueError):
@@ -215,7 +210,7 @@ def _arm_implementer_name(implementer: str | None, part: str | None) -> str | No
     return f"{vendor} (part {part})" if part else vendor
 
 
-def _colon_pairs(text: str):
+def _colon_pairs(text: str) -> Iterator[tuple[str, str]]:
     """Yield (key, value) from ``key: value`` lines, both stripped; other lines are skipped."""
     if not isinstance(text, str):
         return
@@ -245,7 +240,7 @@ def _prevented_by(note: str | None) -> list[str]:
     return [name.strip() for name in names if name.strip()]
 
 
-def _text(value: Any) -> str | None:
+def _text(value: object) -> str | None:
     if not isinstance(value, str):
         return None
     return value.strip() or None

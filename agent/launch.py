@@ -14,10 +14,13 @@ import os
 import re
 import shlex
 import shutil
-from typing import Any
+from typing import TYPE_CHECKING
 
 from shared import protocol as p
 from shared.rpc import RemoteError
+
+if TYPE_CHECKING:
+    from shared import agent_api as api
 
 # A run id: the job's name (at most 64) and a suffix of its own. Letters, digits, '.', '_', '-' only:
 # it becomes a directory name on every node.
@@ -61,8 +64,8 @@ def render_rank_script(*, workdir: str, python: str, argv: list[str], env: dict[
     return "\n".join(lines) + "\n"
 
 
-def prepare_rank(job: str, rank: int, workdir: str, python: str, argv: list, env: dict,
-                 attempt: int = 0) -> dict[str, Any]:
+def prepare_rank(job: str, rank: int, workdir: str, python: str, argv: list[str], env: dict[str, str],
+                 attempt: int = 0) -> api.PrepareRankReply:
     if not JOB_NAME.match(job):
         raise RemoteError(p.BAD_ARGS, f"job name {job!r} must be letters, digits, '.', '_' or '-'")
     if rank < 0 or rank > 4096:

@@ -17,20 +17,26 @@ import platform
 import signal
 import sys
 import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mlx_lm.tuner.callbacks import TrainingCallback
+
+    from shared.agent_api import JsonObject, ProgressRecord
 
 
 class ProgressCallback:
-    def __init__(self, path: str, step_offset: int, wrapped=None):
+    def __init__(self, path: str, step_offset: int, wrapped: TrainingCallback | None = None) -> None:
         self.path = path
         self.step_offset = step_offset
         self.wrapped = wrapped
 
-    def _write(self, record: dict) -> None:
+    def _write(self, record: ProgressRecord) -> None:
         line = json.dumps(record, default=float) + "\n"
         with open(self.path, "a", encoding="utf-8") as handle:
             handle.write(line)
 
-    def on_train_loss_report(self, info: dict) -> None:
+    def on_train_loss_report(self, info: JsonObject) -> None:  # mlx-lm's report: its keys
         self._write({"kind": "train", "time": time.time(), "step": self.step_offset + int(info["iteration"]),
                      "loss": float(info["train_loss"]), "tokens_per_second": float(info["tokens_per_second"]),
                      "learning_rate": float(info.get("learning_rate", 0.0)),
@@ -38,7 +44,7 @@ class ProgressCallback:
         if self.wrapped is not None:
             self.wrapped.on_train_loss_report(info)
 
-    def on_val_loss_report(self, info: dict) -> None:
+    def on_val_loss_report(self, info: JsonObject) -> None:
         self._write({"kind": "val", "time": time.time(), "step": self.step_offset + int(info["iteration"]),
                      "val_loss": float(info["val_loss"])})
         if self.wrapped is not None:
@@ -61,7 +67,7 @@ def main() -> None:
     if progress and mx.distributed.init().rank() == 0:
         original = lora.get_reporting_callbacks
 
-        def with_coord(*args, **kwargs):
+        def with_coord(*args: Any, **kwargs: Any) -> ProgressCallback:
             return ProgressCallback(progress, offset, wrapped=original(*args, **kwargs))
 
         lora.get_reporting_callbacks = with_coord

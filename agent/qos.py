@@ -14,7 +14,17 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
-from typing import Any
+from typing import Any, TypedDict
+
+
+class QosPlan(TypedDict):
+    qos: str | None  # the class a rank gets, or None where there are none
+    reason: str
+
+
+class QosOutcome(QosPlan):
+    applied: bool
+
 
 #: QOS_CLASS_USER_INTERACTIVE from <sys/qos.h>.
 QOS_CLASS_USER_INTERACTIVE = 0x21
@@ -22,7 +32,7 @@ LIBSYSTEM = "/usr/lib/libSystem.B.dylib"
 QOS_NAME = "user-interactive"
 
 
-def qos_for_platform(system: str) -> dict[str, Any]:
+def qos_for_platform(system: str) -> QosPlan:
     """What a rank on ``system`` (``platform.system()`` or coord's ``"macOS"``) will get, for the plan."""
     if system in ("Darwin", "macOS"):
         return {"qos": QOS_NAME, "reason": "pthread_set_qos_class_self_np(QOS_CLASS_USER_INTERACTIVE) on the "
@@ -30,7 +40,7 @@ def qos_for_platform(system: str) -> dict[str, Any]:
     return {"qos": None, "reason": f"QoS classes are macOS-only; no-op on {system or 'this OS'}"}
 
 
-def set_user_interactive_qos(libc: Any = None, system: str | None = None) -> dict[str, Any]:
+def set_user_interactive_qos(libc: Any = None, system: str | None = None) -> QosOutcome:
     """Put the calling thread in the user-interactive QoS class.
 
     Returns ``{"applied": bool, "qos": "user-interactive" | None, "reason": str}``.

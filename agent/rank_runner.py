@@ -19,6 +19,8 @@ import signal
 import subprocess
 import sys
 import threading
+from types import FrameType
+from typing import BinaryIO
 
 from agent import keep_awake
 
@@ -66,7 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     for stale in ("exit", "pid"):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(args.dir, stale))
-    log = open(os.path.join(args.dir, "output.log"), "ab", buffering=0)
+    with open(os.path.join(args.dir, "output.log"), "ab", buffering=0) as log:
+        return run_rank(command, args.dir, log)
+
+
+def run_rank(command: list[str], directory: str, log: BinaryIO) -> int:
+    """Start the rank, copy its output to ``log`` and to our stdout, and record its pid and exit status
+    in ``directory``; returns that status."""
     try:
         # A process group of its own, so that the whole rank can be killed as one, but not a
         # session of its own: Linux's autogroup scheduler gives every session its own share of
@@ -75,20 +83,22 @@ def main(argv: list[str] | None = None) -> int:
                                  preexec_fn=os.setpgrp)  # process_group=0 needs Python 3.11; nodes may have 3.10
     except OSError as exc:
         log.write(f"coord: cannot start {command[0]}: {exc}\n".encode())
-        write_atomically(os.path.join(args.dir, "exit"), "127\n")
+        write_atomically(os.path.join(directory, "exit"), "127\n")
         return 127
-    write_atomically(os.path.join(args.dir, "pid"), f"{child.pid}\n")
-    write_atomically(os.path.join(args.dir, "runner.pid"), f"{os.getpid()}\n")
+    write_atomically(os.path.join(directory, "pid"), f"{child.pid}\n")
+    write_atomically(os.path.join(directory, "runner.pid"), f"{os.getpid()}\n")
     awake = keep_awake.hold_awake(child.pid, log)
 
-    def forward(signum, _frame) -> None:
+    def forward(signum: int, _frame: FrameType | None) -> None:
         stop_group(child.pid)
 
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(signum, forward)
     out = sys.stdout.buffer
+    stream = child.stdout
+    assert stream is not None  # stdout=PIPE
     while True:
-        chunk = child.stdout.read1(65536) if hasattr(child.stdout, "read1") else child.stdout.read(4096)
+        chunk = stream.read1(65536) if hasattr(stream, "read1") else stream.read(4096)
         if not chunk:
             break
         log.write(chunk)
@@ -98,9 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         except (BrokenPipeError, OSError):
             pass  # mlx.launch went away; the log on the node still has everything
     code = exit_status(child.wait())
-    write_atomically(os.path.join(args.dir, "exit"), f"{code}\n")
+    write_atomically(os.path.join(directory, "exit"), f"{code}\n")
     keep_awake.release(awake)
-    log.close()
     return code
 
 

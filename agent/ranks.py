@@ -15,12 +15,15 @@ import signal
 import struct
 import subprocess
 import time
-from typing import Any
+from typing import TYPE_CHECKING, TypeGuard
 
 from agent.launch import JOB_NAME
 from shared import protocol as p
 from shared.manifest import sha256_file
 from shared.rpc import RemoteError
+
+if TYPE_CHECKING:
+    from shared import agent_api as api
 
 CHECKPOINT_NAME = re.compile(r"^(\d{7})_adapters\.safetensors$")
 MAX_READ = 4 << 20
@@ -53,7 +56,8 @@ def _read_int(path: str) -> int | None:
         return None
 
 
-def _alive(pid: int | None) -> bool:
+def _alive(pid: int | None) -> TypeGuard[int]:
+    """Whether ``pid`` names a live process (not a zombie); never for no pid."""
     if not pid:
         return False
     try:
@@ -118,7 +122,7 @@ def _group_members(pgid: int) -> list[int]:
     return members
 
 
-def rank_status(workdir: str, job: str, attempt: int, rank: int, progress_offset: int = 0) -> dict[str, Any]:
+def rank_status(workdir: str, job: str, attempt: int, rank: int, progress_offset: int = 0) -> api.RankStatusReply:
     directory = rank_dir(workdir, job, attempt, rank)
     pid = _read_int(os.path.join(directory, "pid"))
     runner = _read_int(os.path.join(directory, "runner.pid"))
@@ -146,7 +150,7 @@ def rank_status(workdir: str, job: str, attempt: int, rank: int, progress_offset
             "exited_at": exited_at}
 
 
-def _read_progress(path: str, offset: int) -> tuple[list[dict], int]:
+def _read_progress(path: str, offset: int) -> tuple[list[api.JsonObject], int]:
     try:
         with open(path, "rb") as handle:
             handle.seek(offset)
@@ -167,7 +171,7 @@ def _read_progress(path: str, offset: int) -> tuple[list[dict], int]:
     return records, offset + end + 1
 
 
-def read_log(workdir: str, job: str, attempt: int, rank: int, offset: int = 0) -> dict[str, Any]:
+def read_log(workdir: str, job: str, attempt: int, rank: int, offset: int = 0) -> api.DataReply:
     path = os.path.join(rank_dir(workdir, job, attempt, rank), "output.log")
     try:
         with open(path, "rb") as handle:
@@ -178,10 +182,10 @@ def read_log(workdir: str, job: str, attempt: int, rank: int, offset: int = 0) -
     return {"data": data, "offset": offset + len(data)}
 
 
-def dump_stacks(workdir: str, job: str, attempt: int, rank: int) -> dict[str, Any]:
+def dump_stacks(workdir: str, job: str, attempt: int, rank: int) -> api.DumpStacksReply:
     """Ask a hung rank to print its Python stacks (coord's trainers register SIGUSR1 for it)."""
     pid = _read_int(os.path.join(rank_dir(workdir, job, attempt, rank), "pid"))
-    if not _alive(pid):
+    if pid is None or not _alive(pid):
         return {"sent": False, "detail": "rank is not running"}
     try:
         os.kill(pid, signal.SIGUSR1)
@@ -190,7 +194,7 @@ def dump_stacks(workdir: str, job: str, attempt: int, rank: int) -> dict[str, An
     return {"sent": True, "detail": f"SIGUSR1 sent to {pid}"}
 
 
-def stop_rank(workdir: str, job: str, attempt: int, rank: int, grace: float = 5.0) -> dict[str, Any]:
+def stop_rank(workdir: str, job: str, attempt: int, rank: int, grace: float = 5.0) -> api.StopRankReply:
     """Stop the rank's whole process group (SIGCONT first: a stopped rank cannot act on SIGTERM)."""
     directory = rank_dir(workdir, job, attempt, rank)
     pgid = _read_int(os.path.join(directory, "pid"))
@@ -204,10 +208,8 @@ def stop_rank(workdir: str, job: str, attempt: int, rank: int, grace: float = 5.
     while time.monotonic() < deadline and _group_members(pgid):
         time.sleep(0.1)
     if _group_members(pgid):
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)  # the whole group at once, on every platform
-        except (ProcessLookupError, PermissionError):
-            pass
     # The runner records the rank's exit status just after its child ends: give it that moment
     # before killing it, or the status is lost (it was in about 1 stop in 20 here).
     deadline = time.monotonic() + RUNNER_GRACE_S
@@ -282,11 +284,12 @@ def sha256_remembered(path: str) -> str:
     return digest
 
 
-def list_checkpoints(workdir: str, job: str, attempt: int, known: list | None = None) -> dict[str, Any]:
+def list_checkpoints(workdir: str, job: str, attempt: int,
+                     known: list[str] | None = None) -> api.ListCheckpointsReply:
     """Checkpoint files of one attempt, validated, with SHA256 (skipping ones already known)."""
     directory = checkpoint_dir(workdir, job, attempt)
     skip = set(known or [])
-    found = []
+    found: list[api.CheckpointInfo] = []
     try:
         names = sorted(os.listdir(directory))
     except FileNotFoundError:
@@ -303,7 +306,7 @@ def list_checkpoints(workdir: str, job: str, attempt: int, known: list | None = 
     return {"dir": directory, "checkpoints": found}
 
 
-def read_file(workdir: str, path: str, offset: int = 0) -> dict[str, Any]:
+def read_file(workdir: str, path: str, offset: int = 0) -> api.ReadFileReply:
     """A chunk of a file under the workdir (to copy a checkpoint to another node)."""
     from shared.paths import UnsafePath, resolve_under
 
@@ -318,7 +321,7 @@ def read_file(workdir: str, path: str, offset: int = 0) -> dict[str, Any]:
     return {"data": data, "offset": offset + len(data), "size": os.path.getsize(full)}
 
 
-def hash_file(workdir: str, path: str) -> dict[str, Any]:
+def hash_file(workdir: str, path: str) -> api.HashFileReply:
     """Size and SHA256 of a file under the workdir: a checkpoint copy checked where it lies before
     a rank resumes from it."""
     from shared.paths import UnsafePath, resolve_under
@@ -331,7 +334,8 @@ def hash_file(workdir: str, path: str) -> dict[str, Any]:
     return {"size": os.path.getsize(full), "sha256": sha256_remembered(full)}
 
 
-def remove_checkpoints(workdir: str, job: str, attempt: int, names: list, replica: bool = False) -> dict[str, Any]:
+def remove_checkpoints(workdir: str, job: str, attempt: int, names: list[str],
+                       replica: bool = False) -> api.RemoveCheckpointsReply:
     directory = checkpoint_dir(workdir, job, attempt, replica)
     removed = 0
     for name in names:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import itertools
 import os
@@ -25,7 +26,7 @@ import socket
 import stat
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent import ranks as node_ranks
 from agent import sync as node_sync
@@ -33,6 +34,9 @@ from shared import protocol as p
 from shared import relay as wire
 from shared.paths import UnsafePath, resolve_under
 from shared.rpc import RemoteError
+
+if TYPE_CHECKING:
+    from shared import agent_api as api
 
 _ids = itertools.count(1)
 MAX_TRANSFERS = 64
@@ -48,7 +52,7 @@ class Forward:
     error: str | None = None
     done: bool = False
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> api.ForwardState:
         return {"host": self.host, "port": self.port, "sent": self.sent, "error": self.error, "done": self.done}
 
 
@@ -82,7 +86,13 @@ class Transfer:
     started: float = field(default_factory=time.monotonic)
     finished: float | None = None
 
-    def state(self) -> dict[str, Any]:
+    def open_write_fd(self) -> int:
+        """The temporary file's descriptor for writing; closed (an OSError) once committed or dropped."""
+        if self.write_fd is None:
+            raise OSError(errno.EBADF, f"{self.tmp} is no longer open for writing")
+        return self.write_fd
+
+    def state(self) -> api.TransferState:
         return {"transfer": self.id, "have": self.have, "chunks": self.plan.count, "size": self.plan.size,
                 "bytes": min(self.plan.size, self.have * self.plan.chunk_bytes), "done": self.done,
                 "error": self.error, "upstream_error": self.upstream_error,
@@ -119,6 +129,17 @@ def _mode(mode: int) -> int:
     return mode & 0o777
 
 
+def _held_file(workdir: str, path: str) -> str:
+    """The file ``path`` names under ``workdir`` (relative, or absolute inside it); it must exist."""
+    if not isinstance(workdir, str) or not os.path.isabs(workdir):
+        raise RemoteError(p.BAD_ARGS, f"workdir must be an absolute path, got {workdir!r}")
+    try:
+        return resolve_under(workdir, os.path.relpath(path, workdir) if os.path.isabs(path) else path,
+                             must_exist=True)
+    except UnsafePath as exc:
+        raise RemoteError(p.REFUSED, str(exc)) from None
+
+
 class Relay:
     def __init__(self) -> None:
         self._transfers: dict[str, Transfer] = {}
@@ -128,7 +149,7 @@ class Relay:
     # --- control (RPC) -----------------------------------------------------------------
 
     async def open_receiver(self, transfer: str, token: str, root: str, path: str, size: int, mode: int,
-                            sha256: str, chunk_bytes: int, chunks: list) -> dict[str, Any]:
+                            sha256: str, chunk_bytes: int, chunks: list[bytes]) -> api.RelayReceiveReply:
         """Get ready to receive ``path`` (under ``root``); returns the port to send to."""
         plan, hashes = self._check_plan(size, chunk_bytes, chunks)
         root = node_sync._root(root, create=True)
@@ -154,20 +175,13 @@ class Relay:
         if plan.count == 0:
             self._transfers[transfer].committing = True
             await asyncio.to_thread(self._commit, self._transfers[transfer])
-        await self._listen()
-        return {"port": self.port}
+        return {"port": await self._listen()}
 
     async def open_source(self, transfer: str, token: str, workdir: str, path: str, size: int, sha256: str,
-                          chunk_bytes: int = wire.CHUNK_BYTES) -> dict[str, Any]:
+                          chunk_bytes: int = wire.CHUNK_BYTES) -> api.RelaySourceReply:
         """Serve a file this node holds whole; returns its chunks' hashes, read now, after checking
         that the file still has the SHA256 recorded for it."""
-        if not isinstance(workdir, str) or not os.path.isabs(workdir):
-            raise RemoteError(p.BAD_ARGS, f"workdir must be an absolute path, got {workdir!r}")
-        try:
-            full = resolve_under(workdir, os.path.relpath(path, workdir) if os.path.isabs(path) else path,
-                                 must_exist=True)
-        except UnsafePath as exc:
-            raise RemoteError(p.REFUSED, str(exc)) from None
+        full = await asyncio.to_thread(_held_file, workdir, path)  # resolving it reads the disk
         if chunk_bytes <= 0 or chunk_bytes > 64 << 20:
             raise RemoteError(p.BAD_ARGS, f"chunk size {chunk_bytes} out of range")
         self._check_new(transfer)
@@ -181,10 +195,9 @@ class Relay:
         plan = wire.ChunkPlan(size, chunk_bytes)
         self._transfers[transfer] = Transfer(transfer, token, plan, hashes, read_fd, True, target=full,
                                              have=plan.count, done=True, sha256=sha256)
-        await self._listen()
-        return {"port": self.port, "chunks": hashes}
+        return {"port": await self._listen(), "chunks": hashes}
 
-    async def forward(self, transfer: str, targets: list) -> dict[str, Any]:
+    async def forward(self, transfer: str, targets: list[list[Any]]) -> api.TransferState:
         """Send this transfer on to each of ``targets`` ([host, port] pairs) as chunks arrive."""
         state = self._get(transfer)
         for target in targets:
@@ -200,7 +213,7 @@ class Relay:
             state.forwards[key] = entry
         return state.state()
 
-    async def wait(self, transfer: str, timeout: float = 5.0, have: int = -1) -> dict[str, Any]:
+    async def wait(self, transfer: str, timeout: float = 5.0, have: int = -1) -> api.TransferState:
         """This transfer's state once it is done, failed or holds more than ``have`` chunks, or
         after ``timeout`` seconds: the daemon's long poll."""
         state = self._get(transfer)
@@ -217,7 +230,7 @@ class Relay:
         state.touched = time.monotonic()
         return state.state()
 
-    async def close(self, transfer: str) -> dict[str, Any]:
+    async def close(self, transfer: str) -> api.RelayCloseReply:
         """Forget a transfer: its forwarders stop, an unfinished temporary file is removed."""
         state = self._transfers.pop(transfer, None)
         if state is None:
@@ -233,7 +246,7 @@ class Relay:
 
     # --- internals ------------------------------------------------------------------------
 
-    def _check_plan(self, size: int, chunk_bytes: int, chunks: list) -> tuple[wire.ChunkPlan, list[bytes]]:
+    def _check_plan(self, size: int, chunk_bytes: int, chunks: list[bytes]) -> tuple[wire.ChunkPlan, list[bytes]]:
         if size < 0 or chunk_bytes <= 0 or chunk_bytes > 64 << 20:
             raise RemoteError(p.BAD_ARGS, f"size {size} or chunk size {chunk_bytes} out of range")
         plan = wire.ChunkPlan(size, chunk_bytes)
@@ -274,18 +287,19 @@ class Relay:
             with contextlib.suppress(OSError):
                 os.unlink(state.tmp)
 
-    async def _listen(self) -> None:
-        # IPv4 on every interface, one port. A connection proves itself with the transfer's
-        # token before it can write anything.
-        if self._server is not None:
-            return
+    async def _listen(self) -> int:
+        """The data port, listening from the first call on; IPv4 on every interface, one port. A
+        connection proves itself with the transfer's token before it can write anything."""
+        if self._server is not None and self.port is not None:
+            return self.port
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("0.0.0.0", 0))
         listener.listen(64)
         listener.setblocking(False)
-        self.port = listener.getsockname()[1]
+        self.port = port = listener.getsockname()[1]
         self._server = asyncio.get_running_loop().create_task(self._accept(listener))
+        return port
 
     async def _accept(self, listener: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -325,7 +339,8 @@ class Relay:
             if magic != wire.MAGIC:
                 return
             hello = await wire.read_frame(conn)
-            state = self._transfers.get(hello.get("transfer"))  # type: ignore[arg-type]
+            transfer = hello.get("transfer")
+            state = self._transfers.get(transfer) if isinstance(transfer, str) else None
             if state is None or not wire.token_matches(state.token, hello.get("token")) or state.source:
                 state = None
                 await loop.sock_sendall(conn, wire.pack_frame({"error": "no such transfer here"}))
@@ -406,22 +421,24 @@ class Relay:
         await self._notify(state)
 
     @staticmethod
-    def _verify_and_write(state: Transfer, index: int, data: bytes, peer: str) -> None:
+    def _verify_and_write(state: Transfer, index: int, data: memoryview, peer: str) -> None:
         if hashlib.sha256(data).digest() != state.hashes[index]:
             raise wire.RelayError(f"chunk {index} from {peer} does not match its SHA256")
+        fd = state.open_write_fd()
         view, offset = memoryview(data), index * state.plan.chunk_bytes
         start = offset
         while view:
-            written = os.pwrite(state.write_fd, view, offset)
+            written = os.pwrite(fd, view, offset)
             view, offset = view[written:], offset + written
-        wire.start_writeback(state.write_fd, start, len(data))
+        wire.start_writeback(fd, start, len(data))
 
     @staticmethod
     def _commit(state: Transfer) -> None:
         """Every chunk verified: make it durable, give it its mode, rename it into place."""
-        os.fchmod(state.write_fd, state.mode)
-        os.fsync(state.write_fd)
-        os.close(state.write_fd)
+        fd = state.open_write_fd()
+        os.fchmod(fd, state.mode)
+        os.fsync(fd)
+        os.close(fd)
         state.write_fd = None
         os.replace(state.tmp, state.target)
         node_sync._fsync_dirs({os.path.dirname(state.target)})

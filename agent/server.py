@@ -6,8 +6,9 @@ import asyncio
 import os
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent import facts as node_facts
 from agent import launch as node_launch
@@ -18,8 +19,13 @@ from agent.calibration_runner import run_calibration
 from agent.topology import collect_topology
 from agent.usage import collect_usage
 from shared import protocol as p
-from shared.rpc import Dispatcher, Peer, Reader, RemoteError, Writer
+from shared.rpc import ArgType, Dispatcher, Emit, Peer, Reader, RemoteError, Writer
 from shared.version import COORD_VERSION
+
+if TYPE_CHECKING:
+    from shared import agent_api as api
+
+Reply = TypeVar("Reply")
 
 
 def bundle_id() -> str:
@@ -31,7 +37,7 @@ def bundle_id() -> str:
         return "source"
 
 
-async def hello(protocol: int, client: str = "") -> dict[str, Any]:
+async def hello(protocol: int, client: str = "") -> api.HelloReply:
     if protocol != p.PROTOCOL_VERSION:
         raise RemoteError(p.PROTOCOL_MISMATCH,
                           f"agent speaks protocol {p.PROTOCOL_VERSION}, caller speaks {protocol}")
@@ -44,21 +50,21 @@ async def hello(protocol: int, client: str = "") -> dict[str, Any]:
     }
 
 
-async def facts(workdir: str | None = None) -> dict[str, Any]:
+async def facts(workdir: str | None = None) -> api.FactsReply:
     if workdir is not None and not os.path.isabs(workdir):
         raise RemoteError(p.BAD_ARGS, f"workdir must be an absolute path, got {workdir!r}")
     # Facts run commands (system_profiler can take seconds): keep the loop free for pings.
     return await asyncio.to_thread(node_facts.collect_facts, workdir)
 
 
-async def ping() -> dict[str, Any]:
+async def ping() -> api.PingReply:
     return {"time": time.time()}
 
 
-def _in_thread(func):
+def _in_thread(func: Callable[..., Reply]) -> Callable[..., Awaitable[Reply]]:
     """Disk work runs off the event loop, so pings are answered during a long hash."""
 
-    async def call(**args):
+    async def call(**args: Any) -> Reply:
         return await asyncio.to_thread(func, **args)
 
     return call
@@ -81,8 +87,7 @@ def build_dispatcher(relay: node_relay.Relay | None = None) -> Dispatcher:
               required={"root": str, "path": str, "size": int, "mode": int, "sha256": str})
     table.add("upload_chunk", _in_thread(uploads.chunk), required={"upload": int, "offset": int, "data": bytes})
     table.add("upload_finish", _in_thread(uploads.finish), required={"upload": int})
-    table.add("upload_abort", _in_thread(lambda upload: uploads.abort(upload) or {"aborted": upload}),
-              required={"upload": int})
+    table.add("upload_abort", _in_thread(uploads.abort_reply), required={"upload": int})
     table.add("delete_files", _in_thread(node_sync.delete_files), required={"root": str, "paths": list})
     table.add("set_modes", _in_thread(node_sync.set_modes), required={"root": str, "modes": list})
     table.add("inspect_files", _in_thread(node_sync.inspect_files), required={"root": str, "paths": list},
@@ -101,7 +106,7 @@ def build_dispatcher(relay: node_relay.Relay | None = None) -> Dispatcher:
     table.add("prepare_rank", _in_thread(node_launch.prepare_rank),
               required={"job": str, "rank": int, "workdir": str, "python": str, "argv": list, "env": dict},
               optional={"attempt": int})
-    rank = {"workdir": str, "job": str, "attempt": int, "rank": int}
+    rank: dict[str, ArgType] = {"workdir": str, "job": str, "attempt": int, "rank": int}
     table.add("rank_status", _in_thread(node_ranks.rank_status), required=rank, optional={"progress_offset": int})
     table.add("read_log", _in_thread(node_ranks.read_log), required=rank, optional={"offset": int})
     table.add("dump_stacks", _in_thread(node_ranks.dump_stacks), required=rank)
@@ -118,7 +123,8 @@ def build_dispatcher(relay: node_relay.Relay | None = None) -> Dispatcher:
     return table
 
 
-async def calibrate(emit, python: str, workdir: str, quick: bool = False, timeout: float = 600) -> dict[str, Any]:
+async def calibrate(emit: Emit, python: str, workdir: str, quick: bool = False,
+                    timeout: float = 600) -> api.CalibrationReply:
     """Measure this node with its training Python, in a child process; progress goes out as events."""
     if not os.path.isabs(workdir):
         raise RemoteError(p.BAD_ARGS, f"workdir must be an absolute path, got {workdir!r}")
@@ -127,7 +133,7 @@ async def calibrate(emit, python: str, workdir: str, quick: bool = False, timeou
     tmpdir = os.path.join(workdir, ".coord", "tmp", "calibrate")
     os.makedirs(tmpdir, exist_ok=True)
 
-    def forward(progress: dict) -> None:
+    def forward(progress: api.CalibrationProgress) -> None:
         asyncio.run_coroutine_threadsafe(emit(progress), loop)
 
     return await asyncio.to_thread(run_calibration, python, quick=quick, timeout=timeout, on_progress=forward,

@@ -28,13 +28,17 @@ import stat
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from shared import protocol as p
 from shared.ignore import IgnoreRules
-from shared.manifest import HashCache, scan_tree, sha256_file, tree_hash
+from shared.manifest import HashCache, ScanStats, scan_tree, sha256_file, tree_hash
 from shared.paths import PathGuard, UnsafePath, resolve_under
 from shared.rpc import RemoteError
+
+if TYPE_CHECKING:
+    from shared import agent_api as api
 
 CACHE_NAME = os.path.join(".coord", "hashcache.json")
 _upload_ids = itertools.count(1)
@@ -79,7 +83,7 @@ def _scan_lock(root: str) -> threading.Lock:
     return _scan_locks.setdefault(root, threading.Lock())
 
 
-def _scan(root: str, patterns: list[str]) -> tuple[dict[str, list], Any]:
+def _scan(root: str, patterns: list[str]) -> tuple[dict[str, list[Any]], ScanStats]:
     """scan_tree with this workdir's cache."""
     with _scan_lock(root):
         return scan_tree(root, IgnoreRules(patterns), cache=cache_for(root))
@@ -100,11 +104,14 @@ def _syncfs(path: str) -> bool:
         return False
 
 
-def describe(root: str, patterns: list[str]) -> dict[str, Any]:
+def describe(root: str, patterns: list[str]) -> api.ManifestReply:
     root = _root(root, create=True)
     manifest, stats = _scan(root, patterns)
     return {"files": [[rel, *entry] for rel, entry in manifest.items()], "tree_hash": tree_hash(manifest),
             "stats": stats.as_dict()}
+
+
+_Written = tuple[str, os.stat_result, str]
 
 
 class _Unflushed:
@@ -113,7 +120,7 @@ class _Unflushed:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.writing = threading.Lock()
-        self.files: dict[str, tuple[str, os.stat_result, str]] = {}  # rel -> (path, stat when written, sha256)
+        self.files: dict[str, _Written] = {}  # rel -> (path, stat when written, sha256)
         self.dirs: set[str] = set()
         self.devices: dict[int, str] = {}  # st_dev -> a directory on it (for syncfs)
 
@@ -135,7 +142,7 @@ def _pending(root: str) -> _Unflushed:
 FSYNC_AT_MOST = 64
 
 
-def _take_pending(root: str) -> tuple[dict, set, dict] | None:
+def _take_pending(root: str) -> tuple[dict[str, _Written], set[str], dict[int, str]] | None:
     """What was written under root since the last flush, taken (files, directories, devices); None if nothing."""
     state = _pending(root)
     with state.lock:
@@ -144,7 +151,7 @@ def _take_pending(root: str) -> tuple[dict, set, dict] | None:
     return (files, dirs, devices) if files or dirs else None
 
 
-def _make_durable(root: str, files: dict, dirs: set, devices: dict) -> str:
+def _make_durable(root: str, files: dict[str, _Written], dirs: set[str], devices: dict[int, str]) -> str:
     """Flush what ``_take_pending`` took; on failure it goes back to be flushed next time. Returns how.
 
     Linux: one ``syncfs`` per filesystem written to (it flushes file data, inodes and the
@@ -179,7 +186,7 @@ def _make_durable(root: str, files: dict, dirs: set, devices: dict) -> str:
     return how
 
 
-def sync_state(root: str, patterns: list[str], known: list | None = None) -> dict[str, Any]:
+def sync_state(root: str, patterns: list[str], known: list[str] | None = None) -> api.SyncStateReply:
     """Make everything written since the last call durable, and describe the tree by its hash from a
     stat-only scan.
 
@@ -215,8 +222,8 @@ def sync_state(root: str, patterns: list[str], known: list | None = None) -> dic
             cache.save()
             flushed = len(files)
     digest = tree_hash(manifest)
-    answer: dict[str, Any] = {"tree_hash": digest, "count": len(manifest), "flushed": flushed,
-                              "flush": how, "stats": stats.as_dict()}
+    answer: api.SyncStateReply = {"tree_hash": digest, "count": len(manifest), "flushed": flushed,
+                                  "flush": how, "stats": stats.as_dict()}
     if known is not None and digest not in known:
         answer["files"] = [[rel, *entry] for rel, entry in manifest.items()]
     return answer
@@ -246,7 +253,7 @@ def _write_temporary(target: str, data: bytes, mode: int) -> tuple[str, os.stat_
     return tmp, info
 
 
-def put_files(root: str, files: list) -> dict[str, Any]:
+def put_files(root: str, files: list[api.PutFileRow]) -> api.PutFilesReply:
     """Write whole small files: [[rel, mode, sha256, data], ...], each verified, then renamed.
 
     Every hash is checked before anything is written, so a batch with one bad file writes
@@ -273,7 +280,7 @@ def put_files(root: str, files: list) -> dict[str, Any]:
     # One batch at a time per workdir (the next ones wait decoded in memory): a dozen threads creating
     # files on one filesystem contend in its inode allocator for no gain.
     with state.writing:
-        for (rel, mode, sha, data), target in zip(files, targets):
+        for (rel, mode, sha, data), target in zip(files, targets, strict=True):
             tmp, info = _write_temporary(target, data, mode)
             try:
                 os.replace(tmp, target)
@@ -290,76 +297,103 @@ def put_files(root: str, files: list) -> dict[str, Any]:
     return {"files": len(files), "bytes": written}
 
 
+@dataclass
+class _Upload:
+    """A large file being received: its temporary file, where it goes, and what has come so far."""
+
+    fd: int | None  # None once closed
+    tmp: str
+    target: str
+    size: int
+    mode: int
+    root: str
+    rel: str
+    sha256: str
+    digest: hashlib._Hash = field(default_factory=hashlib.sha256)
+    offset: int = 0
+
+
 class Uploads:
     """Large files arrive in chunks into a temporary file; the rename waits for the last one."""
 
     def __init__(self) -> None:
-        self._open: dict[int, dict[str, Any]] = {}
+        self._open: dict[int, _Upload] = {}
 
-    def begin(self, root: str, path: str, size: int, mode: int, sha256: str) -> dict[str, Any]:
+    def begin(self, root: str, path: str, size: int, mode: int, sha256: str) -> api.UploadBeginReply:
         root = _root(root, create=True)
         target = _safe(root, path)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         upload = next(_upload_ids)
         tmp = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.coord-{os.getpid()}-{upload}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-        self._open[upload] = {"fd": fd, "tmp": tmp, "target": target, "size": size, "mode": mode,
-                              "root": root, "rel": path,
-                              "sha256": sha256, "digest": hashlib.sha256(), "offset": 0}
+        self._open[upload] = _Upload(fd=fd, tmp=tmp, target=target, size=size, mode=mode, root=root, rel=path,
+                                     sha256=sha256)
         return {"upload": upload}
 
-    def chunk(self, upload: int, offset: int, data: bytes) -> dict[str, Any]:
+    def chunk(self, upload: int, offset: int, data: bytes) -> api.UploadChunkReply:
         state = self._get(upload)
-        if offset != state["offset"]:
+        if offset != state.offset:
             self.abort(upload)
-            raise RemoteError(p.BAD_ARGS, f"chunk at {offset}, expected {state['offset']}")
-        if state["offset"] + len(data) > state["size"]:
+            raise RemoteError(p.BAD_ARGS, f"chunk at {offset}, expected {state.offset}")
+        if state.offset + len(data) > state.size:
             self.abort(upload)
             raise RemoteError(p.BAD_ARGS, "more data than the announced size")
-        os.write(state["fd"], data)
-        state["digest"].update(data)
-        state["offset"] += len(data)
-        return {"offset": state["offset"]}
+        os.write(_open_fd(state), data)
+        state.digest.update(data)
+        state.offset += len(data)
+        return {"offset": state.offset}
 
-    def finish(self, upload: int) -> dict[str, Any]:
+    def finish(self, upload: int) -> api.UploadFinishReply:
         state = self._get(upload)
         try:
-            if state["offset"] != state["size"] or state["digest"].hexdigest() != state["sha256"]:
-                raise RemoteError(p.BAD_ARGS, f"{state['target']}: received content does not match its size and SHA256")
-            os.fchmod(state["fd"], _mode(state["mode"]))
-            os.fsync(state["fd"])
-            os.close(state["fd"])
-            state["fd"] = None
-            os.replace(state["tmp"], state["target"])
-            _fsync_dirs({os.path.dirname(state["target"])})
-            cache_for(state["root"]).store(state["rel"], os.stat(state["target"]), state["sha256"])
+            if state.offset != state.size or state.digest.hexdigest() != state.sha256:
+                raise RemoteError(p.BAD_ARGS, f"{state.target}: received content does not match its size and SHA256")
+            fd = _open_fd(state)
+            os.fchmod(fd, _mode(state.mode))
+            os.fsync(fd)
+            os.close(fd)
+            state.fd = None
+            os.replace(state.tmp, state.target)
+            _fsync_dirs({os.path.dirname(state.target)})
+            cache_for(state.root).store(state.rel, os.stat(state.target), state.sha256)
         except BaseException:
             self.abort(upload)
             raise
         self._open.pop(upload, None)
-        return {"bytes": state["size"]}
+        return {"bytes": state.size}
 
     def abort(self, upload: int) -> None:
         state = self._open.pop(upload, None)
         if state is None:
             return
-        if state["fd"] is not None:
-            os.close(state["fd"])
+        if state.fd is not None:
+            os.close(state.fd)
         with contextlib.suppress(OSError):
-            os.unlink(state["tmp"])
+            os.unlink(state.tmp)
+
+    def abort_reply(self, upload: int) -> api.UploadAbortReply:
+        """``abort`` as a method answers it (an upload not in progress is not an error)."""
+        self.abort(upload)
+        return {"aborted": upload}
 
     def abort_all(self) -> None:
         for upload in list(self._open):
             self.abort(upload)
 
-    def _get(self, upload: int) -> dict[str, Any]:
+    def _get(self, upload: int) -> _Upload:
         state = self._open.get(upload)
         if state is None:
             raise RemoteError(p.NOT_FOUND, f"no upload {upload} in progress")
         return state
 
 
-def delete_files(root: str, paths: list) -> dict[str, Any]:
+def _open_fd(state: _Upload) -> int:
+    if state.fd is None:  # pragma: no cover - an upload is forgotten when its file is closed
+        raise RemoteError(p.NOT_FOUND, f"upload of {state.rel} is already closed")
+    return state.fd
+
+
+def delete_files(root: str, paths: list[str]) -> api.DeleteFilesReply:
     root = _root(root)
     deleted = 0
     for rel in paths:
@@ -375,7 +409,7 @@ def delete_files(root: str, paths: list) -> dict[str, Any]:
     return {"deleted": deleted}
 
 
-def set_modes(root: str, modes: list) -> dict[str, Any]:
+def set_modes(root: str, modes: list[api.ModeRow]) -> api.SetModesReply:
     root = _root(root)
     for item in modes:
         if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], int)):
@@ -384,10 +418,10 @@ def set_modes(root: str, modes: list) -> dict[str, Any]:
     return {"changed": len(modes)}
 
 
-def inspect_files(root: str, paths: list, count_lines: bool = False) -> dict[str, Any]:
+def inspect_files(root: str, paths: list[str], count_lines: bool = False) -> api.InspectFilesReply:
     """Size, mode, SHA256 (and line count) of named files; None for a missing one."""
     root = _root(root)
-    found: dict[str, Any] = {}
+    found: dict[str, api.FileInfo | None] = {}
     for rel in paths:
         target = _safe(root, rel)
         try:
@@ -398,7 +432,8 @@ def inspect_files(root: str, paths: list, count_lines: bool = False) -> dict[str
         if not stat.S_ISREG(info.st_mode):
             found[rel] = None
             continue
-        entry = {"size": info.st_size, "mode": stat.S_IMODE(info.st_mode), "sha256": sha256_file(target)}
+        entry: api.FileInfo = {"size": info.st_size, "mode": stat.S_IMODE(info.st_mode),
+                               "sha256": sha256_file(target)}
         if count_lines:
             with open(target, "rb") as handle:
                 entry["lines"] = sum(block.count(b"\n") for block in iter(lambda: handle.read(1 << 20), b""))
@@ -432,7 +467,7 @@ def _fsync_dirs(directories: set[str]) -> None:
             os.close(fd)
 
 
-def check_writable(root: str, subdir: str) -> dict[str, Any]:
+def check_writable(root: str, subdir: str) -> api.CheckWritableReply:
     """Can this node write (and fsync) a file where its checkpoints go? And how much room is there?"""
     root = _root(root, create=True)
     directory = _safe(root, subdir)

@@ -30,10 +30,26 @@ import os
 import platform
 import shutil
 import subprocess
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING
 
 from agent import topology_parsers as parsers
+
+if TYPE_CHECKING:
+    from shared.agent_api import (
+        BridgeInfo,
+        HardwarePort,
+        IbvDevice,
+        IfconfigInterface,
+        InterfaceInfo,
+        IpInterface,
+        ParsedInterface,
+        RdmaPortInfo,
+        SysfsDevice,
+        SysfsPort,
+        TopologyReply,
+    )
 
 COMMAND_TIMEOUT_S = 10.0
 SYSTEM_PROFILER_TIMEOUT_S = 30.0
@@ -56,7 +72,7 @@ _MACOS_COMMANDS = {
 }
 
 
-def collect_topology() -> dict[str, Any]:
+def collect_topology() -> TopologyReply:
     """Describe this node's RDMA devices, Thunderbolt cables and network interfaces."""
     system = platform.system()
     if system == "Darwin":
@@ -70,7 +86,7 @@ def collect_topology() -> dict[str, Any]:
 # --- macOS -------------------------------------------------------------------------------
 
 
-def collect_macos_topology() -> dict[str, Any]:
+def collect_macos_topology() -> TopologyReply:
     with ThreadPoolExecutor(max_workers=len(_MACOS_COMMANDS)) as pool:
         futures = {
             name: pool.submit(run_command, argv, timeout)
@@ -104,7 +120,7 @@ def build_macos_topology(
     outputs: dict[str, str | None],
     os_version: str | None,
     detail: dict[str, str] | None = None,
-) -> dict[str, Any]:
+) -> TopologyReply:
     """Assemble the topology from the commands' outputs (None: not run or failed).
 
     Keys of ``outputs``: rdma_ctl, ibv_devices, ibv_devinfo, system_profiler,
@@ -131,12 +147,12 @@ def build_macos_topology(
             "networksetup -listallhardwareports", outputs.get("networksetup")
         )
 
-    thunderbolt = parsers.parse_thunderbolt(outputs.get("system_profiler"))
-    if thunderbolt is None and "system_profiler" not in detail:
+    parsed_thunderbolt = parsers.parse_thunderbolt(outputs.get("system_profiler"))
+    if parsed_thunderbolt is None and "system_profiler" not in detail:
         detail["system_profiler"] = _unreadable(
             "system_profiler SPThunderboltDataType -json", outputs.get("system_profiler")
         )
-    thunderbolt = parsers.annotate_thunderbolt(thunderbolt, ports)
+    thunderbolt = parsers.annotate_thunderbolt(parsed_thunderbolt, ports)
 
     rdma_ports = _devinfo_ports(devinfo, _interfaces_of_rdma(ports))
     ifconfig = parsers.parse_ifconfig(outputs.get("ifconfig"))
@@ -145,7 +161,7 @@ def build_macos_topology(
 
     kinds = parsers.interface_kinds(ports)
     port_names = {p["device"]: p["port"] for p in ports or [] if p.get("device")}
-    interfaces = None
+    interfaces: list[InterfaceInfo] | None = None
     if ifconfig is not None:
         interfaces = [
             {
@@ -175,7 +191,7 @@ def build_macos_topology(
     }
 
 
-def _macos_bridge(name: str, ifconfig: list[dict[str, Any]] | None) -> dict[str, Any]:
+def _macos_bridge(name: str, ifconfig: list[IfconfigInterface] | None) -> BridgeInfo:
     """Enabled when the bridge interface is up with member interfaces."""
     if ifconfig is None:
         return {"enabled": None, "interface": name, "members": []}
@@ -190,17 +206,18 @@ def _macos_bridge(name: str, ifconfig: list[dict[str, Any]] | None) -> dict[str,
     return {"enabled": False, "interface": None, "members": []}
 
 
-def _interfaces_of_rdma(ports: list[dict[str, Any]] | None) -> dict[str, str]:
+def _interfaces_of_rdma(ports: list[HardwarePort] | None) -> dict[str, str]:
     """``{"rdma_en6": "en6"}`` for the Thunderbolt interfaces networksetup lists."""
     return {
-        entry["rdma_device"]: entry["interface"]
+        rdma_device: entry["interface"]
         for entry in parsers.thunderbolt_receptacles(ports).values()
+        if (rdma_device := entry["rdma_device"]) is not None  # an interface always has one
     }
 
 
 def _devinfo_ports(
-    devinfo: list[dict[str, Any]] | None, interfaces: dict[str, str]
-) -> list[dict[str, Any]] | None:
+    devinfo: list[IbvDevice] | None, interfaces: dict[str, str]
+) -> list[RdmaPortInfo] | None:
     if devinfo is None:
         return None
     return [
@@ -220,7 +237,7 @@ def _devinfo_ports(
 # --- Linux -------------------------------------------------------------------------------
 
 
-def collect_linux_topology(sysfs_infiniband: str = SYSFS_INFINIBAND) -> dict[str, Any]:
+def collect_linux_topology(sysfs_infiniband: str = SYSFS_INFINIBAND) -> TopologyReply:
     detail: dict[str, str] = {}
     sysfs, why = read_sysfs_infiniband(sysfs_infiniband)
     if why:
@@ -245,7 +262,7 @@ def collect_linux_topology(sysfs_infiniband: str = SYSFS_INFINIBAND) -> dict[str
     )
 
 
-def read_sysfs_infiniband(root: str = SYSFS_INFINIBAND) -> tuple[dict[str, Any] | None, str | None]:
+def read_sysfs_infiniband(root: str = SYSFS_INFINIBAND) -> tuple[dict[str, SysfsDevice] | None, str | None]:
     """``({device: {"ports": {"1": {"state", "link_layer"}}, "netdevs": [...]}}, why)``.
 
     No ``/sys/class/infiniband`` is ``{}`` (no RDMA device is registered); a directory
@@ -259,10 +276,10 @@ def read_sysfs_infiniband(root: str = SYSFS_INFINIBAND) -> tuple[dict[str, Any] 
         names = sorted(os.listdir(root))
     except OSError as error:
         return None, f"cannot list {root}: {error.strerror or error}"
-    devices: dict[str, Any] = {}
+    devices: dict[str, SysfsDevice] = {}
     for name in names:
         base = os.path.join(root, name)
-        ports: dict[str, Any] = {}
+        ports: dict[str, SysfsPort] = {}
         try:
             port_numbers = sorted(os.listdir(os.path.join(base, "ports")))
         except OSError:
@@ -282,14 +299,14 @@ def read_sysfs_infiniband(root: str = SYSFS_INFINIBAND) -> tuple[dict[str, Any] 
 
 
 def build_linux_topology(
-    sysfs: dict[str, Any] | None,
+    sysfs: dict[str, SysfsDevice] | None,
     ibv_devices_text: str | None,
     ip_json_text: str | None,
     os_version: str | None,
     detail: dict[str, str] | None = None,
     *,
     ifconfig_text: str | None = None,
-) -> dict[str, Any]:
+) -> TopologyReply:
     """Assemble the topology from what was read under /sys, ``ibv_devices`` and
     ``ip -j addr`` (or, where ``ip`` cannot answer, ``ifconfig``)."""
     detail = dict(detail or {})
@@ -307,12 +324,12 @@ def build_linux_topology(
         detail.setdefault("rdma", f"no RDMA device under {SYSFS_INFINIBAND}")
 
     ip_interfaces = parsers.parse_ip_json_addr(ip_json_text)
-    source = ip_interfaces
+    source: Sequence[ParsedInterface] | None = ip_interfaces
     if source is None:
         source = parsers.parse_ifconfig(ifconfig_text)
     if source is None:
         detail.setdefault("interfaces", "neither `ip -j addr` nor `ifconfig` could be read")
-    interfaces = None
+    interfaces: list[InterfaceInfo] | None = None
     if source is not None:
         interfaces = [
             {
@@ -341,15 +358,16 @@ def build_linux_topology(
     }
 
 
-def _linux_bridge(interfaces: list[dict[str, Any]] | None) -> dict[str, Any]:
+def _linux_bridge(interfaces: list[IpInterface] | None) -> BridgeInfo:
     """Enabled when a thunderbolt* interface is enslaved to a bridge that is up."""
     if interfaces is None:
         return {"enabled": None, "interface": None, "members": []}
     by_name = {entry["name"]: entry for entry in interfaces}
     bridges: dict[str, list[str]] = {}
     for entry in interfaces:
-        if entry["name"].startswith("thunderbolt") and entry.get("master"):
-            bridges.setdefault(entry["master"], []).append(entry["name"])
+        master_name = entry.get("master")
+        if entry["name"].startswith("thunderbolt") and master_name:
+            bridges.setdefault(master_name, []).append(entry["name"])
     for bridge, members in sorted(bridges.items()):
         master = by_name.get(bridge)
         if master is not None and "UP" in master.get("flags", []):
@@ -357,7 +375,7 @@ def _linux_bridge(interfaces: list[dict[str, Any]] | None) -> dict[str, Any]:
     return {"enabled": False, "interface": None, "members": []}
 
 
-def _empty_topology(system: str | None, version: str | None, why: str) -> dict[str, Any]:
+def _empty_topology(system: str | None, version: str | None, why: str) -> TopologyReply:
     return {
         "platform": system,
         "os_version": version,

@@ -13,9 +13,31 @@ can cross the wire (msgpack) as is.
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import json
+import math
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shared.agent_api import (
+        ActiveRdmaPort,
+        AddressInfo,
+        HardwarePort,
+        IbvDevice,
+        IbvPort,
+        IfconfigInterface,
+        IpInterface,
+        JsonObject,
+        NamedThunderboltBus,
+        NamedThunderboltInfo,
+        NamedThunderboltPeer,
+        Receptacle,
+        ThunderboltBus,
+        ThunderboltDevice,
+        ThunderboltHost,
+        ThunderboltInfo,
+    )
 
 # --- rdma_ctl ----------------------------------------------------------------------------
 
@@ -62,12 +84,7 @@ def parse_ibv_devices(text: str | None) -> list[str] | None:
     return devices
 
 
-_DEVICE_KEYS = {"transport", "node_guid", "sys_image_guid", "fw_ver", "phys_port_cnt"}
-_PORT_KEYS = {"state", "max_mtu", "active_mtu", "link_layer", "port_lid", "sm_lid"}
-_INT_KEYS = {"phys_port_cnt", "max_mtu", "active_mtu", "port_lid", "sm_lid"}
-
-
-def parse_ibv_devinfo(text: str | None) -> list[dict[str, Any]] | None:
+def parse_ibv_devinfo(text: str | None) -> list[IbvDevice] | None:
     """Devices and ports from ``ibv_devinfo``.
 
     Returns ``[{"name", "transport", "node_guid", "phys_port_cnt", "ports": [{"port",
@@ -77,9 +94,9 @@ def parse_ibv_devinfo(text: str | None) -> list[dict[str, Any]] | None:
     """
     if not isinstance(text, str):
         return None
-    devices: list[dict[str, Any]] = []
-    device: dict[str, Any] | None = None
-    port: dict[str, Any] | None = None
+    devices: list[IbvDevice] = []
+    device: IbvDevice | None = None
+    port: IbvPort | None = None
     for raw in text.splitlines():
         line = raw.strip()
         key, sep, value = line.partition(":")
@@ -112,16 +129,35 @@ def parse_ibv_devinfo(text: str | None) -> list[dict[str, Any]] | None:
                 "max_mtu": None,
             }
             device["ports"].append(port)
-        elif port is not None and key in _PORT_KEYS:
-            if key == "state":
-                port["state"] = _port_state_name(value)
-            elif key in port:
-                port[key] = _leading_int(value) if key in _INT_KEYS else (value or None)
-        elif port is None and key in _DEVICE_KEYS and key in device:
-            device[key] = _leading_int(value) if key in _INT_KEYS else (value or None)
+        elif port is not None:
+            _read_port_line(port, key, value)
+        else:
+            _read_device_line(device, key, value)
     if not devices:
         return [] if _NO_DEVICES in text.lower() else None
     return devices
+
+
+def _read_port_line(port: IbvPort, key: str, value: str) -> None:
+    """A ``key: value`` line of a port block; keys the port does not keep are skipped."""
+    if key == "state":
+        port["state"] = _port_state_name(value)
+    elif key == "link_layer":
+        port["link_layer"] = value or None
+    elif key == "active_mtu":
+        port["active_mtu"] = _leading_int(value)
+    elif key == "max_mtu":
+        port["max_mtu"] = _leading_int(value)
+
+
+def _read_device_line(device: IbvDevice, key: str, value: str) -> None:
+    """A ``key: value`` line of a device block, before its first port."""
+    if key == "transport":
+        device["transport"] = value or None
+    elif key == "node_guid":
+        device["node_guid"] = value or None
+    elif key == "phys_port_cnt":
+        device["phys_port_cnt"] = _leading_int(value)
 
 
 def _port_state_name(value: str) -> str | None:
@@ -150,20 +186,23 @@ def parse_sysfs_port_state(text: str | None) -> str | None:
     return _SYSFS_PORT_STATES.get(name.strip().upper())
 
 
-def rdma_devices_from_sysfs(raw: dict[str, Any] | None) -> list[dict[str, Any]] | None:
+def rdma_devices_from_sysfs(raw: JsonObject | None) -> list[IbvDevice] | None:
     """Turn what the agent read under ``/sys/class/infiniband`` into
     :func:`parse_ibv_devinfo`'s shape.
 
     ``raw`` is ``{device: {"ports": {"1": {"state": "4: ACTIVE", "link_layer":
-    "Ethernet"}}, "netdevs": ["eth2"]}}``; each device also gets ``"netdevs"``.
+    "Ethernet"}}, "netdevs": ["eth2"]}}`` (``agent.topology.read_sysfs_infiniband``), each
+    field checked here; each device also gets ``"netdevs"``.
     """
     if not isinstance(raw, dict):
         return None
-    devices = []
+    devices: list[IbvDevice] = []
     for name in sorted(raw):
         info = raw[name] if isinstance(raw[name], dict) else {}
-        ports = []
-        raw_ports = info.get("ports") if isinstance(info.get("ports"), dict) else {}
+        ports: list[IbvPort] = []
+        raw_ports = info.get("ports")
+        if not isinstance(raw_ports, dict):
+            raw_ports = {}
         for number in sorted(raw_ports, key=lambda p: (_leading_int(p) or 0, p)):
             port = raw_ports[number] if isinstance(raw_ports[number], dict) else {}
             link_layer = port.get("link_layer")
@@ -187,12 +226,12 @@ def rdma_devices_from_sysfs(raw: dict[str, Any] | None) -> list[dict[str, Any]] 
     return devices
 
 
-def active_rdma_ports(devices: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+def active_rdma_ports(devices: list[IbvDevice] | None) -> list[ActiveRdmaPort] | None:
     """The ports in state ``PORT_ACTIVE``: ``[{"device", "port", "state", "link_layer",
     "active_mtu"}]``; None when the device list is unknown."""
     if devices is None:
         return None
-    active = []
+    active: list[ActiveRdmaPort] = []
     for device in devices:
         for port in device.get("ports") or []:
             if port.get("state") == "PORT_ACTIVE":
@@ -213,7 +252,7 @@ _UP_TO_SPEED = re.compile(r"^\s*up\s+to\s+(\d+(?:\.\d+)?)\s*Gb/s", re.IGNORECASE
 _RECEPTACLE_TAG = re.compile(r"^receptacle_(\d+)_tag$")
 
 
-def parse_link_speed(text: Any) -> int | float | None:
+def parse_link_speed(text: object) -> int | float | None:
     """A negotiated link speed in Gb/s: ``"80 Gb/s"`` -> 80; ``"20 Gb/s x2"`` -> 40.
 
     ``"Up to 120 Gb/s"`` is a capability, not a link: None.
@@ -227,7 +266,7 @@ def parse_link_speed(text: Any) -> int | float | None:
     return _int_if_whole(speed)
 
 
-def parse_speed_capability(text: Any) -> int | float | None:
+def parse_speed_capability(text: object) -> int | float | None:
     """``"Up to 120 Gb/s"`` -> 120."""
     if not isinstance(text, str):
         return None
@@ -235,17 +274,17 @@ def parse_speed_capability(text: Any) -> int | float | None:
     return _int_if_whole(float(match.group(1))) if match else None
 
 
-def thunderbolt_generation(speed_gbps: Any) -> int | None:
+def thunderbolt_generation(speed_gbps: object) -> int | None:
     """5 for a link above 40 Gb/s, 4 for a link at or below it (Thunderbolt 4 or
     older: the speed cannot tell 3 from 4), None for no link or an unknown speed."""
     if isinstance(speed_gbps, bool) or not isinstance(speed_gbps, (int, float)):
         return None
-    if speed_gbps != speed_gbps or speed_gbps <= 0:  # NaN or no link
+    if (isinstance(speed_gbps, float) and math.isnan(speed_gbps)) or speed_gbps <= 0:  # unknown or no link
         return None
     return 5 if speed_gbps > 40 else 4
 
 
-def parse_thunderbolt(json_text: str | bytes | None) -> dict[str, Any] | None:
+def parse_thunderbolt(json_text: str | bytes | None) -> ThunderboltInfo | None:
     """Buses, receptacles, direct peers and devices from
     ``system_profiler SPThunderboltDataType -json``.
 
@@ -288,17 +327,17 @@ def parse_thunderbolt(json_text: str | bytes | None) -> dict[str, Any] | None:
             {
                 "bus": b["bus"],
                 "receptacle": b["receptacle"],
-                "domain_uuid": b["peer"]["domain_uuid"],
+                "domain_uuid": peer["domain_uuid"],
                 "link_gbps": b["link_gbps"],
                 "generation": b["generation"],
             }
             for b in buses
-            if b["peer"] is not None
+            if (peer := b["peer"]) is not None
         ],
     }
 
 
-def _parse_bus(raw: dict[str, Any], index: int) -> dict[str, Any]:
+def _parse_bus(raw: JsonObject, index: int) -> ThunderboltBus:
     name = _text(raw.get("_name")) or f"bus_{index}"
     receptacle_tag = _first_receptacle_tag(raw)
     receptacle = None
@@ -313,8 +352,8 @@ def _parse_bus(raw: dict[str, Any], index: int) -> dict[str, Any]:
             link_speed = speed_text
         capability = parse_speed_capability(speed_text)
     link_gbps = parse_link_speed(link_speed)
-    peer = None
-    devices: list[dict[str, Any]] = []
+    peer: ThunderboltHost | None = None
+    devices: list[ThunderboltDevice] = []
     indirect: list[str] = []
     for item in _items(raw):
         uuid = _text(item.get("domain_uuid_key"))
@@ -345,7 +384,7 @@ def _parse_bus(raw: dict[str, Any], index: int) -> dict[str, Any]:
     }
 
 
-def _natural_key(bus: dict[str, Any]) -> tuple[Any, ...]:
+def _natural_key(bus: ThunderboltBus) -> tuple[tuple[int, int, str], ...]:
     """thunderboltusb4_bus_2 before thunderboltusb4_bus_10."""
     return tuple(
         (0, int(part), "") if part.isdigit() else (1, 0, part)
@@ -353,7 +392,7 @@ def _natural_key(bus: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
-def _first_receptacle_tag(raw: dict[str, Any]) -> dict[str, Any] | None:
+def _first_receptacle_tag(raw: JsonObject) -> JsonObject | None:
     tags = []
     for key, value in raw.items():
         match = _RECEPTACLE_TAG.match(key)
@@ -362,7 +401,7 @@ def _first_receptacle_tag(raw: dict[str, Any]) -> dict[str, Any] | None:
     return min(tags, key=lambda t: t[0])[1] if tags else None
 
 
-def _items(raw: dict[str, Any]) -> list[dict[str, Any]]:
+def _items(raw: JsonObject) -> list[JsonObject]:
     items = raw.get("_items")
     if not isinstance(items, list):
         return []
@@ -370,7 +409,7 @@ def _items(raw: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _collect_devices(
-    item: dict[str, Any], depth: int, devices: list[dict[str, Any]], indirect: list[str]
+    item: JsonObject, depth: int, devices: list[ThunderboltDevice], indirect: list[str]
 ) -> None:
     """A device (dock, drive) and, below it, more devices and Macs behind it."""
     upstream = item.get("receptacle_upstream_ambiguous_tag")
@@ -391,7 +430,7 @@ def _collect_devices(
             _collect_devices(child, depth + 1, devices, indirect)
 
 
-def _collect_nested_hosts(item: dict[str, Any], indirect: list[str]) -> None:
+def _collect_nested_hosts(item: JsonObject, indirect: list[str]) -> None:
     """Hosts further down a chain that passes through a host: none is a direct cable."""
     for child in _items(item):
         uuid = _text(child.get("domain_uuid_key"))
@@ -400,7 +439,7 @@ def _collect_nested_hosts(item: dict[str, Any], indirect: list[str]) -> None:
         _collect_nested_hosts(child, indirect)
 
 
-def _has_ip_service(item: dict[str, Any]) -> bool:
+def _has_ip_service(item: JsonObject) -> bool:
     services = item.get("services_title")
     if not isinstance(services, list):
         return False
@@ -412,13 +451,13 @@ def _has_ip_service(item: dict[str, Any]) -> bool:
 _THUNDERBOLT_PORT = re.compile(r"^Thunderbolt (\d+)$")
 
 
-def parse_networksetup_ports(text: str | None) -> list[dict[str, Any]] | None:
+def parse_networksetup_ports(text: str | None) -> list[HardwarePort] | None:
     """``[{"port": "Thunderbolt 2", "device": "en6", "mac": "02:..."}]`` from
     ``networksetup -listallhardwareports``; None when no ``Hardware Port:`` line."""
     if not isinstance(text, str):
         return None
-    ports: list[dict[str, Any]] = []
-    current: dict[str, Any] | None = None
+    ports: list[HardwarePort] = []
+    current: HardwarePort | None = None
     for raw in text.splitlines():
         key, sep, value = raw.strip().partition(":")
         if not sep:
@@ -447,7 +486,7 @@ def networksetup_port_kind(port_name: str | None) -> str:
     return "other"
 
 
-def interface_kinds(ports: list[dict[str, Any]] | None) -> dict[str, str]:
+def interface_kinds(ports: list[HardwarePort] | None) -> dict[str, str]:
     """``{device: kind}`` for the devices networksetup names."""
     kinds: dict[str, str] = {}
     for port in ports or []:
@@ -462,26 +501,27 @@ def rdma_device_name(interface: str | None) -> str | None:
     return f"rdma_{interface}" if interface else None
 
 
-def thunderbolt_receptacles(ports: list[dict[str, Any]] | None) -> dict[int, dict[str, Any]]:
+def thunderbolt_receptacles(ports: list[HardwarePort] | None) -> dict[int, Receptacle]:
     """``{receptacle: {"port": "Thunderbolt 2", "interface": "en6", "rdma_device":
     "rdma_en6"}}`` from networksetup's "Thunderbolt N" hardware ports.
 
     (Integer keys: for use on the node; the topology sent over the wire carries the
     mapping on each bus instead.)
     """
-    mapping: dict[int, dict[str, Any]] = {}
+    mapping: dict[int, Receptacle] = {}
     for port in ports or []:
-        match = _THUNDERBOLT_PORT.match(port.get("port") or "")
-        if match and port.get("device"):
+        name, device = port.get("port") or "", port.get("device")
+        match = _THUNDERBOLT_PORT.match(name)
+        if match and device:
             mapping[int(match.group(1))] = {
-                "port": port["port"],
-                "interface": port["device"],
-                "rdma_device": rdma_device_name(port["device"]),
+                "port": name,
+                "interface": device,
+                "rdma_device": rdma_device_name(device),
             }
     return mapping
 
 
-def thunderbolt_bridge_device(ports: list[dict[str, Any]] | None) -> str | None:
+def thunderbolt_bridge_device(ports: list[HardwarePort] | None) -> str | None:
     """The interface behind the "Thunderbolt Bridge" hardware port (``bridge0``)."""
     for port in ports or []:
         if (port.get("port") or "").strip().lower() == "thunderbolt bridge":
@@ -490,36 +530,34 @@ def thunderbolt_bridge_device(ports: list[dict[str, Any]] | None) -> str | None:
 
 
 def annotate_thunderbolt(
-    thunderbolt: dict[str, Any] | None, ports: list[dict[str, Any]] | None
-) -> dict[str, Any] | None:
+    thunderbolt: ThunderboltInfo | None, ports: list[HardwarePort] | None
+) -> NamedThunderboltInfo | None:
     """A copy of :func:`parse_thunderbolt`'s result with each bus's ``port_name``,
     ``interface`` and ``rdma_device`` (None where networksetup does not say)."""
     if thunderbolt is None:
         return None
     receptacles = thunderbolt_receptacles(ports)
-    result = dict(thunderbolt)
-    buses = []
+    buses: list[NamedThunderboltBus] = []
     for bus in thunderbolt.get("buses") or []:
-        mapped = receptacles.get(bus.get("receptacle")) or {}
-        bus = dict(bus)
-        bus["port_name"] = mapped.get("port")
-        bus["interface"] = mapped.get("interface")
-        bus["rdma_device"] = mapped.get("rdma_device")
-        buses.append(bus)
-    result["buses"] = buses
+        receptacle = bus.get("receptacle")
+        mapped = receptacles.get(receptacle) if receptacle is not None else None
+        buses.append({**bus,
+                      "port_name": mapped["port"] if mapped else None,
+                      "interface": mapped["interface"] if mapped else None,
+                      "rdma_device": mapped["rdma_device"] if mapped else None})
     by_bus = {bus["bus"]: bus for bus in buses}
-    result["peers"] = [
-        dict(peer, interface=by_bus.get(peer["bus"], {}).get("interface"),
-             rdma_device=by_bus.get(peer["bus"], {}).get("rdma_device"))
-        for peer in thunderbolt.get("peers") or []
-    ]
-    return result
+    peers: list[NamedThunderboltPeer] = []
+    for peer in thunderbolt.get("peers") or []:
+        named = by_bus.get(peer["bus"])
+        peers.append({**peer, "interface": named["interface"] if named else None,
+                      "rdma_device": named["rdma_device"] if named else None})
+    return {**thunderbolt, "buses": buses, "peers": peers}
 
 
 # --- interfaces: ip -j addr (Linux), ifconfig (macOS, net-tools) -------------------------
 
 
-def parse_ip_json_addr(json_text: str | bytes | None) -> list[dict[str, Any]] | None:
+def parse_ip_json_addr(json_text: str | bytes | None) -> list[IpInterface] | None:
     """Interfaces from Linux ``ip -j addr``.
 
     Returns ``[{"name", "up", "state", "flags", "link_type", "mac", "master",
@@ -534,20 +572,21 @@ def parse_ip_json_addr(json_text: str | bytes | None) -> list[dict[str, Any]] | 
         return None
     if not isinstance(data, list):
         return None
-    interfaces = []
+    interfaces: list[IpInterface] = []
     for entry in data:
         if not isinstance(entry, dict):
             return None
         name = _text(entry.get("ifname"))
         if name is None:
             continue  # some iproute2 versions print {} for a link without addresses
-        flags = [f for f in entry.get("flags") or [] if isinstance(f, str)]
+        flags = [f for f in _list(entry.get("flags")) if isinstance(f, str)]
         state = _text(entry.get("operstate"))
-        addresses = []
-        for info in entry.get("addr_info") or []:
+        addresses: list[AddressInfo] = []
+        for info in _list(entry.get("addr_info")):
             if not isinstance(info, dict):
                 continue
-            family = {"inet": "ipv4", "inet6": "ipv6"}.get(info.get("family"))
+            family_name = info.get("family")
+            family = _IP_FAMILIES.get(family_name) if isinstance(family_name, str) else None
             local = _text(info.get("local"))
             if family is None or local is None:
                 continue
@@ -571,10 +610,11 @@ def parse_ip_json_addr(json_text: str | bytes | None) -> list[dict[str, Any]] | 
     return interfaces
 
 
+_IP_FAMILIES = {"inet": "ipv4", "inet6": "ipv6"}
 _IFCONFIG_HEADER = re.compile(r"^(\S+?):\s+flags=(?:\d+|0x[0-9a-fA-F]+)<([^>]*)>")
 
 
-def parse_ifconfig(text: str | None) -> list[dict[str, Any]] | None:
+def parse_ifconfig(text: str | None) -> list[IfconfigInterface] | None:
     """Interfaces from ``ifconfig`` (macOS, and Linux net-tools' modern format).
 
     Returns ``[{"name", "up", "flags", "status", "mac", "members", "addresses":
@@ -584,8 +624,8 @@ def parse_ifconfig(text: str | None) -> list[dict[str, Any]] | None:
     """
     if not isinstance(text, str):
         return None
-    interfaces: list[dict[str, Any]] = []
-    current: dict[str, Any] | None = None
+    interfaces: list[IfconfigInterface] = []
+    current: IfconfigInterface | None = None
     for raw in text.splitlines():
         if not raw.strip():
             continue
@@ -630,14 +670,14 @@ def parse_ifconfig(text: str | None) -> list[dict[str, Any]] | None:
     return interfaces
 
 
-def _ipv4_from_ifconfig(words: list[str]) -> dict[str, Any] | None:
+def _ipv4_from_ifconfig(words: list[str]) -> AddressInfo | None:
     address = words[1].removeprefix("addr:")
     try:
         parsed = ipaddress.IPv4Address(address)
     except ValueError:
         return None
     prefixlen = None
-    for key, value in zip(words, words[1:]):
+    for key, value in itertools.pairwise(words):
         if key in ("netmask", "Mask:"):
             prefixlen = _netmask_prefixlen(value)
     return {
@@ -648,7 +688,7 @@ def _ipv4_from_ifconfig(words: list[str]) -> dict[str, Any] | None:
     }
 
 
-def _ipv6_from_ifconfig(words: list[str]) -> dict[str, Any] | None:
+def _ipv6_from_ifconfig(words: list[str]) -> AddressInfo | None:
     address, _, zone = words[1].partition("%")
     address = address.split("/")[0]
     try:
@@ -656,7 +696,7 @@ def _ipv6_from_ifconfig(words: list[str]) -> dict[str, Any] | None:
     except ValueError:
         return None
     prefixlen = None
-    for key, value in zip(words, words[1:]):
+    for key, value in itertools.pairwise(words):
         if key == "prefixlen":
             prefixlen = _leading_int(value)
     if prefixlen is None and "/" in words[1]:
@@ -714,14 +754,19 @@ def macos_interface_kind(name: str, kinds: dict[str, str]) -> str:
 # --- small helpers -----------------------------------------------------------------------
 
 
-def _text(value: Any) -> str | None:
+def _text(value: object) -> str | None:
     if not isinstance(value, str):
         return None
     value = value.strip()
     return value or None
 
 
-def _leading_int(value: Any) -> int | None:
+def _list(value: Any) -> list[Any]:
+    """A JSON list, or [] for anything else (null, a number or a string where a list belongs)."""
+    return value if isinstance(value, list) else []
+
+
+def _leading_int(value: object) -> int | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int):

@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import platform
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from agent import usage_parsers
 from agent.facts import read_physical_memory, read_text, run_command
+
+if TYPE_CHECKING:
+    from shared.agent_api import UsageReply, UsageSample
 
 USAGE_TIMEOUT_S = 5.0
 NO_TEMPERATURE = "not read: macOS gives the SoC temperature only to root (powermetrics, SMC)"
 
 
-def collect_usage() -> dict[str, Any]:
+def collect_usage() -> UsageReply:
     """One sample; a value this OS cannot give without root is None, its source says why."""
     if platform.system() == "Darwin":
         sample = read_macos_usage()
@@ -29,18 +32,17 @@ def collect_usage() -> dict[str, Any]:
         sample = read_linux_usage()
     else:
         sample = _empty(f"no reading on {platform.system()}")
-    sample["time"] = time.time()
-    return sample
+    return {**sample, "time": time.time()}
 
 
-def read_macos_usage() -> dict[str, Any]:
+def read_macos_usage() -> UsageSample:
     sample = _empty("not read")
     sample["memory_used_bytes"] = usage_parsers.parse_vm_stat(run_command(["vm_stat"], USAGE_TIMEOUT_S) or "")
     sample["memory_total_bytes"] = read_physical_memory()
     sample["sources"]["memory"] = "vm_stat (app + wired + compressed), sysctl hw.memsize"
     gpu = usage_parsers.parse_gpu_statistics(
         run_command(["ioreg", "-r", "-d", "1", "-c", "IOAccelerator"], USAGE_TIMEOUT_S) or "")
-    sample.update(gpu)
+    sample["gpu_utilization"], sample["gpu_memory_bytes"] = gpu["gpu_utilization"], gpu["gpu_memory_bytes"]
     sample["sources"]["gpu"] = ("ioreg IOAccelerator PerformanceStatistics" if gpu["gpu_utilization"] is not None
                                 else "no IOAccelerator PerformanceStatistics in ioreg")
     power = usage_parsers.parse_battery_power(
@@ -52,7 +54,7 @@ def read_macos_usage() -> dict[str, Any]:
     return sample
 
 
-def read_linux_usage() -> dict[str, Any]:
+def read_linux_usage() -> UsageSample:
     sample = _empty("not read on Linux")
     used, total = usage_parsers.parse_meminfo_used(read_text("/proc/meminfo") or "")
     sample["memory_used_bytes"], sample["memory_total_bytes"] = used, total
@@ -60,7 +62,7 @@ def read_linux_usage() -> dict[str, Any]:
     return sample
 
 
-def _empty(reason: str) -> dict[str, Any]:
+def _empty(reason: str) -> UsageSample:
     return {"memory_used_bytes": None, "memory_total_bytes": None, "gpu_utilization": None,
             "gpu_memory_bytes": None, "power_watts": None, "temperature_c": None,
             "sources": {"memory": reason, "gpu": reason, "power": reason, "temperature": reason}}

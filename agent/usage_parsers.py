@@ -8,6 +8,10 @@ Pure functions over command output, so they are tested on captured or synthetic 
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from shared.agent_api import GpuStatistics
 
 _VM_PAGE_SIZE = re.compile(r"page size of (\d+) bytes")
 _VM_LINE = re.compile(r'^"?([A-Za-z][A-Za-z \-]*?)"?:\s+(\d+)\.?\s*$')
@@ -51,7 +55,7 @@ def parse_ioreg_property(text: str, name: str) -> dict[str, int | float | str | 
     return values
 
 
-def parse_gpu_statistics(text: str) -> dict[str, float | int | None]:
+def parse_gpu_statistics(text: str) -> GpuStatistics:
     """GPU use from ``ioreg -r -d 1 -c IOAccelerator`` (no root needed): the accelerator's
     ``PerformanceStatistics`` "Device Utilization %" and "In use system memory" (bytes)."""
     stats = parse_ioreg_property(text, "PerformanceStatistics") or {}

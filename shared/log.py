@@ -28,7 +28,8 @@ class Logger(Protocol):
 class KeyValueLogger:
     """A bound logger over stdlib logging; each record carries its key-values."""
 
-    def __init__(self, name: str, context: dict[str, Any] | None = None):
+    def __init__(self, name: str, context: dict[str, Any] | None = None) -> None:
+        # context: key-values bound to every record (structlog's convention), free-form by design
         self._logger = logging.getLogger(name)
         self._context = context or {}
 

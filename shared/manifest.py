@@ -19,8 +19,12 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from shared.ignore import IgnoreRules
+
+if TYPE_CHECKING:  # the reply shapes are for type checking only: no import cost at run time
+    from shared.agent_api import ScanStatsReport
 
 READ_CHUNK = 1 << 20
 PARALLEL_ABOVE = 256 << 10
@@ -36,7 +40,7 @@ class ScanStats:
     skipped: list[str] = field(default_factory=list)  # symlinks and special files, not synced
     seconds: float = 0.0
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> ScanStatsReport:
         return {"files": self.files, "bytes": self.bytes, "hashed_files": self.hashed_files,
                 "hashed_bytes": self.hashed_bytes, "skipped": self.skipped[:50],
                 "skipped_count": len(self.skipped), "seconds": round(self.seconds, 4)}
@@ -47,7 +51,7 @@ class HashCache:
 
     def __init__(self, path: str | None):
         self.path = path
-        self.entries: dict[str, list] = {}
+        self.entries: dict[str, list[Any]] = {}  # rel -> [size, mtime_ns, inode, sha256]
         self.dirty = False
         if path:
             try:
@@ -158,14 +162,14 @@ def walk_tree(root: str, rules: IgnoreRules, stats: ScanStats) -> list[tuple[str
 
 def scan_tree(root: str, rules: IgnoreRules, *, cache: HashCache | None = None, threads: int | None = None,
               on_progress: Callable[[int, int], None] | None = None,
-              save: bool = True) -> tuple[dict[str, list], ScanStats]:
+              save: bool = True) -> tuple[dict[str, list[Any]], ScanStats]:
     """Describe root: {rel: [size, mode, sha256]} and what it cost. ``save``: write the cache file
     at the end (a caller holding entries not yet durable saves it itself, once they are)."""
     started = time.monotonic()
     stats = ScanStats()
     cache = cache or HashCache(None)
     files = walk_tree(root, rules, stats)
-    manifest: dict[str, list] = {}
+    manifest: dict[str, list[Any]] = {}
     todo: list[tuple[str, os.stat_result]] = []
     entries = cache.entries
     total = 0
@@ -220,7 +224,7 @@ def scan_tree(root: str, rules: IgnoreRules, *, cache: HashCache | None = None, 
     return manifest, stats
 
 
-def tree_hash(manifest: dict[str, list]) -> str:
+def tree_hash(manifest: dict[str, list[Any]]) -> str:
     """One digest for a whole tree: paths, modes and contents."""
     lines = "".join([f"{rel}\0{manifest[rel][1]:o}\0{manifest[rel][2]}\n" for rel in sorted(manifest)])
     return hashlib.sha256(lines.encode("utf-8", "surrogateescape")).hexdigest()

@@ -16,7 +16,8 @@ than the connection's limit is refused before its body is read.
 from __future__ import annotations
 
 import struct
-from typing import Any, NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple, TypeGuard
 
 import msgpack
 
@@ -58,7 +59,7 @@ class ProtocolError(Exception):
 class Request(NamedTuple):
     id: int
     method: str
-    args: dict[str, Any]
+    args: Mapping[str, Any]  # any method's arguments: checked by the method served (shared.rpc.Method)
 
 
 class Result(NamedTuple):
@@ -113,10 +114,14 @@ def unpack(payload: bytes) -> Message:
     if not isinstance(body, dict):
         raise ProtocolError(BAD_MESSAGE, f"message must be a map, got {type(body).__name__}")
     kind = body.get("t")
-    msg_id = body.get("id")
-    if kind != "err" or msg_id is not None:
-        if not _is_int(msg_id) or msg_id < 0:
-            raise ProtocolError(BAD_MESSAGE, "message id must be a non-negative integer")
+    if kind == "err":
+        # An error may carry no id: it answers a frame whose id could not be read.
+        error_id = None if body.get("id") is None else _message_id(body)
+        code, text = body.get("code"), body.get("msg")
+        if not isinstance(code, str) or not isinstance(text, str):
+            raise ProtocolError(BAD_MESSAGE, "error must carry a string code and message")
+        return Error(error_id, code, text)
+    msg_id = _message_id(body)
     if kind == "req":
         method, args = body.get("m"), body.get("a", {})
         if not isinstance(method, str) or not method:
@@ -126,15 +131,17 @@ def unpack(payload: bytes) -> Message:
         return Request(msg_id, method, args)
     if kind == "res":
         return Result(msg_id, body.get("r"))
-    if kind == "err":
-        code, text = body.get("code"), body.get("msg")
-        if not isinstance(code, str) or not isinstance(text, str):
-            raise ProtocolError(BAD_MESSAGE, "error must carry a string code and message")
-        return Error(msg_id, code, text)
     if kind == "evt":
         return Event(msg_id, body.get("e"))
     raise ProtocolError(BAD_MESSAGE, f"unknown message type {kind!r}")
 
 
-def _is_int(value: Any) -> bool:
+def _message_id(body: dict[Any, Any]) -> int:
+    msg_id = body.get("id")
+    if not _is_int(msg_id) or msg_id < 0:
+        raise ProtocolError(BAD_MESSAGE, "message id must be a non-negative integer")
+    return msg_id
+
+
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)

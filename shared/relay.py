@@ -30,12 +30,15 @@ import os
 import socket
 import struct
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
+
+if TYPE_CHECKING:
+    from shared.agent_api import JsonObject, RelayFrame
 
 MAGIC = b"COORDRL1"
 MAX_HELLO = 4096
@@ -98,7 +101,7 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
         _sync_file_range(fd, ctypes.c_int64(offset), ctypes.c_int64(length), 2)  # SYNC_FILE_RANGE_WRITE
 
 
-def _load_sync_file_range():
+def _load_sync_file_range() -> Callable[..., int] | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -112,17 +115,17 @@ def _load_sync_file_range():
 _sync_file_range = _load_sync_file_range()
 
 
-async def cancel_and_wait(tasks) -> None:
+async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any] | None]) -> None:
     """Cancel tasks and wait until each has ended, whatever it ended with (cleanup paths)."""
-    tasks = [task for task in tasks if task is not None]
-    for task in tasks:
+    started = [task for task in tasks if task is not None]
+    for task in started:
         task.cancel()
-    for task in tasks:
+    for task in started:
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
 
 
-def pack_frame(message: dict[str, Any]) -> bytes:
+def pack_frame(message: RelayFrame) -> bytes:
     body = msgpack.packb(message, use_bin_type=True)
     return LENGTH.pack(len(body)) + body
 
@@ -142,7 +145,8 @@ async def recv_into(sock: socket.socket, view: memoryview) -> None:
         got += count
 
 
-async def read_frame(sock: socket.socket, timeout: float = HELLO_TIMEOUT_S) -> dict[str, Any]:
+async def read_frame(sock: socket.socket, timeout: float = HELLO_TIMEOUT_S) -> JsonObject:
+    """The next frame from the other end: a map, whose fields the caller checks."""
     header = bytearray(LENGTH.size)
     await asyncio.wait_for(recv_into(sock, memoryview(header)), timeout)
     (length,) = LENGTH.unpack(header)

@@ -15,11 +15,12 @@ the rest of coord relies on (after mitogen):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import itertools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from shared import protocol as p
 from shared.log import Logger, get_logger
@@ -53,7 +54,14 @@ class Writer(Protocol):
     def close(self) -> None: ...
 
 
-Emit = Callable[[Any], Awaitable[None]]
+#: What a streaming method is handed to send an event of its call (a coroutine function, so it can be
+#: scheduled from another thread with ``run_coroutine_threadsafe``).
+Emit = Callable[[Any], Coroutine[Any, Any, None]]
+Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
+
+
+#: The type an argument must have, or a tuple of the types it may have (``type(None)`` for nil).
+ArgType = type | tuple[type, ...]
 
 
 @dataclass(frozen=True)
@@ -61,31 +69,33 @@ class Method:
     """A served method and the arguments it accepts: name -> type or tuple of types."""
 
     func: Callable[..., Awaitable[Any]]
-    required: dict[str, Any] = field(default_factory=dict)
-    optional: dict[str, Any] = field(default_factory=dict)
+    required: dict[str, ArgType] = field(default_factory=dict)
+    optional: dict[str, ArgType] = field(default_factory=dict)
     streams: bool = False
 
-    def check(self, args: dict[str, Any]) -> None:
+    def check(self, args: Mapping[str, Any]) -> None:
+        """Refuse arguments this method does not take, lacks or gets with another type."""
         unknown = sorted(set(args) - set(self.required) - set(self.optional))
         if unknown:
             raise RemoteError(p.BAD_ARGS, f"unexpected argument(s): {', '.join(unknown)}")
-        for name, kind in self.required.items():
+        for name in self.required:
             if name not in args:
                 raise RemoteError(p.BAD_ARGS, f"missing argument: {name}")
         for name, value in args.items():
-            kind = self.required.get(name, self.optional.get(name))
+            kind = self.required[name] if name in self.required else self.optional[name]
             if not _has_type(value, kind):
-                raise RemoteError(p.BAD_ARGS, f"argument {name!r} must be {_type_name(kind)}, got {type(value).__name__}")
+                raise RemoteError(p.BAD_ARGS,
+                                  f"argument {name!r} must be {_type_name(kind)}, got {type(value).__name__}")
 
 
-def _has_type(value: Any, kind: Any) -> bool:
+def _has_type(value: object, kind: ArgType) -> bool:
     kinds = kind if isinstance(kind, tuple) else (kind,)
     if isinstance(value, bool) and bool not in kinds:
         return False  # True is an int to Python, not to the wire
     return isinstance(value, kinds)
 
 
-def _type_name(kind: Any) -> str:
+def _type_name(kind: ArgType) -> str:
     kinds = kind if isinstance(kind, tuple) else (kind,)
     return " or ".join("nil" if k is type(None) else k.__name__ for k in kinds)
 
@@ -96,14 +106,14 @@ class Dispatcher:
     def __init__(self) -> None:
         self._methods: dict[str, Method] = {}
 
-    def add(self, name: str, func: Callable[..., Awaitable[Any]], *, required: dict | None = None,
-            optional: dict | None = None, streams: bool = False) -> None:
+    def add(self, name: str, func: Callable[..., Awaitable[Any]], *, required: dict[str, ArgType] | None = None,
+            optional: dict[str, ArgType] | None = None, streams: bool = False) -> None:
         self._methods[name] = Method(func, required or {}, optional or {}, streams)
 
-    def method(self, name: str, *, streams: bool = False, **required: Any):
+    def method(self, name: str, *, streams: bool = False, **required: ArgType) -> Callable[[Handler], Handler]:
         """Decorator form of ``add`` for methods with required arguments only."""
 
-        def register(func):
+        def register(func: Handler) -> Handler:
             self.add(name, func, required=required, streams=streams)
             return func
 
@@ -130,10 +140,10 @@ class Peer:
         self._dispatcher = dispatcher
         self._max_frame = max_frame
         self._ids = itertools.count(1)
-        self._pending: dict[int, tuple[asyncio.Future, Callable[[Any], Any] | None]] = {}
+        self._pending: dict[int, tuple[asyncio.Future[Any], Callable[[Any], Any] | None]] = {}
         self._write_lock = asyncio.Lock()
         self._call_slots = asyncio.Semaphore(MAX_CONCURRENT_CALLS)
-        self._serving: set[asyncio.Task] = set()
+        self._serving: set[asyncio.Task[None]] = set()
         self._closed_reason: str | None = None
         self.log = (log or get_logger("rpc")).bind(peer=name)
 
@@ -141,13 +151,16 @@ class Peer:
     def closed(self) -> bool:
         return self._closed_reason is not None
 
-    async def call(self, method: str, args: dict[str, Any] | None = None, *, timeout: float | None = None,
+    async def call(self, method: str, args: Mapping[str, Any] | None = None, *, timeout: float | None = None,
                    on_event: Callable[[Any], Any] | None = None) -> Any:
-        """Call a method on the other side and return its result (or raise RemoteError)."""
+        """Call a method on the other side and return its result (or raise RemoteError).
+
+        ``args`` are the method's arguments (any method's: their shape is the method's business, see
+        ``shared.agent_api`` for the agent's); the result is whatever the method answers."""
         if self._closed_reason is not None:
             raise ConnectionLost(self._closed_reason)
         msg_id = next(self._ids)
-        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[msg_id] = (future, on_event)
         try:
             await self._send(p.Request(msg_id, method, args or {}))
@@ -169,19 +182,17 @@ class Peer:
             for task in list(self._serving):
                 task.cancel()
             self._shut(reason)
-            try:
+            with contextlib.suppress(Exception):  # already closed or broken
                 self._writer.close()  # whatever ended reading ends the connection
-            except Exception:  # already closed or broken
-                pass
 
     async def close(self) -> None:
         self._shut("closed locally")
-        try:
+        with contextlib.suppress(Exception):  # already closed or broken: nothing left to do
             self._writer.close()
-        except Exception:  # already closed or broken: nothing left to do
-            pass
 
-    def _shut(self, reason: str) -> None:
+    def _shut(self, reason: str) -> str:
+        """Mark the connection closed (the first reason given stays) and fail every pending call;
+        returns the reason it is closed for."""
         if self._closed_reason is None:
             self._closed_reason = reason
         for future, _ in list(self._pending.values()):
@@ -189,6 +200,7 @@ class Peer:
                 future.set_exception(ConnectionLost(self._closed_reason))
                 future.exception()  # a caller that already gave up must not leave a "never retrieved" log
         self._pending.clear()
+        return self._closed_reason
 
     async def _read_loop(self) -> str:
         while True:
@@ -278,11 +290,9 @@ class Peer:
                 self._writer.write(frame)
                 await self._writer.drain()
             except (OSError, EOFError) as exc:  # e.g. a pipe whose reader exited
-                self._shut(f"connection lost while writing: {exc}")
-                raise ConnectionLost(self._closed_reason) from None
+                reason = self._shut(f"connection lost while writing: {exc}")
+                raise ConnectionLost(reason) from None
 
     async def _send_quietly(self, message: p.Message) -> None:
-        try:
+        with contextlib.suppress(Exception):  # the peer is already gone; the log line has been written
             await self._send(message)
-        except Exception:  # the peer is already gone; the log line has been written
-            pass

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import numpy as np
@@ -26,6 +27,10 @@ from mlx.utils import tree_flatten, tree_map_with_path
 from agent.trainer.progress import append_record
 from agent.trainer.safetensors_file import HostTensor, write_atomic
 from agent.trainer.state import OPTIMIZER_PREFIX
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
+    import mlx.optimizers as optim
 
 _CODES = {mx.bool_: "BOOL", mx.uint8: "U8", mx.int8: "I8", mx.uint16: "U16", mx.int16: "I16",
           mx.float16: "F16", mx.bfloat16: "BF16", mx.uint32: "U32", mx.int32: "I32", mx.float32: "F32",
@@ -49,12 +54,20 @@ class CheckpointError(ValueError):
     """A checkpoint whose tensors do not fit this model or optimizer."""
 
 
-def trainable_arrays(model) -> dict[str, mx.array]:
-    return dict(tree_flatten(model.trainable_parameters()))
+def flatten(tree: Any) -> list[tuple[str, Any]]:
+    """``tree_flatten``'s (dotted name, leaf) pairs, typed as the list it returns without a destination."""
+    flat = tree_flatten(tree)
+    if not isinstance(flat, list):  # pragma: no cover - only with a dict as destination
+        raise TypeError("tree_flatten returned a dict")
+    return flat
 
 
-def optimizer_arrays(optimizer) -> dict[str, mx.array]:
-    flat = tree_flatten(optimizer.state)
+def trainable_arrays(model: nn.Module) -> dict[str, mx.array]:
+    return dict(flatten(model.trainable_parameters()))
+
+
+def optimizer_arrays(optimizer: optim.Optimizer) -> dict[str, mx.array]:
+    flat = flatten(optimizer.state)
     for name, value in flat:
         if not isinstance(value, mx.array):
             raise TypeError(f"optimizer state {name!r} is a {type(value).__name__}, not an array")
@@ -139,7 +152,7 @@ def split_checkpoint(tensors: dict[str, mx.array]) -> tuple[dict[str, mx.array],
     return weights, optimizer
 
 
-def restore_weights(model, weights: dict[str, mx.array], path: str, *, complete: bool) -> None:
+def restore_weights(model: nn.Module, weights: dict[str, mx.array], path: str, *, complete: bool) -> None:
     """Load trainable parameters; ``complete`` demands every one of them (coord checkpoints)."""
     trainable = trainable_arrays(model)
     problems = [f"{name}: not a trainable parameter of this model" for name in sorted(set(weights) - set(trainable))]
@@ -153,7 +166,7 @@ def restore_weights(model, weights: dict[str, mx.array], path: str, *, complete:
     model.load_weights(list(weights.items()), strict=False)
 
 
-def restore_optimizer(optimizer, model, saved: dict[str, mx.array], path: str) -> None:
+def restore_optimizer(optimizer: optim.Optimizer, model: nn.Module, saved: dict[str, mx.array], path: str) -> None:
     """Put a saved optimizer state in place of a freshly initialised one of the same shape."""
     optimizer.init(model.trainable_parameters())
     expected = dict(tree_flatten(optimizer.state))
@@ -172,7 +185,9 @@ def restore_optimizer(optimizer, model, saved: dict[str, mx.array], path: str) -
 
 
 def mlx_key() -> list[int]:
-    return [int(k) for k in mx.random.state[0].tolist()]
+    # mx.random.state is made when mlx.core.random is imported; its stub types it as object.
+    state: Any = mx.random.state
+    return [int(k) for k in state[0].tolist()]
 
 
 def set_mlx_key(key: list[int]) -> None:

@@ -18,6 +18,10 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
 
 #: mlx-lm pads a batch to one more than a multiple of this (the targets are the inputs shifted by one).
 PAD_MULTIPLE = 32
@@ -96,7 +100,7 @@ class GlobalOrder:
         return self._order
 
 
-def pad_batch(items: list[tuple[list[int], int]], max_seq_length: int):
+def pad_batch(items: list[tuple[list[int], int]], max_seq_length: int) -> tuple[np.ndarray, np.ndarray, bool]:
     """Token lists with their prompt offsets as mlx-lm batches them: (tokens [n, T] int32, lengths [n, 2]).
 
     ``lengths`` holds (offset, length) per row: the loss counts target positions
@@ -116,7 +120,7 @@ def pad_batch(items: list[tuple[list[int], int]], max_seq_length: int):
     return batch, spans, max(lengths) > max_seq_length
 
 
-def as_item(processed) -> tuple[list[int], int]:
+def as_item(processed: Any) -> tuple[list[int], int]:
     """A processed data set entry as (tokens, prompt offset); mlx-lm datasets give one or the other."""
     if isinstance(processed, tuple) and len(processed) == 2:
         return list(processed[0]), int(processed[1])

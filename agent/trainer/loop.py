@@ -12,23 +12,34 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten, tree_map, tree_unflatten
+from mlx.utils import tree_map, tree_unflatten
 
 from agent.trainer import state as trainer_state
-from agent.trainer.checkpoint import BackgroundWriter, mlx_key, optimizer_arrays, trainable_arrays
+from agent.trainer.checkpoint import BackgroundWriter, flatten, mlx_key, optimizer_arrays, trainable_arrays
 from agent.trainer.data import GlobalOrder, Split, as_item, pad_batch
 from agent.trainer.progress import Reporter
+
+if TYPE_CHECKING:
+    import mlx.optimizers as optim
+    from mlx_lm.tuner.datasets import CacheDataset
+
+    from shared.agent_api import JsonObject
+
+#: What the micro-steps of one optimizer step add up: (loss sum, token count, gradient tree).
+Totals = tuple[mx.array, mx.array, Any]
 
 #: Gradients are added across ranks in chunks of about this size (as mlx-lm's average_gradients does).
 ALL_SUM_BYTES = 32 << 20
 
 
-def token_loss_sum(model, batch, lengths):
+def token_loss_sum(model: nn.Module, batch: mx.array, lengths: mx.array) -> tuple[mx.array, mx.array]:
     """(sum of token cross-entropies, number of tokens), over positions from the offset to the length."""
     inputs, targets = batch[:, :-1], batch[:, 1:]
     logits = model(inputs)
@@ -38,12 +49,12 @@ def token_loss_sum(model, batch, lengths):
     return losses.astype(mx.float32).sum(), mask.sum().astype(mx.float32)
 
 
-def sum_across_ranks(tree, group):
+def sum_across_ranks(tree: Any, group: mx.distributed.Group) -> Any:
     """The tree of arrays added element-wise over all ranks, in few large all_sum calls."""
     if group.size() == 1:
         return tree
-    flat = tree_flatten(tree)
-    summed = [None] * len(flat)
+    flat = flatten(tree)
+    summed: dict[int, tuple[str, mx.array]] = {}
     for chunk in _chunks(flat):
         joined = mx.concatenate([flat[i][1].reshape(-1) for i in chunk])
         total = mx.distributed.all_sum(joined, group=group)
@@ -51,14 +62,15 @@ def sum_across_ranks(tree, group):
         for i in chunk[:-1]:
             end += flat[i][1].size
             bounds.append(end)
-        for i, piece in zip(chunk, mx.split(total, bounds)):
+        for i, piece in zip(chunk, mx.split(total, bounds), strict=True):  # len(bounds) + 1 pieces
             summed[i] = (flat[i][0], piece.reshape(flat[i][1].shape))
-    return tree_unflatten(summed)
+    return tree_unflatten([summed[i] for i in range(len(flat))])  # every leaf is in one chunk
 
 
-def _chunks(flat):
+def _chunks(flat: list[tuple[str, mx.array]]) -> Iterator[list[int]]:
     """Runs of leaves of one dtype, each about ALL_SUM_BYTES (all_sum needs one dtype per call)."""
-    chunk, size = [], 0
+    chunk: list[int] = []
+    size = 0
     for i, (_, array) in enumerate(flat):
         if chunk and (array.dtype != flat[chunk[0]][1].dtype or size >= ALL_SUM_BYTES):
             yield chunk
@@ -69,7 +81,8 @@ def _chunks(flat):
         yield chunk
 
 
-def make_step_functions(model, optimizer, group):
+def make_step_functions(model: nn.Module, optimizer: optim.Optimizer,
+                        group: mx.distributed.Group) -> tuple[list[Any], Callable[..., Any], Callable[..., Any]]:
     """Compiled (micro_step, update): accumulate one micro-batch; reduce across ranks and update.
 
     Like mlx-lm's step, they are compiled with the model, optimizer and RNG
@@ -80,7 +93,7 @@ def make_step_functions(model, optimizer, group):
     loss_and_grad = nn.value_and_grad(model, token_loss_sum)
 
     @partial(mx.compile, inputs=compiled_state, outputs=compiled_state)
-    def micro_step(batch, lengths, totals):
+    def micro_step(batch: mx.array, lengths: mx.array, totals: Totals | None) -> Totals:
         (loss, tokens), grad = loss_and_grad(model, batch, lengths)
         if totals is not None:
             loss, tokens = loss + totals[0], tokens + totals[1]
@@ -88,7 +101,7 @@ def make_step_functions(model, optimizer, group):
         return loss, tokens, grad
 
     @partial(mx.compile, inputs=compiled_state, outputs=compiled_state)
-    def update(loss, tokens, grad):
+    def update(loss: mx.array, tokens: mx.array, grad: Any) -> tuple[mx.array, mx.array]:
         loss, tokens, grad = sum_across_ranks((loss, tokens, grad), group)
         optimizer.update(model, tree_map(lambda g: (g / tokens).astype(g.dtype), grad))
         return loss / tokens, tokens
@@ -114,7 +127,7 @@ class LoopOptions:
 class Window:
     """What happened since the last train report."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.losses: list[float] = []
         self.tokens = 0
         self.seconds = 0.0
@@ -134,9 +147,10 @@ class Trainer:
     resume step is not a multiple of --steps-per-report).
     """
 
-    def __init__(self, *, model, optimizer, train_set, val_set, split: Split, order: GlobalOrder, group,
-                 options: LoopOptions, fixed_options: dict, reporter: Reporter, writer: BackgroundWriter,
-                 trained_tokens: int):
+    def __init__(self, *, model: nn.Module, optimizer: optim.Optimizer, train_set: CacheDataset,
+                 val_set: CacheDataset | None, split: Split, order: GlobalOrder, group: mx.distributed.Group,
+                 options: LoopOptions, fixed_options: JsonObject, reporter: Reporter, writer: BackgroundWriter,
+                 trained_tokens: int) -> None:
         self.model = model
         self.optimizer = optimizer
         self.train_set = train_set
@@ -184,13 +198,15 @@ class Trainer:
             batch, lengths = self.batch(self.train_set, indices)
             totals = self.micro_step(batch, lengths, totals)
             mx.eval(totals)
+        if totals is None:  # pragma: no cover - Split makes at least one micro-batch
+            raise ValueError(f"step {step} has no micro-batches")
         loss, tokens = self.update(*totals)
         mx.eval(self.compiled_state, loss, tokens)
         if mx.get_cache_memory() > self.options.clear_cache_threshold:
             mx.clear_cache()  # mlx-lm's --clear-cache-threshold, same rule (0 clears every step)
         return loss.item(), int(tokens.item())
 
-    def batch(self, dataset, indices: list[int]):
+    def batch(self, dataset: CacheDataset, indices: list[int]) -> tuple[mx.array, mx.array]:
         tokens, lengths, truncated = pad_batch([as_item(dataset[i]) for i in indices], self.options.max_seq_length)
         if truncated and not self._truncation_warned:
             self._truncation_warned = True
@@ -207,11 +223,13 @@ class Trainer:
                             peak_memory_gb=mx.get_peak_memory() / 1e9)
 
     def validate(self, step: int) -> None:
+        if self.val_set is None:  # too small for one global batch: no evaluation
+            return
         started = time.perf_counter()
         val_loss = self.evaluate(self.val_set, self.options.val_batches)
         self.reporter.val(step=step, val_loss=val_loss, seconds=time.perf_counter() - started)
 
-    def evaluate(self, dataset, num_batches: int) -> float:
+    def evaluate(self, dataset: CacheDataset, num_batches: int) -> float:
         """Mean token loss over the first ``num_batches`` global batches of a data set (-1: all of it).
 
         A batch here is a global batch (G examples, in file order), split into

@@ -21,10 +21,21 @@ import platform
 import signal
 import sys
 import types
+from typing import TYPE_CHECKING
 
 from agent.qos import set_user_interactive_qos
 from agent.trainer import state as trainer_state
 from agent.trainer.safetensors_file import read_metadata, remove_stale_temps
+
+if TYPE_CHECKING:  # imported where used: mlx and mlx_lm load only once the options are read
+    import mlx.nn as nn
+    import mlx.optimizers as optim
+    from mlx_lm.tuner.datasets import CacheDataset
+
+    from agent.trainer.checkpoint import BackgroundWriter
+    from agent.trainer.loop import LoopOptions, Trainer
+    from agent.trainer.progress import Reporter
+    from agent.trainer.state import TrainerState
 
 OPTIMIZERS = ("adam", "adamw", "muon", "sgd", "adafactor")
 
@@ -85,7 +96,7 @@ def _rank_step(text: str) -> tuple[int, int]:
     return rank, step
 
 
-def resume_state(path: str | None) -> dict | None:
+def resume_state(path: str | None) -> TrainerState | None:
     """The coord trainer state of --resume-adapter-file, or None (no file, or plain mlx-lm adapters)."""
     if path is None:
         return None
@@ -94,7 +105,7 @@ def resume_state(path: str | None) -> dict | None:
     return trainer_state.decode(read_metadata(path), path)
 
 
-def starting_step(state: dict | None, resume_file: str | None, env_offset: str | None) -> tuple[int, int]:
+def starting_step(state: TrainerState | None, resume_file: str | None, env_offset: str | None) -> tuple[int, int]:
     """(global step to start from, step offset for checkpoint names)."""
     try:
         offset = int(env_offset) if env_offset not in (None, "") else None
@@ -112,7 +123,7 @@ def starting_step(state: dict | None, resume_file: str | None, env_offset: str |
     return offset or 0, offset or 0
 
 
-def prepare_model(model, args) -> None:
+def prepare_model(model: nn.Module, args: types.SimpleNamespace) -> None:
     """Freeze the model and make the trainable part, as mlx_lm.lora.train_model does."""
     from mlx_lm.tuner.utils import linear_to_lora_layers
 
@@ -128,7 +139,7 @@ def prepare_model(model, args) -> None:
         raise SetupError(f"--fine-tune-type {args.fine_tune_type!r}: expected lora, dora or full")
 
 
-def build_optimizer(args):
+def build_optimizer(args: types.SimpleNamespace) -> optim.Optimizer:
     import mlx.optimizers as optim
     from mlx_lm.tuner.utils import build_schedule
 
@@ -141,14 +152,18 @@ def build_optimizer(args):
     return classes[name](learning_rate=learning_rate, **(args.optimizer_config or {}).get(name, {}))
 
 
-def restore(model, optimizer, state: dict | None, path: str, start_step: int, reporter) -> None:
+def restore(model: nn.Module, optimizer: optim.Optimizer, state: TrainerState | None, path: str, start_step: int,
+            reporter: Reporter) -> None:
     """Weights from --resume-adapter-file; with coord trainer state also the optimizer state and RNG key."""
     import mlx.core as mx
 
     from agent.trainer import checkpoint
 
     reporter.say(f"Loading fine-tuned weights from {path}")
-    weights, saved_optimizer = checkpoint.split_checkpoint(mx.load(path))
+    loaded = mx.load(path)
+    if not isinstance(loaded, dict):  # a .npy file holds one unnamed array
+        raise SetupError(f"--resume-adapter-file {path}: not a file of named tensors (safetensors)")
+    weights, saved_optimizer = checkpoint.split_checkpoint(loaded)
     checkpoint.restore_weights(model, weights, path, complete=state is not None)
     if state is None:
         # The schedule follows the job's global step; the moments start from zero.
@@ -170,7 +185,8 @@ def restore(model, optimizer, state: dict | None, path: str, start_step: int, re
 class Job:
     """A prepared run: the trainer, where it starts, and what follows the last step."""
 
-    def __init__(self, *, args, trainer, writer, start_step: int, test_set):
+    def __init__(self, *, args: types.SimpleNamespace, trainer: Trainer, writer: BackgroundWriter, start_step: int,
+                 test_set: CacheDataset) -> None:
         self.args = args
         self.trainer = trainer
         self.writer = writer
@@ -194,7 +210,7 @@ class Job:
             trainer.reporter.say(f"Test loss {test_loss:.3f}, Test ppl {math.exp(test_loss):.3f}.")
 
 
-def prepare(args) -> Job:
+def prepare(args: types.SimpleNamespace) -> Job:
     """Everything before the first step, with every check that can refuse the run."""
     import mlx.core as mx
     from mlx_lm.tuner.datasets import CacheDataset, load_dataset
@@ -216,9 +232,11 @@ def prepare(args) -> Job:
 
     reporter.say("Loading pretrained model")
     model, tokenizer = load(args.model, tokenizer_config={"trust_remote_code": args.trust_remote_code},
-                            trust_remote_code=args.trust_remote_code)
+                            trust_remote_code=args.trust_remote_code)[:2]  # (model, tokenizer[, config])
     reporter.say("Loading datasets")
-    train_set, valid_set, test_set = load_dataset(args, tokenizer)
+    # load_dataset is annotated with the Hugging Face tokenizer, but mlx_lm lora itself passes this
+    # TokenizerWrapper, which forwards every attribute to that tokenizer.
+    train_set, valid_set, test_set = load_dataset(args, tokenizer)  # type: ignore[arg-type]
     order = GlobalOrder(len(train_set), split.global_batch, args.seed)
     fixed = trainer_state.fixed_options(args, split.global_batch, len(train_set))
     if state is not None:
@@ -249,19 +267,20 @@ def prepare(args) -> Job:
     return Job(args=args, trainer=trainer, writer=writer, start_step=start_step, test_set=CacheDataset(test_set))
 
 
-def make_reporter(args, rank: int):
+def make_reporter(args: types.SimpleNamespace, rank: int) -> Reporter:
     from mlx_lm.tuner.callbacks import get_reporting_callbacks
 
     from agent.trainer.progress import Reporter
 
     callback = None
     if rank == 0:  # --report-to services (wandb, swanlab) hear from rank 0, as with mlx_lm lora
+        # config is annotated str, but the callbacks take the options dict, and mlx_lm lora passes vars(args).
         callback = get_reporting_callbacks(args.report_to, project_name=args.project_name,
-                                           log_dir=args.adapter_path, config=vars(args))
+                                           log_dir=args.adapter_path, config=vars(args))  # type: ignore[arg-type]
     return Reporter(rank=rank, progress_file=os.environ.get("COORD_PROGRESS_FILE") or None, callback=callback)
 
 
-def prepare_adapter_path(args, rank: int, model) -> None:
+def prepare_adapter_path(args: types.SimpleNamespace, rank: int, model: nn.Module) -> None:
     """The adapter directory (each rank saves its own checkpoints in its own node's), with mlx-lm's
     adapter_config.json written by rank 0."""
     from mlx_lm.tuner.utils import print_trainable_parameters
@@ -274,7 +293,7 @@ def prepare_adapter_path(args, rank: int, model) -> None:
         print_trainable_parameters(model)
 
 
-def loop_options(args, step_offset: int, rank: int):
+def loop_options(args: types.SimpleNamespace, step_offset: int, rank: int) -> LoopOptions:
     from agent.trainer.loop import LoopOptions
 
     # coord's first attempt only: its relaunch replays the steps after the checkpoint, and perturbing

@@ -11,10 +11,15 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mlx_lm.tuner.callbacks import TrainingCallback
+
+    from shared.agent_api import ProgressRecord
 
 
-def append_record(path: str | None, record: dict[str, Any]) -> None:
+def append_record(path: str | None, record: ProgressRecord) -> None:
     if not path:
         return
     line = (json.dumps({"time": time.time(), **record}) + "\n").encode("utf-8")
@@ -28,7 +33,7 @@ def append_record(path: str | None, record: dict[str, Any]) -> None:
 class Reporter:
     """Rank 0's reports, to stdout, the progress file and any mlx-lm reporting callback (--report-to)."""
 
-    def __init__(self, *, rank: int, progress_file: str | None, callback=None):
+    def __init__(self, *, rank: int, progress_file: str | None, callback: TrainingCallback | None = None) -> None:
         self.rank = rank
         self.progress_file = progress_file
         self.callback = callback

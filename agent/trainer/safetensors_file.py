@@ -20,7 +20,10 @@ import json
 import os
 import re
 import struct
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
+
+if TYPE_CHECKING:
+    from shared.agent_api import JsonObject
 
 from shared import safetensors_header
 
@@ -38,7 +41,7 @@ class HostTensor(NamedTuple):
 
 
 def _header(tensors: dict[str, HostTensor], metadata: dict[str, str]) -> bytes:
-    header: dict[str, Any] = {}
+    header: JsonObject = {}
     if metadata:
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
             raise TypeError("safetensors metadata must map strings to strings")
@@ -57,7 +60,7 @@ def _header(tensors: dict[str, HostTensor], metadata: dict[str, str]) -> bytes:
     return encoded + b" " * (-len(encoded) % 8)
 
 
-def write_safetensors(handle, tensors: dict[str, HostTensor], metadata: dict[str, str] | None = None) -> int:
+def write_safetensors(handle: BinaryIO, tensors: dict[str, HostTensor], metadata: dict[str, str] | None = None) -> int:
     """Write a complete safetensors file to an open binary handle; returns the bytes written."""
     header = _header(tensors, metadata or {})
     handle.write(struct.pack("<Q", len(header)))
@@ -104,7 +107,7 @@ def fsync_directory(directory: str) -> None:
 
 def remove_stale_temps(directory: str) -> list[str]:
     """Remove temporary files left by writers that died mid-write (a killed run leaves one)."""
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
@@ -130,7 +133,7 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def read_header(path: str) -> dict[str, Any]:
+def read_header(path: str) -> JsonObject:
     """The JSON header of a safetensors file (tensor entries and ``__metadata__``)."""
     return safetensors_header.read_header(path)
 

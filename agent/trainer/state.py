@@ -11,7 +11,10 @@ other values for those is refused, naming each difference.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
+
+if TYPE_CHECKING:
+    from shared.agent_api import JsonObject
 
 METADATA_KEY = "coord.trainer_state"
 FORMAT = "coord-trainer-state"
@@ -29,8 +32,34 @@ class StateError(ValueError):
     """A checkpoint's trainer state that cannot be resumed from by this run."""
 
 
-def fixed_options(args: Any, global_batch: int, train_examples: int) -> dict[str, Any]:
-    """This run's values of FIXED_OPTIONS, normalised through JSON as they are stored."""
+class RngState(TypedDict):
+    mlx_key: list[int]  # two 32-bit halves
+
+
+class DataPosition(TypedDict):
+    epoch: int
+    index: int  # global batches of this epoch already consumed
+    batches_per_epoch: int
+
+
+class TrainerState(TypedDict):
+    format: str
+    version: int
+    global_step: int
+    optimizer_step: int
+    rng: RngState
+    data: DataPosition
+    world_size: int
+    batch_size: int
+    grad_accumulation_steps: int
+    trained_tokens: int
+    options: JsonObject  # FIXED_OPTIONS' values, as JSON (a LoRA config is an object of its own)
+
+
+def fixed_options(args: Any, global_batch: int, train_examples: int) -> JsonObject:
+    """This run's values of FIXED_OPTIONS, normalised through JSON as they are stored.
+
+    ``args`` is mlx_lm lora's options namespace."""
     optimizer = args.optimizer.lower()
     values = {
         "fine_tune_type": args.fine_tune_type,
@@ -46,12 +75,13 @@ def fixed_options(args: Any, global_batch: int, train_examples: int) -> dict[str
         "mask_prompt": bool(args.mask_prompt),
         "train_examples": train_examples,
     }
-    return json.loads(json.dumps(values))
+    normalised: JsonObject = json.loads(json.dumps(values))
+    return normalised
 
 
 def build(*, global_step: int, optimizer_step: int, mlx_key: list[int], epoch: int, index: int,
           batches_per_epoch: int, world_size: int, batch_size: int, grad_accumulation_steps: int,
-          trained_tokens: int, options: dict[str, Any]) -> dict[str, Any]:
+          trained_tokens: int, options: JsonObject) -> TrainerState:
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -68,12 +98,12 @@ def build(*, global_step: int, optimizer_step: int, mlx_key: list[int], epoch: i
     }
 
 
-def encode(state: dict[str, Any]) -> dict[str, str]:
+def encode(state: TrainerState) -> dict[str, str]:
     """The safetensors metadata entry for a state."""
     return {METADATA_KEY: json.dumps(state, sort_keys=True)}
 
 
-def decode(metadata: dict[str, str], path: str) -> dict[str, Any] | None:
+def decode(metadata: dict[str, str], path: str) -> TrainerState | None:
     """The state in a checkpoint's metadata, or None for a file without one (plain mlx-lm adapters)."""
     raw = metadata.get(METADATA_KEY)
     if raw is None:
@@ -94,10 +124,11 @@ def decode(metadata: dict[str, str], path: str) -> dict[str, Any] | None:
     key = state["rng"].get("mlx_key")
     if not (isinstance(key, list) and len(key) == 2 and all(isinstance(k, int) and 0 <= k < 2**32 for k in key)):
         raise StateError(f"{path}: trainer state has no valid RNG key")
-    return state
+    # What a resume reads is checked above (the data position by check_data_position).
+    return cast("TrainerState", state)
 
 
-def check_compatible(state: dict[str, Any], options: dict[str, Any], path: str) -> None:
+def check_compatible(state: TrainerState, options: JsonObject, path: str) -> None:
     """Refuse a checkpoint whose fixed options differ from this run's."""
     saved = state["options"]
     differences = [f"{name}: checkpoint {saved.get(name)!r}, this run {options.get(name)!r}"
@@ -108,7 +139,7 @@ def check_compatible(state: dict[str, Any], options: dict[str, Any], path: str) 
                          + "\n  ".join(differences))
 
 
-def check_data_position(state: dict[str, Any], batches_per_epoch: int, path: str) -> None:
+def check_data_position(state: TrainerState, batches_per_epoch: int, path: str) -> None:
     """The saved data position must be where this run's order puts the saved step."""
     expected = divmod(state["global_step"], batches_per_epoch)
     data = state["data"]

@@ -316,6 +316,17 @@ def test_ip_json_addr_unreadable_is_unknown(text):
     assert parse_ip_json_addr(text) is None
 
 
+@pytest.mark.parametrize("entry", [
+    {"ifname": "eth0", "flags": 5},
+    {"ifname": "eth0", "addr_info": 3},
+    {"ifname": "eth0", "addr_info": [{"family": ["inet"], "local": "10.0.0.1"}]},
+])
+def test_ip_json_addr_odd_fields_are_left_out_not_raised(entry):
+    [interface] = parse_ip_json_addr(json.dumps([entry]))
+    assert interface["name"] == "eth0"
+    assert interface["addresses"] == []
+
+
 @pytest.mark.parametrize("name, kind", [
     ("lo", "loopback"), ("wlp2s0", "wifi"), ("wlan0", "wifi"), ("enp5s0", "ethernet"),
     ("eth0", "ethernet"), ("thunderbolt0", "thunderbolt"), ("docker0", "other"),
