@@ -8,6 +8,7 @@ the CLI on the control socket. ``coordd --config FILE`` (launchd, systemd) and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import os
 import signal
@@ -270,27 +271,24 @@ def open_state(config: ClusterConfig) -> tuple[StateDirLock, StateStore]:
 def run_daemon(config_path: str, *, log_file: str | None = None, log_level: str = "info") -> int:
     """Run the daemon in the foreground; the exit status for the shell."""
     os.umask(0o077)  # state, logs and the socket are the owner's alone
-    stream = open(log_file, "a", buffering=1) if log_file else sys.stderr
-    configure_logging(json=True, level=log_level, stream=stream)
-    try:
-        config = load_config(config_path)
-        lock, state = open_state(config)
-    except (ConfigError, DaemonError, StateError) as exc:
-        print(f"coordd: {exc}", file=sys.stderr)
-        return 2
-    try:
-        daemon = Daemon(config, state, build_bundle())
-        anyio.run(daemon.run)
-    except ControlSocketError as exc:
-        print(f"coordd: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        pass
-    finally:
-        state.close()
-        lock.release()
-        if log_file:
-            stream.close()
+    with contextlib.ExitStack() as closing:
+        stream = closing.enter_context(open(log_file, "a", buffering=1)) if log_file else sys.stderr
+        configure_logging(json=True, level=log_level, stream=stream)
+        try:
+            config = load_config(config_path)
+            lock, state = open_state(config)
+        except (ConfigError, DaemonError, StateError) as exc:
+            print(f"coordd: {exc}", file=sys.stderr)
+            return 2
+        closing.callback(lock.release)
+        closing.callback(state.close)
+        try:
+            anyio.run(Daemon(config, state, build_bundle()).run)
+        except ControlSocketError as exc:
+            print(f"coordd: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            pass
     return 0
 
 

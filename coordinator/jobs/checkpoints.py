@@ -292,8 +292,9 @@ class CheckpointKeeper:
                     self.ctx.log.info("checkpoint_copy", step=step, node=name, sha256=entry["sha256"])
                 self._validated_since_poke = True
             else:
-                self.ctx.event("checkpoint_invalid", f"checkpoint of step {step}{whose} is not valid: {entry['detail']}",
-                           step=step, node=name)
+                self.ctx.event("checkpoint_invalid",
+                               f"checkpoint of step {step}{whose} is not valid: {entry['detail']}",
+                               step=step, node=name)
         return True
 
     async def _retain(self) -> None:

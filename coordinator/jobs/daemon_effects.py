@@ -155,9 +155,10 @@ class DaemonEffects:
             os.killpg(pid, signal.SIGKILL if final else signal.SIGTERM)
         proc = self._launchers.get(pid)
         if final and proc is not None:
-            with anyio.move_on_after(LAUNCHER_REAP_S):
-                while proc.poll() is None:
-                    await anyio.sleep(0.05)
+            # Reaped in a worker thread, bounded: a launcher that ignores SIGKILL (a stuck ssh) is
+            # left to the next stop rather than holding the supervisor.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                await anyio.to_thread.run_sync(proc.wait, LAUNCHER_REAP_S)
             if proc.poll() is not None:
                 self._launchers.pop(pid, None)
 
@@ -199,7 +200,7 @@ class DaemonEffects:
 
         async def to_the_head() -> None:
             if to_head:
-                for p, path in zip(to_head, await self._stream(source, to_head)):
+                for p, path in zip(to_head, await self._stream(source, to_head), strict=True):
                     written[id(p)] = path
 
         try:

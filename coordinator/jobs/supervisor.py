@@ -337,7 +337,8 @@ class JobRunner:
             if give_up_after is not None and self.fx.monotonic() - started > give_up_after:
                 return None
             if self.fx.monotonic() - started > NODE_WAIT_S:
-                await self._stop_everything(self._last_attempt())  # what runs of the last attempt on the nodes that are here
+                # what runs of the last attempt on the nodes that are here
+                await self._stop_everything(self._last_attempt())
                 self._fail_early(f"nodes did not come back within {NODE_WAIT_S:g} s: {why}")
                 return None
             if why != announced:
