@@ -16,7 +16,8 @@ from coordinator.launch.hostfile import (
     render_ssh_config,
     write_ssh_wrapper,
 )
-from coordinator.launch.topology import choose_backend, connectivity_matrix
+from coordinator.launch.mlx_backend import choose_backend
+from coordinator.launch.topology import connectivity_matrix
 from coordinator.nodes.session import UP
 from shared.rpc import RemoteError
 

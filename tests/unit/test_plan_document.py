@@ -29,7 +29,8 @@ from coordinator.plan.document import (SECTIONS, JobOptions, MeasuredTimings, Pl
                                        timings_from_events)
 from coordinator.plan.orchestration import (OrchestrationInputError, build_orchestration,
                                             parse_orchestration_input, read_orchestration_input)
-from coordinator.launch.topology import choose_backend, connectivity_matrix
+from coordinator.launch.mlx_backend import choose_backend
+from coordinator.launch.topology import connectivity_matrix
 
 # The repository is /work/main; the shared fixtures and formats sit beside it in /work/shared.
 SHARED = Path(__file__).resolve().parents[1] / "fixtures"  # copies of ../shared/fixtures and ../shared/formats
