@@ -9,18 +9,70 @@ addresses and RDMA devices mlx.launch's hostfile needs, and what a person should
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from coordinator.launch.topology import (
     BRIDGE_INSTRUCTION,
     LINK_KINDS,
     RECOVERY_INSTRUCTION,
     UPGRADE_INSTRUCTION,
+    Matrix,
+    NodeLinks,
+    PairView,
 )
 
 BACKENDS = ("jaccl", "jaccl-ring", "ring")
 #: Largest cluster for which a ring is searched exhaustively.
 MAX_RING_SEARCH_NODES = 16
+
+Pairs = dict[str, dict[str, PairView]]  # Matrix["pairs"]
+
+
+class Toward(TypedDict):
+    """How a rank reaches one neighbour: the best shared subnet and the RDMA devices."""
+
+    kind: str | None  # the link's kind (LINK_KINDS); None: RDMA but no shared subnet
+    local_ip: str | None
+    peer_ip: str | None
+    local_interface: str | None
+    peer_interface: str | None
+    rdma_device: str | None
+    peer_rdma_device: str | None
+    generation: int | None
+    speed_gbps: float | None
+
+
+class Host(TypedDict):
+    """One rank of the choice."""
+
+    node: str
+    rank: int
+    ip: str | None  # for the hostfile's "ips"; None (with a warning) when unmeasured
+    ips: list[str]  # [ip] or []
+    rdma: list[str | None]  # jaccl: the device toward each rank (None for itself, non-neighbours); ring: []
+    neighbours: list[str]  # ring: [left, right]; jaccl: every other node
+    toward: dict[str, Toward | None]
+
+
+class Fix(TypedDict):
+    node: str
+    instruction: str
+    command: str | None
+
+
+class BackendChoice(TypedDict):
+    ok: bool
+    backend: str | None  # "jaccl" | "jaccl-ring" | "ring" | None
+    transport: str | None  # "rdma" | "tcp" | None
+    order: list[str]  # rank order (the ring for rings)
+    hosts: list[Host]
+    reasons: list[str]
+    warnings: list[str]
+    fixes: list[Fix]
+    # Absent from the loopback choice coordinator.launch.plan makes when every node is this machine:
+    forced: NotRequired[str | None]
+    ring: NotRequired[list[str] | None]  # jaccl-ring and ring: the cycle
+    error: NotRequired[str | None]
 
 
 # --- rings -------------------------------------------------------------------------------
@@ -93,35 +145,17 @@ def find_ring(
 
 
 def choose_backend(
-    matrix: dict[str, Any], node_order: Iterable[str], forced: str | None = None
-) -> dict[str, Any]:
+    matrix: Matrix, node_order: Iterable[str], forced: str | None = None
+) -> BackendChoice:
     """Pick the MLX backend for ``node_order`` (rank order) from a connectivity matrix.
 
     ``forced`` (jaccl | jaccl-ring | ring) is validated, not trusted: forcing a backend
-    the cables cannot carry gives ``ok: False`` with the reason.
-
-    Returns::
-
-        {"ok": bool, "backend": "jaccl" | "jaccl-ring" | "ring" | None,
-         "transport": "rdma" | "tcp" | None, "forced": forced,
-         "order": [node, ...],                      # rank order (the ring for rings)
-         "ring": [node, ...] | None,                # jaccl-ring and ring: the cycle
-         "hosts": [{"node", "rank",
-                    "ip": str | None,               # for the hostfile's "ips"; None
-                                                    # (with a warning) when unmeasured
-                    "ips": [ip] | [],
-                    "rdma": [device | None per rank] | [],
-                    "neighbours": [node, ...],      # ring: [left, right]; jaccl: all
-                    "toward": {node: {"kind", "local_ip", "peer_ip", "local_interface",
-                               "peer_interface", "rdma_device", "peer_rdma_device",
-                               "generation", "speed_gbps"} | None}}],
-         "reasons": [str], "warnings": [str],
-         "fixes": [{"node", "instruction", "command": str | None}],
-         "error": str | None}
+    the cables cannot carry gives ``ok: False`` with the reason. The choice carries every
+    key of :class:`BackendChoice`.
     """
     order = list(node_order)
     _validate_order(matrix, order)
-    result: dict[str, Any] = {
+    result: BackendChoice = {
         "ok": True,
         "backend": None,
         "transport": None,
@@ -141,7 +175,7 @@ def choose_backend(
     pairs = matrix["pairs"]
     if len(order) == 1:
         only = order[0]
-        result.update(backend="ring", transport=None, ring=None)
+        result.update({"backend": "ring", "transport": None, "ring": None})
         result["reasons"].append(f"single node ({only}): nothing to connect")
         if forced not in (None, "ring"):
             result["warnings"].append(f"backend {forced} ignored: a single node needs none")
@@ -181,7 +215,7 @@ def choose_backend(
             "over Thunderbolt"
             + (" (forced)" if forced else "")
         )
-    elif forced == "jaccl-ring" or (forced is None and rdma_ring is not None):
+    elif rdma_ring is not None and (forced == "jaccl-ring" or forced is None):  # forced jaccl-ring has a ring
         _jaccl(result, rdma_ring, pairs, ring=True)
         text = f"jaccl-ring: RDMA links form a ring {_ring_text(rdma_ring)}"
         if not mesh:
@@ -203,7 +237,7 @@ def choose_backend(
     return result
 
 
-def _validate_order(matrix: dict[str, Any], order: list[str]) -> None:
+def _validate_order(matrix: Matrix, order: list[str]) -> None:
     if not order:
         raise ValueError("node_order is empty")
     known = set(matrix.get("nodes") or {})
@@ -214,13 +248,13 @@ def _validate_order(matrix: dict[str, Any], order: list[str]) -> None:
         raise ValueError("node_order lists a node twice")
 
 
-def _fail(result: dict[str, Any], error: str) -> dict[str, Any]:
-    result.update(ok=False, backend=None, transport=None, error=error)
+def _fail(result: BackendChoice, error: str) -> BackendChoice:
+    result.update({"ok": False, "backend": None, "transport": None, "error": error})
     result["reasons"].append(error)
     return result
 
 
-def _node_advice(result: dict[str, Any], order: list[str], nodes: dict[str, Any]) -> None:
+def _node_advice(result: BackendChoice, order: list[str], nodes: dict[str, NodeLinks]) -> None:
     for name in order:
         node = nodes[name]
         if not node["readable"]:
@@ -260,7 +294,7 @@ def _node_advice(result: dict[str, Any], order: list[str], nodes: dict[str, Any]
             })
 
 
-def _missing_text(missing: list[tuple[str, str]], pairs: dict[str, Any], limit: int = 6) -> str:
+def _missing_text(missing: list[tuple[str, str]], pairs: Pairs, limit: int = 6) -> str:
     if not missing:
         return "every pair has RDMA"
     parts = [f"{a}–{b}: {pairs[a][b]['rdma_detail']}" for a, b in missing[:limit]]
@@ -273,7 +307,7 @@ def _ring_text(ring: list[str]) -> str:
     return " → ".join([*ring, ring[0]])
 
 
-def _toward(view: dict[str, Any]) -> dict[str, Any] | None:
+def _toward(view: PairView) -> Toward | None:
     best = view.get("best")
     if best is None and not view.get("rdma"):
         return None
@@ -290,13 +324,13 @@ def _toward(view: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
-def _jaccl(result: dict[str, Any], order: list[str], pairs: dict[str, Any], ring: bool) -> None:
+def _jaccl(result: BackendChoice, order: list[str], pairs: Pairs, ring: bool) -> None:
     """Hosts for jaccl / jaccl-ring: RDMA devices per rank and an address every node
     can reach (rank 0's is the coordinator's)."""
     n = len(order)
-    result.update(backend="jaccl-ring" if ring else "jaccl", transport="rdma",
-                  order=list(order), ring=list(order) if ring else None)
-    hosts = []
+    result.update({"backend": "jaccl-ring" if ring else "jaccl", "transport": "rdma",
+                   "order": list(order), "ring": list(order) if ring else None})
+    hosts: list[Host] = []
     for rank, name in enumerate(order):
         if ring:
             neighbours = list(dict.fromkeys([order[rank - 1], order[(rank + 1) % n]]))
@@ -332,13 +366,13 @@ def _jaccl(result: dict[str, Any], order: list[str], pairs: dict[str, Any], ring
     result["hosts"] = hosts
 
 
-def _common_address(name: str, order: list[str], pairs: dict[str, Any]) -> tuple[str | None, str | None]:
+def _common_address(name: str, order: list[str], pairs: Pairs) -> tuple[str | None, str | None]:
     """This node's address that every other node shares a subnet with, best kind first."""
     candidates: dict[str, str] | None = None
     for other in order:
         if other == name:
             continue
-        mine = {}
+        mine: dict[str, str] = {}
         for link in pairs[name][other]["links"]:
             mine.setdefault(link["local_ip"], link["kind"])
         candidates = mine if candidates is None else {
@@ -351,20 +385,20 @@ def _common_address(name: str, order: list[str], pairs: dict[str, Any]) -> tuple
 
 
 def _tcp_ring(
-    result: dict[str, Any], order: list[str], pairs: dict[str, Any], nodes: dict[str, Any]
+    result: BackendChoice, order: list[str], pairs: Pairs, nodes: dict[str, NodeLinks]
 ) -> None:
     """A TCP ring: over Thunderbolt links where they close a ring, else the given order
     where every neighbour shares a subnet, else any ring of shared subnets."""
     def link_of_kind(kind: str) -> Callable[[str, str], bool]:
-        return lambda a, b: bool(pairs[a][b]["best"]) and pairs[a][b]["best"]["kind"] == kind
+        return lambda a, b: (best := pairs[a][b]["best"]) is not None and best["kind"] == kind
 
     def any_link(a: str, b: str) -> bool:
         return pairs[a][b]["best"] is not None
 
     ring = find_ring(order, link_of_kind("thunderbolt")) or find_ring(order, any_link) or order
     n = len(ring)
-    result.update(backend="ring", transport="tcp", order=list(ring), ring=list(ring))
-    hosts = []
+    result.update({"backend": "ring", "transport": "tcp", "order": list(ring), "ring": list(ring)})
+    hosts: list[Host] = []
     for rank, name in enumerate(ring):
         left, right = ring[rank - 1], ring[(rank + 1) % n]
         neighbours = list(dict.fromkeys([left, right]))
@@ -400,12 +434,12 @@ _FALLBACK_KINDS = ("ethernet", "wifi", "other", "thunderbolt")
 
 
 def _fallback_address(
-    name: str, pairs: dict[str, Any], ring: list[str], nodes: dict[str, Any]
+    name: str, pairs: Pairs, ring: list[str], nodes: dict[str, NodeLinks]
 ) -> str | None:
     """An address of this node for a neighbour it shares no subnet with (a routed
     network): one another node does share a subnet with, else any, LAN kinds first
     (Thunderbolt addresses are point-to-point)."""
-    seen = []
+    seen: list[tuple[str, str]] = []
     for other in ring:
         if other != name:
             seen.extend((link["kind"], link["local_ip"]) for link in pairs[name][other]["links"])

@@ -15,7 +15,8 @@ Which MLX backend those links carry is :mod:`coordinator.launch.mlx_backend`.
 from __future__ import annotations
 
 import ipaddress
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypedDict, TypeGuard
 
 #: IP link kinds, best first. Loopback never links two nodes.
 LINK_KINDS = ("thunderbolt", "ethernet", "wifi", "other")
@@ -33,46 +34,103 @@ BRIDGE_INSTRUCTION = (
 
 _LINK_LOCAL_V4 = ipaddress.IPv4Network("169.254.0.0/16")
 
+#: One node's topology as its agent reports it (``agent.topology``): read defensively, key by key, since
+#: what a node can measure varies (macOS or Linux, tools present or not), so it stays a free-form dict.
+Topology = dict[str, Any]
+
+
+class Ipv4Address(TypedDict):
+    kind: str  # one of LINK_KINDS
+    interface: str | None
+    address: str
+    prefixlen: int
+
+
+class NodeLinks(TypedDict):
+    """What one node's topology says about its links."""
+
+    readable: bool  # False: no topology was read, every other field is empty
+    platform: str | None
+    macos: bool
+    os_version: str | None
+    rdma_os_ok: bool | None  # macOS new enough for RDMA; None: unknown or not macOS
+    rdma_state: str | None  # "enabled" | "disabled" | None (unknown)
+    rdma_devices: list[str] | None
+    rdma_active_devices: list[str]
+    thunderbolt_readable: bool
+    thunderbolt_bridge_enabled: bool | None
+    thunderbolt_bridge_interface: str | None
+    ipv4: list[Ipv4Address]
+    detail: dict[str, Any]  # free-form: the agent's notes on what it could not read, by tool
+
+
+class CableLink(TypedDict):
+    """What both ends of one cable agree on."""
+
+    speed_gbps: float | None
+    generation: int | None  # Thunderbolt 5 | 4 | None
+    rdma: bool  # RDMA active at both ends
+    rdma_detail: str | None  # why not
+
+
+class Cable(CableLink):
+    """One direct Thunderbolt cable, from the local node's side."""
+
+    local_bus: str | None
+    peer_bus: str | None
+    local_receptacle: str | None
+    peer_receptacle: str | None
+    local_interface: str | None
+    peer_interface: str | None
+    local_rdma_device: str | None
+    peer_rdma_device: str | None
+
+
+class Link(TypedDict):
+    """An IPv4 subnet two nodes share on interfaces of the same kind, from the local node's side."""
+
+    kind: str  # one of LINK_KINDS
+    local_interface: str | None
+    local_ip: str
+    peer_interface: str | None
+    peer_ip: str
+    network: str
+
+
+class PairView(TypedDict):
+    """Node a's view of its links to node b."""
+
+    peer: str  # b
+    thunderbolt: bool  # a direct cable, reciprocal UUIDs
+    cables: list[Cable]
+    speed_gbps: float | None  # best cable speed
+    generation: int | None  # 5 | 4 | None
+    rdma: bool  # a cable with RDMA active at both ends
+    rdma_device: str | None  # a's device on that cable, e.g. "rdma_en6"
+    peer_rdma_device: str | None
+    rdma_detail: str | None  # why there is no RDMA
+    links: list[Link]  # best first
+    best: Link | None  # links[0]
+    link_detail: str | None
+
+
+class Matrix(TypedDict):
+    names: list[str]  # in the order given
+    nodes: dict[str, NodeLinks]
+    pairs: dict[str, dict[str, PairView]]  # both directions, each from the first node's side
+    notes: list[str]  # one-sided or outside cables
+
 
 # --- the matrix --------------------------------------------------------------------------
 
 
-def connectivity_matrix(topologies: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
-    """Pair every two nodes of ``{node name: topology}`` (a topology may be None: unknown).
-
-    Returns::
-
-        {"names": [node, ...],                       # in the order given
-         "nodes": {node: {"readable", "platform", "macos", "os_version",
-                          "rdma_os_ok": bool | None, "rdma_state", "rdma_devices",
-                          "rdma_active_devices", "thunderbolt_readable",
-                          "thunderbolt_bridge_enabled", "thunderbolt_bridge_interface",
-                          "ipv4": [{"kind", "interface", "address", "prefixlen"}],
-                          "detail"}},
-         "pairs": {a: {b: PairView}},                # both directions, each from a's side
-         "notes": [str, ...]}                        # one-sided or outside cables
-
-    PairView (from ``a``'s side)::
-
-        {"peer": b,
-         "thunderbolt": bool,                        # a direct cable, reciprocal UUIDs
-         "cables": [{"local_bus", "peer_bus", "local_receptacle", "peer_receptacle",
-                     "local_interface", "peer_interface", "local_rdma_device",
-                     "peer_rdma_device", "speed_gbps", "generation", "rdma",
-                     "rdma_detail"}],
-         "speed_gbps": best cable speed | None, "generation": 5 | 4 | None,
-         "rdma": bool,                               # a cable with RDMA active at both ends
-         "rdma_device": "rdma_en6" | None,           # a's device on that cable
-         "peer_rdma_device": ... | None,
-         "rdma_detail": why not | None,
-         "links": [{"kind", "local_interface", "local_ip", "peer_interface", "peer_ip",
-                    "network"}],                     # best first
-         "best": links[0] | None,
-         "link_detail": str | None}
-    """
+def connectivity_matrix(topologies: Mapping[str, Topology | None]) -> Matrix:
+    """Pair every two nodes of ``{node name: topology}`` (a topology may be None: unknown):
+    each node's :class:`NodeLinks`, and for every two nodes a and b a's :class:`PairView`
+    of b and b's of a."""
     names = list(topologies)
     nodes = {name: _node_summary(topologies[name]) for name in names}
-    pairs: dict[str, dict[str, Any]] = {name: {} for name in names}
+    pairs: dict[str, dict[str, PairView]] = {name: {} for name in names}
     notes: list[str] = []
     for i, a in enumerate(names):
         for b in names[i + 1:]:
@@ -83,7 +141,7 @@ def connectivity_matrix(topologies: dict[str, dict[str, Any] | None]) -> dict[st
     return {"names": names, "nodes": nodes, "pairs": pairs, "notes": notes}
 
 
-def _node_summary(topology: dict[str, Any] | None) -> dict[str, Any]:
+def _node_summary(topology: Topology | None) -> NodeLinks:
     if not isinstance(topology, dict):
         return {
             "readable": False, "platform": None, "macos": False, "os_version": None,
@@ -97,7 +155,7 @@ def _node_summary(topology: dict[str, Any] | None) -> dict[str, Any]:
     version = topology.get("os_version")
     rdma = topology.get("rdma") or {}
     active = sorted({
-        port.get("device") for port in rdma.get("active_ports") or []
+        port["device"] for port in rdma.get("active_ports") or []
         if isinstance(port, dict) and port.get("device")
     })
     bridge = topology.get("thunderbolt_bridge") or {}
@@ -140,7 +198,7 @@ def _rdma_os_ok(version: Any) -> bool | None:
     return parsed >= RDMA_MIN_MACOS
 
 
-def _buses(topology: dict[str, Any] | None) -> list[dict[str, Any]]:
+def _buses(topology: Topology | None) -> list[dict[str, Any]]:
     if not isinstance(topology, dict):
         return []
     thunderbolt = topology.get("thunderbolt")
@@ -155,7 +213,7 @@ def _peer_uuid(bus: dict[str, Any]) -> str | None:
 
 
 def _cables(
-    a: str, b: str, topo_a: dict[str, Any] | None, topo_b: dict[str, Any] | None
+    a: str, b: str, topo_a: Topology | None, topo_b: Topology | None
 ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """(bus of a, bus of b) pairs whose domain UUIDs name each other."""
     found = []
@@ -170,7 +228,7 @@ def _cables(
 
 
 def _one_sided(
-    a: str, b: str, topo_a: dict[str, Any] | None, topo_b: dict[str, Any] | None
+    a: str, b: str, topo_a: Topology | None, topo_b: Topology | None
 ) -> list[str]:
     """A bus of a names one of b's domains, but b's bus does not name a back."""
     own_b = {bus.get("domain_uuid"): bus for bus in _buses(topo_b) if bus.get("domain_uuid")}
@@ -185,7 +243,7 @@ def _one_sided(
     return notes
 
 
-def _unmatched_cables(names: list[str], topologies: dict[str, Any]) -> list[str]:
+def _unmatched_cables(names: list[str], topologies: Mapping[str, Topology | None]) -> list[str]:
     owner = {}
     for name in names:
         for bus in _buses(topologies[name]):
@@ -206,16 +264,16 @@ def _unmatched_cables(names: list[str], topologies: dict[str, Any]) -> list[str]
 def _pair(
     a: str,
     b: str,
-    topo_a: dict[str, Any] | None,
-    topo_b: dict[str, Any] | None,
-    nodes: dict[str, dict[str, Any]],
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    cables_ab = []
-    cables_ba = []
+    topo_a: Topology | None,
+    topo_b: Topology | None,
+    nodes: dict[str, NodeLinks],
+) -> tuple[PairView, PairView]:
+    cables_ab: list[Cable] = []
+    cables_ba: list[Cable] = []
     for bus_a, bus_b in _cables(a, b, topo_a, topo_b):
-        forward, backward = _cable(a, b, bus_a, bus_b, nodes[a], nodes[b])
-        cables_ab.append(forward)
-        cables_ba.append(backward)
+        cable_ab, cable_ba = _cable(a, b, bus_a, bus_b, nodes[a], nodes[b])
+        cables_ab.append(cable_ab)
+        cables_ba.append(cable_ba)
     cable_interfaces = {
         (c["local_interface"], c["peer_interface"]) for c in cables_ab
     }
@@ -236,13 +294,13 @@ def _pair(
 
 def _pair_view(
     peer: str,
-    cables: list[dict[str, Any]],
-    links: list[dict[str, Any]],
+    cables: list[Cable],
+    links: list[Link],
     a: str,
     b: str,
     one_sided: list[str],
     link_detail: str | None,
-) -> dict[str, Any]:
+) -> PairView:
     rdma_cables = [c for c in cables if c["rdma"]]
     best_cable = max(
         rdma_cables or cables,
@@ -266,8 +324,8 @@ def _pair_view(
         "speed_gbps": max(speeds) if speeds else None,
         "generation": max(generations) if generations else None,
         "rdma": bool(rdma_cables),
-        "rdma_device": best_cable["local_rdma_device"] if rdma_cables else None,
-        "peer_rdma_device": best_cable["peer_rdma_device"] if rdma_cables else None,
+        "rdma_device": best_cable["local_rdma_device"] if rdma_cables and best_cable else None,
+        "peer_rdma_device": best_cable["peer_rdma_device"] if rdma_cables and best_cable else None,
         "rdma_detail": rdma_detail,
         "links": links,
         "best": links[0] if links else None,
@@ -280,9 +338,9 @@ def _cable(
     b: str,
     bus_a: dict[str, Any],
     bus_b: dict[str, Any],
-    node_a: dict[str, Any],
-    node_b: dict[str, Any],
-) -> tuple[dict[str, Any], dict[str, Any]]:
+    node_a: NodeLinks,
+    node_b: NodeLinks,
+) -> tuple[Cable, Cable]:
     speeds = [s for s in (bus_a.get("link_gbps"), bus_b.get("link_gbps")) if _is_number(s)]
     speed = min(speeds) if speeds else None
     device_a = bus_a.get("rdma_device") or _rdma_name(bus_a.get("interface"))
@@ -291,19 +349,19 @@ def _cable(
         b, bus_b, device_b, node_b
     )
     generation = _generation(speed)
-    common = {
+    common: CableLink = {
         "speed_gbps": speed,
         "generation": generation,
         "rdma": not problems,
         "rdma_detail": "; ".join(problems) if problems else None,
     }
-    forward = {
+    forward: Cable = {
         "local_bus": bus_a.get("bus"), "peer_bus": bus_b.get("bus"),
         "local_receptacle": bus_a.get("receptacle"), "peer_receptacle": bus_b.get("receptacle"),
         "local_interface": bus_a.get("interface"), "peer_interface": bus_b.get("interface"),
         "local_rdma_device": device_a, "peer_rdma_device": device_b, **common,
     }
-    backward = {
+    backward: Cable = {
         "local_bus": bus_b.get("bus"), "peer_bus": bus_a.get("bus"),
         "local_receptacle": bus_b.get("receptacle"), "peer_receptacle": bus_a.get("receptacle"),
         "local_interface": bus_b.get("interface"), "peer_interface": bus_a.get("interface"),
@@ -313,7 +371,7 @@ def _cable(
 
 
 def _rdma_end_problems(
-    name: str, bus: dict[str, Any], device: str | None, node: dict[str, Any]
+    name: str, bus: dict[str, Any], device: str | None, node: NodeLinks
 ) -> list[str]:
     if node["macos"] and node["rdma_os_ok"] is False:
         return [f"{name} runs macOS {node['os_version']}: RDMA needs 26.2 or later"]
@@ -345,14 +403,14 @@ def _generation(speed: Any) -> int | None:
     return 5 if speed > 40 else 4
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 # --- IP links ----------------------------------------------------------------------------
 
 
-def _ipv4_interfaces(topology: dict[str, Any] | None) -> list[tuple[str, str, Any]]:
+def _ipv4_interfaces(topology: Topology | None) -> list[tuple[str, str | None, ipaddress.IPv4Interface]]:
     """(kind, interface, IPv4Interface) of the node's up, non-loopback, non-link-local
     addresses."""
     if not isinstance(topology, dict):
@@ -372,7 +430,7 @@ def _ipv4_interfaces(topology: dict[str, Any] | None) -> list[tuple[str, str, An
     return found
 
 
-def _ipv4(address: Any) -> Any:
+def _ipv4(address: Any) -> ipaddress.IPv4Interface | None:
     """An IPv4Interface from ``{"family", "address", "prefixlen"}`` or ``"a.b.c.d/n"``."""
     try:
         if isinstance(address, str):
@@ -388,11 +446,11 @@ def _ipv4(address: Any) -> Any:
 
 
 def _shared_links(
-    topo_a: dict[str, Any] | None,
-    topo_b: dict[str, Any] | None,
-    cable_interfaces: set[tuple[Any, Any]],
-) -> list[dict[str, Any]]:
-    links = []
+    topo_a: Topology | None,
+    topo_b: Topology | None,
+    cable_interfaces: set[tuple[str | None, str | None]],
+) -> list[Link]:
+    links: list[Link] = []
     for kind_a, name_a, ip_a in _ipv4_interfaces(topo_a):
         for kind_b, name_b, ip_b in _ipv4_interfaces(topo_b):
             if kind_a != kind_b or ip_a.ip == ip_b.ip:
@@ -416,7 +474,7 @@ def _shared_links(
     return links
 
 
-def _swap_link(link: dict[str, Any]) -> dict[str, Any]:
+def _swap_link(link: Link) -> Link:
     return {
         "kind": link["kind"],
         "local_interface": link["peer_interface"],
