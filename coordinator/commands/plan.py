@@ -100,7 +100,7 @@ async def _quiet(_event) -> None:
     return None
 
 
-async def _sizing(emit, model: str, facts: dict, measured: dict, options: JobOptions, seq_len: int) -> dict[str, Any]:
+async def _sizing(emit, model: str, facts: dict, measured: dict, options: JobOptions, seq_len: int) -> sizing.FitPlan:
     """fit_nodes over every node whose memory is known: the estimate, per node, with its rules."""
     await emit({"node": "head", "progress": f"sizing {model}", "fraction": 0.6})
     nodes, unknown = sizing.nodes_from_facts({name: fact for name, fact in facts.items() if fact}, measured)

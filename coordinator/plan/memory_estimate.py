@@ -39,7 +39,7 @@ that produced it (:class:`Component`):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from coordinator.plan.model_shape import DTYPE_BYTES, ModelShape, SizingError, int_or_none, stored_text
 
@@ -65,6 +65,25 @@ ATTENTION_SCORE_ARRAYS = 2
 LORA_LINEARS = 7
 
 
+class ComponentDict(TypedDict):
+    name: str
+    bytes: int
+    rule: str
+
+
+class EstimateDict(TypedDict):
+    """:meth:`MemoryEstimate.as_dict`."""
+
+    fine_tune_type: str
+    train_dtype: str
+    batch_size: int
+    seq_len: int
+    grad_checkpoint: bool
+    trainable_parameters: int
+    total_bytes: int
+    components: list[ComponentDict]
+
+
 @dataclass(frozen=True)
 class Component:
     name: str
@@ -86,7 +105,7 @@ class MemoryEstimate:
     def total_bytes(self) -> int:
         return sum(component.bytes for component in self.components)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> EstimateDict:
         return {
             "fine_tune_type": self.fine_tune_type, "train_dtype": self.train_dtype,
             "batch_size": self.batch_size, "seq_len": self.seq_len, "grad_checkpoint": self.grad_checkpoint,

@@ -15,7 +15,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DEFAULT_DTYPE = "bfloat16"  # what most published checkpoints hold; used only when nothing says otherwise
@@ -25,6 +25,25 @@ MAX_SAFETENSORS_HEADER_BYTES = 100 * 2**20
 _SAFETENSORS_FLOAT_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 _LAYER_TENSOR = re.compile(r"(?:^|\.)layers\.\d+\.")
 _EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+class ModelShapeDict(TypedDict):
+    """:meth:`ModelShape.as_dict`."""
+
+    parameters: int
+    layer_parameters: int
+    layers: int
+    hidden_size: int
+    intermediate_size: int
+    attention_heads: int
+    kv_heads: int
+    head_dim: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    dtype: str
+    quantization_bits: int | None
+    weight_bytes: int
+    source: str
 
 
 class SizingError(ValueError):
@@ -64,7 +83,7 @@ class ModelShape:
     def stored_bytes_per_parameter(self) -> float:
         return self.weight_bytes / self.parameter_count
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> ModelShapeDict:
         return {
             "parameters": self.parameter_count, "layer_parameters": self.layer_parameter_count,
             "layers": self.num_layers, "hidden_size": self.hidden_size,

@@ -19,10 +19,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
-from coordinator.plan.memory_estimate import Stage, estimate_memory, estimate_stage, training_setup
-from coordinator.plan.model_shape import DTYPE_BYTES, ModelShape, SizingError, int_or_none, stored_text
+from coordinator.plan.memory_estimate import EstimateDict, Stage, estimate_memory, estimate_stage, training_setup
+from coordinator.plan.model_shape import DTYPE_BYTES, ModelShape, ModelShapeDict, SizingError, int_or_none, stored_text
 
 GIB = 2**30
 
@@ -36,6 +36,98 @@ FITS, NEEDS_GRAD_CHECKPOINT, DOES_NOT_FIT = "fits", "needs_grad_checkpoint", "do
 MAX_BATCH_SEARCH = 64
 PIPELINE_NOTE = ("mlx-lm's trainer has no pipeline mode: this split needs a training script that runs its blocks "
                  "on each node in turn and sends activations and their gradients between the ranks")
+
+
+class SizingRequest(TypedDict):
+    """What :func:`fit_nodes` was asked to size: :func:`estimate_memory`'s arguments."""
+
+    fine_tune_type: str
+    batch_size: int
+    seq_len: int
+    lora_rank: int
+    lora_layers: int
+    optimizer: str
+    train_dtype: str | None
+
+
+class NodeVerdict(TypedDict):
+    name: str
+    total_bytes: int
+    usable_bytes: int
+    usable_rule: str
+    verdict: str  # FITS | NEEDS_GRAD_CHECKPOINT | DOES_NOT_FIT
+    need_bytes: int  # with gradient checkpointing unless it fits without
+    headroom_bytes: int
+
+
+class ReplicaFit(TypedDict):
+    """One data-parallel replica against every node."""
+
+    estimate: EstimateDict
+    estimate_checkpointed: EstimateDict
+    nodes: list[NodeVerdict]
+    replicas: list[str]  # the nodes that hold a replica
+    grad_checkpoint: bool  # one node that needs it sets it for all
+    largest_batch_size: int | None  # the largest per-rank batch every replica holds, up to MAX_BATCH_SEARCH
+    largest_batch_bytes: int | None  # its memory per rank
+
+
+class LoraFit(ReplicaFit):
+    request: SizingRequest
+
+
+class PipelineStage(TypedDict):
+    node: str
+    first_block: int
+    last_block: int
+    blocks: int
+    need_bytes: int
+    usable_bytes: int
+    fits: bool
+
+
+class Pipeline(TypedDict):
+    fine_tune_type: str
+    grad_checkpoint: bool
+    fits: bool
+    stages: list[PipelineStage]
+    note: str
+    detail: str
+
+
+class Recommendation(TypedDict):
+    kind: str  # "data_parallel" | "lora" | "pipeline" | "not_trainable"
+    detail: str
+
+
+class KindSummary(TypedDict):
+    need_bytes: int
+    need_bytes_grad_checkpoint: int
+    train_dtype: str
+    replicas: list[str]
+    grad_checkpoint: bool
+
+
+class FitPlan(ReplicaFit):
+    """:func:`fit_nodes`'s answer: the requested replica's fit (the keys of :class:`ReplicaFit`) and the rest."""
+
+    model: ModelShapeDict
+    request: SizingRequest
+    lora: LoraFit | None  # for LoRA, when a full fine-tune fits on no node
+    pipeline: Pipeline | None
+    by_fine_tune_type: dict[str, KindSummary]  # "lora" and "full", always both
+    notes: list[str]
+    recommendation: Recommendation
+
+
+class PlanSizing(TypedDict):
+    """What the plan document takes from a sizing (``PlanInputs.sizing``)."""
+
+    per_rank_batch_size: int | None
+    checkpoint_bytes: int | None
+    checkpoint_bytes_with_optimizer: int | None
+    memory_per_rank_bytes: int | None
+    source: str
 
 
 @dataclass(frozen=True)
@@ -81,66 +173,48 @@ def nodes_from_facts(facts_by_node: Mapping[str, Mapping[str, Any]],
 
 def fit_nodes(shape: ModelShape, nodes: Sequence[NodeMemory], fine_tune_type: str = "full", batch_size: int = 4,
               seq_len: int = 2048, lora_rank: int = 8, lora_layers: int = 16, optimizer: str = "adam",
-              train_dtype: str | None = None) -> dict[str, Any]:
-    """Which nodes can hold a data-parallel replica, and what to do where none can.
-
-    Returns plain data::
-
-        {"model": ModelShape.as_dict(), "request": {...the arguments...},
-         "estimate": MemoryEstimate.as_dict(), "estimate_checkpointed": ...,
-         "nodes": [{"name", "total_bytes", "usable_bytes", "usable_rule",
-                    "verdict": "fits" | "needs_grad_checkpoint" | "does_not_fit",
-                    "need_bytes" (with checkpointing unless it fits without), "headroom_bytes"}],
-         "replicas": [node names that hold a replica], "grad_checkpoint": bool,
-         "largest_batch_size": the largest per-rank batch every replica holds (with the plan's
-                               checkpointing, up to MAX_BATCH_SEARCH) | None,
-         "largest_batch_bytes": its memory per rank | None,
-         "lora": {"request", and the keys above from "estimate" to "largest_batch_bytes"} for
-                 LoRA, when a full fine-tune fits on no node | None,
-         "pipeline": {"fine_tune_type", "grad_checkpoint", "fits", "stages": [...], "detail", "note"} | None,
-         "recommendation": {"kind": "data_parallel" | "lora" | "pipeline" | "not_trainable", "detail"},
-         "by_fine_tune_type": {"lora" | "full": {"need_bytes", "need_bytes_grad_checkpoint",
-                               "train_dtype", "replicas", "grad_checkpoint"}} (both, always),
-         "notes": [str]}
-    """
+              train_dtype: str | None = None) -> FitPlan:
+    """Which nodes can hold a data-parallel replica, and what to do where none can (plain data:
+    :class:`FitPlan`)."""
     if not nodes:
         raise SizingError("no nodes with a known memory size to fit the model on")
-    request = {"fine_tune_type": fine_tune_type, "batch_size": batch_size, "seq_len": seq_len,
-               "lora_rank": lora_rank, "lora_layers": lora_layers, "optimizer": optimizer, "train_dtype": train_dtype}
+    request: SizingRequest = {"fine_tune_type": fine_tune_type, "batch_size": batch_size, "seq_len": seq_len,
+                              "lora_rank": lora_rank, "lora_layers": lora_layers, "optimizer": optimizer,
+                              "train_dtype": train_dtype}
     replica = _replica_fit(shape, nodes, request)
-    plan: dict[str, Any] = {"model": shape.as_dict(), "request": request, **replica, "lora": None, "pipeline": None,
-                            "by_fine_tune_type": _both_kinds(shape, nodes, request, replica),
-                            "notes": _notes(shape, request, replica["estimate"])}
+    lora, pipeline, recommendation = _fallbacks(shape, nodes, request, replica)
+    return {"model": shape.as_dict(), "request": request, **replica, "lora": lora, "pipeline": pipeline,
+            "by_fine_tune_type": _both_kinds(shape, nodes, request, replica),
+            "notes": _notes(shape, request, replica["estimate"]), "recommendation": recommendation}
+
+
+def _fallbacks(shape: ModelShape, nodes: Sequence[NodeMemory], request: SizingRequest,
+               replica: ReplicaFit) -> tuple[LoraFit | None, Pipeline | None, Recommendation]:
+    """(LoRA's fit, the pipeline split, the recommendation): data parallel where a node holds a
+    replica; else LoRA, a pipeline split, a LoRA pipeline split, or not trainable."""
     if replica["replicas"]:
-        plan["recommendation"] = _data_parallel_recommendation(replica)
-        return plan
-    lora = None
-    if fine_tune_type == "full":
-        lora_request = {**request, "fine_tune_type": "lora", "train_dtype": None}
+        return None, None, _data_parallel_recommendation(replica)
+    lora: LoraFit | None = None
+    if request["fine_tune_type"] == "full":
+        lora_request: SizingRequest = {**request, "fine_tune_type": "lora", "train_dtype": None}
         lora = {"request": lora_request, **_replica_fit(shape, nodes, lora_request)}
-    plan["lora"] = lora
-    plan["pipeline"] = _pipeline_or_none(shape, nodes, request)
+    pipeline = _pipeline_or_none(shape, nodes, request)
     if lora is not None and lora["replicas"]:
-        plan["recommendation"] = {"kind": "lora", "detail": _lora_detail(replica, lora)}
-        return plan
-    if plan["pipeline"] is not None and plan["pipeline"]["fits"]:
-        plan["recommendation"] = {"kind": "pipeline", "detail": plan["pipeline"]["detail"]}
-        return plan
+        return lora, pipeline, {"kind": "lora", "detail": _lora_detail(replica, lora)}
+    if pipeline is not None and pipeline["fits"]:
+        return lora, pipeline, {"kind": "pipeline", "detail": pipeline["detail"]}
     lora_pipeline = _pipeline_or_none(shape, nodes, lora["request"]) if lora is not None else None
     if lora_pipeline is not None and lora_pipeline["fits"]:
-        plan["pipeline"] = lora_pipeline
-        plan["recommendation"] = {"kind": "pipeline", "detail": "LoRA, " + lora_pipeline["detail"]}
-        return plan
-    plan["recommendation"] = {"kind": "not_trainable", "detail": _not_trainable_detail(
-        replica, lora, [plan["pipeline"], lora_pipeline], nodes)}
-    return plan
+        return lora, lora_pipeline, {"kind": "pipeline", "detail": "LoRA, " + lora_pipeline["detail"]}
+    return lora, pipeline, {"kind": "not_trainable", "detail": _not_trainable_detail(
+        replica, lora, [pipeline, lora_pipeline], nodes)}
 
 
-def _both_kinds(shape: ModelShape, nodes: Sequence[NodeMemory], request: Mapping[str, Any],
-                requested: Mapping[str, Any]) -> dict[str, Any]:
+def _both_kinds(shape: ModelShape, nodes: Sequence[NodeMemory], request: SizingRequest,
+                requested: ReplicaFit) -> dict[str, KindSummary]:
     """LoRA and full fine-tuning side by side, whichever was asked for: the memory one replica
     needs (without and with gradient checkpointing) and the nodes that hold one."""
-    out = {}
+    out: dict[str, KindSummary] = {}
     for kind in ("lora", "full"):
         if kind == request["fine_tune_type"]:
             fit = requested
@@ -153,7 +227,7 @@ def _both_kinds(shape: ModelShape, nodes: Sequence[NodeMemory], request: Mapping
     return out
 
 
-def _replica_fit(shape: ModelShape, nodes: Sequence[NodeMemory], request: Mapping[str, Any]) -> dict[str, Any]:
+def _replica_fit(shape: ModelShape, nodes: Sequence[NodeMemory], request: SizingRequest) -> ReplicaFit:
     plain = estimate_memory(shape, **request, grad_checkpoint=False)
     checkpointed = estimate_memory(shape, **request, grad_checkpoint=True)
     verdicts = [_node_verdict(node, plain.total_bytes, checkpointed.total_bytes) for node in nodes]
@@ -167,7 +241,7 @@ def _replica_fit(shape: ModelShape, nodes: Sequence[NodeMemory], request: Mappin
             "largest_batch_bytes": largest[1] if largest else None}
 
 
-def _node_verdict(node: NodeMemory, plain: int, checkpointed: int) -> dict[str, Any]:
+def _node_verdict(node: NodeMemory, plain: int, checkpointed: int) -> NodeVerdict:
     usable = node.usable_bytes
     if plain <= usable:
         verdict, need = FITS, plain
@@ -179,12 +253,13 @@ def _node_verdict(node: NodeMemory, plain: int, checkpointed: int) -> dict[str, 
             "usable_rule": node.usable_rule, "verdict": verdict, "need_bytes": need, "headroom_bytes": usable - need}
 
 
-def _largest_batch(shape: ModelShape, request: Mapping[str, Any], checkpoint: bool,
+def _largest_batch(shape: ModelShape, request: SizingRequest, checkpoint: bool,
                    usable: int) -> tuple[int, int] | None:
     """(per-rank batch, its bytes) for the largest batch up to MAX_BATCH_SEARCH that fits ``usable``."""
     fitting = None
     for batch in range(1, MAX_BATCH_SEARCH + 1):
-        need = estimate_memory(shape, **{**request, "batch_size": batch}, grad_checkpoint=checkpoint).total_bytes
+        batch_request: SizingRequest = {**request, "batch_size": batch}
+        need = estimate_memory(shape, **batch_request, grad_checkpoint=checkpoint).total_bytes
         if need > usable:
             break
         fitting = (batch, need)
@@ -211,14 +286,15 @@ def split_layers(num_layers: int, usable: Sequence[int]) -> list[int]:
     return counts
 
 
-def _pipeline_or_none(shape: ModelShape, nodes: Sequence[NodeMemory], request: Mapping[str, Any]) -> dict | None:
+def _pipeline_or_none(shape: ModelShape, nodes: Sequence[NodeMemory], request: SizingRequest) -> Pipeline | None:
     if len(nodes) < 2 or len(nodes) > shape.num_layers:
         return None
     counts = split_layers(shape.num_layers, [node.usable_bytes for node in nodes])
-    best = None
+    best: Pipeline | None = None
     for checkpoint in (False, True):
         setup = training_setup(shape, **request, grad_checkpoint=checkpoint)
-        stages, first = [], 0
+        stages: list[PipelineStage] = []
+        first = 0
         for index, (node, count) in enumerate(zip(nodes, counts, strict=True)):
             stage = Stage(first, first + count, embedding=index == 0, head=index == len(nodes) - 1)
             need = estimate_stage(shape, setup, stage).total_bytes
@@ -226,29 +302,29 @@ def _pipeline_or_none(shape: ModelShape, nodes: Sequence[NodeMemory], request: M
                            "blocks": count, "need_bytes": need, "usable_bytes": node.usable_bytes,
                            "fits": need <= node.usable_bytes})
             first += count
-        best = {"fine_tune_type": request["fine_tune_type"], "grad_checkpoint": checkpoint,
-                "fits": all(s["fits"] for s in stages), "stages": stages, "note": PIPELINE_NOTE}
+        fits = all(s["fits"] for s in stages)
+        best = {"fine_tune_type": request["fine_tune_type"], "grad_checkpoint": checkpoint, "fits": fits,
+                "stages": stages, "note": PIPELINE_NOTE, "detail": _pipeline_detail(stages, checkpoint, fits)}
         if best["fits"]:
             break
-    best["detail"] = _pipeline_detail(best)
     return best
 
 
-def _pipeline_detail(pipeline: Mapping[str, Any]) -> str:
+def _pipeline_detail(stages: Sequence[PipelineStage], grad_checkpoint: bool, fits: bool) -> str:
     parts = [f"{s['node']} blocks {s['first_block']}–{s['last_block']} ({_gib(s['need_bytes'])} of "
-             f"{_gib(s['usable_bytes'])})" for s in pipeline["stages"]]
+             f"{_gib(s['usable_bytes'])})" for s in stages]
     head = "pipeline split in proportion to usable memory" + (
-        ", with gradient checkpointing" if pipeline["grad_checkpoint"] else "")
-    if pipeline["fits"]:
+        ", with gradient checkpointing" if grad_checkpoint else "")
+    if fits:
         return f"{head}: " + "; ".join(parts)
-    short = [s["node"] for s in pipeline["stages"] if not s["fits"]]
+    short = [s["node"] for s in stages if not s["fits"]]
     return f"{head} does not fit ({', '.join(short)} short): " + "; ".join(parts)
 
 
 # --- words ------------------------------------------------------------------------------------
 
 
-def _data_parallel_recommendation(replica: Mapping[str, Any]) -> dict[str, Any]:
+def _data_parallel_recommendation(replica: ReplicaFit) -> Recommendation:
     estimate = replica["estimate"]
     checkpointed = replica["estimate_checkpointed"]
     need = checkpointed if replica["grad_checkpoint"] else estimate
@@ -261,15 +337,15 @@ def _data_parallel_recommendation(replica: Mapping[str, Any]) -> dict[str, Any]:
     return {"kind": "data_parallel", "detail": detail}
 
 
-def _lora_detail(full: Mapping[str, Any], lora: Mapping[str, Any]) -> str:
+def _lora_detail(full: ReplicaFit, lora: ReplicaFit) -> str:
     return (f"no node holds a full fine-tune ({_gib(full['estimate_checkpointed']['total_bytes'])} even with "
             f"gradient checkpointing; the largest node has {_gib(_largest_usable(full))} usable); LoRA needs "
             f"{_gib(_replica_need(lora))} and fits {', '.join(lora['replicas'])}"
             + (" with --grad-checkpoint" if lora["grad_checkpoint"] else ""))
 
 
-def _not_trainable_detail(full: Mapping[str, Any], lora: Mapping[str, Any] | None,
-                          pipelines: Sequence[Mapping[str, Any] | None], nodes: Sequence[NodeMemory]) -> str:
+def _not_trainable_detail(full: ReplicaFit, lora: ReplicaFit | None,
+                          pipelines: Sequence[Pipeline | None], nodes: Sequence[NodeMemory]) -> str:
     kind = full["estimate"]["fine_tune_type"]
     parts = [f"a {kind} fine-tune needs {_gib(full['estimate_checkpointed']['total_bytes'])} per replica even "
              f"with gradient checkpointing; the largest node has {_gib(_largest_usable(full))} usable"]
@@ -284,7 +360,7 @@ def _not_trainable_detail(full: Mapping[str, Any], lora: Mapping[str, Any] | Non
     return "not trainable on this cluster: " + "; ".join(parts)
 
 
-def _notes(shape: ModelShape, request: Mapping[str, Any], estimate: Mapping[str, Any]) -> list[str]:
+def _notes(shape: ModelShape, request: SizingRequest, estimate: EstimateDict) -> list[str]:
     notes = [f"model shape: {shape.source}"]
     if request["fine_tune_type"] == "full" and estimate["train_dtype"] == "float32" and shape.dtype != "float32":
         dequantize = " --dequantize" if shape.quantization_bits is not None else ""
@@ -294,11 +370,11 @@ def _notes(shape: ModelShape, request: Mapping[str, Any], estimate: Mapping[str,
     return notes
 
 
-def _replica_need(fit: Mapping[str, Any]) -> int:
+def _replica_need(fit: ReplicaFit) -> int:
     return (fit["estimate_checkpointed"] if fit["grad_checkpoint"] else fit["estimate"])["total_bytes"]
 
 
-def _largest_usable(fit: Mapping[str, Any]) -> int:
+def _largest_usable(fit: ReplicaFit) -> int:
     return max(v["usable_bytes"] for v in fit["nodes"])
 
 
@@ -306,12 +382,13 @@ def _gib(size: int) -> str:
     return f"{size / GIB:.1f} GiB"
 
 
-def sizing_summary(plan: Mapping[str, Any]) -> dict[str, Any]:
+def sizing_summary(plan: FitPlan) -> PlanSizing:
     """The keys the plan document takes (``PlanInputs.sizing``), from :func:`fit_nodes`'s result:
     the largest per-rank batch every replica holds, its memory, and the checkpoint size."""
     kind = plan["recommendation"]["kind"]
-    fit = plan["lora"] if kind == "lora" else plan
-    if kind not in ("data_parallel", "lora") or fit["largest_batch_size"] is None:
+    fit: ReplicaFit | None = plan["lora"] if kind == "lora" else plan
+    # (a "lora" recommendation always comes with LoRA's fit)
+    if kind not in ("data_parallel", "lora") or fit is None or fit["largest_batch_size"] is None:
         return {"per_rank_batch_size": None, "checkpoint_bytes": None, "checkpoint_bytes_with_optimizer": None,
                 "memory_per_rank_bytes": None,
                 "source": f"coord plan sizing: {plan['recommendation']['detail']}"}
