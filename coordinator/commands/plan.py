@@ -16,7 +16,9 @@ from agent.launch import rank_command
 from coordinator.jobs import diagnosis
 from coordinator.launch.mlx_launch import launcher_argv
 from coordinator.plan import datasets, model_shape, sizing
-from coordinator.plan.document import JobOptions, PlanInputError, PlanInputs, build_plan, timings_from_events
+from coordinator.plan.document import build_plan
+from coordinator.plan.inputs import PlanInputs, timings_from_events
+from coordinator.plan.options import JobOptions, PlanInputError
 from coordinator.plan.orchestration import OrchestrationInputError, build_orchestration, parse_orchestration_input
 from coordinator.readiness.calibration import gpu_memory
 from shared import protocol as p

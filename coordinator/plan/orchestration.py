@@ -5,7 +5,7 @@ The input (``schemas/orchestration-input.schema.json``: ``modelConfig``, ``dataC
 and where it asks for what the measured cluster cannot give (more nodes, several ranks
 per node, another framework) the output says so in ``requestNotes`` instead of obeying.
 The output (``schemas/orchestration-output.schema.json``) is built from the same
-:class:`~coordinator.plan.document.PlanInputs` as the v2.0.0 plan, with the same
+:class:`~coordinator.plan.inputs.PlanInputs` as the v2.0.0 plan, with the same
 ``sources``/``missing`` provenance in every section.
 """
 
@@ -21,19 +21,12 @@ from typing import Any
 from coordinator.jobs.core import FIRST_STEP_TIMEOUT_S
 from coordinator.jobs.policy import hang_timeout
 from coordinator.jobs.supervisor import CHECKPOINT_POLL_S, NODE_WAIT_S, POLL_S
-from coordinator.plan.document import (
-    JACCL_PORT,
-    PlanInputs,
-    Section,
-    checkpoint_section,
-    disabled_section,
-    expected_recovery,
-    load_schema,
-    rank_order,
-    resolve_options,
-    trainer_of,
-    usable_calibrations,
-)
+from coordinator.plan.document import load_schema
+from coordinator.plan.inputs import PlanInputs, expected_recovery, rank_order, trainer_of, usable_calibrations
+from coordinator.plan.options import ResolvedOptions, resolve_options
+from coordinator.plan.provenance import Section, disabled_section
+from coordinator.plan.sections.checkpoint import checkpoint_section
+from coordinator.plan.sections.distributed import JACCL_PORT
 from coordinator.readiness.calibration import train_rate, workload_shares
 
 KEEPALIVE_COUNT = 3  # node sessions give up after this many missed keepalives
@@ -236,7 +229,7 @@ def build_orchestration(inputs: PlanInputs, request: OrchestrationRequest | None
     return document
 
 
-def distributed_config(inputs: PlanInputs, options: Mapping[str, tuple[Any, str]]) -> dict[str, Any]:
+def distributed_config(inputs: PlanInputs, options: ResolvedOptions) -> dict[str, Any]:
     order, order_source = rank_order(inputs)
     trainer, trainer_source = trainer_of(inputs, options)
     section = Section()
@@ -268,7 +261,7 @@ def _init_method(backend: str, inputs: PlanInputs) -> str:
             "(MLX_JACCL_COORDINATOR), then use the RDMA devices the hostfile lists")
 
 
-def resource_allocation(inputs: PlanInputs, options: Mapping[str, tuple[Any, str]]) -> dict[str, Any]:
+def resource_allocation(inputs: PlanInputs, options: ResolvedOptions) -> dict[str, Any]:
     order, order_source = rank_order(inputs)
     if not order:
         return disabled_section("no nodes in the cluster file")
@@ -307,7 +300,7 @@ def resource_allocation(inputs: PlanInputs, options: Mapping[str, tuple[Any, str
     return section.done()
 
 
-def checkpoint_strategy(inputs: PlanInputs, options: Mapping[str, tuple[Any, str]]) -> dict[str, Any]:
+def checkpoint_strategy(inputs: PlanInputs, options: ResolvedOptions) -> dict[str, Any]:
     plan = checkpoint_section(inputs, dict(options))
     if plan.get("enabled") is False:
         return plan
@@ -322,7 +315,7 @@ def checkpoint_strategy(inputs: PlanInputs, options: Mapping[str, tuple[Any, str
     return section.done()
 
 
-def fault_tolerance(inputs: PlanInputs, options: Mapping[str, tuple[Any, str]]) -> dict[str, Any]:
+def fault_tolerance(inputs: PlanInputs, options: ResolvedOptions) -> dict[str, Any]:
     order, _ = rank_order(inputs)
     restarts, restarts_source = options["max_restarts"]
     section = Section()

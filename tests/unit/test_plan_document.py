@@ -24,9 +24,10 @@ from coordinator.readiness.calibration import calibration_record
 from coordinator.config.cluster_file import ClusterConfig, NodeConfig, SshSettings
 from coordinator.readiness.consistency import compare_nodes
 from coordinator.launch.hostfile import build_hostfile
-from coordinator.plan.document import (SECTIONS, JobOptions, MeasuredTimings, PlanInputError, PlanInputs,
-                                       build_plan, load_schema, scale_learning_rate, split_batch,
-                                       timings_from_events)
+from coordinator.plan.document import SECTIONS, build_plan, load_schema
+from coordinator.plan.inputs import MeasuredTimings, PlanInputs, timings_from_events
+from coordinator.plan.options import JobOptions, PlanInputError
+from coordinator.plan.sections.training import scale_learning_rate, split_batch
 from coordinator.plan.orchestration import (OrchestrationInputError, build_orchestration,
                                             parse_orchestration_input, read_orchestration_input)
 from coordinator.launch.mlx_backend import choose_backend
