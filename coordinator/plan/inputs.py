@@ -12,7 +12,9 @@ from typing import Any
 from coordinator.config.cluster_file import NodeConfig
 from coordinator.jobs.policy import restart_delay
 from coordinator.jobs.spec import is_mlx_lm
+from coordinator.launch.mlx_backend import BackendChoice
 from coordinator.plan.options import JobOptions, ResolvedOptions
+from coordinator.plan.sizing import PlanSizing
 from coordinator.readiness.calibration import is_stale, train_rate
 
 #: What the plan says about each trainer ``coord run --trainer`` offers, from its code.
@@ -63,9 +65,11 @@ class PlanInputs:
     each input left out makes the sections that need it say why they are empty."""
 
     nodes: tuple[NodeConfig, ...]
+    # What each node's agent reports (facts) and the stored calibration records: read key by key,
+    # as the nodes' versions differ in what they report.
     facts: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)
     calibrations: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)
-    backend: Mapping[str, Any] | None = None  # choose_backend() / plan_backend()'s choice
+    backend: BackendChoice | None = None  # choose_backend() / plan_backend()'s choice
     backend_error: str | None = None
     hostfile: Mapping[str, Any] | None = None  # coordinator.launch.hostfile.build_hostfile() document
     hostfile_path: str | None = None
@@ -78,8 +82,7 @@ class PlanInputs:
     sync_hook: str | None = None  # the cluster file's sync.hook
     keepalive_s: float | None = None  # the cluster file's ssh.keepalive_s
     timings: MeasuredTimings = MeasuredTimings()
-    sizing: Mapping[str, Any] | None = None  # keys: per_rank_batch_size, checkpoint_bytes,
-    #                                          memory_per_rank_bytes, source
+    sizing: PlanSizing | None = None
     dataset: Mapping[str, Any] | None = None  # keys: examples, chunks, chunk_size, source,
     #                                           memory_management?, progress_reporting?
     options: JobOptions = JobOptions()
@@ -136,9 +139,11 @@ def rank_order(inputs: PlanInputs) -> tuple[list[str], str]:
     return [node.name for node in inputs.nodes], "cluster file order (no backend chosen yet)"
 
 
-def usable_calibrations(inputs: PlanInputs, order: Sequence[str]) -> tuple[dict[str, Mapping], dict[str, str]]:
+def usable_calibrations(inputs: PlanInputs, order: Sequence[str]) -> tuple[dict[str, Mapping[str, Any]],
+                                                                           dict[str, str]]:
     """({node: current calibration record with a training rate}, {node: why it has none})."""
-    usable, lacking = {}, {}
+    usable: dict[str, Mapping[str, Any]] = {}
+    lacking: dict[str, str] = {}
     for name in order:
         record, facts = inputs.calibrations.get(name), inputs.facts.get(name)
         if not record:
@@ -155,6 +160,13 @@ def usable_calibrations(inputs: PlanInputs, order: Sequence[str]) -> tuple[dict[
         else:
             usable[name] = record
     return usable, lacking
+
+
+def usable_rate(record: Mapping[str, Any]) -> float:
+    """The training-step rate of a calibration :func:`usable_calibrations` kept (it keeps only those with one)."""
+    rate = train_rate(record)
+    assert rate is not None, "not a usable calibration"
+    return rate
 
 
 def calibration_source(name: str, record: Mapping[str, Any]) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, TypeGuard
 
 from coordinator.jobs.spec import REPLICA_HEAD, REPLICA_NONE, TRAINERS, JobSpec
 
@@ -126,5 +126,5 @@ def _whole_number(value: Any, minimum: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
-def positive_int(value: Any) -> bool:
+def positive_int(value: Any) -> TypeGuard[int]:
     return _whole_number(value, 1)

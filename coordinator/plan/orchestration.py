@@ -217,7 +217,7 @@ def build_orchestration(inputs: PlanInputs, request: OrchestrationRequest | None
     if request is not None:
         inputs, notes = apply_request(inputs, request)
     options = resolve_options(inputs.options, [node.name for node in inputs.nodes], inputs.sizing)
-    document = {
+    document: dict[str, Any] = {
         "distributedConfig": distributed_config(inputs, options),
         "resourceAllocation": resource_allocation(inputs, options),
         "checkpointStrategy": checkpoint_strategy(inputs, options),
@@ -250,7 +250,7 @@ def distributed_config(inputs: PlanInputs, options: ResolvedOptions) -> dict[str
     return section.done()
 
 
-def _init_method(backend: str, inputs: PlanInputs) -> str:
+def _init_method(backend: str | None, inputs: PlanInputs) -> str:
     hosts = (inputs.hostfile or {}).get("hosts") or []
     where = f" {inputs.hostfile_path}" if inputs.hostfile_path else ""
     if backend == "ring":
@@ -280,14 +280,14 @@ def resource_allocation(inputs: PlanInputs, options: ResolvedOptions) -> dict[st
                 + (f" (none for {', '.join(lacking)})" if lacking else "") + f"; share: {shares['reason']}")
     memory = {name: (inputs.facts.get(name) or {}).get("memory_bytes") for name in order}
     known = {name: size for name, size in memory.items() if isinstance(size, int)}
-    needed = (inputs.sizing or {}).get("memory_per_rank_bytes")
+    needed = inputs.sizing.get("memory_per_rank_bytes") if inputs.sizing else None
     if known:
-        smallest = min(known, key=known.get)
+        smallest = min(known, key=known.__getitem__)
         text = f"{known[smallest] / GIB:.0f} GiB available on the smallest node ({smallest})"
         source = "node facts: physical memory"
         if isinstance(needed, int):
             text = f"{needed / GIB:.1f} GiB needed per rank; " + text
-            source += f"; sizing: {inputs.sizing.get('source') or 'estimate per rank'}"
+            source += f"; sizing: {(inputs.sizing.get('source') if inputs.sizing else None) or 'estimate per rank'}"
         section.put("memoryPerNode", text, source)
     else:
         section.lack("memoryPerNode", "no node reported its memory (are the nodes up?)")

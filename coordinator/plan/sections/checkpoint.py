@@ -3,6 +3,7 @@ resume costs."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from coordinator.jobs.policy import MAX_BACKOFF_S, backoff
@@ -50,11 +51,12 @@ def checkpoint_section(inputs: PlanInputs, options: ResolvedOptions) -> dict[str
     section.put("frequency", f"every {save_every} steps", save_source)
     section.put("retention", f"last {keep} valid checkpoints", keep_source)
     with_optimizer = options["trainer"][0] == "coord" and trainer is not None
-    size = (inputs.sizing or {}).get("checkpoint_bytes_with_optimizer" if with_optimizer else "checkpoint_bytes")
+    sizing: Mapping[str, Any] = inputs.sizing or {}
+    size = sizing.get("checkpoint_bytes_with_optimizer") if with_optimizer else sizing.get("checkpoint_bytes")
     section.put("copies", copies_text(trainer is not None and every_rank, options["trainer"][0], replica, keep),
                 "coord's catalog (coordinator/jobs/catalog.py)")
     if positive_int(size):
-        section.put("checkpoint_bytes", size, f"sizing: {inputs.sizing.get('source') or 'trainable parameters'}"
+        section.put("checkpoint_bytes", size, f"sizing: {sizing.get('source') or 'trainable parameters'}"
                     + ("; plus the optimizer state coord's trainer saves" if with_optimizer else ""))
         on_every_node = every_rank or (replica != REPLICA_NONE and options["trainer"][0] == "mlx_lm"
                                        and trainer is not None)

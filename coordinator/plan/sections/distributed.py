@@ -20,7 +20,7 @@ def distributed_section(inputs: PlanInputs, options: ResolvedOptions) -> dict[st
         return disabled_section(f"no launch command: {inputs.backend_error or 'no hostfile could be written'} "
                          "(coord hostfile says why)")
     order, _ = rank_order(inputs)
-    backend = (inputs.backend or {}).get("backend") or (inputs.hostfile or {}).get("backend")
+    backend = (inputs.backend.get("backend") if inputs.backend else None) or (inputs.hostfile or {}).get("backend")
     mlx_version = _common_fact(inputs, order, "mlx_version")
     section = Section()
     section.put("mlx_launch_command", shlex.join(inputs.launch_argv),

@@ -7,10 +7,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from coordinator.jobs import robust
-from coordinator.plan.inputs import PlanInputs, rank_order, usable_calibrations
+from coordinator.plan.inputs import PlanInputs, rank_order, usable_calibrations, usable_rate
 from coordinator.plan.options import ResolvedOptions, positive_int
 from coordinator.plan.provenance import Section, disabled_section
-from coordinator.readiness.calibration import train_rate
 
 #: The pre-flight layers under the names the plan format gives its checklist entries.
 CHECKLIST_NAMES = {"health": "health_check", "hardware": "hardware_layer", "worker": "worker_layer",
@@ -63,7 +62,7 @@ def consistency_section(inputs: PlanInputs) -> dict[str, Any]:
     section.put("consistency_threshold", report.get("threshold"), "cluster file sync.threshold")
     order, _ = rank_order(inputs)
     usable, _ = usable_calibrations(inputs, order)
-    rates = {name: train_rate(record) for name, record in usable.items()}
+    rates = {name: usable_rate(record) for name, record in usable.items()}
     training = training_fingerprints(inputs.replica_check)
     section.put("byzantine_detection", {
         "enabled": True,

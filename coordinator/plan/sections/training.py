@@ -15,11 +15,12 @@ from coordinator.plan.inputs import (
     calibration_source,
     rank_order,
     usable_calibrations,
+    usable_rate,
     utc,
 )
 from coordinator.plan.options import ResolvedOptions, positive_int
 from coordinator.plan.provenance import Section, disabled_section
-from coordinator.readiness.calibration import train_rate, workload_shares
+from coordinator.readiness.calibration import workload_shares
 
 
 def strategy_section(inputs: PlanInputs, options: ResolvedOptions) -> dict[str, Any]:
@@ -78,7 +79,7 @@ def batch_section(inputs: PlanInputs, options: ResolvedOptions) -> dict[str, Any
     if positive_int(examples):
         section.put("warmup_epochs", round(warmup * total / examples, 4),
                     f"rule: warmup steps × total batch / examples = {warmup} × {total} / {examples} "
-                    f"({inputs.dataset.get('source') or 'data set'})")
+                    f"({(inputs.dataset or {}).get('source') or 'data set'})")
     else:
         section.lack("warmup_epochs", "the number of training examples is unknown (coord plan --data DIR)")
     return section.done()
@@ -100,8 +101,8 @@ def performance_section(inputs: PlanInputs, options: ResolvedOptions) -> dict[st
         section.lack("throughput", "no current calibration (coord calibrate): "
                      + "; ".join(f"{name}: {why}" for name, why in lacking.items()))
     else:
-        rates = {name: train_rate(usable[name]) for name in order}
-        slowest = min(rates, key=rates.get)
+        rates = {name: usable_rate(usable[name]) for name in order}
+        slowest = min(rates, key=rates.__getitem__)
         equal = len(order) * rates[slowest]
         measured = "; ".join(calibration_source(name, usable[name]) for name in order)
         section.put("throughput", f"{equal:,.0f} samples/s of {CALIBRATION_MODEL}; a larger model is slower in "
@@ -131,7 +132,7 @@ def hardware_section(inputs: PlanInputs, options: ResolvedOptions) -> dict[str, 
     if not usable:
         return disabled_section("no current calibration: coord calibrate ("
                          + "; ".join(f"{name}: {why}" for name, why in lacking.items()) + ")")
-    rates = {name: train_rate(usable[name]) for name in order if name in usable}
+    rates = {name: usable_rate(usable[name]) for name in order if name in usable}
     shares = workload_shares({name: rates.get(name) for name in order})
     measured = "; ".join(calibration_source(name, usable[name]) for name in rates)
     section = Section()
@@ -202,7 +203,7 @@ def _transport_text(inputs: PlanInputs) -> str:
     choice = inputs.backend
     if not choice or not choice.get("ok"):
         return f"backend not chosen yet ({inputs.backend_error or 'no topology measured'})"
-    transport = {"rdma": "RDMA over Thunderbolt", "tcp": "TCP"}.get(choice.get("transport"), "no network")
+    transport = {"rdma": "RDMA over Thunderbolt", "tcp": "TCP"}.get(choice.get("transport") or "", "no network")
     return f"gradients averaged by all-reduce over {choice['backend']} ({transport})"
 
 
