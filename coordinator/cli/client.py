@@ -21,6 +21,9 @@ from coordinator.control.address import SOCKET_NAME, default_state_dir, socket_f
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
+# A request's arguments and the daemon's answers are plain data off the wire (msgpack): each control method's
+# shape is its own, declared with its serve_* in coordinator/commands, so here they stay dict[str, Any].
+
 
 class CliError(Exception):
     def __init__(self, message: str, status: int = EXIT_FAILED):
@@ -116,7 +119,7 @@ def ask_daemon_blocking(socket: Path, method: str, args: dict[str, Any] | None =
 
 
 def streamed(args: argparse.Namespace, method: str, request: dict[str, Any], render, progress_class, *,
-              blocking: bool = False) -> dict:
+             blocking: bool = False) -> dict[str, Any]:
     """Call a long daemon method: progress bars from its events, then its report (or --json).
 
     ``blocking``: over a plain socket (``ask_daemon_blocking``), for the commands whose start-up

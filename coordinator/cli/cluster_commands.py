@@ -9,6 +9,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from coordinator.cli.client import (
     EXIT_FAILED,
@@ -150,7 +151,7 @@ def cmd_hostfile(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def render_hostfile_ssh(result: dict) -> str:
+def render_hostfile_ssh(result: dict[str, Any]) -> str:
     """How the user's own ssh reaches the nodes, and the one line to add when it cannot yet."""
     ssh = result.get("ssh") or {}
     needing = [e for e in ssh.get("entries", []) if e.get("needs")]

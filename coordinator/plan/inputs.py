@@ -7,7 +7,7 @@ import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from coordinator.config.cluster_file import NodeConfig
 from coordinator.jobs.policy import restart_delay
@@ -17,8 +17,12 @@ from coordinator.plan.options import JobOptions, ResolvedOptions
 from coordinator.plan.sizing import PlanSizing
 from coordinator.readiness.calibration import is_stale, train_rate
 
+#: What the plan says about a trainer (``async`` is a keyword, hence the functional form).
+TrainerFacts = TypedDict("TrainerFacts", {"name": str, "gradient_sync": str, "async": bool, "saving": str,
+                                          "contents": str, "sharding": str})
+
 #: What the plan says about each trainer ``coord run --trainer`` offers, from its code.
-TRAINER_FACTS = {
+TRAINER_FACTS: dict[str, TrainerFacts] = {
     "mlx_lm": {
         "name": "mlx-lm's trainer (mlx_lm/tuner/trainer.py)",
         "gradient_sync": "all-reduce mean of the gradients once per optimizer step (mlx.nn.average_gradients, "
@@ -199,7 +203,7 @@ def expected_recovery(inputs: PlanInputs) -> tuple[float | None, str]:
     return round(total, 1), "estimate: " + " + ".join(parts)
 
 
-def trainer_of(inputs: PlanInputs, options: ResolvedOptions) -> tuple[dict[str, Any] | None, str]:
+def trainer_of(inputs: PlanInputs, options: ResolvedOptions) -> tuple[TrainerFacts | None, str]:
     """(TRAINER_FACTS of the trainer the ranks run, why that one); None for a script of the user's own."""
     command = list(inputs.training_command or [])
     if command and not is_mlx_lm(command):

@@ -16,7 +16,7 @@ import math
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypedDict
 
 from coordinator.jobs.core import FIRST_STEP_TIMEOUT_S
 from coordinator.jobs.policy import hang_timeout
@@ -346,7 +346,13 @@ def fault_tolerance(inputs: PlanInputs, options: ResolvedOptions) -> dict[str, A
     return section.done()
 
 
-def health_checks(inputs: PlanInputs) -> list[dict[str, Any]]:
+class HealthCheck(TypedDict):
+    name: str
+    detects: str
+    within: str
+
+
+def health_checks(inputs: PlanInputs) -> list[HealthCheck]:
     """Each failure coord detects, and how soon."""
     keepalive = inputs.keepalive_s
     step = inputs.timings.step_s

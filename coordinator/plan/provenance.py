@@ -30,7 +30,10 @@ class Section:
         self.missing[name] = why
 
     def done(self, *, flagged: bool = False) -> dict[str, Any]:
-        """The section; ``flagged`` sections carry ``"enabled": true`` as the format shows them."""
+        """The section; ``flagged`` sections carry ``"enabled": true`` as the format shows them.
+
+        A section is a JSON object whose fields differ from one section to the next (the plan
+        format's, each with its source): a plain dict, not a type per section."""
         if not self.sources:
             reasons = "; ".join(f"{name}: {why}" for name, why in self.missing.items())
             return disabled_section(reasons or "nothing measured")

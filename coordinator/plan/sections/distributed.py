@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
+from coordinator.launch.mlx_backend import BackendChoice
 from coordinator.plan.inputs import PlanInputs, rank_order, trainer_of
 from coordinator.plan.options import ResolvedOptions
 from coordinator.plan.provenance import Section, disabled_section
@@ -114,9 +115,18 @@ def rdma_section(inputs: PlanInputs) -> dict[str, Any]:
     return section.done(flagged=True)
 
 
-def rdma_links(choice: Mapping[str, Any]) -> list[dict[str, Any]]:
+class RdmaLink(TypedDict):
+    nodes: list[str]
+    devices: list[str | None]  # each node's RDMA device toward the other
+    speed_gbps: float | None
+    generation: int | None
+    ip_link: str | None  # the kind of the IP link beside it
+
+
+def rdma_links(choice: BackendChoice) -> list[RdmaLink]:
     """Each RDMA pair once: the two nodes, their devices, the cable's speed and generation."""
-    links, seen = [], set()
+    links: list[RdmaLink] = []
+    seen: set[tuple[str, ...]] = set()
     for host in choice.get("hosts") or []:
         for peer, toward in (host.get("toward") or {}).items():
             pair = tuple(sorted((host["node"], peer)))
