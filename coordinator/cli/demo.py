@@ -131,10 +131,10 @@ def run_demo(root: Path, *, keep: bool, timeout: float = 600.0) -> int:
     config = load_config(config_path)
     log_file = root / "coordd.log"
     console.print(f"starting coordd with {len(config.nodes)} local nodes (cluster file {config_path})")
-    with open(root / "coordd.stderr", "ab") as stderr:  # the daemon writes to its own copy of the descriptor
+    with open(root / "coordd.stderr", "ab") as stderr:  # the daemon keeps its own copy of the file
         daemon = subprocess.Popen([sys.executable, "-m", "coordinator.cli.main", "daemon", "--config",
-                                   str(config_path), "--log-file", str(log_file)],
-                                  stdin=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
+                                   str(config_path), "--log-file", str(log_file)], stdin=subprocess.DEVNULL,
+                                  stderr=stderr, start_new_session=True)
     job_name = f"demo-{time.strftime('%H%M%S')}"
     try:
         _wait("nodes up", lambda: (doc := _ask(config.socket, "status"))["summary"]["up"] == doc["summary"]["nodes"],

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 class SyncProgress:
     """One bar per node for bytes sent (files in the description), plus a phase line."""
 
-    def __init__(self, console):
+    def __init__(self, console: Console) -> None:
         from rich.progress import (
             BarColumn,
             DownloadColumn,
@@ -54,7 +57,7 @@ class SyncProgress:
 class NodeProgress:
     """One bar per node for a fraction-complete measurement (calibration, pre-flight)."""
 
-    def __init__(self, console):
+    def __init__(self, console: Console) -> None:
         from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
         self._progress = Progress(TextColumn("{task.fields[node]:<12}"), BarColumn(), TaskProgressColumn(),

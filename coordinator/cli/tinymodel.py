@@ -12,7 +12,9 @@ import json
 import random
 from pathlib import Path
 
-WORDS = ["the", "cat", "dog", "bird", "fish", "runs", "jumps", "sleeps", "eats", "sings", "on", "under", "over", "near", "a", "red", "blue", "green", "small", "big", "quick", "slow", "happy", "sad", "tree", "house", "river", "hill", "sun", "moon", "star", "and", "or", "but", "then"]
+WORDS = ["the", "cat", "dog", "bird", "fish", "runs", "jumps", "sleeps", "eats", "sings", "on", "under", "over",
+         "near", "a", "red", "blue", "green", "small", "big", "quick", "slow", "happy", "sad", "tree", "house",
+         "river", "hill", "sun", "moon", "star", "and", "or", "but", "then"]
 
 
 def make_sentences(count: int, seed: int) -> list[str]:

@@ -15,8 +15,10 @@ import anyio
 from agent.launch import rank_command
 from coordinator.jobs import diagnosis
 from coordinator.launch.mlx_launch import launcher_argv
-from coordinator.plan import datasets, sizing
-from coordinator.plan.document import JobOptions, PlanInputError, PlanInputs, build_plan, timings_from_events
+from coordinator.plan import datasets, model_shape, sizing
+from coordinator.plan.document import build_plan
+from coordinator.plan.inputs import PlanInputs, timings_from_events
+from coordinator.plan.options import JobOptions, PlanInputError
 from coordinator.plan.orchestration import OrchestrationInputError, build_orchestration, parse_orchestration_input
 from coordinator.readiness.calibration import gpu_memory
 from shared import protocol as p
@@ -100,17 +102,17 @@ async def _quiet(_event) -> None:
     return None
 
 
-async def _sizing(emit, model: str, facts: dict, measured: dict, options: JobOptions, seq_len: int) -> dict[str, Any]:
+async def _sizing(emit, model: str, facts: dict, measured: dict, options: JobOptions, seq_len: int) -> sizing.FitPlan:
     """fit_nodes over every node whose memory is known: the estimate, per node, with its rules."""
     await emit({"node": "head", "progress": f"sizing {model}", "fraction": 0.6})
     nodes, unknown = sizing.nodes_from_facts({name: fact for name, fact in facts.items() if fact}, measured)
     try:
-        shape = await anyio.to_thread.run_sync(sizing.read_model_shape, model)
+        shape = await anyio.to_thread.run_sync(model_shape.read_model_shape, model)
         # mlx-lm adapts its top 16 blocks by default, or all of a smaller model's
         fit = sizing.fit_nodes(shape, nodes, fine_tune_type=options.fine_tune_type or "lora",
                                batch_size=options.per_rank_batch_size or 1, seq_len=seq_len,
                                lora_layers=min(16, shape.num_layers), optimizer=options.optimizer or "adam")
-    except sizing.SizingError as exc:
+    except model_shape.SizingError as exc:
         raise RemoteError(p.BAD_ARGS, f"--model {model}: {exc}") from None
     if unknown:
         fit["notes"] = [*fit.get("notes", []), f"not sized (memory unknown): {', '.join(unknown)}"]
@@ -142,7 +144,8 @@ def render_plan(document: dict[str, Any], console) -> None:
         if value.get("enabled") is False:
             table.add_row(key, f"[yellow]not filled[/]: {value.get('reason', '')}")
         else:
-            shown = {k: v for k, v in value.items() if k not in ("sources", "missing") and not isinstance(v, (dict, list))}
+            shown = {k: v for k, v in value.items()
+                     if k not in ("sources", "missing") and not isinstance(v, (dict, list))}
             table.add_row(key, ", ".join(f"{k}={v}" for k, v in list(shown.items())[:4]))
     console.print(table)
     data = document.get("data_validation") or {}

@@ -6,8 +6,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 
@@ -18,7 +19,8 @@ from coordinator.launch.hostfile import (
     render_ssh_config,
     write_ssh_wrapper,
 )
-from coordinator.launch.topology import choose_backend, connectivity_matrix
+from coordinator.launch.mlx_backend import BackendChoice, Host, choose_backend
+from coordinator.launch.topology import Topology, connectivity_matrix
 from coordinator.nodes.session import UP
 from shared.rpc import RemoteError
 
@@ -26,13 +28,12 @@ if TYPE_CHECKING:
     from coordinator.nodes.cluster import Cluster
 
 
-async def node_topologies(cluster: Cluster) -> dict[str, Any]:
-    found: dict[str, Any] = {}
+async def node_topologies(cluster: Cluster) -> dict[str, Topology]:
+    found: dict[str, Topology] = {}
 
     async def one(session) -> None:
         if session.state == UP:
-            # a node that does not answer has no links to offer
-            with contextlib.suppress(RemoteError, TimeoutError):
+            with contextlib.suppress(RemoteError, TimeoutError):  # a node that does not answer has no links
                 found[session.node.name] = await session.call("topology", timeout=120)
 
     async with anyio.create_task_group() as tasks:
@@ -41,10 +42,10 @@ async def node_topologies(cluster: Cluster) -> dict[str, Any]:
     return found
 
 
-def plan_backend(cluster: Cluster, topologies: dict[str, Any], *, forced: str | None = None,
+def plan_backend(cluster: Cluster, topologies: dict[str, Topology], *, forced: str | None = None,
                  envs: list[str] | None = None, nodes: list[str] | None = None,
                  ssh_names: dict[str, str] | None = None,
-                 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, str | None]:
+                 ) -> tuple[BackendChoice | None, dict[str, Any] | None, str | None]:
     """(backend choice, hostfile document, error): the choice is measured, the hostfile follows it.
 
     ``nodes`` narrows the cluster to the nodes an attempt runs on (elastic shrink).
@@ -61,14 +62,16 @@ def plan_backend(cluster: Cluster, topologies: dict[str, Any], *, forced: str | 
         if forced not in (None, "ring"):
             return None, None, f"backend {forced} needs RDMA links between machines; every node is this machine"
         # Every rank on this machine: a ring over loopback, nothing to measure.
-        choice = {"ok": True, "backend": "ring", "transport": "tcp", "order": names, "hosts": [],
-                  "reasons": ["every node is this machine: ring over loopback"], "warnings": [], "fixes": []}
+        choice: BackendChoice = {"ok": True, "backend": "ring", "transport": "tcp", "order": names, "hosts": [],
+                                 "reasons": ["every node is this machine: ring over loopback"], "warnings": [],
+                                 "fixes": []}
     else:
         choice = choose_backend(connectivity_matrix(topologies), names, forced)
         if not choice["ok"]:
             return choice, None, choice.get("error") or "no usable backend"
-    measured = {host["node"]: host for host in choice["hosts"]}
+    measured: dict[str, Host] = {host["node"]: host for host in choice["hosts"]}
     ips, rdma = {}, {}
+    host: Mapping[str, Any]
     try:
         for name in names:
             node, host = by_name[name], measured.get(name, {})
@@ -78,7 +81,8 @@ def plan_backend(cluster: Cluster, topologies: dict[str, Any], *, forced: str | 
             else:
                 ips[name] = list(host["ips"])
             rdma[name] = host.get("rdma") or []
-        document = build_hostfile(config, backend=choice["backend"], ips=ips, rdma=rdma, envs=envs,
+        backend = cast(str, choice["backend"])  # an ok choice names its backend
+        document = build_hostfile(config, backend=backend, ips=ips, rdma=rdma, envs=envs,
                                   nodes=choice.get("order") or names, ssh_names=ssh_names)
     except HostfileError as exc:
         return choice, None, str(exc)

@@ -1,4 +1,4 @@
-"""Which nodes are cabled to which, and which MLX backend the cluster can use.
+"""Which nodes are cabled to which: the link facts any launcher needs.
 
 Pure functions over the topologies the agents report (``agent.topology``): no I/O.
 
@@ -6,25 +6,23 @@ Pure functions over the topologies the agents report (``agent.topology``): no I/
   UUIDs reciprocal on both ends), its generation and speed, whether RDMA is active on
   that cable at both ends, and the IP links the two share (same IPv4 subnet on
   interfaces of the same kind), best first: Thunderbolt, Ethernet, Wi-Fi, other.
-- :func:`choose_backend` picks ``jaccl`` (RDMA between every pair), ``jaccl-ring`` (a
-  ring of RDMA links through every node) or ``ring`` over TCP, with the addresses and
-  RDMA devices the hostfile needs, and what a person should fix.
+- What a person does on a node to make RDMA usable (:data:`RECOVERY_INSTRUCTION`,
+  :data:`UPGRADE_INSTRUCTION`, :data:`BRIDGE_INSTRUCTION`).
+
+Which MLX backend those links carry is :mod:`coordinator.launch.mlx_backend`.
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypedDict, TypeGuard
 
 from coordinator.nodes import versions
 
-BACKENDS = ("jaccl", "jaccl-ring", "ring")
 #: IP link kinds, best first. Loopback never links two nodes.
 LINK_KINDS = ("thunderbolt", "ethernet", "wifi", "other")
 RDMA_MIN_MACOS = "26.2"
-#: Largest cluster for which a ring is searched exhaustively.
-MAX_RING_SEARCH_NODES = 16
 
 RECOVERY_INSTRUCTION = (
     "RDMA can only be enabled from macOS Recovery: boot into Recovery, open Terminal, "
@@ -38,46 +36,103 @@ BRIDGE_INSTRUCTION = (
 
 _LINK_LOCAL_V4 = ipaddress.IPv4Network("169.254.0.0/16")
 
+#: One node's topology as its agent reports it (``agent.topology``): read defensively, key by key, since
+#: what a node can measure varies (macOS or Linux, tools present or not), so it stays a free-form dict.
+Topology = dict[str, Any]
+
+
+class Ipv4Address(TypedDict):
+    kind: str  # one of LINK_KINDS
+    interface: str | None
+    address: str
+    prefixlen: int
+
+
+class NodeLinks(TypedDict):
+    """What one node's topology says about its links."""
+
+    readable: bool  # False: no topology was read, every other field is empty
+    platform: str | None
+    macos: bool
+    os_version: str | None
+    rdma_os_ok: bool | None  # macOS new enough for RDMA; None: unknown or not macOS
+    rdma_state: str | None  # "enabled" | "disabled" | None (unknown)
+    rdma_devices: list[str] | None
+    rdma_active_devices: list[str]
+    thunderbolt_readable: bool
+    thunderbolt_bridge_enabled: bool | None
+    thunderbolt_bridge_interface: str | None
+    ipv4: list[Ipv4Address]
+    detail: dict[str, Any]  # free-form: the agent's notes on what it could not read, by tool
+
+
+class CableLink(TypedDict):
+    """What both ends of one cable agree on."""
+
+    speed_gbps: float | None
+    generation: int | None  # Thunderbolt 5 | 4 | None
+    rdma: bool  # RDMA active at both ends
+    rdma_detail: str | None  # why not
+
+
+class Cable(CableLink):
+    """One direct Thunderbolt cable, from the local node's side."""
+
+    local_bus: str | None
+    peer_bus: str | None
+    local_receptacle: str | None
+    peer_receptacle: str | None
+    local_interface: str | None
+    peer_interface: str | None
+    local_rdma_device: str | None
+    peer_rdma_device: str | None
+
+
+class Link(TypedDict):
+    """An IPv4 subnet two nodes share on interfaces of the same kind, from the local node's side."""
+
+    kind: str  # one of LINK_KINDS
+    local_interface: str | None
+    local_ip: str
+    peer_interface: str | None
+    peer_ip: str
+    network: str
+
+
+class PairView(TypedDict):
+    """Node a's view of its links to node b."""
+
+    peer: str  # b
+    thunderbolt: bool  # a direct cable, reciprocal UUIDs
+    cables: list[Cable]
+    speed_gbps: float | None  # best cable speed
+    generation: int | None  # 5 | 4 | None
+    rdma: bool  # a cable with RDMA active at both ends
+    rdma_device: str | None  # a's device on that cable, e.g. "rdma_en6"
+    peer_rdma_device: str | None
+    rdma_detail: str | None  # why there is no RDMA
+    links: list[Link]  # best first
+    best: Link | None  # links[0]
+    link_detail: str | None
+
+
+class Matrix(TypedDict):
+    names: list[str]  # in the order given
+    nodes: dict[str, NodeLinks]
+    pairs: dict[str, dict[str, PairView]]  # both directions, each from the first node's side
+    notes: list[str]  # one-sided or outside cables
+
 
 # --- the matrix --------------------------------------------------------------------------
 
 
-def connectivity_matrix(topologies: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
-    """Pair every two nodes of ``{node name: topology}`` (a topology may be None: unknown).
-
-    Returns::
-
-        {"names": [node, ...],                       # in the order given
-         "nodes": {node: {"readable", "platform", "macos", "os_version",
-                          "rdma_os_ok": bool | None, "rdma_state", "rdma_devices",
-                          "rdma_active_devices", "thunderbolt_readable",
-                          "thunderbolt_bridge_enabled", "thunderbolt_bridge_interface",
-                          "ipv4": [{"kind", "interface", "address", "prefixlen"}],
-                          "detail"}},
-         "pairs": {a: {b: PairView}},                # both directions, each from a's side
-         "notes": [str, ...]}                        # one-sided or outside cables
-
-    PairView (from ``a``'s side)::
-
-        {"peer": b,
-         "thunderbolt": bool,                        # a direct cable, reciprocal UUIDs
-         "cables": [{"local_bus", "peer_bus", "local_receptacle", "peer_receptacle",
-                     "local_interface", "peer_interface", "local_rdma_device",
-                     "peer_rdma_device", "speed_gbps", "generation", "rdma",
-                     "rdma_detail"}],
-         "speed_gbps": best cable speed | None, "generation": 5 | 4 | None,
-         "rdma": bool,                               # a cable with RDMA active at both ends
-         "rdma_device": "rdma_en6" | None,           # a's device on that cable
-         "peer_rdma_device": ... | None,
-         "rdma_detail": why not | None,
-         "links": [{"kind", "local_interface", "local_ip", "peer_interface", "peer_ip",
-                    "network"}],                     # best first
-         "best": links[0] | None,
-         "link_detail": str | None}
-    """
+def connectivity_matrix(topologies: Mapping[str, Topology | None]) -> Matrix:
+    """Pair every two nodes of ``{node name: topology}`` (a topology may be None: unknown):
+    each node's :class:`NodeLinks`, and for every two nodes a and b a's :class:`PairView`
+    of b and b's of a."""
     names = list(topologies)
     nodes = {name: _node_summary(topologies[name]) for name in names}
-    pairs: dict[str, dict[str, Any]] = {name: {} for name in names}
+    pairs: dict[str, dict[str, PairView]] = {name: {} for name in names}
     notes: list[str] = []
     for i, a in enumerate(names):
         for b in names[i + 1:]:
@@ -88,7 +143,7 @@ def connectivity_matrix(topologies: dict[str, dict[str, Any] | None]) -> dict[st
     return {"names": names, "nodes": nodes, "pairs": pairs, "notes": notes}
 
 
-def _node_summary(topology: dict[str, Any] | None) -> dict[str, Any]:
+def _node_summary(topology: Topology | None) -> NodeLinks:
     if not isinstance(topology, dict):
         return {
             "readable": False, "platform": None, "macos": False, "os_version": None,
@@ -102,7 +157,7 @@ def _node_summary(topology: dict[str, Any] | None) -> dict[str, Any]:
     version = topology.get("os_version")
     rdma = topology.get("rdma") or {}
     active = sorted({
-        port.get("device") for port in rdma.get("active_ports") or []
+        port["device"] for port in rdma.get("active_ports") or []
         if isinstance(port, dict) and port.get("device")
     })
     bridge = topology.get("thunderbolt_bridge") or {}
@@ -131,7 +186,7 @@ def _rdma_os_ok(version: Any) -> bool | None:
     return versions.at_least(version, RDMA_MIN_MACOS)
 
 
-def _buses(topology: dict[str, Any] | None) -> list[dict[str, Any]]:
+def _buses(topology: Topology | None) -> list[dict[str, Any]]:
     if not isinstance(topology, dict):
         return []
     thunderbolt = topology.get("thunderbolt")
@@ -146,7 +201,7 @@ def _peer_uuid(bus: dict[str, Any]) -> str | None:
 
 
 def _cables(
-    a: str, b: str, topo_a: dict[str, Any] | None, topo_b: dict[str, Any] | None
+    a: str, b: str, topo_a: Topology | None, topo_b: Topology | None
 ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """(bus of a, bus of b) pairs whose domain UUIDs name each other."""
     found = []
@@ -161,7 +216,7 @@ def _cables(
 
 
 def _one_sided(
-    a: str, b: str, topo_a: dict[str, Any] | None, topo_b: dict[str, Any] | None
+    a: str, b: str, topo_a: Topology | None, topo_b: Topology | None
 ) -> list[str]:
     """A bus of a names one of b's domains, but b's bus does not name a back."""
     own_b = {bus.get("domain_uuid"): bus for bus in _buses(topo_b) if bus.get("domain_uuid")}
@@ -176,7 +231,7 @@ def _one_sided(
     return notes
 
 
-def _unmatched_cables(names: list[str], topologies: dict[str, Any]) -> list[str]:
+def _unmatched_cables(names: list[str], topologies: Mapping[str, Topology | None]) -> list[str]:
     owner = {}
     for name in names:
         for bus in _buses(topologies[name]):
@@ -197,16 +252,16 @@ def _unmatched_cables(names: list[str], topologies: dict[str, Any]) -> list[str]
 def _pair(
     a: str,
     b: str,
-    topo_a: dict[str, Any] | None,
-    topo_b: dict[str, Any] | None,
-    nodes: dict[str, dict[str, Any]],
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    cables_ab = []
-    cables_ba = []
+    topo_a: Topology | None,
+    topo_b: Topology | None,
+    nodes: dict[str, NodeLinks],
+) -> tuple[PairView, PairView]:
+    cables_ab: list[Cable] = []
+    cables_ba: list[Cable] = []
     for bus_a, bus_b in _cables(a, b, topo_a, topo_b):
-        forward, backward = _cable(a, b, bus_a, bus_b, nodes[a], nodes[b])
-        cables_ab.append(forward)
-        cables_ba.append(backward)
+        cable_ab, cable_ba = _cable(a, b, bus_a, bus_b, nodes[a], nodes[b])
+        cables_ab.append(cable_ab)
+        cables_ba.append(cable_ba)
     cable_interfaces = {
         (c["local_interface"], c["peer_interface"]) for c in cables_ab
     }
@@ -227,13 +282,13 @@ def _pair(
 
 def _pair_view(
     peer: str,
-    cables: list[dict[str, Any]],
-    links: list[dict[str, Any]],
+    cables: list[Cable],
+    links: list[Link],
     a: str,
     b: str,
     one_sided: list[str],
     link_detail: str | None,
-) -> dict[str, Any]:
+) -> PairView:
     rdma_cables = [c for c in cables if c["rdma"]]
     best_cable = max(
         rdma_cables or cables,
@@ -257,8 +312,8 @@ def _pair_view(
         "speed_gbps": max(speeds) if speeds else None,
         "generation": max(generations) if generations else None,
         "rdma": bool(rdma_cables),
-        "rdma_device": best_cable["local_rdma_device"] if rdma_cables else None,
-        "peer_rdma_device": best_cable["peer_rdma_device"] if rdma_cables else None,
+        "rdma_device": best_cable["local_rdma_device"] if rdma_cables and best_cable else None,
+        "peer_rdma_device": best_cable["peer_rdma_device"] if rdma_cables and best_cable else None,
         "rdma_detail": rdma_detail,
         "links": links,
         "best": links[0] if links else None,
@@ -271,9 +326,9 @@ def _cable(
     b: str,
     bus_a: dict[str, Any],
     bus_b: dict[str, Any],
-    node_a: dict[str, Any],
-    node_b: dict[str, Any],
-) -> tuple[dict[str, Any], dict[str, Any]]:
+    node_a: NodeLinks,
+    node_b: NodeLinks,
+) -> tuple[Cable, Cable]:
     speeds = [s for s in (bus_a.get("link_gbps"), bus_b.get("link_gbps")) if _is_number(s)]
     speed = min(speeds) if speeds else None
     device_a = bus_a.get("rdma_device") or _rdma_name(bus_a.get("interface"))
@@ -282,19 +337,19 @@ def _cable(
         b, bus_b, device_b, node_b
     )
     generation = _generation(speed)
-    common = {
+    common: CableLink = {
         "speed_gbps": speed,
         "generation": generation,
         "rdma": not problems,
         "rdma_detail": "; ".join(problems) if problems else None,
     }
-    forward = {
+    forward: Cable = {
         "local_bus": bus_a.get("bus"), "peer_bus": bus_b.get("bus"),
         "local_receptacle": bus_a.get("receptacle"), "peer_receptacle": bus_b.get("receptacle"),
         "local_interface": bus_a.get("interface"), "peer_interface": bus_b.get("interface"),
         "local_rdma_device": device_a, "peer_rdma_device": device_b, **common,
     }
-    backward = {
+    backward: Cable = {
         "local_bus": bus_b.get("bus"), "peer_bus": bus_a.get("bus"),
         "local_receptacle": bus_b.get("receptacle"), "peer_receptacle": bus_a.get("receptacle"),
         "local_interface": bus_b.get("interface"), "peer_interface": bus_a.get("interface"),
@@ -304,7 +359,7 @@ def _cable(
 
 
 def _rdma_end_problems(
-    name: str, bus: dict[str, Any], device: str | None, node: dict[str, Any]
+    name: str, bus: dict[str, Any], device: str | None, node: NodeLinks
 ) -> list[str]:
     if node["macos"] and node["rdma_os_ok"] is False:
         return [f"{name} runs macOS {node['os_version']}: RDMA needs 26.2 or later"]
@@ -336,14 +391,14 @@ def _generation(speed: Any) -> int | None:
     return 5 if speed > 40 else 4
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 # --- IP links ----------------------------------------------------------------------------
 
 
-def _ipv4_interfaces(topology: dict[str, Any] | None) -> list[tuple[str, str, Any]]:
+def _ipv4_interfaces(topology: Topology | None) -> list[tuple[str, str | None, ipaddress.IPv4Interface]]:
     """(kind, interface, IPv4Interface) of the node's up, non-loopback, non-link-local
     addresses."""
     if not isinstance(topology, dict):
@@ -363,7 +418,7 @@ def _ipv4_interfaces(topology: dict[str, Any] | None) -> list[tuple[str, str, An
     return found
 
 
-def _ipv4(address: Any) -> Any:
+def _ipv4(address: Any) -> ipaddress.IPv4Interface | None:
     """An IPv4Interface from ``{"family", "address", "prefixlen"}`` or ``"a.b.c.d/n"``."""
     try:
         if isinstance(address, str):
@@ -379,11 +434,11 @@ def _ipv4(address: Any) -> Any:
 
 
 def _shared_links(
-    topo_a: dict[str, Any] | None,
-    topo_b: dict[str, Any] | None,
-    cable_interfaces: set[tuple[Any, Any]],
-) -> list[dict[str, Any]]:
-    links = []
+    topo_a: Topology | None,
+    topo_b: Topology | None,
+    cable_interfaces: set[tuple[str | None, str | None]],
+) -> list[Link]:
+    links: list[Link] = []
     for kind_a, name_a, ip_a in _ipv4_interfaces(topo_a):
         for kind_b, name_b, ip_b in _ipv4_interfaces(topo_b):
             if kind_a != kind_b or ip_a.ip == ip_b.ip:
@@ -407,7 +462,7 @@ def _shared_links(
     return links
 
 
-def _swap_link(link: dict[str, Any]) -> dict[str, Any]:
+def _swap_link(link: Link) -> Link:
     return {
         "kind": link["kind"],
         "local_interface": link["peer_interface"],
@@ -443,396 +498,3 @@ def _has_link_local_thunderbolt(topology: dict[str, Any]) -> bool:
             if parsed is not None and parsed.ip in _LINK_LOCAL_V4:
                 return True
     return False
-
-
-# --- rings -------------------------------------------------------------------------------
-
-
-def find_ring(
-    nodes: list[str], connected: Callable[[str, str], bool]
-) -> list[str] | None:
-    """A cycle through every node, starting at ``nodes[0]``, using only pairs for which
-    ``connected(a, b)``; ``nodes`` itself when it already is one. None when there is
-    none, or more than :data:`MAX_RING_SEARCH_NODES` nodes and ``nodes`` is not one.
-    """
-    n = len(nodes)
-    if n < 2:
-        return list(nodes) if n == 1 else None
-    if all(connected(nodes[i], nodes[(i + 1) % n]) for i in range(n)):
-        return list(nodes)
-    if n == 2 or n > MAX_RING_SEARCH_NODES:
-        return None
-    adjacency = [0] * n
-    for i in range(n):
-        for j in range(n):
-            if i != j and connected(nodes[i], nodes[j]) and connected(nodes[j], nodes[i]):
-                adjacency[i] |= 1 << j
-    # ends[mask]: the nodes v such that a path from node 0 through exactly ``mask`` ends at v.
-    size = 1 << n
-    ends = [0] * size
-    ends[1] = 1
-    for mask in range(1, size, 2):
-        reach = ends[mask]
-        if not reach:
-            continue
-        onward = 0
-        v = reach
-        while v:
-            low = v & -v
-            onward |= adjacency[low.bit_length() - 1]
-            v ^= low
-        onward &= ~mask
-        while onward:
-            low = onward & -onward
-            ends[mask | low] |= low
-            onward ^= low
-    full = size - 1
-    closing = ends[full] & adjacency[0]
-    if not closing:
-        return None
-    current = (closing & -closing).bit_length() - 1
-    path = [current]
-    mask = full
-    while mask != 1:
-        previous_mask = mask ^ (1 << current)
-        candidates = ends[previous_mask]
-        step = candidates
-        while step:
-            low = step & -step
-            u = low.bit_length() - 1
-            if adjacency[u] >> current & 1:
-                break
-            step ^= low
-        else:  # pragma: no cover - the table guarantees a predecessor
-            return None
-        path.append(u)
-        current, mask = u, previous_mask
-    path.reverse()
-    return [nodes[i] for i in path]
-
-
-# --- the backend -------------------------------------------------------------------------
-
-
-def choose_backend(
-    matrix: dict[str, Any], node_order: Iterable[str], forced: str | None = None
-) -> dict[str, Any]:
-    """Pick the MLX backend for ``node_order`` (rank order) from a connectivity matrix.
-
-    ``forced`` (jaccl | jaccl-ring | ring) is validated, not trusted: forcing a backend
-    the cables cannot carry gives ``ok: False`` with the reason.
-
-    Returns::
-
-        {"ok": bool, "backend": "jaccl" | "jaccl-ring" | "ring" | None,
-         "transport": "rdma" | "tcp" | None, "forced": forced,
-         "order": [node, ...],                      # rank order (the ring for rings)
-         "ring": [node, ...] | None,                # jaccl-ring and ring: the cycle
-         "hosts": [{"node", "rank",
-                    "ip": str | None,               # for the hostfile's "ips"; None
-                                                    # (with a warning) when unmeasured
-                    "ips": [ip] | [],
-                    "rdma": [device | None per rank] | [],
-                    "neighbours": [node, ...],      # ring: [left, right]; jaccl: all
-                    "toward": {node: {"kind", "local_ip", "peer_ip", "local_interface",
-                               "peer_interface", "rdma_device", "peer_rdma_device",
-                               "generation", "speed_gbps"} | None}}],
-         "reasons": [str], "warnings": [str],
-         "fixes": [{"node", "instruction", "command": str | None}],
-         "error": str | None}
-    """
-    order = list(node_order)
-    _validate_order(matrix, order)
-    result: dict[str, Any] = {
-        "ok": True,
-        "backend": None,
-        "transport": None,
-        "forced": forced,
-        "order": order,
-        "ring": None,
-        "hosts": [],
-        "reasons": [],
-        "warnings": [],
-        "fixes": [],
-        "error": None,
-    }
-    if forced is not None and forced not in BACKENDS:
-        return _fail(result, f"unknown backend {forced!r}: use one of {', '.join(BACKENDS)}")
-
-    nodes = matrix["nodes"]
-    pairs = matrix["pairs"]
-    if len(order) == 1:
-        only = order[0]
-        result.update(backend="ring", transport=None, ring=None)
-        result["reasons"].append(f"single node ({only}): nothing to connect")
-        if forced not in (None, "ring"):
-            result["warnings"].append(f"backend {forced} ignored: a single node needs none")
-        result["hosts"] = [{
-            "node": only, "rank": 0, "ip": None, "ips": [], "rdma": [],
-            "neighbours": [], "toward": {},
-        }]
-        return result
-
-    _node_advice(result, order, nodes)
-    for note in matrix.get("notes") or []:
-        result["warnings"].append(note)
-
-    def rdma(a: str, b: str) -> bool:
-        return bool(pairs[a][b]["rdma"])
-
-    missing = [(a, b) for i, a in enumerate(order) for b in order[i + 1:] if not rdma(a, b)]
-    mesh = not missing
-    rdma_ring = order if mesh else find_ring(order, rdma)
-    if rdma_ring is None and len(order) > MAX_RING_SEARCH_NODES:
-        result["warnings"].append(
-            f"{len(order)} nodes: an RDMA ring is searched for up to {MAX_RING_SEARCH_NODES} "
-            "nodes only; list the nodes in ring order to use one"
-        )
-
-    if forced == "jaccl" and not mesh:
-        return _fail(result, "jaccl needs an active RDMA link between every pair of nodes: "
-                     + _missing_text(missing, pairs))
-    if forced == "jaccl-ring" and rdma_ring is None:
-        return _fail(result, "jaccl-ring needs a ring of active RDMA links through every "
-                     "node, and there is none: " + _missing_text(missing, pairs))
-
-    if forced == "jaccl" or (forced is None and mesh):
-        _jaccl(result, order, pairs, ring=False)
-        result["reasons"].append(
-            f"jaccl: every pair of the {len(order)} nodes has an active RDMA link "
-            "over Thunderbolt"
-            + (" (forced)" if forced else "")
-        )
-    elif forced == "jaccl-ring" or (forced is None and rdma_ring is not None):
-        _jaccl(result, rdma_ring, pairs, ring=True)
-        text = f"jaccl-ring: RDMA links form a ring {_ring_text(rdma_ring)}"
-        if not mesh:
-            text += "; no full RDMA mesh: " + _missing_text(missing, pairs)
-        result["reasons"].append(text + (" (forced)" if forced else ""))
-    else:
-        _tcp_ring(result, order, pairs, nodes)
-        if forced == "ring":
-            result["reasons"].append(
-                "ring over TCP (forced)"
-                + ("; jaccl was possible" if mesh else
-                   "; jaccl-ring was possible" if rdma_ring is not None else "")
-            )
-        else:
-            result["reasons"].append(
-                "ring over TCP: no ring of active RDMA links covers all nodes: "
-                + _missing_text(missing, pairs)
-            )
-    return result
-
-
-def _validate_order(matrix: dict[str, Any], order: list[str]) -> None:
-    if not order:
-        raise ValueError("node_order is empty")
-    known = set(matrix.get("nodes") or {})
-    unknown = [name for name in order if name not in known]
-    if unknown:
-        raise ValueError(f"node_order names nodes not in the matrix: {', '.join(unknown)}")
-    if len(set(order)) != len(order):
-        raise ValueError("node_order lists a node twice")
-
-
-def _fail(result: dict[str, Any], error: str) -> dict[str, Any]:
-    result.update(ok=False, backend=None, transport=None, error=error)
-    result["reasons"].append(error)
-    return result
-
-
-def _node_advice(result: dict[str, Any], order: list[str], nodes: dict[str, Any]) -> None:
-    for name in order:
-        node = nodes[name]
-        if not node["readable"]:
-            result["warnings"].append(f"{name}: no topology was read")
-            continue
-        if node["macos"]:
-            if node["rdma_os_ok"] is False:
-                result["warnings"].append(
-                    f"{name} runs macOS {node['os_version']}: RDMA needs macOS 26.2 or later"
-                )
-                result["fixes"].append(
-                    {"node": name, "instruction": UPGRADE_INSTRUCTION, "command": None}
-                )
-            elif node["rdma_os_ok"] is None:
-                result["warnings"].append(f"{name}: macOS version unknown")
-            if node["rdma_os_ok"] is not False:
-                if node["rdma_state"] == "disabled":
-                    result["warnings"].append(f"RDMA is disabled on {name}")
-                    result["fixes"].append(
-                        {"node": name, "instruction": RECOVERY_INSTRUCTION, "command": None}
-                    )
-                elif node["rdma_state"] is None:
-                    why = node["detail"].get("rdma_ctl")
-                    result["warnings"].append(
-                        f"RDMA state unknown on {name}" + (f" ({why})" if why else "")
-                    )
-        if node["thunderbolt_bridge_enabled"] and node["rdma_state"] == "enabled":
-            interface = node["thunderbolt_bridge_interface"] or "bridge0"
-            result["warnings"].append(
-                f"Thunderbolt Bridge is enabled on {name} alongside RDMA: "
-                "it must be disabled for RDMA"
-            )
-            result["fixes"].append({
-                "node": name,
-                "instruction": BRIDGE_INSTRUCTION.format(interface=interface),
-                "command": f"sudo ifconfig {interface} down",
-            })
-
-
-def _missing_text(missing: list[tuple[str, str]], pairs: dict[str, Any], limit: int = 6) -> str:
-    if not missing:
-        return "every pair has RDMA"
-    parts = [f"{a}–{b}: {pairs[a][b]['rdma_detail']}" for a, b in missing[:limit]]
-    if len(missing) > limit:
-        parts.append(f"and {len(missing) - limit} more pairs")
-    return "; ".join(parts)
-
-
-def _ring_text(ring: list[str]) -> str:
-    return " → ".join([*ring, ring[0]])
-
-
-def _toward(view: dict[str, Any]) -> dict[str, Any] | None:
-    best = view.get("best")
-    if best is None and not view.get("rdma"):
-        return None
-    return {
-        "kind": best["kind"] if best else None,
-        "local_ip": best["local_ip"] if best else None,
-        "peer_ip": best["peer_ip"] if best else None,
-        "local_interface": best["local_interface"] if best else None,
-        "peer_interface": best["peer_interface"] if best else None,
-        "rdma_device": view.get("rdma_device"),
-        "peer_rdma_device": view.get("peer_rdma_device"),
-        "generation": view.get("generation"),
-        "speed_gbps": view.get("speed_gbps"),
-    }
-
-
-def _jaccl(result: dict[str, Any], order: list[str], pairs: dict[str, Any], ring: bool) -> None:
-    """Hosts for jaccl / jaccl-ring: RDMA devices per rank and an address every node
-    can reach (rank 0's is the coordinator's)."""
-    n = len(order)
-    result.update(backend="jaccl-ring" if ring else "jaccl", transport="rdma",
-                  order=list(order), ring=list(order) if ring else None)
-    hosts = []
-    for rank, name in enumerate(order):
-        if ring:
-            neighbours = list(dict.fromkeys([order[rank - 1], order[(rank + 1) % n]]))
-        else:
-            neighbours = [other for other in order if other != name]
-        devices = [
-            pairs[name][other]["rdma_device"] if other in neighbours else None
-            for other in order
-        ]
-        ip, kind = _common_address(name, order, pairs)
-        if ip is None:
-            text = (
-                f"{name} has no address that every other node shares a subnet with"
-            )
-            if rank == 0:
-                text += "; rank 0's address is the jaccl coordinator's"
-            result["warnings"].append(text)
-            previous = pairs[name][order[rank - 1]]["best"]
-            ip = previous["local_ip"] if previous else None
-        hosts.append({
-            "node": name,
-            "rank": rank,
-            "ip": ip,
-            "ips": [ip] if ip else [],
-            "rdma": devices,
-            "neighbours": neighbours,
-            "toward": {other: _toward(pairs[name][other]) for other in neighbours},
-        })
-        if ip is None:
-            result["warnings"].append(
-                f"no address measured for {name}: the cluster file must give one"
-            )
-    result["hosts"] = hosts
-
-
-def _common_address(name: str, order: list[str], pairs: dict[str, Any]) -> tuple[str | None, str | None]:
-    """This node's address that every other node shares a subnet with, best kind first."""
-    candidates: dict[str, str] | None = None
-    for other in order:
-        if other == name:
-            continue
-        mine = {}
-        for link in pairs[name][other]["links"]:
-            mine.setdefault(link["local_ip"], link["kind"])
-        candidates = mine if candidates is None else {
-            ip: kind for ip, kind in candidates.items() if ip in mine
-        }
-    if not candidates:
-        return None, None
-    ip, kind = min(candidates.items(), key=lambda item: (LINK_KINDS.index(item[1]), item[0]))
-    return ip, kind
-
-
-def _tcp_ring(
-    result: dict[str, Any], order: list[str], pairs: dict[str, Any], nodes: dict[str, Any]
-) -> None:
-    """A TCP ring: over Thunderbolt links where they close a ring, else the given order
-    where every neighbour shares a subnet, else any ring of shared subnets."""
-    def link_of_kind(kind: str) -> Callable[[str, str], bool]:
-        return lambda a, b: bool(pairs[a][b]["best"]) and pairs[a][b]["best"]["kind"] == kind
-
-    def any_link(a: str, b: str) -> bool:
-        return pairs[a][b]["best"] is not None
-
-    ring = find_ring(order, link_of_kind("thunderbolt")) or find_ring(order, any_link) or order
-    n = len(ring)
-    result.update(backend="ring", transport="tcp", order=list(ring), ring=list(ring))
-    hosts = []
-    for rank, name in enumerate(ring):
-        left, right = ring[rank - 1], ring[(rank + 1) % n]
-        neighbours = list(dict.fromkeys([left, right]))
-        # The ring backend's address of a rank is the one its left neighbour reaches it on.
-        best = pairs[name][left]["best"]
-        ip = best["local_ip"] if best else None
-        if best is None:
-            ip = _fallback_address(name, pairs, ring, nodes)
-            result["warnings"].append(
-                f"{left} and {name} share no IPv4 subnet ({pairs[name][left]['link_detail']})"
-                + (f"; using {name}'s address {ip}, which must be routable from {left}"
-                   if ip else "")
-            )
-        elif best["kind"] == "wifi":
-            result["warnings"].append(f"{left} → {name} goes over Wi-Fi: expect it to be slow")
-        hosts.append({
-            "node": name,
-            "rank": rank,
-            "ip": ip,
-            "ips": [ip] if ip else [],
-            "rdma": [],
-            "neighbours": neighbours,
-            "toward": {other: _toward(pairs[name][other]) for other in neighbours},
-        })
-        if ip is None:
-            result["warnings"].append(
-                f"no address measured for {name}: the cluster file must give one"
-            )
-    result["hosts"] = hosts
-
-
-_FALLBACK_KINDS = ("ethernet", "wifi", "other", "thunderbolt")
-
-
-def _fallback_address(
-    name: str, pairs: dict[str, Any], ring: list[str], nodes: dict[str, Any]
-) -> str | None:
-    """An address of this node for a neighbour it shares no subnet with (a routed
-    network): one another node does share a subnet with, else any, LAN kinds first
-    (Thunderbolt addresses are point-to-point)."""
-    seen = []
-    for other in ring:
-        if other != name:
-            seen.extend((link["kind"], link["local_ip"]) for link in pairs[name][other]["links"])
-    if not seen:
-        seen = [(entry["kind"], entry["address"]) for entry in nodes[name]["ipv4"]]
-    if not seen:
-        return None
-    return min(seen, key=lambda item: _FALLBACK_KINDS.index(item[0]))[1]

@@ -5,7 +5,7 @@ The input (``schemas/orchestration-input.schema.json``: ``modelConfig``, ``dataC
 and where it asks for what the measured cluster cannot give (more nodes, several ranks
 per node, another framework) the output says so in ``requestNotes`` instead of obeying.
 The output (``schemas/orchestration-output.schema.json``) is built from the same
-:class:`~coordinator.plan.document.PlanInputs` as the v2.0.0 plan, with the same
+:class:`~coordinator.plan.inputs.PlanInputs` as the v2.0.0 plan, with the same
 ``sources``/``missing`` provenance in every section.
 """
 
@@ -17,26 +17,19 @@ import math
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypedDict
 
 import jsonschema
 
 from coordinator.jobs.core import FIRST_STEP_TIMEOUT_S
 from coordinator.jobs.policy import hang_timeout
 from coordinator.jobs.supervisor import CHECKPOINT_POLL_S, NODE_WAIT_S, POLL_S
-from coordinator.plan.document import (
-    JACCL_PORT,
-    PlanInputs,
-    Section,
-    checkpoint_section,
-    disabled_section,
-    expected_recovery,
-    load_schema,
-    rank_order,
-    resolve_options,
-    trainer_of,
-    usable_calibrations,
-)
+from coordinator.plan.document import load_schema
+from coordinator.plan.inputs import PlanInputs, expected_recovery, rank_order, trainer_of, usable_calibrations
+from coordinator.plan.options import ResolvedOptions, resolve_options
+from coordinator.plan.provenance import Section, disabled_section
+from coordinator.plan.sections.checkpoint import checkpoint_section
+from coordinator.plan.sections.distributed import JACCL_PORT
 from coordinator.readiness.calibration import train_rate, workload_shares
 
 KEEPALIVE_COUNT = 3  # node sessions give up after this many missed keepalives
@@ -249,7 +242,7 @@ def build_orchestration(inputs: PlanInputs, request: OrchestrationRequest | None
     if request is not None:
         inputs, notes = apply_request(inputs, request)
     options = resolve_options(inputs.options, [node.name for node in inputs.nodes], inputs.sizing)
-    document = {
+    document: dict[str, Any] = {
         "distributedConfig": distributed_config(inputs, options),
         "resourceAllocation": resource_allocation(inputs, options),
         "checkpointStrategy": checkpoint_strategy(inputs, options),
@@ -261,7 +254,7 @@ def build_orchestration(inputs: PlanInputs, request: OrchestrationRequest | None
     return document
 
 
-def distributed_config(inputs: PlanInputs, options: Mapping[str, tuple[Any, str]]) -> dict[str, Any]:
+def distributed_config(inputs: PlanInputs, options: ResolvedOptions) -> dict[str, Any]:
     order, order_source = rank_order(inputs)
     trainer, trainer_source = trainer_of(inputs, options)
     section = Section()
@@ -282,7 +275,7 @@ def distributed_config(inputs: PlanInputs, options: Mapping[str, tuple[Any, str]
     return section.done()
 
 
-def _init_method(backend: str, inputs: PlanInputs) -> str:
+def _init_method(backend: str | None, inputs: PlanInputs) -> str:
     hosts = (inputs.hostfile or {}).get("hosts") or []
     where = f" {inputs.hostfile_path}" if inputs.hostfile_path else ""
     if backend == "ring":
@@ -293,7 +286,7 @@ def _init_method(backend: str, inputs: PlanInputs) -> str:
             "(MLX_JACCL_COORDINATOR), then use the RDMA devices the hostfile lists")
 
 
-def resource_allocation(inputs: PlanInputs, options: Mapping[str, tuple[Any, str]]) -> dict[str, Any]:
+def resource_allocation(inputs: PlanInputs, options: ResolvedOptions) -> dict[str, Any]:
     order, order_source = rank_order(inputs)
     if not order:
         return disabled_section("no nodes in the cluster file")
@@ -312,14 +305,14 @@ def resource_allocation(inputs: PlanInputs, options: Mapping[str, tuple[Any, str
                 + (f" (none for {', '.join(lacking)})" if lacking else "") + f"; share: {shares['reason']}")
     memory = {name: (inputs.facts.get(name) or {}).get("memory_bytes") for name in order}
     known = {name: size for name, size in memory.items() if isinstance(size, int)}
-    needed = (inputs.sizing or {}).get("memory_per_rank_bytes")
+    needed = inputs.sizing.get("memory_per_rank_bytes") if inputs.sizing else None
     if known:
-        smallest = min(known, key=known.get)
+        smallest = min(known, key=known.__getitem__)
         text = f"{known[smallest] / GIB:.0f} GiB available on the smallest node ({smallest})"
         source = "node facts: physical memory"
         if isinstance(needed, int):
             text = f"{needed / GIB:.1f} GiB needed per rank; " + text
-            source += f"; sizing: {inputs.sizing.get('source') or 'estimate per rank'}"
+            source += f"; sizing: {(inputs.sizing.get('source') if inputs.sizing else None) or 'estimate per rank'}"
         section.put("memoryPerNode", text, source)
     else:
         section.lack("memoryPerNode", "no node reported its memory (are the nodes up?)")
@@ -332,7 +325,7 @@ def resource_allocation(inputs: PlanInputs, options: Mapping[str, tuple[Any, str
     return section.done()
 
 
-def checkpoint_strategy(inputs: PlanInputs, options: Mapping[str, tuple[Any, str]]) -> dict[str, Any]:
+def checkpoint_strategy(inputs: PlanInputs, options: ResolvedOptions) -> dict[str, Any]:
     plan = checkpoint_section(inputs, dict(options))
     if plan.get("enabled") is False:
         return plan
@@ -347,7 +340,7 @@ def checkpoint_strategy(inputs: PlanInputs, options: Mapping[str, tuple[Any, str
     return section.done()
 
 
-def fault_tolerance(inputs: PlanInputs, options: Mapping[str, tuple[Any, str]]) -> dict[str, Any]:
+def fault_tolerance(inputs: PlanInputs, options: ResolvedOptions) -> dict[str, Any]:
     order, _ = rank_order(inputs)
     restarts, restarts_source = options["max_restarts"]
     section = Section()
@@ -378,7 +371,13 @@ def fault_tolerance(inputs: PlanInputs, options: Mapping[str, tuple[Any, str]]) 
     return section.done()
 
 
-def health_checks(inputs: PlanInputs) -> list[dict[str, Any]]:
+class HealthCheck(TypedDict):
+    name: str
+    detects: str
+    within: str
+
+
+def health_checks(inputs: PlanInputs) -> list[HealthCheck]:
     """Each failure coord detects, and how soon."""
     keepalive = inputs.keepalive_s
     step = inputs.timings.step_s

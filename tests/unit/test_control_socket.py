@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.cli.main import CliError, resolve_socket
+from coordinator.cli.client import CliError, resolve_socket
 from coordinator.config.cluster_file import load_config
 from coordinator.control.address import socket_from_file
 

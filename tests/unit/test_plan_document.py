@@ -21,19 +21,11 @@ from agent.launch import rank_command
 from agent.topology import build_macos_topology
 from coordinator.config.cluster_file import ClusterConfig, NodeConfig, SshSettings
 from coordinator.launch.hostfile import build_hostfile
-from coordinator.launch.topology import choose_backend, connectivity_matrix
-from coordinator.plan.document import (
-    SECTIONS,
-    JobOptions,
-    MeasuredTimings,
-    PlanInputError,
-    PlanInputs,
-    build_plan,
-    load_schema,
-    scale_learning_rate,
-    split_batch,
-    timings_from_events,
-)
+from coordinator.launch.mlx_backend import choose_backend
+from coordinator.launch.topology import connectivity_matrix
+from coordinator.plan.document import SECTIONS, build_plan, load_schema
+from coordinator.plan.inputs import MeasuredTimings, PlanInputs, timings_from_events
+from coordinator.plan.options import JobOptions, PlanInputError
 from coordinator.plan.orchestration import (
     OrchestrationInputError,
     build_orchestration,
@@ -42,6 +34,7 @@ from coordinator.plan.orchestration import (
     parse_orchestration_input,
     read_orchestration_input,
 )
+from coordinator.plan.sections.training import scale_learning_rate, split_batch
 from coordinator.readiness import checks
 from coordinator.readiness.calibration import calibration_record
 from coordinator.readiness.consistency import compare_nodes

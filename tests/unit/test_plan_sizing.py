@@ -12,18 +12,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from coordinator.plan.memory_estimate import estimate_memory
+from coordinator.plan.model_shape import SizingError, read_model_shape, read_safetensors_header, shape_from_config
 from coordinator.plan.sizing import (
     DOES_NOT_FIT,
     FITS,
     NEEDS_GRAD_CHECKPOINT,
     NodeMemory,
-    SizingError,
-    estimate_memory,
     fit_nodes,
     nodes_from_facts,
-    read_model_shape,
-    read_safetensors_header,
-    shape_from_config,
     sizing_summary,
     split_layers,
 )

@@ -9,7 +9,7 @@ import struct
 import pytest
 
 from agent.trainer.safetensors_file import HostTensor, read_header, write_atomic
-from coordinator.plan.sizing import SizingError, read_safetensors_header
+from coordinator.plan.model_shape import SizingError, read_safetensors_header
 from shared import safetensors_header
 from shared.safetensors_header import HeaderError, read_header_block, tensor_entries
 

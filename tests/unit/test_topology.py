@@ -33,12 +33,11 @@ from agent.topology_parsers import (
     thunderbolt_generation,
     thunderbolt_receptacles,
 )
+from coordinator.launch.mlx_backend import choose_backend, find_ring
 from coordinator.launch.topology import (
     RECOVERY_INSTRUCTION,
     UPGRADE_INSTRUCTION,
-    choose_backend,
     connectivity_matrix,
-    find_ring,
 )
 
 # The repository is /work/main; the shared fixtures sit beside it in /work/shared.

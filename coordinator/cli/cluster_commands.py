@@ -1,0 +1,168 @@
+"""The commands about the cluster as a whole: `coord status`, `sync`, `calibrate`, `preflight`, `plan` and
+`hostfile`. Each asks the daemon and prints its answer (or --json)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from coordinator.cli.client import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+    ask_daemon,
+    resolve_socket,
+    streamed,
+)
+from coordinator.cli.console import make_console
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    socket = resolve_socket(args)
+    hint = args.config or os.environ.get("COORD_CONFIG")
+    if args.watch:
+        return _watch_status(args, socket, hint)
+    request = {"events": args.events, "all": args.all}
+    if args.history:
+        request.update(history=True, run=args.run, since=time.time() - args.since if args.since else None)
+    doc = ask_daemon(socket, "status", request, config_hint=hint)
+    if args.json:
+        json.dump(doc, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        from coordinator.commands.status import render_history, render_status
+        render_status(doc, make_console())
+        if args.history:
+            render_history(doc["history"], make_console())
+    return EXIT_OK if doc["summary"]["up"] == doc["summary"]["nodes"] or not args.check else EXIT_FAILED
+
+
+def _watch_status(args: argparse.Namespace, socket: Path, hint: str | None) -> int:
+    from rich.console import Console
+    from rich.live import Live
+
+    from coordinator.commands.status import render_status
+
+    console = Console()
+    try:
+        with Live(console=console, auto_refresh=False, screen=False) as live, open(os.devnull, "w") as devnull:
+            while True:
+                doc = ask_daemon(socket, "status", {"events": args.events}, config_hint=hint)
+                capture = Console(record=True, width=console.width, file=devnull)
+                render_status(doc, capture)
+                from rich.text import Text
+                live.update(Text.from_ansi(capture.export_text(styles=True)), refresh=True)
+                time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    from coordinator.cli.progress import SyncProgress
+    from coordinator.commands.sync import render_sync
+
+    source = str(Path(args.source).resolve()) if args.source else None
+    report = streamed(args, "sync", {"source": source, "delete": args.delete, "dry_run": args.dry_run},
+                       render_sync, SyncProgress, blocking=True)
+    return EXIT_OK if report["status"] == "ok" else EXIT_FAILED
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from coordinator.cli.progress import NodeProgress
+    from coordinator.commands.calibrate import render_calibrate
+
+    report = streamed(args, "calibrate", {"refresh": args.refresh, "quick": args.quick}, render_calibrate,
+                       NodeProgress)
+    return EXIT_OK if report["status"] == "ok" else EXIT_FAILED
+
+
+def cmd_preflight(args: argparse.Namespace) -> int:
+    from coordinator.cli.progress import NodeProgress
+    from coordinator.commands.preflight import render_preflight
+
+    result = streamed(args, "preflight", {"backend": args.backend}, render_preflight, NodeProgress)
+    return EXIT_FAILED if result["status"] == "fail" else EXIT_OK
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from coordinator.cli.progress import NodeProgress
+    from coordinator.commands.plan import render_plan
+    from coordinator.plan.orchestration import OrchestrationInputError, read_orchestration_input
+
+    request = None
+    if args.input:
+        try:
+            text = Path(args.input).read_text(encoding="utf-8")
+            read_orchestration_input(text, args.input)  # a bad file is named here, field by field
+        except FileNotFoundError:
+            raise CliError(f"{args.input}: no such file", EXIT_USAGE) from None
+        except OrchestrationInputError as exc:
+            raise CliError(str(exc), EXIT_USAGE) from None
+        request = json.loads(text)
+        # Paths in the input file are relative to the file, not to wherever the daemon runs.
+        for section, flag in (("modelConfig", "model"), ("dataConfig", "data")):
+            given = (request.get(section) or {}).get("path")
+            if isinstance(given, str) and given and not getattr(args, flag):
+                path = Path(given).expanduser()
+                setattr(args, flag, str(path if path.is_absolute() else Path(args.input).resolve().parent / path))
+    options = {"fine_tune_type": args.fine_tune_type, "per_rank_batch_size": args.batch_size,
+               "gradient_accumulation_steps": args.grad_accumulation_steps, "learning_rate": args.learning_rate,
+               "optimizer": args.optimizer, "lr_scaling": args.lr_scaling, "warmup_steps": args.warmup_steps,
+               "save_every": args.save_every, "keep": args.keep, "trainer": args.trainer, "replica": args.replica,
+               "min_nodes": args.min_nodes}
+    for flag, value in (("--model", args.model), ("--data", args.data)):
+        if value and not Path(value).exists():
+            where = f" (from {args.input})" if args.input else ""
+            raise CliError(f"{flag} {value}{where}: no such directory", EXIT_USAGE)
+    call = {"schema": args.schema, "options": {k: v for k, v in options.items() if v is not None},
+            "model": str(Path(args.model).resolve()) if args.model else None,
+            "data": str(Path(args.data).resolve()) if args.data else None, "request": request,
+            "name": args.name, "seq_len": args.max_seq_length}
+    streamed(args, "plan", call, render_plan, NodeProgress)
+    return EXIT_OK
+
+
+def cmd_hostfile(args: argparse.Namespace) -> int:
+    socket = resolve_socket(args)
+    hint = args.config or os.environ.get("COORD_CONFIG")
+    output = str(Path(args.output).resolve()) if args.output else None
+    result = ask_daemon(socket, "hostfile", {"output": output, "backend": args.backend}, config_hint=hint,
+                        timeout=300)
+    if args.json:
+        json.dump(result, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+        return EXIT_OK
+    if output:
+        document = result["hostfile"]
+        print(f"wrote {output} ({document['backend']}, {len(document['hosts'])} hosts: "
+              f"{', '.join(h['ssh'] for h in document['hosts'])})")
+    else:
+        json.dump(result["hostfile"], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    # Without -o stdout is the hostfile itself: the advice goes to stderr.
+    advice = sys.stdout if output else sys.stderr
+    print(render_hostfile_ssh(result), file=advice)
+    return EXIT_OK
+
+
+def render_hostfile_ssh(result: dict[str, Any]) -> str:
+    """How the user's own ssh reaches the nodes, and the one line to add when it cannot yet."""
+    ssh = result.get("ssh") or {}
+    needing = [e for e in ssh.get("entries", []) if e.get("needs")]
+    lines = []
+    if needing and ssh.get("include_line"):
+        lines.append("your ssh config lacks what " + ", ".join(e["node"] for e in needing) + " need"
+                     + "".join(f"\n  {e['node']} ({e['ssh']}): {'; '.join(e['needs'])}" for e in needing))
+        lines.append(f"coord wrote Host entries for them to {ssh['include_file']}; add this line at the top "
+                     f"of ~/.ssh/config (coord never edits it):\n  {ssh['include_line']}")
+    else:
+        lines.append("every node is reached as your own ssh reaches it (ssh <entry> works as is)")
+    if result.get("launch"):
+        lines.append(f"then: {result['launch']}")
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""The plan's sections by concern; :mod:`coordinator.plan.document` puts them together."""
