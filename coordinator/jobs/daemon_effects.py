@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 import anyio
 import structlog
 
-from agent.launch import rank_command
 from coordinator.jobs.effects import HEAD, LaunchError, NodeView, Placement
 from coordinator.jobs.head_paths import attempt_dir
 from coordinator.jobs.transfer import (
@@ -26,8 +25,9 @@ from coordinator.jobs.transfer import (
     NodeSource,
     copy_verified,
 )
-from coordinator.launch.mlx_launch import launcher_argv, ring_starting_port
-from coordinator.launch.plan import node_topologies, plan_backend, write_launch_files
+from coordinator.launch.launcher import LaunchPlan, PlanError, StartError
+from coordinator.launch.plan import node_topologies
+from coordinator.launch.registry import launcher_named
 from coordinator.nodes.session import UP
 from coordinator.relay.broadcast import Source as RelaySource
 from coordinator.relay.broadcast import Target, broadcast
@@ -106,35 +106,22 @@ class DaemonEffects:
         return await run_preflight(self.cluster, _quiet, backend=backend, source=source, only=nodes)
 
     # --- launching ---
-    async def plan_launch(self, nodes: list[str], backend: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    async def plan_launch(self, nodes: list[str], backend: str | None, launcher: str) -> LaunchPlan:
         topologies = await node_topologies(self.cluster)
-        missing = [n for n in nodes if n not in topologies]
-        if missing:
-            # A node whose session has not noticed yet that it is gone: blame it, so that the
-            # next launch waits for it like a lost node.
-            raise LaunchError(f"no link information from {', '.join(missing)} (is it up?)", node=missing[0])
-        choice, document, error = plan_backend(self.cluster, topologies, forced=backend, nodes=nodes)
-        if document is None:
-            raise LaunchError(f"no hostfile: {error}")
-        return choice, document
-
-    def start_launcher(self, run_id: str, attempt: int, document: dict[str, Any]) -> int:
-        directory = attempt_dir(self.config.state_dir, run_id, attempt)
         try:
-            files = write_launch_files(directory, self.config, document)
+            return launcher_named(launcher).plan(self.cluster, topologies, nodes, backend)
+        except PlanError as exc:
+            raise LaunchError(exc.message, node=exc.node) from None
+
+    def start_launcher(self, run_id: str, attempt: int, plan: LaunchPlan) -> int:
+        directory = attempt_dir(self.config.state_dir, run_id, attempt)
+        launcher = launcher_named(plan.launcher)
+        try:
+            proc = launcher.start(directory, self.config, plan, run_id, attempt)
+        except StartError as exc:
+            raise LaunchError(str(exc)) from None
         except OSError as exc:
             raise LaunchError(f"the launch files could not be written in {directory}: {exc}") from None
-        argv = [*launcher_argv(), "--hostfile", files["hostfile"], "--starting-port",
-                str(ring_starting_port(run_id, attempt)), "--", *rank_command(run_id)]
-        env = dict(os.environ, PATH=files["path_prefix"] + os.pathsep + os.environ.get("PATH", "/usr/bin:/bin"))
-        try:
-            with open(directory / "launcher.log", "ab") as output:
-                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
-                                        env=env, start_new_session=True, cwd=str(directory))
-        except OSError as exc:
-            raise LaunchError(f"mlx.launch could not be started ({argv[0]}: {exc.strerror or exc}); install mlx "
-                              "into the head's Python (pip install mlx) or put mlx.launch on the daemon's PATH") \
-                from None
         self._launchers[proc.pid] = proc
         return proc.pid
 

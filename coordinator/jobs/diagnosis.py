@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from coordinator.jobs.spec import MLX_LM_FORMS, option_value
+from coordinator.launch.mlx_lm_command import MLX_LM_FORMS, option_value
 from coordinator.launch.topology import BRIDGE_INSTRUCTION
 from coordinator.nodes import versions
 

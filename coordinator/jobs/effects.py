@@ -16,6 +16,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from coordinator.launch.launcher import LaunchPlan
+
 HEAD = "head"  # the catalog's node name for a copy in the head's state directory
 
 
@@ -74,11 +76,11 @@ class JobEffects(Protocol):
                         nodes: list[str] | None = None) -> dict[str, Any]: ...
 
     # --- launching ---
-    async def plan_launch(self, nodes: list[str], backend: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(backend choice, hostfile document) for ``nodes``; LaunchError when there is none."""
+    async def plan_launch(self, nodes: list[str], backend: str | None, launcher: str) -> LaunchPlan:
+        """The named launcher's plan for ``nodes``; LaunchError when there is none."""
 
-    def start_launcher(self, run_id: str, attempt: int, document: dict[str, Any]) -> int:
-        """Write the launch files and start mlx.launch; its pid. LaunchError when it cannot start."""
+    def start_launcher(self, run_id: str, attempt: int, plan: LaunchPlan) -> int:
+        """Write the launch files and start the plan's launcher; its pid. LaunchError when it cannot start."""
 
     def launcher_exit(self, pid: int) -> int | None:
         """The launcher's exit status once it has exited (None while it runs or when unknown)."""

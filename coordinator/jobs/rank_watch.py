@@ -29,7 +29,6 @@ from coordinator.jobs.policy import (
     root_cause,
 )
 from coordinator.jobs.run_context import RunContext
-from coordinator.jobs.spec import attempt_command
 from coordinator.nodes import versions as node_versions
 from shared.rpc import RemoteError
 
@@ -162,11 +161,11 @@ class RankWatcher:
                           "fix": item["fix"], "line": item.get("line")})
             self.ctx.event("diagnosis", f"{item['title']} ({where}); fix: {item['fix']}", id=item["id"])
 
-    def diagnose_launch(self, order: list[str], document: dict[str, Any], batch: Any) -> None:
+    def diagnose_launch(self, order: list[str], envs: dict[str, str], command: list[str]) -> None:
+        """Known failures the job's command, its launcher's environment and its nodes' facts show
+        before a rank starts."""
         versions = [v for v in ((self.fx.node(n).facts or {}).get("mlx_lm_version") for n in order) if v]
         oldest = node_versions.oldest(versions)
-        command = attempt_command(self.ctx.spec, adapter_path="", resume_file=None, start_step=0, batch=batch)
-        envs = dict(env.split("=", 1) for env in document.get("envs", []) if "=" in env)
         self._diagnose(diagnosis.diagnose_job(command, envs, oldest), "the job's command")
         facts = {n: self.fx.node(n).facts for n in order if self.fx.node(n).facts}
         self._diagnose(diagnosis.diagnose_cluster(facts), "the job's nodes")

@@ -19,8 +19,9 @@ import anyio
 
 from coordinator.jobs import catalog
 from coordinator.jobs.effects import HEAD, Placement
-from coordinator.jobs.spec import REPLICA_HEAD, is_mlx_lm
+from coordinator.jobs.spec import REPLICA_HEAD
 from coordinator.jobs.transfer import CheckpointDamaged
+from coordinator.launch.mlx_lm_command import is_mlx_lm
 from shared.rpc import RemoteError
 
 if TYPE_CHECKING:

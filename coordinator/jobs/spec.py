@@ -17,14 +17,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from coordinator.launch.mlx_lm_command import CommandError, is_mlx_lm, mlx_lm_args, option_value
+from coordinator.launch.registry import DEFAULT_LAUNCHER, LAUNCHERS
+
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-MLX_LM_FORMS = (["-m", "mlx_lm", "lora"], ["-m", "mlx_lm.lora"], ["-m", "agent.train"])
 TRAINERS = ("mlx_lm", "coord")
 REPLICA_HEAD, REPLICA_NONE = "head", "none"
-MLX_LM_BATCH_SIZE = 4  # mlx-lm's default --batch-size
 
 
-class JobSpecError(ValueError):
+class JobSpecError(CommandError):
     pass
 
 
@@ -46,6 +47,7 @@ class JobSpec:
     total_steps: int | None = field(default=None)
     nodes: list[str] | None = None  # the nodes the job holds (None: every node of the cluster)
     priority: int = 0  # a queued job with a higher priority starts first
+    launcher: str = DEFAULT_LAUNCHER  # what starts the ranks (coordinator/launch/registry.py)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -59,7 +61,7 @@ def validate(spec: JobSpec) -> JobSpec:
     """``spec`` checked, in this order, by each of the checks below; the first problem raises
     JobSpecError. Two checks fill fields in: the trainer a command names, an mlx_lm run's total."""
     for check in (_check_name_and_command, _check_counts, _check_trainer, _check_nodes_and_replica,
-                  _check_total_steps, _check_node_list, _check_priority, _check_mlx_lm_iters):
+                  _check_total_steps, _check_node_list, _check_priority, _check_launcher, _check_mlx_lm_iters):
         check(spec)
     return spec
 
@@ -121,6 +123,11 @@ def _check_priority(spec: JobSpec) -> None:
         raise JobSpecError(f"priority must be a whole number, got {spec.priority!r}")
 
 
+def _check_launcher(spec: JobSpec) -> None:
+    if spec.launcher not in LAUNCHERS:
+        raise JobSpecError(f"launcher must be one of {', '.join(sorted(LAUNCHERS))}, got {spec.launcher!r}")
+
+
 def _check_mlx_lm_iters(spec: JobSpec) -> None:
     """An mlx_lm run's total is its --iters, which must be given."""
     if not is_mlx_lm(spec.command):
@@ -169,127 +176,3 @@ def load_job_file(path: Path) -> JobSpec:
         source = Path(job["source"]).expanduser()
         job["source"] = str(source if source.is_absolute() else (path.parent / source).resolve())
     return validate(JobSpec(**job))
-
-
-def is_mlx_lm(command: list[str]) -> bool:
-    return _mlx_lm_split(command) is not None
-
-
-def _mlx_lm_split(command: list[str]) -> int | None:
-    """Index where mlx_lm lora's own options start, or None if this is not mlx_lm lora."""
-    if command[:1] in (["mlx_lm.lora"],):
-        return 1
-    if command and command[0].split("/")[-1].startswith("python"):
-        for form in MLX_LM_FORMS:
-            if command[1:1 + len(form)] == form:
-                return 1 + len(form)
-    return None
-
-
-def mlx_lm_args(command: list[str]) -> list[str]:
-    start = _mlx_lm_split(command)
-    return command[start:] if start is not None else []
-
-
-def option_value(args: list[str], option: str) -> str | None:
-    for i, word in enumerate(args):
-        if word == option and i + 1 < len(args):
-            return args[i + 1]
-        if word.startswith(option + "="):
-            return word.split("=", 1)[1]
-    return None
-
-
-def without_options(args: list[str], options: set[str]) -> list[str]:
-    out, skip = [], False
-    for word in args:
-        if skip:
-            skip = False
-            continue
-        if word in options:
-            skip = True
-            continue
-        if any(word.startswith(o + "=") for o in options):
-            continue
-        out.append(word)
-    return out
-
-
-def batch_split(spec: JobSpec, ranks: int):
-    """The job's own batch (mlx-lm's --batch-size across all ranks, and its accumulation) on ``ranks`` ranks.
-
-    Resolved as mlx-lm resolves it: the command line, then the ``-c`` config file, then
-    mlx-lm's defaults. The config file is read from the job's source on the head (what was
-    synced to the nodes), or as given when absolute."""
-    from coordinator.jobs.elastic import BatchSplit
-
-    args = mlx_lm_args(spec.command)
-    from_file = _mlx_lm_config(spec, args)
-    batch_size = option_value(args, "--batch-size") or from_file.get("batch_size") or MLX_LM_BATCH_SIZE
-    accumulation = option_value(args, "--grad-accumulation-steps") or from_file.get("grad_accumulation_steps") or 1
-    try:
-        return BatchSplit(_whole(batch_size), _whole(accumulation), ranks)
-    except ValueError:
-        raise JobSpecError(f"batch_size ({batch_size!r}) and grad_accumulation_steps ({accumulation!r}) must be "
-                           "whole numbers") from None
-
-
-def _whole(value) -> int:
-    if isinstance(value, bool) or isinstance(value, float) and not value.is_integer():
-        raise ValueError(value)
-    return int(value)
-
-
-def _mlx_lm_config(spec: JobSpec, args: list[str]) -> dict:
-    name = option_value(args, "-c") or option_value(args, "--config")
-    if name is None:
-        return {}
-    path = Path(name).expanduser()
-    if not path.is_absolute():
-        if not spec.source:
-            raise JobSpecError(f"the config file {name} is relative and the job has no source to find it in")
-        path = Path(spec.source) / path
-    try:
-        import yaml  # mlx-lm's own dependency
-    except ImportError:
-        raise JobSpecError(f"reading the config file {path} needs PyYAML (pip install pyyaml)") from None
-    try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except OSError as exc:
-        raise JobSpecError(f"cannot read the config file {path}: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise JobSpecError(f"the config file {path} is not valid YAML: {exc}") from None
-    if not isinstance(loaded, dict):
-        raise JobSpecError(f"the config file {path} is not a mapping of options")
-    return loaded
-
-
-def attempt_command(spec: JobSpec, *, adapter_path: str, resume_file: str | None, start_step: int,
-                    batch=None) -> list[str]:
-    """The command one node runs for one attempt (the adapter path is that node's own).
-
-    ``batch`` (an elastic.BatchSplit) replaces the job's own batch size and accumulation when
-    the attempt runs on fewer ranks than the job was written for.
-    """
-    if not is_mlx_lm(spec.command):
-        return list(spec.command)
-    args = mlx_lm_args(spec.command)
-    owned = {"--adapter-path", "--save-every", "--resume-adapter-file", "--iters"}
-    if batch is not None:
-        owned |= {"--batch-size", "--grad-accumulation-steps"}
-    kept = without_options(args, owned)
-    if spec.trainer == "coord":
-        # coord's trainer resumes its own step from the checkpoint: it is given the job's total.
-        out = ["python", "-m", "agent.train", *kept, "--iters", str(spec.total_steps)]
-    else:
-        out = ["python", "-m", "agent.mlx_lm_train", *kept, "--iters", str(spec.total_steps - start_step)]
-    out += ["--adapter-path", adapter_path, "--save-every", str(spec.save_every)]
-    if batch is not None:
-        out += ["--batch-size", str(batch.batch_size), "--grad-accumulation-steps", str(batch.accumulation)]
-    if option_value(args, "--fine-tune-type") == "full" and option_value(args, "--num-layers") is None:
-        out += ["--num-layers", "-1"]  # mlx-lm's default of 16 would train only the top layers
-    if option_value(args, "--steps-per-report") is None:
-        out += ["--steps-per-report", "1"]  # progress every step keeps hang detection tight
-    if resume_file:
-        out += ["--resume-adapter-file", resume_file]
-    return out

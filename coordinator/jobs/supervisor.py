@@ -34,14 +34,18 @@ from coordinator.jobs import core
 from coordinator.jobs.attempt import Attempt
 from coordinator.jobs.checkpoints import CHECKPOINT_POLL_S, CheckpointKeeper
 from coordinator.jobs.effects import JobEffects, LaunchError
-from coordinator.jobs.elastic import Undividable, choose_nodes, rebatch
+from coordinator.jobs.elastic import choose_nodes
 from coordinator.jobs.node_health import NodeHealth
 from coordinator.jobs.policy import LAUNCH_FAILED, RESIZED, STOPPED, SUCCEEDED, Decision, Outcome, decide
 from coordinator.jobs.rank_watch import MAX_REREADS, POLL_S, READ_AGAIN, RankWatcher
 from coordinator.jobs.replica import Replicator
 from coordinator.jobs.run_context import RunContext
-from coordinator.jobs.spec import REPLICA_NONE, JobSpec, JobSpecError, attempt_command, batch_split, is_mlx_lm
+from coordinator.jobs.spec import REPLICA_NONE, JobSpec
 from coordinator.jobs.states import ACTIVE, FINISHED, JobState
+from coordinator.launch.batch import BatchSplit, Undividable, rebatch
+from coordinator.launch.launcher import LaunchPlan
+from coordinator.launch.mlx_lm_command import CommandError
+from coordinator.launch.registry import launcher_named
 from shared.rpc import RemoteError
 
 __all__ = ["ACTIVE", "CHECKPOINT_POLL_S", "FINISHED", "NODE_WAIT_S", "POLL_S", "JobRunner", "JobState"]
@@ -61,11 +65,12 @@ class JobRunner:
         self.run_id = run_id
         self.log = self.ctx.log
         self.health = NodeHealth(fx)
+        self.launcher = launcher_named(spec.launcher)
         self.replicator = Replicator(self.ctx, self.health) if spec.replica != REPLICA_NONE else None
         self.checkpoints = CheckpointKeeper(self.ctx, self.health, self.replicator)
         self.ranks = RankWatcher(self.ctx, self.health, self.checkpoints)
         self.attempt: Attempt | None = None  # the attempt being launched or watched
-        self._planned: tuple[dict[str, Any], dict[str, Any]] | None = None  # from pre-flight, for attempt 0
+        self._planned: LaunchPlan | None = None  # from pre-flight, for attempt 0
         self._down_since: dict[str, float] = {}
         self.resize_requested: int | None = None  # the checkpoint step the resize waits to pass
         self.queue_position: int | None = None  # set by the job manager's queue while the job waits
@@ -277,7 +282,7 @@ class JobRunner:
             self.event("preflight_passed", f"pre-flight {result['status']}", seconds=result["seconds"])
         if result["hostfile"] is not None:
             # The first attempt uses the links pre-flight just read rather than asking every node again.
-            self._planned = (result["backend"], result["hostfile"])
+            self._planned = self.launcher.adopt(result["backend"], result["hostfile"], self.job_nodes())
         return True
 
     def _stopped_before_launch(self) -> bool:
@@ -347,16 +352,16 @@ class JobRunner:
             await self.ctx.pause(delay)
             delay = min(delay * 2, 2.0 if elastic else 5.0)
 
-    def _batch_for(self, nodes: list[str]) -> Any:
+    def _batch_for(self, nodes: list[str]) -> BatchSplit | None:
         """The batch split for an attempt on ``nodes`` (None: the job's own options, unchanged)."""
         configured = len(self.job_nodes())
-        if len(nodes) == configured or not is_mlx_lm(self.spec.command):
+        if len(nodes) == configured:
             return None
         try:
-            original = batch_split(self.spec, configured)
-        except JobSpecError as exc:  # the job's own batch is unknown: keeping it is not possible
+            original = self.launcher.batch(self.spec, configured)
+        except CommandError as exc:  # the job's own batch is unknown: keeping it is not possible
             raise Undividable(f"the job's global batch cannot be read ({exc})") from None
-        return rebatch(original, len(nodes))
+        return rebatch(original, len(nodes)) if original is not None else None
 
     # --- one attempt ------------------------------------------------------------------------
 
@@ -384,12 +389,12 @@ class JobRunner:
             return self.ranks.ended(None, LAUNCH_FAILED, f"attempt {number} could not be launched: {exc.message}",
                                     signature)
 
-    async def _plan(self, nodes: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The backend choice and hostfile for ``nodes``: the ones pre-flight just made for attempt 0."""
+    async def _plan(self, nodes: list[str]) -> LaunchPlan:
+        """The launch plan for ``nodes``: the one pre-flight just made, for attempt 0."""
         if self._planned is not None and len(nodes) == len(self.fx.node_names()) and self.spec.nodes is None:
             planned, self._planned = self._planned, None
             return planned
-        return await self.fx.plan_launch(nodes, self.spec.backend)
+        return await self.fx.plan_launch(nodes, self.spec.backend, self.spec.launcher)
 
     def _say_resized(self, previous: list[str], order: list[str], batch: Any) -> None:
         left, back = sorted(set(previous) - set(order)), sorted(set(order) - set(previous))
@@ -412,14 +417,14 @@ class JobRunner:
 
     async def _start_attempt(self, attempt: Attempt, nodes: list[str], started: float) -> Outcome | None:
         previous = list(self.record["order"])
-        choice, document = await self._plan(nodes)
-        order = choice.get("order") or nodes
+        plan = await self._plan(nodes)
+        order = list(plan.order) or nodes
         batch = self._batch_for(order)
         self.record["batch"] = batch.describe() if batch else None
         if previous and set(previous) != set(order):
             self._say_resized(previous, order, batch)
         self.record["order"] = attempt.order = list(order)
-        self.record["backend"] = core.launch_links(choice)
+        self.record["backend"] = core.launch_links(plan.choice)
         self.save()  # before any rank can start: a daemon restarted from here knows whom to stop
         choose_started = self.fx.monotonic()
         if self.record.get("uncatalogued"):
@@ -438,34 +443,36 @@ class JobRunner:
             self.set_state(JobState.RUNNING)
             return self.ranks.ended(attempt, SUCCEEDED, f"the checkpoint of step {start_step} is the last step", "")
         if attempt.number == 0 or not self.record.get("diagnoses"):
-            self.ranks.diagnose_launch(order, document, batch)
+            command = self.launcher.rank_command(self.spec, checkpoint_dir="", resume_file=None, start_step=0,
+                                                 batch=batch)
+            self.ranks.diagnose_launch(order, plan.envs, command)
         # The history's curve goes on from start_step: what an earlier attempt reported past it is dropped.
         last = self.record["history"][-1] if self.record["history"] else None
         self.fx.record_attempt(self.run_id, attempt.number, start_step, order,
                                f"attempt {last['attempt']}: {last['kind']}: {last['detail']}" if last else None)
-        await self._prepare_ranks(attempt.number, order, resume_files, start_step, batch)
+        await self._prepare_ranks(plan, attempt.number, order, resume_files, start_step, batch)
         # Saved before any rank starts: a daemon restarted while this attempt runs catalogues its
         # checkpoints from start_step (a file's name is its step within the attempt). Saved later,
         # a restart would read the previous attempt's start step and misnumber every checkpoint.
         self.save()
-        self.record["launcher_pid"] = self.fx.start_launcher(self.run_id, attempt.number, document)
+        self.record["launcher_pid"] = self.fx.start_launcher(self.run_id, attempt.number, plan)
         self.record["last_progress"] = self.fx.now()
         self.set_state(JobState.RUNNING)
         self.event("launched", f"attempt {attempt.number} launched on {', '.join(order)} from step {start_step} "
-                   f"({choice['backend']})", attempt=attempt.number,
+                   f"({plan.backend})", attempt=attempt.number,
                    seconds=round(self.fx.monotonic() - started, 3))
         return None
 
-    async def _prepare_ranks(self, attempt: int, order: list[str], resume_files: dict[str, str], start_step: int,
-                             batch: Any) -> None:
+    async def _prepare_ranks(self, plan: LaunchPlan, attempt: int, order: list[str], resume_files: dict[str, str],
+                             start_step: int, batch: BatchSplit | None) -> None:
         """Each rank's script on its node, all at once; a node that cannot take it is a LaunchError."""
         errors: dict[str, RemoteError] = {}
 
         async def prepare(rank: int, name: str) -> None:
             node = self.fx.node(name)
             adapter_path = posixpath.join(node.workdir, "checkpoints", self.run_id, f"attempt-{attempt}")
-            argv = attempt_command(self.spec, adapter_path=adapter_path, resume_file=resume_files.get(name),
-                                   start_step=start_step, batch=batch)
+            argv = self.launcher.rank_command(self.spec, checkpoint_dir=adapter_path,
+                                              resume_file=resume_files.get(name), start_step=start_step, batch=batch)
             env = {"COORD_JOB": self.spec.name, "COORD_RUN": self.run_id, "COORD_ATTEMPT": str(attempt),
                    "COORD_RANK": str(rank), "COORD_PROGRESS_FILE": "{rank_dir}/progress.jsonl",
                    "COORD_STEP_OFFSET": str(start_step), "COORD_CHECKPOINT_DIR": adapter_path,
@@ -475,6 +482,7 @@ class JobRunner:
             if resume_files.get(name):
                 env["COORD_RESUME_FILE"] = resume_files[name]
                 env["COORD_RESUME_STEP"] = str(start_step)
+            env.update(self.launcher.rank_env(plan, rank))
             try:
                 await self.fx.call(name, "prepare_rank", {"job": self.run_id, "rank": rank, "attempt": attempt,
                                                           "python": node.python, "argv": argv,

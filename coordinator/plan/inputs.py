@@ -11,8 +11,8 @@ from typing import Any, TypedDict
 
 from coordinator.config.cluster_file import NodeConfig
 from coordinator.jobs.policy import restart_delay
-from coordinator.jobs.spec import is_mlx_lm
 from coordinator.launch.mlx_backend import BackendChoice
+from coordinator.launch.mlx_lm_command import is_mlx_lm
 from coordinator.plan.options import JobOptions, ResolvedOptions
 from coordinator.plan.sizing import PlanSizing
 from coordinator.readiness.calibration import is_stale, train_rate

@@ -24,6 +24,7 @@ import anyio
 
 from coordinator.jobs.effects import HEAD, LaunchError, NodeView, Placement
 from coordinator.jobs.transfer import CheckpointDamaged
+from coordinator.launch.launcher import LaunchPlan
 from shared.rpc import RemoteError
 
 EPOCH = 1_700_000_000.0
@@ -473,16 +474,17 @@ class SimEffects:
         return {"status": "pass", "checks": [], "seconds": 1.0, "hostfile": None, "backend": None}
 
     # --- launching ---
-    async def plan_launch(self, nodes: list[str], backend: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    async def plan_launch(self, nodes: list[str], backend: str | None, launcher: str) -> LaunchPlan:
         self._effect()
         await anyio.sleep(0.2)
         for name in nodes:
             node = self.world.nodes[name]
             if not node.reachable or not node.session_up:
                 raise LaunchError(f"no link information from {name} (is it up?)", node=name)
-        return {"backend": "ring", "order": list(nodes)}, {"backend": "ring", "hosts": list(nodes), "envs": []}
+        return LaunchPlan(launcher, "ring", tuple(nodes), {"backend": "ring", "order": list(nodes)},
+                          {"backend": "ring", "hosts": list(nodes), "envs": []})
 
-    def start_launcher(self, run_id: str, attempt: int, document: dict[str, Any]) -> int:
+    def start_launcher(self, run_id: str, attempt: int, plan: LaunchPlan) -> int:
         self._effect()
         world = self.world
         fault = world.launch_faults.get(attempt)

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coordinator.jobs.elastic import BatchSplit, Undividable, choose_nodes, rebatch
+from coordinator.jobs.elastic import choose_nodes
+from coordinator.launch.batch import BatchSplit, Undividable, rebatch
 
 
 def test_three_ranks_to_two_keeps_the_global_batch_with_more_accumulation():

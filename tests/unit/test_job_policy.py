@@ -19,7 +19,8 @@ from coordinator.jobs.policy import (
     restart_delay,
     root_cause,
 )
-from coordinator.jobs.spec import JobSpec, JobSpecError, attempt_command, is_mlx_lm, validate
+from coordinator.jobs.spec import JobSpec, JobSpecError, validate
+from coordinator.launch.mlx_lm_command import attempt_command, is_mlx_lm
 
 FAIL_EARLY = Outcome(RANK_FAILED, "rank 1 exited with status 1: ImportError", False, "exit:1:ImportError")
 
@@ -189,8 +190,8 @@ def test_a_resize_relaunches_at_once_without_using_a_restart():
 
 
 def test_the_coord_trainer_gets_the_total_steps_and_a_recomputed_batch():
-    from coordinator.jobs.elastic import BatchSplit
-    from coordinator.jobs.spec import attempt_command, batch_split
+    from coordinator.launch.batch import BatchSplit
+    from coordinator.launch.mlx_lm_command import attempt_command, batch_split
 
     spec = validate(JobSpec(name="j", command=MLX + ["--batch-size", "12"], trainer="coord"))
     assert batch_split(spec, 3) == BatchSplit(12, 1, 3)
@@ -213,8 +214,8 @@ def test_a_command_naming_coords_trainer_uses_it_and_other_trainers_are_refused(
 
 
 def test_the_global_batch_is_read_as_mlx_lm_reads_it_command_line_then_config_file(tmp_path):
-    from coordinator.jobs.elastic import BatchSplit
-    from coordinator.jobs.spec import batch_split
+    from coordinator.launch.batch import BatchSplit
+    from coordinator.launch.mlx_lm_command import CommandError, batch_split
 
     (tmp_path / "lora.yaml").write_text("batch_size: 6\ngrad_accumulation_steps: 2\nlearning_rate: 1e-5\n")
     from_file = validate(JobSpec(name="j", command=MLX + ["-c", "lora.yaml"], source=str(tmp_path)))
@@ -226,9 +227,9 @@ def test_the_global_batch_is_read_as_mlx_lm_reads_it_command_line_then_config_fi
     (tmp_path / "bad.yaml").write_text("batch_size: six\n")
     for config, message in (("missing.yaml", "cannot read the config file"), ("bad.yaml", "whole numbers")):
         spec = validate(JobSpec(name="j", command=MLX + ["--config", config], source=str(tmp_path)))
-        with pytest.raises(JobSpecError, match=message):
+        with pytest.raises(CommandError, match=message):
             batch_split(spec, 2)
-    with pytest.raises(JobSpecError, match="no source"):
+    with pytest.raises(CommandError, match="no source"):
         batch_split(validate(JobSpec(name="j", command=MLX + ["-c", "lora.yaml"])), 2)
 
 

@@ -1,0 +1,89 @@
+"""The launcher seam: what coord needs from whatever starts a job's ranks.
+
+A launcher turns the nodes an attempt runs on, and what they measured about their links, into
+a typed ``LaunchPlan``; says what each rank runs and which environment it gets; says how the
+job's global batch splits over ranks (so that an elastic shrink keeps it); and starts the
+attempt. coord owns restarts and node loss for every launcher: a launcher's own restart loop
+is always off, and its exit status is never the attempt's outcome (each node's agent reports
+its rank).
+
+mlx.launch is one implementation (``coordinator/launch/mlx.py``). Adding a launcher is one
+module with a class that has these methods, and one line in ``coordinator/launch/registry.py``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from coordinator.launch.batch import BatchSplit
+from coordinator.launch.mlx_lm_command import JobCommand
+
+if TYPE_CHECKING:
+    from coordinator.config.cluster_file import ClusterConfig
+    from coordinator.nodes.cluster import Cluster
+
+
+class PlanError(Exception):
+    """No plan for these nodes; ``node`` names the node to blame (it is waited for like a lost
+    one) when there is one."""
+
+    def __init__(self, message: str, *, node: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.node = node
+
+
+class StartError(Exception):
+    """The launcher could not be started; the message says what to install or fix."""
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """One attempt's launch: who runs which rank, over which links, with the launcher's own files."""
+
+    launcher: str  # the registered name of the launcher that made it
+    backend: str  # what the ranks talk over (mlx: ring, jaccl, jaccl-ring)
+    order: tuple[str, ...]  # the nodes, rank by rank
+    # The choice as measured (links, reasons, warnings), as pre-flight shows it; kept with the run
+    # in short (coordinator.jobs.core.launch_links). Its shape is the launcher's own.
+    choice: Mapping[str, Any]
+    # The launcher's host list (mlx: the hostfile document); its shape is the launcher's own.
+    hosts: Mapping[str, Any]
+
+    @property
+    def envs(self) -> dict[str, str]:
+        """``NAME=value`` environment the launcher passes every rank, as a mapping."""
+        words = self.hosts.get("envs") or []
+        return dict(word.split("=", 1) for word in words if isinstance(word, str) and "=" in word)
+
+
+class Launcher(Protocol):
+    name: str
+
+    def plan(self, cluster: Cluster, topologies: Mapping[str, Any], nodes: list[str],
+             backend: str | None) -> LaunchPlan:
+        """The plan for ``nodes`` from their measured links; PlanError when there is none."""
+
+    def adopt(self, choice: Mapping[str, Any], hosts: Mapping[str, Any], nodes: list[str]) -> LaunchPlan:
+        """A plan for ``nodes`` from a choice and host list pre-flight already made (so the first
+        attempt does not ask every node again)."""
+
+    def rank_command(self, job: JobCommand, *, checkpoint_dir: str, resume_file: str | None, start_step: int,
+                     batch: BatchSplit | None) -> list[str]:
+        """What one rank runs for one attempt."""
+
+    def rank_env(self, plan: LaunchPlan, rank: int) -> dict[str, str]:
+        """What one rank's environment gets from this launcher, beyond coord's own COORD_* contract."""
+
+    def batch(self, job: JobCommand, ranks: int) -> BatchSplit | None:
+        """The job's own global batch on ``ranks`` ranks (None: the launcher cannot tell, and the
+        job's batch is left as it is); CommandError when the job states it wrongly."""
+
+    def start(self, directory: Path, config: ClusterConfig, plan: LaunchPlan, run_id: str,
+              attempt: int) -> subprocess.Popen[bytes]:
+        """Write the attempt's launch files in ``directory`` (OSError when they cannot be) and start
+        the attempt from the head (StartError when the launcher cannot be started)."""

@@ -1,0 +1,70 @@
+"""mlx.launch behind the launcher seam: the backend from the measured links (ring, jaccl,
+jaccl-ring), the hostfile mlx.launch reads, one process on the head that starts every rank over
+SSH with this attempt's own ports, and mlx-lm's command and batch."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agent.launch import rank_command
+from coordinator.launch.batch import BatchSplit
+from coordinator.launch.launcher import LaunchPlan, PlanError, StartError
+from coordinator.launch.mlx_launch import launcher_argv, ring_starting_port
+from coordinator.launch.mlx_lm_command import JobCommand, attempt_command, batch_split, is_mlx_lm
+from coordinator.launch.plan import plan_backend, write_launch_files
+
+if TYPE_CHECKING:
+    from coordinator.config.cluster_file import ClusterConfig
+    from coordinator.nodes.cluster import Cluster
+
+
+class MlxLauncher:
+    name = "mlx"
+
+    def plan(self, cluster: Cluster, topologies: Mapping[str, Any], nodes: list[str],
+             backend: str | None) -> LaunchPlan:
+        missing = [n for n in nodes if n not in topologies]
+        if missing:
+            # A node whose session has not noticed yet that it is gone: blame it, so that the
+            # next launch waits for it like a lost node.
+            raise PlanError(f"no link information from {', '.join(missing)} (is it up?)", node=missing[0])
+        choice, document, error = plan_backend(cluster, dict(topologies), forced=backend, nodes=nodes)
+        if choice is None or document is None:
+            raise PlanError(f"no hostfile: {error}")
+        return self.adopt(choice, document, nodes)
+
+    def adopt(self, choice: Mapping[str, Any], hosts: Mapping[str, Any], nodes: list[str]) -> LaunchPlan:
+        order = choice.get("order") or nodes
+        return LaunchPlan(self.name, str(choice.get("backend") or hosts.get("backend")), tuple(order), choice, hosts)
+
+    def rank_command(self, job: JobCommand, *, checkpoint_dir: str, resume_file: str | None, start_step: int,
+                     batch: BatchSplit | None) -> list[str]:
+        return attempt_command(job, adapter_path=checkpoint_dir, resume_file=resume_file, start_step=start_step,
+                               batch=batch)
+
+    def rank_env(self, plan: LaunchPlan, rank: int) -> dict[str, str]:
+        return {}  # mlx.launch gives each rank MLX_RANK and its hostfile itself
+
+    def batch(self, job: JobCommand, ranks: int) -> BatchSplit | None:
+        if not is_mlx_lm(list(job.command)):
+            return None  # a script of one's own: its batch is its own business
+        return batch_split(job, ranks)
+
+    def start(self, directory: Path, config: ClusterConfig, plan: LaunchPlan, run_id: str,
+              attempt: int) -> subprocess.Popen[bytes]:
+        files = write_launch_files(directory, config, dict(plan.hosts))
+        argv = [*launcher_argv(), "--hostfile", files["hostfile"], "--starting-port",
+                str(ring_starting_port(run_id, attempt)), "--", *rank_command(run_id)]
+        env = dict(os.environ, PATH=files["path_prefix"] + os.pathsep + os.environ.get("PATH", "/usr/bin:/bin"))
+        try:
+            with open(directory / "launcher.log", "ab") as output:
+                return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
+                                        env=env, start_new_session=True, cwd=str(directory))
+        except OSError as exc:
+            raise StartError(f"mlx.launch could not be started ({argv[0]}: {exc.strerror or exc}); install mlx "
+                             "into the head's Python (pip install mlx) or put mlx.launch on the daemon's PATH") \
+                from None
