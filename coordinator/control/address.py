@@ -11,12 +11,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # annotations only: this module stays off the CLI's start-up time
-    from collections.abc import Mapping
-    from typing import Any
 
 # Unix socket paths are limited to 104 bytes on macOS (108 on Linux).
 MAX_SOCKET_PATH = 103
@@ -36,7 +32,7 @@ def resolve_under(value: str, base: Path) -> Path:
     return path if path.is_absolute() else base / path
 
 
-def socket_of(cluster: Mapping[str, Any], base: Path) -> tuple[Path, Path]:
+def socket_of(cluster: Mapping[str, str], base: Path) -> tuple[Path, Path]:
     """(state directory, control socket) of a checked ``[cluster]`` table."""
     state_dir = resolve_under(cluster["state_dir"], base) if "state_dir" in cluster else default_state_dir()
     socket = resolve_under(cluster["socket"], base) if "socket" in cluster else state_dir / SOCKET_NAME

@@ -11,7 +11,7 @@ import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NotRequired, Required, TypedDict
+from typing import TYPE_CHECKING, Literal, NotRequired, Required, TypedDict, cast
 
 import anyio
 
@@ -38,6 +38,18 @@ if TYPE_CHECKING:
     from coordinator.relay.links import LinkBook
 
 HOOK_TIMEOUT_S = 600
+
+
+class ScanStats(TypedDict):
+    """What scanning a tree cost (shared.manifest.ScanStats.as_dict)."""
+
+    files: int
+    bytes: int
+    hashed_files: int  # read and hashed: new or changed since the hash cache saw them
+    hashed_bytes: int
+    skipped: list[str]  # the first 50 symlinks and special files: not synced
+    skipped_count: int
+    seconds: float
 
 
 class HookResult(TypedDict):
@@ -83,7 +95,7 @@ class SyncReport(TypedDict):
     source_files: NotRequired[int]
     source_bytes: NotRequired[int]
     source_tree_hash: NotRequired[str]
-    source_scan: NotRequired[dict[str, Any]]  # the head's scan of the source: shared.manifest's ScanStats.as_dict
+    source_scan: NotRequired[ScanStats]  # the head's scan of the source
     source_reads: NotRequired[int]  # batches read from the source disk, when anything was sent
     consistency: NotRequired[ConsistencyReport]
     versus_source: NotRequired[dict[str, VersusSource]]
@@ -106,7 +118,7 @@ class _SyncSummary(TypedDict):
     source_files: int
     source_bytes: int
     source_tree_hash: str
-    source_scan: dict[str, Any]
+    source_scan: ScanStats
 
 
 class _SyncVerdict(TypedDict):
@@ -187,8 +199,8 @@ def remember_tree(digest: str, manifest: Manifest) -> None:
         _known_trees.popitem(last=False)
 
 
-def source_manifest(cluster: Cluster, source: Path, patterns: list[str]) -> tuple[Manifest, dict[str, Any]]:
-    """The source's manifest, and what scanning it cost (shared.manifest's ScanStats.as_dict)."""
+def source_manifest(cluster: Cluster, source: Path, patterns: list[str]) -> tuple[Manifest, ScanStats]:
+    """The source's manifest, and what scanning it cost."""
     key = hashlib.sha256(str(source).encode()).hexdigest()[:16]
     path = str(cluster.config.state_dir / "hashcache" / f"{key}.json")
     if path not in _source_caches:
@@ -196,7 +208,7 @@ def source_manifest(cluster: Cluster, source: Path, patterns: list[str]) -> tupl
     cache, lock = _source_caches[path]
     with lock:
         manifest, stats = scan_tree(str(source), IgnoreRules(patterns), cache=cache)
-    return manifest, stats.as_dict()
+    return manifest, cast(ScanStats, stats.as_dict())  # shared.manifest leaves as_dict's shape unnamed
 
 
 async def node_state(session: NodeSession, patterns: list[str], known: list[str] | None,
@@ -264,7 +276,7 @@ class _Sync:
         self.node_scans: dict[str, float | None] = {}
         self.source_files: Manifest = {}
         self.source_hash = ""
-        self.source_stats: dict[str, Any] = {}
+        self.source_stats: ScanStats
         self.hashes: dict[str, str] = {}  # node -> its tree hash, last known
         self.remote: dict[str, Manifest] = {}  # node -> its tree, last known
         self.plans: dict[str, SyncPlan] = {}
