@@ -1,5 +1,5 @@
 """The dashboard server's pure parts: requests, who may look, what it serves from disk, and
-the [dashboard] table of the cluster file.""" 
+the [dashboard] table of the cluster file."""
 
 from __future__ import annotations
 
