@@ -3,35 +3,59 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, Required, TypedDict
 
 import anyio
 
 from coordinator.nodes.session import UP
-from coordinator.readiness.calibration import calibration_record, is_stale, train_rate, workload_shares
-from shared.rpc import RemoteError
+from coordinator.readiness.calibration import (
+    WorkloadShares,
+    calibration_record,
+    is_stale,
+    train_rate,
+    workload_shares,
+)
+from shared.rpc import Emit, RemoteError
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from coordinator.nodes.cluster import Cluster
+    from coordinator.nodes.session import NodeSession
 
 
-async def serve_calibrate(cluster: Cluster, emit, refresh: bool = False, quick: bool = False) -> dict[str, Any]:
-    report: dict[str, Any] = {"nodes": {}}
+class CalibrateEntry(TypedDict, total=False):
+    """One node in ``coord calibrate``'s report."""
 
-    async def one(session) -> None:
+    status: Required[Literal["skipped", "reused", "measured", "failed"]]
+    detail: Required[str]  # why skipped or failed, why measured or reused
+    result: dict[str, Any]  # the agent's calibrate answer, as it reported it (agent/calibrate.py)
+    measured_at: float
+
+
+class CalibrateReport(TypedDict):
+    nodes: dict[str, CalibrateEntry]
+    shares: WorkloadShares
+    status: Literal["ok", "failed"]
+
+
+async def serve_calibrate(cluster: Cluster, emit: Emit, refresh: bool = False, quick: bool = False) -> CalibrateReport:
+    entries: dict[str, CalibrateEntry] = {}
+
+    async def one(session: NodeSession) -> None:
         name = session.node.name
         if session.state != UP or not session.view.facts:
-            report["nodes"][name] = {"status": "skipped", "detail": f"node is {session.state}"}
+            entries[name] = {"status": "skipped", "detail": f"node is {session.state}"}
             return
         facts = session.view.facts
         stored = cluster.state.calibration(name)
         stale, reason = is_stale(stored, facts, refresh=refresh)
-        if not stale:
-            report["nodes"][name] = {"status": "reused", "detail": reason, "result": stored["result"],
-                                     "measured_at": stored["measured_at"]}
+        if not stale and stored is not None:  # (a calibration is stale when there is none)
+            entries[name] = {"status": "reused", "detail": reason, "result": stored["result"],
+                             "measured_at": stored["measured_at"]}
             return
 
-        async def progress(event: dict[str, Any]) -> None:
+        async def progress(event: dict[str, Any]) -> None:  # the agent's progress report, passed on as it is
             await emit({"node": name, **event})
 
         await emit({"node": name, "progress": f"measuring ({reason})", "fraction": 0.0})
@@ -39,33 +63,31 @@ async def serve_calibrate(cluster: Cluster, emit, refresh: bool = False, quick: 
             result = await session.call("calibrate", {"python": session.node.python, "workdir": session.node.workdir,
                                                       "quick": quick}, timeout=900, on_event=progress)
         except RemoteError as exc:
-            report["nodes"][name] = {"status": "failed", "detail": exc.message}
+            entries[name] = {"status": "failed", "detail": exc.message}
             return
         if not result.get("ok"):
-            report["nodes"][name] = {"status": "failed", "detail": result.get("error", "calibration failed"),
-                                     "result": result}
+            entries[name] = {"status": "failed", "detail": result.get("error", "calibration failed"), "result": result}
             return
         record = calibration_record(facts, result)
         cluster.state.save_calibration(name, record)
-        report["nodes"][name] = {"status": "measured", "detail": reason, "result": result,
-                                 "measured_at": time.time()}
+        entries[name] = {"status": "measured", "detail": reason, "result": result, "measured_at": time.time()}
 
     async with anyio.create_task_group() as tasks:
         for session in cluster.sessions.values():
             tasks.start_soon(one, session)
     rates = {name: train_rate(entry.get("result")) if entry["status"] in ("measured", "reused") else None
-             for name, entry in report["nodes"].items()}
-    report["shares"] = workload_shares(rates)
-    failed = [n for n, e in report["nodes"].items() if e["status"] in ("failed", "skipped")]
-    report["status"] = "failed" if failed else "ok"
-    measured = [n for n, e in report["nodes"].items() if e["status"] == "measured"]
+             for name, entry in entries.items()}
+    shares = workload_shares(rates)
+    failed = [n for n, e in entries.items() if e["status"] in ("failed", "skipped")]
+    report: CalibrateReport = {"nodes": entries, "shares": shares, "status": "failed" if failed else "ok"}
+    measured = [n for n, e in entries.items() if e["status"] == "measured"]
     cluster.record_event("calibrate.done", f"calibration {report['status']}: measured {len(measured)}, "
-                                f"reused {sum(e['status'] == 'reused' for e in report['nodes'].values())}, "
-                                f"shares {report['shares']['policy']}")
+                                           f"reused {sum(e['status'] == 'reused' for e in entries.values())}, "
+                                           f"shares {shares['policy']}")
     return report
 
 
-def render_calibrate(report: dict[str, Any], console) -> None:
+def render_calibrate(report: CalibrateReport, console: Console) -> None:
     from rich.table import Table
 
     table = Table(box=None, header_style="bold", pad_edge=False)

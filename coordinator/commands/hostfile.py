@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from coordinator.config.cluster_file import ClusterConfig
 from coordinator.launch.hostfile import HostfileError
@@ -23,7 +23,22 @@ if TYPE_CHECKING:
     from coordinator.nodes.cluster import Cluster
 
 
-async def serve_hostfile(cluster: Cluster, output: str | None = None, backend: str | None = None) -> dict[str, Any]:
+class HostfileFiles(TypedDict):
+    hostfile: str
+    ssh_include: str | None  # written only when some node needs a Host block
+
+
+class HostfileAnswer(TypedDict):
+    """``coord hostfile``'s answer."""
+
+    hostfile: dict[str, Any]  # coordinator.launch's hostfile (typed by that layer)
+    files: HostfileFiles
+    backend: dict[str, Any] | None  # coordinator.launch's backend choice
+    ssh: dict[str, object]  # how the user's ssh reaches each node (UserSsh.describe)
+    launch: str  # the command that uses the hostfile
+
+
+async def serve_hostfile(cluster: Cluster, output: str | None = None, backend: str | None = None) -> HostfileAnswer:
     if output and not Path(output).is_absolute():
         raise RemoteError(p.BAD_ARGS, "output must be an absolute path")
     try:
@@ -44,10 +59,10 @@ async def serve_hostfile(cluster: Cluster, output: str | None = None, backend: s
         target.write_text(json.dumps(document, indent=2) + "\n")
     except OSError as exc:
         raise RemoteError(p.BAD_ARGS, f"cannot write the hostfile to {target}: {exc.strerror}") from None
-    files = {"hostfile": str(target), "ssh_include": user_ssh.include_file}
+    files: HostfileFiles = {"hostfile": str(target), "ssh_include": user_ssh.include_file}
     needing = [e.node for e in entries.values() if e.needs]
-    cluster.record_event("hostfile.written", f"hostfile ({document['backend']}) written to {target}"
-                                + (f"; {', '.join(needing)} reached through {user_ssh.include_file}" if needing else ""))
+    through = f"; {', '.join(needing)} reached through {user_ssh.include_file}" if needing else ""
+    cluster.record_event("hostfile.written", f"hostfile ({document['backend']}) written to {target}{through}")
     return {"hostfile": document, "files": files, "backend": choice, "ssh": user_ssh.describe(),
             "launch": launch_hint(cluster.config, target)}
 

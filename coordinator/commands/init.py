@@ -14,7 +14,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO, TypedDict
 
 import asyncssh
 
@@ -24,6 +24,7 @@ from coordinator.nodes.known_hosts import SshTarget, TrustRefused, known_hosts_p
 from coordinator.nodes.onboarding import (
     HostSpec,
     NodeReport,
+    NodeReportDict,
     OnboardingError,
     SshFileSettings,
     assess,
@@ -177,7 +178,16 @@ def render_file(cluster_name: str, ssh: SshSettings, reports: list[NodeReport], 
                           command=shlex.join(["coord", *argv]), when=time.strftime("%Y-%m-%d %H:%M %Z"))
 
 
-def as_json(path: Path, written: bool, reports: list[NodeReport]) -> dict[str, Any]:
+class InitAnswer(TypedDict):
+    """``coord init --json``."""
+
+    path: str
+    written: bool
+    ok: bool
+    nodes: list[NodeReportDict]
+
+
+def as_json(path: Path, written: bool, reports: list[NodeReport]) -> InitAnswer:
     return {"path": str(path), "written": written, "ok": all(r.ok for r in reports),
             "nodes": [r.as_dict() for r in reports]}
 

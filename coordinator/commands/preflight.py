@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # for the checker only: the CLI draws the report without the daemon's modules
+    from rich.console import Console
+
+    from coordinator.readiness.preflight import PreflightReport
 
 
-def render_preflight(result: dict[str, Any], console) -> None:
+def render_preflight(result: PreflightReport, console: Console) -> None:
     from rich.table import Table
 
     marks = {"pass": "[green]pass[/]", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/]"}

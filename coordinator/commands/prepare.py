@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
 
@@ -20,9 +20,23 @@ if TYPE_CHECKING:
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
-async def prepare_job(cluster: Cluster, job: str, argv: list, env: dict | None = None,
-                      backend: str | None = None) -> dict[str, Any]:
-    """Everything a launch needs; returns the exact mlx.launch argv and its environment."""
+class PreparedJob(TypedDict):
+    """What ``prepare_job`` made: the exact mlx.launch command, and what it runs with."""
+
+    job: str
+    argv: list[str]  # mlx.launch, its hostfile, and each rank's command
+    env: dict[str, str]  # on top of the caller's environment
+    order: list[str]  # the nodes, rank by rank
+    hostfile: dict[str, Any]  # coordinator.launch's hostfile (typed by that layer)
+    files: dict[str, str]  # the launch files written (coordinator.launch.plan.write_launch_files)
+    scripts: dict[str, Any]  # node -> its agent's prepare_rank answer
+    backend: dict[str, Any]  # coordinator.launch's backend choice
+
+
+async def prepare_job(cluster: Cluster, job: str, argv: list[object], env: dict[str, object] | None = None,
+                      backend: str | None = None) -> PreparedJob:
+    """Everything a launch needs; returns the exact mlx.launch argv and its environment. ``argv`` and
+    ``env`` are as they came over the control socket: ``argv`` is checked here, ``env`` by each agent."""
     if not JOB_NAME.match(job):
         raise RemoteError(p.BAD_ARGS, f"job name {job!r} must be letters, digits, '.', '_' or '-' (at most 64)")
     if not argv or not all(isinstance(word, str) for word in argv):
@@ -31,6 +45,7 @@ async def prepare_job(cluster: Cluster, job: str, argv: list, env: dict | None =
     choice, document, error = plan_backend(cluster, topologies, forced=backend)
     if document is None:
         raise RemoteError(p.REFUSED, f"cannot launch: {error}")
+    assert choice is not None  # a hostfile is made from a backend choice
     files = write_launch_files(cluster.config.state_dir / "jobs" / job, cluster.config, document)
     order = choice.get("order") or [n.name for n in cluster.config.nodes]
     sessions = cluster.sessions

@@ -3,17 +3,67 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, NotRequired, Required, TypedDict
 
+# Types named for the checker only: the CLI imports this module to draw status, and keeps its
+# start-up free of the daemon's modules.
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from coordinator.jobs.manager import JobManager
-    from coordinator.nodes.cluster import Cluster
+    from coordinator.nodes.cluster import Cluster, ClusterNodeView
+    from coordinator.observe.metrics.history import HistoryDocument
+    from coordinator.store.state import EventRecord
 
 
 MAX_EVENTS = 10_000
 
 
-def recent_events(cluster: Cluster, count: int) -> list[dict[str, Any]]:
+class DaemonInfo(TypedDict):
+    """Which daemon answered, and where it keeps its state."""
+
+    pid: int
+    version: str
+    started: float
+    socket: str
+    state_dir: str
+    config: str | None  # the cluster file
+
+
+class DashboardInfo(TypedDict, total=False):
+    """Where the daemon's HTTP server answers, or why it does not."""
+
+    url: Required[str | None]
+    metrics: str | None
+    token_required: bool
+    error: Required[str | None]
+
+
+class ClusterName(TypedDict):
+    name: str
+
+
+class StatusSummary(TypedDict):
+    nodes: int
+    up: int
+
+
+class StatusDocument(TypedDict):
+    """``coord status --json`` (and the web server's /api/status)."""
+
+    cluster: ClusterName
+    daemon: DaemonInfo
+    dashboard: DashboardInfo
+    time: float
+    summary: StatusSummary
+    nodes: list[ClusterNodeView]
+    jobs: list[dict[str, Any]]  # each run as JobRunner.view() shows it: the jobs layer's document
+    events: list[EventRecord]
+    history: NotRequired[HistoryDocument]  # with --history
+
+
+def recent_events(cluster: Cluster, count: int) -> list[EventRecord]:
     """The newest ``count`` events: from memory when it holds that many (the common, fast case),
     else from the store, which keeps them all; never silently fewer than asked for and kept."""
     count = min(max(0, count), MAX_EVENTS)
@@ -25,8 +75,8 @@ def recent_events(cluster: Cluster, count: int) -> list[dict[str, Any]]:
     return cluster.state.recent_events(count)
 
 
-def serve_status(cluster: Cluster, jobs: JobManager, *, daemon: dict[str, Any], dashboard: dict[str, Any],
-                 events: int = 10, every_run: bool = False) -> dict[str, Any]:
+def serve_status(cluster: Cluster, jobs: JobManager, *, daemon: DaemonInfo, dashboard: DashboardInfo,
+                 events: int = 10, every_run: bool = False) -> StatusDocument:
     """The daemon half: a plain document, the same one `--json` prints. Jobs are each name's newest
     run and any run still going; ``every_run`` adds every earlier run too. ``daemon`` and
     ``dashboard`` say where the daemon and its web server are."""
@@ -44,7 +94,7 @@ def serve_status(cluster: Cluster, jobs: JobManager, *, daemon: dict[str, Any], 
     }
 
 
-def render_status(doc: dict[str, Any], console) -> None:
+def render_status(doc: StatusDocument, console: Console) -> None:
     """The CLI half: a table of nodes, the reasons of those not up, the last events."""
     from rich.table import Table
 
@@ -65,10 +115,10 @@ def render_status(doc: dict[str, Any], console) -> None:
             _text(facts.get("chip")), _bytes(facts.get("memory_bytes")),
             _text(" ".join(x for x in (facts.get("os"), facts.get("os_version")) if x) or None),
             _text(facts.get("python_version")), _text(facts.get("mlx_version")), _text(facts.get("mlx_lm_version")),
-            _age(now - node["last_seen"]) + " ago" if node.get("last_seen") else "never",
+            _age(now - seen) + " ago" if (seen := node.get("last_seen")) else "never",
         )
     console.print(table)
-    dashboard = doc.get("dashboard") or {}
+    dashboard: Mapping[str, Any] = doc.get("dashboard") or {}
     if dashboard.get("url"):
         console.print(f"dashboard {dashboard['url']}  metrics {dashboard['metrics']}"
                       + ("  (token required)" if dashboard.get("token_required") else ""),
@@ -94,7 +144,7 @@ def render_status(doc: dict[str, Any], console) -> None:
             console.print(f"  {stamp}  {event['message']}", soft_wrap=True, markup=False, highlight=False)
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     return "unknown" if value is None else str(value)
 
 
@@ -116,7 +166,7 @@ def _age(seconds: float) -> str:
 SPARK = "▁▂▃▄▅▆▇█"
 
 
-def render_history(history: dict[str, Any], console) -> None:
+def render_history(history: HistoryDocument, console: Console) -> None:
     """The CLI half of --history: per run a line of its loss curve and the restarts on it, per node
     its memory and GPU use now and at their peak in the window."""
     console.print("\n[bold]history[/]")
@@ -137,9 +187,9 @@ def render_history(history: dict[str, Any], console) -> None:
             line += f", val loss {val['loss'][-1]:.4g} at step {val['step'][-1]}"
         console.print(line, markup=False, highlight=False, soft_wrap=True)
         for attempt in run["attempts"][1:]:
+            after = f" after {attempt['detail']}" if attempt["detail"] else ""
             console.print(f"    restart: attempt {attempt['attempt']} from step {attempt['start_step']} on "
-                          f"{', '.join(attempt['nodes'])}" + (f" after {attempt['detail']}" if attempt["detail"] else ""),
-                          markup=False, highlight=False, soft_wrap=True)
+                          f"{', '.join(attempt['nodes'])}" + after, markup=False, highlight=False, soft_wrap=True)
     for node in history["nodes"]:
         if not node["time"]:
             continue

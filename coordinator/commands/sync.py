@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # for the checker only: the CLI draws the report without the daemon's modules
+    from rich.console import Console
+
+    from coordinator.readiness.sync import SyncReport
 
 
-def render_sync(report: dict[str, Any], console) -> None:
+def render_sync(report: SyncReport, console: Console) -> None:
     from rich.table import Table
 
     console.print(f"source {report['source']}: {report.get('source_files', 0)} files, "
@@ -19,9 +25,10 @@ def render_sync(report: dict[str, Any], console) -> None:
     for column in ("NODE", "STATUS", "SENT", "BYTES", "RELAYED", "MODES", "DELETED", "EXTRA KEPT", "TIME"):
         table.add_column(column)
     for name, entry in sorted(report["nodes"].items()):
-        plan = entry.get("plan", {})
-        result = entry.get("result", {})
-        relay = entry.get("relay") or {}
+        # Read defensively, as from any daemon: a skipped node has no plan, an unchanged one no result.
+        plan: Mapping[str, Any] = entry.get("plan", {})
+        result: Mapping[str, Any] = entry.get("result", {})
+        relay: Mapping[str, Any] = entry.get("relay") or {}
         seconds = max(result.get("seconds", 0), relay.get("seconds", 0))
         table.add_row(name, entry["status"], str(result.get("files_sent", plan.get("send", 0))),
                       _size(result.get("bytes_sent", plan.get("bytes_to_send", 0))),
@@ -32,7 +39,8 @@ def render_sync(report: dict[str, Any], console) -> None:
     for name, entry in sorted(report["nodes"].items()):
         if entry.get("detail"):
             console.print(f"[red]{name}[/]: {entry['detail']}", soft_wrap=True)
-        for rel, why in (entry.get("relay") or {}).get("failed", []):
+        relayed: Mapping[str, Any] = entry.get("relay") or {}
+        for rel, why in relayed.get("failed", []):
             how = "sent over its SSH session instead" if entry.get("fallback") else "not sent"
             console.print(f"{name}: {rel}: the relay could not bring it ({why}); {how}", soft_wrap=True,
                           markup=False)
@@ -43,7 +51,7 @@ def render_sync(report: dict[str, Any], console) -> None:
     console.print(f"{report['status']}: {report['detail']}", soft_wrap=True, markup=False)
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

@@ -11,14 +11,17 @@ import os
 import re
 import sys
 import tomllib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 from urllib.parse import urlsplit
 
 from coordinator.control.address import MAX_SOCKET_PATH, resolve_under, socket_of
 
 LOCAL_HOST = "local"
+#: A table of the cluster file as tomllib read it: the user's own data, checked key by key before use.
+TomlTable = dict[str, Any]
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 
@@ -113,6 +116,14 @@ class AlertSettings:
     retries: int = 4  # further tries of a failed delivery, with exponential backoff
 
 
+class NodeFiles(TypedDict):
+    """A node's training script, data files and model, relative to its workdir."""
+
+    script: str | None
+    data: list[str]
+    model: str | None
+
+
 @dataclass(frozen=True)
 class ClusterConfig:
     name: str
@@ -125,7 +136,7 @@ class ClusterConfig:
     dashboard: DashboardSettings = DashboardSettings()
     alerts: tuple[AlertSettings, ...] = ()
 
-    def node_files(self, node: NodeConfig) -> dict[str, object]:
+    def node_files(self, node: NodeConfig) -> NodeFiles:
         """The training script, data files and model of a node, relative to its workdir."""
         return {"script": node.script if node.script is not None else self.sync.script,
                 "data": list(node.data if node.data is not None else self.sync.data),
@@ -133,15 +144,16 @@ class ClusterConfig:
 
 
 # key -> (accepted types, required)
-_CLUSTER_KEYS = {"name": (str, True), "state_dir": (str, False), "socket": (str, False)}
-_SSH_KEYS = {
+_Schema = dict[str, tuple[type | tuple[type, ...], bool]]
+_CLUSTER_KEYS: _Schema = {"name": (str, True), "state_dir": (str, False), "socket": (str, False)}
+_SSH_KEYS: _Schema = {
     "known_hosts": (str, False),
     "identity_file": (str, False),
     "config": (str, False),
     "keepalive_s": ((int, float), False),
     "connect_timeout_s": ((int, float), False),
 }
-_NODE_KEYS = {
+_NODE_KEYS: _Schema = {
     "name": (str, True),
     "host": (str, True),
     "user": (str, False),
@@ -153,7 +165,7 @@ _NODE_KEYS = {
     "data": (list, False),
     "model": (str, False),
 }
-_SYNC_KEYS = {
+_SYNC_KEYS: _Schema = {
     "source": (str, False),
     "hook": (str, False),
     "ignore": (list, False),
@@ -162,8 +174,8 @@ _SYNC_KEYS = {
     "data": (list, False),
     "model": (str, False),
 }
-_DASHBOARD_KEYS = {"listen": (str, False), "token": (str, False), "enabled": (bool, False)}
-_ALERT_KEYS = {
+_DASHBOARD_KEYS: _Schema = {"listen": (str, False), "token": (str, False), "enabled": (bool, False)}
+_ALERT_KEYS: _Schema = {
     "name": (str, False),
     "on": (list, False),
     "webhook": (str, False),
@@ -176,7 +188,7 @@ _ALERT_KEYS = {
 _TOP_KEYS = {"cluster": dict, "ssh": dict, "nodes": list, "sync": dict, "alerts": list, "dashboard": dict}
 
 
-def load_config(path: str | os.PathLike) -> ClusterConfig:
+def load_config(path: str | os.PathLike[str]) -> ClusterConfig:
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -222,9 +234,8 @@ def parse_config(text: str, path: Path | None = None) -> ClusterConfig:
     seen: dict[str, int] = {}
     for i, node in enumerate(nodes):
         if node.name in seen:
-            raise ConfigError(locate.message("nodes", i, "name",
-                                             f"duplicate node name {node.name!r} "
-                                             f"(first used by nodes[{seen[node.name]}])"))
+            raise ConfigError(locate.message("nodes", i, "name", f"duplicate node name {node.name!r} "
+                                                                 f"(first used by nodes[{seen[node.name]}])"))
         seen[node.name] = i
 
     state_dir, socket = socket_of(cluster, base)
@@ -274,7 +285,7 @@ def is_loopback(host: str) -> bool:
     return host == "localhost" or ipaddress.ip_address(host).is_loopback
 
 
-def _parse_dashboard(raw: dict, locate: _Locator) -> DashboardSettings:
+def _parse_dashboard(raw: TomlTable, locate: _Locator) -> DashboardSettings:
     _check_table(raw, _DASHBOARD_KEYS, "dashboard", None, locate)
     try:
         host, port = parse_listen(raw.get("listen", DEFAULT_DASHBOARD))
@@ -294,7 +305,8 @@ def _parse_dashboard(raw: dict, locate: _Locator) -> DashboardSettings:
     return DashboardSettings(host=host, port=port, token=token)
 
 
-def _relative_paths(values: list, table: str, index: int | None, key: str, locate: _Locator) -> tuple[str, ...]:
+def _relative_paths(values: Sequence[str], table: str, index: int | None, key: str,
+                    locate: _Locator) -> tuple[str, ...]:
     from shared.paths import UnsafePath, check_relative
 
     out = []
@@ -307,7 +319,7 @@ def _relative_paths(values: list, table: str, index: int | None, key: str, locat
     return tuple(out)
 
 
-def _parse_sync(raw: dict, locate: _Locator, base: Path) -> SyncSettings:
+def _parse_sync(raw: TomlTable, locate: _Locator, base: Path) -> SyncSettings:
     _check_table(raw, _SYNC_KEYS, "sync", None, locate)
     threshold = float(raw.get("threshold", 0.95))
     if not 0 < threshold <= 1:
@@ -380,7 +392,7 @@ def redact_url(url: str) -> str:
     return f"{parts.scheme}://{host}{port}{tail}"
 
 
-def _parse_alerts(entries: list, locate: _Locator, base: Path) -> tuple[AlertSettings, ...]:
+def _parse_alerts(entries: list[Any], locate: _Locator, base: Path) -> tuple[AlertSettings, ...]:
     alerts = tuple(_parse_alert(entry, i, locate, base) for i, entry in enumerate(entries))
     seen: dict[str, int] = {}
     for i, alert in enumerate(alerts):
@@ -391,27 +403,23 @@ def _parse_alerts(entries: list, locate: _Locator, base: Path) -> tuple[AlertSet
     return alerts
 
 
+_Refuse = Callable[[str | None, str], ConfigError]  # (key, what is wrong) -> the error naming its line
+
+
 def _parse_alert(entry: Any, index: int, locate: _Locator, base: Path) -> AlertSettings:
+    label = f"alerts[{index}]"
+
+    def refuse(key: str | None, text: str) -> ConfigError:
+        return ConfigError(locate.message("alerts", index, key, f"{label}: {text}"))
+
     if not isinstance(entry, dict):
         raise ConfigError(locate.message("alerts", index, None, "each alert must be an [[alerts]] table"))
     _check_table(entry, _ALERT_KEYS, "alerts", index, locate)
-    refuse = _Refusal(locate, index)
-    name = entry.get("name", refuse.label)
+    name = entry.get("name", label)
     if "name" in entry and not NODE_NAME.match(name):
         raise refuse("name", f"name {name!r} must be letters, digits, '.', '_' or '-' (at most 63)")
-    if ("webhook" in entry) == ("command" in entry):
-        raise refuse(None, "give exactly one destination: webhook = \"https://...\" or "
-                           "command = [\"/path/to/program\", \"arg\", ...]")
-    webhook = entry.get("webhook")
-    if webhook is not None:
-        _check_webhook(webhook, refuse)
-    fmt = entry.get("format", "generic")
-    if fmt not in ALERT_FORMATS:
-        raise refuse("format", f"format must be one of {', '.join(ALERT_FORMATS)}, got {fmt!r}")
-    if "format" in entry and webhook is None:
-        raise refuse("format", "format applies to a webhook only; a command gets the alert as JSON on its stdin")
-    command = _alert_command(entry.get("command", []), base, refuse) if webhook is None else []
-    on = _alert_events(entry.get("on", list(DEFAULT_ALERT_EVENTS)), refuse)
+    webhook, fmt, command = _alert_destination(entry, refuse, base)
+    on = _alert_events(entry, refuse)
     minutes = _alert_minutes(entry, on, refuse)
     retries = entry.get("retries", 4)
     if not 0 <= retries <= 20:
@@ -420,42 +428,42 @@ def _parse_alert(entry: Any, index: int, locate: _Locator, base: Path) -> AlertS
                          retries=retries, **minutes)
 
 
-@dataclass(frozen=True)
-class _Refusal:
-    """The ConfigError for a key of alerts[index], its message starting with ``alerts[index]:``."""
+def _alert_destination(entry: TomlTable, refuse: _Refuse, base: Path) -> tuple[str | None, str, list[str]]:
+    """An [[alerts]] entry's one destination: (webhook, its format, command)."""
+    if ("webhook" in entry) == ("command" in entry):
+        raise refuse(None, "give exactly one destination: webhook = \"https://...\" or command = "
+                           "[\"/path/to/program\", \"arg\", ...]")
+    webhook = entry.get("webhook")
+    if webhook is not None and not _valid_webhook(webhook):
+        raise refuse("webhook", f"webhook must be an http:// or https:// URL with a host, got "
+                                f"{redact_url(webhook)!r}")
+    fmt = entry.get("format", "generic")
+    if fmt not in ALERT_FORMATS:
+        raise refuse("format", f"format must be one of {', '.join(ALERT_FORMATS)}, got {fmt!r}")
+    if "format" in entry and webhook is None:
+        raise refuse("format", "format applies to a webhook only; a command gets the alert as JSON on its stdin")
+    command = entry.get("command", [])
+    if webhook is None:
+        if not command or not all(isinstance(word, str) and word for word in command):
+            raise refuse("command", "command must be a non-empty list of strings, the program and its arguments "
+                                    "(it runs without a shell), e.g. [\"/usr/local/bin/notify\", \"--urgent\"]")
+        if "/" in command[0]:  # a path, relative to the cluster file like every path in it; else found on PATH
+            command = [str(resolve_under(command[0], base)), *command[1:]]
+    return webhook, fmt, command
 
-    locate: _Locator
-    index: int
 
-    @property
-    def label(self) -> str:
-        return f"alerts[{self.index}]"
-
-    def __call__(self, key: str | None, text: str) -> ConfigError:
-        return ConfigError(self.locate.message("alerts", self.index, key, f"{self.label}: {text}"))
-
-
-def _check_webhook(webhook: str, refuse: _Refusal) -> None:
+def _valid_webhook(webhook: str) -> bool:
     try:
         parts = urlsplit(webhook)
         valid = parts.scheme in ("http", "https") and bool(parts.hostname) and not any(c.isspace() for c in webhook)
         parts.port  # noqa: B018 (raises on a port that is not a number)
     except ValueError:
-        valid = False
-    if not valid:
-        raise refuse("webhook", f"webhook must be an http:// or https:// URL with a host, got {redact_url(webhook)!r}")
+        return False
+    return valid
 
 
-def _alert_command(command: list, base: Path, refuse: _Refusal) -> list[str]:
-    if not command or not all(isinstance(word, str) and word for word in command):
-        raise refuse("command", "command must be a non-empty list of strings, the program and its arguments "
-                                "(it runs without a shell), e.g. [\"/usr/local/bin/notify\", \"--urgent\"]")
-    if "/" in command[0]:  # a path, relative to the cluster file like every path in it; else found on PATH
-        return [str(resolve_under(command[0], base)), *command[1:]]
-    return command
-
-
-def _alert_events(on: list, refuse: _Refusal) -> list[str]:
+def _alert_events(entry: TomlTable, refuse: _Refuse) -> list[str]:
+    on = entry.get("on", list(DEFAULT_ALERT_EVENTS))
     if not on or not all(isinstance(kind, str) for kind in on):
         raise refuse("on", f"on must be a non-empty list of event names: {', '.join(ALERT_EVENTS)}")
     unknown = [kind for kind in on if kind not in ALERT_EVENTS]
@@ -463,10 +471,11 @@ def _alert_events(on: list, refuse: _Refusal) -> list[str]:
         raise refuse("on", f"unknown event {unknown[0]!r} in on (expected any of: {', '.join(ALERT_EVENTS)})")
     if len(set(on)) != len(on):
         raise refuse("on", "on names an event twice")
-    return on
+    return list(on)
 
 
-def _alert_minutes(entry: dict, on: list[str], refuse: _Refusal) -> dict[str, float]:
+def _alert_minutes(entry: TomlTable, on: list[str], refuse: _Refuse) -> dict[str, float]:
+    """stalled_minutes and node_down_minutes, each set only with its event in ``on``."""
     minutes = {}
     for key, event, default in (("stalled_minutes", "job_stalled", 30.0), ("node_down_minutes", "node_down", 5.0)):
         if key in entry and event not in on:
@@ -477,7 +486,7 @@ def _alert_minutes(entry: dict, on: list[str], refuse: _Refusal) -> dict[str, fl
     return minutes
 
 
-def _check_table(table: dict, schema: dict, name: str, index: int | None, locate: _Locator) -> None:
+def _check_table(table: TomlTable, schema: _Schema, name: str, index: int | None, locate: _Locator) -> None:
     label = f"{name}[{index}]" if index is not None else name
     for key, value in table.items():
         if key not in schema:
@@ -486,14 +495,16 @@ def _check_table(table: dict, schema: dict, name: str, index: int | None, locate
         kind, _ = schema[key]
         kinds = kind if isinstance(kind, tuple) else (kind,)
         if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
-            words = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
-                     "list": "a list", "dict": "a table"}
-            expected = " or ".join(words[k.__name__] for k in kinds)
+            expected = " or ".join(_KIND_WORDS[k.__name__] for k in kinds)
             raise ConfigError(locate.message(name, index, key,
                                              f"{label}.{key} must be {expected}, got {_toml_type(value)} {value!r}"))
     for key, (_, required) in schema.items():
         if required and key not in table:
             raise ConfigError(locate.message(name, index, None, f"{label} is missing the required key {key!r}"))
+
+
+_KIND_WORDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
+               "list": "a list", "dict": "a table"}
 
 
 def _toml_type(value: Any) -> str:

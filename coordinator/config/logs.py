@@ -33,7 +33,8 @@ def configure_logging(*, json: bool = True, level: str = "info", stream: TextIO 
         cache_logger_on_first_use=False,
     )
     handler = logging.StreamHandler(stream)
-    handler.setFormatter(JsonLineFormatter() if json else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    plain = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler.setFormatter(JsonLineFormatter() if json else plain)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(numeric)

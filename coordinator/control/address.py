@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 # Unix socket paths are limited to 104 bytes on macOS (108 on Linux).
@@ -31,14 +32,14 @@ def resolve_under(value: str, base: Path) -> Path:
     return path if path.is_absolute() else base / path
 
 
-def socket_of(cluster: dict, base: Path) -> tuple[Path, Path]:
+def socket_of(cluster: Mapping[str, str], base: Path) -> tuple[Path, Path]:
     """(state directory, control socket) of a checked ``[cluster]`` table."""
     state_dir = resolve_under(cluster["state_dir"], base) if "state_dir" in cluster else default_state_dir()
     socket = resolve_under(cluster["socket"], base) if "socket" in cluster else state_dir / SOCKET_NAME
     return state_dir, socket
 
 
-def socket_from_file(path: str | os.PathLike) -> Path | None:
+def socket_from_file(path: str | os.PathLike[str]) -> Path | None:
     """The control socket a cluster file names, from its ``[cluster]`` table alone; None when the
     file or that table cannot be used (``load_config`` then says why, with the line)."""
     import tomllib

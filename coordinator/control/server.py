@@ -14,6 +14,7 @@ import socket
 import stat
 import struct
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -104,8 +105,12 @@ class DaemonNotRunning(Exception):
 
 
 async def call_daemon(path: Path, method: str, args: dict[str, Any] | None = None, *,
-                      timeout: float | None = 30.0, on_event=None) -> Any:
-    """One call to the daemon over its control socket (the client half)."""
+                      timeout: float | None = 30.0, on_event: Callable[[Any], Any] | None = None) -> Any:
+    """One call to the daemon over its control socket (the client half).
+
+    ``args`` and the answer are the method's own (each control method declares its arguments in
+    the daemon's dispatch table), so they stay plain data here; ``on_event`` gets what a
+    streaming method sends before its answer."""
     try:
         reader, writer = await asyncio.open_unix_connection(str(path))
     except (FileNotFoundError, ConnectionRefusedError) as exc:

@@ -11,16 +11,25 @@ import structlog
 
 from coordinator.config.cluster_file import ClusterConfig
 from coordinator.nodes.agent_bundle import AgentBundle
-from coordinator.nodes.session import UP, Connect, NodeSession, open_transport
-from coordinator.store.state import StateStore
+from coordinator.nodes.session import UP, Connect, NodeSession, NodeViewDict, open_transport
+from coordinator.store.state import EventRecord, StateStore
 
 log = structlog.get_logger("cluster")
 RECENT_EVENTS = 50
 
 
+class ClusterNodeView(NodeViewDict):
+    """A node's view with where it is and what runs it there (``Cluster.node_views``)."""
+
+    user: str | None
+    host: str
+    workdir: str
+    python: str
+
+
 class Cluster:
     def __init__(self, config: ClusterConfig, state: StateStore, bundle: AgentBundle, *,
-                 connect: Connect = open_transport):
+                 connect: Connect = open_transport) -> None:
         self.config = config
         self.state = state
         self.bundle = bundle
@@ -29,10 +38,10 @@ class Cluster:
             for node in config.nodes
         }
         # Status is answered from memory so it never waits on SQLite or a node.
-        self.events: collections.deque[dict[str, Any]] = collections.deque(
+        self.events: collections.deque[EventRecord] = collections.deque(
             state.recent_events(RECENT_EVENTS), maxlen=RECENT_EVENTS)
         # Called with every event once it is stored (the alerts); each must return at once.
-        self.listeners: list[Callable[[dict[str, Any]], None]] = []
+        self.listeners: list[Callable[[EventRecord], None]] = []
         self._forget_removed_nodes()
 
     def _forget_removed_nodes(self) -> None:
@@ -63,19 +72,17 @@ class Cluster:
         message = f"{view.name} is {state}" + (f": {reason}" if reason else "")
         self.record_event(f"node.{state}", message, node=view.name)
 
-    def node_views(self) -> list[dict[str, Any]]:
+    def node_views(self) -> list[ClusterNodeView]:
         stored = self.state.nodes()
-        views = []
+        views: list[ClusterNodeView] = []
         for name, session in self.sessions.items():
             view = session.view.as_dict()
             if view["facts"] is None and name in stored:  # last known facts while the node is away
                 view["facts"] = stored[name]["facts"]
                 view["last_seen"] = view["last_seen"] or stored[name]["last_seen"]
-            view["user"] = session.node.user
-            view["host"] = session.node.host
-            view["workdir"] = session.node.workdir
-            view["python"] = session.node.python
-            views.append(view)
+            node = session.node
+            views.append({**view, "user": node.user, "host": node.host, "workdir": node.workdir,
+                          "python": node.python})
         return views
 
     def all_up(self) -> bool:

@@ -17,7 +17,7 @@ import json
 import re
 import shlex
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from coordinator.config.cluster_file import NODE_NAME
 
@@ -142,6 +142,61 @@ class ProbeResult:
     disk: DiskFree | None = None
 
 
+class HostSpecDict(TypedDict):
+    host: str
+    user: str | None
+    port: int | None
+    name: str | None
+    label: str
+
+
+class HostFactsDict(TypedDict):
+    home: str
+    user: str | None
+    os: str | None
+    os_version: str | None
+    arch: str | None
+    chip: str | None
+    memory_bytes: int | None
+    candidates: list[str]
+    login_python: str | None
+
+
+class PythonFoundDict(TypedDict):
+    path: str
+    python: str | None
+    prefix: str | None
+    executable: str | None
+    mlx: str | None
+    mlx_lm: str | None
+    error: str | None
+
+
+class DiskFreeDict(TypedDict):
+    path: str
+    free_bytes: int
+    total_bytes: int
+    mount: str
+
+
+class NodeReportDict(TypedDict):
+    """``NodeReport.as_dict``: one host in ``coord init --json``."""
+
+    name: str
+    spec: HostSpecDict
+    facts: HostFactsDict | None
+    pythons: list[PythonFoundDict]
+    python: PythonFoundDict | None
+    workdir: str | None
+    workdir_exists: bool
+    disk: DiskFreeDict | None
+    problem: str | None
+    fix: str | None
+    warnings: list[str]
+    host_key: dict[str, str] | None
+    ok: bool
+
+
 @dataclass
 class NodeReport:
     """What onboarding found on one host, and what it proposes for the cluster file."""
@@ -163,8 +218,10 @@ class NodeReport:
     def ok(self) -> bool:
         return self.problem is None
 
-    def as_dict(self) -> dict[str, Any]:
-        doc = asdict(self)
+    def as_dict(self) -> NodeReportDict:
+        # asdict gives the fields of these dataclasses, recursively: the TypedDicts above, but for
+        # the two keys added here.
+        doc = cast(NodeReportDict, asdict(self))
         doc["spec"]["label"] = self.spec.label
         doc["ok"] = self.ok
         return doc
@@ -411,8 +468,8 @@ def parse_python_probe(path: str, output: str) -> PythonFound:
         return PythonFound(path=path, error="its answer was not a JSON object")
     errors = [str(doc[k]) for k in ("mlx_error", "mlx_lm_error") if doc.get(k)]
     return PythonFound(path=path, python=_text(doc.get("python")), prefix=_text(doc.get("prefix")),
-                       executable=_text(doc.get("executable")), mlx=_text(doc.get("mlx")), mlx_lm=_text(doc.get("mlx_lm")),
-                       error="; ".join(errors) or None)
+                       executable=_text(doc.get("executable")), mlx=_text(doc.get("mlx")),
+                       mlx_lm=_text(doc.get("mlx_lm")), error="; ".join(errors) or None)
 
 
 def _text(value: Any) -> str | None:

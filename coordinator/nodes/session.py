@@ -13,15 +13,22 @@ import collections
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import anyio
 import structlog
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
 from coordinator.config.cluster_file import NodeConfig, SshSettings
 from coordinator.nodes.agent_bundle import NOT_INSTALLED, AgentBundle
-from coordinator.nodes.transport import LocalTransport, NodeUnreachable, SshTransport, Transport
+from coordinator.nodes.transport import (
+    AgentProcess,
+    LineReader,
+    LocalTransport,
+    NodeUnreachable,
+    SshTransport,
+    Transport,
+)
 from shared import protocol as p
 from shared.rpc import ConnectionLost, Peer, RemoteError
 
@@ -34,6 +41,32 @@ log = structlog.get_logger("node")
 
 OnChange = Callable[["NodeSession", str, str | None], Awaitable[None] | None]
 Connect = Callable[[NodeConfig, SshSettings], Awaitable[Transport]]
+#: A node's facts as its agent reported them (agent/facts.py): free-form (what a node can tell
+#: depends on its OS, its Python and its mlx), so every reader takes the keys it needs with .get.
+Facts = dict[str, Any]
+
+
+class AgentHello(TypedDict):
+    """The agent's answer to ``hello`` (agent/server.py)."""
+
+    protocol: int
+    agent_version: str
+    bundle: str
+    pid: int
+    python: str
+
+
+class NodeViewDict(TypedDict):
+    """``NodeView.as_dict``: a node as status and the checks see it."""
+
+    name: str
+    address: str
+    state: str
+    reason: str | None
+    facts: Facts | None
+    agent: AgentHello | None
+    last_seen: float | None
+    since: float
 
 
 async def open_transport(node: NodeConfig, ssh: SshSettings) -> Transport:
@@ -55,19 +88,19 @@ class NodeView:
     address: str
     state: str
     reason: str | None = None
-    facts: dict[str, Any] | None = None
-    agent: dict[str, Any] | None = None
+    facts: Facts | None = None
+    agent: AgentHello | None = None
     last_seen: float | None = None
     since: float = field(default_factory=time.time)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> NodeViewDict:
         return {"name": self.name, "address": self.address, "state": self.state, "reason": self.reason,
                 "facts": self.facts, "agent": self.agent, "last_seen": self.last_seen, "since": self.since}
 
 
 class NodeSession:
     def __init__(self, node: NodeConfig, ssh: SshSettings, bundle: AgentBundle, *,
-                 on_change: OnChange | None = None, connect: Connect = open_transport):
+                 on_change: OnChange | None = None, connect: Connect = open_transport) -> None:
         self.node = node
         self.ssh = ssh
         self.bundle = bundle
@@ -85,8 +118,11 @@ class NodeSession:
         return self.view.state
 
     async def call(self, method: str, args: dict[str, Any] | None = None, *, timeout: float | None = None,
-                   on_event=None) -> Any:
-        """Call the node's agent; fails at once with NodeDown when the node is not up."""
+                   on_event: Callable[[Any], Any] | None = None) -> Any:
+        """Call the node's agent; fails at once with NodeDown when the node is not up.
+
+        ``args`` and the answer are the agent method's own (agent/server.py declares each one's
+        arguments), plain data either way."""
         peer = self._peer
         if peer is None or self.view.state != UP:
             raise NodeDown(self.node.name, self.view.reason)
@@ -107,7 +143,7 @@ class NodeSession:
             # A session that was up ended: reconnect at once with a fresh backoff.
             await anyio.sleep(0.2)
 
-    async def _log_retry(self, state) -> None:
+    async def _log_retry(self, state: RetryCallState) -> None:
         wait = state.next_action.sleep if state.next_action else 0
         self.log.info("reconnecting", attempt=state.attempt_number, wait_s=round(wait, 2), reason=self.view.reason)
 
@@ -167,7 +203,7 @@ class NodeSession:
             await self._install(transport)
         raise NodeUnreachable(f"agent {self.bundle.bundle_id} still missing after installing it")
 
-    async def _serve_agent(self, proc) -> bool | None:
+    async def _serve_agent(self, proc: AgentProcess) -> bool | None:
         """Handshake and watch; True after an up period, None when the bundle is not installed."""
         peer = Peer(proc.reader, proc.writer, name=self.node.name, log=self.log)
         lost_reason = "agent connection closed"
@@ -242,7 +278,7 @@ class NodeSession:
                 return exc.message
             self.view.last_seen = time.time()
 
-    async def _pump_stderr(self, stream) -> None:
+    async def _pump_stderr(self, stream: LineReader) -> None:
         """Forward the agent's log lines into ours, keeping the last few for error reports."""
         try:
             while True:

@@ -4,7 +4,7 @@ user's ssh config) and the errors that say why a node cannot be reached."""
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Required, TypedDict
 
 import asyncssh
 
@@ -14,7 +14,7 @@ from coordinator.config.cluster_file import NodeConfig, SshSettings
 class NodeUnreachable(Exception):
     """The node could not be reached; ``reason`` is shown to the user as is."""
 
-    def __init__(self, reason: str, *, retry: bool = True):
+    def __init__(self, reason: str, *, retry: bool = True) -> None:
         super().__init__(reason)
         self.reason = reason
         self.retry = retry
@@ -23,14 +23,30 @@ class NodeUnreachable(Exception):
 class UnknownHostKey(NodeUnreachable):
     """The node's host key is not in known_hosts; ``key`` is what it presented (None if unseen)."""
 
-    def __init__(self, reason: str, *, key: asyncssh.SSHKey | None):
+    def __init__(self, reason: str, *, key: asyncssh.SSHKey | None) -> None:
         super().__init__(reason)
         self.key = key
 
 
-def ssh_options(node: NodeConfig, ssh: SshSettings) -> dict[str, Any]:
+class SshOptions(TypedDict, total=False):
+    """Keyword arguments of asyncssh.connect, as coord sets them."""
+
+    keepalive_interval: Required[float]
+    keepalive_count_max: Required[int]
+    connect_timeout: Required[float]
+    password_auth: Required[bool]
+    kbdint_auth: Required[bool]
+    agent_forwarding: Required[bool]
+    known_hosts: str | asyncssh.SSHKnownHosts
+    client_keys: list[str]
+    config: list[str]
+    username: str
+    port: int
+
+
+def ssh_options(node: NodeConfig, ssh: SshSettings) -> SshOptions:
     """asyncssh.connect options for a node: key auth only, host keys verified, the user's ssh config."""
-    options: dict[str, Any] = {
+    options: SshOptions = {
         "keepalive_interval": ssh.keepalive_s,
         "keepalive_count_max": 3,
         "connect_timeout": ssh.connect_timeout_s,

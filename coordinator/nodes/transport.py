@@ -11,13 +11,14 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import asyncssh
 
 from coordinator.config.cluster_file import NodeConfig, SshSettings
 from coordinator.nodes.known_hosts import unknown_host_key
 from coordinator.nodes.ssh_settings import NodeUnreachable, UnknownHostKey, ssh_options
+from shared.rpc import Reader, Writer
 
 __all__ = ["NodeUnreachable", "UnknownHostKey", "ssh_options"]  # what callers of the transport catch and use
 
@@ -29,12 +30,18 @@ class CommandResult:
     stderr: bytes
 
 
+class LineReader(Protocol):
+    """The agent's stderr: asyncio's StreamReader or asyncssh's SSHReader, read a line at a time."""
+
+    async def readline(self) -> bytes: ...
+
+
 @dataclass
 class AgentProcess:
-    reader: Any
-    writer: Any
+    reader: Reader  # the agent's stdout: frames from it
+    writer: Writer  # its stdin: frames to it
     wait: Callable[[], Awaitable[int | None]]
-    stderr: Any
+    stderr: LineReader
     terminate: Callable[[], None]
 
 
@@ -66,6 +73,7 @@ class LocalTransport:
             if proc.returncode is None:
                 proc.kill()
 
+        assert proc.stdout is not None and proc.stdin is not None and proc.stderr is not None  # all three are pipes
         return AgentProcess(proc.stdout, proc.stdin, proc.wait, proc.stderr, terminate)
 
     async def close(self) -> None:
@@ -75,7 +83,7 @@ class LocalTransport:
 class SshTransport:
     """One asyncssh connection to a node: key auth only, host keys always verified."""
 
-    def __init__(self, conn: asyncssh.SSHClientConnection):
+    def __init__(self, conn: asyncssh.SSHClientConnection) -> None:
         self._conn = conn
         peer = conn.get_extra_info("peername")
         # The address this head reached the node at: where the head sends a relay's bytes.
@@ -100,7 +108,7 @@ class SshTransport:
 
     async def run(self, command: str, input: bytes | None = None) -> CommandResult:
         result = await self._conn.run(command, input=input, encoding=None, check=False)
-        return CommandResult(result.exit_status, result.stdout or b"", result.stderr or b"")
+        return CommandResult(result.exit_status, _as_bytes(result.stdout), _as_bytes(result.stderr))
 
     async def start(self, command: str) -> AgentProcess:
         proc = await self._conn.create_process(command, encoding=None)
@@ -115,3 +123,10 @@ class SshTransport:
         self._conn.close()
         with contextlib.suppress(TimeoutError, OSError, asyncssh.Error):
             await asyncio.wait_for(self._conn.wait_closed(), 5)
+
+
+def _as_bytes(output: bytes | str | None) -> bytes:
+    """A command's output: bytes, since it runs without an encoding (asyncssh types it either way)."""
+    if isinstance(output, str):
+        return output.encode()
+    return output or b""

@@ -12,8 +12,12 @@ the same; ``is_stale`` says why it is not.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Mapping
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeGuard
+
+if TYPE_CHECKING:
+    from coordinator.nodes.session import Facts
+    from coordinator.store.state import CalibrationKey, CalibrationRecord
 
 # Node facts that, when changed, make a stored calibration meaningless.
 CALIBRATION_KEY_FIELDS: tuple[str, ...] = (
@@ -37,14 +41,22 @@ _FIELD_LABELS = {
 DEFAULT_TOLERANCE = 0.10
 
 
-def calibration_key(facts: Mapping[str, Any]) -> dict[str, Any]:
-    """The facts (from ``agent.facts.collect_facts``) a calibration depends on; a missing
-    fact is ``None``."""
-    return {field: facts.get(field) for field in CALIBRATION_KEY_FIELDS}
+class WorkloadShares(TypedDict):
+    policy: Literal["equal", "proportional"]
+    shares: dict[str, float]  # node -> its fraction of the work; they sum to 1
+    reason: str
 
 
-def calibration_record(facts: Mapping[str, Any], result: Mapping[str, Any]) -> dict[str, Any]:
-    """What to store for a node after ``run_calibration``: its key and the result."""
+def calibration_key(facts: Mapping[str, Any]) -> CalibrationKey:
+    """The facts (from ``agent.facts.collect_facts``) a calibration depends on, in the order of
+    ``CALIBRATION_KEY_FIELDS``; a missing fact is ``None``."""
+    return {"chip": facts.get("chip"), "os_version": facts.get("os_version"), "os_build": facts.get("os_build"),
+            "mlx_version": facts.get("mlx_version"), "python_executable": facts.get("python_executable"),
+            "gpu": facts.get("gpu")}
+
+
+def calibration_record(facts: Mapping[str, Any], result: Mapping[str, Any]) -> CalibrationRecord:
+    """What to store for a node after ``run_calibration``: its key and the result (the agent's answer)."""
     return {"key": calibration_key(facts), "result": dict(result)}
 
 
@@ -52,6 +64,9 @@ def is_stale(
     stored: Mapping[str, Any] | None, facts: Mapping[str, Any], *, refresh: bool
 ) -> tuple[bool, str]:
     """(True, why) when the node must be calibrated again, else (False, why not).
+
+    ``stored`` is read back from the state database as it was written (``StoredCalibration``),
+    maybe by an older coord, so nothing of its shape is taken for granted.
 
     Reasons: ``"--refresh"``, ``"no calibration yet"``, ``"last calibration failed: ..."``,
     ``"last calibration was a --quick run"``, or the changed facts, e.g.
@@ -72,21 +87,23 @@ def is_stale(
             return True, "last calibration was a --quick run"
     current = calibration_key(facts)
     changes = [
-        f"{_FIELD_LABELS[field]} changed {_show(key.get(field))} → {_show(current[field])}"
-        for field in CALIBRATION_KEY_FIELDS
-        if key.get(field) != current[field]
+        f"{_FIELD_LABELS[field]} changed {_show(key.get(field))} → {_show(value)}"
+        for field, value in current.items()
+        if key.get(field) != value
     ]
     if changes:
         return True, "; ".join(changes)
     return False, "calibration is current (same chip, OS, mlx, Python and GPU backend)"
 
 
-def gpu_memory(calibrations: Mapping[str, Any], facts: Mapping[str, Any]) -> dict[str, tuple[int, str]]:
+def gpu_memory(calibrations: Mapping[str, Mapping[str, Any] | None],
+               facts: Mapping[str, Facts | None]) -> dict[str, tuple[int, str]]:
     """{node: (bytes, source)} of the memory MLX's GPU can use, from each node's current calibration."""
     found = {}
     for name, record in calibrations.items():
         result = (record or {}).get("result") or {}
-        if not facts.get(name) or result.get("device_kind") != "gpu" or is_stale(record, facts[name], refresh=False)[0]:
+        node_facts = facts.get(name)
+        if not node_facts or result.get("device_kind") != "gpu" or is_stale(record, node_facts, refresh=False)[0]:
             continue
         size = result.get("peak_memory_bytes")
         if isinstance(size, int) and not isinstance(size, bool) and size > 0:
@@ -107,8 +124,8 @@ def train_rate(stored: Mapping[str, Any] | None) -> float | None:
 
 
 def workload_shares(
-    rates: Mapping[Hashable, float | None], tolerance: float = DEFAULT_TOLERANCE
-) -> dict[str, Any]:
+    rates: Mapping[str, float | None], tolerance: float = DEFAULT_TOLERANCE
+) -> WorkloadShares:
     """How to split the work across nodes from their measured rates (higher = faster).
 
     Equal shares when every known rate is within ``tolerance`` of the others
@@ -124,7 +141,7 @@ def workload_shares(
     nodes = list(rates)
     if not nodes:
         return {"policy": "equal", "shares": {}, "reason": "no nodes"}
-    known = {node: float(rate) for node, rate in rates.items() if _usable(rate)}  # type: ignore
+    known = {node: float(rate) for node, rate in rates.items() if _usable(rate)}
     unknown = [node for node in nodes if node not in known]
     equal = {node: 1.0 / len(nodes) for node in nodes}
     if not known:
@@ -167,7 +184,7 @@ def workload_shares(
     }
 
 
-def _usable(rate: Any) -> bool:
+def _usable(rate: object) -> TypeGuard[float]:
     return (
         isinstance(rate, (int, float))
         and not isinstance(rate, bool)
@@ -176,7 +193,7 @@ def _usable(rate: Any) -> bool:
     )
 
 
-def _names(nodes: list) -> str:
+def _names(nodes: list[str]) -> str:
     return ", ".join(str(node) for node in nodes)
 
 

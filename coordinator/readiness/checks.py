@@ -10,28 +10,87 @@ from __future__ import annotations
 
 import shlex
 from collections import Counter
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final, Literal, NotRequired, TypedDict
 
-from coordinator.readiness.consistency import compare_nodes
+from coordinator.readiness.consistency import ConsistencyReport, DivergentNode, Manifest, compare_nodes
 
-LAYERS = ("health", "hardware", "worker", "worker_consistency", "pre_rdma_sync", "checkpoint", "gradient",
-          "performance")
+if TYPE_CHECKING:
+    from coordinator.nodes.session import Facts
+    from coordinator.store.state import EventRecord
+
+Layer = Literal["health", "hardware", "worker", "worker_consistency", "pre_rdma_sync", "checkpoint", "gradient",
+                "performance"]
+Status = Literal["pass", "warn", "fail"]
+LAYERS: tuple[Layer, ...] = ("health", "hardware", "worker", "worker_consistency", "pre_rdma_sync", "checkpoint",
+                             "gradient", "performance")
 MIN_FREE_BYTES = 2 * 2**30
-PASS, WARN, FAIL = "pass", "warn", "fail"
+PASS: Final = "pass"
+WARN: Final = "warn"
+FAIL: Final = "fail"
 
 
-def check(name: str, layer: str, status: str, detail: str, fix_command: str | None = None) -> dict[str, Any]:
+class CheckResult(TypedDict):
+    name: str
+    layer: Layer
+    status: Status
+    detail: str
+    fix_command: str | None  # what a person runs to fix it, when there is such a command
+
+
+class CodeConsistencyCheck(CheckResult):
+    ratio: float | None
+    divergent: list[DivergentNode]
+    report: NotRequired[ConsistencyReport]  # the whole comparison: pre-flight moves it into its report
+
+
+class NodeAccess(TypedDict):
+    """What the checks read of a node's view: its state and how a person reaches it."""
+
+    name: str
+    host: str
+    port: int | None
+    user: str | None
+    address: str
+    state: str
+    reason: str | None
+    python: str
+    workdir: str
+
+
+class FileInspection(TypedDict):
+    """One file as a node's agent inspected it (``inspect_files``; a model's files from its manifest)."""
+
+    size: int
+    mode: int
+    sha256: str
+    lines: NotRequired[int]  # with count_lines
+
+
+#: node -> {path: its inspection, None when the node lacks it}, or None when nothing was asked
+Inspections = Mapping[str, dict[str, FileInspection | None] | None]
+
+
+class WritableProbe(TypedDict):
+    """A node's ``check_writable`` answer for its checkpoint directory."""
+
+    writable: bool
+    detail: str
+    free_bytes: int | None
+    path: str
+
+
+def check(name: str, layer: Layer, status: Status, detail: str, fix_command: str | None = None) -> CheckResult:
     assert layer in LAYERS and status in (PASS, WARN, FAIL), (layer, status)  # programming errors only
     return {"name": name, "layer": layer, "status": status, "detail": detail, "fix_command": fix_command}
 
 
-def overall(checks: list[dict[str, Any]]) -> str:
+def overall(checks: Sequence[CheckResult]) -> Status:
     statuses = {c["status"] for c in checks}
     return FAIL if FAIL in statuses else WARN if WARN in statuses else PASS
 
 
-def ssh_prefix(node: dict[str, Any]) -> str:
+def ssh_prefix(node: NodeAccess) -> str:
     """How a person reaches the node to run a fix there ("" for this machine)."""
     if node["host"] == "local":
         return ""
@@ -40,12 +99,12 @@ def ssh_prefix(node: dict[str, Any]) -> str:
     return f"ssh{port} {who}{node['host']} "
 
 
-def on_node(node: dict[str, Any], command: str) -> str:
+def on_node(node: NodeAccess, command: str) -> str:
     prefix = ssh_prefix(node)
     return f"{prefix}{shlex.quote(command)}" if prefix else command
 
 
-def reachability(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def reachability(nodes: Sequence[NodeAccess]) -> list[CheckResult]:
     out = []
     for node in nodes:
         name = f"ssh.{node['name']}"
@@ -62,7 +121,8 @@ def reachability(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def agent_versions(agents: dict[str, dict[str, Any]], bundle_id: str) -> dict[str, Any]:
+def agent_versions(agents: Mapping[str, Mapping[str, object]], bundle_id: str) -> CheckResult:
+    """``agents``: each up node's hello answer (empty when it gave none)."""
     odd = {n: a.get("bundle") for n, a in agents.items() if a.get("bundle") not in (bundle_id, "source")}
     if not agents:
         return check("agent.version", "worker", FAIL, "no agent answered")
@@ -74,7 +134,7 @@ def agent_versions(agents: dict[str, dict[str, Any]], bundle_id: str) -> dict[st
     return check("agent.version", "worker", PASS, f"every agent runs {bundle_id}")
 
 
-def head_launcher(launcher: Sequence[str] | None, python: str, install: str) -> dict[str, Any]:
+def head_launcher(launcher: Sequence[str] | None, python: str, install: str) -> CheckResult:
     """Can coordd start mlx.launch? `launcher` is find_launcher()'s answer on the head,
     `python` coordd's own interpreter and `install` the command that gives it mlx."""
     if launcher is None:
@@ -90,13 +150,13 @@ def head_launcher(launcher: Sequence[str] | None, python: str, install: str) -> 
     return check("launcher.head", "worker", PASS, f"coordd starts mlx.launch with its own Python {python}")
 
 
-def _majority(values: dict[str, Any]) -> tuple[Any, list[str]]:
+def _majority(values: Mapping[str, Any]) -> tuple[Any, list[str]]:
     counts = Counter(values.values())
     value, _ = counts.most_common(1)[0]
     return value, sorted(n for n, v in values.items() if v != value)
 
 
-def equal_versions(nodes: dict[str, dict[str, Any]], facts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def equal_versions(nodes: Mapping[str, NodeAccess], facts: Mapping[str, Facts]) -> list[CheckResult]:
     out = []
     for key, label, package in (("python_version", "Python", None), ("mlx_version", "mlx", "mlx"),
                                 ("mlx_lm_version", "mlx-lm", "mlx-lm")):
@@ -121,7 +181,7 @@ def equal_versions(nodes: dict[str, dict[str, Any]], facts: dict[str, dict[str, 
     return out
 
 
-def equal_os(facts: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def equal_os(facts: Mapping[str, Facts]) -> CheckResult:
     values = {n: (f.get("os"), f.get("os_version"), f.get("os_build")) for n, f in facts.items()}
     if not values:
         return check("os.version", "hardware", FAIL, "no node reported its OS")
@@ -135,21 +195,22 @@ def equal_os(facts: dict[str, dict[str, Any]]) -> dict[str, Any]:
                  f"update {', '.join(odd)} to {want[0]} {want[1]} ({want[2]})")
 
 
-def code_consistency(manifests: dict[str, dict], missing: dict[str, str], threshold: float) -> dict[str, Any]:
+def code_consistency(manifests: dict[str, Manifest], missing: Mapping[str, str],
+                     threshold: float) -> CodeConsistencyCheck:
     report = compare_nodes(manifests, threshold=threshold, what="code")
     detail = report["detail"]
     if missing:
         detail += "; not compared: " + ", ".join(f"{n} ({why})" for n, why in sorted(missing.items()))
-    status = PASS if report["status"] == "pass" and not missing else FAIL
+    status: Status = PASS if report["status"] == "pass" and not missing else FAIL
     return {**check("code.consistency", "worker_consistency", status, detail,
                     None if status == PASS else "coord sync"), "ratio": report.get("ratio"),
             "divergent": report["divergent"], "report": report}
 
 
-def named_files(name: str, what: str, inspections: dict[str, dict[str, Any] | None], *, key: str,
-                lines: bool = False, required: bool = True) -> dict[str, Any]:
+def named_files(name: str, what: str, inspections: Inspections, *, key: str,
+                lines: bool = False, required: bool = True) -> CheckResult:
     """One file set (script, data files) compared across nodes: present, same hash (and lines)."""
-    layer = "worker_consistency"
+    layer: Layer = "worker_consistency"
     if not inspections:
         if required:
             return check(name, layer, FAIL, f"no node reported its {what}")
@@ -161,20 +222,23 @@ def named_files(name: str, what: str, inspections: dict[str, dict[str, Any] | No
         return check(name, layer, FAIL, f"{what} missing: " + "; ".join(f"{n} lacks {', '.join(r)}"
                                                                        for n, r in sorted(missing.items())),
                      "coord sync")
-    as_manifests = {n: {rel: [e["size"], e["mode"], e["sha256"]] for rel, e in files.items()}
-                    for n, files in inspections.items() if files is not None}
+    # Every file is present from here on (a missing one failed above).
+    as_manifests: dict[str, Manifest] = {n: {rel: [e["size"], e["mode"], e["sha256"]] for rel, e in files.items()
+                                             if e is not None}
+                                         for n, files in inspections.items() if files is not None}
     report = compare_nodes(as_manifests, what=what, threshold=1.0)
     detail = report["detail"]
     if lines:
-        counts = {n: {rel: e.get("lines") for rel, e in files.items()} for n, files in inspections.items() if files}
+        counts = {n: {rel: e.get("lines") for rel, e in files.items() if e is not None}
+                  for n, files in inspections.items() if files}
         sample = next(iter(counts.values()), {})
         detail += "; lines: " + ", ".join(f"{rel} {count}" for rel, count in sorted(sample.items()))
     return check(name, layer, PASS if report["status"] == "pass" else FAIL, detail,
                  None if report["status"] == "pass" else "coord sync")
 
 
-def disk_and_checkpoints(nodes: dict[str, dict[str, Any]], probes: dict[str, dict[str, Any]],
-                         needed_bytes: int) -> list[dict[str, Any]]:
+def disk_and_checkpoints(nodes: Mapping[str, NodeAccess], probes: Mapping[str, WritableProbe],
+                         needed_bytes: int) -> list[CheckResult]:
     out = []
     for name, probe in sorted(probes.items()):
         if not probe.get("writable"):
@@ -195,12 +259,12 @@ def disk_and_checkpoints(nodes: dict[str, dict[str, Any]], probes: dict[str, dic
     return out
 
 
-def memory_for_model(facts: dict[str, dict[str, Any]], model_bytes: int | None) -> dict[str, Any]:
+def memory_for_model(facts: Mapping[str, Facts], model_bytes: int | None) -> CheckResult:
     """A first estimate: a full fine-tune with Adam holds weights, gradients and two moments (4x)."""
     if not model_bytes:
         return check("memory.model", "hardware", PASS, "no model configured: nothing to size yet")
     need = 4 * model_bytes
-    short = {n: f.get("memory_bytes") for n, f in facts.items()
+    short = {n: f["memory_bytes"] for n, f in facts.items()
              if f.get("memory_bytes") is not None and f["memory_bytes"] < need}
     if short:
         return check("memory.model", "hardware", WARN,
@@ -211,7 +275,7 @@ def memory_for_model(facts: dict[str, dict[str, Any]], model_bytes: int | None) 
                  f"every node has more than {need / 2**30:.1f} GiB for a full fine-tune of the model")
 
 
-def calibration(calibrated: dict[str, bool]) -> dict[str, Any]:
+def calibration(calibrated: Mapping[str, bool]) -> CheckResult:
     missing = sorted(n for n, ok in calibrated.items() if not ok)
     if missing:
         return check("calibration", "performance", WARN, f"not calibrated (or outdated): {', '.join(missing)}",
@@ -219,7 +283,8 @@ def calibration(calibrated: dict[str, bool]) -> dict[str, Any]:
     return check("calibration", "performance", PASS, "every node has a current calibration")
 
 
-def sync_hook(configured: str | None, last: dict[str, Any] | None) -> dict[str, Any]:
+def sync_hook(configured: str | None, last: EventRecord | None) -> CheckResult:
+    """``last``: the newest ``sync.hook`` event."""
     if not configured:
         return check("sync.hook", "pre_rdma_sync", PASS, "no sync hook configured")
     if last is None:
@@ -232,8 +297,9 @@ def sync_hook(configured: str | None, last: dict[str, Any] | None) -> dict[str, 
     return check("sync.hook", "pre_rdma_sync", FAIL, last["message"], "fix the hook, then: coord sync")
 
 
-def backend(choice: dict[str, Any] | None, error: str | None) -> list[dict[str, Any]]:
-    """RDMA state consistent with the backend; RDMA fixes are instructions for a person."""
+def backend(choice: dict[str, Any] | None, error: str | None) -> list[CheckResult]:
+    """RDMA state consistent with the backend; RDMA fixes are instructions for a person. ``choice``
+    is coordinator.launch's backend choice (typed by that layer)."""
     if choice is None:
         return [check("rdma.backend", "gradient", FAIL, error or "no backend could be chosen")]
     fixes = "; ".join(f"{f['node']}: {f['instruction']}" for f in choice.get("fixes", []))
@@ -250,14 +316,15 @@ def backend(choice: dict[str, Any] | None, error: str | None) -> list[dict[str, 
     return out
 
 
-def hostfile(document: dict[str, Any] | None, error: str | None) -> dict[str, Any]:
+def hostfile(document: dict[str, Any] | None, error: str | None) -> CheckResult:
+    """``document``: coordinator.launch's hostfile (typed by that layer)."""
     if document is None:
         return check("hostfile.valid", "gradient", FAIL, f"hostfile: {error}")
     hosts = ", ".join(f"{h['ssh']}→{h['ips'][0]}" for h in document["hosts"])
     return check("hostfile.valid", "gradient", PASS, f"{document['backend']} hostfile for {hosts}")
 
 
-def system_sleep(nodes: dict[str, dict[str, Any]], facts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def system_sleep(nodes: Mapping[str, NodeAccess], facts: Mapping[str, Facts]) -> list[CheckResult]:
     """macOS nodes whose system sleeps on an idle timer (``pmset -g``: ``sleep`` > 0).
 
     A running rank holds a power assertion (caffeinate), but between attempts (a restart, a
@@ -285,14 +352,15 @@ def system_sleep(nodes: dict[str, dict[str, Any]], facts: dict[str, dict[str, An
     return [check("power.sleep", "health", WARN, "; ".join(details), "; ".join(fixes))]
 
 
-def _sleep_detail(name: str, power: dict[str, Any]) -> str:
+def _sleep_detail(name: str, power: Mapping[str, Any]) -> str:
+    """``power``: the node's ``power`` fact (pmset -g), as its agent read it."""
     detail = f"{name} sleeps after {power['sleep_minutes']} min idle"
     if power.get("sleep_prevented_by"):
         detail += f" (held off for now by {', '.join(power['sleep_prevented_by'])})"
     return detail
 
 
-def _sudo_on_node(node: dict[str, Any], command: str) -> str:
+def _sudo_on_node(node: NodeAccess, command: str) -> str:
     """``sudo COMMAND`` on the node; over ssh with a terminal, where sudo asks for a password."""
     prefix = ssh_prefix(node)
     if not prefix:

@@ -6,20 +6,23 @@ import posixpath
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
 
 from coordinator.launch.mlx_launch import find_launcher
 from coordinator.launch.plan import plan_backend
-from coordinator.nodes.session import UP
+from coordinator.nodes.cluster import ClusterNodeView
+from coordinator.nodes.session import UP, NodeSession
 from coordinator.readiness import checks
 from coordinator.readiness.calibration import is_stale
+from coordinator.readiness.checks import CheckResult, FileInspection, Layer, Status, WritableProbe
+from coordinator.readiness.consistency import ConsistencyReport, Manifest
 from coordinator.readiness.head_python import install_mlx_command
 from coordinator.readiness.push import manifest_from_wire
 from coordinator.readiness.sync import ignore_patterns, source_manifest
 from shared.ignore import DEFAULT_PATTERNS
-from shared.rpc import RemoteError
+from shared.rpc import Emit, RemoteError
 
 if TYPE_CHECKING:
     from coordinator.nodes.cluster import Cluster
@@ -27,19 +30,50 @@ if TYPE_CHECKING:
 CHECKPOINT_DIR = "checkpoints"
 
 
-async def gather(cluster: Cluster, emit, source: Path | None = None, nodes: list[str] | None = None) -> dict[str, Any]:
+class PreflightNode(ClusterNodeView):
+    """A node's view with its ssh port: what the checks name in their fixes."""
+
+    port: int | None
+
+
+class PreflightInputs(TypedDict):
+    """What every node told pre-flight (``gather``), by node."""
+
+    manifests: dict[str, Manifest]  # its workdir's code (the source's files only, with a source)
+    missing: dict[str, str]  # nodes not asked, or that failed to answer, and why
+    script: dict[str, dict[str, FileInspection | None]]
+    data: dict[str, dict[str, FileInspection | None]]
+    model: dict[str, dict[str, FileInspection | None]]
+    probes: dict[str, WritableProbe]
+    topologies: dict[str, Any]  # each node's ``topology`` answer, as coordinator.launch reads it
+
+
+class PreflightReport(TypedDict):
+    status: Status
+    checks: list[CheckResult]
+    layers: dict[Layer, Status]  # each layer with checks: their overall status
+    backend: dict[str, Any] | None  # coordinator.launch's backend choice (typed by that layer)
+    hostfile: dict[str, Any] | None  # coordinator.launch's hostfile (typed by that layer)
+    backend_error: str | None
+    consistency: ConsistencyReport  # the code's, in full
+    topologies: dict[str, Any]
+    seconds: float
+
+
+async def gather(cluster: Cluster, emit: Emit, source: Path | None = None,
+                 nodes: list[str] | None = None) -> PreflightInputs:
     """Ask every up node, at once, for what the checks need."""
     config = cluster.config
     source = source or config.sync.source
     patterns = ignore_patterns(cluster, source) if source and source.is_dir() else \
         list(DEFAULT_PATTERNS) + list(config.sync.ignore)
-    found: dict[str, Any] = {"manifests": {}, "missing": {}, "script": {}, "data": {}, "model": {},
-                             "probes": {}, "topologies": {}}
+    found: PreflightInputs = {"manifests": {}, "missing": {}, "script": {}, "data": {}, "model": {},
+                              "probes": {}, "topologies": {}}
     source_files = None
     if source is not None and source.is_dir():
         source_files, _ = await anyio.to_thread.run_sync(source_manifest, cluster, source, patterns)
 
-    async def one(session) -> None:
+    async def one(session: NodeSession) -> None:
         name, node = session.node.name, session.node
         if session.state != UP:
             found["missing"][name] = f"node is {session.state}"
@@ -86,18 +120,19 @@ async def gather(cluster: Cluster, emit, source: Path | None = None, nodes: list
     return found
 
 
-async def run_preflight(cluster: Cluster, emit, backend: str | None = None,
-                        source: str | None = None, only: list[str] | None = None) -> dict[str, Any]:
+async def run_preflight(cluster: Cluster, emit: Emit, backend: str | None = None,
+                        source: str | None = None, only: list[str] | None = None) -> PreflightReport:
     """Every check on every node, or on the nodes in ``only`` (a job that holds a subset of the cluster)."""
     started = time.monotonic()
     config = cluster.config
     found = await gather(cluster, emit, Path(source) if source else None, only)
     views = [v for v in cluster.node_views() if only is None or v["name"] in only]
-    nodes = {v["name"]: {**v, "port": next(n.port for n in config.nodes if n.name == v["name"])} for v in views}
+    nodes: dict[str, PreflightNode] = {
+        v["name"]: {**v, "port": next(n.port for n in config.nodes if n.name == v["name"])} for v in views}
     up = {n: v for n, v in nodes.items() if v["state"] == "up"}
-    facts = {n: v["facts"] for n, v in up.items() if v.get("facts")}
+    facts = {n: node_facts for n, v in up.items() if (node_facts := v["facts"])}
 
-    report = []
+    report: list[CheckResult] = []
     report += checks.reachability(list(nodes.values()))
     report.append(checks.agent_versions({n: v["agent"] or {} for n, v in up.items()},
                                         cluster.bundle.bundle_id))

@@ -15,11 +15,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, Required, TypedDict
 
 import anyio
 
 from coordinator.nodes.session import NodeSession
+from coordinator.readiness.consistency import Manifest
 from shared.rpc import RemoteError
 
 SMALL_FILE = 1 << 20
@@ -28,8 +29,47 @@ BATCH_FILES = 2048
 CHUNK_BYTES = 4 << 20
 IN_FLIGHT = 4
 
-Manifest = dict[str, list]  # rel -> [size, mode, sha256]
-Progress = Callable[[dict[str, Any]], Awaitable[None] | None]
+#: One file as ``put_files`` takes it: [rel, mode, sha256, its bytes].
+PutFile = list[Any]
+
+
+class SyncProgress(TypedDict, total=False):
+    """A sync's progress event, streamed to the CLI as it happens (coordinator/cli/progress.py)."""
+
+    phase: Required[Literal["hash", "compare", "plan", "send", "relay"]]
+    node: str
+    files_done: int
+    files_total: int
+    bytes_done: int
+    bytes_total: int
+    sender: str | None  # relay: the node (or the head) feeding this one
+    file: str  # relay: the file
+
+
+Progress = Callable[[SyncProgress], Awaitable[None] | None]
+
+
+class SyncPlanDict(TypedDict):
+    """``SyncPlan.as_dict``: counts, with the first paths of each list."""
+
+    send: int
+    bytes_to_send: int
+    chmod: int
+    delete: int
+    extra_kept: int
+    send_paths: list[str]
+    delete_paths: list[str]
+    extra_paths: list[str]
+
+
+class SendResult(TypedDict):
+    """What ``sync_node`` did on one node."""
+
+    files_sent: int
+    bytes_sent: int
+    chmod: int
+    deleted: int
+    seconds: float
 
 
 @dataclass
@@ -44,7 +84,7 @@ class SyncPlan:
     def empty(self) -> bool:
         return not (self.send or self.chmod or self.delete)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> SyncPlanDict:
         return {"send": len(self.send), "bytes_to_send": self.bytes_to_send, "chmod": len(self.chmod),
                 "delete": len(self.delete), "extra_kept": len(self.extra),
                 "send_paths": self.send[:20], "delete_paths": self.delete[:20], "extra_paths": self.extra[:20]}
@@ -65,14 +105,15 @@ def plan_sync(source: Manifest, remote: Manifest, *, delete: bool) -> SyncPlan:
     return plan
 
 
-def manifest_from_wire(files: list) -> Manifest:
+def manifest_from_wire(files: list[list[Any]]) -> Manifest:
+    """A node's listing as sent, [[rel, size, mode, sha256], ...], by path."""
     return {rel: [size, mode, sha] for rel, size, mode, sha in files}
 
 
 class Meter:
     """Files and bytes done toward a total, reported at most ten times a second."""
 
-    def __init__(self, node: str, files: int, total_bytes: int, progress: Progress | None):
+    def __init__(self, node: str, files: int, total_bytes: int, progress: Progress | None) -> None:
         self.node, self.files_total, self.bytes_total = node, files, total_bytes
         self.files_done = self.bytes_done = 0
         self.started = time.monotonic()
@@ -93,7 +134,8 @@ class Meter:
 
 
 def _batches(source: Manifest, paths: list[str]) -> tuple[list[list[str]], list[str]]:
-    small, large = [], []
+    small: list[list[str]] = []
+    large: list[str] = []
     batch: list[str] = []
     size = 0
     for rel in paths:
@@ -111,20 +153,21 @@ def _batches(source: Manifest, paths: list[str]) -> tuple[list[list[str]], list[
     return small, large
 
 
-def _first_remote_error(group: BaseExceptionGroup) -> BaseException:
+def _first_remote_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
     """The node's own refusal out of a task group's errors (the other calls were cancelled by it)."""
     remote = group.subgroup(lambda exc: isinstance(exc, RemoteError))
     if remote is None:
         return group
-    while isinstance(remote, BaseExceptionGroup):
-        remote = remote.exceptions[0]
-    return remote
+    first: BaseException = remote
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    return first
 
 
 def _read(path: str) -> bytes:
     fd = os.open(path, os.O_RDONLY)
     try:
-        chunks = []
+        chunks: list[bytes] = []
         while True:
             block = os.read(fd, 1 << 20)
             if not block:
@@ -143,18 +186,18 @@ class SourceReader:
     first), so memory stays bounded however far apart the nodes run.
     """
 
-    def __init__(self, source_dir: str, source: Manifest, keep_bytes: int = 4 * BATCH_BYTES * IN_FLIGHT):
+    def __init__(self, source_dir: str, source: Manifest, keep_bytes: int = 4 * BATCH_BYTES * IN_FLIGHT) -> None:
         self.source_dir, self.source, self.keep_bytes = source_dir, source, keep_bytes
-        self._kept: OrderedDict[tuple[str, ...], tuple[list[list], int]] = OrderedDict()
+        self._kept: OrderedDict[tuple[str, ...], tuple[list[PutFile], int]] = OrderedDict()
         self._kept_bytes = 0
         self._loading: dict[tuple[str, ...], anyio.Event] = {}
         self.reads = 0
 
-    def _read_batch(self, batch: list[str]) -> list[list]:
+    def _read_batch(self, batch: list[str]) -> list[PutFile]:
         source, directory = self.source, self.source_dir
         return [[rel, source[rel][1], source[rel][2], _read(os.path.join(directory, rel))] for rel in batch]
 
-    async def batch(self, batch: list[str]) -> list[list]:
+    async def batch(self, batch: list[str]) -> list[PutFile]:
         key = tuple(batch)
         while True:
             kept = self._kept.get(key)
@@ -182,7 +225,7 @@ class SourceReader:
 
 
 async def sync_node(session: NodeSession, source_dir: str, source: Manifest, plan: SyncPlan,
-                    progress: Progress | None = None, *, reader: SourceReader | None = None) -> dict[str, Any]:
+                    progress: Progress | None = None, *, reader: SourceReader | None = None) -> SendResult:
     """Carry out one node's plan; returns what was done. Nothing is flushed here (see ``sync_state``)."""
     root = session.node.workdir
     meter = Meter(session.node.name, len(plan.send), plan.bytes_to_send, progress)

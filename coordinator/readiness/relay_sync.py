@@ -9,15 +9,16 @@ data port a firewall blocks) is put back in that node's plan and sent over its S
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 import anyio
 
-from coordinator.relay.broadcast import HEAD, Outcome, Source, Target, broadcast
+from coordinator.relay.broadcast import HEAD, Outcome, RelayProgress, Source, Target, broadcast
 
 if TYPE_CHECKING:
     from coordinator.nodes.cluster import Cluster
-    from coordinator.readiness.push import SyncPlan
+    from coordinator.readiness.consistency import Manifest
+    from coordinator.readiness.push import Progress, SyncPlan
     from coordinator.relay.links import LinkBook
 
 #: Files at least this large are relayed: below it a file is a few chunks and the batches win.
@@ -26,7 +27,17 @@ RELAY_MIN_BYTES = 8 << 20
 PARALLEL_FILES = 2
 
 
-def take_large_files(source: dict[str, list], plans: dict[str, SyncPlan]) -> dict[str, list[str]]:
+class RelayResult(TypedDict):
+    """What the relay brought one node."""
+
+    files: int
+    bytes: int
+    failed: list[list[str]]  # [path, why] of each file that did not arrive
+    seconds: float  # the slowest file's
+    reroutes: int
+
+
+def take_large_files(source: Manifest, plans: dict[str, SyncPlan]) -> dict[str, list[str]]:
     """{path: the nodes lacking it} for every large file of the plans, taken out of them."""
     wanted: dict[str, list[str]] = {}
     for name, plan in plans.items():
@@ -41,11 +52,11 @@ def take_large_files(source: dict[str, list], plans: dict[str, SyncPlan]) -> dic
     return wanted
 
 
-async def relay_files(cluster: Cluster, links: LinkBook, source_dir: str, source: dict[str, list],
-                      wanted: dict[str, list[str]], progress=None) -> dict[str, dict[str, Any]]:
+async def relay_files(cluster: Cluster, links: LinkBook, source_dir: str, source: Manifest,
+                      wanted: dict[str, list[str]], progress: Progress | None = None) -> dict[str, RelayResult]:
     """Send each wanted file to the nodes lacking it; per node: files and bytes relayed, and the
     files that did not arrive with why."""
-    results: dict[str, dict[str, Any]] = {}
+    results: dict[str, RelayResult] = {}
     for nodes in wanted.values():
         for name in nodes:
             results.setdefault(name, {"files": 0, "bytes": 0, "failed": [], "seconds": 0.0, "reroutes": 0})
@@ -58,7 +69,7 @@ async def relay_files(cluster: Cluster, links: LinkBook, source_dir: str, source
     async def one(rel: str, nodes: list[str]) -> None:
         size, mode, sha = source[rel]
         async with limiter:
-            async def report(update: dict[str, Any]) -> None:
+            async def report(update: RelayProgress) -> None:
                 if progress is not None:
                     outcome = progress({**update, "file": rel})
                     if outcome is not None:

@@ -1,4 +1,5 @@
-"""Sync: send the project tree to every node, then check they agree (the daemon half of `coord sync` and of a job's sync)."""
+"""Sync: send the project tree to every node, then check they agree (the daemon half of `coord sync` and of a
+job's sync)."""
 
 from __future__ import annotations
 
@@ -10,25 +11,124 @@ import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Literal, NotRequired, Required, TypedDict, cast
 
 import anyio
 
-from coordinator.nodes.session import UP
-from coordinator.readiness.consistency import compare_nodes, diff_manifests
-from coordinator.readiness.push import SourceReader, SyncPlan, manifest_from_wire, plan_sync, sync_node
-from coordinator.readiness.relay_sync import relay_files, take_large_files
+from coordinator.nodes.session import UP, NodeSession
+from coordinator.readiness.consistency import ConsistencyReport, Difference, Manifest, compare_nodes, diff_manifests
+from coordinator.readiness.push import (
+    SendResult,
+    SourceReader,
+    SyncPlan,
+    SyncPlanDict,
+    manifest_from_wire,
+    plan_sync,
+    sync_node,
+)
+from coordinator.readiness.relay_sync import RelayResult, relay_files, take_large_files
 from shared import protocol as p
 from shared.ignore import DEFAULT_PATTERNS, IgnoreRules, read_ignore_file
 from shared.manifest import HashCache, scan_tree, tree_hash
 from shared.paths import UnsafePath, resolve_under
-from shared.rpc import RemoteError
+from shared.rpc import Emit, RemoteError
 
 if TYPE_CHECKING:
     from coordinator.nodes.cluster import Cluster
     from coordinator.relay.links import LinkBook
 
 HOOK_TIMEOUT_S = 600
+
+
+class ScanStats(TypedDict):
+    """What scanning a tree cost (shared.manifest.ScanStats.as_dict)."""
+
+    files: int
+    bytes: int
+    hashed_files: int  # read and hashed: new or changed since the hash cache saw them
+    hashed_bytes: int
+    skipped: list[str]  # the first 50 symlinks and special files: not synced
+    skipped_count: int
+    seconds: float
+
+
+class HookResult(TypedDict):
+    """The pre-sync hook's run (``run_hook``)."""
+
+    status: Literal["pass", "warn", "fail"]
+    path: str
+    detail: str
+    exit_code: int | None  # None: it did not run, or did not finish
+    output: str  # the end of its stdout and stderr
+    seconds: NotRequired[float]  # when it ran
+
+
+class SyncNodeEntry(TypedDict, total=False):
+    """One node in a sync report."""
+
+    plan: SyncPlanDict  # absent for a node that was skipped
+    status: Required[Literal["skipped", "planned", "unchanged", "synced", "failed"]]
+    detail: str  # why skipped or failed
+    result: SendResult  # what its own session carried
+    relay: RelayResult  # what the relay brought it
+    fallback: SendResult  # the relay's misses, sent over its session
+    verify_seconds: float
+
+
+class VersusSource(TypedDict):
+    matches: bool  # holds every source file as is (and nothing else, with --delete)
+    differences: list[Difference]  # the first 20
+
+
+class SyncReport(TypedDict):
+    """``serve_sync``'s answer. A failed hook ends a sync before the scan: its report stops at ``hook``
+    (then ``status`` and ``detail``)."""
+
+    source: str
+    dry_run: bool
+    delete: bool
+    nodes: dict[str, SyncNodeEntry]
+    timing: dict[str, float]  # seconds of each phase: hook, scan, compare, send_verify
+    hook: HookResult | None
+    listings_received: NotRequired[list[str]]  # one name per node manifest received: none on an unchanged tree
+    node_scan_seconds: NotRequired[dict[str, float | None]]  # each node's re-check of its tree, before sending
+    source_files: NotRequired[int]
+    source_bytes: NotRequired[int]
+    source_tree_hash: NotRequired[str]
+    source_scan: NotRequired[ScanStats]  # the head's scan of the source
+    source_reads: NotRequired[int]  # batches read from the source disk, when anything was sent
+    consistency: NotRequired[ConsistencyReport]
+    versus_source: NotRequired[dict[str, VersusSource]]
+    status: Literal["ok", "failed"]
+    detail: str
+    seconds: NotRequired[float]
+
+
+class _SyncSummary(TypedDict):
+    """What a sync's report opens with: what was asked, and what the scans found."""
+
+    source: str
+    dry_run: bool
+    delete: bool
+    nodes: dict[str, SyncNodeEntry]
+    timing: dict[str, float]
+    hook: HookResult | None
+    listings_received: list[str]
+    node_scan_seconds: dict[str, float | None]
+    source_files: int
+    source_bytes: int
+    source_tree_hash: str
+    source_scan: ScanStats
+
+
+class _SyncVerdict(TypedDict):
+    """What a sync's report closes with: the evidence, and what it means."""
+
+    consistency: ConsistencyReport
+    versus_source: dict[str, VersusSource]
+    status: Literal["ok", "failed"]
+    detail: str
+    seconds: float
 
 
 def resolve_source(cluster: Cluster, source: str | None) -> Path:
@@ -49,7 +149,7 @@ def ignore_patterns(cluster: Cluster, source: Path) -> list[str]:
     return patterns + list(cluster.config.sync.ignore)
 
 
-def run_hook(cluster: Cluster, source: Path) -> dict[str, Any] | None:
+def run_hook(cluster: Cluster, source: Path) -> HookResult | None:
     """The user's pre-sync hook: its exit code and output are recorded; missing is a warning."""
     hook = cluster.config.sync.hook
     if not hook:
@@ -66,6 +166,7 @@ def run_hook(cluster: Cluster, source: Path) -> dict[str, Any] | None:
     # As a shell would: an executable with a #! line runs itself, anything else runs under sh.
     argv = [path] if has_shebang and os.access(path, os.X_OK) else ["/bin/sh", path]
     started = time.monotonic()
+    code: int | None
     try:
         done = subprocess.run(argv, cwd=source, capture_output=True, text=True, timeout=HOOK_TIMEOUT_S,
                               stdin=subprocess.DEVNULL)
@@ -74,7 +175,7 @@ def run_hook(cluster: Cluster, source: Path) -> dict[str, Any] | None:
         code, output = None, f"timed out after {HOOK_TIMEOUT_S} s"
     except OSError as exc:
         code, output = None, str(exc)
-    status = "pass" if code == 0 else "fail"
+    status: Literal["pass", "fail"] = "pass" if code == 0 else "fail"
     return {"status": status, "path": path, "exit_code": code, "output": output,
             "seconds": round(time.monotonic() - started, 3),
             "detail": f"sync hook {path} exited {code}" if code is not None else f"sync hook {path}: {output}"}
@@ -85,12 +186,12 @@ def run_hook(cluster: Cluster, source: Path) -> dict[str, Any] | None:
 _source_caches: dict[str, tuple[HashCache, threading.Lock]] = {}
 #: Manifests of trees seen lately (the source's, and nodes' that differ from it), by tree hash: a node
 #: whose tree hash is one of these is known file by file without sending its manifest.
-_known_trees: OrderedDict[str, dict] = OrderedDict()
+_known_trees: OrderedDict[str, Manifest] = OrderedDict()
 KNOWN_TREES = 8
 KNOWN_TREES_ENTRIES = 2_000_000  # files, over all manifests kept
 
 
-def remember_tree(digest: str, manifest: dict) -> None:
+def remember_tree(digest: str, manifest: Manifest) -> None:
     _known_trees[digest] = manifest
     _known_trees.move_to_end(digest)
     while len(_known_trees) > 1 and (len(_known_trees) > KNOWN_TREES or
@@ -98,7 +199,8 @@ def remember_tree(digest: str, manifest: dict) -> None:
         _known_trees.popitem(last=False)
 
 
-def source_manifest(cluster: Cluster, source: Path, patterns: list[str]) -> tuple[dict, dict]:
+def source_manifest(cluster: Cluster, source: Path, patterns: list[str]) -> tuple[Manifest, ScanStats]:
+    """The source's manifest, and what scanning it cost."""
     key = hashlib.sha256(str(source).encode()).hexdigest()[:16]
     path = str(cluster.config.state_dir / "hashcache" / f"{key}.json")
     if path not in _source_caches:
@@ -106,11 +208,12 @@ def source_manifest(cluster: Cluster, source: Path, patterns: list[str]) -> tupl
     cache, lock = _source_caches[path]
     with lock:
         manifest, stats = scan_tree(str(source), IgnoreRules(patterns), cache=cache)
-    return manifest, stats.as_dict()
+    return manifest, cast(ScanStats, stats.as_dict())  # shared.manifest leaves as_dict's shape unnamed
 
 
-async def node_state(session, patterns: list[str], known: list[str] | None,
-                     listings: list[str] | None = None, scans: dict[str, float] | None = None) -> tuple[str, dict | None]:
+async def node_state(session: NodeSession, patterns: list[str], known: list[str] | None,
+                     listings: list[str] | None = None,
+                     scans: dict[str, float | None] | None = None) -> tuple[str, Manifest | None]:
     """A node's tree hash after it flushed what it was sent, and its manifest when ``known`` lacks its hash
     (then its name is added to ``listings``: the nodes whose listing crossed the wire; and the seconds
     its own scan took to ``scans``)."""
@@ -124,7 +227,7 @@ async def node_state(session, patterns: list[str], known: list[str] | None,
     return answer["tree_hash"], (manifest_from_wire(files) if files is not None else None)
 
 
-def _same_tree_report(hashes: dict[str, str], threshold: float, what: str) -> dict[str, Any]:
+def _same_tree_report(hashes: dict[str, str], threshold: float, what: str) -> ConsistencyReport:
     """compare_nodes' report for nodes that all hold one tree (told by hash, with no manifest walked)."""
     digest = next(iter(hashes.values()))
     return {"what": what, "nodes": len(hashes), "threshold": threshold, "hashes": dict(hashes), "divergent": [],
@@ -132,8 +235,8 @@ def _same_tree_report(hashes: dict[str, str], threshold: float, what: str) -> di
             "detail": f"all {len(hashes)} nodes hold the same {what} ({digest[:12]})"}
 
 
-async def serve_sync(cluster: Cluster, links: LinkBook, emit, source: str | None = None, delete: bool = False,
-                     dry_run: bool = False, nodes: list[str] | None = None) -> dict[str, Any]:
+async def serve_sync(cluster: Cluster, links: LinkBook, emit: Emit, source: str | None = None, delete: bool = False,
+                     dry_run: bool = False, nodes: list[str] | None = None) -> SyncReport:
     """Send the source to every node, or to ``nodes`` only (a job's own: other jobs' nodes are left as they are).
 
     The head hashes the source while every node re-checks its tree (a stat per file) and
@@ -142,146 +245,170 @@ async def serve_sync(cluster: Cluster, links: LinkBook, emit, source: str | None
     and answers with its tree hash again: equal to the source's, it is proven to match.
     """
     started = time.monotonic()
-    timing: dict[str, float] = {}
-
-    def lap(name: str, since: float) -> float:
-        now = time.monotonic()
-        timing[name] = round(now - since, 4)
-        return now
-
     source_dir = resolve_source(cluster, source)
-    patterns = ignore_patterns(cluster, source_dir)
-    report: dict[str, Any] = {"source": str(source_dir), "dry_run": dry_run, "delete": delete, "nodes": {},
-                              "timing": timing}
-    hook = await anyio.to_thread.run_sync(run_hook, cluster, source_dir) if cluster.config.sync.hook else None
-    report["hook"] = hook
-    if hook is not None:
-        cluster.record_event("sync.hook", f"sync hook: {hook['detail']}", data={"exit_code": hook["exit_code"]})
-        if hook["status"] == "fail":
-            report["status"] = "failed"
-            report["detail"] = f"{hook['detail']}; nothing was synced"
-            return report
-    mark = lap("hook", started)
-    await emit({"phase": "hash", "node": "head"})
+    sync = _Sync(cluster, links, emit, source_dir, delete=delete, dry_run=dry_run, nodes=nodes, started=started)
+    hook = await sync.run_hook()
+    if hook is not None and hook["status"] == "fail":
+        return sync.hook_failed(hook)
+    await sync.scan()
+    await sync.compare()
+    await sync.send_and_verify()
+    return sync.finish()
 
-    sessions = {name: session for name, session in cluster.sessions.items() if not nodes or name in nodes}
-    missing: dict[str, str] = {}
-    states: dict[str, tuple[str, dict | None]] = {}
-    listings: list[str] = []  # one name per node manifest received: none on an unchanged tree
-    report["listings_received"] = listings
-    report["node_scan_seconds"] = node_scans = {}  # each node's own re-check of its tree, before sending
-    known = list(_known_trees) or None
-    scanned: dict[str, Any] = {}
 
-    async def scan_source() -> None:
-        scanned["files"], scanned["stats"] = await anyio.to_thread.run_sync(source_manifest, cluster, source_dir,
-                                                                           patterns)
+class _Sync:
+    """One sync's steps and what they found, in the order ``serve_sync`` takes them."""
 
-    async def ask(name: str, session) -> None:
+    def __init__(self, cluster: Cluster, links: LinkBook, emit: Emit, source_dir: Path, *, delete: bool,
+                 dry_run: bool, nodes: list[str] | None, started: float) -> None:
+        self.started = started
+        self.cluster, self.links, self.emit = cluster, links, emit
+        self.source_dir, self.delete, self.dry_run = source_dir, delete, dry_run
+        self.patterns = ignore_patterns(cluster, source_dir)
+        self.sessions = {name: session for name, session in cluster.sessions.items() if not nodes or name in nodes}
+        self.timing: dict[str, float] = {}
+        self.mark = self.started
+        self.entries: dict[str, SyncNodeEntry] = {}  # the report's nodes
+        self.hook: HookResult | None = None
+        self.missing: dict[str, str] = {}  # node -> why it was not (or could not be) synced
+        self.states: dict[str, tuple[str, Manifest | None]] = {}  # node -> its first answer
+        self.listings: list[str] = []
+        self.node_scans: dict[str, float | None] = {}
+        self.source_files: Manifest = {}
+        self.source_hash = ""
+        self.source_stats: ScanStats
+        self.hashes: dict[str, str] = {}  # node -> its tree hash, last known
+        self.remote: dict[str, Manifest] = {}  # node -> its tree, last known
+        self.plans: dict[str, SyncPlan] = {}
+        self.reader: SourceReader  # once the plans are made: the source read once for every node sent a batch
+        self.relay_for: set[str] = set()
+        self.relayed: dict[str, RelayResult] = {}
+        self.relay_done = anyio.Event()
+
+    def lap(self, name: str) -> None:
+        now = time.monotonic()
+        self.timing[name] = round(now - self.mark, 4)
+        self.mark = now
+
+    # --- the hook ---------------------------------------------------------------------------
+
+    async def run_hook(self) -> HookResult | None:
+        cluster = self.cluster
+        hook = await anyio.to_thread.run_sync(run_hook, cluster, self.source_dir) if cluster.config.sync.hook else None
+        self.hook = hook
+        if hook is not None:
+            cluster.record_event("sync.hook", f"sync hook: {hook['detail']}", data={"exit_code": hook["exit_code"]})
+        return hook
+
+    def hook_failed(self, hook: HookResult) -> SyncReport:
+        return {"source": str(self.source_dir), "dry_run": self.dry_run, "delete": self.delete,
+                "nodes": self.entries, "timing": self.timing, "hook": hook, "status": "failed",
+                "detail": f"{hook['detail']}; nothing was synced"}
+
+    # --- scanning: the source on the head, each node's tree by its hash ---------------------
+
+    async def scan(self) -> None:
+        self.lap("hook")
+        await self.emit({"phase": "hash", "node": "head"})
+        known = list(_known_trees) or None
+        async with anyio.create_task_group() as tasks:  # the head and the nodes scan at once
+            for name, session in self.sessions.items():
+                tasks.start_soon(self._ask, name, session, known)
+            # The head's walk last: each ask has written its request by the time this task runs, so the nodes
+            # start at once, not after the daemon's event loop wins the GIL back from the walk's thread.
+            tasks.start_soon(self._scan_source)
+        self.source_hash = tree_hash(self.source_files)
+        remember_tree(self.source_hash, self.source_files)
+        self.lap("scan")
+
+    async def _scan_source(self) -> None:
+        self.source_files, self.source_stats = await anyio.to_thread.run_sync(
+            source_manifest, self.cluster, self.source_dir, self.patterns)
+
+    async def _ask(self, name: str, session: NodeSession, known: list[str] | None) -> None:
         if session.state != UP:
-            missing[name] = f"node is {session.state}" + (f": {session.view.reason}" if session.view.reason else "")
+            self.missing[name] = f"node is {session.state}" + (f": {session.view.reason}" if session.view.reason
+                                                               else "")
             return
         try:
-            states[name] = await node_state(session, patterns, known, listings, node_scans)
+            self.states[name] = await node_state(session, self.patterns, known, self.listings, self.node_scans)
         except RemoteError as exc:
-            missing[name] = exc.message
+            self.missing[name] = exc.message
 
-    async with anyio.create_task_group() as tasks:  # the head and the nodes scan at once
-        for name, session in sessions.items():
-            tasks.start_soon(ask, name, session)
-        # The head's walk last: each ask has written its request by the time this task runs, so the nodes
-        # start at once, not after the daemon's event loop wins the GIL back from the walk's thread.
-        tasks.start_soon(scan_source)
-    source_files, source_stats = scanned["files"], scanned["stats"]
-    source_hash = tree_hash(source_files)
-    remember_tree(source_hash, source_files)
-    report["source_files"] = len(source_files)
-    report["source_bytes"] = sum(entry[0] for entry in source_files.values())
-    report["source_tree_hash"] = source_hash
-    report["source_scan"] = source_stats
-    mark = lap("scan", mark)
-    await emit({"phase": "compare"})
+    # --- comparing: each node's tree against the source's -----------------------------------
 
-    hashes: dict[str, str] = {}
-    remote: dict[str, dict] = {}
+    async def compare(self) -> None:
+        await self.emit({"phase": "compare"})
+        async with anyio.create_task_group() as tasks:
+            for name in self.states:
+                tasks.start_soon(self._resolve, name)
+        self.plans = {name: plan_sync(self.source_files, manifest, delete=self.delete)
+                      if self.hashes[name] != self.source_hash else SyncPlan()
+                      for name, manifest in self.remote.items()}
+        self.lap("compare")
+        await self.emit({"phase": "plan", "files_total": sum(len(pl.send) for pl in self.plans.values()),
+                         "bytes_total": sum(pl.bytes_to_send for pl in self.plans.values())})
+        for name, reason in self.missing.items():
+            self.entries[name] = {"status": "skipped", "detail": reason}
 
-    async def resolve(name: str) -> None:
-        digest, manifest = states[name]
+    async def _resolve(self, name: str) -> None:
+        """A node's tree file by file: known by its hash, else its listing asked for."""
+        digest, manifest = self.states[name]
         if manifest is None:
-            manifest = source_files if digest == source_hash else _known_trees.get(digest)
+            manifest = self.source_files if digest == self.source_hash else _known_trees.get(digest)
         if manifest is None:  # a tree this daemon has not seen: ask for its listing
             try:
-                digest, manifest = await node_state(sessions[name], patterns, [], listings)
+                digest, manifest = await node_state(self.sessions[name], self.patterns, [], self.listings)
             except RemoteError as exc:
-                missing[name] = exc.message
+                self.missing[name] = exc.message
                 return
-        if digest != source_hash:
+            assert manifest is not None  # asked with no known trees, a node always sends its listing
+        if digest != self.source_hash:
             remember_tree(digest, manifest)
-        hashes[name], remote[name] = digest, manifest
+        self.hashes[name], self.remote[name] = digest, manifest
 
-    async with anyio.create_task_group() as tasks:
-        for name in states:
-            tasks.start_soon(resolve, name)
-    plans = {name: plan_sync(source_files, manifest, delete=delete) if hashes[name] != source_hash else SyncPlan()
-             for name, manifest in remote.items()}
-    mark = lap("compare", mark)
-    await emit({"phase": "plan", "files_total": sum(len(pl.send) for pl in plans.values()),
-                "bytes_total": sum(pl.bytes_to_send for pl in plans.values())})
-    for name, reason in missing.items():
-        report["nodes"][name] = {"status": "skipped", "detail": reason}
+    # --- sending and verifying --------------------------------------------------------------
 
-    reader = SourceReader(str(source_dir), source_files)
-    # Large files go through the relay (once over the head's uplink, node to node), beside each
-    # node's batches of small files; each node is verified once both are done.
-    wanted = {} if dry_run else take_large_files(source_files, plans)
-    relay_for = {name for nodes in wanted.values() for name in nodes}
-    relayed: dict[str, dict[str, Any]] = {}
-    relay_done = anyio.Event()
+    async def send_and_verify(self) -> None:
+        self.reader = SourceReader(str(self.source_dir), self.source_files)
+        # Large files go through the relay (once over the head's uplink, node to node), beside each
+        # node's batches of small files; each node is verified once both are done.
+        wanted = {} if self.dry_run else take_large_files(self.source_files, self.plans)
+        self.relay_for = {name for nodes in wanted.values() for name in nodes}
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(self._relay, wanted)
+            for name in self.plans:
+                tasks.start_soon(self._send, name)
+        self.lap("send_verify")
 
-    async def relay() -> None:
+    async def _relay(self, wanted: dict[str, list[str]]) -> None:
         try:
-            relayed.update(await relay_files(cluster, links, str(source_dir), source_files, wanted, progress=emit))
+            self.relayed.update(await relay_files(self.cluster, self.links, str(self.source_dir), self.source_files,
+                                                  wanted, progress=self.emit))
         finally:
-            relay_done.set()
+            self.relay_done.set()
 
-    async def one(name: str) -> None:
-        plan = plans[name]
-        entry = {"plan": plan.as_dict()}
-        report["nodes"][name] = entry
-        if dry_run or (plan.empty and name not in relay_for):
-            entry["status"] = "planned" if dry_run else "unchanged"
+    async def _send(self, name: str) -> None:
+        plan = self.plans[name]
+        if self.dry_run or (plan.empty and name not in self.relay_for):
+            self.entries[name] = {"plan": plan.as_dict(), "status": "planned" if self.dry_run else "unchanged"}
             return
-        session = cluster.sessions[name]
-        entry["status"] = "synced"
+        entry: SyncNodeEntry = {"plan": plan.as_dict(), "status": "synced"}
+        self.entries[name] = entry
+        session = self.cluster.sessions[name]
         try:
             if not plan.empty:
-                entry["result"] = await sync_node(session, str(source_dir), source_files, plan, progress=emit,
-                                                  reader=reader)
+                entry["result"] = await sync_node(session, str(self.source_dir), self.source_files, plan,
+                                                  progress=self.emit, reader=self.reader)
         except (RemoteError, BaseExceptionGroup) as exc:
             entry["status"] = "failed"
             entry["detail"] = _remote_error(exc).message
-        if name in relay_for:
-            await relay_done.wait()
-            await relay_fallback(session, entry, relayed.get(name))
-        # Written or half written: the node flushes what it holds, then proves it by its tree hash.
-        verify_started = time.monotonic()
-        try:
-            digest, manifest = await node_state(session, patterns, [source_hash], listings)
-            entry["verify_seconds"] = round(time.monotonic() - verify_started, 3)
-        except RemoteError as exc:
-            remote.pop(name, None)
-            hashes.pop(name, None)
-            missing[name] = exc.message
-            if entry["status"] == "synced":
-                entry["status"], entry["detail"] = "failed", f"not verified: {exc.message}"
-            return
-        if manifest is None:
-            manifest = source_files
-        else:
-            remember_tree(digest, manifest)
-        hashes[name], remote[name] = digest, manifest
+        if name in self.relay_for:
+            await self.relay_done.wait()
+            await self._relay_fallback(session, entry, self.relayed.get(name))
+        await self._verify(name, session, entry)
 
-    async def relay_fallback(session, entry: dict[str, Any], result: dict[str, Any] | None) -> None:
+    async def _relay_fallback(self, session: NodeSession, entry: SyncNodeEntry, result: RelayResult | None) -> None:
         """What the relay could not bring to the node goes over the node's own session."""
         if result is None:
             return
@@ -292,55 +419,85 @@ async def serve_sync(cluster: Cluster, links: LinkBook, emit, source: str | None
             entry["status"], entry["detail"] = "failed", result["failed"][0][1]
             return
         retry = SyncPlan(send=[rel for rel, _ in result["failed"]])
-        retry.bytes_to_send = sum(source_files[rel][0] for rel in retry.send)
+        retry.bytes_to_send = sum(self.source_files[rel][0] for rel in retry.send)
         try:
-            entry["fallback"] = await sync_node(session, str(source_dir), source_files, retry, progress=emit,
-                                                reader=reader)
+            entry["fallback"] = await sync_node(session, str(self.source_dir), self.source_files, retry,
+                                                progress=self.emit, reader=self.reader)
         except (RemoteError, BaseExceptionGroup) as exc:
             entry["status"] = "failed"
             entry["detail"] = f"{_remote_error(exc).message} (the relay first: {result['failed'][0][1]})"
 
-    async with anyio.create_task_group() as tasks:
-        tasks.start_soon(relay)
-        for name in plans:
-            tasks.start_soon(one, name)
-    lap("send_verify", mark)
-    if any(entry["status"] in ("synced", "failed") for entry in report["nodes"].values()):
-        report["source_reads"] = reader.reads
+    async def _verify(self, name: str, session: NodeSession, entry: SyncNodeEntry) -> None:
+        """Written or half written: the node flushes what it holds, then proves it by its tree hash."""
+        verify_started = time.monotonic()
+        try:
+            digest, manifest = await node_state(session, self.patterns, [self.source_hash], self.listings)
+            entry["verify_seconds"] = round(time.monotonic() - verify_started, 3)
+        except RemoteError as exc:
+            self.remote.pop(name, None)
+            self.hashes.pop(name, None)
+            self.missing[name] = exc.message
+            if entry["status"] == "synced":
+                entry["status"], entry["detail"] = "failed", f"not verified: {exc.message}"
+            return
+        if manifest is None:
+            manifest = self.source_files
+        else:
+            remember_tree(digest, manifest)
+        self.hashes[name], self.remote[name] = digest, manifest
 
-    threshold = cluster.config.sync.threshold
-    if len(hashes) >= 2 and len(set(hashes.values())) == 1:
-        report["consistency"] = _same_tree_report(hashes, threshold, "code")
-    else:
-        report["consistency"] = compare_nodes(remote, threshold=threshold, what="code")
-    # A node matches the source when it holds every source file as is; files only the node
-    # has are kept without --delete, and reported, not failed.
-    report["versus_source"] = {}
-    for name, manifest in remote.items():
-        if hashes.get(name) == source_hash:
-            report["versus_source"][name] = {"matches": True, "differences": []}
-            continue
-        differences = diff_manifests(source_files, manifest)
-        missing_or_other = [d for d in differences if d["how"] != "extra"]
-        report["versus_source"][name] = {"matches": not missing_or_other if not delete else not differences,
-                                         "differences": differences[:20]}
-    failed = [n for n, e in report["nodes"].items() if e["status"] in ("failed", "skipped")]
-    mismatched = [n for n, v in report["versus_source"].items() if not v["matches"]]
-    if failed:
-        report["status"] = "failed"
-        report["detail"] = f"not synced: {', '.join(sorted(failed))}"
-    elif mismatched and not dry_run:
-        report["status"] = "failed"
-        report["detail"] = f"differs from the source after sync: {', '.join(sorted(mismatched))}"
-    else:
-        report["status"] = "ok"
-        report["detail"] = "dry run: nothing was changed" if dry_run else "every node matches the source"
-    report["seconds"] = round(time.monotonic() - started, 3)
-    sent = sum(e.get("result", {}).get("files_sent", 0) for e in report["nodes"].values())
-    cluster.record_event("sync.done" if report["status"] == "ok" else "sync.failed",
-                                f"sync {report['status']}: {sent} files sent; {report['detail']}",
-                                data={"seconds": report["seconds"], "files_sent": sent})
-    return report
+    # --- the verdict ------------------------------------------------------------------------
+
+    def consistency(self) -> ConsistencyReport:
+        threshold = self.cluster.config.sync.threshold
+        if len(self.hashes) >= 2 and len(set(self.hashes.values())) == 1:
+            return _same_tree_report(self.hashes, threshold, "code")
+        return compare_nodes(self.remote, threshold=threshold, what="code")
+
+    def versus_source(self) -> dict[str, VersusSource]:
+        """A node matches the source when it holds every source file as is; files only the node
+        has are kept without --delete, and reported, not failed."""
+        out: dict[str, VersusSource] = {}
+        for name, manifest in self.remote.items():
+            if self.hashes.get(name) == self.source_hash:
+                out[name] = {"matches": True, "differences": []}
+                continue
+            differences = diff_manifests(self.source_files, manifest)
+            missing_or_other = [d for d in differences if d["how"] != "extra"]
+            out[name] = {"matches": not missing_or_other if not self.delete else not differences,
+                         "differences": differences[:20]}
+        return out
+
+    def verdict(self, versus: dict[str, VersusSource]) -> tuple[Literal["ok", "failed"], str]:
+        failed = [n for n, e in self.entries.items() if e["status"] in ("failed", "skipped")]
+        mismatched = [n for n, v in versus.items() if not v["matches"]]
+        if failed:
+            return "failed", f"not synced: {', '.join(sorted(failed))}"
+        if mismatched and not self.dry_run:
+            return "failed", f"differs from the source after sync: {', '.join(sorted(mismatched))}"
+        return "ok", "dry run: nothing was changed" if self.dry_run else "every node matches the source"
+
+    def finish(self) -> SyncReport:
+        summary: _SyncSummary = {
+            "source": str(self.source_dir), "dry_run": self.dry_run, "delete": self.delete, "nodes": self.entries,
+            "timing": self.timing, "hook": self.hook, "listings_received": self.listings,
+            "node_scan_seconds": self.node_scans, "source_files": len(self.source_files),
+            "source_bytes": sum(entry[0] for entry in self.source_files.values()),
+            "source_tree_hash": self.source_hash, "source_scan": self.source_stats}
+        versus = self.versus_source()
+        status, detail = self.verdict(versus)
+        verdict: _SyncVerdict = {"consistency": self.consistency(), "versus_source": versus, "status": status,
+                                 "detail": detail, "seconds": round(time.monotonic() - self.started, 3)}
+        report: SyncReport
+        if any(entry["status"] in ("synced", "failed") for entry in self.entries.values()):
+            report = {**summary, "source_reads": self.reader.reads, **verdict}
+        else:
+            report = {**summary, **verdict}
+        sent = sum(e.get("result", {}).get("files_sent", 0) for e in self.entries.values())
+        self.cluster.record_event("sync.done" if status == "ok" else "sync.failed",
+                                  f"sync {status}: {sent} files sent; {detail}",
+                                  data={"seconds": verdict["seconds"], "files_sent": sent})
+        return report
 
 
 def _remote_error(exc: BaseException) -> RemoteError:

@@ -18,7 +18,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 import anyio
 import structlog
@@ -28,6 +28,9 @@ from shared import protocol as p
 from shared import relay as wire
 from shared.rpc import RemoteError
 
+if TYPE_CHECKING:
+    from coordinator.nodes.session import NodeSession
+
 HEAD = "head"
 POLL_S = 2.0
 #: A receiver that gains no chunk for this long has a sender that is gone or stuck.
@@ -36,8 +39,46 @@ MAX_REROUTES = 8  # per receiver: a bound, so a broadcast always ends
 CALL_TIMEOUT_S = 60.0
 
 log = structlog.get_logger("relay")
-Progress = Callable[[dict[str, Any]], Awaitable[None] | None]
 Address = Callable[[str, str], str]
+
+
+class RelayProgress(TypedDict):
+    """A receiver gained chunks: how far it is, and from whom."""
+
+    phase: Literal["relay"]
+    node: str
+    bytes_done: int
+    bytes_total: int
+    sender: str | None
+
+
+Progress = Callable[[RelayProgress], Awaitable[None] | None]
+
+
+class OutcomeDict(TypedDict):
+    """``Outcome.as_dict``."""
+
+    node: str
+    ok: bool
+    path: str | None
+    detail: str
+    sender: str | None
+    seconds: float
+    reroutes: int
+
+
+class ReceiverState(TypedDict):
+    """A receiving agent's answer to ``relay_wait`` (agent/relay.py, the fields read here)."""
+
+    have: int  # chunks written and checked
+    bytes: int
+    done: bool
+    error: str | None
+    upstream_error: str | None
+    upstream_error_at: int  # the count of upstream connections when that error happened
+    connections: int
+    path: str
+    seconds: float
 
 
 class SourceChanged(Exception):
@@ -70,7 +111,7 @@ class Outcome:
     reroutes: int = 0
     source_damaged: bool = False  # the source no longer has its recorded SHA256: no copy of it is any good
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> OutcomeDict:
         return {"node": self.node, "ok": self.ok, "path": self.path, "detail": self.detail, "sender": self.sender,
                 "seconds": self.seconds, "reroutes": self.reroutes}
 
@@ -89,7 +130,8 @@ class _Receiver:
     outcome: Outcome | None = None
 
 
-_chunk_cache: dict[tuple, tuple[list[bytes], str]] = {}
+#: (path, size, mtime, inode, chunk size) -> (each chunk's SHA256, the whole file's)
+_chunk_cache: dict[tuple[str, int, int, int, int], tuple[list[bytes], str]] = {}
 
 
 def head_chunk_hashes(path: str, size: int, sha256: str, chunk_bytes: int) -> list[bytes]:
@@ -111,10 +153,10 @@ def head_chunk_hashes(path: str, size: int, sha256: str, chunk_bytes: int) -> li
 class Broadcast:
     """One file from ``source`` to every target; ``run()`` returns each node's outcome."""
 
-    def __init__(self, sessions: Mapping[str, Any], source: Source, targets: list[Target], *,
+    def __init__(self, sessions: Mapping[str, NodeSession], source: Source, targets: list[Target], *,
                  address: Address, thunderbolt: Linked = lambda a, b: False, progress: Progress | None = None,
                  chunk_bytes: int = wire.CHUNK_BYTES, events: Callable[[str, str], None] | None = None,
-                 stall_s: float = STALL_S):
+                 stall_s: float = STALL_S) -> None:
         self.stall_s = stall_s
         self.sessions, self.source, self.address = sessions, source, address
         self.thunderbolt, self.progress, self.chunk_bytes = thunderbolt, progress, chunk_bytes
@@ -125,7 +167,7 @@ class Broadcast:
         self.receivers = {t.node: _Receiver(t) for t in targets if t.node != source.node}
         self.parents: dict[str, str] = {}
         self.lost: set[str] = set()
-        self._head_sends: dict[str, asyncio.Task] = {}
+        self._head_sends: dict[str, asyncio.Task[None]] = {}
         self._head_fd: int | None = None
         self.log = log.bind(transfer=self.transfer, source=source.node)
 
@@ -152,10 +194,12 @@ class Broadcast:
             with anyio.CancelScope(shield=True):
                 await self._close()
         elapsed = round(time.monotonic() - started, 3)
-        for receiver in self.receivers.values():
-            assert receiver.outcome is not None
+        outcomes: dict[str, Outcome] = {}
+        for name, receiver in self.receivers.items():
+            assert receiver.outcome is not None  # _follow returns once every receiver has one
             receiver.outcome.seconds = receiver.outcome.seconds or elapsed
-        return {name: r.outcome for name, r in self.receivers.items()}  # type: ignore[misc]
+            outcomes[name] = receiver.outcome
+        return outcomes
 
     # --- setting up -----------------------------------------------------------------------
 
@@ -237,8 +281,9 @@ class Broadcast:
                                            sender=receiver.sender, reroutes=len(receiver.avoid))
                 return
             try:
-                state = await session.call("relay_wait", {"transfer": self.transfer, "timeout": POLL_S,
-                                                          "have": receiver.have}, timeout=POLL_S + 10)
+                state: ReceiverState = await session.call(
+                    "relay_wait", {"transfer": self.transfer, "timeout": POLL_S, "have": receiver.have},
+                    timeout=POLL_S + 10)
             except (RemoteError, TimeoutError) as exc:
                 await self._lose(name, _reason(exc))
                 continue
@@ -295,7 +340,7 @@ class Broadcast:
         self.log.info("rerouted", node=name, sender=sender, have=receiver.have, why=why)
         await self._feed(name, sender)
 
-    async def _report(self, name: str, state: dict[str, Any]) -> None:
+    async def _report(self, name: str, state: ReceiverState) -> None:
         if self.progress is None:
             return
         outcome = self.progress({"phase": "relay", "node": name, "bytes_done": state["bytes"],
@@ -318,7 +363,7 @@ class Broadcast:
             session = self.sessions.get(name)
             if session is None or name in self.lost:
                 return
-            # an agent that went away drops its transfers with its session
+            # An agent that went away drops its transfers with its session.
             with contextlib.suppress(RemoteError, TimeoutError):
                 await session.call("relay_close", {"transfer": self.transfer}, timeout=15)
 
@@ -332,7 +377,7 @@ def _reason(exc: BaseException) -> str:
     return exc.message if isinstance(exc, RemoteError) else (str(exc) or exc.__class__.__name__)
 
 
-async def broadcast(sessions: Mapping[str, Any], source: Source, targets: list[Target], *, address: Address,
+async def broadcast(sessions: Mapping[str, NodeSession], source: Source, targets: list[Target], *, address: Address,
                     thunderbolt: Linked = lambda a, b: False, progress: Progress | None = None,
                     chunk_bytes: int = wire.CHUNK_BYTES,
                     events: Callable[[str, str], None] | None = None) -> dict[str, Outcome]:

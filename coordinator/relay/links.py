@@ -10,9 +10,10 @@ from typing import Any
 
 import anyio
 
+from coordinator.config.cluster_file import NodeConfig
 from coordinator.launch.hostfile import node_address
 from coordinator.launch.topology import connectivity_matrix
-from coordinator.nodes.session import UP
+from coordinator.nodes.session import UP, NodeSession
 from coordinator.relay.broadcast import HEAD
 from shared.rpc import RemoteError
 
@@ -20,13 +21,14 @@ TOPOLOGY_TIMEOUT_S = 30.0
 
 
 class LinkBook:
-    def __init__(self, nodes: list[Any]):
+    def __init__(self, nodes: list[NodeConfig]) -> None:
         self._configs = {node.name: node for node in nodes}
-        self._topologies: dict[str, tuple[int, Any]] = {}  # name -> (session generation, topology or None)
-        self._pairs: dict[str, dict[str, Any]] = {}
+        # name -> (session generation, its agent's topology answer or None); read by coordinator.launch
+        self._topologies: dict[str, tuple[int, dict[str, Any] | None]] = {}
+        self._pairs: dict[str, dict[str, Any]] = {}  # the connectivity matrix's pairs (coordinator.launch's)
         self._head_addresses: dict[str, str | None] = {}
 
-    async def refresh(self, sessions: Mapping[str, Any], names: list[str]) -> None:
+    async def refresh(self, sessions: Mapping[str, NodeSession], names: list[str]) -> None:
         """Ask each named node that came up since the last time for its topology."""
         async def one(name: str) -> None:
             session = sessions[name]
@@ -34,7 +36,7 @@ class LinkBook:
             known = self._topologies.get(name)
             if known is not None and known[0] == session.generation:
                 return
-            topology = None
+            topology: dict[str, Any] | None = None
             if session.state == UP:
                 try:
                     topology = await session.call("topology", timeout=TOPOLOGY_TIMEOUT_S)
@@ -46,7 +48,8 @@ class LinkBook:
             for name in names:
                 if name in sessions:
                     tasks.start_soon(one, name)
-        measured = {name: topology for name, (_, topology) in self._topologies.items() if topology is not None}
+        measured: dict[str, dict[str, Any] | None] = {
+            name: topology for name, (_, topology) in self._topologies.items() if topology is not None}
         self._pairs = connectivity_matrix(measured)["pairs"] if len(measured) > 1 else {}
 
     def address(self, sender: str, receiver: str) -> str:

@@ -11,7 +11,7 @@ import json
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 SCHEMA_VERSION = 4
 
@@ -110,8 +110,98 @@ class StateError(Exception):
     pass
 
 
+class NodeRow(TypedDict):
+    """A node as last seen (``nodes``)."""
+
+    name: str
+    address: str
+    state: str
+    reason: str | None
+    facts: dict[str, Any] | None  # as the node's agent reported them: free-form, kept as sent
+    last_seen: float | None
+    updated: float
+
+
+class EventRecord(TypedDict):
+    """One event of the log (``events``), as the daemon keeps, shows and sends it."""
+
+    id: int | None
+    ts: float
+    kind: str
+    node: str | None
+    message: str
+    data: dict[str, Any] | None  # what the recorder attached: free-form, its keys depend on the kind
+
+
+class RunRow(TypedDict):
+    """One run (``runs``)."""
+
+    run_id: str
+    name: str
+    spec: dict[str, Any]  # the job spec as the jobs layer saved it (JobSpec.as_dict)
+    state: str
+    record: dict[str, Any]  # the jobs layer's JobRecord (coordinator.jobs.core), a layer above this one
+    created: float
+    updated: float
+
+
+class CheckpointEntry(TypedDict):
+    """A checkpoint copy to catalogue; what is left out is taken as unknown, now, primary."""
+
+    step: int
+    attempt: int
+    node: str
+    path: str
+    valid: bool
+    sha256: NotRequired[str | None]
+    size: NotRequired[int | None]
+    detail: NotRequired[str | None]
+    created: NotRequired[float]
+    role: NotRequired[str]  # 'primary' where rank 0 wrote it, 'replica' for its copy
+
+
+class CheckpointRow(TypedDict):
+    """A catalogued checkpoint copy (``checkpoints``)."""
+
+    step: int
+    attempt: int
+    node: str
+    path: str
+    sha256: str | None
+    size: int | None
+    valid: bool
+    detail: str | None
+    created: float
+    role: str
+
+
+class CalibrationKey(TypedDict):
+    """The node facts a calibration holds for (coordinator.readiness.calibration.CALIBRATION_KEY_FIELDS)."""
+
+    chip: str | None
+    os_version: str | None
+    os_build: str | None
+    mlx_version: str | None
+    python_executable: str | None
+    gpu: str | None
+
+
+class CalibrationRecord(TypedDict):
+    """What is kept of a node's calibration (``calibration_record``): its key and the result."""
+
+    key: CalibrationKey
+    result: dict[str, Any]  # the agent's calibrate answer as it reported it (agent/calibrate.py)
+
+
+class StoredCalibration(CalibrationRecord):
+    """A record read back, with when it was measured. One written by an older coord may lack
+    ``key``: the calibration policy checks it before use."""
+
+    measured_at: float
+
+
 class StateStore:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path) -> None:
         self.path = path
         try:
             self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
@@ -171,6 +261,7 @@ class StateStore:
 
     def save_node(self, name: str, address: str, state: str, reason: str | None,
                   facts: dict[str, Any] | None, last_seen: float | None) -> None:
+        """Upsert a node; ``facts`` as its agent reported them (None keeps the last known)."""
         self._db.execute(
             "INSERT INTO nodes (name, address, state, reason, facts, last_seen, updated) VALUES (?,?,?,?,?,?,?) "
             "ON CONFLICT(name) DO UPDATE SET address=excluded.address, state=excluded.state, "
@@ -179,7 +270,7 @@ class StateStore:
             (name, address, state, reason, json.dumps(facts) if facts is not None else None, last_seen, time.time()),
         )
 
-    def nodes(self) -> dict[str, dict[str, Any]]:
+    def nodes(self) -> dict[str, NodeRow]:
         rows = self._db.execute("SELECT name, address, state, reason, facts, last_seen, updated FROM nodes")
         return {
             name: {"name": name, "address": address, "state": state, "reason": reason,
@@ -188,7 +279,7 @@ class StateStore:
         }
 
     def add_event(self, kind: str, message: str, *, node: str | None = None,
-                  data: dict[str, Any] | None = None, ts: float | None = None) -> dict[str, Any]:
+                  data: dict[str, Any] | None = None, ts: float | None = None) -> EventRecord:
         ts = time.time() if ts is None else ts
         cursor = self._db.execute(
             "INSERT INTO events (ts, kind, node, message, data) VALUES (?,?,?,?,?)",
@@ -196,21 +287,21 @@ class StateStore:
         )
         return {"id": cursor.lastrowid, "ts": ts, "kind": kind, "node": node, "message": message, "data": data}
 
-    def recent_events(self, limit: int = 20) -> list[dict[str, Any]]:
+    def recent_events(self, limit: int = 20) -> list[EventRecord]:
         rows = self._db.execute(
             "SELECT id, ts, kind, node, message, data FROM events ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
         return [{"id": i, "ts": ts, "kind": kind, "node": node, "message": message,
                  "data": json.loads(data) if data else None} for i, ts, kind, node, message, data in reversed(rows)]
 
-    def save_calibration(self, node: str, record: dict[str, Any], measured_at: float | None = None) -> None:
+    def save_calibration(self, node: str, record: CalibrationRecord, measured_at: float | None = None) -> None:
         self._db.execute("INSERT OR REPLACE INTO calibrations (node, record, measured_at) VALUES (?,?,?)",
                          (node, json.dumps(record), time.time() if measured_at is None else measured_at))
 
-    def calibration(self, node: str) -> dict[str, Any] | None:
+    def calibration(self, node: str) -> StoredCalibration | None:
         row = self._db.execute("SELECT record, measured_at FROM calibrations WHERE node=?", (node,)).fetchone()
         if row is None:
             return None
-        record = json.loads(row[0])
+        record: StoredCalibration = json.loads(row[0])
         record["measured_at"] = row[1]
         return record
 
@@ -223,7 +314,7 @@ class StateStore:
             "ON CONFLICT(run_id) DO UPDATE SET spec=excluded.spec, state=excluded.state, record=excluded.record, "
             "updated=excluded.updated", (run_id, name, json.dumps(spec), state, json.dumps(record), now, now))
 
-    def runs(self) -> list[dict[str, Any]]:
+    def runs(self) -> list[RunRow]:
         """Every run, oldest first."""
         rows = self._db.execute("SELECT run_id, name, spec, state, record, created, updated FROM runs "
                                 "ORDER BY created, rowid")
@@ -234,7 +325,7 @@ class StateStore:
     def run_ids(self) -> set[str]:
         return {row[0] for row in self._db.execute("SELECT run_id FROM runs")}
 
-    def add_checkpoint(self, job: str, entry: dict[str, Any]) -> None:
+    def add_checkpoint(self, job: str, entry: CheckpointEntry) -> None:
         self._db.execute(
             "INSERT OR REPLACE INTO checkpoints (job, step, attempt, node, path, sha256, size, valid, detail, created, "
             "role) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
@@ -242,7 +333,7 @@ class StateStore:
              entry.get("size"), int(bool(entry["valid"])), entry.get("detail"), entry.get("created", time.time()),
              entry.get("role", "primary")))
 
-    def checkpoints(self, job: str) -> list[dict[str, Any]]:
+    def checkpoints(self, job: str) -> list[CheckpointRow]:
         rows = self._db.execute("SELECT step, attempt, node, path, sha256, size, valid, detail, created, role "
                                 "FROM checkpoints WHERE job=? ORDER BY step, attempt, role", (job,))
         return [{"step": step, "attempt": attempt, "node": node, "path": path, "sha256": sha, "size": size,

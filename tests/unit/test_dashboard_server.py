@@ -1,13 +1,16 @@
 """The dashboard server's pure parts: requests, who may look, what it serves from disk, and
-the [dashboard] table of the cluster file.""" 
+the [dashboard] table of the cluster file."""
 
 from __future__ import annotations
 
+import json
+
+import anyio
 import pytest
 
 from coordinator.config.cluster_file import ConfigError, DashboardSettings, parse_config
 from coordinator.observe.dashboard.assets import static_files
-from coordinator.observe.web.routes import page_routes
+from coordinator.observe.web.routes import api_routes, page_routes
 from coordinator.observe.web.server import Request, WebServer, host_allowed
 
 BASE = '[cluster]\nname = "x"\n[[nodes]]\nname = "a"\nhost = "local"\nworkdir = "/tmp/w"\n'
@@ -44,6 +47,25 @@ def test_only_the_pages_own_files_are_served_from_disk():
     assert all(path.endswith((".html", ".js", ".css")) for path in files)
     # The page is also the root; these, and only these, need no token.
     assert set(page_routes()) == set(files) | {"/", "/index.html"}
+
+
+def test_the_history_page_answers_from_the_metrics_history():
+    asked = []
+
+    class History:
+        def document(self, run_id=None, since=None):
+            asked.append((run_id, since))
+            return {"runs": [], "nodes": []}
+
+    async def status():
+        return {}
+
+    routes = api_routes(status_document=status, history=History(), dashboard_document=dict, registry=None)
+    answer = anyio.run(routes["/api/history"], Request("GET", "/api/history", {"run": ["r-1"], "since": ["5"]}, {}))
+    assert answer.status == 200 and json.loads(answer.body) == {"runs": [], "nodes": []}
+    assert asked == [("r-1", 5.0)]
+    refused = anyio.run(routes["/api/history"], Request("GET", "/api/history", {"since": ["soon"]}, {}))
+    assert refused.status == 400
 
 
 def test_the_dashboard_table_defaults_to_loopback_and_refuses_an_open_address_without_a_token():

@@ -22,7 +22,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import structlog
@@ -31,6 +31,9 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 from coordinator.config.cluster_file import DEFAULT_ALERT_EVENTS, AlertSettings, redact_url
 from coordinator.observe.alerts import payloads, rules
 from coordinator.observe.alerts.rules import Alert, NodeFacts, RunFacts
+
+if TYPE_CHECKING:
+    from coordinator.store.state import EventRecord
 
 log = structlog.get_logger("alerts")
 
@@ -42,14 +45,20 @@ RETRY_MAX_S = 60.0
 TICK_S = 10.0  # how often the stalled and node-down timers are checked
 DESKTOP = "desktop"
 
-RecordEvent = Callable[..., None]  # Cluster.record_event(kind, message, node=..., data=...)
 Facts = Callable[[], tuple[list[RunFacts], list[NodeFacts]]]
+
+
+class RecordEvent(Protocol):
+    """Cluster.record_event: how the outcome of a delivery is told."""
+
+    def __call__(self, kind: str, message: str, *, node: str | None = None,
+                 data: dict[str, Any] | None = None) -> None: ...
 
 
 class DeliveryError(Exception):
     """A try that failed; ``permanent`` when another try cannot help (a 404, a missing program)."""
 
-    def __init__(self, message: str, *, permanent: bool = False):
+    def __init__(self, message: str, *, permanent: bool = False) -> None:
         super().__init__(message)
         self.permanent = permanent
 
@@ -80,6 +89,7 @@ async def run_command(argv: Sequence[str], stdin: bytes, env: dict[str, str], *,
         with anyio.fail_after(timeout):
             async with await anyio.open_process(list(argv), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                                 stderr=subprocess.PIPE, env={**os.environ, **env}) as proc:
+                assert proc.stdin is not None and proc.stderr is not None  # both are pipes
                 try:
                     if stdin:
                         await proc.stdin.send(stdin)
@@ -120,8 +130,9 @@ class Destination:
         if self.desktop:
             await run_command(payloads.desktop_argv(alert), b"", {}, timeout=COMMAND_TIMEOUT_S)
         elif settings.webhook:
+            url = settings.webhook
             request = payloads.webhook_request(alert, settings.format)
-            await anyio.to_thread.run_sync(lambda: post_webhook(settings.webhook, request))
+            await anyio.to_thread.run_sync(lambda: post_webhook(url, request))
         else:
             await run_command(settings.command, payloads.command_input(alert), payloads.command_environment(alert))
 
@@ -141,7 +152,8 @@ def desktop_settings(entries: Sequence[AlertSettings], platform: str = sys.platf
 class AlertDispatcher:
     def __init__(self, cluster: str, entries: Sequence[AlertSettings], *, record_event: RecordEvent,
                  run_facts: Callable[[str], RunFacts | None], facts: Facts, clock: Callable[[], float] = time.time,
-                 platform: str = sys.platform, queue_size: int = QUEUE_SIZE, retry_base_s: float = RETRY_BASE_S):
+                 platform: str = sys.platform, queue_size: int = QUEUE_SIZE,
+                 retry_base_s: float = RETRY_BASE_S) -> None:
         self.cluster = cluster
         self.destinations = [Destination(entry) for entry in entries]
         desktop = desktop_settings(entries, platform)
@@ -161,13 +173,14 @@ class AlertDispatcher:
 
     # --- deciding (never waits) -------------------------------------------------------
 
-    def on_event(self, event: dict[str, Any]) -> None:
+    def on_event(self, event: EventRecord) -> None:
         """Called with every recorded event; queues the alerts it calls for."""
         kind = event.get("kind", "")
         if kind.startswith("alert.") or not self.destinations:
             return
-        if kind.startswith("node.") and event.get("node"):
-            self._down_since = rules.note_node_state(self._down_since, event["node"], kind == "node.up", event["ts"])
+        node = event.get("node")
+        if kind.startswith("node.") and node:
+            self._down_since = rules.note_node_state(self._down_since, node, kind == "node.up", event["ts"])
             return
         run_id = (event.get("data") or {}).get("run")
         run = self._run_facts(run_id) if run_id else None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from coordinator.nodes.session import UP
 from coordinator.observe.alerts.delivery import AlertDispatcher
@@ -10,6 +10,7 @@ from coordinator.observe.alerts.rules import NodeFacts, RunFacts
 
 if TYPE_CHECKING:
     from coordinator.jobs.manager import JobManager
+    from coordinator.jobs.supervisor import JobRunner
     from coordinator.nodes.cluster import Cluster
 
 
@@ -18,15 +19,19 @@ def attach_alerts(cluster: Cluster, jobs: JobManager) -> AlertDispatcher:
     dispatcher = AlertDispatcher(
         cluster.config.name, cluster.config.alerts, record_event=cluster.record_event,
         run_facts=lambda run_id: run_facts(jobs.runs.get(run_id)),
-        facts=lambda: ([run_facts(runner) for runner in list(jobs.runs.values())], node_facts(cluster)))
+        facts=lambda: ([_facts_of(runner) for runner in list(jobs.runs.values())], node_facts(cluster)))
     cluster.listeners.append(dispatcher.on_event)
     return dispatcher
 
 
-def run_facts(runner: Any) -> RunFacts | None:
+def run_facts(runner: JobRunner | None) -> RunFacts | None:
     """A job supervisor (coordinator.jobs.supervisor.JobRunner) as an alert sees it."""
     if runner is None:
         return None
+    return _facts_of(runner)
+
+
+def _facts_of(runner: JobRunner) -> RunFacts:
     record = runner.record
     return RunFacts(run_id=runner.run_id, name=runner.spec.name, state=runner.state, step=record.get("step", 0),
                     total_steps=runner.spec.total_steps, restarts=record.get("restarts", 0),

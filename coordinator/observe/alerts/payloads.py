@@ -12,10 +12,19 @@ from __future__ import annotations
 
 import datetime
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
-from coordinator.observe.alerts.rules import JOB_FAILED, JOB_RESTARTED, JOB_STALLED, JOB_SUCCEEDED, NODE_DOWN, Alert
+from coordinator.observe.alerts.rules import (
+    JOB_FAILED,
+    JOB_RESTARTED,
+    JOB_STALLED,
+    JOB_SUCCEEDED,
+    NODE_DOWN,
+    Alert,
+    AlertDetails,
+)
 
 # ntfy's priorities and emoji tags (https://docs.ntfy.sh/publish/)
 _NTFY_PRIORITY = {JOB_FAILED: "high", NODE_DOWN: "high", JOB_STALLED: "high", JOB_RESTARTED: "default",
@@ -26,23 +35,45 @@ _SLACK_EMOJI = {JOB_FAILED: ":rotating_light:", NODE_DOWN: ":warning:", JOB_STAL
                 JOB_RESTARTED: ":arrows_counterclockwise:", JOB_SUCCEEDED: ":white_check_mark:"}
 
 
+class AlertDocument(TypedDict):
+    """The generic form of an alert: a webhook's JSON body, a command's stdin."""
+
+    source: str  # "coord"
+    event: str  # the alert's kind: job_failed, job_succeeded, job_restarted, job_stalled, node_down
+    cluster: str
+    title: str
+    message: str
+    time: str  # ISO 8601, UTC
+    timestamp: float  # the same, in Unix seconds
+    job: str | None
+    run_id: str | None
+    node: str | None
+    reason: str | None
+    details: AlertDetails
+
+
+class SlackMessage(TypedDict):
+    text: str  # mrkdwn
+
+
 @dataclass(frozen=True)
 class WebhookRequest:
     body: bytes
     headers: dict[str, str]
 
 
-def alert_document(alert: Alert) -> dict[str, Any]:
+def alert_document(alert: Alert) -> AlertDocument:
     """The generic form: what a webhook receives by default and a command reads on stdin."""
     return {"source": "coord", "event": alert.kind, "cluster": alert.cluster, "title": alert.title,
             "message": alert.message, "time": _iso(alert.time), "timestamp": alert.time, "job": alert.job,
-            "run_id": alert.run_id, "node": alert.node, "reason": alert.reason, "details": dict(alert.details)}
+            "run_id": alert.run_id, "node": alert.node, "reason": alert.reason, "details": {**alert.details}}
 
 
 def webhook_request(alert: Alert, fmt: str) -> WebhookRequest:
     if fmt == "slack":
         text = f"{_SLACK_EMOJI[alert.kind]} *{_slack_escape(alert.title)}*\n{_slack_escape(alert.message)}"
-        return _json_request({"text": text})
+        message: SlackMessage = {"text": text}
+        return _json_request(message)
     if fmt == "ntfy":
         return WebhookRequest(alert.message.encode(), {
             "Content-Type": "text/plain; charset=utf-8", "Title": _header_safe(alert.title),
@@ -72,7 +103,7 @@ def desktop_argv(alert: Alert) -> list[str]:
     return ["/usr/bin/osascript", *script, "--", _clip(alert.message, 400), _clip(alert.title, 120)]
 
 
-def _json_request(document: dict[str, Any]) -> WebhookRequest:
+def _json_request(document: Mapping[str, object]) -> WebhookRequest:
     return WebhookRequest(json.dumps(document).encode(), {"Content-Type": "application/json"})
 
 

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from coordinator.config.cluster_file import AlertSettings
+
+if TYPE_CHECKING:
+    from coordinator.store.state import EventRecord
 
 JOB_FAILED, JOB_SUCCEEDED, JOB_RESTARTED, JOB_STALLED, NODE_DOWN = (
     "job_failed", "job_succeeded", "job_restarted", "job_stalled", "node_down")
@@ -48,6 +51,18 @@ class NodeFacts:
     reason: str | None = None
 
 
+class AlertDetails(TypedDict, total=False):
+    """What an alert adds about its run (state, steps, restarts) or its node (since when it is down)."""
+
+    state: str
+    step: int
+    total_steps: int | None
+    restarts: int
+    max_restarts: int
+    last_progress: float  # job_stalled: the progress its alert is about
+    down_since: float  # node_down
+
+
 @dataclass(frozen=True)
 class Alert:
     kind: str  # one of coordinator.config.cluster_file.ALERT_EVENTS
@@ -59,14 +74,14 @@ class Alert:
     run_id: str | None = None
     node: str | None = None
     reason: str | None = None
-    details: Mapping[str, Any] = field(default_factory=dict)
+    details: AlertDetails = field(default_factory=AlertDetails)
 
 
 def wants(settings: AlertSettings, kind: str) -> bool:
     return kind in settings.on
 
 
-def alert_for_event(event: Mapping[str, Any], run: RunFacts | None, cluster: str) -> Alert | None:
+def alert_for_event(event: EventRecord, run: RunFacts | None, cluster: str) -> Alert | None:
     """The alert one recorded event is, if any. ``run`` is the event's run as it is now."""
     kind = EVENT_ALERTS.get(event.get("kind", ""))
     if kind is None:
@@ -75,7 +90,7 @@ def alert_for_event(event: Mapping[str, Any], run: RunFacts | None, cluster: str
     name = run.name if run else None
     said = _without_prefix(event.get("message", ""), name)
     run_id = run.run_id if run else data.get("run")
-    details = _run_details(run) if run else {}
+    details = _run_details(run) if run else AlertDetails()
     job = name or run_id or "?"
     if kind == JOB_FAILED:
         reason = (run.error if run and run.error else None) or said
@@ -109,7 +124,8 @@ def node_down_alerts(nodes: Iterable[NodeFacts], down_since: Mapping[str, float]
     """Nodes down for longer than ``threshold_s`` and not yet alerted in this outage; and what is
     alerted now (node -> the start of the outage alerted), so that the next outage of a node that
     came back is alerted again."""
-    alerts, seen = [], {}
+    alerts: list[Alert] = []
+    seen: dict[str, float] = {}
     for node in nodes:
         since = down_since.get(node.name)
         if since is None:
@@ -137,7 +153,8 @@ def stalled_alerts(runs: Iterable[RunFacts], now: float, *, threshold_s: float, 
     """Runs that should progress and have not for longer than ``threshold_s``, each alerted once per
     stall: ``alerted`` maps a run to the progress time its alert was about, so that a run that moves
     again and then stalls again is alerted again."""
-    alerts, seen = [], {}
+    alerts: list[Alert] = []
+    seen: dict[str, float] = {}
     for run in runs:
         since = stall_reference(run)
         if run.state not in PROGRESSING or since is None:
@@ -157,7 +174,7 @@ def stalled_alerts(runs: Iterable[RunFacts], now: float, *, threshold_s: float, 
     return alerts, seen
 
 
-def _run_details(run: RunFacts) -> dict[str, Any]:
+def _run_details(run: RunFacts) -> AlertDetails:
     return {"state": run.state, "step": run.step, "total_steps": run.total_steps, "restarts": run.restarts,
             "max_restarts": run.max_restarts}
 

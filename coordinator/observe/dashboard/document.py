@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from coordinator.jobs.supervisor import ACTIVE
 
 if TYPE_CHECKING:
     from coordinator.jobs.supervisor import JobRunner
-    from coordinator.nodes.cluster import Cluster
+    from coordinator.nodes.cluster import Cluster, ClusterNodeView
+    from coordinator.observe.metrics.history import RunHistory, UsageSample
+    from coordinator.store.state import CheckpointRow, EventRecord
 
 #: How many finished runs the page lists beside the active and queued ones.
 FINISHED_SHOWN = 10
@@ -25,7 +27,52 @@ CHECKPOINTS_SHOWN = 8
 EVENTS_SHOWN = 60
 
 
-def shown_runs(runners: list[Any]) -> list[Any]:
+class CheckpointCopy(TypedDict):
+    node: str
+    role: str  # primary, replica or placed
+    valid: bool
+    attempt: int
+    detail: str | None
+
+
+class CheckpointStep(TypedDict):
+    step: int
+    age_s: float | None
+    valid: bool  # any copy is
+    size: int | None
+    copies: list[CheckpointCopy]
+
+
+class DashboardNode(TypedDict):
+    name: str
+    state: str
+    reason: str | None
+    chip: str | None
+    memory_bytes: int | None
+    os: str | None
+    python: str | None
+    mlx: str | None
+    mlx_lm: str | None
+    last_seen: float | None
+    user: str | None
+    host: str | None
+    memory_used_bytes: int | None
+    gpu_utilization: float | None
+    power_watts: float | None
+    temperature_c: float | None
+
+
+class DashboardDocument(TypedDict):
+    cluster: str
+    time: float
+    nodes: list[DashboardNode]
+    # Each run as JobRunner.view() shows it (the jobs layer's document), with its "checkpoints"
+    # (CheckpointStep), "backend" and, for some, "history" (RunHistory or None).
+    jobs: list[dict[str, Any]]
+    events: list[EventRecord]
+
+
+def shown_runs(runners: list[JobRunner]) -> list[JobRunner]:
     """Active and queued runs first (queue order), then the newest finished ones."""
     active = [r for r in runners if r.state in ACTIVE]
     finished = [r for r in runners if r.state not in ACTIVE]
@@ -34,13 +81,13 @@ def shown_runs(runners: list[Any]) -> list[Any]:
     return active + finished[:FINISHED_SHOWN]
 
 
-def checkpoint_rows(rows: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+def checkpoint_rows(rows: list[CheckpointRow], now: float) -> list[CheckpointStep]:
     """A run's catalogued checkpoints by step, newest first: each with its age, whether any
     copy is valid, and where every copy is (node and role: primary, replica, placed)."""
-    by_step: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    by_step: dict[int, list[CheckpointRow]] = defaultdict(list)
     for row in rows:
         by_step[row["step"]].append(row)
-    out = []
+    out: list[CheckpointStep] = []
     for step in sorted(by_step, reverse=True)[:CHECKPOINTS_SHOWN]:
         copies = by_step[step]
         created = min(c["created"] for c in copies if c.get("created") is not None) if any(
@@ -53,23 +100,24 @@ def checkpoint_rows(rows: list[dict[str, Any]], now: float) -> list[dict[str, An
     return out
 
 
-def node_entry(view: dict[str, Any], usage: dict[str, Any] | None = None) -> dict[str, Any]:
+def node_entry(view: ClusterNodeView, usage: UsageSample | None = None) -> DashboardNode:
     """The part of a node's view the page draws (no paths, no keys), with its latest usage
     sample (memory in use; on Macs GPU use and power where macOS gives them without root)."""
-    facts = view.get("facts") or {}
-    usage = usage or {}
+    facts: Mapping[str, Any] = view.get("facts") or {}
+    sample: Mapping[str, Any] = usage or {}
     return {"name": view["name"], "state": view["state"], "reason": view.get("reason"),
             "chip": facts.get("chip"), "memory_bytes": facts.get("memory_bytes"),
             "os": " ".join(x for x in (facts.get("os"), facts.get("os_version")) if x) or None,
             "python": facts.get("python_version"), "mlx": facts.get("mlx_version"),
             "mlx_lm": facts.get("mlx_lm_version"),
             "last_seen": view.get("last_seen"), "user": view.get("user"), "host": view.get("host"),
-            "memory_used_bytes": usage.get("memory_used_bytes"), "gpu_utilization": usage.get("gpu_utilization"),
-            "power_watts": usage.get("power_watts"), "temperature_c": usage.get("temperature_c")}
+            "memory_used_bytes": sample.get("memory_used_bytes"), "gpu_utilization": sample.get("gpu_utilization"),
+            "power_watts": sample.get("power_watts"), "temperature_c": sample.get("temperature_c")}
 
 
-def dashboard_document(cluster: Cluster, runs: list[JobRunner], *, history: Callable[[str], dict[str, Any] | None] | None = None,
-                       usage: dict[str, dict[str, Any]] | None = None, now: float | None = None) -> dict[str, Any]:
+def dashboard_document(cluster: Cluster, runs: list[JobRunner], *,
+                       history: Callable[[str], RunHistory | None] | None = None,
+                       usage: Mapping[str, UsageSample] | None = None, now: float | None = None) -> DashboardDocument:
     """The whole page's data. ``history(run_id)`` gives a run's metric points (its curves);
     ``usage`` each node's latest usage sample."""
     now = time.time() if now is None else now

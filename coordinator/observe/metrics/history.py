@@ -30,8 +30,8 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Required, TypedDict
 
 from coordinator.observe.metrics import thinning
 
@@ -44,18 +44,109 @@ NODE_FIELDS = ("memory_used_bytes", "memory_total_bytes", "gpu_utilization", "gp
 RunsOf = Callable[[str | None], list[tuple[str, str]]]
 
 
+class MetricPoint(TypedDict, total=False):
+    """A train or validation point as the supervisor hands it over (validation points: ``loss`` only)."""
+
+    step: Required[int]  # the run's global step
+    attempt: Required[int]
+    time: Required[float]
+    loss: float | None
+    learning_rate: float | None
+    tokens_per_second: float | None
+    peak_memory_bytes: int | None  # rank 0's MLX peak
+    rank_memory_bytes: dict[str, int]  # rank -> its largest RSS since the point before
+
+
+class UsageSample(TypedDict, total=False):
+    """A node's ``usage`` answer (agent/usage.py): None where the node cannot tell."""
+
+    time: Required[float]
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+    gpu_utilization: float | None  # percent
+    gpu_memory_bytes: int | None
+    power_watts: float | None
+    temperature_c: float | None
+    sources: dict[str, str]  # where each value was read, or why it was not
+
+
+class ThinningPolicy(TypedDict):
+    recent_points: int
+    older_points: int
+    node_sample_s: float
+    node_recent_s: float
+    node_bucket_s: float
+    node_keep_s: float
+
+
+class TrainSeries(TypedDict):
+    step: list[int]
+    attempt: list[int]
+    time: list[float]
+    loss: list[float | None]
+    learning_rate: list[float | None]
+    tokens_per_second: list[float | None]
+    peak_memory_bytes: list[int | None]
+    rank_memory_bytes: dict[str, list[int | None]]  # rank -> a value per point
+
+
+class ValSeries(TypedDict):
+    step: list[int]
+    attempt: list[int]
+    time: list[float]
+    loss: list[float | None]
+
+
+class AttemptMark(TypedDict):
+    attempt: int
+    start_step: int  # 0: from the start; S > 0 after the first attempt: a restart from step S
+    time: float
+    nodes: list[str]  # rank by rank
+    detail: str | None  # why the attempt before it ended
+
+
+class RunHistory(TypedDict):
+    run_id: str
+    name: str
+    train: TrainSeries
+    val: ValSeries
+    attempts: list[AttemptMark]
+
+
+class NodeHistory(TypedDict):
+    name: str
+    time: list[float]
+    memory_used_bytes: list[int | None]
+    memory_total_bytes: list[int | None]
+    gpu_utilization: list[float | None]
+    gpu_memory_bytes: list[int | None]
+    power_watts: list[float | None]
+    temperature_c: list[float | None]
+    sources: dict[str, str] | None  # the latest sample's
+
+
+class HistoryDocument(TypedDict):
+    """``MetricsHistory.document``, described above."""
+
+    time: float
+    since: float | None
+    policy: ThinningPolicy
+    runs: list[RunHistory]
+    nodes: list[NodeHistory]
+
+
 class MetricsHistory:
     def __init__(self, db: sqlite3.Connection, *, runs_of: RunsOf = lambda run_id: [],
-                 node_names: Callable[[], list[str]] = list):
+                 node_names: Callable[[], list[str]] = list) -> None:
         self._db = db
         self._runs_of = runs_of
         self._node_names = node_names
         self._added: dict[str, int] = {}  # run id -> points added since its last thinning
-        self.latest: dict[str, dict[str, Any]] = {}  # node -> its latest sample (sources included)
+        self.latest: dict[str, UsageSample] = {}  # node -> its latest sample (sources included)
 
     # --- writing ----------------------------------------------------------------------------
 
-    def add_point(self, run_id: str, series: str, point: dict[str, Any]) -> bool:
+    def add_point(self, run_id: str, series: str, point: MetricPoint) -> bool:
         """Keep one train or val point (``step``, ``attempt``, ``time`` and the fields); False when
         the run already has that step (a report read again after a daemon restart)."""
         ranks = point.get("rank_memory_bytes")
@@ -96,12 +187,12 @@ class MetricsHistory:
                 dropped += len(drop)
         return dropped
 
-    def add_node_sample(self, node: str, sample: dict[str, Any]) -> None:
+    def add_node_sample(self, node: str, sample: UsageSample) -> None:
         self._db.execute(
             "INSERT OR REPLACE INTO node_samples (node, ts, memory_used_bytes, memory_total_bytes, gpu_utilization, "
             "gpu_memory_bytes, power_watts, temperature_c) VALUES (?,?,?,?,?,?,?,?)",
             (node, float(sample["time"]), *(_number(sample.get(f)) for f in NODE_FIELDS)))
-        self.latest[node] = dict(sample)
+        self.latest[node] = sample.copy()
 
     def thin_nodes(self, now: float | None = None) -> int:
         """Apply the node-sample rule; how many samples went."""
@@ -118,7 +209,7 @@ class MetricsHistory:
     # --- reading ----------------------------------------------------------------------------
 
     def document(self, run_id: str | None = None, since: float | None = None, *,
-                 now: float | None = None) -> dict[str, Any]:
+                 now: float | None = None) -> HistoryDocument:
         """The history described above. Node samples: those after ``since``, else the last hour's."""
         now = time.time() if now is None else now
         runs, nodes = self._runs_of(run_id), self._node_names()
@@ -132,48 +223,54 @@ class MetricsHistory:
                       for node in nodes],
         }
 
-    def _run_document(self, run_id: str, name: str, since: float | None) -> dict[str, Any]:
-        series: dict[str, dict[str, Any]] = {}
-        for kind in ("train", "val"):
-            rows = self._db.execute(
-                "SELECT step, attempt, ts, loss, learning_rate, tokens_per_second, peak_memory_bytes, rank_memory "
-                "FROM metric_points WHERE run_id=? AND series=? AND ts>? ORDER BY step",
-                (run_id, kind, since if since is not None else float("-inf"))).fetchall()
-            columns: dict[str, Any] = {"step": [r[0] for r in rows], "attempt": [r[1] for r in rows],
-                                       "time": [r[2] for r in rows], "loss": [r[3] for r in rows]}
-            if kind == "train":
-                columns["learning_rate"] = [r[4] for r in rows]
-                columns["tokens_per_second"] = [r[5] for r in rows]
-                columns["peak_memory_bytes"] = [_int(r[6]) for r in rows]
-                columns["rank_memory_bytes"] = _rank_columns([json.loads(r[7]) if r[7] else {} for r in rows])
-            series[kind] = columns
-        attempts = [{"attempt": a, "start_step": s, "time": ts, "nodes": json.loads(n), "detail": d}
-                    for a, s, ts, n, d in self._db.execute(
-                        "SELECT attempt, start_step, ts, nodes, detail FROM metric_attempts WHERE run_id=? "
-                        "ORDER BY attempt", (run_id,))]
-        return {"run_id": run_id, "name": name, **series, "attempts": attempts}
+    def _run_document(self, run_id: str, name: str, since: float | None) -> RunHistory:
+        rows = self._points(run_id, "train", since)
+        train: TrainSeries = {
+            "step": [r[0] for r in rows], "attempt": [r[1] for r in rows], "time": [r[2] for r in rows],
+            "loss": [r[3] for r in rows], "learning_rate": [r[4] for r in rows],
+            "tokens_per_second": [r[5] for r in rows], "peak_memory_bytes": [_int(r[6]) for r in rows],
+            "rank_memory_bytes": _rank_columns([json.loads(r[7]) if r[7] else {} for r in rows])}
+        rows = self._points(run_id, "val", since)
+        val: ValSeries = {"step": [r[0] for r in rows], "attempt": [r[1] for r in rows],
+                          "time": [r[2] for r in rows], "loss": [r[3] for r in rows]}
+        attempts: list[AttemptMark] = [
+            {"attempt": a, "start_step": s, "time": ts, "nodes": json.loads(n), "detail": d}
+            for a, s, ts, n, d in self._db.execute(
+                "SELECT attempt, start_step, ts, nodes, detail FROM metric_attempts WHERE run_id=? "
+                "ORDER BY attempt", (run_id,))]
+        return {"run_id": run_id, "name": name, "train": train, "val": val, "attempts": attempts}
 
-    def _node_document(self, node: str, since: float) -> dict[str, Any]:
+    def _points(self, run_id: str, series: str, since: float | None) -> list[tuple[Any, ...]]:
+        """A series' rows newer than ``since``, by step: step, attempt, time, the TRAIN_FIELDS, rank memory."""
+        return self._db.execute(
+            "SELECT step, attempt, ts, loss, learning_rate, tokens_per_second, peak_memory_bytes, rank_memory "
+            "FROM metric_points WHERE run_id=? AND series=? AND ts>? ORDER BY step",
+            (run_id, series, since if since is not None else float("-inf"))).fetchall()
+
+    def _node_document(self, node: str, since: float) -> NodeHistory:
         rows = self._db.execute(f"SELECT ts, {', '.join(NODE_FIELDS)} FROM node_samples WHERE node=? AND ts>? "
                                 "ORDER BY ts", (node, since)).fetchall()
-        out: dict[str, Any] = {"name": node, "time": [r[0] for r in rows]}
-        for index, field in enumerate(NODE_FIELDS, start=1):
-            values = [r[index] for r in rows]
-            out[field] = [_int(v) for v in values] if field.endswith("_bytes") else values
-        out["sources"] = (self.latest.get(node) or {}).get("sources")
-        return out
+        column = {field: [r[index] for r in rows] for index, field in enumerate(NODE_FIELDS, start=1)}
+        return {"name": node, "time": [r[0] for r in rows],
+                "memory_used_bytes": [_int(v) for v in column["memory_used_bytes"]],
+                "memory_total_bytes": [_int(v) for v in column["memory_total_bytes"]],
+                "gpu_utilization": column["gpu_utilization"],
+                "gpu_memory_bytes": [_int(v) for v in column["gpu_memory_bytes"]],
+                "power_watts": column["power_watts"], "temperature_c": column["temperature_c"],
+                "sources": latest.get("sources") if (latest := self.latest.get(node)) else None}
 
 
-def _number(value: Any) -> float | int | None:
+def _number(value: object) -> float | int | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return value
 
 
 def _int(value: Any) -> int | None:
+    """A column SQLite holds as a number: an int, or None."""
     return None if value is None else int(value)
 
 
-def _rank_columns(per_point: list[dict[str, Any]]) -> dict[str, list[int | None]]:
+def _rank_columns(per_point: list[Mapping[str, int]]) -> dict[str, list[int | None]]:
     ranks = sorted({rank for point in per_point for rank in point}, key=int)
     return {rank: [point.get(rank) for point in per_point] for rank in ranks}

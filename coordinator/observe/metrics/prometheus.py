@@ -38,7 +38,7 @@ RECOVERY_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 class ClusterCollector(Collector):
     """The cluster's nodes and runs, read when scraped."""
 
-    def __init__(self, cluster: Cluster, jobs: JobManager, history: MetricsHistory):
+    def __init__(self, cluster: Cluster, jobs: JobManager, history: MetricsHistory) -> None:
         self.cluster = cluster
         self.jobs = jobs
         self.history = history
@@ -64,11 +64,12 @@ class ClusterCollector(Collector):
         latest = self.history.latest
         for name, session in self.cluster.sessions.items():
             up.add_metric([name], 1.0 if session.state == UP else 0.0)
-            sample = latest.get(name) or {}
+            sample = latest.get(name)
             for family, key, scale in ((used, "memory_used_bytes", 1), (total, "memory_total_bytes", 1),
                                        (gpu, "gpu_utilization", 0.01), (power, "power_watts", 1)):
-                if isinstance(sample.get(key), (int, float)):
-                    family.add_metric([name], sample[key] * scale)
+                value = sample.get(key) if sample else None
+                if isinstance(value, (int, float)):
+                    family.add_metric([name], value * scale)
         yield from (up, used, total, gpu, power)
 
     def _jobs(self) -> Iterator[Metric]:
@@ -91,8 +92,9 @@ class ClusterCollector(Collector):
             if runner.spec.total_steps is not None:
                 total.add_metric([name], float(runner.spec.total_steps))
             for family, key in ((loss, "loss"), (val_loss, "val_loss"), (speed, "tokens_per_second")):
-                if isinstance(record.get(key), (int, float)):
-                    family.add_metric([name], float(record[key]))
+                value = record.get(key)
+                if isinstance(value, (int, float)):
+                    family.add_metric([name], float(value))
             restarts.add_metric([name], float(record.get("restarts") or 0))
             last = record.get("last_checkpoint")
             if last and last.get("time"):

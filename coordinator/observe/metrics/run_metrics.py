@@ -5,18 +5,17 @@ A chart is not worth a job: a write that fails is logged and dropped, never rais
 from __future__ import annotations
 
 import sqlite3
-from typing import Any
 
 import structlog
 
-from coordinator.observe.metrics.history import MetricsHistory
+from coordinator.observe.metrics.history import MetricPoint, MetricsHistory
 from coordinator.observe.metrics.tensorboard import TensorBoardScalars
 
 log = structlog.get_logger("job")
 
 
 class RunMetrics:
-    def __init__(self, history: MetricsHistory, tensorboard: TensorBoardScalars):
+    def __init__(self, history: MetricsHistory, tensorboard: TensorBoardScalars) -> None:
         self.history = history
         self.tensorboard = tensorboard
 
@@ -28,7 +27,7 @@ class RunMetrics:
         except (OSError, sqlite3.Error) as exc:
             log.warning("metrics history not written", run=run_id, error=str(exc))
 
-    def record_point(self, run_id: str, series: str, point: dict[str, Any]) -> None:
+    def record_point(self, run_id: str, series: str, point: MetricPoint) -> None:
         try:
             if self.history.add_point(run_id, series, point):  # not a report read again
                 self.tensorboard.add_point(run_id, series, point)

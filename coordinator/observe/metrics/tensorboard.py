@@ -15,9 +15,13 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from coordinator.observe.metrics import event_file
 from coordinator.observe.metrics.thinning import purge_after
+
+if TYPE_CHECKING:
+    from coordinator.observe.metrics.history import MetricPoint
 
 # series -> {point field: TensorBoard tag}
 TAGS = {
@@ -28,7 +32,7 @@ TAGS = {
 
 
 class TensorBoardScalars:
-    def __init__(self, directory_of: Callable[[str], Path]):
+    def __init__(self, directory_of: Callable[[str], Path]) -> None:
         self._directory_of = directory_of
         self._files: dict[str, Path] = {}  # run id -> the file this daemon appends to
 
@@ -44,9 +48,9 @@ class TensorBoardScalars:
                        + event_file.frame(event_file.event(wall_time=now, step=purge, session_start=True)))
         self._append(path, records)
 
-    def add_point(self, run_id: str, series: str, point: dict) -> None:
-        scalars = {tag: float(point[field]) for field, tag in TAGS.get(series, {}).items()
-                   if isinstance(point.get(field), (int, float))}
+    def add_point(self, run_id: str, series: str, point: MetricPoint) -> None:
+        scalars = {tag: float(value) for field, tag in TAGS.get(series, {}).items()
+                   if isinstance(value := point.get(field), (int, float))}
         for rank, value in sorted((point.get("rank_memory_bytes") or {}).items()):
             scalars[f"rank_memory_bytes/rank_{rank}"] = float(value)
         if not scalars:

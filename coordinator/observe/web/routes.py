@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -31,9 +31,10 @@ JSON = "application/json"
 STREAM_EVERY_S = 1.0
 
 
-def api_routes(*, status_document: Callable[[], Awaitable[dict[str, Any]]], history: MetricsHistory,
-               dashboard_document: Callable[[], dict[str, Any]], registry: CollectorRegistry) -> dict[str, Handler]:
-    """The pages read from the daemon's memory: what each is made from is handed over by the daemon."""
+def api_routes(*, status_document: Callable[[], Awaitable[Mapping[str, Any]]], history: MetricsHistory,
+               dashboard_document: Callable[[], Mapping[str, Any]], registry: CollectorRegistry) -> dict[str, Handler]:
+    """The pages read from the daemon's memory: what each is made from is handed over by the daemon (the
+    status and dashboard documents, sent here as JSON whatever their shape)."""
 
     async def metrics(_request: Request) -> Response:
         body, content_type = metrics_text(registry)
@@ -42,7 +43,7 @@ def api_routes(*, status_document: Callable[[], Awaitable[dict[str, Any]]], hist
     async def status(_request: Request) -> Response:
         return _json(await status_document())
 
-    async def history(request: Request) -> Response:
+    async def history_page(request: Request) -> Response:
         run = request.query.get("run", [None])[0]
         since_text = request.query.get("since", [None])[0]
         try:
@@ -65,8 +66,8 @@ def api_routes(*, status_document: Callable[[], Awaitable[dict[str, Any]]], hist
                 await anyio.sleep(STREAM_EVERY_S)
         return Response(content_type="text/event-stream", stream=documents())
 
-    routes = {"/metrics": metrics, "/api/status": status, "/api/history": history, "/api/dashboard": dashboard,
-              "/api/stream": stream}
+    routes: dict[str, Handler] = {"/metrics": metrics, "/api/status": status, "/api/history": history_page,
+                                  "/api/dashboard": dashboard, "/api/stream": stream}
     routes.update(page_routes())
     return routes
 
@@ -83,5 +84,5 @@ def page_routes() -> dict[str, Handler]:
     return routes
 
 
-def _json(document) -> Response:
+def _json(document: Mapping[str, Any]) -> Response:
     return Response(body=json.dumps(document, allow_nan=False, default=str).encode(), content_type=JSON)

@@ -22,7 +22,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import anyio
 import structlog
-from anyio.abc import SocketAttribute, SocketStream
+from anyio.abc import SocketAttribute, SocketStream, TaskStatus
 
 from coordinator.config.cluster_file import DashboardSettings, is_loopback
 
@@ -79,7 +79,8 @@ def host_allowed(host_header: str | None, settings: DashboardSettings, port: int
 
 
 class WebServer:
-    def __init__(self, settings: DashboardSettings, routes: dict[str, Handler], public: frozenset[str] = frozenset()):
+    def __init__(self, settings: DashboardSettings, routes: dict[str, Handler],
+                 public: frozenset[str] = frozenset()) -> None:
         self.settings = settings
         self.routes = routes
         self.public = public  # paths that carry no data of the cluster: no token needed
@@ -87,7 +88,7 @@ class WebServer:
         self.port: int | None = None
         self._clients = 0
 
-    async def serve(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+    async def serve(self, *, task_status: TaskStatus[str] = anyio.TASK_STATUS_IGNORED) -> None:
         """Listen, report the URL through ``task_status``, serve until cancelled. OSError when the
         address cannot be bound."""
         listener = await anyio.create_tcp_listener(local_host=self.settings.host, local_port=self.settings.port,
