@@ -89,13 +89,13 @@ async def serve_plan(cluster: Cluster, runs: Iterable[JobRunner], emit, *, schem
 
 def latest_replica_check(runs: Iterable[JobRunner], name: str) -> dict[str, Any] | None:
     """The named job's replica checks, or else those of the newest job that made any."""
-    checked = [runner for runner in runs if (runner.record.get("replica_check") or {})
+    checked = [runner for runner in runs if (runner.record.replica_check or {})
                .get("steps_compared")]
     named = [runner for runner in checked if runner.spec.name == name]
     if not (named or checked):
         return None
-    runner = (named or sorted(checked, key=lambda r: r.record.get("started") or 0))[-1]
-    return {**runner.record["replica_check"], "job": runner.spec.name, "run_id": runner.run_id}
+    runner = (named or sorted(checked, key=lambda r: r.record.started or 0))[-1]
+    return {**runner.record.replica_check, "job": runner.spec.name, "run_id": runner.run_id}
 
 
 async def _quiet(_event) -> None:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass, field
-from typing import Any
 
 from coordinator.jobs import catalog
 from coordinator.jobs.effects import JobEffects
 from coordinator.jobs.fingerprints import Divergence, ReplicaCheck
+from coordinator.jobs.record import JobRecord
 
 
 @dataclass
@@ -29,30 +29,29 @@ class Attempt:
     rank_peaks: dict[str, int] = field(default_factory=dict)  # rank -> its largest RSS since the last train point
 
     @classmethod
-    def fresh(cls, number: int, order: list[str], record: dict[str, Any]) -> Attempt:
+    def fresh(cls, number: int, order: list[str], record: JobRecord) -> Attempt:
         """A new attempt: its per-attempt fields in the record start afresh too."""
         attempt = cls(number, list(order), replica_check=ReplicaCheck(len(order)))
-        record["progress_offsets"] = attempt.progress_offsets  # saved with the record
-        record["rank_memory"] = {}
-        record["replica_state"] = None
-        record["diverged_after"] = None
+        record.progress_offsets = attempt.progress_offsets  # saved with the record
+        record.rank_memory = {}
+        record.replica_state = None
+        record.diverged_after = None
         return attempt
 
     @classmethod
-    def resumed(cls, record: dict[str, Any], fx: JobEffects, run_id: str) -> Attempt:
+    def resumed(cls, record: JobRecord, fx: JobEffects, run_id: str) -> Attempt:
         """After a daemon restart: the head already holds the start of each rank's log, the
         record says how far the progress was read, and the catalog holds the attempt's
         checkpoints; none of them is fetched or judged again."""
-        order = list(record.get("order") or [])
-        number = record["attempt"]
-        offsets = {int(rank): offset for rank, offset in (record.get("progress_offsets") or {}).items()}
-        record["progress_offsets"] = offsets
+        order = list(record.order)
+        number = record.attempt
+        offsets = record.progress_offsets  # the record's own: saving the record saves them
         known: dict[str, set[str]] = {}
         for c in fx.checkpoints(run_id):
             if c["attempt"] == number and catalog.role(c) != catalog.REPLICA:
                 known.setdefault(c["node"], set()).add(posixpath.basename(c["path"]))
-        return cls(number, order, record.get("start_step", 0), progress_offsets=offsets,
+        return cls(number, order, record.start_step, progress_offsets=offsets,
                    log_offsets={rank: fx.log_size(run_id, number, rank) for rank in range(len(order))},
                    known_checkpoints=known,
-                   replica_check=ReplicaCheck.from_state(len(order), record.get("replica_state")),
-                   diverged_after=record.get("diverged_after"))
+                   replica_check=ReplicaCheck.from_state(len(order), record.replica_state),
+                   diverged_after=record.diverged_after)

@@ -66,9 +66,9 @@ class CheckpointKeeper:
         group = [c for c in self.fx.checkpoints(self.ctx.run_id)
                  if c["valid"] and (c["step"], c["attempt"]) == (newest["step"], newest["attempt"])]
         if not catalog.off_machine(group, self.health.same_machine):
-            self.ctx.record["warning"] = (f"the final checkpoint (step {newest['step']}) has no replica: its copy to "
+            self.ctx.record.warning = (f"the final checkpoint (step {newest['step']}) has no replica: its copy to "
                                           f"{self.ctx.spec.replica} did not land; it is only on {newest['node']}")
-            self.ctx.event("replica_missing", self.ctx.record["warning"], step=newest["step"])
+            self.ctx.event("replica_missing", self.ctx.record.warning, step=newest["step"])
 
     async def choose_resume(self, order: list[str]) -> tuple[dict[str, Any] | None, dict[str, str]]:
         """The newest valid checkpoint of this run that can be reached, and node -> the file each
@@ -187,7 +187,9 @@ class CheckpointKeeper:
 
     async def invalidate_after_divergence(self, attempt: Attempt) -> None:
         """The attempt's checkpoints after its last agreed step, catalogued or still to be found, are not valid."""
-        good_until = attempt.diverged_after = self.ctx.record["diverged_after"]
+        good_until = attempt.diverged_after = self.ctx.record.diverged_after
+        if good_until is None:
+            return
         async with self._lock:
             for copy in self.fx.checkpoints(self.ctx.run_id):
                 if copy["valid"] and copy["attempt"] == attempt.number and copy["step"] > good_until:
@@ -221,7 +223,7 @@ class CheckpointKeeper:
         if attempt_over:
             # A node that is away: what it wrote until the end is catalogued when it is back,
             # before the next resume is chosen (its ranks may even have finished meanwhile).
-            left = self.ctx.record.setdefault("uncatalogued", [])
+            left = self.ctx.record.uncatalogued
             for rank, name in enumerate(nodes):
                 entry = [name, attempt.number, attempt.start_step] + ([] if rank == 0 else [catalog.LOCAL])
                 if not listed.get(name) and entry not in left:
@@ -244,7 +246,7 @@ class CheckpointKeeper:
 
     async def _catalogue_left_behind_now(self) -> None:
         left = []
-        for entry in self.ctx.record.get("uncatalogued") or []:
+        for entry in self.ctx.record.uncatalogued or []:
             name, attempt, start_step = entry[:3]
             role = entry[3] if len(entry) > 3 else catalog.PRIMARY
             known = {posixpath.basename(c["path"]) for c in self.fx.checkpoints(self.ctx.run_id)
@@ -253,7 +255,7 @@ class CheckpointKeeper:
                                                                               attempt_over=True, role=role,
                                                                               current=None):
                 left.append(entry)
-        self.ctx.record["uncatalogued"] = left
+        self.ctx.record.uncatalogued = left
         self._poke_replicator()
 
     async def _catalogue(self, name: str, attempt: int, start_step: int, known: set[str], *,
@@ -281,9 +283,9 @@ class CheckpointKeeper:
                 "role": role})
             whose = "" if role == catalog.PRIMARY else f" on {name} (its rank's own copy)"
             if entry["valid"]:
-                last = self.ctx.record.get("last_checkpoint")
+                last = self.ctx.record.last_checkpoint
                 if last is None or step > last["step"] or (step == last["step"] and role == catalog.PRIMARY):
-                    self.ctx.record["last_checkpoint"] = {"step": step, "time": self.fx.now(), "node": name}
+                    self.ctx.record.last_checkpoint = {"step": step, "time": self.fx.now(), "node": name}
                 if role == catalog.PRIMARY:
                     self.ctx.event("checkpoint", f"checkpoint of step {step} validated ({entry['detail']})"
                                + ("" if current_attempt else f", written by attempt {attempt} while {name} was away"),

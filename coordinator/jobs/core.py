@@ -11,52 +11,13 @@ from __future__ import annotations
 import re
 import secrets
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any
 
 from coordinator.jobs.policy import LAUNCH_FAILED, NODE_LOST, RANK_FAILED, SUCCEEDED, hang_timeout
 
 FIRST_STEP_TIMEOUT_S = 600.0
 LAUNCH_GRACE_S = 30.0  # how long ranks may take to appear once the launcher has exited
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}-[0-9a-f]{8}$")
-
-
-class JobRecord(TypedDict, total=False):
-    """What the store keeps of a run between daemon restarts (JSON)."""
-
-    run_id: str
-    attempt: int  # -1 before the first launch
-    restarts: int
-    step: int
-    total_steps: int | None
-    loss: float | None
-    tokens_per_second: float | None
-    peak_memory_gb: float | None
-    history: list[dict[str, Any]]  # each attempt's Outcome, oldest first
-    order: list[str]  # the nodes of the current attempt, rank by rank
-    backend: dict[str, Any]  # the current attempt's backend, transport and links (core.launch_links)
-    start_step: int
-    launcher_pid: int | None
-    error: str | None
-    warning: str | None
-    started: float
-    step_seconds: float | None
-    last_progress: float | None
-    first_step_at: float | None
-    launched_at: float | None
-    last_checkpoint: dict[str, Any] | None
-    progress_offsets: dict[int, int]
-    rank_memory: dict[str, int]
-    unstopped: list[list[Any]]  # [node, attempt, rank] of ranks on nodes that were away when stopped
-    diverged_after: int | None  # the attempt's replicas diverged after this step: later checkpoints are invalid
-    replica_state: dict[str, Any] | None  # the attempt's fingerprint comparison so far (ReplicaCheck.state)
-    batch: str | None
-    diagnoses: list[dict[str, Any]]
-    replica_check: dict[str, Any]
-    resumes: int  # how many times coord run --resume continued this run
-    stop_requested: bool
-    val_loss: float | None
-    failed_at: float  # when the first failed attempt since the last step ended (a recovery is under way)
-    recoveries: list[float]  # seconds from a failure to the next first step, the newest RECOVERIES_KEPT
 
 
 def new_run_id(name: str, taken: set[str] | frozenset[str] = frozenset(), token=secrets.token_hex) -> str:
@@ -66,13 +27,6 @@ def new_run_id(name: str, taken: set[str] | frozenset[str] = frozenset(), token=
         run_id = f"{name}-{token(4)}"
         if run_id not in taken:
             return run_id
-
-
-def new_record(run_id: str, total_steps: int | None, now: float) -> JobRecord:
-    return JobRecord(run_id=run_id, attempt=-1, restarts=0, step=0, total_steps=total_steps, loss=None,
-                     tokens_per_second=None, history=[], order=[], start_step=0, launcher_pid=None, error=None,
-                     warning=None, started=now, step_seconds=None, last_progress=None, first_step_at=None,
-                     launched_at=None)
 
 
 @dataclass(frozen=True)

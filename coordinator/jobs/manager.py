@@ -20,6 +20,7 @@ from coordinator.jobs.core import new_run_id
 from coordinator.jobs.effects import JobEffects
 from coordinator.jobs.head_paths import attempt_dir
 from coordinator.jobs.queue import Waiting, positions, startable
+from coordinator.jobs.record import JobRecord
 from coordinator.jobs.spec import REPLICA_HEAD, REPLICA_NONE, JobSpec, JobSpecError, validate
 from coordinator.jobs.supervisor import ACTIVE, JobRunner
 from shared import protocol as p
@@ -37,18 +38,6 @@ class RunStore(Protocol):
         """Every stored run: ``run_id``, ``spec``, ``state`` and ``record``, oldest first."""
 
     def run_ids(self) -> set[str]: ...
-
-
-def continued_record(record: dict[str, Any], total_steps: int | None) -> dict[str, Any]:
-    """The record of a run continued with coord run --resume: its attempts, checkpoints and progress
-    stay; its restarts, outcomes and error start afresh (the new attempts get their own budget)."""
-    kept = {key: record[key] for key in ("run_id", "attempt", "step", "loss", "tokens_per_second", "started",
-                                          "last_checkpoint", "replica_check", "diagnoses", "order", "unstopped")
-            if key in record}
-    return {**kept, "restarts": 0, "history": [], "error": None, "warning": None, "total_steps": total_steps,
-            "start_step": 0, "launcher_pid": None, "step_seconds": None, "last_progress": None,
-            "first_step_at": None, "launched_at": None, "stop_requested": False,
-            "resumes": int(record.get("resumes") or 0) + 1}
 
 
 class JobManager:
@@ -93,15 +82,15 @@ class JobManager:
         finished ones stay readable (coord status --all, coord logs)."""
         for row in self.store.runs():
             runner = JobRunner(self.fx, JobSpec.from_dict(row["spec"]), run_id=row["run_id"],
-                               record=row["record"], state=row["state"])
+                               record=JobRecord.from_json(row["record"]), state=row["state"])
             self.add_run(runner)
             if row["state"] not in ACTIVE:
-                if row["record"].get("unstopped"):  # ranks left on nodes that were away at its end
+                if runner.record.unstopped:  # ranks left on nodes that were away at its end
                     self.fx.spawn(runner.reap_when_back, name=f"job:{row['run_id']}:reap")
                 continue
             if row["state"] == "queued":
                 continue  # it waits for its nodes again: schedule starts it
-            if row["record"].get("attempt", -1) >= 0:
+            if runner.record.attempt >= 0:
                 # An attempt was launched: watch it again, or finish the recovery that was under way.
                 self._start(runner, reattach=True)
             else:
@@ -117,7 +106,7 @@ class JobManager:
         busy = {node for runner in self.runs.values() if runner.state in ACTIVE and runner.state != "queued"
                 for node in runner.job_nodes()}
         waiting = [Waiting(runner.run_id, frozenset(runner.job_nodes()), runner.spec.priority,
-                           runner.record.get("submitted") or runner.record.get("started") or 0.0)
+                           runner.record.submitted or runner.record.started or 0.0)
                    for runner in self.runs.values() if runner.state == "queued"]
         started = startable(waiting, busy)
         for run_id in started:
@@ -161,10 +150,10 @@ class JobManager:
         if resume:
             assert previous is not None
             runner = JobRunner(self.fx, spec, run_id=previous.run_id,
-                               record=continued_record(previous.record, spec.total_steps), state="queued")
+                               record=previous.record.continued(spec.total_steps), state="queued")
         else:
             runner = JobRunner(self.fx, spec, run_id=new_run_id(spec.name, self.store.run_ids()), state="queued")
-        runner.record["submitted"] = self.fx.now()
+        runner.record.submitted = self.fx.now()
         runner.save()
         self.add_run(runner)
         if resume:
@@ -228,7 +217,7 @@ class JobManager:
     def read_log(self, name: str, rank: int = 0, attempt: int | None = None, offset: int = 0) -> dict[str, Any]:
         """Up to 1 MiB of a rank's output from ``offset``, as the head keeps it."""
         runner = self.find(name)
-        attempt = runner.record["attempt"] if attempt is None else attempt
+        attempt = runner.record.attempt if attempt is None else attempt
         if attempt < 0:
             return {"data": b"", "offset": 0, "attempt": attempt, "rank": rank, "done": runner.state not in ACTIVE}
         directory = attempt_dir(self.state_dir, runner.run_id, attempt)
@@ -243,4 +232,4 @@ class JobManager:
                                f"{attempt}") from None
             data = b""
         return {"data": data, "offset": offset + len(data), "attempt": attempt, "rank": rank, "path": str(path),
-                "run_id": runner.run_id, "done": runner.state not in ACTIVE or attempt != runner.record["attempt"]}
+                "run_id": runner.run_id, "done": runner.state not in ACTIVE or attempt != runner.record.attempt}

@@ -66,7 +66,7 @@ class RankWatcher:
                 return self._verdict(attempt, core.node_lost(rank, name, f"it did not answer: {exc.message}"))
             attempt.progress_offsets[rank] = status["progress_offset"]
             if status.get("rss_bytes"):
-                record.setdefault("rank_memory", {})[str(rank)] = status["rss_bytes"]
+                record.rank_memory[str(rank)] = status["rss_bytes"]
                 # the largest since the last point: what the history keeps per rank
                 attempt.rank_peaks[str(rank)] = max(attempt.rank_peaks.get(str(rank), 0), status["rss_bytes"])
             read_any = read_any or bool(status["progress"])
@@ -77,11 +77,11 @@ class RankWatcher:
             if status["state"] == "exited" and status.get("exited_at"):  # both times from the node's clock
                 detected = max(0.0, status["time"] - status["exited_at"])
             reports.append(core.RankReport(rank, name, status["state"], status.get("exit"), detected))
-        pid = record.get("launcher_pid")
-        verdict = core.classify_ranks(reports, ranks=len(attempt.order), step=record["step"],
+        pid = record.launcher_pid
+        verdict = core.classify_ranks(reports, ranks=len(attempt.order), step=record.step,
                                       total_steps=ctx.spec.total_steps,
                                       launcher_exit=self.fx.launcher_exit(pid) if pid else None,
-                                      since_launch=self.fx.now() - (record.get("launched_at") or 0))
+                                      since_launch=self.fx.now() - (record.launched_at or 0))
         # Before the verdict: fingerprints that disagree, read in the same poll that found every
         # rank finished, make the run resume from before them, never a success.
         if attempt.divergence is not None:
@@ -90,9 +90,9 @@ class RankWatcher:
             if read_any and may_read_again and all(r.state == "exited" for r in reports):
                 return READ_AGAIN  # every rank is done: what they wrote last (a read is capped) is judged too
             return await self._ended(attempt, verdict)
-        hung = core.hang_reason(now=self.fx.now(), last_progress=record.get("last_progress"),
-                                first_step_at=record["first_step_at"], configured=ctx.spec.hang_timeout,
-                                step_seconds=record.get("step_seconds"))
+        hung = core.hang_reason(now=self.fx.now(), last_progress=record.last_progress,
+                                first_step_at=record.first_step_at, configured=ctx.spec.hang_timeout,
+                                step_seconds=record.step_seconds)
         if hung:
             await self._capture_stacks(attempt)
             return self.ended(attempt, HUNG, hung, "hang")
@@ -100,11 +100,11 @@ class RankWatcher:
 
     async def diverged_before_restart(self, attempt: Attempt) -> Outcome | None:
         """A divergence a previous daemon saw and saved: the attempt ends as it was then."""
-        if self.ctx.record.get("diverged_after") is None:
+        if self.ctx.record.diverged_after is None:
             return None
         await self.checkpoints.invalidate_after_divergence(attempt)
-        return self.ended(attempt, DIVERGED, f"the replicas diverged after step {self.ctx.record['diverged_after']} "
-                          "(found before the daemon restarted)", f"diverged:{self.ctx.record['diverged_after']}")
+        return self.ended(attempt, DIVERGED, f"the replicas diverged after step {self.ctx.record.diverged_after} "
+                          "(found before the daemon restarted)", f"diverged:{self.ctx.record.diverged_after}")
 
     async def _ended(self, attempt: Attempt, verdict: core.Verdict) -> Outcome:
         if not verdict.failures:
@@ -126,14 +126,14 @@ class RankWatcher:
         to the poll that saw it), when known."""
         record = self.ctx.record
         extra = {"seconds": round(detected_after, 3)} if detected_after is not None else {}
-        if kind in FAILURES:
-            record.setdefault("failed_at", self.fx.now())
-        self.ctx.event("attempt_ended", f"attempt {record['attempt']}: {kind}: {detail}"
+        if kind in FAILURES and record.failed_at is None:
+            record.failed_at = self.fx.now()
+        self.ctx.event("attempt_ended", f"attempt {record.attempt}: {kind}: {detail}"
                        + (f" (seen {detected_after:.2f} s after)" if detected_after is not None else ""),
                        outcome=kind, **extra)
         if kind in (RANK_FAILED, HUNG) and attempt is not None:
             self._diagnose_logs(attempt)
-        return Outcome(kind, detail, record["first_step_at"] is not None, signature[:300])
+        return Outcome(kind, detail, record.first_step_at is not None, signature[:300])
 
     async def _diverged(self, attempt: Attempt, found: Divergence) -> Outcome:
         """Replicas that no longer agree: stop, and resume from a checkpoint taken before it happened."""
@@ -141,8 +141,8 @@ class RankWatcher:
         named = ", ".join(f"{r} on {order[r]}" for r in found.ranks if r < len(order))
         # Saved first: a daemon restarted from here on still knows this attempt's checkpoints after
         # the last agreed step are not valid (the fingerprints that showed it are not read again).
-        self.ctx.record["diverged_after"] = (found.last_agreed if found.last_agreed is not None
-                                             else self.ctx.record["start_step"])
+        self.ctx.record.diverged_after = (found.last_agreed if found.last_agreed is not None
+                                             else self.ctx.record.start_step)
         self.ctx.save()
         self.ctx.event("replica_diverged", f"{found.describe()} (rank {named})", step=found.step, ranks=found.ranks)
         outcome = self.ended(attempt, DIVERGED, found.describe(), f"diverged:{found.step}")
@@ -153,7 +153,7 @@ class RankWatcher:
 
     def _diagnose(self, found: list[dict[str, Any]], where: str) -> None:
         """Known failure modes, each named once per job with its fix (coord status shows them)."""
-        known = self.ctx.record.setdefault("diagnoses", [])
+        known = self.ctx.record.diagnoses
         for item in found:
             if any(d["id"] == item["id"] for d in known):
                 continue
@@ -195,35 +195,35 @@ class RankWatcher:
         check = attempt.replica_check
         compared = check.compared
         found = check.add(int(progress["step"]), int(progress["rank"]), str(progress["sha256"]))
-        record["replica_state"] = check.state()  # saved with the progress offsets it goes with
+        record.replica_state = check.state()  # saved with the progress offsets it goes with
         first = found if attempt.divergence is None else None  # the one the attempt is stopped for
         attempt.divergence = attempt.divergence or found
         if check.compared != compared:  # every rank reported this step: kept for the plan
-            record["replica_check"] = comparison_summary(record.get("replica_check"), check, record["attempt"],
+            record.replica_check = comparison_summary(record.replica_check, check, record.attempt,
                                                          attempt.order, first)
 
     def _on_train(self, attempt: Attempt, progress: dict[str, Any]) -> None:
         record = self.ctx.record
         now = float(progress.get("time") or self.fx.now())
         step = int(progress["step"])
-        if record["first_step_at"] is None:
-            record["first_step_at"] = now
-            self.ctx.event("first_step", f"attempt {record['attempt']} reached step {step}",
-                           seconds=round(now - (record.get("last_progress") or now), 3), step=step)
+        if record.first_step_at is None:
+            record.first_step_at = now
+            self.ctx.event("first_step", f"attempt {record.attempt} reached step {step}",
+                           seconds=round(now - (record.last_progress or now), 3), step=step)
             self._recovered()
-        previous_step = record["step"]
-        previous_time = record.get("last_progress")
-        if step > previous_step and previous_time and record["first_step_at"] != now:
-            record["step_seconds"] = (now - previous_time) / max(1, step - previous_step)
-        record["step"] = max(step, record["step"])
-        record["loss"] = progress.get("loss")
-        record["tokens_per_second"] = progress.get("tokens_per_second")
-        record["peak_memory_gb"] = progress.get("peak_memory_gb")
-        record["last_progress"] = now
+        previous_step = record.step
+        previous_time = record.last_progress
+        if step > previous_step and previous_time and record.first_step_at != now:
+            record.step_seconds = (now - previous_time) / max(1, step - previous_step)
+        record.step = max(step, record.step)
+        record.loss = progress.get("loss")
+        record.tokens_per_second = progress.get("tokens_per_second")
+        record.peak_memory_gb = progress.get("peak_memory_gb")
+        record.last_progress = now
         self.ctx.save()
         peak = progress.get("peak_memory_gb")
         self.fx.record_point(self.ctx.run_id, "train", {
-            "step": step, "attempt": record["attempt"], "time": now, "loss": progress.get("loss"),
+            "step": step, "attempt": record.attempt, "time": now, "loss": progress.get("loss"),
             "learning_rate": progress.get("learning_rate"), "tokens_per_second": progress.get("tokens_per_second"),
             # mlx-lm's peak memory is bytes / 1e9
             "peak_memory_bytes": int(peak * 1e9) if isinstance(peak, (int, float)) else None,
@@ -235,7 +235,7 @@ class RankWatcher:
             step, loss = int(progress["step"]), float(progress["val_loss"])
         except (KeyError, TypeError, ValueError):
             return
-        self.ctx.record["val_loss"] = loss
+        self.ctx.record.val_loss = loss
         self.fx.record_point(self.ctx.run_id, "val", {"step": step, "attempt": attempt.number,
                                                       "time": float(progress.get("time") or self.fx.now()),
                                                       "loss": loss})
@@ -243,10 +243,10 @@ class RankWatcher:
     def _recovered(self) -> None:
         """The first step after a failure ends a recovery: its seconds, from the failed attempt's end
         (the first, if several failed in a row) to now, feed coord_recovery_seconds."""
-        failed_at = self.ctx.record.pop("failed_at", None)
+        failed_at, self.ctx.record.failed_at = self.ctx.record.failed_at, None
         if failed_at is None:
             return
-        recoveries = self.ctx.record.setdefault("recoveries", [])
+        recoveries = self.ctx.record.recoveries
         recoveries.append(round(max(0.0, self.fx.now() - failed_at), 3))
         del recoveries[:-RECOVERIES_KEPT]
 
@@ -261,7 +261,7 @@ class RankWatcher:
         self.ctx.event("checkpoint_saved", f"checkpoint of step {step} saved: training held "
                        f"{held:.3f} s, written in {wrote:.2f} s off the training thread",
                        step=step, blocking_seconds=round(held, 6),
-                       write_seconds=round(wrote, 4), step_seconds=self.ctx.record.get("step_seconds"))
+                       write_seconds=round(wrote, 4), step_seconds=self.ctx.record.step_seconds)
 
     # --- each rank's output -------------------------------------------------------------
 

@@ -61,7 +61,7 @@ class Replicator:
         run = self.ctx
         if run.spec.trainer == "coord" or not is_mlx_lm(run.spec.command):
             return []  # coord's trainer: each rank's own copy; a script of one's own: as before, rank 0's
-        return [n for n in run.record.get("order") or [] if n in run.fx.node_names()]
+        return [n for n in run.record.order or [] if n in run.fx.node_names()]
 
     async def replicate_pending(self, *, final: bool = False) -> None:
         """Every background copy still wanted, newest checkpoint first. ``final``: only the copy off

@@ -11,8 +11,8 @@ from typing import Any
 import anyio
 import structlog
 
-from coordinator.jobs import core
 from coordinator.jobs.effects import JobEffects
+from coordinator.jobs.record import JobRecord
 from coordinator.jobs.spec import JobSpec
 from coordinator.jobs.states import FINISHED, JobState, check_transition
 
@@ -20,24 +20,24 @@ log = structlog.get_logger("job")
 
 
 class RunContext:
-    def __init__(self, fx: JobEffects, spec: JobSpec, *, run_id: str, record: dict[str, Any] | None,
+    def __init__(self, fx: JobEffects, spec: JobSpec, *, run_id: str, record: JobRecord | None,
                  state: str):
         self.fx = fx
         self.spec = spec
         self.run_id = run_id
         self._spec_fields = spec.as_dict()  # saved with every progress record: made once
-        self.record: dict[str, Any] = dict(record or core.new_record(run_id, spec.total_steps, fx.now()))
-        self.record["run_id"] = run_id
+        self.record = record or JobRecord(run_id=run_id, total_steps=spec.total_steps, started=fx.now())
+        self.record.run_id = run_id
         self.state = JobState(state)
         self.log = log.bind(job=spec.name, run=run_id)
         self.stop_requested = False
         self.stop_asked = anyio.Event()  # wakes a restart's backoff or a wait for nodes at once
-        if self.record.get("stop_requested") and self.state not in FINISHED:
+        if self.record.stop_requested and self.state not in FINISHED:
             self.stop_requested = True
             self.stop_asked.set()
 
     def save(self) -> None:
-        self.fx.save_run(self.run_id, self.spec.name, self._spec_fields, self.state, dict(self.record))
+        self.fx.save_run(self.run_id, self.spec.name, self._spec_fields, self.state, self.record.to_json())
 
     def event(self, kind: str, message: str, **data: Any) -> None:
         self.log.info(kind, message=message, **data)
@@ -52,7 +52,7 @@ class RunContext:
         """coord stop: kept with the run, so that a daemon restarted before it took effect still honours it."""
         self.stop_requested = True
         self.stop_asked.set()
-        self.record["stop_requested"] = True
+        self.record.stop_requested = True
         self.save()
 
     async def pause(self, seconds: float) -> None:

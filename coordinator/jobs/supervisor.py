@@ -38,6 +38,7 @@ from coordinator.jobs.elastic import choose_nodes
 from coordinator.jobs.node_health import NodeHealth
 from coordinator.jobs.policy import LAUNCH_FAILED, RESIZED, STOPPED, SUCCEEDED, Decision, Outcome, decide
 from coordinator.jobs.rank_watch import MAX_REREADS, POLL_S, READ_AGAIN, RankWatcher
+from coordinator.jobs.record import JobRecord
 from coordinator.jobs.replica import Replicator
 from coordinator.jobs.run_context import RunContext
 from coordinator.jobs.spec import REPLICA_NONE, JobSpec
@@ -57,7 +58,7 @@ REATTACH_GRACE_S = 60.0  # a restarted daemon's sessions connect within this; a 
 
 
 class JobRunner:
-    def __init__(self, fx: JobEffects, spec: JobSpec, *, run_id: str, record: dict[str, Any] | None = None,
+    def __init__(self, fx: JobEffects, spec: JobSpec, *, run_id: str, record: JobRecord | None = None,
                  state: str = "pending"):
         self.ctx = RunContext(fx, spec, run_id=run_id, record=record, state=state)
         self.fx = fx
@@ -79,7 +80,7 @@ class JobRunner:
     # --- what the rest of coord sees --------------------------------------------------------
 
     @property
-    def record(self) -> dict[str, Any]:
+    def record(self) -> JobRecord:
         return self.ctx.record
 
     @property
@@ -121,7 +122,7 @@ class JobRunner:
                 await self._fail_resumable(exc)
         finally:
             self.done.set()
-            if self.record.get("unstopped"):
+            if self.record.unstopped:
                 self.fx.spawn(self.reap_when_back, name=f"job:{self.run_id}:reap")
 
     async def _fail_resumable(self, exc: BaseException) -> None:
@@ -132,25 +133,25 @@ class JobRunner:
             await self._stop_everything(self._last_attempt())
         except Exception as stop_exc:  # noqa: BLE001 (the job is failing already; say both)
             reason += f"; stopping its ranks failed too: {core.describe_exception(stop_exc, 'stop')}"
-        self.record["error"] = f"{reason}; resume with: coord run --resume {self.spec.name}"
+        self.record.error = f"{reason}; resume with: coord run --resume {self.spec.name}"
         if self.state in FINISHED:  # it had ended already: the error is kept, the outcome stands
             self.save()
         else:
             self.set_state(JobState.FAILED)
-        self.event("failed", self.record["error"])
+        self.event("failed", self.record.error)
 
     async def reap_when_back(self) -> None:
         """After the job: ranks on nodes that were away when it stopped are stopped once those nodes
         are back, so that no rank is left running anywhere."""
         deadline = self.fx.monotonic() + NODE_WAIT_S
-        while self.record.get("unstopped") and self.fx.monotonic() < deadline:
+        while self.record.unstopped and self.fx.monotonic() < deadline:
             await anyio.sleep(2.0)
             await self.reap()
 
     async def reap(self) -> None:
         """Stop the ranks of earlier attempts whose nodes were away when those attempts were stopped."""
         left = []
-        for name, attempt, rank in self.record.get("unstopped", []):
+        for name, attempt, rank in self.record.unstopped:
             try:
                 if not self.fx.node(name).up:
                     raise RemoteError("connection_lost", "node away")
@@ -162,7 +163,7 @@ class JobRunner:
                            "is back")
             except RemoteError:
                 left.append([name, attempt, rank])
-        self.record["unstopped"] = left
+        self.record.unstopped = left
         self.save()
 
     async def _run(self, reattach: bool) -> None:
@@ -174,7 +175,7 @@ class JobRunner:
             # The daemon stopped between two attempts, or while one was being started: that one
             # is over (its leftovers are stopped before the next launch), the restart counted.
             self.attempt = Attempt.resumed(self.record, self.fx, self.run_id)
-            self.event("reattached", f"finishing the recovery after attempt {self.record['attempt']} after a "
+            self.event("reattached", f"finishing the recovery after attempt {self.record.attempt} after a "
                        "daemon restart")
             nodes = await self._wait_for_nodes(elastic=True)
             if nodes is None:
@@ -188,11 +189,11 @@ class JobRunner:
             # The sessions of a daemon that just started are still connecting: a node that is
             # not up yet is not a lost node, for a while. One still away after that is lost, and
             # the monitor handles it like any lost node (every rank stopped, the restart policy).
-            if await self._wait_for_nodes(self.record["order"] or None, give_up_after=REATTACH_GRACE_S) is None \
+            if await self._wait_for_nodes(self.record.order or None, give_up_after=REATTACH_GRACE_S) is None \
                     and self.state in FINISHED:
                 return
             self.attempt = Attempt.resumed(self.record, self.fx, self.run_id)
-            self.event("reattached", f"supervising attempt {self.record['attempt']} again after a daemon restart")
+            self.event("reattached", f"supervising attempt {self.record.attempt} again after a daemon restart")
             outcome = None
         while True:
             if outcome is None:
@@ -201,11 +202,11 @@ class JobRunner:
             if await self._finish(decision, outcome):
                 return
             if decision.counts:
-                self.record["restarts"] += 1
+                self.record.restarts += 1
             self.set_state(JobState.RECOVERING)  # the outcome, the restart and the state in one save
             if decision.counts:
                 when = f"in {decision.delay_s:g} s" if decision.delay_s else "now"
-                self.event("restart", f"restart {self.record['restarts']} of {self.spec.max_restarts} {when}: "
+                self.event("restart", f"restart {self.record.restarts} of {self.spec.max_restarts} {when}: "
                            f"{decision.reason}", delay_s=decision.delay_s)
             await self.ctx.pause(decision.delay_s)
             nodes = await self._wait_for_nodes(elastic=True)
@@ -218,41 +219,41 @@ class JobRunner:
         attempt = self._last_attempt()
         stop_started = self.fx.monotonic()
         stopped = await self._stop_everything(attempt)
-        self.event("stopped_ranks", f"attempt {self.record['attempt']}: every rank stopped"
+        self.event("stopped_ranks", f"attempt {self.record.attempt}: every rank stopped"
                    if stopped else "some ranks could not be confirmed stopped",
                    seconds=round(self.fx.monotonic() - stop_started, 3))
         # Checkpoints written up to the end count; with the ranks stopped nothing is still
         # being written, so a damaged one is judged now.
         await self.checkpoints.poll(attempt, attempt_over=True)
-        history = [_outcome_of(h) for h in self.record["history"]]
+        history = [_outcome_of(h) for h in self.record.history]
         decision = decide(outcome, history, max_restarts=self.spec.max_restarts,
-                          restarts_used=self.record["restarts"])
-        self.record["history"].append({**outcome.__dict__, "attempt": self.record["attempt"],
+                          restarts_used=self.record.restarts)
+        self.record.history.append({**outcome.__dict__, "attempt": self.record.attempt,
                                        "counted": decision.action == "restart" and decision.counts})
         return decision
 
     def _last_attempt(self) -> Attempt | None:
         """The attempt launched last (read back from the record when this runner did not launch it:
         a run continued with --resume, or one a restarted daemon supervises again)."""
-        if self.attempt is None and self.record.get("attempt", -1) >= 0:
+        if self.attempt is None and self.record.attempt >= 0:
             self.attempt = Attempt.resumed(self.record, self.fx, self.run_id)
         return self.attempt
 
     async def _finish(self, decision: Decision, outcome: Outcome) -> bool:
         if decision.action != "restart":
-            self.record.pop("failed_at", None)  # no recovery follows (a --resume later is not one)
+            self.record.failed_at = None  # no recovery follows (a --resume later is not one)
         if decision.action == "succeed":
             await self.checkpoints.await_final_copy()
             self.set_state("succeeded")
-            self.event("succeeded", f"finished at step {self.record['step']} with {self.record['restarts']} restarts"
-                       + (f"; {self.record['warning']}" if self.record.get("warning") else ""))
+            self.event("succeeded", f"finished at step {self.record.step} with {self.record.restarts} restarts"
+                       + (f"; {self.record.warning}" if self.record.warning else ""))
             return True
         if decision.action == "stop":
             self.set_state("stopped")
             self.event("stopped", "stopped on request")
             return True
         if decision.action == "fail":
-            self.record["error"] = decision.reason
+            self.record.error = decision.reason
             self.set_state("failed")
             self.event("failed", decision.reason)
             return True
@@ -294,7 +295,7 @@ class JobRunner:
         return True
 
     def _fail_early(self, reason: str) -> bool:
-        self.record["error"] = reason
+        self.record.error = reason
         self.set_state("failed")
         self.event("failed", reason)
         return False
@@ -369,16 +370,16 @@ class JobRunner:
         """Start the next attempt on ``nodes``: None once its ranks are launched, else the
         attempt's outcome (LAUNCH_FAILED, or SUCCEEDED when nothing is left to run)."""
         started = self.fx.monotonic()
-        if self.record["attempt"] >= 0:
+        if self.record.attempt >= 0:
             # A node that was away when the last attempt was stopped may still run its rank.
             await self._stop_everything(self._last_attempt())
-        self.record["attempt"] += 1
-        number = self.record["attempt"]
+        self.record.attempt += 1
+        number = self.record.attempt
         self.attempt = Attempt.fresh(number, nodes, self.record)
-        self.record["launcher_pid"] = None
-        self.record["launched_at"] = self.fx.now()
-        self.record["first_step_at"] = None
-        self.record["last_progress"] = self.fx.now()
+        self.record.launcher_pid = None
+        self.record.launched_at = self.fx.now()
+        self.record.first_step_at = None
+        self.record.last_progress = self.fx.now()
         self.set_state(JobState.STARTING)
         try:
             return await self._start_attempt(self.attempt, nodes, started)
@@ -416,38 +417,38 @@ class JobRunner:
                    copied_to=copied, bytes_copied=placed.get("bytes_copied", 0), seconds=round(seconds, 3))
 
     async def _start_attempt(self, attempt: Attempt, nodes: list[str], started: float) -> Outcome | None:
-        previous = list(self.record["order"])
+        previous = list(self.record.order)
         plan = await self._plan(nodes)
         order = list(plan.order) or nodes
         batch = self._batch_for(order)
-        self.record["batch"] = batch.describe() if batch else None
+        self.record.batch = batch.describe() if batch else None
         if previous and set(previous) != set(order):
             self._say_resized(previous, order, batch)
-        self.record["order"] = attempt.order = list(order)
-        self.record["backend"] = core.launch_links(plan.choice)
+        self.record.order = attempt.order = list(order)
+        self.record.backend = core.launch_links(plan.choice)
         self.save()  # before any rank can start: a daemon restarted from here knows whom to stop
         choose_started = self.fx.monotonic()
-        if self.record.get("uncatalogued"):
+        if self.record.uncatalogued:
             await self.checkpoints.catalogue_left_behind()
         resume, resume_files = await self.checkpoints.choose_resume(order)
         start_step = resume["step"] if resume else 0
-        self.record["start_step"] = attempt.start_step = start_step
+        self.record.start_step = attempt.start_step = start_step
         # This attempt's progress starts where it resumes: a step an earlier attempt reached is
         # not this one's (an attempt whose ranks all exit 0 must have reached the total itself).
-        self.record["step"] = start_step
+        self.record.step = start_step
         if resume:
             self._say_resume(resume, order, self.fx.monotonic() - choose_started)
         if self.spec.total_steps is not None and start_step >= self.spec.total_steps:
             # The newest valid checkpoint of this run is the final step: there is nothing left to run.
-            self.record["step"] = max(self.record["step"], start_step)
+            self.record.step = max(self.record.step, start_step)
             self.set_state(JobState.RUNNING)
             return self.ranks.ended(attempt, SUCCEEDED, f"the checkpoint of step {start_step} is the last step", "")
-        if attempt.number == 0 or not self.record.get("diagnoses"):
+        if attempt.number == 0 or not self.record.diagnoses:
             command = self.launcher.rank_command(self.spec, checkpoint_dir="", resume_file=None, start_step=0,
                                                  batch=batch)
             self.ranks.diagnose_launch(order, plan.envs, command)
         # The history's curve goes on from start_step: what an earlier attempt reported past it is dropped.
-        last = self.record["history"][-1] if self.record["history"] else None
+        last = self.record.history[-1] if self.record.history else None
         self.fx.record_attempt(self.run_id, attempt.number, start_step, order,
                                f"attempt {last['attempt']}: {last['kind']}: {last['detail']}" if last else None)
         await self._prepare_ranks(plan, attempt.number, order, resume_files, start_step, batch)
@@ -455,8 +456,8 @@ class JobRunner:
         # checkpoints from start_step (a file's name is its step within the attempt). Saved later,
         # a restart would read the previous attempt's start step and misnumber every checkpoint.
         self.save()
-        self.record["launcher_pid"] = self.fx.start_launcher(self.run_id, attempt.number, plan)
-        self.record["last_progress"] = self.fx.now()
+        self.record.launcher_pid = self.fx.start_launcher(self.run_id, attempt.number, plan)
+        self.record.last_progress = self.fx.now()
         self.set_state(JobState.RUNNING)
         self.event("launched", f"attempt {attempt.number} launched on {', '.join(order)} from step {start_step} "
                    f"({plan.backend})", attempt=attempt.number,
@@ -525,7 +526,7 @@ class JobRunner:
                 continue
             if isinstance(polled, Outcome):
                 return polled
-            if self.record.get("unstopped"):
+            if self.record.unstopped:
                 await self.reap()
             resize = self._resize_due()
             if resize:
@@ -535,14 +536,14 @@ class JobRunner:
     def request_resize(self) -> str:
         """coord resize: relaunch on every node that is up, right after the next checkpoint (so that
         nothing is redone)."""
-        last = self.record.get("last_checkpoint")
+        last = self.record.last_checkpoint
         self.resize_requested = last["step"] if last else -1
         return self._resize_due() or "the job will be relaunched on every node that is up after its next checkpoint"
 
     def _resize_due(self) -> str | None:
         up = [n for n in self.job_nodes() if self.health.up(n)]
-        last = self.record.get("last_checkpoint")
-        verdict = core.resize_due(self.resize_requested, up, self.record["order"], last["step"] if last else None)
+        last = self.record.last_checkpoint
+        verdict = core.resize_due(self.resize_requested, up, self.record.order, last["step"] if last else None)
         if not verdict.pending:
             self.resize_requested = None
         if verdict.skipped:
@@ -554,14 +555,14 @@ class JobRunner:
         if attempt is None:
             return True
         number = attempt.number
-        pid = self.record.get("launcher_pid")
+        pid = self.record.launcher_pid
         if pid:
             await self.fx.stop_launcher(pid, final=False)
         results: dict[str, bool] = {}
 
         def left_running(rank: int, name: str) -> None:
             results[name] = False
-            unstopped = self.record.setdefault("unstopped", [])
+            unstopped = self.record.unstopped
             if [name, number, rank] not in unstopped:
                 unstopped.append([name, number, rank])
 
@@ -588,21 +589,21 @@ class JobRunner:
     def view(self) -> dict[str, Any]:
         record = self.record
         eta = None
-        if record.get("step_seconds") and self.spec.total_steps and self.state == "running":
-            eta = record["step_seconds"] * max(0, self.spec.total_steps - record["step"])
-        last = record.get("last_checkpoint")
-        return {"name": self.spec.name, "run_id": self.run_id, "state": self.state, "step": record["step"],
-                "total_steps": self.spec.total_steps, "loss": record.get("loss"), "val_loss": record.get("val_loss"),
-                "tokens_per_second": record.get("tokens_per_second"), "eta_s": eta,
+        if record.step_seconds and self.spec.total_steps and self.state == "running":
+            eta = record.step_seconds * max(0, self.spec.total_steps - record.step)
+        last = record.last_checkpoint
+        return {"name": self.spec.name, "run_id": self.run_id, "state": self.state, "step": record.step,
+                "total_steps": self.spec.total_steps, "loss": record.loss, "val_loss": record.val_loss,
+                "tokens_per_second": record.tokens_per_second, "eta_s": eta,
                 "last_checkpoint_step": last["step"] if last else None,
                 "last_checkpoint_age_s": self.fx.now() - last["time"] if last else None,
-                "restarts": record["restarts"], "max_restarts": self.spec.max_restarts,
-                "attempt": record["attempt"], "error": record.get("error"), "warning": record.get("warning"),
-                "nodes": record.get("order", []), "batch": record.get("batch"), "trainer": self.spec.trainer,
+                "restarts": record.restarts, "max_restarts": self.spec.max_restarts,
+                "attempt": record.attempt, "error": record.error, "warning": record.warning,
+                "nodes": record.order, "batch": record.batch, "trainer": self.spec.trainer,
                 "replica": self.spec.replica, "min_nodes": self.spec.min_nodes,
-                "diagnoses": record.get("diagnoses", []), "resumes": record.get("resumes", 0),
-                "rank_memory_bytes": dict(record.get("rank_memory") or {}) if self.state == "running" else {},
-                "started": record.get("started"), "command": self.spec.command,
+                "diagnoses": record.diagnoses, "resumes": record.resumes,
+                "rank_memory_bytes": dict(record.rank_memory or {}) if self.state == "running" else {},
+                "started": record.started, "command": self.spec.command,
                 "job_nodes": self.job_nodes(), "priority": self.spec.priority,
                 "queue_position": self.queue_position if self.state == "queued" else None}
 

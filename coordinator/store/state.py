@@ -140,7 +140,7 @@ class RunRow(TypedDict):
     name: str
     spec: dict[str, Any]  # the job spec as the jobs layer saved it (JobSpec.as_dict)
     state: str
-    record: dict[str, Any]  # the jobs layer's JobRecord (coordinator.jobs.core), a layer above this one
+    record: dict[str, Any]  # the jobs layer's JobRecord as JSON (coordinator/jobs/record.py), a layer above this one
     created: float
     updated: float
 

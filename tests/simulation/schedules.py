@@ -33,6 +33,7 @@ from trio.testing import MockClock
 
 from coordinator.jobs import core
 from coordinator.jobs.policy import MAX_BACKOFF_S
+from coordinator.jobs.record import JobRecord
 from coordinator.jobs.spec import JobSpec
 from coordinator.jobs.supervisor import ACTIVE, FINISHED, NODE_WAIT_S, JobRunner
 from tests.simulation.world import DaemonCrash, SimEffects, World
@@ -334,10 +335,12 @@ async def _one_run(schedule, world, spec, run_id, crashes, stop_seen, started, e
                     runner.save()
                     daemon.start_soon(runner.run)
                 elif row["state"] in ACTIVE:
-                    runner = JobRunner(fx, spec, run_id=run_id, record=row["record"], state=row["state"])
+                    runner = JobRunner(fx, spec, run_id=run_id, record=JobRecord.from_json(row["record"]),
+                                       state=row["state"])
                     daemon.start_soon(lambda: runner.run(reattach=row["record"].get("attempt", -1) >= 0))
                 else:
-                    runner = JobRunner(fx, spec, run_id=run_id, record=row["record"], state=row["state"])
+                    runner = JobRunner(fx, spec, run_id=run_id, record=JobRecord.from_json(row["record"]),
+                                       state=row["state"])
                     if row["record"].get("unstopped"):  # as the daemon does for a finished run
                         await runner.reap_when_back()
                     return row["state"], row["record"]
@@ -352,11 +355,11 @@ async def _one_run(schedule, world, spec, run_id, crashes, stop_seen, started, e
                 with anyio.move_on_after(max(1.0, started + bound + 60 - anyio.current_time())):
                     await runner.done.wait()
                     ended_at.append(anyio.current_time())
-                if runner.record.get("unstopped") and runner.state in FINISHED:
+                if runner.record.unstopped and runner.state in FINISHED:
                     # The daemon lives on: its reaper stops what runs on nodes once they are back.
                     await anyio.sleep(max([f.get("back_after") or 0 for f in schedule.faults] + [0]) + 20)
                 daemon.cancel_scope.cancel()
-            return runner.state, dict(runner.record)
+            return runner.state, runner.record.to_json()
         except BaseException as exc:  # noqa: BLE001 (a simulated daemon death is the point)
             if not _is_crash(exc):
                 raise

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from coordinator.jobs.record import JobRecord
 from coordinator.observe.dashboard.document import FINISHED_SHOWN, checkpoint_rows, node_entry, shown_runs
 
 
 def _runner(run_id: str, state: str, started: float, position: int | None = None) -> SimpleNamespace:
-    return SimpleNamespace(run_id=run_id, state=state, record={"started": started}, queue_position=position)
+    return SimpleNamespace(run_id=run_id, state=state, record=JobRecord(run_id=run_id, started=started),
+                           queue_position=position)
 
 
 def test_running_first_then_the_queue_in_order_then_the_newest_finished():

@@ -33,11 +33,11 @@ def run_facts(runner: JobRunner | None) -> RunFacts | None:
 
 def _facts_of(runner: JobRunner) -> RunFacts:
     record = runner.record
-    return RunFacts(run_id=runner.run_id, name=runner.spec.name, state=runner.state, step=record.get("step", 0),
-                    total_steps=runner.spec.total_steps, restarts=record.get("restarts", 0),
-                    max_restarts=runner.spec.max_restarts, error=record.get("error"),
-                    last_progress=record.get("last_progress"), launched_at=record.get("launched_at"),
-                    started=record.get("started"))
+    return RunFacts(run_id=runner.run_id, name=runner.spec.name, state=runner.state, step=record.step,
+                    total_steps=runner.spec.total_steps, restarts=record.restarts,
+                    max_restarts=runner.spec.max_restarts, error=record.error,
+                    last_progress=record.last_progress, launched_at=record.launched_at,
+                    started=record.started)
 
 
 def node_facts(cluster: Cluster) -> list[NodeFacts]:

@@ -76,8 +76,8 @@ def shown_runs(runners: list[JobRunner]) -> list[JobRunner]:
     """Active and queued runs first (queue order), then the newest finished ones."""
     active = [r for r in runners if r.state in ACTIVE]
     finished = [r for r in runners if r.state not in ACTIVE]
-    finished.sort(key=lambda r: r.record.get("started") or 0, reverse=True)
-    active.sort(key=lambda r: (r.state == "queued", r.queue_position or 0, -(r.record.get("started") or 0)))
+    finished.sort(key=lambda r: r.record.started or 0, reverse=True)
+    active.sort(key=lambda r: (r.state == "queued", r.queue_position or 0, -(r.record.started or 0)))
     return active + finished[:FINISHED_SHOWN]
 
 
@@ -126,7 +126,7 @@ def dashboard_document(cluster: Cluster, runs: list[JobRunner], *,
     for runner in runners:
         view = runner.view()
         view["checkpoints"] = checkpoint_rows(cluster.state.checkpoints(runner.run_id), now)
-        view["backend"] = runner.record.get("backend")
+        view["backend"] = runner.record.backend
         # Live curves for the runs still going and the first run listed (the page's choice when
         # nothing runs); another finished run's the page asks /api/history for once, when chosen.
         if history is not None and (runner.state in ACTIVE or runner is runners[0]):

@@ -88,20 +88,19 @@ class ClusterCollector(Collector):
         info = InfoMetricFamily("coord_job", "The job's newest run and its state", labels=["job"])
         for name, runner in self.jobs.jobs.items():
             record = runner.record
-            step.add_metric([name], float(record.get("step") or 0))
+            step.add_metric([name], float(record.step or 0))
             if runner.spec.total_steps is not None:
                 total.add_metric([name], float(runner.spec.total_steps))
-            for family, key in ((loss, "loss"), (val_loss, "val_loss"), (speed, "tokens_per_second")):
-                value = record.get(key)
+            for family, value in ((loss, record.loss), (val_loss, record.val_loss), (speed, record.tokens_per_second)):
                 if isinstance(value, (int, float)):
                     family.add_metric([name], float(value))
-            restarts.add_metric([name], float(record.get("restarts") or 0))
-            last = record.get("last_checkpoint")
+            restarts.add_metric([name], float(record.restarts or 0))
+            last = record.last_checkpoint
             if last and last.get("time"):
                 age.add_metric([name], max(0.0, now - float(last["time"])))
             if runner.state == "running":
-                order = record.get("order") or []
-                for rank, value in sorted((record.get("rank_memory") or {}).items(), key=lambda kv: int(kv[0])):
+                order = record.order or []
+                for rank, value in sorted((record.rank_memory or {}).items(), key=lambda kv: int(kv[0])):
                     node = order[int(rank)] if int(rank) < len(order) else ""
                     memory.add_metric([name, str(rank), node], float(value))
             info.add_metric([name], {"run_id": runner.run_id, "state": runner.state})
@@ -109,7 +108,7 @@ class ClusterCollector(Collector):
 
     def _recoveries(self) -> Metric:
         """Every recovery of every run this cluster has had (kept with each run, so it survives restarts)."""
-        seconds = [s for runner in self.jobs.runs.values() for s in runner.record.get("recoveries") or []]
+        seconds = [s for runner in self.jobs.runs.values() for s in runner.record.recoveries or []]
         buckets = [(_bound(b), float(sum(s <= b for s in seconds))) for b in RECOVERY_BUCKETS]
         buckets.append(("+Inf", float(len(seconds))))
         return HistogramMetricFamily("coord_recovery_seconds", "From a failed attempt's end to the next attempt's "

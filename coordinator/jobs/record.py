@@ -1,0 +1,87 @@
+"""What the store keeps of a run between daemon restarts: one typed record, to and from JSON.
+
+The JSON is the store's (``runs.record``); its keys are the field names, so records written by
+an older coord read back as they were (a key it did not write takes the field's default) and
+a key this coord does not know is kept as it was (``extra``), never dropped."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+# What a field holds where the shape is the plain data of another module (an attempt's outcome,
+# a diagnosis, the fingerprint comparison): kept as the JSON it is written as.
+JsonObject = dict[str, Any]
+
+
+@dataclass
+class JobRecord:
+    run_id: str
+    attempt: int = -1  # the attempt launched last; -1 before the first launch
+    restarts: int = 0
+    step: int = 0
+    total_steps: int | None = None
+    loss: float | None = None
+    val_loss: float | None = None
+    tokens_per_second: float | None = None
+    peak_memory_gb: float | None = None
+    history: list[JsonObject] = field(default_factory=list)  # each attempt's Outcome, oldest first
+    order: list[str] = field(default_factory=list)  # the nodes of the current attempt, rank by rank
+    backend: JsonObject | None = None  # the current attempt's backend, transport and links (core.launch_links)
+    start_step: int = 0
+    launcher_pid: int | None = None
+    error: str | None = None
+    warning: str | None = None
+    started: float = 0.0
+    submitted: float | None = None
+    step_seconds: float | None = None
+    last_progress: float | None = None
+    first_step_at: float | None = None
+    launched_at: float | None = None
+    last_checkpoint: JsonObject | None = None  # {"step", "time", "node"} of the newest valid one
+    progress_offsets: dict[int, int] = field(default_factory=dict)  # rank -> bytes of its progress read
+    rank_memory: dict[str, int] = field(default_factory=dict)  # rank -> its latest RSS
+    unstopped: list[list[Any]] = field(default_factory=list)  # [node, attempt, rank] left on nodes that were away
+    uncatalogued: list[list[Any]] = field(default_factory=list)  # [node, attempt, start step(, role)] to list later
+    diverged_after: int | None = None  # the attempt's replicas diverged after this step: later checkpoints are invalid
+    replica_state: JsonObject | None = None  # the attempt's fingerprint comparison so far (ReplicaCheck.state)
+    replica_check: JsonObject | None = None  # what the comparisons found, for the plan
+    batch: str | None = None  # the attempt's batch split, when a shrink changed it
+    diagnoses: list[JsonObject] = field(default_factory=list)
+    resumes: int = 0  # how many times coord run --resume continued this run
+    stop_requested: bool = False
+    failed_at: float | None = None  # when the first failed attempt since the last step ended (a recovery is under way)
+    recoveries: list[float] = field(default_factory=list)  # seconds from a failure to the next first step
+    extra: JsonObject = field(default_factory=dict)  # keys of a newer coord, kept as they were
+
+    def to_json(self) -> JsonObject:
+        data = asdict(self)
+        extra = data.pop("extra")
+        data["progress_offsets"] = {str(rank): offset for rank, offset in self.progress_offsets.items()}
+        return {**extra, **data}
+
+    @classmethod
+    def from_json(cls, data: JsonObject) -> JobRecord:
+        known = {f.name for f in fields(cls)} - {"extra"}
+        # A null where the field cannot be null (an older record's gap) takes the field's default.
+        values = {key: value for key, value in data.items()
+                  if key in known and (value is not None or key in _NULLABLE)}
+        values["progress_offsets"] = {int(rank): int(offset)
+                                      for rank, offset in (data.get("progress_offsets") or {}).items()}
+        for key in ("unstopped", "uncatalogued", "history", "diagnoses", "recoveries", "order"):
+            values[key] = list(data.get(key) or [])
+        values["rank_memory"] = dict(data.get("rank_memory") or {})
+        return cls(**values, extra={key: value for key, value in data.items() if key not in known})
+
+    def continued(self, total_steps: int | None) -> JobRecord:
+        """The record of a run continued with coord run --resume: its attempts, checkpoints and
+        progress stay; its restarts, outcomes and error start afresh (the new attempts get their
+        own budget)."""
+        return JobRecord(run_id=self.run_id, attempt=self.attempt, step=self.step, loss=self.loss,
+                         tokens_per_second=self.tokens_per_second, started=self.started,
+                         last_checkpoint=self.last_checkpoint, replica_check=self.replica_check,
+                         diagnoses=list(self.diagnoses), order=list(self.order), unstopped=list(self.unstopped),
+                         uncatalogued=list(self.uncatalogued), total_steps=total_steps, resumes=self.resumes + 1)
+
+
+_NULLABLE = {f.name for f in fields(JobRecord) if f.default is None}
