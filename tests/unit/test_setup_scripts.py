@@ -12,7 +12,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 CI = REPO / ".ci"
-SCRIPTS = [CI / "setup", CI / "run", CI / "find-python"]
+SCRIPTS = [CI / "setup", CI / "run", CI / "gates", CI / "find-python"]
 BASH = shutil.which("bash") or "/bin/bash"
 
 
