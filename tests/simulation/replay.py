@@ -18,11 +18,18 @@ def main(argv: list[str]) -> int:
             status = 1
             continue
         print(schedule.describe())
+        for request in result["requests"]:
+            if request.kind != "submit":
+                print(f"  {request.describe()}: {request.answer} at t={request.answered_at:g}")
         for run in result["runs"]:
             record = run["record"]
+            line = result["timeline"].get(run["run_id"], [])
             print(f"  run {run['run_id']}: {run['state']} at step {record.get('step')} after "
                   f"{record.get('attempt', -1) + 1} attempts, {record.get('restarts')} restarts"
-                  + (f"; {record['error']}" if record.get("error") else ""))
+                  + (f"; {record['error']}" if record.get("error") else "")
+                  + ("\n    " + " → ".join(f"{state} {t:.2f}" for t, state in line) if line else ""))
+        if result["incarnations"] > 1:
+            print(f"  the daemon ran {result['incarnations']} times")
     return status
 
 

@@ -1,64 +1,92 @@
-"""Seeded fault schedules for the simulated cluster, the loop that runs one, and the invariants.
+"""Seeded fault schedules for the simulated cluster, and the loop that runs one.
 
 ``run_schedule(seed)`` builds a schedule from the seed alone (so a failure is replayed from
-its seed: ``python -m tests.simulation.replay SEED``), drives the real ``JobRunner`` over
-``tests.simulation.world`` under trio's virtual clock, and checks after every effect the
-supervisor calls, and at the end:
+its seed: ``python -m tests.simulation.replay SEED``), drives the real job manager
+(``coordinator.jobs.manager.JobManager``, and through it each run's ``JobRunner``) over
+``tests.simulation.world`` under trio's virtual clock, as ``tests.simulation.daemon`` does:
+jobs submitted, stopped and cancelled at virtual times, the daemon killed and started again.
+The invariants (``tests.simulation.invariants``) are checked after every effect the
+supervisor calls, and at the end.
 
-(a) a run succeeds only when one attempt's ranks all finished the total steps, or when the
-    newest valid checkpoint of this run is at the total;
-(b) a resume uses only a whole checkpoint of this run;
-(c) one failure loses at most one checkpoint interval plus what the failed attempt did before
-    its first checkpoint (one more interval when rank 0's own node was lost: its newest
-    checkpoint may not have been copied off yet);
-(d) at most one attempt's ranks run at a time, except on nodes the head cannot reach; those
-    are stopped once their nodes are back;
-(e) every run ends within a bound computed from its restarts, backoffs, node waits and hangs;
-(f) a stop ends the run within STOP_BOUND_S of virtual time;
-(g) each restart is counted once, across daemon restarts;
-(h) no event or error says "internal error" (or shows an exception group).
+Most schedules run one job on every node (its name run again in some), under node losses,
+rank kills, hangs, damaged checkpoints and daemon crashes. A share (MULTI_JOB_SHARE) run two
+to four jobs at once, on overlapping and disjoint node sets, submitted at different times with
+priorities, some cancelled while queued and some stopped while running, under the same faults.
 """
 
 from __future__ import annotations
 
 import contextlib
+import heapq
+import itertools
 import logging
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import structlog
+import trio
 from trio.testing import MockClock
 
-from coordinator.jobs import core
-from coordinator.jobs.policy import MAX_BACKOFF_S
-from coordinator.jobs.record import JobRecord
-from coordinator.jobs.spec import JobSpec
-from coordinator.jobs.supervisor import ACTIVE, FINISHED, NODE_WAIT_S, JobRunner
-from tests.simulation.world import DaemonCrash, SimEffects, World
+from coordinator.jobs import core, manager
+from tests.simulation.daemon import SimDaemon
+from tests.simulation.invariants import STOP_BOUND_S, Checker, InvariantBroken, time_bound
+from tests.simulation.world import World
 
-STOP_BOUND_S = 120.0  # a stop waits at most for calls in flight to nodes that hang (their timeouts)
-REAP_GRACE_S = 5.0  # an old rank on a node that just came back is stopped at the next poll
+__all__ = ["STOP_BOUND_S", "InvariantBroken", "JobPlan", "Schedule", "make_schedule", "run_schedule"]
+
+MULTI_JOB_SHARE = 0.25  # of the schedules, those that run several jobs at once
 
 
-class InvariantBroken(AssertionError):
-    pass
+def command_for(trainer: str, total: int) -> list[str]:
+    """A job's command for the simulated trainer: a script of one's own, mlx-lm's, or coord's
+    (which names mlx_lm lora's options, its total as --iters)."""
+    if trainer == "script":
+        return ["python", "train.py"]
+    module = ["mlx_lm", "lora"] if trainer == "mlx_lm" else ["agent.train"]
+    return ["python", "-m", *module, "--model", "m", "--train", "--data", "d", "--iters", str(total),
+            "--batch-size", "12"]
+
+
+@dataclass
+class JobPlan:
+    """One job of a schedule: its spec, and what its user asks of it when (virtual seconds)."""
+
+    spec: dict[str, Any]
+    submit_at: float = 0.0
+    stop_at: float | None = None  # coord stop of its first run
+    cancel_at: float | None = None  # coord cancel of its first run (refused once it left the queue)
+    runs: int = 1  # the same name run this many times, each submitted once the one before ended
+
+    def describe(self) -> str:
+        spec = self.spec
+        return (f"  job {spec['name']}: submitted at t={self.submit_at:g} s on "
+                f"{', '.join(spec.get('nodes') or ['every node'])}, priority {spec.get('priority', 0)}"
+                + (f", runs {self.runs}" if self.runs > 1 else "")
+                + (f"; coord cancel at t={self.cancel_at:g} s" if self.cancel_at is not None else "")
+                + (f"; coord stop at t={self.stop_at:g} s" if self.stop_at is not None else "") + "\n    spec: "
+                + ", ".join(f"{k}={v}" for k, v in spec.items() if k not in ("command", "name", "nodes", "priority")))
 
 
 @dataclass
 class Schedule:
     seed: int
     nodes: list[str]
-    spec: dict[str, Any]
+    spec: dict[str, Any]  # the first job's
     step_s: float
     startup_s: float
     copy_s: float
     faults: list[dict[str, Any]] = field(default_factory=list)
     crashes: list[tuple[int, float]] = field(default_factory=list)  # (effect number, restart delay)
-    stop_at: float | None = None
-    runs: int = 1  # the same name run this many times, one after the other
+    stop_at: float | None = None  # coord stop of the first job's first run
+    runs: int = 1  # the first job's name run this many times, one after the other
     head_machine: tuple[str, ...] = ()  # nodes that are the head's own machine (host "local")
+    more_jobs: list[JobPlan] = field(default_factory=list)  # submitted beside the first
+
+    def jobs(self) -> list[JobPlan]:
+        return [JobPlan(self.spec, 0.0, self.stop_at, None, self.runs), *self.more_jobs]
 
     def describe(self) -> str:
         lines = [f"seed {self.seed}: nodes {', '.join(self.nodes)}; step {self.step_s:g} s, startup "
@@ -66,6 +94,7 @@ class Schedule:
                  + (f"; head on {', '.join(self.head_machine)}'s machine" if self.head_machine else ""),
                  "  spec: " + ", ".join(f"{k}={v}" for k, v in self.spec.items() if k != "command")
                  + ("; an mlx_lm lora command" if "mlx_lm" in self.spec["command"] else "")]
+        lines += [job.describe() for job in self.more_jobs]
         lines += [f"  fault: {fault}" for fault in self.faults]
         lines += [f"  daemon killed at its effect #{n}, back after {d:g} s" for n, d in self.crashes]
         if self.stop_at is not None:
@@ -127,271 +156,82 @@ def make_schedule(seed: int) -> Schedule:
     # (coord's: every rank writes its own copy on its node) and whether the head is rank 0's machine.
     more = random.Random(f"copies:{seed}")
     trainer = more.choice(["script", "mlx_lm", "coord"])
-    if trainer == "mlx_lm":  # rank 0 alone saves; its newest checkpoint is copied to every node
-        spec["command"] = ["python", "-m", "mlx_lm", "lora", "--model", "m", "--train", "--data", "d",
-                           "--iters", str(total), "--batch-size", "12"]
+    # mlx_lm: rank 0 alone saves; its newest checkpoint is copied to every node. coord: every rank saves.
+    spec["command"] = command_for(trainer, total)
     spec["trainer"] = "coord" if trainer == "coord" else "mlx_lm"
     if more.random() < 0.4:
         schedule.head_machine = (nodes[0],)
+    # Drawn apart too: whether this schedule runs several jobs at once.
+    jobs = random.Random(f"jobs:{seed}")
+    if jobs.random() < MULTI_JOB_SHARE:
+        _more_jobs(schedule, jobs, trainer, horizon)
     return schedule
 
 
-def time_bound(schedule: Schedule) -> float:
-    """(e): the longest a run may take, from its restarts, backoffs, node waits and hangs."""
-    spec = schedule.spec
-    attempts = spec["max_restarts"] + 1 + len(schedule.crashes) + 1
-    per_attempt = (schedule.startup_s + spec["total_steps"] * schedule.step_s + core.hang_bound(spec["hang_timeout"])
-                   + STOP_BOUND_S + 60 + 10 * schedule.copy_s)
-    outages = sum(f.get("back_after") or 0 for f in schedule.faults)
-    return (attempts * (per_attempt + MAX_BACKOFF_S + NODE_WAIT_S + 10) + outages
-            + sum(delay for _, delay in schedule.crashes) + 60)
+def _more_jobs(schedule: Schedule, rng: random.Random, trainer: str, horizon: float) -> None:
+    """Two to four jobs at once: each on every node or on some (overlapping or disjoint), with
+    priorities, submitted at different times; some cancelled soon after (while queued, when their
+    nodes were busy), some stopped later; each rank or launch fault meant for one of them."""
+    nodes = schedule.nodes
 
+    def some_nodes(apart_from: list[str] | None = None) -> list[str] | None:
+        if apart_from and rng.random() < 0.3:  # beside the first job, on none of its nodes
+            return [n for n in nodes if n not in apart_from] or None
+        if rng.random() < 0.3:
+            return None  # every node
+        chosen = [n for n in nodes if rng.random() < 0.5] or [rng.choice(nodes)]
+        return chosen if len(chosen) < len(nodes) else None
 
-class Checker:
-    """The invariants, against the world's ground truth."""
+    def fit(spec: dict[str, Any]) -> None:  # --min-nodes within the job's own nodes
+        if spec["min_nodes"] is not None:
+            spec["min_nodes"] = max(1, len(spec["nodes"] or nodes) - 1)
 
-    def __init__(self, schedule: Schedule, world: World):
-        self.schedule, self.world = schedule, world
-        self.run_ids: list[str] = []
-        self.launches_checked = 0
-
-    def fail(self, letter: str, message: str) -> None:
-        raise InvariantBroken(f"({letter}) {message}")
-
-    def continuous(self) -> None:
-        world = self.world
-        running = world.running_attempts(reachable_only=True, grace=REAP_GRACE_S)
-        if len(running) > 1:
-            self.fail("d", f"ranks of {len(running)} attempts run at once on reachable nodes: {sorted(running)}")
-        for _, kind, message in world.events[-3:]:
-            if "internal error" in message or "ExceptionGroup" in message:
-                self.fail("h", f"{kind}: {message}")
-        while self.launches_checked < len(world.launch_log):
-            self.check_launch(world.launch_log[self.launches_checked])
-            self.launches_checked += 1
-
-    def check_launch(self, launch: dict[str, Any]) -> None:
-        """(b) and (c) for one launch."""
-        world, run = self.world, launch["run"]
-        steps = {start for _, start, _ in launch["ranks"].values()}
-        if len(steps) != 1:
-            self.fail("b", f"ranks of attempt {launch['attempt']} start from different steps {steps}")
-        start = steps.pop()
-        for rank, (node, _, resume) in launch["ranks"].items():
-            if start == 0:
-                if resume:
-                    self.fail("b", f"rank {rank} resumes from {resume} at step 0")
-                continue
-            file = world.nodes[node].files.get(resume or "")
-            if file is None:
-                self.fail("b", f"rank {rank} on {node} resumes from {resume}, which is not there")
-            if file.run != run:
-                self.fail("b", f"rank {rank} resumes from a checkpoint of run {file.run}, not {run}")
-            if not file.whole(world.now()) or file.step != start:
-                self.fail("b", f"rank {rank} resumes from {resume} (step {file.step}, whole "
-                               f"{file.whole(world.now())}) as step {start}")
-        earlier = [r for (r_run, attempt, _), r in world.ranks.items() if r_run == run and attempt < launch["attempt"]]
-        if not earlier:
-            return
-        last_attempt = max(r.attempt for r in earlier)
-        previous = [r for r in earlier if r.attempt == last_attempt]
-        rank0 = next((r for r in previous if r.rank == 0), None)
-        if rank0 is None or rank0.launched_at is None:
-            return
-        diverged = [max(r.diverge_at, r.start_step + 1) for r in previous if r.diverge_at is not None]
-        seen = any(kind == "job.attempt_ended" and f"attempt {last_attempt}: diverged" in message
-                   for t, kind, message in world.events if t >= rank0.launched_at)
-        if diverged and seen:  # a divergence coord saw is never resumed from: the resume is from before it
-            if start >= min(diverged):
-                self.fail("c", f"attempt {launch['attempt']} resumes from step {start}, at or after rank weights "
-                               f"diverged at step {min(diverged)}")
-            return
-        failed_at = min((r.exited_at for r in previous if r.exited_at is not None and r.exit != 0),
-                        default=world.now())
-        reached = rank0.step_at(failed_at)
-        interval = self.schedule.spec["save_every"]
-        first_checkpoint = min(rank0.total, (rank0.start_step // interval + 1) * interval)
-        before_first = first_checkpoint - rank0.start_step
-        allowed = interval + before_first
-        if not world.nodes[rank0.node].reachable or not world.nodes[rank0.node].powered:
-            allowed += interval + int(self.schedule.copy_s / self.schedule.step_s) + 1
-        if any(f["kind"] in ("checkpoint", "disk") for f in self.schedule.faults) or \
-                self.schedule.spec["replica"] == "none" or self.schedule.crashes:
-            # a damaged checkpoint's work is lost with it; so is a lost node's without a copy
-            return
-        if reached - start > allowed:
-            self.fail("c", f"attempt {launch['attempt']} resumes from step {start}; attempt {last_attempt} had "
-                           f"reached {reached} (allowed loss {allowed})")
-
-    def final(self, runner_state: str, record: dict[str, Any], run_id: str, stop_seen_at: float | None,
-              ended_at: float, started_at: float) -> None:
-        world, spec = self.world, self.schedule.spec
-        total = spec["total_steps"]
-        if runner_state not in FINISHED:
-            self.fail("e", f"run {run_id} did not end within {time_bound(self.schedule):.0f} s; it is {runner_state}")
-        if ended_at - started_at > time_bound(self.schedule):
-            self.fail("e", f"run {run_id} took {ended_at - started_at:.0f} s (bound {time_bound(self.schedule):.0f})")
-        if runner_state == "succeeded":
-            finished = {}
-            for (r_run, attempt, _), rank in world.ranks.items():
-                if r_run == run_id:
-                    finished.setdefault(attempt, []).append(rank.exit == 0 and rank.step_at(rank.exited_at or 0)
-                                                             >= total)
-            all_ranks = any(all(flags) for flags in finished.values())
-            at_total = any(f.run == run_id and f.step >= total and f.whole(world.now())
-                           for node in world.nodes.values() for f in node.files.values())
-            at_total = at_total or any(f.run == run_id and f.step >= total and f.whole(world.now())
-                                       for f in world.head_files.values() if hasattr(f, "run"))
-            if not (all_ranks or at_total):
-                self.fail("a", f"run {run_id} succeeded without an attempt that finished and without a checkpoint "
-                               f"at step {total}")
-            last = record.get("attempt")  # the attempt the success is of
-            peers = [r for (r_run, attempt, _), r in world.ranks.items() if r_run == run_id and attempt == last]
-            for rank in peers:
-                every, start, rank_no, attempt = rank.fingerprint_every, rank.diverge_at, rank.rank, last
-                # a step whose fingerprint every rank of the attempt reported, the diverged one's differing
-                if start is not None and every and any(
-                        step % every == 0 and all(p.step_at(p.exited_at or world.now()) >= step for p in peers)
-                        for step in range(max(start, rank.start_step + 1), total + 1)):
-                    self.fail("a", f"run {run_id} succeeded with attempt {attempt}, whose rank {rank_no} reported "
-                                   f"weights that diverged from step {start}")
-            copies = list(world.catalog.get(run_id, {}).values())
-            valid = [c for c in copies if c["valid"]]
-            if valid and spec["replica"] != "none" and not record.get("warning"):
-                newest = max((c["step"], c["attempt"]) for c in valid)
-                group = [c for c in valid if (c["step"], c["attempt"]) == newest]
-                primary = next((c["node"] for c in group if c.get("role", "primary") == "primary"), None)
-                on_head = world.head_machine | {"head"}
-                if not any(c.get("role") == "replica" or (c.get("role") == "local" and c["node"] != primary and not
-                                                          (c["node"] in on_head and primary in on_head))
-                           for c in group):
-                    self.fail("a", f"run {run_id} succeeded before a copy of its final checkpoint {newest} landed "
-                                   "off its primary's machine, and says nothing of it")
-        if stop_seen_at is not None and runner_state != "succeeded" and ended_at - stop_seen_at > STOP_BOUND_S:
-            self.fail("f", f"a stop took {ended_at - stop_seen_at:.0f} s")
-        if stop_seen_at is not None and runner_state not in FINISHED:
-            self.fail("f", "a stop did not end the run")
-        history = record.get("history", [])
-        attempts = [h.get("attempt") for h in history]
-        if len(attempts) != len(set(attempts)):
-            self.fail("g", f"an attempt's outcome was counted twice: {attempts}")
-        counted = sum(1 for h in history if h.get("counted"))
-        if record.get("restarts") != counted:
-            self.fail("g", f"restarts {record.get('restarts')} but {counted} counted outcomes in the history")
-        if record.get("restarts", 0) > spec["max_restarts"]:
-            self.fail("g", f"restarts {record['restarts']} over --max-restarts {spec['max_restarts']}")
-        text = str(record.get("error") or "")
-        if "internal error" in text or "ExceptionGroup" in text:
-            self.fail("h", text)
-
-
-async def _drive(schedule: Schedule, world: World, checker: Checker) -> dict[str, Any]:
-    spec = JobSpec(**schedule.spec)
-    crashes = list(schedule.crashes)
-    result: dict[str, Any] = {"runs": []}
-    async with anyio.create_task_group() as faults:
-        faults.start_soon(_apply_faults, schedule, world)
-        for number in range(schedule.runs):
-            run_id = core.new_run_id(spec.name, set(world.store))
-            checker.run_ids.append(run_id)
-            started = anyio.current_time()
-            stop_seen: list[float] = []
-            ended_at: list[float] = []
-            state, record = await _one_run(schedule, world, spec, run_id, crashes, stop_seen, started, ended_at,
-                                           stop_at=schedule.stop_at if number == 0 else None)
-            ended = ended_at[0] if ended_at else anyio.current_time()
-            checker.final(state, record, run_id, stop_seen[0] if stop_seen else None, ended, started)
-            if number > 0 and world.launch_log:
-                first = next(launch for launch in world.launch_log if launch["run"] == run_id) \
-                    if any(launch["run"] == run_id for launch in world.launch_log) else None
-                if first is not None and any(start for _, start, _ in first["ranks"].values()):
-                    checker.fail("b", f"run {run_id} of a name run again did not start from step 0")
-            result["runs"].append({"run_id": run_id, "state": state, "record": record})
-        # Every node that comes back has its leftovers stopped.
-        await anyio.sleep(max([f.get("back_after") or 0 for f in schedule.faults] + [0]) + 30)
-        world.settle()
-        for rank in world.ranks.values():
-            node = world.nodes[rank.node]
-            if rank.running() and node.reachable and result["runs"][-1]["state"] in FINISHED:
-                checker.fail("d", f"rank {rank.rank} of attempt {rank.attempt} still runs on {rank.node} after "
-                                  "the run ended and its node is back")
-        faults.cancel_scope.cancel()
-    result["launches"] = world.launch_log
-    result["copies"] = world.copies
-    return result
-
-
-async def _one_run(schedule, world, spec, run_id, crashes, stop_seen, started, ended_at, *, stop_at):
-    bound = time_bound(schedule)
-    fresh = True
-    while True:
-        crash_at = crashes[0][0] if crashes else None
-        try:
-            async with anyio.create_task_group() as daemon:
-                fx = SimEffects(world, crash_at=crash_at, spawn_into=daemon)
-                row = world.store.get(run_id)
-                if fresh:
-                    runner = JobRunner(fx, spec, run_id=run_id)
-                    runner.save()
-                    daemon.start_soon(runner.run)
-                elif row["state"] in ACTIVE:
-                    runner = JobRunner(fx, spec, run_id=run_id, record=JobRecord.from_json(row["record"]),
-                                       state=row["state"])
-                    daemon.start_soon(lambda: runner.run(reattach=row["record"].get("attempt", -1) >= 0))
-                else:
-                    runner = JobRunner(fx, spec, run_id=run_id, record=JobRecord.from_json(row["record"]),
-                                       state=row["state"])
-                    if row["record"].get("unstopped"):  # as the daemon does for a finished run
-                        await runner.reap_when_back()
-                    return row["state"], row["record"]
-                fresh = False
-                if stop_at is not None and not stop_seen:
-                    async def stop_later(runner=runner) -> None:
-                        await anyio.sleep(max(0.0, started + stop_at - anyio.current_time()))
-                        if runner.state not in FINISHED:
-                            stop_seen.append(anyio.current_time())
-                            runner.request_stop()
-                    daemon.start_soon(stop_later)
-                with anyio.move_on_after(max(1.0, started + bound + 60 - anyio.current_time())):
-                    await runner.done.wait()
-                    ended_at.append(anyio.current_time())
-                if runner.record.unstopped and runner.state in FINISHED:
-                    # The daemon lives on: its reaper stops what runs on nodes once they are back.
-                    await anyio.sleep(max([f.get("back_after") or 0 for f in schedule.faults] + [0]) + 20)
-                daemon.cancel_scope.cancel()
-            return runner.state, runner.record.to_json()
-        except BaseException as exc:  # noqa: BLE001 (a simulated daemon death is the point)
-            if not _is_crash(exc):
-                raise
-            _, delay = crashes.pop(0)
-            fresh = False
-            await anyio.sleep(delay)
-            if run_id not in world.store:  # killed before the run was first saved: submitted again
-                fresh = True
-
-
-def _is_crash(exc: BaseException) -> bool:
-    if isinstance(exc, DaemonCrash):
-        return True
-    if isinstance(exc, BaseExceptionGroup):
-        return all(_is_crash(e) or isinstance(e, anyio.get_cancelled_exc_class()) for e in exc.exceptions) and \
-            any(_is_crash(e) for e in exc.exceptions)
-    return False
+    first = schedule.spec
+    first["nodes"], first["priority"] = some_nodes(), rng.choice([0, 0, 1])
+    fit(first)
+    for number in range(rng.choice([1, 1, 2, 3])):
+        save_every = rng.choice([5, 10])
+        total = save_every * rng.randint(1, 3) + rng.choice([0, 0, 3])
+        spec = {"name": f"sim{number + 2}", "command": command_for(trainer, total),
+                "trainer": first["trainer"], "save_every": save_every, "max_restarts": rng.randint(0, 3),
+                "keep": rng.randint(1, 3), "total_steps": total,
+                "replica": rng.choice(["head", "head", "none", nodes[-1]]),
+                "min_nodes": rng.choice([None, None, 1]), "node_timeout": rng.choice([5.0, 20.0, 60.0]),
+                "hang_timeout": rng.choice([None, 15.0, 30.0]), "nodes": some_nodes(first["nodes"]),
+                "priority": rng.choice([-1, 0, 0, 1, 2])}
+        fit(spec)
+        job = JobPlan(spec, submit_at=rng.uniform(0, horizon))
+        if rng.random() < 0.3:
+            job.cancel_at = job.submit_at + rng.uniform(0, 3)
+        elif rng.random() < 0.25:
+            job.stop_at = job.submit_at + rng.uniform(0, horizon)
+        if rng.random() < 0.1:
+            job.runs = 2
+        schedule.more_jobs.append(job)
+    names = [job.spec["name"] for job in schedule.jobs()]
+    # A diverging rank only in a job of three or more nodes (two that disagree name no wrong one).
+    wide = [job.spec["name"] for job in schedule.jobs() if len(job.spec["nodes"] or nodes) >= 3]
+    for fault in list(schedule.faults):
+        if fault["kind"] == "diverge" and not wide:
+            schedule.faults.remove(fault)
+        elif fault["kind"] in ("kill", "hang", "early", "launch", "diverge"):
+            fault["job"] = rng.choice(wide if fault["kind"] == "diverge" else names)
 
 
 async def _apply_faults(schedule: Schedule, world: World) -> None:
     for fault in schedule.faults:
         kind = fault["kind"]
+        job = fault.get("job")  # the job it is meant for (None: every job)
         if kind in ("kill", "hang", "early"):
-            world.rank_faults[(fault["attempt"], fault["rank"] if kind != "early" else 0)] = fault
+            world.rank_faults[(job, fault["attempt"], fault["rank"] if kind != "early" else 0)] = fault
             if kind == "early":
                 for rank in range(len(schedule.nodes)):
-                    world.rank_faults[(fault["attempt"], rank)] = fault
+                    world.rank_faults[(job, fault["attempt"], rank)] = fault
         elif kind == "diverge":  # every rank reports fingerprints; this one's differ from step "from_step" on
             world.fingerprint_every = fault["every"]
-            world.diverging[(fault["attempt"], fault["rank"])] = fault["from_step"]
+            world.diverging[(job, fault["attempt"], fault["rank"])] = fault["from_step"]
         elif kind == "launch":
-            world.launch_faults[fault["attempt"]] = fault["how"]
+            world.launch_faults[(job, fault["attempt"])] = fault["how"]
         elif kind == "checkpoint":
             world.bad_checkpoints[fault["step"]] = fault["how"]
     timed = sorted((f for f in schedule.faults if "at" in f), key=lambda f: f["at"])
@@ -417,6 +257,68 @@ async def _timed_fault(world: World, fault: dict[str, Any]) -> None:
             world.nodes[name].disk_full = False
 
 
+def deadline(schedule: Schedule) -> float:
+    """(e): by when every job of the schedule has ended, however its runs queue behind each other."""
+    runs = sum(time_bound(schedule, job.spec) * job.runs for job in schedule.jobs())
+    return max(job.submit_at for job in schedule.jobs()) + runs + sum(d for _, d in schedule.crashes) + 120
+
+
+async def _drive(schedule: Schedule, world: World, checker: Checker) -> dict[str, Any]:
+    daemon = SimDaemon(schedule, world, checker)
+    async with anyio.create_task_group() as outer:
+        outer.start_soon(_apply_faults, schedule, world)
+        outer.start_soon(daemon.serve)
+        with anyio.move_on_after(deadline(schedule)):
+            await daemon.until_all_ended()
+        ended = daemon.all_ended()
+        checker.recheck = True
+        checker.observe()  # (m) too when nothing ran since: a run left queued with its nodes free
+        if ended:
+            # The daemon lives on: its reapers stop what runs on nodes once they are back.
+            await anyio.sleep(max([f.get("back_after") or 0 for f in schedule.faults] + [0]) + 30)
+        outer.cancel_scope.cancel()
+    unanswered = [r.describe() for r in daemon.pending()]
+    if unanswered:
+        checker.fail("e", f"requests never answered: {'; '.join(unanswered)}")
+    checker.final()
+    if ended:
+        checker.final_leftovers()
+    return {"runs": [{"run_id": run_id, "name": row["name"], "state": row["state"], "record": row["record"]}
+                     for run_id, row in world.store.items()],
+            "launches": world.launch_log, "copies": world.copies, "timeline": checker.timeline,
+            "requests": daemon.requests, "incarnations": daemon.incarnations,
+            "stopped": checker.stopped, "cancelled": checker.cancelled}
+
+
+@contextlib.contextmanager
+def deterministic(seed: int) -> Iterator[None]:
+    """The same schedule the same way every time, in any process (a replay is a fresh one):
+    run ids drawn from the seed (they order jobs submitted at the same instant); trio's
+    scheduler, which orders runnable tasks at random (its own Random, seeded here); and trio's
+    timeouts that fall due at the same virtual instant (two ranks' polls, two pre-flights),
+    which it orders by the id() of their cancel scopes, a memory address: here by when each
+    was set. Everything is put back after."""
+    run = trio._core._run  # type: ignore[attr-defined]
+    draws = random.Random(f"run-ids:{seed}")
+    saved_state = run._r.getstate()
+    run._r.seed(seed)
+    new_run_id, add_deadline = manager.new_run_id, run.Deadlines.add
+    manager.new_run_id = lambda name, taken=frozenset(): core.new_run_id(  # type: ignore[assignment]
+        name, taken, token=lambda n: f"{draws.getrandbits(8 * n):0{2 * n}x}")
+    order = itertools.count()
+
+    def add_in_order(self: Any, deadline: float, cancel_scope: Any) -> None:
+        heapq.heappush(self._heap, (deadline, next(order), cancel_scope))
+        self._active += 1
+
+    run.Deadlines.add = add_in_order
+    try:
+        yield
+    finally:
+        manager.new_run_id, run.Deadlines.add = new_run_id, add_deadline
+        run._r.setstate(saved_state)
+
+
 def run_schedule(seed: int | Schedule) -> dict[str, Any]:
     """Run one schedule under a virtual clock; InvariantBroken (with the replay) when one breaks."""
     schedule = seed if isinstance(seed, Schedule) else make_schedule(seed)
@@ -425,12 +327,13 @@ def run_schedule(seed: int | Schedule) -> dict[str, Any]:
     checker = Checker(schedule, world)
     world.checkers.append(checker.continuous)
     try:
-        with quiet_logs():
+        with quiet_logs(), deterministic(schedule.seed):
             return anyio.run(_drive, schedule, world, checker, backend="trio",
                              backend_options={"clock": MockClock(autojump_threshold=0)})
-    except InvariantBroken as exc:
-        raise InvariantBroken(f"{exc}\n{replay(schedule, world)}") from None
     except BaseException as exc:
+        broken = checker.broken or (exc if isinstance(exc, InvariantBroken) else None)
+        if broken is not None:  # the first one broken, though a task that met it swallowed it
+            raise InvariantBroken(f"{broken}\n{replay(schedule, world)}") from None
         raise InvariantBroken(f"the simulation itself failed: {exc!r}\n{replay(schedule, world)}") from exc
 
 

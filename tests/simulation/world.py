@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 import anyio
+import trio
 
 from coordinator.jobs.effects import HEAD, LaunchError, NodeView, Placement
 from coordinator.jobs.transfer import CheckpointDamaged
@@ -154,10 +155,11 @@ class World:
         self.events: list[tuple[float, str, str]] = []
         self.metric_attempts: list[tuple[str, int, int]] = []  # (run id, attempt, start step) as recorded
         self.checkers: list[Callable[[], None]] = []
-        self.launch_faults: dict[int, str] = {}  # attempt -> "missing" | "dies"
-        self.rank_faults: dict[tuple[int, int], dict[str, Any]] = {}  # (attempt, rank) -> fault
+        # Faults are keyed by the job's name (None: every job's) and the attempt (and rank).
+        self.launch_faults: dict[tuple[str | None, int], str] = {}  # -> "missing" | "dies"
+        self.rank_faults: dict[tuple[str | None, int, int], dict[str, Any]] = {}
         self.fingerprint_every = 0  # ranks report fingerprints every this many steps (0: none)
-        self.diverging: dict[tuple[int, int], int] = {}  # (attempt, rank) -> step its weights differ from
+        self.diverging: dict[tuple[str | None, int, int], int] = {}  # -> step its weights differ from
         self.bad_checkpoints: dict[int, str] = {}  # global step -> "corrupt" | "torn"
         self.detect_s = 3.0
         self.launch_log: list[dict[str, Any]] = []  # each launch as the invariants need it
@@ -166,7 +168,7 @@ class World:
     # --- time ---
     @staticmethod
     def now() -> float:
-        return anyio.current_time()
+        return trio.current_time()  # the simulation runs on trio's MockClock (anyio's costs more, called this often)
 
     # --- ground truth upkeep ---
     def settle(self) -> None:
@@ -244,6 +246,28 @@ class World:
             out.add((rank.run, rank.attempt))
         return out
 
+    def ranks_by_node(self, *, grace: float) -> dict[str, set[str]]:
+        """The runs whose ranks really run on each reachable node (one back for less than ``grace``
+        is left out: its leftovers are stopped at the next poll)."""
+        now = self.now()
+        out: dict[str, set[str]] = {}
+        for rank in self.ranks.values():
+            node = self.nodes[rank.node]
+            if rank.running() and node.reachable and now - node.came_back_at >= grace:
+                out.setdefault(rank.node, set()).add(rank.run)
+        return out
+
+    def job_of(self, run_id: str) -> str | None:
+        """The job a run is of, as the store has it."""
+        row = self.store.get(run_id)
+        return row["name"] if row else None
+
+    @staticmethod
+    def fault_for(faults: dict[tuple, Any], job: str | None, *key: int) -> Any:
+        """The fault meant for this job's ``key`` (attempt, rank), else the one for every job's."""
+        found = faults.get((job, *key))
+        return found if found is not None else faults.get((None, *key))
+
     def check(self) -> None:
         for checker in self.checkers:
             checker()
@@ -296,15 +320,33 @@ class World:
         node.came_back_at = self.now()
 
 
+class SimStore:
+    """The daemon's store of runs (``coordinator.jobs.manager.RunStore``) over the rows
+    ``SimEffects.save_run`` wrote to the world: a daemon crash loses none of them. Each read is
+    a copy, as SQLite's is: a record read back shares nothing with the row."""
+
+    def __init__(self, world: World):
+        self.world = world
+
+    def runs(self) -> list[dict[str, Any]]:
+        """Every stored run, oldest first (in the order each was first saved)."""
+        return json.loads(json.dumps(list(self.world.store.values())))
+
+    def run_ids(self) -> set[str]:
+        return set(self.world.store)
+
+
 class SimEffects:
     """One daemon incarnation's effects over the world. Dies (``DaemonCrash``) at its
-    ``crash_at``-th effect, and so does everything it is still running."""
+    ``crash_at``-th effect, and so does everything it is still running: ``spawn`` puts tasks
+    in the incarnation's own task group, and ``died`` is set for whoever must end it."""
 
     def __init__(self, world: World, *, crash_at: int | None, spawn_into=None):
         self.world = world
         self.crash_at = crash_at
         self.calls = 0
         self.dead = False
+        self.died = anyio.Event()
         self.spawn_into = spawn_into
 
     def _effect(self) -> None:
@@ -313,16 +355,17 @@ class SimEffects:
         self.calls += 1
         if self.crash_at is not None and self.calls >= self.crash_at:
             self.dead = True
+            self.died.set()
             raise DaemonCrash()
         self.world.settle()
         self.world.check()
 
     # --- clock ---
     def now(self) -> float:
-        return EPOCH + anyio.current_time()
+        return EPOCH + trio.current_time()
 
     def monotonic(self) -> float:
-        return anyio.current_time()
+        return trio.current_time()
 
     # --- nodes ---
     def node_names(self) -> list[str]:
@@ -369,7 +412,8 @@ class SimEffects:
         world = self.world
         sim = SimRank(job, attempt, rank, node.name, int(env["COORD_STEP_OFFSET"]), int(env["COORD_TOTAL_STEPS"]),
                       int(env["COORD_SAVE_EVERY"]), world.step_s, world.startup_s, env.get("COORD_RESUME_FILE"))
-        fault = world.rank_faults.get((attempt, rank)) or {}
+        name = env["COORD_JOB"]
+        fault = world.fault_for(world.rank_faults, name, attempt, rank) or {}
         if fault.get("kind") == "kill":
             sim.die_after = (fault["after"], fault["status"])
             sim.last_line = f"killed with status {fault['status']}"
@@ -377,7 +421,7 @@ class SimEffects:
             sim.hang_after = fault["after"]
         elif fault.get("kind") == "early":
             sim.exit_early_after = fault["after"]
-        sim.diverge_at = world.diverging.get((attempt, rank))
+        sim.diverge_at = world.fault_for(world.diverging, name, attempt, rank)
         sim.fingerprint_every = world.fingerprint_every
         world.prepared.setdefault((job, attempt), {})[rank] = sim
         return {"script": f"/home/{node.name}/.coord/jobs/{job}/rank-{rank}.sh"}
@@ -487,7 +531,7 @@ class SimEffects:
     def start_launcher(self, run_id: str, attempt: int, plan: LaunchPlan) -> int:
         self._effect()
         world = self.world
-        fault = world.launch_faults.get(attempt)
+        fault = world.fault_for(world.launch_faults, world.job_of(run_id), attempt)
         if fault == "missing":
             raise LaunchError("mlx.launch could not be started (mlx.launch: No such file or directory); install mlx "
                               "into the head's Python (pip install mlx) or put mlx.launch on the daemon's PATH")
@@ -603,7 +647,7 @@ class SimEffects:
 
     def event(self, kind: str, message: str, data: dict[str, Any] | None) -> None:
         self._effect()
-        self.world.events.append((anyio.current_time(), kind, message))
+        self.world.events.append((trio.current_time(), kind, message))
 
     def record_attempt(self, run_id: str, attempt: int, start_step: int, nodes: list[str],
                        detail: str | None) -> None:
@@ -620,4 +664,4 @@ class SimEffects:
         if self.dead:
             raise DaemonCrash()
         if self.spawn_into is not None:
-            self.spawn_into.start_soon(func)
+            self.spawn_into.start_soon(func, name=name)
