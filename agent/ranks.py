@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 CHECKPOINT_NAME = re.compile(r"^(\d{7})_adapters\.safetensors$")
 MAX_READ = 4 << 20
+LOG_INLINE = 256 << 10  # output sent with a status reply; more is read with read_log
 MAX_HEADER = 100 << 20
 RUNNER_GRACE_S = 2.0
 
@@ -122,7 +123,20 @@ def _group_members(pgid: int) -> list[int]:
     return members
 
 
-def rank_status(workdir: str, job: str, attempt: int, rank: int, progress_offset: int = 0) -> api.RankStatusReply:
+def rank_ended(workdir: str, job: str, attempt: int, rank: int) -> bool:
+    """Whether the rank is over (its exit status written, or neither it nor its runner alive): a
+    few stats, cheap enough to ask ten times a second while a status request waits."""
+    directory = rank_dir(workdir, job, attempt, rank)
+    if os.path.exists(os.path.join(directory, "exit")):
+        return True
+    pid = _read_int(os.path.join(directory, "pid"))
+    return pid is not None and not _alive(pid) and not _alive(_read_int(os.path.join(directory, "runner.pid")))
+
+
+def rank_status(workdir: str, job: str, attempt: int, rank: int, progress_offset: int = 0,
+                log_offset: int = -1) -> api.RankStatusReply:
+    """The rank's state, its progress records since ``progress_offset`` and, with ``log_offset`` of
+    0 or more, its output since then (up to LOG_INLINE bytes): one call where there were two."""
     directory = rank_dir(workdir, job, attempt, rank)
     pid = _read_int(os.path.join(directory, "pid"))
     runner = _read_int(os.path.join(directory, "runner.pid"))
@@ -145,9 +159,14 @@ def rank_status(workdir: str, job: str, attempt: int, rank: int, progress_offset
         log_size = os.path.getsize(os.path.join(directory, "output.log"))
     except OSError:
         log_size = 0
-    return {"state": state, "pid": pid, "exit": code, "rss_bytes": _rss_bytes(pid) if alive else None,
-            "progress": progress, "progress_offset": offset, "log_size": log_size, "time": time.time(),
-            "exited_at": exited_at}
+    reply: api.RankStatusReply = {
+        "state": state, "pid": pid, "exit": code, "rss_bytes": _rss_bytes(pid) if alive else None,
+        "progress": progress, "progress_offset": offset, "log_size": log_size, "time": time.time(),
+        "exited_at": exited_at}
+    if log_offset >= 0:
+        piece = read_log(workdir, job, attempt, rank, log_offset, limit=LOG_INLINE)
+        reply["log"], reply["log_offset"] = piece["data"], piece["offset"]
+    return reply
 
 
 def _read_progress(path: str, offset: int) -> tuple[list[api.JsonObject], int]:
@@ -171,12 +190,13 @@ def _read_progress(path: str, offset: int) -> tuple[list[api.JsonObject], int]:
     return records, offset + end + 1
 
 
-def read_log(workdir: str, job: str, attempt: int, rank: int, offset: int = 0) -> api.DataReply:
+def read_log(workdir: str, job: str, attempt: int, rank: int, offset: int = 0,
+             limit: int = MAX_READ) -> api.DataReply:
     path = os.path.join(rank_dir(workdir, job, attempt, rank), "output.log")
     try:
         with open(path, "rb") as handle:
             handle.seek(offset)
-            data = handle.read(MAX_READ)
+            data = handle.read(limit)
     except FileNotFoundError:
         data = b""
     return {"data": data, "offset": offset + len(data)}

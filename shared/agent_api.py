@@ -611,9 +611,11 @@ class RankRequest(TypedDict):
 
 class RankStatusRequest(RankRequest, total=False):
     progress_offset: int
+    log_offset: int  # 0 or more: the rank's output since then comes with the reply
+    wait_s: float  # answer once the rank has ended, or after this many seconds (at most 10)
 
 
-class RankStatusReply(TypedDict):
+class _RankStatusReply(TypedDict):
     state: str  # starting, running, exited, vanished
     pid: int | None
     exit: int | None
@@ -625,6 +627,11 @@ class RankStatusReply(TypedDict):
     log_size: int
     time: float
     exited_at: float | None
+
+
+class RankStatusReply(_RankStatusReply, total=False):
+    log: bytes  # with log_offset: the rank's output from there on, up to 256 KiB
+    log_offset: int  # where the next read of its output starts
 
 
 class ReadLogRequest(RankRequest, total=False):

@@ -12,6 +12,7 @@ import signal
 from typing import Any
 
 import anyio
+import anyio.abc
 
 from coordinator.jobs import core, diagnosis
 from coordinator.jobs.attempt import Attempt
@@ -32,7 +33,8 @@ from coordinator.jobs.run_context import RunContext
 from coordinator.nodes import versions as node_versions
 from shared.rpc import RemoteError
 
-POLL_S = 0.5
+POLL_S = 0.5  # the least time between two polls of every rank
+HOLD_S = 2.0  # a poll's status requests wait this long for their rank to end before they answer
 MAX_REREADS = 20  # polls at once after every rank exited, each reading up to the agent's cap of records
 LOG_DIAGNOSIS_BYTES = 256 << 10  # the end of a rank's log, where the error that stopped it is
 FAILURES = (RANK_FAILED, NODE_LOST, HUNG, LAUNCH_FAILED)  # outcomes a recovery is timed from
@@ -47,23 +49,24 @@ class RankWatcher:
         self.health = health
         self.checkpoints = checkpoints
 
-    async def poll(self, attempt: Attempt, *, may_read_again: bool) -> Outcome | str | None:
-        """Ask every rank once: the attempt's outcome when it is over, READ_AGAIN when every rank has
-        exited and what they wrote last still comes in (``may_read_again``), else None."""
+    async def poll(self, attempt: Attempt, *, may_read_again: bool, wait_s: float = 0.0) -> Outcome | str | None:
+        """Ask every rank once, all at once: the attempt's outcome when it is over, READ_AGAIN when
+        every rank has exited and what they wrote last still comes in (``may_read_again``), else
+        None. With ``wait_s`` each node's agent answers once its rank has ended or after that many
+        seconds, so a steady attempt costs one call per rank every ``wait_s`` and an end is still
+        seen at once."""
         ctx, record = self.ctx, self.ctx.record
-        reports: list[core.RankReport] = []
-        read_any = False
         for rank, name in enumerate(attempt.order):
             view = self.fx.node(name)
             if not view.up:
                 return self._verdict(attempt, core.node_lost(rank, name, view.reason))
-            try:
-                status = await self.fx.call(name, "rank_status", {
-                    "job": ctx.run_id, "attempt": attempt.number, "rank": rank,
-                    "progress_offset": attempt.progress_offsets.get(rank, 0)}, timeout=10)
-            except RemoteError as exc:
-                self.health.mark_unreachable(name)
-                return self._verdict(attempt, core.node_lost(rank, name, f"it did not answer: {exc.message}"))
+        replies, failed = await self._ask(attempt, wait_s)
+        reports: list[core.RankReport] = []
+        read_any = False
+        for rank, name in enumerate(attempt.order):
+            status = replies.get(rank)
+            if status is None:
+                continue  # its node did not answer: judged below, after what the others said is read
             attempt.progress_offsets[rank] = status["progress_offset"]
             if status.get("rss_bytes"):
                 record.rank_memory[str(rank)] = status["rss_bytes"]
@@ -72,11 +75,20 @@ class RankWatcher:
             read_any = read_any or bool(status["progress"])
             for progress in status["progress"]:
                 self._on_progress(attempt, progress)
-            await self.pull_log(attempt, rank, name, status["log_size"])
+            if "log" in status:
+                self.fx.append_log(ctx.run_id, attempt.number, rank, status["log"])
+                attempt.log_offsets[rank] = status["log_offset"]
+            await self.pull_log(attempt, rank, name, status["log_size"])  # what did not fit in the reply
             detected = None
             if status["state"] == "exited" and status.get("exited_at"):  # both times from the node's clock
                 detected = max(0.0, status["time"] - status["exited_at"])
             reports.append(core.RankReport(rank, name, status["state"], status.get("exit"), detected))
+        if read_any:
+            ctx.save()  # the progress and the offsets it was read up to, together
+        if failed:
+            rank, (name, reason) = min(failed.items())
+            self.health.mark_unreachable(name)
+            return self._verdict(attempt, core.node_lost(rank, name, f"it did not answer: {reason}"))
         pid = record.launcher_pid
         verdict = core.classify_ranks(reports, ranks=len(attempt.order), step=record.step,
                                       total_steps=ctx.spec.total_steps,
@@ -97,6 +109,47 @@ class RankWatcher:
             await self._capture_stacks(attempt)
             return self.ended(attempt, HUNG, hung, "hang")
         return None
+
+    async def _ask(self, attempt: Attempt,
+                   wait_s: float) -> tuple[dict[int, dict[str, Any]], dict[int, tuple[str, str]]]:
+        """Every rank's status, asked of all nodes at once: rank -> reply, and rank -> (node, why)
+        for the nodes that did not answer. When a rank has ended, or a stop is asked for, the
+        others' waits are cut short and they are asked again at once, so that what follows sees
+        every rank as it is now."""
+        replies: dict[int, dict[str, Any]] = {}
+        failed: dict[int, tuple[str, str]] = {}
+
+        async def ask(rank: int, wait: float, tasks: anyio.abc.TaskGroup, answered: anyio.Event) -> None:
+            try:
+                status = await self.fx.call(attempt.order[rank], "rank_status", {
+                    "job": self.ctx.run_id, "attempt": attempt.number, "rank": rank,
+                    "progress_offset": attempt.progress_offsets.get(rank, 0),
+                    "log_offset": attempt.log_offsets.get(rank, 0), "wait_s": wait}, timeout=10 + wait)
+            except RemoteError as exc:
+                failed[rank] = (attempt.order[rank], exc.message)
+                tasks.cancel_scope.cancel()
+                return
+            replies[rank] = status
+            if wait and status["state"] in ("exited", "vanished"):
+                tasks.cancel_scope.cancel()  # the others need not wait: the attempt is ending
+            if len(replies) + len(failed) == len(attempt.order):
+                answered.set()
+
+        for wait in (wait_s, 0.0) if wait_s else (0.0,):
+            answered = anyio.Event()
+            async with anyio.create_task_group() as tasks:
+                for rank in range(len(attempt.order)):
+                    if rank not in replies:
+                        tasks.start_soon(ask, rank, wait, tasks, answered)
+                # Whichever comes first: every answer, or a stop (which need not wait for the holds).
+                async with anyio.create_task_group() as first:
+                    first.start_soon(_set_when, answered, first)
+                    if wait:
+                        first.start_soon(_set_when, self.ctx.stop_asked, first)
+                tasks.cancel_scope.cancel()
+            if failed or len(replies) == len(attempt.order):
+                break
+        return replies, failed
 
     async def diverged_before_restart(self, attempt: Attempt) -> Outcome | None:
         """A divergence a previous daemon saw and saved: the attempt ends as it was then."""
@@ -220,7 +273,6 @@ class RankWatcher:
         record.tokens_per_second = progress.get("tokens_per_second")
         record.peak_memory_gb = progress.get("peak_memory_gb")
         record.last_progress = now
-        self.ctx.save()
         peak = progress.get("peak_memory_gb")
         self.fx.record_point(self.ctx.run_id, "train", {
             "step": step, "attempt": record.attempt, "time": now, "loss": progress.get("loss"),
@@ -311,3 +363,9 @@ def _signal_name(status: int) -> str | None:
         except ValueError:
             return None
     return None
+
+
+async def _set_when(event: anyio.Event, group: anyio.abc.TaskGroup) -> None:
+    """Cancel ``group`` once ``event`` is set (the first of several events to come ends the wait)."""
+    await event.wait()
+    group.cancel_scope.cancel()

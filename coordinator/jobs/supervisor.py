@@ -37,7 +37,7 @@ from coordinator.jobs.effects import JobEffects, LaunchError
 from coordinator.jobs.elastic import choose_nodes
 from coordinator.jobs.node_health import NodeHealth
 from coordinator.jobs.policy import LAUNCH_FAILED, RESIZED, STOPPED, SUCCEEDED, Decision, Outcome, decide
-from coordinator.jobs.rank_watch import MAX_REREADS, POLL_S, READ_AGAIN, RankWatcher
+from coordinator.jobs.rank_watch import HOLD_S, MAX_REREADS, POLL_S, READ_AGAIN, RankWatcher
 from coordinator.jobs.record import JobRecord
 from coordinator.jobs.replica import Replicator
 from coordinator.jobs.run_context import RunContext
@@ -184,6 +184,8 @@ class JobRunner:
             # checkpoints catalogued, so the resume is from the newest one.
             await self._stop_everything(self.attempt)
             await self.checkpoints.poll(self.attempt, attempt_over=True)
+            if self._stopped_before_launch():  # a stop saved before the old daemon went
+                return
             outcome = await self._launch(nodes)
         else:
             # The sessions of a daemon that just started are still connecting: a node that is
@@ -337,6 +339,9 @@ class JobRunner:
                                f"{self.fx.monotonic() - started:.1f} s")
                 return chosen
             if self.stop_requested:
+                # What runs of the last attempt on the nodes that are here is stopped (the others'
+                # ranks are listed for the reaper): a stopped run leaves nothing running.
+                await self._stop_everything(self._last_attempt())
                 self.set_state("stopped")
                 self.event("stopped", "stopped on request while waiting for nodes")
                 return None
@@ -520,7 +525,9 @@ class JobRunner:
         while True:
             if self.stop_requested:
                 return self.ranks.ended(attempt, STOPPED, "stop requested", "")
-            polled = await self.ranks.poll(attempt, may_read_again=rereads < MAX_REREADS)
+            asked = self.fx.monotonic()
+            polled = await self.ranks.poll(attempt, may_read_again=rereads < MAX_REREADS,
+                                           wait_s=HOLD_S if not rereads else 0.0)
             if polled == READ_AGAIN:
                 rereads += 1
                 continue
@@ -531,7 +538,7 @@ class JobRunner:
             resize = self._resize_due()
             if resize:
                 return self.ranks.ended(attempt, RESIZED, resize, "resize")
-            await self.ctx.pause(POLL_S)
+            await self.ctx.pause(POLL_S - (self.fx.monotonic() - asked))  # a poll that waited is the pause
 
     def request_resize(self) -> str:
         """coord resize: relaunch on every node that is up, right after the next checkpoint (so that

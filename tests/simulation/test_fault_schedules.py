@@ -285,9 +285,6 @@ def test_weights_that_diverge_are_caught_even_when_the_attempt_ends_between_two_
     assert [h["kind"] for h in history] == ["diverged", "succeeded"], history
 
 
-@pytest.mark.xfail(strict=True, reason="KNOWN_STOP_AFTER_RESTART: JobRunner._run's reattach branch for a run "
-                   "between two attempts (recovering, starting) launches the next attempt without "
-                   "_stopped_before_launch(); the stop is only seen at that attempt's first poll")
 def test_a_stop_answered_before_the_daemon_died_launches_no_attempt_after_it_is_back():
     # Attempt 0's rank 1 is killed at step 25 (restarted at once), attempt 1's rank 2 after 10
     # steps (restarted after a 1 s backoff). coord stop is answered during that backoff, saved
@@ -331,9 +328,6 @@ def _events(schedule: Schedule, *, calls: bool = False) -> list[tuple]:
     return seen
 
 
-@pytest.mark.xfail(strict=True, raises=InvariantBroken,
-                   reason="KNOWN_STOP_WHILE_REATTACHING: JobRunner._wait_for_nodes ends a run stopped on a stop "
-                          "without stopping the attempt's ranks (nor listing them unstopped for the reaper)")
 def test_a_stop_while_a_restarted_daemon_waits_for_a_node_stops_every_rank():
     # n1 is cut from the head at t=5 (its session notices at t=9); the daemon is killed soon after
     # and comes back while n1 is still away, so it waits for n1 before watching attempt 0 again.

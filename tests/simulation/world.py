@@ -31,6 +31,7 @@ from shared.rpc import RemoteError
 EPOCH = 1_700_000_000.0
 CALL_S = 0.005  # every agent call takes a little virtual time, as a real one does
 PEER_LOST_S = 1.0  # a rank whose peer is gone notices this much later
+HOLD_LOOK_S = 0.5  # how often a held status request looks at its node (faults come from outside the rank)
 WRITE_S = 0.3  # a checkpoint is half-written this long
 
 
@@ -401,8 +402,28 @@ class SimEffects:
                 raise RemoteError("connection_lost", f"connection to {name} lost")
             else:
                 raise RemoteError("timeout", f"{method} got no answer within {timeout:g} s")
+        if method == "rank_status" and params.get("wait_s"):
+            await self._hold_status(node, params)
         self._effect()
         return getattr(self, f"_agent_{method}")(node, **params)
+
+    async def _hold_status(self, node: SimNode, params: dict[str, Any]) -> None:
+        """A waiting status request, as the agent holds it: until its rank has ended or the wait is
+        over. The agent looks ten times a second; here the sleep reaches to the rank's own end when
+        that comes first, and a node that goes away meanwhile fails the call as it would."""
+        deadline = self.world.now() + min(float(params["wait_s"]), 10.0)
+        while self.world.now() < deadline:
+            self.world.settle()  # the ranks' ends up to now
+            sim = self._rank(params["job"], params["attempt"], params["rank"])
+            if sim is not None and sim.node == node.name and (sim.vanished or sim.exit is not None):
+                return
+            end = sim.natural_end() if sim is not None else None
+            until = min(deadline, self.world.now() + HOLD_LOOK_S, end[0] if end else deadline)
+            await anyio.sleep(max(until - self.world.now(), 0.01))
+            if not node.session_up:
+                raise RemoteError("connection_lost", f"connection to {node.name} lost")
+            if not node.reachable:
+                raise RemoteError("timeout", f"rank_status got no answer from {node.name}")
 
     # --- the agent's methods ---
     def _agent_prepare_rank(self, node: SimNode, *, job: str, rank: int, attempt: int, python: str, argv: list,
@@ -429,8 +450,16 @@ class SimEffects:
     def _rank(self, job: str, attempt: int, rank: int) -> SimRank | None:
         return self.world.ranks.get((job, attempt, rank))
 
-    def _agent_rank_status(self, node: SimNode, *, job: str, attempt: int, rank: int,
-                           progress_offset: int = 0) -> dict[str, Any]:
+    def _agent_rank_status(self, node: SimNode, *, job: str, attempt: int, rank: int, progress_offset: int = 0,
+                           log_offset: int = -1, wait_s: float = 0.0) -> dict[str, Any]:
+        answer = self._rank_status(node, job=job, attempt=attempt, rank=rank, progress_offset=progress_offset)
+        if log_offset >= 0:
+            piece = self._agent_read_log(node, job=job, attempt=attempt, rank=rank, offset=log_offset)
+            answer["log"], answer["log_offset"] = piece["data"], piece["offset"]
+        return answer
+
+    def _rank_status(self, node: SimNode, *, job: str, attempt: int, rank: int,
+                     progress_offset: int) -> dict[str, Any]:
         sim = self._rank(job, attempt, rank)
         now = self.world.now()
         answer = {"pid": None, "exit": None, "rss_bytes": None, "progress": [], "progress_offset": progress_offset,
