@@ -9,13 +9,13 @@ asks only to invalidate what was saved after a divergence."""
 from __future__ import annotations
 
 import signal
-from typing import Any
 
 import anyio
 
 from coordinator.jobs import core, diagnosis
 from coordinator.jobs.attempt import Attempt
 from coordinator.jobs.checkpoints import CheckpointKeeper
+from coordinator.jobs.diagnosis import Diagnosis
 from coordinator.jobs.fingerprints import Divergence, comparison_summary
 from coordinator.jobs.node_health import NodeHealth
 from coordinator.jobs.policy import (
@@ -30,6 +30,7 @@ from coordinator.jobs.policy import (
 )
 from coordinator.jobs.run_context import RunContext
 from coordinator.nodes import versions as node_versions
+from shared.agent_api import JsonObject
 from shared.rpc import RemoteError
 
 POLL_S = 0.5
@@ -65,17 +66,17 @@ class RankWatcher:
                 self.health.mark_unreachable(name)
                 return self._verdict(attempt, core.node_lost(rank, name, f"it did not answer: {exc.message}"))
             attempt.progress_offsets[rank] = status["progress_offset"]
-            if status.get("rss_bytes"):
-                record.rank_memory[str(rank)] = status["rss_bytes"]
+            if rss := status.get("rss_bytes"):
+                record.rank_memory[str(rank)] = rss
                 # the largest since the last point: what the history keeps per rank
-                attempt.rank_peaks[str(rank)] = max(attempt.rank_peaks.get(str(rank), 0), status["rss_bytes"])
+                attempt.rank_peaks[str(rank)] = max(attempt.rank_peaks.get(str(rank), 0), rss)
             read_any = read_any or bool(status["progress"])
             for progress in status["progress"]:
                 self._on_progress(attempt, progress)
             await self.pull_log(attempt, rank, name, status["log_size"])
             detected = None
-            if status["state"] == "exited" and status.get("exited_at"):  # both times from the node's clock
-                detected = max(0.0, status["time"] - status["exited_at"])
+            if status["state"] == "exited" and (exited_at := status.get("exited_at")):  # both on the node's clock
+                detected = max(0.0, status["time"] - exited_at)
             reports.append(core.RankReport(rank, name, status["state"], status.get("exit"), detected))
         pid = record.launcher_pid
         verdict = core.classify_ranks(reports, ranks=len(attempt.order), step=record.step,
@@ -151,7 +152,7 @@ class RankWatcher:
 
     # --- known failures -----------------------------------------------------------------
 
-    def _diagnose(self, found: list[dict[str, Any]], where: str) -> None:
+    def _diagnose(self, found: list[Diagnosis], where: str) -> None:
         """Known failure modes, each named once per job with its fix (coord status shows them)."""
         known = self.ctx.record.diagnoses
         for item in found:
@@ -179,7 +180,7 @@ class RankWatcher:
 
     # --- progress -----------------------------------------------------------------------
 
-    def _on_progress(self, attempt: Attempt, progress: dict[str, Any]) -> None:
+    def _on_progress(self, attempt: Attempt, progress: JsonObject) -> None:
         kind = progress.get("kind")
         if kind == "fingerprint":
             self._on_fingerprint(attempt, progress)
@@ -190,7 +191,7 @@ class RankWatcher:
         elif kind == "train":
             self._on_train(attempt, progress)
 
-    def _on_fingerprint(self, attempt: Attempt, progress: dict[str, Any]) -> None:
+    def _on_fingerprint(self, attempt: Attempt, progress: JsonObject) -> None:
         record = self.ctx.record
         check = attempt.replica_check
         compared = check.compared
@@ -202,7 +203,7 @@ class RankWatcher:
             record.replica_check = comparison_summary(record.replica_check, check, record.attempt,
                                                          attempt.order, first)
 
-    def _on_train(self, attempt: Attempt, progress: dict[str, Any]) -> None:
+    def _on_train(self, attempt: Attempt, progress: JsonObject) -> None:
         record = self.ctx.record
         now = float(progress.get("time") or self.fx.now())
         step = int(progress["step"])
@@ -230,7 +231,7 @@ class RankWatcher:
             "rank_memory_bytes": dict(attempt.rank_peaks)})
         attempt.rank_peaks.clear()
 
-    def _on_val_loss(self, attempt: Attempt, progress: dict[str, Any]) -> None:
+    def _on_val_loss(self, attempt: Attempt, progress: JsonObject) -> None:
         try:
             step, loss = int(progress["step"]), float(progress["val_loss"])
         except (KeyError, TypeError, ValueError):
@@ -250,7 +251,7 @@ class RankWatcher:
         recoveries.append(round(max(0.0, self.fx.now() - failed_at), 3))
         del recoveries[:-RECOVERIES_KEPT]
 
-    def _on_checkpoint_written(self, progress: dict[str, Any]) -> None:
+    def _on_checkpoint_written(self, progress: JsonObject) -> None:
         """coord's trainer says how long a save held training and how long the write took
         off the training thread; kept with the step time so the plan can state the overhead."""
         try:
