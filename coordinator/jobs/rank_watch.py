@@ -28,9 +28,10 @@ from coordinator.jobs.policy import (
     RankFailure,
     root_cause,
 )
+from coordinator.jobs.progress import read_record
 from coordinator.jobs.run_context import RunContext
 from coordinator.nodes import versions as node_versions
-from shared.agent_api import JsonObject
+from shared.agent_api import CheckpointRecord, FingerprintRecord, JsonObject, TrainRecord, ValRecord
 from shared.rpc import RemoteError
 
 POLL_S = 0.5
@@ -180,22 +181,24 @@ class RankWatcher:
 
     # --- progress -----------------------------------------------------------------------
 
-    def _on_progress(self, attempt: Attempt, progress: JsonObject) -> None:
-        kind = progress.get("kind")
-        if kind == "fingerprint":
+    def _on_progress(self, attempt: Attempt, line: JsonObject) -> None:
+        progress = read_record(line)
+        if progress is None:
+            return  # another kind, or a record without what coord reads: skipped
+        if progress["kind"] == "fingerprint":
             self._on_fingerprint(attempt, progress)
-        elif kind == "checkpoint":
+        elif progress["kind"] == "checkpoint":
             self._on_checkpoint_written(progress)
-        elif kind == "val":
+        elif progress["kind"] == "val":
             self._on_val_loss(attempt, progress)
-        elif kind == "train":
+        else:
             self._on_train(attempt, progress)
 
-    def _on_fingerprint(self, attempt: Attempt, progress: JsonObject) -> None:
+    def _on_fingerprint(self, attempt: Attempt, progress: FingerprintRecord) -> None:
         record = self.ctx.record
         check = attempt.replica_check
         compared = check.compared
-        found = check.add(int(progress["step"]), int(progress["rank"]), str(progress["sha256"]))
+        found = check.add(progress["step"], progress["rank"], progress["sha256"])
         record.replica_state = check.state()  # saved with the progress offsets it goes with
         first = found if attempt.divergence is None else None  # the one the attempt is stopped for
         attempt.divergence = attempt.divergence or found
@@ -203,10 +206,10 @@ class RankWatcher:
             record.replica_check = comparison_summary(record.replica_check, check, record.attempt,
                                                          attempt.order, first)
 
-    def _on_train(self, attempt: Attempt, progress: JsonObject) -> None:
+    def _on_train(self, attempt: Attempt, progress: TrainRecord) -> None:
         record = self.ctx.record
         now = float(progress.get("time") or self.fx.now())
-        step = int(progress["step"])
+        step = progress["step"]
         if record.first_step_at is None:
             record.first_step_at = now
             self.ctx.event("first_step", f"attempt {record.attempt} reached step {step}",
@@ -231,11 +234,8 @@ class RankWatcher:
             "rank_memory_bytes": dict(attempt.rank_peaks)})
         attempt.rank_peaks.clear()
 
-    def _on_val_loss(self, attempt: Attempt, progress: JsonObject) -> None:
-        try:
-            step, loss = int(progress["step"]), float(progress["val_loss"])
-        except (KeyError, TypeError, ValueError):
-            return
+    def _on_val_loss(self, attempt: Attempt, progress: ValRecord) -> None:
+        step, loss = progress["step"], progress["val_loss"]
         self.ctx.record.val_loss = loss
         self.fx.record_point(self.ctx.run_id, "val", {"step": step, "attempt": attempt.number,
                                                       "time": float(progress.get("time") or self.fx.now()),
@@ -251,14 +251,11 @@ class RankWatcher:
         recoveries.append(round(max(0.0, self.fx.now() - failed_at), 3))
         del recoveries[:-RECOVERIES_KEPT]
 
-    def _on_checkpoint_written(self, progress: JsonObject) -> None:
+    def _on_checkpoint_written(self, progress: CheckpointRecord) -> None:
         """coord's trainer says how long a save held training and how long the write took
         off the training thread; kept with the step time so the plan can state the overhead."""
-        try:
-            held, wrote = float(progress["blocking_seconds"]), float(progress["write_seconds"])
-            step = int(progress["step"])  # the trainer counts global steps
-        except (KeyError, TypeError, ValueError):
-            return
+        held, wrote = progress["blocking_seconds"], progress["write_seconds"]
+        step = progress["step"]  # the trainer counts global steps
         self.ctx.event("checkpoint_saved", f"checkpoint of step {step} saved: training held "
                        f"{held:.3f} s, written in {wrote:.2f} s off the training thread",
                        step=step, blocking_seconds=round(held, 6),
