@@ -34,8 +34,8 @@ from coordinator.jobs import core
 from coordinator.jobs.attempt import Attempt
 from coordinator.jobs.checkpoints import CHECKPOINT_POLL_S, CheckpointKeeper
 from coordinator.jobs.effects import JobEffects, LaunchError
-from coordinator.jobs.elastic import choose_nodes
 from coordinator.jobs.node_health import NodeHealth
+from coordinator.jobs.node_wait import NODE_WAIT_S, NodesAway, NodeWait
 from coordinator.jobs.policy import (
     LAUNCH_FAILED,
     RESIZED,
@@ -54,9 +54,8 @@ from coordinator.jobs.run_context import RunContext
 from coordinator.jobs.spec import REPLICA_NONE, JobSpec
 from coordinator.jobs.states import ACTIVE, FINISHED, JobState
 from coordinator.jobs.view import RunView, run_view
-from coordinator.launch.batch import BatchSplit, Undividable, rebatch
+from coordinator.launch.batch import BatchSplit
 from coordinator.launch.launcher import LaunchPlan
-from coordinator.launch.mlx_lm_command import CommandError
 from coordinator.launch.registry import launcher_named
 from coordinator.store.state import CheckpointRow
 from shared.rpc import RemoteError
@@ -65,7 +64,6 @@ __all__ = ["ACTIVE", "CHECKPOINT_POLL_S", "FINISHED", "NODE_WAIT_S", "POLL_S", "
 
 log = structlog.get_logger("job")
 
-NODE_WAIT_S = 600.0
 REATTACH_GRACE_S = 60.0  # a restarted daemon's sessions connect within this; a node still away is lost
 
 
@@ -82,9 +80,9 @@ class JobRunner:
         self.replicator = Replicator(self.ctx, self.health) if spec.replica != REPLICA_NONE else None
         self.checkpoints = CheckpointKeeper(self.ctx, self.health, self.replicator)
         self.ranks = RankWatcher(self.ctx, self.health, self.checkpoints)
+        self.nodes = NodeWait(self.ctx, self.health, self.launcher)
         self.attempt: Attempt | None = None  # the attempt being launched or watched
         self._planned: LaunchPlan | None = None  # from pre-flight, for attempt 0
-        self._down_since: dict[str, float] = {}
         self.resize_requested: int | None = None  # the checkpoint step the resize waits to pass
         self.queue_position: int | None = None  # set by the job manager's queue while the job waits
         self.done = anyio.Event()
@@ -314,67 +312,14 @@ class JobRunner:
 
     async def _wait_for_nodes(self, nodes: list[str] | None = None, *, elastic: bool = False,
                               give_up_after: float | None = None) -> list[str] | None:
-        """The nodes the next attempt runs on, once they are up; None when the job ended meanwhile.
-
-        Without ``elastic`` every node (or every one of ``nodes``) must be up. With it, and
-        --min-nodes, a node down for longer than the node timeout is left out when the others
-        can take its share of the global batch; a node that is back takes part again.
-        """
-        configured = nodes or self.job_nodes()
-        started = self.fx.monotonic()
-        delay = 0.5
-        announced = None
-        while True:
-            now = self.fx.monotonic()
-            up = [n for n in configured if self.health.up(n)]
-            for name in configured:
-                if name in up:
-                    self._down_since.pop(name, None)
-                else:
-                    self._down_since.setdefault(name, now)
-            if elastic and self.spec.min_nodes is not None:
-                chosen, why = choose_nodes(configured, up, {n: now - t for n, t in self._down_since.items()},
-                                           min_nodes=self.spec.min_nodes, node_timeout=self.spec.node_timeout)
-                if chosen is not None:
-                    try:
-                        self._batch_for(chosen)
-                    except Undividable as exc:
-                        chosen, why = None, f"{exc}: waiting for {', '.join(n for n in configured if n not in up)}"
-            else:
-                down = [n for n in configured if n not in up]
-                chosen, why = (configured, "") if not down else (None, f"waiting for {', '.join(down)} to come back")
-            if chosen is not None:
-                if announced:
-                    self.event("nodes_back", f"going on with {', '.join(chosen)} after "
-                               f"{self.fx.monotonic() - started:.1f} s")
-                return chosen
-            if self.stop_requested:
-                self.set_state("stopped")
-                self.event("stopped", "stopped on request while waiting for nodes")
-                return None
-            if give_up_after is not None and self.fx.monotonic() - started > give_up_after:
-                return None
-            if self.fx.monotonic() - started > NODE_WAIT_S:
-                # what runs of the last attempt on the nodes that are here
-                await self._stop_everything(self._last_attempt())
-                self._fail_early(f"nodes did not come back within {NODE_WAIT_S:g} s: {why}")
-                return None
-            if why != announced:
-                self.event("waiting_for_nodes", why)
-                announced = why
-            await self.ctx.pause(delay)
-            delay = min(delay * 2, 2.0 if elastic else 5.0)
-
-    def _batch_for(self, nodes: list[str]) -> BatchSplit | None:
-        """The batch split for an attempt on ``nodes`` (None: the job's own options, unchanged)."""
-        configured = len(self.job_nodes())
-        if len(nodes) == configured:
+        """The nodes the next attempt runs on, once they are up (``NodeWait``); None when the job
+        ended meanwhile: stopped, or failed because they did not come back within NODE_WAIT_S."""
+        waited = await self.nodes.wait(nodes, elastic=elastic, give_up_after=give_up_after)
+        if isinstance(waited, NodesAway):
+            await self._stop_everything(self._last_attempt())  # what runs of the last attempt on the nodes here
+            self._fail_early(f"nodes did not come back within {NODE_WAIT_S:g} s: {waited.why}")
             return None
-        try:
-            original = self.launcher.batch(self.spec, configured)
-        except CommandError as exc:  # the job's own batch is unknown: keeping it is not possible
-            raise Undividable(f"the job's global batch cannot be read ({exc})") from None
-        return rebatch(original, len(nodes)) if original is not None else None
+        return waited
 
     # --- one attempt ------------------------------------------------------------------------
 
@@ -432,7 +377,7 @@ class JobRunner:
         previous = list(self.record.order)
         plan = await self._plan(nodes)
         order = list(plan.order) or nodes
-        batch = self._batch_for(order)
+        batch = self.nodes.batch_for(order)
         self.record.batch = batch.describe() if batch else None
         if previous and set(previous) != set(order):
             self._say_resized(previous, order, batch)
