@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, TypeVar
 
 import anyio
 import anyio.abc
@@ -28,35 +28,41 @@ from coordinator.commands import hostfile as hostfile_command
 from coordinator.commands import jobs as jobs_command
 from coordinator.commands import prepare as prepare_command
 from coordinator.commands import status as status_command
+from coordinator.commands.status import DaemonInfo, DashboardInfo, StatusDocument
 from coordinator.config.cluster_file import ClusterConfig, ConfigError, load_config
 from coordinator.config.daemon_options import add_daemon_arguments
 from coordinator.config.logs import configure_logging
 from coordinator.control.server import ControlServer, ControlSocketError
 from coordinator.jobs.daemon_effects import DaemonEffects
+from coordinator.jobs.effects import Task
 from coordinator.jobs.head_paths import tensorboard_dir
 from coordinator.jobs.manager import JobManager
 from coordinator.nodes.agent_bundle import AgentBundle, build_bundle
 from coordinator.nodes.cluster import Cluster
 from coordinator.nodes.session import Connect, open_transport
 from coordinator.observe.alerts.hookup import attach_alerts
-from coordinator.observe.dashboard.document import dashboard_document
-from coordinator.observe.metrics.history import MetricsHistory
+from coordinator.observe.dashboard.document import DashboardDocument, dashboard_document
+from coordinator.observe.metrics.history import MetricsHistory, RunHistory
 from coordinator.observe.metrics.prometheus import cluster_registry
 from coordinator.observe.metrics.run_metrics import RunMetrics
 from coordinator.observe.metrics.sampler import sample_nodes
 from coordinator.observe.metrics.tensorboard import TensorBoardScalars
 from coordinator.observe.web.routes import api_routes, page_routes
-from coordinator.observe.web.server import WebServer
+from coordinator.observe.web.server import Handler, WebServer
 from coordinator.readiness import preflight as preflight_service
 from coordinator.readiness import sync as sync_service
 from coordinator.relay.links import LinkBook
 from coordinator.store.state import StateError, StateStore
-from shared.rpc import Dispatcher
+from shared.rpc import Dispatcher, Emit
 from shared.version import COORD_VERSION
 
-Emit = Callable[[dict[str, Any]], Awaitable[None]]
-
 log = structlog.get_logger("coordd")
+Answer = TypeVar("Answer")
+
+
+class PingReply(TypedDict):
+    pid: int
+    version: str
 
 
 class DaemonError(Exception):
@@ -111,9 +117,9 @@ class Daemon:
         self.web_error: str | None = None
         self.control = ControlServer(config.socket, self._dispatcher())
         self._tasks: anyio.abc.TaskGroup | None = None
-        self._pending_tasks: list[tuple[Callable[[], Awaitable[None]], str]] = []
+        self._pending_tasks: list[tuple[Task, str]] = []
 
-    def start_task(self, func: Callable[[], Awaitable[None]], name: str) -> None:
+    def start_task(self, func: Task, name: str) -> None:
         """Run func in the daemon's task group (jobs live as long as the daemon)."""
         if self._tasks is None:
             self._pending_tasks.append((func, name))
@@ -123,20 +129,20 @@ class Daemon:
     def _runs_of(self, run_id: str | None) -> list[tuple[str, str]]:
         return self.jobs.runs_of(run_id)
 
-    def _web_routes(self) -> dict[str, Any]:
+    def _web_routes(self) -> dict[str, Handler]:
         return api_routes(status_document=self.status_document, history=self.history,
                           dashboard_document=self.dashboard_document,
                           registry=cluster_registry(self.cluster, self.jobs, self.history))
 
-    def dashboard(self) -> dict[str, Any]:
+    def dashboard(self) -> DashboardInfo:
         """Where the HTTP server (/metrics, the dashboard) answers, or why it does not."""
         if self.web is None:
             return {"url": None, "error": "off ([dashboard] enabled = false)"}
         return {"url": self.web.url, "metrics": f"{self.web.url}metrics" if self.web.url else None,
                 "token_required": self.config.dashboard.token is not None, "error": self.web_error}
 
-    async def _serve_web(self, web: WebServer, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-                         ) -> None:
+    async def _serve_web(self, web: WebServer, *,
+                         task_status: anyio.abc.TaskStatus[str | None] = anyio.TASK_STATUS_IGNORED) -> None:
         """The HTTP server; an address that cannot be bound is said in status and the events, and
         the daemon runs on without it (a second cluster's daemon on the same head, say)."""
         try:
@@ -178,17 +184,17 @@ class Daemon:
                   optional={"output": (str, type(None)), "backend": (str, type(None))})
         return table
 
-    async def _plan(self, emit: Emit, **args: Any) -> dict[str, Any]:
+    async def _plan(self, emit: Emit, **args: Any) -> dict[str, Any]:  # the plan document, checked by its schema
         from coordinator.commands.plan import serve_plan  # the plan's modules load only when asked for
 
         return await serve_plan(self.cluster, list(self.jobs.runs.values()), emit, **args)
 
     async def _status(self, events: int = 10, all: bool = False, history: bool = False,  # noqa: A002 (wire names)
-                      run: str | None = None, since: float | None = None) -> dict[str, Any]:
+                      run: str | None = None, since: float | None = None) -> StatusDocument:
         return await self.status_document(events=events, every_run=all, history=history, run=run, since=since)
 
     async def status_document(self, *, events: int = 10, every_run: bool = False, history: bool = False,
-                              run: str | None = None, since: float | None = None) -> dict[str, Any]:
+                              run: str | None = None, since: float | None = None) -> StatusDocument:
         """The `coord status --json` document (the web server's /api/status too)."""
         doc = status_command.serve_status(self.cluster, self.jobs, daemon=self.info(), dashboard=self.dashboard(),
                                           events=events, every_run=every_run)
@@ -196,10 +202,10 @@ class Daemon:
             doc["history"] = self.history.document(run_id=run, since=since)
         return doc
 
-    async def _ping(self) -> dict[str, Any]:
+    async def _ping(self) -> PingReply:
         return {"pid": os.getpid(), "version": COORD_VERSION}
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> DaemonInfo:
         return {"pid": os.getpid(), "version": COORD_VERSION, "started": self.started,
                 "socket": str(self.config.socket), "state_dir": str(self.config.state_dir),
                 "config": str(self.config.path) if self.config.path else None}
@@ -230,12 +236,12 @@ class Daemon:
                 self.cluster.record_event("daemon.stopped", "coordd stopped")
                 log.info("daemon stopped")
 
-    def dashboard_document(self) -> dict[str, Any]:
+    def dashboard_document(self) -> DashboardDocument:
         """What the dashboard page draws: the cluster, the runs with their curves, the events."""
         return dashboard_document(self.cluster, list(self.jobs.runs.values()), history=self._run_history,
                                   usage=self.history.latest)
 
-    def _run_history(self, run_id: str) -> dict[str, Any] | None:
+    def _run_history(self, run_id: str) -> RunHistory | None:
         runs = self.history.document(run_id=run_id)["runs"]
         return runs[0] if runs else None
 
@@ -247,9 +253,9 @@ class Daemon:
                 return
 
 
-def _sync_handler(func: Callable[..., dict[str, Any]], *first: Any) -> Callable[..., Awaitable[dict[str, Any]]]:
+def _sync_handler(func: Callable[..., Answer], *first: Any) -> Callable[..., Awaitable[Answer]]:
     """A control handler around a plain function of the job manager (the dispatcher awaits handlers)."""
-    async def handler(**args: Any) -> dict[str, Any]:
+    async def handler(**args: Any) -> Answer:
         return func(*first, **args)
     return handler
 

@@ -17,28 +17,30 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+
+from coordinator.store.state import CheckpointRow
+from shared.agent_api import CheckpointInfo
 
 PRIMARY, LOCAL, REPLICA = "primary", "local", "replica"
 _ROLE_ORDER = {PRIMARY: 0, LOCAL: 1, REPLICA: 2}
 HEAD = "head"  # as coordinator.jobs.effects.HEAD (kept here so that this module stays pure)
 
 
-def _key(copy: dict[str, Any]) -> tuple[int, int]:
+def _key(copy: CheckpointRow) -> tuple[int, int]:
     return copy["step"], copy["attempt"]
 
 
-def role(copy: dict[str, Any]) -> str:
+def role(copy: CheckpointRow) -> str:
     return copy.get("role") or PRIMARY
 
 
-def resume_candidates(copies: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+def resume_candidates(copies: list[CheckpointRow]) -> list[list[CheckpointRow]]:
     """Valid checkpoints, newest first, each as its valid copies: the primary first, then the
     ranks' own copies, then coord's replicas.
 
     A copy that failed validation is never resumed from; a checkpoint with no valid copy left
     gives way to the one before it."""
-    groups: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    groups: dict[tuple[int, int], list[CheckpointRow]] = {}
     for copy in copies:
         if copy["valid"]:
             groups.setdefault(_key(copy), []).append(copy)
@@ -46,15 +48,15 @@ def resume_candidates(copies: list[dict[str, Any]]) -> list[list[dict[str, Any]]
             for key in sorted(groups, reverse=True)]
 
 
-def newest_valid(copies: list[dict[str, Any]]) -> dict[str, Any] | None:
+def newest_valid(copies: list[CheckpointRow]) -> CheckpointRow | None:
     candidates = resume_candidates(copies)
     return candidates[0][0] if candidates else None
 
 
-def holders(group: list[dict[str, Any]], sha256: str | None) -> dict[str, dict[str, Any]]:
+def holders(group: list[CheckpointRow], sha256: str | None) -> dict[str, CheckpointRow]:
     """node -> its valid copy of one checkpoint with exactly this SHA256 (a node holding two, its
     own copy before coord's replica). The head is a holder like any node."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, CheckpointRow] = {}
     if not sha256:
         return out
     for copy in sorted(group, key=lambda c: _ROLE_ORDER.get(role(c), 3)):
@@ -71,12 +73,12 @@ class ResumePlan:
     lack it); ``in_place``: node -> that node's own copy with the source's SHA256, used where it
     lies; ``missing``: the nodes that must be sent it (through ``copy_checkpoint``)."""
 
-    source: dict[str, Any]
-    in_place: dict[str, dict[str, Any]] = field(default_factory=dict)
+    source: CheckpointRow
+    in_place: dict[str, CheckpointRow] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
 
 
-def plan_resume(group: list[dict[str, Any]], order: list[str], reachable: Callable[[str], bool]) -> ResumePlan | None:
+def plan_resume(group: list[CheckpointRow], order: list[str], reachable: Callable[[str], bool]) -> ResumePlan | None:
     """For one checkpoint (its valid copies, as ``resume_candidates`` gives them): the first
     copy that can be reached, in role order, is the source; every node of ``order`` that holds a
     valid copy with the source's SHA256 resumes from it in place; the rest are missing. None
@@ -89,7 +91,7 @@ def plan_resume(group: list[dict[str, Any]], order: list[str], reachable: Callab
     return ResumePlan(source, in_place, [node for node in order if node not in in_place])
 
 
-def to_remove(copies: list[dict[str, Any]], keep: int) -> list[dict[str, Any]]:
+def to_remove(copies: list[CheckpointRow], keep: int) -> list[CheckpointRow]:
     """Retention: every copy of the newest ``keep`` valid checkpoints stays; every copy (on every
     node) of older ones, and invalid ones older than the newest kept, go."""
     kept = {_key(group[0]) for group in resume_candidates(copies)[:keep]}
@@ -103,11 +105,11 @@ def to_remove(copies: list[dict[str, Any]], keep: int) -> list[dict[str, Any]]:
 class Wanted:
     """One background copy to make: ``source`` to each of ``targets`` (node names, or ``HEAD``)."""
 
-    source: dict[str, Any]
+    source: CheckpointRow
     targets: list[str]
 
 
-def copies_wanted(copies: list[dict[str, Any]], keep: int, *, target: str | None, spread_to: list[str],
+def copies_wanted(copies: list[CheckpointRow], keep: int, *, target: str | None, spread_to: list[str],
                   same_machine: Callable[[str, str], bool], head_is_a_node: bool = False) -> list[Wanted]:
     """The background copies still to make for the kept checkpoints, newest first.
 
@@ -139,7 +141,7 @@ def copies_wanted(copies: list[dict[str, Any]], keep: int, *, target: str | None
     return out
 
 
-def off_machine(group: list[dict[str, Any]], same_machine: Callable[[str, str], bool]) -> list[dict[str, Any]]:
+def off_machine(group: list[CheckpointRow], same_machine: Callable[[str, str], bool]) -> list[CheckpointRow]:
     """The valid copies of one checkpoint that survive the loss of its primary's machine: coord's
     replicas, and any copy on another machine than the primary's (a rank's own copy on its node)."""
     primary = next((c for c in group if role(c) == PRIMARY), None)
@@ -149,7 +151,7 @@ def off_machine(group: list[dict[str, Any]], same_machine: Callable[[str, str], 
             and (role(c) == REPLICA or not same_machine(c["node"], primary["node"]))]
 
 
-def settled(found: list[dict[str, Any]], *, attempt_over: bool) -> list[dict[str, Any]]:
+def settled(found: list[CheckpointInfo], *, attempt_over: bool) -> list[CheckpointInfo]:
     """The checkpoints of one listing whose verdict is final.
 
     mlx-lm writes ``NNNNNNN_adapters.safetensors`` straight to its final name, so a listing

@@ -6,7 +6,7 @@ and their final copy awaited before success."""
 from __future__ import annotations
 
 import posixpath
-from typing import Any
+from typing import TypedDict
 
 import anyio
 
@@ -17,10 +17,19 @@ from coordinator.jobs.node_health import NodeHealth
 from coordinator.jobs.replica import Replicator, node_replica_rel
 from coordinator.jobs.run_context import RunContext
 from coordinator.jobs.transfer import CheckpointDamaged
+from coordinator.store.state import CheckpointRow
 from shared.rpc import RemoteError
 
 CHECKPOINT_POLL_S = 2.0
 FINAL_COPY_TIMEOUT_S = 600.0
+
+
+class Placed(TypedDict):
+    """What placing a resume's checkpoint did: the nodes that used their own copy, and those sent one."""
+
+    in_place: list[str]
+    copied_to: list[str]
+    bytes_copied: int
 
 
 def _diverged_detail(last_agreed: int) -> str:
@@ -38,7 +47,7 @@ class CheckpointKeeper:
         self.replicator = replicator
         self._lock = anyio.Lock()  # the background watcher and the end of an attempt take turns
         self._validated_since_poke = False
-        self.last_placement: dict[str, Any] = {}  # what the last resume's placing did (for its event)
+        self.last_placement: Placed | None = None  # what the last resume's placing did (for its event)
 
     def ranks_write_own_copies(self) -> bool:
         """coord's trainer: every rank writes the checkpoint on its own node (data parallel ranks hold
@@ -70,7 +79,7 @@ class CheckpointKeeper:
                                           f"{self.ctx.spec.replica} did not land; it is only on {newest['node']}")
             self.ctx.event("replica_missing", self.ctx.record.warning, step=newest["step"])
 
-    async def choose_resume(self, order: list[str]) -> tuple[dict[str, Any] | None, dict[str, str]]:
+    async def choose_resume(self, order: list[str]) -> tuple[CheckpointRow | None, dict[str, str]]:
         """The newest valid checkpoint of this run that can be reached, and node -> the file each
         rank of ``order`` resumes from.
 
@@ -111,11 +120,11 @@ class CheckpointKeeper:
         """Each node's own copy still has the SHA256 it was validated with: every node hashes its
         copy where it lies, all at once (a copy is trusted only as far as its bytes, however long
         ago it was catalogued). A copy that is gone or changed is marked invalid; True when one was."""
-        gone: list[tuple[dict[str, Any], str]] = []
+        gone: list[tuple[CheckpointRow, str]] = []
         away: list[tuple[str, str]] = []
         timeout = max(60.0, (plan.source.get("size") or 0) / 50e6)
 
-        async def look(node: str, copy: dict[str, Any]) -> None:
+        async def look(node: str, copy: CheckpointRow) -> None:
             try:
                 answer = await self.fx.call(node, "hash_file", {"path": copy["path"]}, timeout=timeout)
             except RemoteError as exc:

@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from coordinator.jobs.policy import LAUNCH_FAILED, NODE_LOST, RANK_FAILED, SUCCEEDED, hang_timeout
+from coordinator.launch.mlx_backend import BackendChoice
 
 FIRST_STEP_TIMEOUT_S = 600.0
 LAUNCH_GRACE_S = 30.0  # how long ranks may take to appear once the launcher has exited
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}-[0-9a-f]{8}$")
 
 
-def new_run_id(name: str, taken: set[str] | frozenset[str] = frozenset(), token=secrets.token_hex) -> str:
+def new_run_id(name: str, taken: set[str] | frozenset[str] = frozenset(),
+               token: Callable[[int], str] = secrets.token_hex) -> str:
     """A run id unique for the cluster's life: the job's name and 32 random bits. Random, not
     counted, so that a daemon with a new state dir never meets an earlier run's files on a node."""
     while True:
@@ -135,10 +138,28 @@ def describe_exception(exc: BaseException, where: str) -> str:
     return f"{where}: {text} ({exc.__class__.__name__})"
 
 
-def launch_links(choice: dict[str, Any]) -> dict[str, Any]:
+class NeighbourLink(TypedDict):
+    """Two neighbouring ranks' nodes (``a`` < ``b``) and the link between them."""
+
+    a: str
+    b: str
+    kind: str | None  # thunderbolt, ethernet, wifi, other; None: RDMA without a shared subnet
+    speed_gbps: float | None
+
+
+class LaunchLinks(TypedDict):
+    """What an attempt ran over (``JobRecord.backend``; the dashboard shows it)."""
+
+    backend: str | None
+    transport: str | None
+    ring: list[str] | None
+    links: list[NeighbourLink]
+
+
+def launch_links(choice: BackendChoice) -> LaunchLinks:
     """What an attempt's backend choice says about its links, small enough to keep with the run:
     the backend, the transport, and each pair of neighbours with the kind and speed of their link."""
-    links = []
+    links: list[NeighbourLink] = []
     for host in choice.get("hosts") or []:
         for peer, link in (host.get("toward") or {}).items():
             if link and host["node"] < peer:

@@ -8,21 +8,24 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import structlog
 
-from coordinator.jobs.effects import HEAD, LaunchError, NodeView, Placement
+from coordinator.jobs.effects import HEAD, LaunchError, NodeView, Placement, Task
 from coordinator.jobs.head_paths import attempt_dir
+from coordinator.jobs.spec import JobSpecFields
 from coordinator.jobs.transfer import (
     CheckpointDamaged,
     HeadSink,
     HeadSource,
     NodeSink,
     NodeSource,
+    Sink,
+    Source,
     copy_verified,
 )
 from coordinator.launch.launcher import LaunchPlan, PlanError, StartError
@@ -31,10 +34,14 @@ from coordinator.launch.registry import launcher_named
 from coordinator.nodes.session import UP
 from coordinator.relay.broadcast import Source as RelaySource
 from coordinator.relay.broadcast import Target, broadcast
+from coordinator.store.state import CheckpointEntry, CheckpointRow
 from shared.rpc import RemoteError
 
 if TYPE_CHECKING:
     from coordinator.nodes.cluster import Cluster
+    from coordinator.observe.metrics.history import MetricPoint
+    from coordinator.readiness.preflight import PreflightReport
+    from coordinator.readiness.sync import SyncReport
     from coordinator.relay.links import LinkBook
 
 LAUNCHER_REAP_S = 5.0
@@ -46,20 +53,19 @@ class RunMetrics(Protocol):
 
     def record_attempt(self, run_id: str, attempt: int, start_step: int, nodes: list[str],
                        detail: str | None) -> None: ...
-    def record_point(self, run_id: str, series: str, point: dict[str, Any]) -> None: ...
+    def record_point(self, run_id: str, series: str, point: MetricPoint) -> None: ...
 
 
 class DaemonEffects:
     """``JobEffects`` filled with the real parts: what the daemon built, handed over one by one."""
 
-    def __init__(self, cluster: Cluster, links: LinkBook, metrics: RunMetrics,
-                 spawn: Callable[[Callable[[], Awaitable[None]], str], None]):
+    def __init__(self, cluster: Cluster, links: LinkBook, metrics: RunMetrics, spawn: Callable[[Task, str], None]):
         self.cluster = cluster
         self.config = cluster.config
         self.links = links
         self.metrics = metrics
         self._spawn = spawn
-        self._launchers: dict[int, subprocess.Popen] = {}
+        self._launchers: dict[int, subprocess.Popen[bytes]] = {}
 
     # --- the clock ---
     def now(self) -> float:
@@ -88,7 +94,8 @@ class DaemonEffects:
         except ValueError:  # a host name, not an address: another machine
             return False
 
-    async def call(self, node: str, method: str, params: dict[str, Any], *, timeout: float) -> dict[str, Any]:
+    async def call(self, node: str, method: str, params: Mapping[str, object], *, timeout: float) -> Any:
+        """The agent method's reply as it came off the wire (JobEffects.call names each one's type)."""
         session = self.cluster.sessions[node]
         try:
             return await session.call(method, {"workdir": session.node.workdir, **params}, timeout=timeout)
@@ -96,12 +103,12 @@ class DaemonEffects:
             raise RemoteError("timeout", f"{node}: {exc}") from None
 
     # --- before the first attempt ---
-    async def sync(self, source: str, nodes: list[str] | None = None) -> dict[str, Any]:
+    async def sync(self, source: str, nodes: list[str] | None = None) -> SyncReport:
         from coordinator.readiness.sync import serve_sync
         return await serve_sync(self.cluster, self.links, _quiet, source=source, nodes=nodes)
 
     async def preflight(self, *, backend: str | None, source: str | None,
-                        nodes: list[str] | None = None) -> dict[str, Any]:
+                        nodes: list[str] | None = None) -> PreflightReport:
         from coordinator.readiness.preflight import run_preflight
         return await run_preflight(self.cluster, _quiet, backend=backend, source=source, only=nodes)
 
@@ -150,11 +157,14 @@ class DaemonEffects:
                 self._launchers.pop(pid, None)
 
     # --- checkpoint bytes ---
-    async def copy_checkpoint(self, source: dict[str, Any], placements: list[Placement]) -> list[str]:
+    async def copy_checkpoint(self, source: CheckpointRow, placements: list[Placement]) -> list[str]:
         """Copies to nodes go through the relay (each byte over each link once, every chunk checked
         on arrival); a node the relay could not reach is sent its copy over its SSH session; a copy
         to the head is streamed from the source beside it. The paths written, in placement order."""
         sessions = self.cluster.sessions
+        size, sha256 = source["size"], source["sha256"]
+        if size is None or not sha256:
+            raise CheckpointDamaged(f"{source['node']}:{source['path']}: no size and SHA256 were recorded for it")
         to_nodes = [p for p in placements if p.node != HEAD]
         to_head = [p for p in placements if p.node == HEAD]
         written: dict[int, str] = {}
@@ -165,14 +175,14 @@ class DaemonEffects:
             names = [p.node for p in to_nodes] + ([source["node"]] if source["node"] != HEAD else [])
             await self.links.refresh(sessions, names)
             outcomes = await broadcast(
-                sessions, RelaySource(source["node"], source["path"], source["size"], source["sha256"]),
+                sessions, RelaySource(source["node"], source["path"], size, sha256),
                 [Target(p.node, p.path) for p in to_nodes], address=self.links.address,
                 thunderbolt=self.links.thunderbolt,
                 events=lambda kind, text: self.cluster.record_event(kind, text))
             left = []
             for p in to_nodes:
                 outcome = outcomes[p.node]
-                if outcome.ok:
+                if outcome.ok and outcome.path is not None:
                     written[id(p)] = outcome.path
                 elif outcome.source_damaged:
                     raise CheckpointDamaged(f"{source['node']}:{source['path']} {outcome.detail}")
@@ -182,12 +192,12 @@ class DaemonEffects:
                 if p.node not in sessions or sessions[p.node].state != UP:
                     raise RemoteError("connection_lost", f"{p.node}: {detail}")
                 log.info("relay failed, copying over ssh", node=p.node, detail=detail)
-                (path,) = await self._stream(source, [p])
+                (path,) = await self._stream(source, [p], size, sha256)
                 written[id(p)] = path
 
         async def to_the_head() -> None:
             if to_head:
-                for p, path in zip(to_head, await self._stream(source, to_head), strict=True):
+                for p, path in zip(to_head, await self._stream(source, to_head, size, sha256), strict=True):
                     written[id(p)] = path
 
         try:
@@ -198,17 +208,18 @@ class DaemonEffects:
             raise _first_error(group) from None
         return [written[id(p)] for p in placements]
 
-    async def _stream(self, source: dict[str, Any], placements: list[Placement]) -> list[str]:
+    async def _stream(self, source: CheckpointRow, placements: list[Placement], size: int, sha256: str) -> list[str]:
         """Read the source once through its agent (or the head's file) into every placement."""
         sessions = self.cluster.sessions
+        reader: Source
         if source["node"] == HEAD:
             reader = HeadSource(Path(source["path"]))
         else:
             reader = NodeSource(sessions[source["node"]], source["path"])
-        sinks = [HeadSink(Path(p.path)) if p.node == HEAD else NodeSink(sessions[p.node], p.path)
-                 for p in placements]
+        sinks: list[Sink] = [HeadSink(Path(p.path)) if p.node == HEAD else NodeSink(sessions[p.node], p.path)
+                             for p in placements]
         try:
-            return await copy_verified(reader, sinks, size=source["size"], sha256=source["sha256"])
+            return await copy_verified(reader, sinks, size=size, sha256=sha256)
         except TimeoutError as exc:
             raise RemoteError("timeout", str(exc)) from None
 
@@ -244,33 +255,34 @@ class DaemonEffects:
             return b""
 
     # --- the store and the event log ---
-    def save_run(self, run_id: str, name: str, spec: dict[str, Any], state: str, record: dict[str, Any]) -> None:
-        self.cluster.state.save_run(run_id, name, spec, state, record)
+    def save_run(self, run_id: str, name: str, spec: JobSpecFields, state: str,
+                 record: Mapping[str, object]) -> None:
+        self.cluster.state.save_run(run_id, name, dict(spec), state, dict(record))
 
-    def checkpoints(self, run_id: str) -> list[dict[str, Any]]:
+    def checkpoints(self, run_id: str) -> list[CheckpointRow]:
         return self.cluster.state.checkpoints(run_id)
 
-    def add_checkpoint(self, run_id: str, entry: dict[str, Any]) -> None:
+    def add_checkpoint(self, run_id: str, entry: CheckpointEntry) -> None:
         self.cluster.state.add_checkpoint(run_id, entry)
 
     def remove_checkpoint(self, run_id: str, attempt: int, node: str, path: str) -> None:
         self.cluster.state.remove_checkpoint(run_id, attempt, node, path)
 
-    def event(self, kind: str, message: str, data: dict[str, Any] | None) -> None:
-        self.cluster.record_event(kind, message, data=data or None)
+    def event(self, kind: str, message: str, data: Mapping[str, object] | None) -> None:
+        self.cluster.record_event(kind, message, data=dict(data) if data else None)
 
     def record_attempt(self, run_id: str, attempt: int, start_step: int, nodes: list[str],
                        detail: str | None) -> None:
         self.metrics.record_attempt(run_id, attempt, start_step, nodes, detail)
 
-    def record_point(self, run_id: str, series: str, point: dict[str, Any]) -> None:
+    def record_point(self, run_id: str, series: str, point: MetricPoint) -> None:
         self.metrics.record_point(run_id, series, point)
 
-    def spawn(self, func: Callable[[], Awaitable[None]], *, name: str) -> None:
+    def spawn(self, func: Task, *, name: str) -> None:
         self._spawn(func, name)
 
 
-async def _quiet(_event) -> None:
+async def _quiet(_event: object) -> None:
     return None
 
 

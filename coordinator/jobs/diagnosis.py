@@ -2,8 +2,8 @@
 
 Pure functions over plain data: a rank's log text, the job's command and environment, and
 the nodes' facts and topologies (``agent.facts.collect_facts``,
-``agent.topology.collect_topology``). Every diagnosis is
-``{"id", "title", "detail", "fix"}``; one found in a log adds the first matching line
+``agent.topology.collect_topology``). Every diagnosis is a ``Diagnosis``
+(``{"id", "title", "detail", "fix"}``); one found in a log adds the first matching line
 (``"line"``) and its 1-based number (``"line_number"``).
 """
 
@@ -13,7 +13,7 @@ import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from coordinator.launch.mlx_lm_command import MLX_LM_FORMS, option_value
 from coordinator.launch.topology import BRIDGE_INSTRUCTION
@@ -28,6 +28,27 @@ MAX_SAVE_EVERY = 1000
 FAST_SYNCH_VARIABLE = "MLX_METAL_FAST_SYNCH"
 # coord runs mlx-lm's trainer through its own module; its options are mlx_lm lora's.
 _COORD_TRAINER_FORM = ["-m", "agent.mlx_lm_train"]
+
+
+class Diagnosis(TypedDict):
+    """A known failure found, with its fix."""
+
+    id: str
+    title: str
+    detail: str  # what showed it
+    fix: str
+    line: NotRequired[str]  # found in a log: the first line that shows it
+    line_number: NotRequired[int]  # and its number, from 1
+
+
+class RunDiagnosis(TypedDict):
+    """A diagnosis as a run keeps it (``JobRecord.diagnoses``) and coord status shows it."""
+
+    id: str
+    title: str
+    detail: str  # where it was found: what showed it
+    fix: str
+    line: str | None  # the log line, when found in a log
 
 
 @dataclass(frozen=True)
@@ -104,22 +125,22 @@ BRIDGE_WITH_RDMA = FailureMode(
 
 KNOWN_FAILURES = (METAL_TIMEOUT, METAL_OUT_OF_MEMORY, GPU_WEDGED, TOP_LAYERS_ONLY, OLD_MLX_LM,
                   SAVE_EVERY_TOO_LARGE, FAST_SYNCH, MACOS_BUILDS_DIFFER, BRIDGE_WITH_RDMA)
-LOG_FAILURES = tuple(mode for mode in KNOWN_FAILURES if mode.log_pattern is not None)
+LOG_FAILURES = tuple((mode, mode.log_pattern) for mode in KNOWN_FAILURES if mode.log_pattern is not None)
 
 
-def diagnosis(mode: FailureMode, detail: str, fix: str | None = None) -> dict[str, Any]:
+def diagnosis(mode: FailureMode, detail: str, fix: str | None = None) -> Diagnosis:
     return {"id": mode.id, "title": mode.title, "detail": detail, "fix": fix or mode.fix}
 
 
 # --- logs -------------------------------------------------------------------------------------
 
 
-def diagnose_log(text: str) -> list[dict[str, Any]]:
+def diagnose_log(text: str) -> list[Diagnosis]:
     """Each known failure the log shows, once, with the first line that shows it."""
-    found: dict[str, dict[str, Any]] = {}
+    found: dict[str, Diagnosis] = {}
     for number, line in enumerate(text.splitlines(), start=1):
-        for mode in LOG_FAILURES:
-            if mode.id not in found and mode.log_pattern.search(line):
+        for mode, pattern in LOG_FAILURES:
+            if mode.id not in found and pattern.search(line):
                 found[mode.id] = {**diagnosis(mode, f"line {number} of the log"), "line": line.strip(),
                                   "line_number": number}
         if len(found) == len(LOG_FAILURES):
@@ -131,7 +152,7 @@ def diagnose_log(text: str) -> list[dict[str, Any]]:
 
 
 def diagnose_job(command: Sequence[str], env: Mapping[str, str] | None = None,
-                 mlx_lm_version: str | None = None) -> list[dict[str, Any]]:
+                 mlx_lm_version: str | None = None) -> list[Diagnosis]:
     """Known failures the job's command line, environment and mlx-lm version set up.
 
     Only options given on the command line are seen: a ``--config`` YAML file may set
@@ -180,7 +201,7 @@ def mlx_lm_lora_args(command: Sequence[str]) -> list[str] | None:
     return None
 
 
-def _mlx_lm_options(args: list[str]) -> list[dict[str, Any]]:
+def _mlx_lm_options(args: list[str]) -> list[Diagnosis]:
     out = []
     given_config = option_value(args, "--config") or option_value(args, "-c")
     config_note = " (its --config file may set it)" if given_config else ""
@@ -195,7 +216,7 @@ def _mlx_lm_options(args: list[str]) -> list[dict[str, Any]]:
     return out
 
 
-def _old_mlx_lm(version: str | None) -> dict[str, Any] | None:
+def _old_mlx_lm(version: str | None) -> Diagnosis | None:
     """Flagged only when known to be older (an unparseable version is not checked)."""
     if versions.at_least(version, MLX_LM_FIXED_VALIDATION) is not False:
         return None
@@ -206,8 +227,9 @@ def _old_mlx_lm(version: str | None) -> dict[str, Any] | None:
 
 
 def diagnose_cluster(node_facts: Mapping[str, Mapping[str, Any] | None],
-                     topologies: Mapping[str, Mapping[str, Any] | None] | None = None) -> list[dict[str, Any]]:
-    """Known failures the nodes set up: {node: agent facts} and {node: agent topology}."""
+                     topologies: Mapping[str, Mapping[str, Any] | None] | None = None) -> list[Diagnosis]:
+    """Known failures the nodes set up: {node: agent facts} and {node: agent topology}, each as the
+    node reported it (read key by key)."""
     out = []
     builds = _macos_builds(node_facts)
     if builds is not None:
@@ -232,7 +254,7 @@ def diagnose_cluster(node_facts: Mapping[str, Mapping[str, Any] | None],
     return out
 
 
-def _macos_builds(node_facts: Mapping[str, Mapping[str, Any] | None]) -> dict[str, Any] | None:
+def _macos_builds(node_facts: Mapping[str, Mapping[str, Any] | None]) -> Diagnosis | None:
     builds = {name: (facts.get("os_version"), facts.get("os_build")) for name, facts in node_facts.items()
               if facts and facts.get("os") == "macOS" and facts.get("os_build")}
     if len(set(builds.values())) < 2:
@@ -245,7 +267,7 @@ def _macos_builds(node_facts: Mapping[str, Mapping[str, Any] | None]) -> dict[st
     return diagnosis(MACOS_BUILDS_DIFFER, detail, f"update {', '.join(odd)} to macOS {version} ({build})")
 
 
-def _bridge_with_rdma(name: str, topology: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def _bridge_with_rdma(name: str, topology: Mapping[str, Any] | None) -> Diagnosis | None:
     if not topology:
         return None
     bridge = topology.get("thunderbolt_bridge") or {}

@@ -12,13 +12,33 @@ Sleeping is not an effect: the supervisor sleeps with anyio, which a virtual clo
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
 from coordinator.launch.launcher import LaunchPlan
+from coordinator.store.state import CheckpointEntry, CheckpointRow
+from shared.agent_api import (
+    DataReply,
+    DumpStacksReply,
+    HashFileReply,
+    ListCheckpointsReply,
+    PrepareRankReply,
+    RankStatusReply,
+    RemoveCheckpointsReply,
+    StopRankReply,
+)
+
+if TYPE_CHECKING:
+    from coordinator.jobs.spec import JobSpecFields
+    from coordinator.observe.metrics.history import MetricPoint
+    from coordinator.readiness.preflight import PreflightReport
+    from coordinator.readiness.sync import SyncReport
 
 HEAD = "head"  # the catalog's node name for a copy in the head's state directory
+
+#: Work that outlives the job's own loop (a run, the reaping of ranks left behind), as a task.
+Task = Callable[[], Coroutine[Any, Any, None]]
 
 
 class LaunchError(Exception):
@@ -40,7 +60,7 @@ class NodeView:
     workdir: str
     python: str
     reason: str | None = None
-    facts: dict[str, Any] | None = None
+    facts: Mapping[str, Any] | None = None  # as the node's agent reported them: read key by key
     # Counts the node's sessions: a node that failed a call is trusted again only once it has
     # reconnected, not merely because its old session has not noticed the failure yet.
     generation: int = 0
@@ -52,7 +72,6 @@ class Placement:
 
     node: str
     path: str
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class JobEffects(Protocol):
@@ -63,17 +82,42 @@ class JobEffects(Protocol):
     # --- nodes ---
     def node_names(self) -> list[str]: ...
     def node(self, name: str) -> NodeView: ...
-    async def call(self, node: str, method: str, params: dict[str, Any], *, timeout: float) -> dict[str, Any]:
-        """Call the node's agent (its workdir is added); RemoteError on any failure."""
+
+    # Call the node's agent (its workdir is added to ``params``); RemoteError on any failure. Each
+    # method the supervisor calls answers its reply in shared.agent_api.
+    @overload
+    async def call(self, node: str, method: Literal["prepare_rank"], params: Mapping[str, object], *,
+                   timeout: float) -> PrepareRankReply: ...
+    @overload
+    async def call(self, node: str, method: Literal["rank_status"], params: Mapping[str, object], *,
+                   timeout: float) -> RankStatusReply: ...
+    @overload
+    async def call(self, node: str, method: Literal["read_log"], params: Mapping[str, object], *,
+                   timeout: float) -> DataReply: ...
+    @overload
+    async def call(self, node: str, method: Literal["dump_stacks"], params: Mapping[str, object], *,
+                   timeout: float) -> DumpStacksReply: ...
+    @overload
+    async def call(self, node: str, method: Literal["stop_rank"], params: Mapping[str, object], *,
+                   timeout: float) -> StopRankReply: ...
+    @overload
+    async def call(self, node: str, method: Literal["list_checkpoints"], params: Mapping[str, object], *,
+                   timeout: float) -> ListCheckpointsReply: ...
+    @overload
+    async def call(self, node: str, method: Literal["remove_checkpoints"], params: Mapping[str, object], *,
+                   timeout: float) -> RemoveCheckpointsReply: ...
+    @overload
+    async def call(self, node: str, method: Literal["hash_file"], params: Mapping[str, object], *,
+                   timeout: float) -> HashFileReply: ...
 
     def on_head_machine(self, node: str) -> bool:
         """Whether the node is the head's own machine (host "local", or a loopback address): a
         copy on the head then protects nothing against that node's loss."""
 
     # --- before the first attempt ---
-    async def sync(self, source: str, nodes: list[str] | None = None) -> dict[str, Any]: ...
+    async def sync(self, source: str, nodes: list[str] | None = None) -> SyncReport: ...
     async def preflight(self, *, backend: str | None, source: str | None,
-                        nodes: list[str] | None = None) -> dict[str, Any]: ...
+                        nodes: list[str] | None = None) -> PreflightReport: ...
 
     # --- launching ---
     async def plan_launch(self, nodes: list[str], backend: str | None, launcher: str) -> LaunchPlan:
@@ -89,7 +133,7 @@ class JobEffects(Protocol):
         """SIGTERM (``final`` False) or SIGKILL and reap (``final`` True)."""
 
     # --- checkpoint bytes ---
-    async def copy_checkpoint(self, source: dict[str, Any], placements: list[Placement]) -> list[str]:
+    async def copy_checkpoint(self, source: CheckpointRow, placements: list[Placement]) -> list[str]:
         """Stream ``source`` (a catalog copy) to every placement, SHA256-checked; the paths written.
         RemoteError, CheckpointDamaged or OSError when it cannot."""
 
@@ -102,19 +146,23 @@ class JobEffects(Protocol):
     def log_tail(self, run_id: str, attempt: int, rank: int, size: int) -> bytes: ...
 
     # --- the store and the event log ---
-    def save_run(self, run_id: str, name: str, spec: dict[str, Any], state: str, record: dict[str, Any]) -> None: ...
-    def checkpoints(self, run_id: str) -> list[dict[str, Any]]: ...
-    def add_checkpoint(self, run_id: str, entry: dict[str, Any]) -> None: ...
+    def save_run(self, run_id: str, name: str, spec: JobSpecFields, state: str,
+                 record: Mapping[str, object]) -> None:
+        """The run's spec and its record (``JobRecord.to_json``), as the store keeps them."""
+
+    def checkpoints(self, run_id: str) -> list[CheckpointRow]: ...
+    def add_checkpoint(self, run_id: str, entry: CheckpointEntry) -> None: ...
     def remove_checkpoint(self, run_id: str, attempt: int, node: str, path: str) -> None: ...
-    def event(self, kind: str, message: str, data: dict[str, Any] | None) -> None: ...
+    def event(self, kind: str, message: str, data: Mapping[str, object] | None) -> None:
+        """One event of the log; ``data``'s keys depend on the kind."""
 
     # --- the metrics history (and TensorBoard); never raises: a chart is not worth a job ---
     def record_attempt(self, run_id: str, attempt: int, start_step: int, nodes: list[str],
                        detail: str | None) -> None:
         """An attempt starts from ``start_step``: the run's points past it are dropped."""
 
-    def record_point(self, run_id: str, series: str, point: dict[str, Any]) -> None:
+    def record_point(self, run_id: str, series: str, point: MetricPoint) -> None:
         """One ``train`` or ``val`` point: step, attempt, time and its values."""
 
     # --- background work that outlives the job's own loop ---
-    def spawn(self, func: Callable[[], Awaitable[None]], *, name: str) -> None: ...
+    def spawn(self, func: Task, *, name: str) -> None: ...

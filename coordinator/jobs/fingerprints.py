@@ -8,9 +8,36 @@ that differs is named. Pure, tested without processes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from coordinator.jobs.robust import majority_fingerprint
+
+
+class ReplicaState(TypedDict):
+    """An attempt's comparison so far, saved with the run's record (``JobRecord.replica_state``)."""
+
+    last_agreed: int | None
+    compared: int
+    last_compared: int | None
+    pending: dict[str, dict[str, str]]  # step -> rank -> fingerprint, for steps not every rank reported yet
+
+
+class DivergenceEntry(TypedDict):
+    attempt: int
+    step: int
+    nodes: list[str]  # the divergent ranks' nodes
+    detail: str
+
+
+class ReplicaSummary(TypedDict):
+    """A run's replica checks across its attempts (``JobRecord.replica_check``; the plan shows them)."""
+
+    steps_compared: int
+    divergences: list[DivergenceEntry]  # the newest 10
+    ranks: int
+    attempt: int
+    last_step: int | None
+    last_agreed: int | None
 
 
 @dataclass(frozen=True)
@@ -51,7 +78,7 @@ class ReplicaCheck:
             return None
         return Divergence(step, divergent, majority, self.last_agreed)
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> ReplicaState:
         """What a daemon restarted later needs to go on comparing (saved with the job's record, beside
         the progress offsets: the fingerprints already read are not read again)."""
         return {"last_agreed": self.last_agreed, "compared": self.compared, "last_compared": self.last_compared,
@@ -59,7 +86,7 @@ class ReplicaCheck:
                             for step, seen in self._pending.items()}}
 
     @classmethod
-    def from_state(cls, ranks: int, state: dict[str, Any] | None) -> ReplicaCheck:
+    def from_state(cls, ranks: int, state: ReplicaState | None) -> ReplicaCheck:
         check = cls(ranks)
         if state:
             check.last_agreed, check.compared = state.get("last_agreed"), state.get("compared", 0)
@@ -69,16 +96,18 @@ class ReplicaCheck:
         return check
 
 
-def comparison_summary(summary: dict[str, Any] | None, check: ReplicaCheck, attempt: int, order: list[str],
-                       found: Divergence | None) -> dict[str, Any]:
+def comparison_summary(summary: ReplicaSummary | None, check: ReplicaCheck, attempt: int, order: list[str],
+                       found: Divergence | None) -> ReplicaSummary:
     """A job's replica checks so far, across attempts, after ``check`` compared one more step:
     how many steps were compared, the last one and the last that agreed, and the newest
     divergences (at most 10) with the nodes named."""
-    summary = dict(summary or {"steps_compared": 0, "divergences": []})
-    summary.update(steps_compared=summary["steps_compared"] + 1, ranks=check.ranks, attempt=attempt,
-                   last_step=check.last_compared, last_agreed=check.last_agreed)
+    previous: ReplicaSummary = summary or {"steps_compared": 0, "divergences": [], "ranks": check.ranks,
+                                           "attempt": attempt, "last_step": None, "last_agreed": None}
+    divergences = previous["divergences"]
     if found is not None:
-        summary["divergences"] = [*summary["divergences"][-9:], {
+        divergences = [*divergences[-9:], {
             "attempt": attempt, "step": found.step, "nodes": [order[r] for r in found.ranks if r < len(order)],
             "detail": found.describe()}]
-    return summary
+    return {**previous, "steps_compared": previous["steps_compared"] + 1, "divergences": divergences,
+            "ranks": check.ranks, "attempt": attempt, "last_step": check.last_compared,
+            "last_agreed": check.last_agreed}

@@ -12,17 +12,18 @@ simulated ones, so that the queue is checked under fault schedules like the supe
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NotRequired, Protocol, TypedDict
 
 from coordinator.jobs.core import new_run_id
-from coordinator.jobs.effects import JobEffects
+from coordinator.jobs.effects import JobEffects, Task
 from coordinator.jobs.head_paths import attempt_dir
 from coordinator.jobs.queue import Waiting, positions, startable
 from coordinator.jobs.record import JobRecord
 from coordinator.jobs.spec import REPLICA_HEAD, REPLICA_NONE, JobSpec, JobSpecError, validate
 from coordinator.jobs.supervisor import ACTIVE, JobRunner
+from coordinator.store.state import RunRow
 from shared import protocol as p
 from shared.rpc import RemoteError
 
@@ -34,10 +35,22 @@ class JobError(RemoteError):
 
 
 class RunStore(Protocol):
-    def runs(self) -> list[dict[str, Any]]:
-        """Every stored run: ``run_id``, ``spec``, ``state`` and ``record``, oldest first."""
+    def runs(self) -> list[RunRow]:
+        """Every stored run, oldest first."""
 
     def run_ids(self) -> set[str]: ...
+
+
+class LogPiece(TypedDict):
+    """Up to 1 MiB of a rank's output (``coord logs``)."""
+
+    data: bytes
+    offset: int  # where the next read starts
+    attempt: int
+    rank: int
+    path: NotRequired[str]  # the head's copy (absent before the first attempt)
+    run_id: NotRequired[str]
+    done: bool  # nothing more will be written: the run is over, or this is an earlier attempt
 
 
 class JobManager:
@@ -121,7 +134,7 @@ class JobManager:
     def _start(self, runner: JobRunner, *, reattach: bool = False) -> None:
         self.fx.spawn(self._run_then_schedule(runner, reattach), name=f"job:{runner.run_id}")
 
-    def _run_then_schedule(self, runner: JobRunner, reattach: bool) -> Callable[[], Awaitable[None]]:
+    def _run_then_schedule(self, runner: JobRunner, reattach: bool) -> Task:
         async def run() -> None:
             """A run holds its nodes until it ends; then the queue moves on, however it ended."""
             try:
@@ -134,7 +147,8 @@ class JobManager:
 
     def submit(self, spec_fields: dict[str, Any], *, resume: bool = False) -> JobRunner:
         """A new run of the job (a name run again starts from step 0), or with ``resume`` the named
-        job's newest run continued from its newest valid checkpoint."""
+        job's newest run continued from its newest valid checkpoint. ``spec_fields``: the job as the
+        CLI sent it, free-form until checked here."""
         previous = self.jobs.get(spec_fields.get("name", ""))
         if resume:
             if previous is None:
@@ -167,7 +181,7 @@ class JobManager:
                          f"{runner.queue_position}")
         return runner
 
-    def _checked_spec(self, spec_fields: dict[str, Any]) -> JobSpec:
+    def _checked_spec(self, spec_fields: Mapping[str, Any]) -> JobSpec:
         try:
             spec = validate(JobSpec(**spec_fields))
         except (TypeError, JobSpecError) as exc:
@@ -214,7 +228,7 @@ class JobManager:
         runner.event("resize_requested", detail)
         return runner, detail
 
-    def read_log(self, name: str, rank: int = 0, attempt: int | None = None, offset: int = 0) -> dict[str, Any]:
+    def read_log(self, name: str, rank: int = 0, attempt: int | None = None, offset: int = 0) -> LogPiece:
         """Up to 1 MiB of a rank's output from ``offset``, as the head keeps it."""
         runner = self.find(name)
         attempt = runner.record.attempt if attempt is None else attempt

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NotRequired, TypedDict
 
 MAX_BACKOFF_S = 30.0
 # 1 s, 2 s, 4 s ... capped at 30 s, like the node sessions' reconnects; those retry with tenacity,
@@ -24,6 +25,26 @@ class Outcome:
     detail: str
     reached_first_step: bool
     signature: str = ""  # what failed, to tell "the same failure again" from a new one
+
+
+class OutcomeEntry(TypedDict):
+    """One attempt's outcome as the run's record keeps it (``JobRecord.history``, oldest first)."""
+
+    kind: str
+    detail: str
+    reached_first_step: bool
+    signature: NotRequired[str]  # absent from records written before outcomes had one
+    attempt: int
+    counted: bool  # its restart used up one of --max-restarts
+
+
+def outcome_entry(outcome: Outcome, *, attempt: int, counted: bool) -> OutcomeEntry:
+    return {"kind": outcome.kind, "detail": outcome.detail, "reached_first_step": outcome.reached_first_step,
+            "signature": outcome.signature, "attempt": attempt, "counted": counted}
+
+
+def outcome_of(entry: OutcomeEntry) -> Outcome:
+    return Outcome(entry["kind"], entry["detail"], entry["reached_first_step"], entry.get("signature", ""))
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ asks only to invalidate what was saved after a divergence."""
 from __future__ import annotations
 
 import signal
-from typing import Any
 
 import anyio
 import anyio.abc
@@ -17,6 +16,7 @@ import anyio.abc
 from coordinator.jobs import core, diagnosis
 from coordinator.jobs.attempt import Attempt
 from coordinator.jobs.checkpoints import CheckpointKeeper
+from coordinator.jobs.diagnosis import Diagnosis
 from coordinator.jobs.fingerprints import Divergence, comparison_summary
 from coordinator.jobs.node_health import NodeHealth
 from coordinator.jobs.policy import (
@@ -29,8 +29,10 @@ from coordinator.jobs.policy import (
     RankFailure,
     root_cause,
 )
+from coordinator.jobs.progress import read_record
 from coordinator.jobs.run_context import RunContext
 from coordinator.nodes import versions as node_versions
+from shared.agent_api import CheckpointRecord, FingerprintRecord, JsonObject, RankStatusReply, TrainRecord, ValRecord
 from shared.rpc import RemoteError
 
 POLL_S = 0.5  # the least time between two polls of every rank
@@ -68,10 +70,10 @@ class RankWatcher:
             if status is None:
                 continue  # its node did not answer: judged below, after what the others said is read
             attempt.progress_offsets[rank] = status["progress_offset"]
-            if status.get("rss_bytes"):
-                record.rank_memory[str(rank)] = status["rss_bytes"]
+            if rss := status.get("rss_bytes"):
+                record.rank_memory[str(rank)] = rss
                 # the largest since the last point: what the history keeps per rank
-                attempt.rank_peaks[str(rank)] = max(attempt.rank_peaks.get(str(rank), 0), status["rss_bytes"])
+                attempt.rank_peaks[str(rank)] = max(attempt.rank_peaks.get(str(rank), 0), rss)
             read_any = read_any or bool(status["progress"])
             for progress in status["progress"]:
                 self._on_progress(attempt, progress)
@@ -80,8 +82,8 @@ class RankWatcher:
                 attempt.log_offsets[rank] = status["log_offset"]
             await self.pull_log(attempt, rank, name, status["log_size"])  # what did not fit in the reply
             detected = None
-            if status["state"] == "exited" and status.get("exited_at"):  # both times from the node's clock
-                detected = max(0.0, status["time"] - status["exited_at"])
+            if status["state"] == "exited" and (exited_at := status.get("exited_at")):  # both on the node's clock
+                detected = max(0.0, status["time"] - exited_at)
             reports.append(core.RankReport(rank, name, status["state"], status.get("exit"), detected))
         if read_any:
             ctx.save()  # the progress and the offsets it was read up to, together
@@ -111,12 +113,12 @@ class RankWatcher:
         return None
 
     async def _ask(self, attempt: Attempt,
-                   wait_s: float) -> tuple[dict[int, dict[str, Any]], dict[int, tuple[str, str]]]:
+                   wait_s: float) -> tuple[dict[int, RankStatusReply], dict[int, tuple[str, str]]]:
         """Every rank's status, asked of all nodes at once: rank -> reply, and rank -> (node, why)
         for the nodes that did not answer. When a rank has ended, or a stop is asked for, the
         others' waits are cut short and they are asked again at once, so that what follows sees
         every rank as it is now."""
-        replies: dict[int, dict[str, Any]] = {}
+        replies: dict[int, RankStatusReply] = {}
         failed: dict[int, tuple[str, str]] = {}
 
         async def ask(rank: int, wait: float, tasks: anyio.abc.TaskGroup, answered: anyio.Event) -> None:
@@ -204,7 +206,7 @@ class RankWatcher:
 
     # --- known failures -----------------------------------------------------------------
 
-    def _diagnose(self, found: list[dict[str, Any]], where: str) -> None:
+    def _diagnose(self, found: list[Diagnosis], where: str) -> None:
         """Known failure modes, each named once per job with its fix (coord status shows them)."""
         known = self.ctx.record.diagnoses
         for item in found:
@@ -232,22 +234,24 @@ class RankWatcher:
 
     # --- progress -----------------------------------------------------------------------
 
-    def _on_progress(self, attempt: Attempt, progress: dict[str, Any]) -> None:
-        kind = progress.get("kind")
-        if kind == "fingerprint":
+    def _on_progress(self, attempt: Attempt, line: JsonObject) -> None:
+        progress = read_record(line)
+        if progress is None:
+            return  # another kind, or a record without what coord reads: skipped
+        if progress["kind"] == "fingerprint":
             self._on_fingerprint(attempt, progress)
-        elif kind == "checkpoint":
+        elif progress["kind"] == "checkpoint":
             self._on_checkpoint_written(progress)
-        elif kind == "val":
+        elif progress["kind"] == "val":
             self._on_val_loss(attempt, progress)
-        elif kind == "train":
+        else:
             self._on_train(attempt, progress)
 
-    def _on_fingerprint(self, attempt: Attempt, progress: dict[str, Any]) -> None:
+    def _on_fingerprint(self, attempt: Attempt, progress: FingerprintRecord) -> None:
         record = self.ctx.record
         check = attempt.replica_check
         compared = check.compared
-        found = check.add(int(progress["step"]), int(progress["rank"]), str(progress["sha256"]))
+        found = check.add(progress["step"], progress["rank"], progress["sha256"])
         record.replica_state = check.state()  # saved with the progress offsets it goes with
         first = found if attempt.divergence is None else None  # the one the attempt is stopped for
         attempt.divergence = attempt.divergence or found
@@ -255,10 +259,10 @@ class RankWatcher:
             record.replica_check = comparison_summary(record.replica_check, check, record.attempt,
                                                          attempt.order, first)
 
-    def _on_train(self, attempt: Attempt, progress: dict[str, Any]) -> None:
+    def _on_train(self, attempt: Attempt, progress: TrainRecord) -> None:
         record = self.ctx.record
         now = float(progress.get("time") or self.fx.now())
-        step = int(progress["step"])
+        step = progress["step"]
         if record.first_step_at is None:
             record.first_step_at = now
             self.ctx.event("first_step", f"attempt {record.attempt} reached step {step}",
@@ -282,11 +286,8 @@ class RankWatcher:
             "rank_memory_bytes": dict(attempt.rank_peaks)})
         attempt.rank_peaks.clear()
 
-    def _on_val_loss(self, attempt: Attempt, progress: dict[str, Any]) -> None:
-        try:
-            step, loss = int(progress["step"]), float(progress["val_loss"])
-        except (KeyError, TypeError, ValueError):
-            return
+    def _on_val_loss(self, attempt: Attempt, progress: ValRecord) -> None:
+        step, loss = progress["step"], progress["val_loss"]
         self.ctx.record.val_loss = loss
         self.fx.record_point(self.ctx.run_id, "val", {"step": step, "attempt": attempt.number,
                                                       "time": float(progress.get("time") or self.fx.now()),
@@ -302,14 +303,11 @@ class RankWatcher:
         recoveries.append(round(max(0.0, self.fx.now() - failed_at), 3))
         del recoveries[:-RECOVERIES_KEPT]
 
-    def _on_checkpoint_written(self, progress: dict[str, Any]) -> None:
+    def _on_checkpoint_written(self, progress: CheckpointRecord) -> None:
         """coord's trainer says how long a save held training and how long the write took
         off the training thread; kept with the step time so the plan can state the overhead."""
-        try:
-            held, wrote = float(progress["blocking_seconds"]), float(progress["write_seconds"])
-            step = int(progress["step"])  # the trainer counts global steps
-        except (KeyError, TypeError, ValueError):
-            return
+        held, wrote = progress["blocking_seconds"], progress["write_seconds"]
+        step = progress["step"]  # the trainer counts global steps
         self.ctx.event("checkpoint_saved", f"checkpoint of step {step} saved: training held "
                        f"{held:.3f} s, written in {wrote:.2f} s off the training thread",
                        step=step, blocking_seconds=round(held, 6),

@@ -7,11 +7,23 @@ a key this coord does not know is kept as it was (``extra``), never dropped."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, TypedDict
 
-# What a field holds where the shape is the plain data of another module (an attempt's outcome,
-# a diagnosis, the fingerprint comparison): kept as the JSON it is written as.
+from coordinator.jobs.core import LaunchLinks
+from coordinator.jobs.diagnosis import RunDiagnosis
+from coordinator.jobs.fingerprints import ReplicaState, ReplicaSummary
+from coordinator.jobs.policy import OutcomeEntry
+
+# The record as the store keeps it: JSON, with whatever keys a newer coord added.
 JsonObject = dict[str, Any]
+
+
+class LastCheckpoint(TypedDict):
+    """The newest valid checkpoint of the run, as coord status ages it."""
+
+    step: int
+    time: float  # when it was validated
+    node: str
 
 
 @dataclass
@@ -25,9 +37,9 @@ class JobRecord:
     val_loss: float | None = None
     tokens_per_second: float | None = None
     peak_memory_gb: float | None = None
-    history: list[JsonObject] = field(default_factory=list)  # each attempt's Outcome, oldest first
+    history: list[OutcomeEntry] = field(default_factory=list)  # each attempt's Outcome, oldest first
     order: list[str] = field(default_factory=list)  # the nodes of the current attempt, rank by rank
-    backend: JsonObject | None = None  # the current attempt's backend, transport and links (core.launch_links)
+    backend: LaunchLinks | None = None  # the current attempt's backend, transport and links
     start_step: int = 0
     launcher_pid: int | None = None
     error: str | None = None
@@ -38,16 +50,16 @@ class JobRecord:
     last_progress: float | None = None
     first_step_at: float | None = None
     launched_at: float | None = None
-    last_checkpoint: JsonObject | None = None  # {"step", "time", "node"} of the newest valid one
+    last_checkpoint: LastCheckpoint | None = None
     progress_offsets: dict[int, int] = field(default_factory=dict)  # rank -> bytes of its progress read
     rank_memory: dict[str, int] = field(default_factory=dict)  # rank -> its latest RSS
     unstopped: list[list[Any]] = field(default_factory=list)  # [node, attempt, rank] left on nodes that were away
     uncatalogued: list[list[Any]] = field(default_factory=list)  # [node, attempt, start step(, role)] to list later
     diverged_after: int | None = None  # the attempt's replicas diverged after this step: later checkpoints are invalid
-    replica_state: JsonObject | None = None  # the attempt's fingerprint comparison so far (ReplicaCheck.state)
-    replica_check: JsonObject | None = None  # what the comparisons found, for the plan
+    replica_state: ReplicaState | None = None  # the attempt's fingerprint comparison so far
+    replica_check: ReplicaSummary | None = None  # what the comparisons found, for the plan
     batch: str | None = None  # the attempt's batch split, when a shrink changed it
-    diagnoses: list[JsonObject] = field(default_factory=list)
+    diagnoses: list[RunDiagnosis] = field(default_factory=list)
     resumes: int = 0  # how many times coord run --resume continued this run
     stop_requested: bool = False
     failed_at: float | None = None  # when the first failed attempt since the last step ended (a recovery is under way)

@@ -13,7 +13,7 @@ every rank's own copy), the head's copy is not made: it would protect nothing.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -22,6 +22,7 @@ from coordinator.jobs.effects import HEAD, Placement
 from coordinator.jobs.spec import REPLICA_HEAD
 from coordinator.jobs.transfer import CheckpointDamaged
 from coordinator.launch.mlx_lm_command import is_mlx_lm
+from coordinator.store.state import CheckpointRow
 from shared.rpc import RemoteError
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ class Replicator:
             for one in wanted:
                 await self.replicate(one.source, one.targets)
 
-    async def replicate(self, primary: dict[str, Any], targets: list[str] | None = None) -> None:
+    async def replicate(self, primary: CheckpointRow, targets: list[str] | None = None) -> None:
         """Copy one checkpoint to ``targets`` (node names or ``REPLICA_HEAD``) in one verified stream;
         each copy that lands is catalogued as a replica on its node."""
         run, fx = self.ctx, self.ctx.fx
@@ -120,6 +121,6 @@ class Replicator:
                                               "role": catalog.REPLICA, "valid": valid, "detail": detail,
                                               "created": fx.now()})
         run.event("replicated", f"checkpoint of step {primary['step']} copied to {where} in {seconds:.2f} s "
-                     f"({primary['size'] / max(seconds, 1e-6) / 1e6:.0f} MB/s), SHA256 checked on arrival",
+                     f"({(primary['size'] or 0) / max(seconds, 1e-6) / 1e6:.0f} MB/s), SHA256 checked on arrival",
                      step=primary["step"], seconds=round(seconds, 3), bytes=primary["size"],
                      targets=[p.node for p in placements])

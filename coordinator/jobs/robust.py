@@ -25,6 +25,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from typing import TypeVar
 
 Key = TypeVar("Key", bound=Hashable)
+Name = TypeVar("Name", int, str)  # a rank or a node's name: what a fingerprint is held by, sorted
 Value = float | Sequence[float]
 
 #: Differences within this fraction of a typical item's magnitude are noise, never outliers
@@ -95,7 +96,7 @@ def outliers(values: Mapping[Key, Value], f: int | None = None, *,
     return [key for key, score in scores.items() if score > cutoff]
 
 
-def majority_fingerprint(fingerprints: Mapping[Key, str | None]) -> tuple[str | None, list[Key]]:
+def majority_fingerprint(fingerprints: Mapping[Name, str | None]) -> tuple[str | None, list[Name]]:
     """(the fingerprint more than half of the items hold, the items that differ from it).
 
     A missing fingerprint (None) never counts toward a majority and is always divergent.

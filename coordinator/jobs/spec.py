@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from coordinator.launch.mlx_lm_command import CommandError, is_mlx_lm, mlx_lm_args, option_value
 from coordinator.launch.registry import DEFAULT_LAUNCHER, LAUNCHERS
@@ -27,6 +28,28 @@ REPLICA_HEAD, REPLICA_NONE = "head", "none"
 
 class JobSpecError(CommandError):
     pass
+
+
+class JobSpecFields(TypedDict):
+    """A job's spec as plain data (``JobSpec.as_dict``): what the store keeps with its runs."""
+
+    name: str
+    command: list[str]
+    save_every: int
+    max_restarts: int
+    hang_timeout: float | None
+    keep: int
+    force: bool
+    source: str | None
+    backend: str | None
+    trainer: str
+    replica: str
+    min_nodes: int | None
+    node_timeout: float
+    total_steps: int | None
+    nodes: list[str] | None
+    priority: int
+    launcher: str
 
 
 @dataclass
@@ -49,11 +72,12 @@ class JobSpec:
     priority: int = 0  # a queued job with a higher priority starts first
     launcher: str = DEFAULT_LAUNCHER  # what starts the ranks (coordinator/launch/registry.py)
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def as_dict(self) -> JobSpecFields:
+        return cast(JobSpecFields, asdict(self))  # the fields above, in order (a test holds the two together)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> JobSpec:
+    def from_dict(cls, data: Mapping[str, Any]) -> JobSpec:
+        """From a stored spec, whose fields are checked only by their use (the store's JSON)."""
         return cls(**data)
 
 
@@ -145,14 +169,14 @@ def _check_mlx_lm_iters(spec: JobSpec) -> None:
     spec.total_steps = total
 
 
-def _whole_number(value: Any) -> bool:
+def _whole_number(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-_JOB_FILE_KEYS = {"name": str, "command": list, "save_every": int, "max_restarts": int,
-                  "hang_timeout": (int, float), "keep": int, "force": bool, "source": str, "backend": str,
-                  "trainer": str, "replica": str, "min_nodes": int, "node_timeout": (int, float),
-                  "total_steps": int, "nodes": list, "priority": int}
+_JOB_FILE_KEYS: dict[str, type | tuple[type, ...]] = {
+    "name": str, "command": list, "save_every": int, "max_restarts": int, "hang_timeout": (int, float), "keep": int,
+    "force": bool, "source": str, "backend": str, "trainer": str, "replica": str, "min_nodes": int,
+    "node_timeout": (int, float), "total_steps": int, "nodes": list, "priority": int}
 
 
 def load_job_file(path: Path) -> JobSpec:

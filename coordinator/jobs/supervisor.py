@@ -34,26 +34,36 @@ from coordinator.jobs import core
 from coordinator.jobs.attempt import Attempt
 from coordinator.jobs.checkpoints import CHECKPOINT_POLL_S, CheckpointKeeper
 from coordinator.jobs.effects import JobEffects, LaunchError
-from coordinator.jobs.elastic import choose_nodes
 from coordinator.jobs.node_health import NodeHealth
-from coordinator.jobs.policy import LAUNCH_FAILED, RESIZED, STOPPED, SUCCEEDED, Decision, Outcome, decide
+from coordinator.jobs.node_wait import NODE_WAIT_S, NodesAway, NodeWait, StopAsked
+from coordinator.jobs.policy import (
+    LAUNCH_FAILED,
+    RESIZED,
+    STOPPED,
+    SUCCEEDED,
+    Decision,
+    Outcome,
+    decide,
+    outcome_entry,
+    outcome_of,
+)
 from coordinator.jobs.rank_watch import HOLD_S, MAX_REREADS, POLL_S, READ_AGAIN, RankWatcher
 from coordinator.jobs.record import JobRecord
 from coordinator.jobs.replica import Replicator
 from coordinator.jobs.run_context import RunContext
 from coordinator.jobs.spec import REPLICA_NONE, JobSpec
 from coordinator.jobs.states import ACTIVE, FINISHED, JobState
-from coordinator.launch.batch import BatchSplit, Undividable, rebatch
+from coordinator.jobs.view import RunView, run_view
+from coordinator.launch.batch import BatchSplit
 from coordinator.launch.launcher import LaunchPlan
-from coordinator.launch.mlx_lm_command import CommandError
 from coordinator.launch.registry import launcher_named
+from coordinator.store.state import CheckpointRow
 from shared.rpc import RemoteError
 
 __all__ = ["ACTIVE", "CHECKPOINT_POLL_S", "FINISHED", "NODE_WAIT_S", "POLL_S", "JobRunner", "JobState"]
 
 log = structlog.get_logger("job")
 
-NODE_WAIT_S = 600.0
 REATTACH_GRACE_S = 60.0  # a restarted daemon's sessions connect within this; a node still away is lost
 
 
@@ -70,9 +80,9 @@ class JobRunner:
         self.replicator = Replicator(self.ctx, self.health) if spec.replica != REPLICA_NONE else None
         self.checkpoints = CheckpointKeeper(self.ctx, self.health, self.replicator)
         self.ranks = RankWatcher(self.ctx, self.health, self.checkpoints)
+        self.nodes = NodeWait(self.ctx, self.health, self.launcher)
         self.attempt: Attempt | None = None  # the attempt being launched or watched
         self._planned: LaunchPlan | None = None  # from pre-flight, for attempt 0
-        self._down_since: dict[str, float] = {}
         self.resize_requested: int | None = None  # the checkpoint step the resize waits to pass
         self.queue_position: int | None = None  # set by the job manager's queue while the job waits
         self.done = anyio.Event()
@@ -227,11 +237,11 @@ class JobRunner:
         # Checkpoints written up to the end count; with the ranks stopped nothing is still
         # being written, so a damaged one is judged now.
         await self.checkpoints.poll(attempt, attempt_over=True)
-        history = [_outcome_of(h) for h in self.record.history]
+        history = [outcome_of(h) for h in self.record.history]
         decision = decide(outcome, history, max_restarts=self.spec.max_restarts,
                           restarts_used=self.record.restarts)
-        self.record.history.append({**outcome.__dict__, "attempt": self.record.attempt,
-                                       "counted": decision.action == "restart" and decision.counts})
+        self.record.history.append(outcome_entry(outcome, attempt=self.record.attempt,
+                                                 counted=decision.action == "restart" and decision.counts))
         return decision
 
     def _last_attempt(self) -> Attempt | None:
@@ -283,7 +293,7 @@ class JobRunner:
             self.event("preflight_forced", f"launching despite {len(failed)} failed pre-flight checks")
         else:
             self.event("preflight_passed", f"pre-flight {result['status']}", seconds=result["seconds"])
-        if result["hostfile"] is not None:
+        if result["backend"] is not None and result["hostfile"] is not None:
             # The first attempt uses the links pre-flight just read rather than asking every node again.
             self._planned = self.launcher.adopt(result["backend"], result["hostfile"], self.job_nodes())
         return True
@@ -304,70 +314,21 @@ class JobRunner:
 
     async def _wait_for_nodes(self, nodes: list[str] | None = None, *, elastic: bool = False,
                               give_up_after: float | None = None) -> list[str] | None:
-        """The nodes the next attempt runs on, once they are up; None when the job ended meanwhile.
-
-        Without ``elastic`` every node (or every one of ``nodes``) must be up. With it, and
-        --min-nodes, a node down for longer than the node timeout is left out when the others
-        can take its share of the global batch; a node that is back takes part again.
-        """
-        configured = nodes or self.job_nodes()
-        started = self.fx.monotonic()
-        delay = 0.5
-        announced = None
-        while True:
-            now = self.fx.monotonic()
-            up = [n for n in configured if self.health.up(n)]
-            for name in configured:
-                if name in up:
-                    self._down_since.pop(name, None)
-                else:
-                    self._down_since.setdefault(name, now)
-            if elastic and self.spec.min_nodes is not None:
-                chosen, why = choose_nodes(configured, up, {n: now - t for n, t in self._down_since.items()},
-                                           min_nodes=self.spec.min_nodes, node_timeout=self.spec.node_timeout)
-                if chosen is not None:
-                    try:
-                        self._batch_for(chosen)
-                    except Undividable as exc:
-                        chosen, why = None, f"{exc}: waiting for {', '.join(n for n in configured if n not in up)}"
-            else:
-                down = [n for n in configured if n not in up]
-                chosen, why = (configured, "") if not down else (None, f"waiting for {', '.join(down)} to come back")
-            if chosen is not None:
-                if announced:
-                    self.event("nodes_back", f"going on with {', '.join(chosen)} after "
-                               f"{self.fx.monotonic() - started:.1f} s")
-                return chosen
-            if self.stop_requested:
-                # What runs of the last attempt on the nodes that are here is stopped (the others'
-                # ranks are listed for the reaper): a stopped run leaves nothing running.
-                await self._stop_everything(self._last_attempt())
-                self.set_state("stopped")
-                self.event("stopped", "stopped on request while waiting for nodes")
-                return None
-            if give_up_after is not None and self.fx.monotonic() - started > give_up_after:
-                return None
-            if self.fx.monotonic() - started > NODE_WAIT_S:
-                # what runs of the last attempt on the nodes that are here
-                await self._stop_everything(self._last_attempt())
-                self._fail_early(f"nodes did not come back within {NODE_WAIT_S:g} s: {why}")
-                return None
-            if why != announced:
-                self.event("waiting_for_nodes", why)
-                announced = why
-            await self.ctx.pause(delay)
-            delay = min(delay * 2, 2.0 if elastic else 5.0)
-
-    def _batch_for(self, nodes: list[str]) -> BatchSplit | None:
-        """The batch split for an attempt on ``nodes`` (None: the job's own options, unchanged)."""
-        configured = len(self.job_nodes())
-        if len(nodes) == configured:
+        """The nodes the next attempt runs on, once they are up (``NodeWait``); None when the job
+        ended meanwhile: stopped, or failed because they did not come back within NODE_WAIT_S."""
+        waited = await self.nodes.wait(nodes, elastic=elastic, give_up_after=give_up_after)
+        if isinstance(waited, StopAsked):
+            # What runs of the last attempt on the nodes that are here is stopped (the others'
+            # ranks are listed for the reaper): a stopped run leaves nothing running.
+            await self._stop_everything(self._last_attempt())
+            self.set_state(JobState.STOPPED)
+            self.event("stopped", "stopped on request while waiting for nodes")
             return None
-        try:
-            original = self.launcher.batch(self.spec, configured)
-        except CommandError as exc:  # the job's own batch is unknown: keeping it is not possible
-            raise Undividable(f"the job's global batch cannot be read ({exc})") from None
-        return rebatch(original, len(nodes)) if original is not None else None
+        if isinstance(waited, NodesAway):
+            await self._stop_everything(self._last_attempt())  # what runs of the last attempt on the nodes here
+            self._fail_early(f"nodes did not come back within {NODE_WAIT_S:g} s: {waited.why}")
+            return None
+        return waited
 
     # --- one attempt ------------------------------------------------------------------------
 
@@ -402,30 +363,30 @@ class JobRunner:
             return planned
         return await self.fx.plan_launch(nodes, self.spec.backend, self.spec.launcher)
 
-    def _say_resized(self, previous: list[str], order: list[str], batch: Any) -> None:
+    def _say_resized(self, previous: list[str], order: list[str], batch: BatchSplit | None) -> None:
         left, back = sorted(set(previous) - set(order)), sorted(set(order) - set(previous))
         self.event("resized", f"{len(previous)} → {len(order)} ranks"
                    + (f"; left out {', '.join(left)}" if left else "") + (f"; back {', '.join(back)}" if back else "")
                    + f"; {batch.describe() if batch else 'the job' + chr(39) + 's own batch'}; hostfile rewritten",
                    nodes=order, left_out=left, back=back)
 
-    def _say_resume(self, resume: dict[str, Any], order: list[str], seconds: float) -> None:
-        placed = self.checkpoints.last_placement
-        copied = placed.get("copied_to") or []
+    def _say_resume(self, resume: CheckpointRow, order: list[str], seconds: float) -> None:
+        placed = self.checkpoints.last_placement or {"in_place": [], "copied_to": [], "bytes_copied": 0}
+        copied = placed["copied_to"]
         # Name the copy the bytes came from only when some were sent: with nothing copied, every
         # rank read its own node's copy, whatever copy the catalog lists first.
         self.event("resume_from", f"resuming from the checkpoint of step {resume['step']}; "
-                   + (f"{len(placed.get('in_place') or [])} of {len(order)} nodes from their own copy, "
+                   + (f"{len(placed['in_place'])} of {len(order)} nodes from their own copy, "
                       f"copied from {resume['node']}:{resume['path']} to {', '.join(copied)}" if copied
                       else "every node from its own copy, nothing copied"),
-                   step=resume["step"], attempt=resume["attempt"], in_place=placed.get("in_place") or [],
-                   copied_to=copied, bytes_copied=placed.get("bytes_copied", 0), seconds=round(seconds, 3))
+                   step=resume["step"], attempt=resume["attempt"], in_place=placed["in_place"],
+                   copied_to=copied, bytes_copied=placed["bytes_copied"], seconds=round(seconds, 3))
 
     async def _start_attempt(self, attempt: Attempt, nodes: list[str], started: float) -> Outcome | None:
         previous = list(self.record.order)
         plan = await self._plan(nodes)
         order = list(plan.order) or nodes
-        batch = self._batch_for(order)
+        batch = self.nodes.batch_for(order)
         self.record.batch = batch.describe() if batch else None
         if previous and set(previous) != set(order):
             self._say_resized(previous, order, batch)
@@ -593,29 +554,6 @@ class JobRunner:
         self.save()
         return all(results.values())
 
-    def view(self) -> dict[str, Any]:
-        record = self.record
-        eta = None
-        if record.step_seconds and self.spec.total_steps and self.state == "running":
-            eta = record.step_seconds * max(0, self.spec.total_steps - record.step)
-        last = record.last_checkpoint
-        return {"name": self.spec.name, "run_id": self.run_id, "state": self.state, "step": record.step,
-                "total_steps": self.spec.total_steps, "loss": record.loss, "val_loss": record.val_loss,
-                "tokens_per_second": record.tokens_per_second, "eta_s": eta,
-                "last_checkpoint_step": last["step"] if last else None,
-                "last_checkpoint_age_s": self.fx.now() - last["time"] if last else None,
-                "restarts": record.restarts, "max_restarts": self.spec.max_restarts,
-                "attempt": record.attempt, "error": record.error, "warning": record.warning,
-                "nodes": record.order, "batch": record.batch, "trainer": self.spec.trainer,
-                "replica": self.spec.replica, "min_nodes": self.spec.min_nodes,
-                "diagnoses": record.diagnoses, "resumes": record.resumes,
-                "rank_memory_bytes": dict(record.rank_memory or {}) if self.state == "running" else {},
-                "started": record.started, "command": self.spec.command,
-                "job_nodes": self.job_nodes(), "priority": self.spec.priority,
-                "queue_position": self.queue_position if self.state == "queued" else None}
-
-
-
-
-def _outcome_of(entry: dict[str, Any]) -> Outcome:
-    return Outcome(entry["kind"], entry["detail"], entry["reached_first_step"], entry.get("signature", ""))
+    def view(self) -> RunView:
+        """The run as coord status, the dashboard and the job commands show it."""
+        return run_view(self.ctx, queue_position=self.queue_position)

@@ -14,14 +14,18 @@ import contextlib
 import hashlib
 import os
 import posixpath
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 
+from shared.agent_api import ReadFileReply, UploadBeginReply
 from shared.rpc import RemoteError
+
+if TYPE_CHECKING:
+    from coordinator.nodes.session import NodeSession
 
 CHUNK = 4 << 20  # the agent's read_file answers at most this much per call
 
@@ -31,13 +35,15 @@ class CheckpointDamaged(Exception):
 
 
 class Source(Protocol):
-    where: str
+    @property
+    def where(self) -> str: ...
 
     def chunks(self) -> AsyncIterator[bytes]: ...
 
 
 class Sink(Protocol):
-    where: str
+    @property
+    def where(self) -> str: ...
 
     async def begin(self, size: int, sha256: str) -> None: ...
     async def write(self, offset: int, data: bytes) -> None: ...
@@ -47,7 +53,7 @@ class Sink(Protocol):
 
 @dataclass
 class NodeSource:
-    session: Any  # a NodeSession that is up
+    session: NodeSession  # up
     path: str  # absolute, under the node's workdir
 
     @property
@@ -57,8 +63,8 @@ class NodeSource:
     async def chunks(self) -> AsyncIterator[bytes]:
         offset = 0
         while True:
-            piece = await self.session.call("read_file", {"workdir": self.session.node.workdir, "path": self.path,
-                                                          "offset": offset}, timeout=120)
+            piece: ReadFileReply = await self.session.call(
+                "read_file", {"workdir": self.session.node.workdir, "path": self.path, "offset": offset}, timeout=120)
             if piece["data"]:
                 yield piece["data"]
             offset = piece["offset"]
@@ -84,14 +90,15 @@ class HeadSource:
 class NodeSink:
     """A file under a node's workdir, written through its agent's verified upload."""
 
-    def __init__(self, session: Any, rel: str):
+    def __init__(self, session: NodeSession, rel: str):
         self.session, self.rel = session, rel
         self.where = f"{session.node.name}:{rel}"
         self._upload: int | None = None
 
     async def begin(self, size: int, sha256: str) -> None:
-        begun = await self.session.call("upload_begin", {"root": self.session.node.workdir, "path": self.rel,
-                                                         "size": size, "mode": 0o644, "sha256": sha256}, timeout=60)
+        begun: UploadBeginReply = await self.session.call(
+            "upload_begin", {"root": self.session.node.workdir, "path": self.rel, "size": size, "mode": 0o644,
+                             "sha256": sha256}, timeout=60)
         self._upload = begun["upload"]
 
     async def write(self, offset: int, data: bytes) -> None:
@@ -124,13 +131,19 @@ class HeadSink:
             return os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
         self._fd = await anyio.to_thread.run_sync(open_tmp)
 
+    def _open_fd(self) -> int:
+        assert self._fd is not None, "written only between begin and commit"
+        return self._fd
+
     async def write(self, offset: int, data: bytes) -> None:
-        await anyio.to_thread.run_sync(os.pwrite, self._fd, data, offset)
+        await anyio.to_thread.run_sync(os.pwrite, self._open_fd(), data, offset)
 
     async def commit(self) -> str:
+        fd = self._open_fd()
+
         def finish() -> None:
-            os.fsync(self._fd)
-            os.close(self._fd)
+            os.fsync(fd)
+            os.close(fd)
             os.replace(self._tmp, self.path)
             directory = os.open(self.path.parent, os.O_RDONLY)
             try:
@@ -148,7 +161,7 @@ class HeadSink:
         self._tmp.unlink(missing_ok=True)
 
 
-async def copy_verified(source: Source, sinks: list[Sink], *, size: int, sha256: str) -> list[str]:
+async def copy_verified(source: Source, sinks: Sequence[Sink], *, size: int, sha256: str) -> list[str]:
     """Stream ``source`` into every sink; the paths written, or CheckpointDamaged and nothing written."""
     digest = hashlib.sha256()
     offset = 0

@@ -17,7 +17,7 @@ import shlex
 import shutil
 import socket
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from coordinator.config.cluster_file import ClusterConfig, NodeConfig
 
@@ -27,6 +27,22 @@ LOCAL_ADDRESS = "127.0.0.1"  # mlx.launch runs a host named 127.0.0.1 without ss
 
 class HostfileError(ValueError):
     pass
+
+
+class HostfileHost(TypedDict):
+    """One rank's host in mlx.launch's hostfile."""
+
+    ssh: str  # how ssh reaches it: coord's private alias, or the user's own entry
+    ips: list[str]  # the addresses the other ranks connect to
+    rdma: list[str | None]  # jaccl: the RDMA device toward each rank (None toward itself); ring: []
+
+
+class Hostfile(TypedDict):
+    """The JSON mlx.launch reads (``--hostfile``), one host per rank in rank order."""
+
+    backend: str  # one of BACKENDS
+    envs: list[str]  # NAME=value, for every rank
+    hosts: list[HostfileHost]
 
 
 def ssh_alias(node: NodeConfig) -> str:
@@ -94,15 +110,15 @@ def node_address(node: NodeConfig) -> str:
     except ValueError:
         pass
     try:
-        return socket.getaddrinfo(node.host, None, socket.AF_INET)[0][4][0]
+        return str(socket.getaddrinfo(node.host, None, socket.AF_INET)[0][4][0])  # AF_INET: (address, port)
     except OSError:
         raise HostfileError(f"cannot resolve {node.host} (node {node.name}) to an address for the ring; "
                             f"set ips = [\"...\"] for it in the cluster file") from None
 
 
 def build_hostfile(config: ClusterConfig, *, backend: str = "ring", ips: dict[str, list[str]] | None = None,
-                   rdma: dict[str, list] | None = None, envs: list[str] | None = None,
-                   nodes: list[str] | None = None, ssh_names: dict[str, str] | None = None) -> dict[str, Any]:
+                   rdma: dict[str, list[str | None]] | None = None, envs: list[str] | None = None,
+                   nodes: list[str] | None = None, ssh_names: dict[str, str] | None = None) -> Hostfile:
     """The JSON mlx.launch accepts as is, one host per node in rank order.
 
     Each host's ``ssh`` is coord's private alias (for coord's own launches, through its
@@ -112,21 +128,20 @@ def build_hostfile(config: ClusterConfig, *, backend: str = "ring", ips: dict[st
         raise HostfileError(f"unknown backend {backend!r} (one of {', '.join(BACKENDS)})")
     by_name = {n.name: n for n in config.nodes}
     order = nodes or [n.name for n in config.nodes]
-    hosts = []
+    hosts: list[HostfileHost] = []
     for name in order:
         node = by_name[name]
         host_ips = list((ips or {}).get(name) or [node_address(node)])
         ssh = (ssh_names or {}).get(name) or ssh_alias(node)
-        entry: dict[str, Any] = {"ssh": ssh, "ips": host_ips, "rdma": list((rdma or {}).get(name, []))}
-        hosts.append(entry)
+        hosts.append({"ssh": ssh, "ips": host_ips, "rdma": list((rdma or {}).get(name, []))})
     if backend.startswith("jaccl") and any(not h["rdma"] for h in hosts):
         raise HostfileError(f"backend {backend} needs RDMA devices for every node")
-    document = {"backend": backend, "envs": list(envs or []), "hosts": hosts}
+    document: Hostfile = {"backend": backend, "envs": list(envs or []), "hosts": hosts}
     validate_hostfile(document)
     return document
 
 
-def validate_hostfile(document: Any) -> None:
+def validate_hostfile(document: object) -> None:
     """Refuse a hostfile mlx.launch would choke on, saying where."""
     if not isinstance(document, dict):
         raise HostfileError("hostfile must be a JSON object with backend, envs and hosts")

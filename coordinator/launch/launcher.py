@@ -17,10 +17,13 @@ import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from coordinator.launch.batch import BatchSplit
+from coordinator.launch.hostfile import Hostfile
+from coordinator.launch.mlx_backend import BackendChoice
 from coordinator.launch.mlx_lm_command import JobCommand
+from coordinator.launch.topology import Topology
 
 if TYPE_CHECKING:
     from coordinator.config.cluster_file import ClusterConfig
@@ -49,10 +52,10 @@ class LaunchPlan:
     backend: str  # what the ranks talk over (mlx: ring, jaccl, jaccl-ring)
     order: tuple[str, ...]  # the nodes, rank by rank
     # The choice as measured (links, reasons, warnings), as pre-flight shows it; kept with the run
-    # in short (coordinator.jobs.core.launch_links). Its shape is the launcher's own.
-    choice: Mapping[str, Any]
-    # The launcher's host list (mlx: the hostfile document); its shape is the launcher's own.
-    hosts: Mapping[str, Any]
+    # in short (coordinator.jobs.core.launch_links).
+    choice: BackendChoice
+    # The launcher's host list: mlx.launch's hostfile (a launcher that needs another shape adds it here).
+    hosts: Hostfile
 
     @property
     def envs(self) -> dict[str, str]:
@@ -64,11 +67,11 @@ class LaunchPlan:
 class Launcher(Protocol):
     name: str
 
-    def plan(self, cluster: Cluster, topologies: Mapping[str, Any], nodes: list[str],
+    def plan(self, cluster: Cluster, topologies: Mapping[str, Topology], nodes: list[str],
              backend: str | None) -> LaunchPlan:
         """The plan for ``nodes`` from their measured links; PlanError when there is none."""
 
-    def adopt(self, choice: Mapping[str, Any], hosts: Mapping[str, Any], nodes: list[str]) -> LaunchPlan:
+    def adopt(self, choice: BackendChoice, hosts: Hostfile, nodes: list[str]) -> LaunchPlan:
         """A plan for ``nodes`` from a choice and host list pre-flight already made (so the first
         attempt does not ask every node again)."""
 

@@ -8,14 +8,17 @@ import os
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from agent.launch import rank_command
 from coordinator.launch.batch import BatchSplit
+from coordinator.launch.hostfile import Hostfile
 from coordinator.launch.launcher import LaunchPlan, PlanError, StartError
+from coordinator.launch.mlx_backend import BackendChoice
 from coordinator.launch.mlx_launch import launcher_argv, ring_starting_port
 from coordinator.launch.mlx_lm_command import JobCommand, attempt_command, batch_split, is_mlx_lm
 from coordinator.launch.plan import plan_backend, write_launch_files
+from coordinator.launch.topology import Topology
 
 if TYPE_CHECKING:
     from coordinator.config.cluster_file import ClusterConfig
@@ -25,7 +28,7 @@ if TYPE_CHECKING:
 class MlxLauncher:
     name = "mlx"
 
-    def plan(self, cluster: Cluster, topologies: Mapping[str, Any], nodes: list[str],
+    def plan(self, cluster: Cluster, topologies: Mapping[str, Topology], nodes: list[str],
              backend: str | None) -> LaunchPlan:
         missing = [n for n in nodes if n not in topologies]
         if missing:
@@ -37,7 +40,7 @@ class MlxLauncher:
             raise PlanError(f"no hostfile: {error}")
         return self.adopt(choice, document, nodes)
 
-    def adopt(self, choice: Mapping[str, Any], hosts: Mapping[str, Any], nodes: list[str]) -> LaunchPlan:
+    def adopt(self, choice: BackendChoice, hosts: Hostfile, nodes: list[str]) -> LaunchPlan:
         order = choice.get("order") or nodes
         return LaunchPlan(self.name, str(choice.get("backend") or hosts.get("backend")), tuple(order), choice, hosts)
 
@@ -56,7 +59,7 @@ class MlxLauncher:
 
     def start(self, directory: Path, config: ClusterConfig, plan: LaunchPlan, run_id: str,
               attempt: int) -> subprocess.Popen[bytes]:
-        files = write_launch_files(directory, config, dict(plan.hosts))
+        files = write_launch_files(directory, config, plan.hosts)
         argv = [*launcher_argv(), "--hostfile", files["hostfile"], "--starting-port",
                 str(ring_starting_port(run_id, attempt)), "--", *rank_command(run_id)]
         env = dict(os.environ, PATH=files["path_prefix"] + os.pathsep + os.environ.get("PATH", "/usr/bin:/bin"))

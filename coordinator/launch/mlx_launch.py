@@ -22,11 +22,14 @@ import os
 import select
 import shutil
 import sys
+from collections.abc import Iterable
+from typing import Any
 
 _LAUNCH_MODULE = "mlx._distributed_utils.launch"
 
 
-def _reads_only(rlist, wlist, xlist, timeout=None):
+def _reads_only(rlist: Iterable[Any], wlist: Iterable[Any], xlist: Iterable[Any],
+                timeout: float | None = None) -> tuple[list[Any], list[Any], list[Any]]:  # select.select's own types
     """select() as mlx.launch calls it, without the write set coord never uses."""
     readable, _, exceptional = select.select(rlist, [], xlist, timeout)
     return readable, [], exceptional

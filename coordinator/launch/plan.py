@@ -6,13 +6,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import anyio
 
 from coordinator.launch.hostfile import (
+    Hostfile,
     HostfileError,
     build_hostfile,
     node_address,
@@ -21,17 +21,18 @@ from coordinator.launch.hostfile import (
 )
 from coordinator.launch.mlx_backend import BackendChoice, Host, choose_backend
 from coordinator.launch.topology import Topology, connectivity_matrix
-from coordinator.nodes.session import UP
+from coordinator.nodes.session import UP, NodeSession
 from shared.rpc import RemoteError
 
 if TYPE_CHECKING:
+    from coordinator.config.cluster_file import ClusterConfig
     from coordinator.nodes.cluster import Cluster
 
 
 async def node_topologies(cluster: Cluster) -> dict[str, Topology]:
     found: dict[str, Topology] = {}
 
-    async def one(session) -> None:
+    async def one(session: NodeSession) -> None:
         if session.state == UP:
             with contextlib.suppress(RemoteError, TimeoutError):  # a node that does not answer has no links
                 found[session.node.name] = await session.call("topology", timeout=120)
@@ -45,7 +46,7 @@ async def node_topologies(cluster: Cluster) -> dict[str, Topology]:
 def plan_backend(cluster: Cluster, topologies: dict[str, Topology], *, forced: str | None = None,
                  envs: list[str] | None = None, nodes: list[str] | None = None,
                  ssh_names: dict[str, str] | None = None,
-                 ) -> tuple[BackendChoice | None, dict[str, Any] | None, str | None]:
+                 ) -> tuple[BackendChoice | None, Hostfile | None, str | None]:
     """(backend choice, hostfile document, error): the choice is measured, the hostfile follows it.
 
     ``nodes`` narrows the cluster to the nodes an attempt runs on (elastic shrink).
@@ -70,17 +71,17 @@ def plan_backend(cluster: Cluster, topologies: dict[str, Topology], *, forced: s
         if not choice["ok"]:
             return choice, None, choice.get("error") or "no usable backend"
     measured: dict[str, Host] = {host["node"]: host for host in choice["hosts"]}
-    ips, rdma = {}, {}
-    host: Mapping[str, Any]
+    ips: dict[str, list[str]] = {}
+    rdma: dict[str, list[str | None]] = {}
     try:
         for name in names:
-            node, host = by_name[name], measured.get(name, {})
+            node, host = by_name[name], measured.get(name)
             # A configured address wins over a measured one; loopback only when all ranks are local.
-            if node.ips or not host.get("ips"):
+            if node.ips or host is None or not host["ips"]:
                 ips[name] = [node_address(node)]
             else:
                 ips[name] = list(host["ips"])
-            rdma[name] = host.get("rdma") or []
+            rdma[name] = list(host["rdma"]) if host is not None else []
         backend = cast(str, choice["backend"])  # an ok choice names its backend
         document = build_hostfile(config, backend=backend, ips=ips, rdma=rdma, envs=envs,
                                   nodes=choice.get("order") or names, ssh_names=ssh_names)
@@ -89,7 +90,7 @@ def plan_backend(cluster: Cluster, topologies: dict[str, Topology], *, forced: s
     return choice, document, None
 
 
-def write_launch_files(directory: Path, config, document: dict[str, Any]) -> dict[str, str]:
+def write_launch_files(directory: Path, config: ClusterConfig, document: Hostfile) -> dict[str, str]:
     """hostfile.json, ssh_config and the ssh wrapper, in a private directory."""
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     hostfile = directory / "hostfile.json"

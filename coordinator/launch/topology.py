@@ -186,7 +186,7 @@ def _rdma_os_ok(version: Any) -> bool | None:
     return versions.at_least(version, RDMA_MIN_MACOS)
 
 
-def _buses(topology: Topology | None) -> list[dict[str, Any]]:
+def _buses(topology: Topology | None) -> list[Mapping[str, Any]]:
     if not isinstance(topology, dict):
         return []
     thunderbolt = topology.get("thunderbolt")
@@ -195,14 +195,14 @@ def _buses(topology: Topology | None) -> list[dict[str, Any]]:
     return [bus for bus in thunderbolt.get("buses") or [] if isinstance(bus, dict)]
 
 
-def _peer_uuid(bus: dict[str, Any]) -> str | None:
+def _peer_uuid(bus: Mapping[str, Any]) -> str | None:
     peer = bus.get("peer")
     return peer.get("domain_uuid") if isinstance(peer, dict) else None
 
 
 def _cables(
     a: str, b: str, topo_a: Topology | None, topo_b: Topology | None
-) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+) -> list[tuple[Mapping[str, Any], Mapping[str, Any]]]:
     """(bus of a, bus of b) pairs whose domain UUIDs name each other."""
     found = []
     for bus_a in _buses(topo_a):
@@ -324,8 +324,8 @@ def _pair_view(
 def _cable(
     a: str,
     b: str,
-    bus_a: dict[str, Any],
-    bus_b: dict[str, Any],
+    bus_a: Mapping[str, Any],
+    bus_b: Mapping[str, Any],
     node_a: NodeLinks,
     node_b: NodeLinks,
 ) -> tuple[Cable, Cable]:
@@ -359,7 +359,7 @@ def _cable(
 
 
 def _rdma_end_problems(
-    name: str, bus: dict[str, Any], device: str | None, node: NodeLinks
+    name: str, bus: Mapping[str, Any], device: str | None, node: NodeLinks
 ) -> list[str]:
     if node["macos"] and node["rdma_os_ok"] is False:
         return [f"{name} runs macOS {node['os_version']}: RDMA needs 26.2 or later"]
@@ -489,7 +489,7 @@ def _no_link_detail(a: str, b: str, topo_a: Any, topo_b: Any) -> str:
     return f"{a} and {b} share no IPv4 subnet"
 
 
-def _has_link_local_thunderbolt(topology: dict[str, Any]) -> bool:
+def _has_link_local_thunderbolt(topology: Topology) -> bool:
     for entry in topology.get("interfaces") or []:
         if entry.get("kind") != "thunderbolt" or not entry.get("up"):
             continue

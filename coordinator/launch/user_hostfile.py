@@ -177,7 +177,7 @@ async def choose_entry(node: NodeConfig, config: ClusterConfig, resolve: Resolve
             needs = missing_settings(settings, wanted, await resolve(candidate))
     except SshViewError as exc:
         raise HostfileError(f"node {node.name}: {exc}") from None
-    if not needs:
+    if candidate is not None and not needs:
         return UserEntry(node.name, candidate)
     alias = host_alias(config.name, node.name)
     return UserEntry(node.name, alias, tuple(needs), host_block(alias, settings, wanted, needs))

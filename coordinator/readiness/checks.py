@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, Final, Literal, NotRequired, TypedDict
 from coordinator.readiness.consistency import ConsistencyReport, DivergentNode, Manifest, compare_nodes
 
 if TYPE_CHECKING:
+    from coordinator.launch.hostfile import Hostfile
+    from coordinator.launch.mlx_backend import BackendChoice
     from coordinator.nodes.session import Facts
     from coordinator.store.state import EventRecord
 
@@ -297,13 +299,12 @@ def sync_hook(configured: str | None, last: EventRecord | None) -> CheckResult:
     return check("sync.hook", "pre_rdma_sync", FAIL, last["message"], "fix the hook, then: coord sync")
 
 
-def backend(choice: dict[str, Any] | None, error: str | None) -> list[CheckResult]:
-    """RDMA state consistent with the backend; RDMA fixes are instructions for a person. ``choice``
-    is coordinator.launch's backend choice (typed by that layer)."""
+def backend(choice: BackendChoice | None, error: str | None) -> list[CheckResult]:
+    """RDMA state consistent with the backend; RDMA fixes are instructions for a person."""
     if choice is None:
         return [check("rdma.backend", "gradient", FAIL, error or "no backend could be chosen")]
     fixes = "; ".join(f"{f['node']}: {f['instruction']}" for f in choice.get("fixes", []))
-    commands = "; ".join(f["command"] for f in choice.get("fixes", []) if f.get("command")) or None
+    commands = "; ".join(command for f in choice.get("fixes", []) if (command := f.get("command"))) or None
     if not choice.get("ok"):
         detail = f"{choice.get('error') or 'no usable backend'}" + (f"; {fixes}" if fixes else "")
         return [check("rdma.backend", "gradient", FAIL, detail, commands)]
@@ -316,8 +317,8 @@ def backend(choice: dict[str, Any] | None, error: str | None) -> list[CheckResul
     return out
 
 
-def hostfile(document: dict[str, Any] | None, error: str | None) -> CheckResult:
-    """``document``: coordinator.launch's hostfile (typed by that layer)."""
+def hostfile(document: Hostfile | None, error: str | None) -> CheckResult:
+    """``document``: mlx.launch's hostfile, as coordinator.launch built it."""
     if document is None:
         return check("hostfile.valid", "gradient", FAIL, f"hostfile: {error}")
     hosts = ", ".join(f"{h['ssh']}→{h['ips'][0]}" for h in document["hosts"])

@@ -6,12 +6,15 @@ import posixpath
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 import anyio
 
+from coordinator.launch.hostfile import Hostfile
+from coordinator.launch.mlx_backend import BackendChoice
 from coordinator.launch.mlx_launch import find_launcher
 from coordinator.launch.plan import plan_backend
+from coordinator.launch.topology import Topology
 from coordinator.nodes.cluster import ClusterNodeView
 from coordinator.nodes.session import UP, NodeSession
 from coordinator.readiness import checks
@@ -45,18 +48,18 @@ class PreflightInputs(TypedDict):
     data: dict[str, dict[str, FileInspection | None]]
     model: dict[str, dict[str, FileInspection | None]]
     probes: dict[str, WritableProbe]
-    topologies: dict[str, Any]  # each node's ``topology`` answer, as coordinator.launch reads it
+    topologies: dict[str, Topology]  # each node's ``topology`` answer, as coordinator.launch reads it
 
 
 class PreflightReport(TypedDict):
     status: Status
     checks: list[CheckResult]
     layers: dict[Layer, Status]  # each layer with checks: their overall status
-    backend: dict[str, Any] | None  # coordinator.launch's backend choice (typed by that layer)
-    hostfile: dict[str, Any] | None  # coordinator.launch's hostfile (typed by that layer)
+    backend: BackendChoice | None
+    hostfile: Hostfile | None
     backend_error: str | None
     consistency: ConsistencyReport  # the code's, in full
-    topologies: dict[str, Any]
+    topologies: dict[str, Topology]
     seconds: float
 
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from coordinator.jobs.supervisor import ACTIVE
+from coordinator.jobs.view import RunView
 
 if TYPE_CHECKING:
+    from coordinator.jobs.core import LaunchLinks
     from coordinator.jobs.supervisor import JobRunner
     from coordinator.nodes.cluster import Cluster, ClusterNodeView
     from coordinator.observe.metrics.history import RunHistory, UsageSample
@@ -62,13 +64,19 @@ class DashboardNode(TypedDict):
     temperature_c: float | None
 
 
+class DashboardRun(RunView):
+    """A run as JobRunner.view() shows it, with what the page draws of it beside."""
+
+    checkpoints: list[CheckpointStep]
+    backend: LaunchLinks | None
+    history: NotRequired[RunHistory | None]  # its curves: for the runs still going and the first listed
+
+
 class DashboardDocument(TypedDict):
     cluster: str
     time: float
     nodes: list[DashboardNode]
-    # Each run as JobRunner.view() shows it (the jobs layer's document), with its "checkpoints"
-    # (CheckpointStep), "backend" and, for some, "history" (RunHistory or None).
-    jobs: list[dict[str, Any]]
+    jobs: list[DashboardRun]
     events: list[EventRecord]
 
 
@@ -122,11 +130,11 @@ def dashboard_document(cluster: Cluster, runs: list[JobRunner], *,
     ``usage`` each node's latest usage sample."""
     now = time.time() if now is None else now
     runners = shown_runs(runs)
-    jobs = []
+    jobs: list[DashboardRun] = []
     for runner in runners:
-        view = runner.view()
-        view["checkpoints"] = checkpoint_rows(cluster.state.checkpoints(runner.run_id), now)
-        view["backend"] = runner.record.backend
+        view: DashboardRun = {**runner.view(),
+                              "checkpoints": checkpoint_rows(cluster.state.checkpoints(runner.run_id), now),
+                              "backend": runner.record.backend}
         # Live curves for the runs still going and the first run listed (the page's choice when
         # nothing runs); another finished run's the page asks /api/history for once, when chosen.
         if history is not None and (runner.state in ACTIVE or runner is runners[0]):

@@ -1,0 +1,68 @@
+"""What a rank appended to ``$COORD_PROGRESS_FILE``, read for its supervisor (docs/script-contract.md).
+
+The lines come as the rank wrote them: coord's trainers write every field of their records
+(``shared.agent_api.ProgressRecord``), a script of one's own may write anything. Each record of a
+kind coord reads is kept with the fields it needs, of the right type; one that lacks them is
+skipped, like a line that is not JSON, so that a script's mistake never ends its job's
+supervision. A value coord only shows (a loss, tokens per second) is kept when it is a number,
+and left out otherwise. Pure, tested without processes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import cast
+
+from shared.agent_api import CheckpointRecord, JsonObject, ProgressRecord, TrainRecord, ValRecord
+
+# What a train record may carry beside its step, each shown as it was written when it is a number.
+_TRAIN_VALUES = ("loss", "tokens_per_second", "learning_rate", "peak_memory_gb")
+
+
+def read_record(raw: JsonObject) -> ProgressRecord | None:
+    """The record, checked; None for a kind coord does not read, or one without what it needs."""
+    kind = raw.get("kind")
+    step = _whole(raw.get("step"))
+    if step is None or kind not in ("train", "val", "fingerprint", "checkpoint"):
+        return None
+    time = raw.get("time") if _is_number(raw.get("time")) else None
+    if kind == "train":
+        # A script's own train record may carry only its step: the rest is read with get.
+        train = cast(TrainRecord, {"kind": "train", "step": step,
+                                   **{key: raw[key] for key in _TRAIN_VALUES if _is_number(raw.get(key))}})
+        if time is not None:
+            train["time"] = time
+        return train
+    if kind == "val":
+        loss = _real(raw.get("val_loss"))
+        if loss is None:
+            return None
+        val: ValRecord = {"kind": "val", "step": step, "val_loss": loss}
+        if time is not None:
+            val["time"] = time
+        return val
+    if kind == "fingerprint":
+        rank, sha256 = _whole(raw.get("rank")), raw.get("sha256")
+        if rank is None or not isinstance(sha256, str):
+            return None
+        return {"kind": "fingerprint", "step": step, "rank": rank, "sha256": sha256}
+    held, wrote = _real(raw.get("blocking_seconds")), _real(raw.get("write_seconds"))
+    if held is None or wrote is None:
+        return None
+    # coord reads a checkpoint record's timings only (the file is found by listing the directory).
+    return cast(CheckpointRecord, {"kind": "checkpoint", "step": step, "blocking_seconds": held,
+                                   "write_seconds": wrote})
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _real(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and _is_number(value) else None
+
+
+def _whole(value: object) -> int | None:
+    """A step or a rank: a number, its fraction dropped (as ``int`` did before records were checked)."""
+    return int(value) if isinstance(value, (int, float)) and _is_number(value) else None
+

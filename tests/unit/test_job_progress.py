@@ -1,0 +1,75 @@
+"""The progress records a rank appends to $COORD_PROGRESS_FILE, as its supervisor reads them
+(coordinator/jobs/progress.py): kept with the fields coord reads, or skipped, never fatal."""
+
+from __future__ import annotations
+
+from coordinator.jobs.attempt import Attempt
+from coordinator.jobs.fingerprints import ReplicaCheck
+from coordinator.jobs.progress import read_record
+from coordinator.jobs.rank_watch import RankWatcher
+from coordinator.jobs.run_context import RunContext
+from coordinator.jobs.spec import JobSpec
+
+
+def test_coords_own_records_are_kept_as_written():
+    train = {"kind": "train", "step": 12, "loss": 1.25, "tokens_per_second": 900, "learning_rate": 1e-5,
+             "peak_memory_gb": 3.5, "time": 1700000000.5}
+    assert read_record(train) == train
+    assert read_record({"kind": "val", "step": 10, "val_loss": 2.0}) == {"kind": "val", "step": 10, "val_loss": 2.0}
+    fingerprint = {"kind": "fingerprint", "step": 8, "rank": 1, "sha256": "a" * 64}
+    assert read_record(fingerprint) == fingerprint
+    assert read_record({"kind": "checkpoint", "step": 20, "file": "0000020_adapters.safetensors", "bytes": 10,
+                        "blocking_seconds": 0.01, "write_seconds": 0.5}) == {
+        "kind": "checkpoint", "step": 20, "blocking_seconds": 0.01, "write_seconds": 0.5}
+
+
+def test_a_scripts_own_train_record_may_carry_its_step_alone_and_what_is_not_a_number_is_left_out():
+    assert read_record({"kind": "train", "step": 3}) == {"kind": "train", "step": 3}
+    assert read_record({"kind": "train", "step": 3.0, "loss": "low", "tokens_per_second": True, "time": "now"}) == {
+        "kind": "train", "step": 3}
+
+
+def test_records_without_what_coord_reads_are_skipped():
+    for line in ({"kind": "train", "loss": 1.0}, {"kind": "train", "step": "3"}, {"kind": "train", "step": None},
+                 {"kind": "train", "step": float("nan")}, {"kind": "train", "step": float("inf")},
+                 {"kind": "val", "step": 3}, {"kind": "val", "step": 3, "val_loss": "x"},
+                 {"kind": "fingerprint", "step": 3, "rank": 0}, {"kind": "fingerprint", "step": 3, "sha256": "a"},
+                 {"kind": "checkpoint", "step": 3, "blocking_seconds": 0.1}, {"kind": "eval", "step": 3}, {}):
+        assert read_record(line) is None, line
+
+
+class _Effects:
+    def __init__(self) -> None:
+        self.points: list[tuple[str, dict]] = []
+        self.events: list[str] = []
+
+    def now(self) -> float:
+        return 1700000000.0
+
+    def node_names(self) -> list[str]:
+        return ["n1", "n2"]
+
+    def save_run(self, *args: object) -> None:
+        pass
+
+    def event(self, kind: str, message: str, data: object) -> None:
+        self.events.append(kind)
+
+    def record_point(self, run_id: str, series: str, point: dict) -> None:
+        self.points.append((series, point))
+
+
+def test_a_malformed_record_is_skipped_and_the_watch_goes_on():
+    fx = _Effects()
+    ctx = RunContext(fx, JobSpec(name="j", command=["python", "train.py"]), run_id="j-00000000", record=None,
+                     state="running")
+    watcher = RankWatcher(ctx, health=None, checkpoints=None)
+    attempt = Attempt(0, ["n1", "n2"], replica_check=ReplicaCheck(2))
+    # Each of these ended the job's supervision (a KeyError or ValueError out of the poll).
+    for line in ({"kind": "train", "loss": 0.5}, {"kind": "train", "step": "x"},
+                 {"kind": "fingerprint", "step": 4, "rank": 0}, {"kind": "train", "step": 2, "time": "soon"}):
+        watcher._on_progress(attempt, line)
+    watcher._on_progress(attempt, {"kind": "train", "step": 5, "loss": "0.25", "tokens_per_second": 100})
+    assert ctx.record.step == 5 and ctx.record.loss is None and ctx.record.tokens_per_second == 100
+    assert [series for series, _ in fx.points] == ["train", "train"]
+    assert fx.points[-1][1]["step"] == 5 and fx.points[-1][1]["loss"] is None
