@@ -23,7 +23,18 @@ from shared.manifest import sha256_file
 from shared.rpc import RemoteError
 
 if TYPE_CHECKING:
-    from shared import agent_api as api
+    from shared.agent_api.common import JsonObject
+    from shared.agent_api.ranks import (
+        CheckpointInfo,
+        DataReply,
+        DumpStacksReply,
+        HashFileReply,
+        ListCheckpointsReply,
+        RankStatusReply,
+        ReadFileReply,
+        RemoveCheckpointsReply,
+        StopRankReply,
+    )
 
 CHECKPOINT_NAME = re.compile(r"^(\d{7})_adapters\.safetensors$")
 MAX_READ = 4 << 20
@@ -122,7 +133,7 @@ def _group_members(pgid: int) -> list[int]:
     return members
 
 
-def rank_status(workdir: str, job: str, attempt: int, rank: int, progress_offset: int = 0) -> api.RankStatusReply:
+def rank_status(workdir: str, job: str, attempt: int, rank: int, progress_offset: int = 0) -> RankStatusReply:
     directory = rank_dir(workdir, job, attempt, rank)
     pid = _read_int(os.path.join(directory, "pid"))
     runner = _read_int(os.path.join(directory, "runner.pid"))
@@ -150,7 +161,7 @@ def rank_status(workdir: str, job: str, attempt: int, rank: int, progress_offset
             "exited_at": exited_at}
 
 
-def _read_progress(path: str, offset: int) -> tuple[list[api.JsonObject], int]:
+def _read_progress(path: str, offset: int) -> tuple[list[JsonObject], int]:
     try:
         with open(path, "rb") as handle:
             handle.seek(offset)
@@ -171,7 +182,7 @@ def _read_progress(path: str, offset: int) -> tuple[list[api.JsonObject], int]:
     return records, offset + end + 1
 
 
-def read_log(workdir: str, job: str, attempt: int, rank: int, offset: int = 0) -> api.DataReply:
+def read_log(workdir: str, job: str, attempt: int, rank: int, offset: int = 0) -> DataReply:
     path = os.path.join(rank_dir(workdir, job, attempt, rank), "output.log")
     try:
         with open(path, "rb") as handle:
@@ -182,7 +193,7 @@ def read_log(workdir: str, job: str, attempt: int, rank: int, offset: int = 0) -
     return {"data": data, "offset": offset + len(data)}
 
 
-def dump_stacks(workdir: str, job: str, attempt: int, rank: int) -> api.DumpStacksReply:
+def dump_stacks(workdir: str, job: str, attempt: int, rank: int) -> DumpStacksReply:
     """Ask a hung rank to print its Python stacks (coord's trainers register SIGUSR1 for it)."""
     pid = _read_int(os.path.join(rank_dir(workdir, job, attempt, rank), "pid"))
     if pid is None or not _alive(pid):
@@ -194,7 +205,7 @@ def dump_stacks(workdir: str, job: str, attempt: int, rank: int) -> api.DumpStac
     return {"sent": True, "detail": f"SIGUSR1 sent to {pid}"}
 
 
-def stop_rank(workdir: str, job: str, attempt: int, rank: int, grace: float = 5.0) -> api.StopRankReply:
+def stop_rank(workdir: str, job: str, attempt: int, rank: int, grace: float = 5.0) -> StopRankReply:
     """Stop the rank's whole process group (SIGCONT first: a stopped rank cannot act on SIGTERM)."""
     directory = rank_dir(workdir, job, attempt, rank)
     pgid = _read_int(os.path.join(directory, "pid"))
@@ -285,11 +296,11 @@ def sha256_remembered(path: str) -> str:
 
 
 def list_checkpoints(workdir: str, job: str, attempt: int,
-                     known: list[str] | None = None) -> api.ListCheckpointsReply:
+                     known: list[str] | None = None) -> ListCheckpointsReply:
     """Checkpoint files of one attempt, validated, with SHA256 (skipping ones already known)."""
     directory = checkpoint_dir(workdir, job, attempt)
     skip = set(known or [])
-    found: list[api.CheckpointInfo] = []
+    found: list[CheckpointInfo] = []
     try:
         names = sorted(os.listdir(directory))
     except FileNotFoundError:
@@ -306,7 +317,7 @@ def list_checkpoints(workdir: str, job: str, attempt: int,
     return {"dir": directory, "checkpoints": found}
 
 
-def read_file(workdir: str, path: str, offset: int = 0) -> api.ReadFileReply:
+def read_file(workdir: str, path: str, offset: int = 0) -> ReadFileReply:
     """A chunk of a file under the workdir (to copy a checkpoint to another node)."""
     from shared.paths import UnsafePath, resolve_under
 
@@ -321,7 +332,7 @@ def read_file(workdir: str, path: str, offset: int = 0) -> api.ReadFileReply:
     return {"data": data, "offset": offset + len(data), "size": os.path.getsize(full)}
 
 
-def hash_file(workdir: str, path: str) -> api.HashFileReply:
+def hash_file(workdir: str, path: str) -> HashFileReply:
     """Size and SHA256 of a file under the workdir: a checkpoint copy checked where it lies before
     a rank resumes from it."""
     from shared.paths import UnsafePath, resolve_under
@@ -335,7 +346,7 @@ def hash_file(workdir: str, path: str) -> api.HashFileReply:
 
 
 def remove_checkpoints(workdir: str, job: str, attempt: int, names: list[str],
-                       replica: bool = False) -> api.RemoveCheckpointsReply:
+                       replica: bool = False) -> RemoveCheckpointsReply:
     directory = checkpoint_dir(workdir, job, attempt, replica)
     removed = 0
     for name in names:

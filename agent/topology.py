@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from agent import topology_parsers as parsers
 
 if TYPE_CHECKING:
-    from shared.agent_api import (
+    from shared.agent_api.topology import (
         BridgeInfo,
         HardwarePort,
         IbvDevice,

@@ -20,7 +20,8 @@ import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from shared.agent_api import (
+    from shared.agent_api.common import JsonObject
+    from shared.agent_api.topology import (
         ActiveRdmaPort,
         AddressInfo,
         HardwarePort,
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
         IbvPort,
         IfconfigInterface,
         IpInterface,
-        JsonObject,
         NamedThunderboltBus,
         NamedThunderboltInfo,
         NamedThunderboltPeer,
