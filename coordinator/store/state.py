@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
+from shared.agent_api.calibration import CalibrationReply
+
 SCHEMA_VERSION = 4
 
 _SCHEMA = """
@@ -190,7 +192,7 @@ class CalibrationRecord(TypedDict):
     """What is kept of a node's calibration (``calibration_record``): its key and the result."""
 
     key: CalibrationKey
-    result: dict[str, Any]  # the agent's calibrate answer as it reported it (agent/calibrate.py)
+    result: CalibrationReply  # the agent's calibrate answer as it reported it (agent/calibrate.py)
 
 
 class StoredCalibration(CalibrationRecord):
