@@ -20,6 +20,7 @@ from shared import protocol as p
 from shared.rpc import RemoteError
 
 if TYPE_CHECKING:
+    from coordinator.launch.mlx_backend import BackendChoice
     from coordinator.nodes.cluster import Cluster
 
 
@@ -33,7 +34,7 @@ class HostfileAnswer(TypedDict):
 
     hostfile: dict[str, Any]  # coordinator.launch's hostfile (typed by that layer)
     files: HostfileFiles
-    backend: dict[str, Any] | None  # coordinator.launch's backend choice
+    backend: BackendChoice | None
     ssh: dict[str, object]  # how the user's ssh reaches each node (UserSsh.describe)
     launch: str  # the command that uses the hostfile
 

@@ -15,7 +15,9 @@ from shared import protocol as p
 from shared.rpc import RemoteError
 
 if TYPE_CHECKING:
+    from coordinator.launch.mlx_backend import BackendChoice
     from coordinator.nodes.cluster import Cluster
+    from shared.agent_api.ranks import PrepareRankReply
 
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -29,8 +31,8 @@ class PreparedJob(TypedDict):
     order: list[str]  # the nodes, rank by rank
     hostfile: dict[str, Any]  # coordinator.launch's hostfile (typed by that layer)
     files: dict[str, str]  # the launch files written (coordinator.launch.plan.write_launch_files)
-    scripts: dict[str, Any]  # node -> its agent's prepare_rank answer
-    backend: dict[str, Any]  # coordinator.launch's backend choice
+    scripts: dict[str, PrepareRankReply]  # node -> its agent's prepare_rank answer
+    backend: BackendChoice
 
 
 async def prepare_job(cluster: Cluster, job: str, argv: list[object], env: dict[str, object] | None = None,
@@ -52,7 +54,7 @@ async def prepare_job(cluster: Cluster, job: str, argv: list[object], env: dict[
     down = [name for name in order if sessions[name].state != "up"]
     if down:
         raise RemoteError(p.REFUSED, f"cannot launch: {', '.join(down)} not up")
-    scripts: dict[str, Any] = {}
+    scripts: dict[str, PrepareRankReply] = {}
 
     async def one(rank: int, name: str) -> None:
         node = sessions[name].node
