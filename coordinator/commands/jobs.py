@@ -3,39 +3,45 @@ call on the job manager, coordinator.jobs.manager) and the renderers."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from coordinator.jobs.manager import JobManager
 
+# A run as the jobs layer shows it (JobRunner.view()) and a piece of a rank's log (JobManager.read_log) are
+# that layer's documents: a Mapping here, which takes the TypedDicts that layer is being given (RunView,
+# LogPiece) as well as the plain dicts it answers now.
+JobView = Mapping[str, Any]
 
-def start_job(jobs: JobManager, spec: dict[str, Any], resume: bool = False) -> dict[str, Any]:
-    """``spec``: the job's fields as the CLI sent them (checked by the manager before it answers)."""
+
+def start_job(jobs: JobManager, spec: dict[str, Any], resume: bool = False) -> JobView:
+    """``spec``: the job's fields as the CLI sent them, free-form until the manager checks them."""
     return jobs.submit(spec, resume=resume).view()
 
 
-def cancel_job(jobs: JobManager, name: str) -> dict[str, Any]:
+def cancel_job(jobs: JobManager, name: str) -> JobView:
     return jobs.cancel(name).view()
 
 
-def stop_job(jobs: JobManager, name: str) -> dict[str, Any]:
+def stop_job(jobs: JobManager, name: str) -> JobView:
     return jobs.stop(name).view()
 
 
-def resize_job(jobs: JobManager, name: str) -> dict[str, Any]:
+def resize_job(jobs: JobManager, name: str) -> JobView:
     runner, detail = jobs.resize(name)
     return {**runner.view(), "detail": detail}
 
 
-def job_view(jobs: JobManager, name: str) -> dict[str, Any]:
+def job_view(jobs: JobManager, name: str) -> JobView:
     return jobs.find(name).view()
 
 
 def job_logs(jobs: JobManager, name: str, rank: int = 0, attempt: int | None = None,
-             offset: int = 0) -> dict[str, Any]:
+             offset: int = 0) -> Mapping[str, Any]:
     return jobs.read_log(name, rank=rank, attempt=attempt, offset=offset)
 
-def render_job(job: dict[str, Any]) -> str:
+def render_job(job: JobView) -> str:
     step = f"{job['step']}/{job['total_steps']}" if job.get("total_steps") else str(job["step"])
     state = job["state"] + (f" (position {job['queue_position']})" if job.get("queue_position") else "")
     parts = [f"{job['name']}: {state}", f"step {step}"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NotRequired, Required, TypedDict
 
 # Types named for the checker only: the CLI imports this module to draw status, and keeps its
@@ -58,7 +58,7 @@ class StatusDocument(TypedDict):
     time: float
     summary: StatusSummary
     nodes: list[ClusterNodeView]
-    jobs: list[dict[str, Any]]  # each run as JobRunner.view() shows it: the jobs layer's document
+    jobs: Sequence[Mapping[str, Any]]  # each run as JobRunner.view() shows it: the jobs layer's document
     events: list[EventRecord]
     history: NotRequired[HistoryDocument]  # with --history
 
