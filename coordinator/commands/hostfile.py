@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -32,7 +33,7 @@ class HostfileFiles(TypedDict):
 class HostfileAnswer(TypedDict):
     """``coord hostfile``'s answer."""
 
-    hostfile: dict[str, Any]  # coordinator.launch's hostfile (typed by that layer)
+    hostfile: Mapping[str, Any]  # mlx.launch's hostfile as coordinator.launch builds it (its Hostfile type)
     files: HostfileFiles
     backend: BackendChoice | None
     ssh: dict[str, object]  # how the user's ssh reaches each node (UserSsh.describe)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
@@ -29,7 +30,7 @@ class PreparedJob(TypedDict):
     argv: list[str]  # mlx.launch, its hostfile, and each rank's command
     env: dict[str, str]  # on top of the caller's environment
     order: list[str]  # the nodes, rank by rank
-    hostfile: dict[str, Any]  # coordinator.launch's hostfile (typed by that layer)
+    hostfile: Mapping[str, Any]  # mlx.launch's hostfile as coordinator.launch builds it (its Hostfile type)
     files: dict[str, str]  # the launch files written (coordinator.launch.plan.write_launch_files)
     scripts: dict[str, PrepareRankReply]  # node -> its agent's prepare_rank answer
     backend: BackendChoice
