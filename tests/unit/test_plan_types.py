@@ -54,7 +54,7 @@ def conforms(value: object, hint: object, where: str = "") -> list[str]:
         if not isinstance(value, dict):
             return [f"{where}: {type(value).__name__}, not a dict"]
         return [problem for key, item in value.items() for problem in conforms(item, args[1], f"{where}[{key}]")]
-    kinds = {float: (int, float), int: (int,), str: (str,), bool: (bool,)}.get(hint)  # type: ignore[call-overload]
+    kinds = {float: (int, float), int: (int,), str: (str,), bool: (bool,)}.get(hint)
     if kinds is None:
         raise AssertionError(f"{where}: no check for {hint!r}")
     if isinstance(value, bool) and hint is not bool:
