@@ -34,7 +34,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:  # at run time this module needs the standard library and mlx only
-    from shared.agent_api import CalibrationReply, JsonObject, TrainModel
+    from shared.agent_api.calibration import CalibrationReply, TrainModel
+    from shared.agent_api.common import JsonObject
 
 Measured = TypeVar("Measured")
 

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, cast
 
 if TYPE_CHECKING:  # the agent's own process imports nothing of shared here
-    from shared.agent_api import CalibrationProgress, CalibrationReply, JsonObject
+    from shared.agent_api.calibration import CalibrationProgress, CalibrationReply
+    from shared.agent_api.common import JsonObject
 
 # The directory that holds the ``agent`` package (the bundle root on a node).
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 from agent import facts_parsers
 
 if TYPE_CHECKING:
-    from shared.agent_api import FactsReply, JsonObject, PythonFacts, SystemFacts
+    from shared.agent_api.common import JsonObject
+    from shared.agent_api.facts import FactsReply, PythonFacts, SystemFacts
 
 COMMAND_TIMEOUT_S = 10.0
 GPU_PROBE_TIMEOUT_S = 30.0

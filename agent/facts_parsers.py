@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from shared.agent_api import CpuInfo, HardwareFacts, JsonObject, PowerSettings
+    from shared.agent_api.common import JsonObject
+    from shared.agent_api.facts import CpuInfo, HardwareFacts, PowerSettings
 
 _SW_VERS_KEYS = {
     "ProductName": "product_name",

@@ -20,7 +20,7 @@ from shared import protocol as p
 from shared.rpc import RemoteError
 
 if TYPE_CHECKING:
-    from shared import agent_api as api
+    from shared.agent_api.ranks import PrepareRankReply
 
 # A run id: the job's name (at most 64) and a suffix of its own. Letters, digits, '.', '_', '-' only:
 # it becomes a directory name on every node.
@@ -65,7 +65,7 @@ def render_rank_script(*, workdir: str, python: str, argv: list[str], env: dict[
 
 
 def prepare_rank(job: str, rank: int, workdir: str, python: str, argv: list[str], env: dict[str, str],
-                 attempt: int = 0) -> api.PrepareRankReply:
+                 attempt: int = 0) -> PrepareRankReply:
     if not JOB_NAME.match(job):
         raise RemoteError(p.BAD_ARGS, f"job name {job!r} must be letters, digits, '.', '_' or '-'")
     if rank < 0 or rank > 4096:

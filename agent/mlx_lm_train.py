@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from mlx_lm.tuner.callbacks import TrainingCallback
 
-    from shared.agent_api import JsonObject, ProgressRecord
+    from shared.agent_api.common import JsonObject
+    from shared.agent_api.progress import ProgressRecord
 
 
 class ProgressCallback:

@@ -23,7 +23,18 @@ from shared.manifest import sha256_file
 from shared.rpc import RemoteError
 
 if TYPE_CHECKING:
-    from shared import agent_api as api
+    from shared.agent_api.common import JsonObject
+    from shared.agent_api.ranks import (
+        CheckpointInfo,
+        DataReply,
+        DumpStacksReply,
+        HashFileReply,
+        ListCheckpointsReply,
+        RankStatusReply,
+        ReadFileReply,
+        RemoveCheckpointsReply,
+        StopRankReply,
+    )
 
 CHECKPOINT_NAME = re.compile(r"^(\d{7})_adapters\.safetensors$")
 MAX_READ = 4 << 20
@@ -134,7 +145,7 @@ def rank_ended(workdir: str, job: str, attempt: int, rank: int) -> bool:
 
 
 def rank_status(workdir: str, job: str, attempt: int, rank: int, progress_offset: int = 0,
-                log_offset: int = -1) -> api.RankStatusReply:
+                log_offset: int = -1) -> RankStatusReply:
     """The rank's state, its progress records since ``progress_offset`` and, with ``log_offset`` of
     0 or more, its output since then (up to LOG_INLINE bytes): one call where there were two."""
     directory = rank_dir(workdir, job, attempt, rank)
@@ -159,7 +170,7 @@ def rank_status(workdir: str, job: str, attempt: int, rank: int, progress_offset
         log_size = os.path.getsize(os.path.join(directory, "output.log"))
     except OSError:
         log_size = 0
-    reply: api.RankStatusReply = {
+    reply: RankStatusReply = {
         "state": state, "pid": pid, "exit": code, "rss_bytes": _rss_bytes(pid) if alive else None,
         "progress": progress, "progress_offset": offset, "log_size": log_size, "time": time.time(),
         "exited_at": exited_at}
@@ -169,7 +180,7 @@ def rank_status(workdir: str, job: str, attempt: int, rank: int, progress_offset
     return reply
 
 
-def _read_progress(path: str, offset: int) -> tuple[list[api.JsonObject], int]:
+def _read_progress(path: str, offset: int) -> tuple[list[JsonObject], int]:
     try:
         with open(path, "rb") as handle:
             handle.seek(offset)
@@ -191,7 +202,7 @@ def _read_progress(path: str, offset: int) -> tuple[list[api.JsonObject], int]:
 
 
 def read_log(workdir: str, job: str, attempt: int, rank: int, offset: int = 0,
-             limit: int = MAX_READ) -> api.DataReply:
+             limit: int = MAX_READ) -> DataReply:
     path = os.path.join(rank_dir(workdir, job, attempt, rank), "output.log")
     try:
         with open(path, "rb") as handle:
@@ -202,7 +213,7 @@ def read_log(workdir: str, job: str, attempt: int, rank: int, offset: int = 0,
     return {"data": data, "offset": offset + len(data)}
 
 
-def dump_stacks(workdir: str, job: str, attempt: int, rank: int) -> api.DumpStacksReply:
+def dump_stacks(workdir: str, job: str, attempt: int, rank: int) -> DumpStacksReply:
     """Ask a hung rank to print its Python stacks (coord's trainers register SIGUSR1 for it)."""
     pid = _read_int(os.path.join(rank_dir(workdir, job, attempt, rank), "pid"))
     if pid is None or not _alive(pid):
@@ -214,7 +225,7 @@ def dump_stacks(workdir: str, job: str, attempt: int, rank: int) -> api.DumpStac
     return {"sent": True, "detail": f"SIGUSR1 sent to {pid}"}
 
 
-def stop_rank(workdir: str, job: str, attempt: int, rank: int, grace: float = 5.0) -> api.StopRankReply:
+def stop_rank(workdir: str, job: str, attempt: int, rank: int, grace: float = 5.0) -> StopRankReply:
     """Stop the rank's whole process group (SIGCONT first: a stopped rank cannot act on SIGTERM)."""
     directory = rank_dir(workdir, job, attempt, rank)
     pgid = _read_int(os.path.join(directory, "pid"))
@@ -305,11 +316,11 @@ def sha256_remembered(path: str) -> str:
 
 
 def list_checkpoints(workdir: str, job: str, attempt: int,
-                     known: list[str] | None = None) -> api.ListCheckpointsReply:
+                     known: list[str] | None = None) -> ListCheckpointsReply:
     """Checkpoint files of one attempt, validated, with SHA256 (skipping ones already known)."""
     directory = checkpoint_dir(workdir, job, attempt)
     skip = set(known or [])
-    found: list[api.CheckpointInfo] = []
+    found: list[CheckpointInfo] = []
     try:
         names = sorted(os.listdir(directory))
     except FileNotFoundError:
@@ -326,7 +337,7 @@ def list_checkpoints(workdir: str, job: str, attempt: int,
     return {"dir": directory, "checkpoints": found}
 
 
-def read_file(workdir: str, path: str, offset: int = 0) -> api.ReadFileReply:
+def read_file(workdir: str, path: str, offset: int = 0) -> ReadFileReply:
     """A chunk of a file under the workdir (to copy a checkpoint to another node)."""
     from shared.paths import UnsafePath, resolve_under
 
@@ -341,7 +352,7 @@ def read_file(workdir: str, path: str, offset: int = 0) -> api.ReadFileReply:
     return {"data": data, "offset": offset + len(data), "size": os.path.getsize(full)}
 
 
-def hash_file(workdir: str, path: str) -> api.HashFileReply:
+def hash_file(workdir: str, path: str) -> HashFileReply:
     """Size and SHA256 of a file under the workdir: a checkpoint copy checked where it lies before
     a rank resumes from it."""
     from shared.paths import UnsafePath, resolve_under
@@ -355,7 +366,7 @@ def hash_file(workdir: str, path: str) -> api.HashFileReply:
 
 
 def remove_checkpoints(workdir: str, job: str, attempt: int, names: list[str],
-                       replica: bool = False) -> api.RemoveCheckpointsReply:
+                       replica: bool = False) -> RemoveCheckpointsReply:
     directory = checkpoint_dir(workdir, job, attempt, replica)
     removed = 0
     for name in names:

@@ -36,7 +36,7 @@ from shared.paths import UnsafePath, resolve_under
 from shared.rpc import RemoteError
 
 if TYPE_CHECKING:
-    from shared import agent_api as api
+    from shared.agent_api.relay import ForwardState, RelayCloseReply, RelayReceiveReply, RelaySourceReply, TransferState
 
 _ids = itertools.count(1)
 MAX_TRANSFERS = 64
@@ -52,7 +52,7 @@ class Forward:
     error: str | None = None
     done: bool = False
 
-    def as_dict(self) -> api.ForwardState:
+    def as_dict(self) -> ForwardState:
         return {"host": self.host, "port": self.port, "sent": self.sent, "error": self.error, "done": self.done}
 
 
@@ -92,7 +92,7 @@ class Transfer:
             raise OSError(errno.EBADF, f"{self.tmp} is no longer open for writing")
         return self.write_fd
 
-    def state(self) -> api.TransferState:
+    def state(self) -> TransferState:
         return {"transfer": self.id, "have": self.have, "chunks": self.plan.count, "size": self.plan.size,
                 "bytes": min(self.plan.size, self.have * self.plan.chunk_bytes), "done": self.done,
                 "error": self.error, "upstream_error": self.upstream_error,
@@ -149,7 +149,7 @@ class Relay:
     # --- control (RPC) -----------------------------------------------------------------
 
     async def open_receiver(self, transfer: str, token: str, root: str, path: str, size: int, mode: int,
-                            sha256: str, chunk_bytes: int, chunks: list[bytes]) -> api.RelayReceiveReply:
+                            sha256: str, chunk_bytes: int, chunks: list[bytes]) -> RelayReceiveReply:
         """Get ready to receive ``path`` (under ``root``); returns the port to send to."""
         plan, hashes = self._check_plan(size, chunk_bytes, chunks)
         root = node_sync._root(root, create=True)
@@ -178,7 +178,7 @@ class Relay:
         return {"port": await self._listen()}
 
     async def open_source(self, transfer: str, token: str, workdir: str, path: str, size: int, sha256: str,
-                          chunk_bytes: int = wire.CHUNK_BYTES) -> api.RelaySourceReply:
+                          chunk_bytes: int = wire.CHUNK_BYTES) -> RelaySourceReply:
         """Serve a file this node holds whole; returns its chunks' hashes, read now, after checking
         that the file still has the SHA256 recorded for it."""
         full = await asyncio.to_thread(_held_file, workdir, path)  # resolving it reads the disk
@@ -197,7 +197,7 @@ class Relay:
                                              have=plan.count, done=True, sha256=sha256)
         return {"port": await self._listen(), "chunks": hashes}
 
-    async def forward(self, transfer: str, targets: list[list[Any]]) -> api.TransferState:
+    async def forward(self, transfer: str, targets: list[list[Any]]) -> TransferState:
         """Send this transfer on to each of ``targets`` ([host, port] pairs) as chunks arrive."""
         state = self._get(transfer)
         for target in targets:
@@ -213,7 +213,7 @@ class Relay:
             state.forwards[key] = entry
         return state.state()
 
-    async def wait(self, transfer: str, timeout: float = 5.0, have: int = -1) -> api.TransferState:
+    async def wait(self, transfer: str, timeout: float = 5.0, have: int = -1) -> TransferState:
         """This transfer's state once it is done, failed or holds more than ``have`` chunks, or
         after ``timeout`` seconds: the daemon's long poll."""
         state = self._get(transfer)
@@ -230,7 +230,7 @@ class Relay:
         state.touched = time.monotonic()
         return state.state()
 
-    async def close(self, transfer: str) -> api.RelayCloseReply:
+    async def close(self, transfer: str) -> RelayCloseReply:
         """Forget a transfer: its forwarders stop, an unfinished temporary file is removed."""
         state = self._transfers.pop(transfer, None)
         if state is None:

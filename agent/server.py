@@ -23,7 +23,10 @@ from shared.rpc import ArgType, Dispatcher, Emit, Peer, Reader, RemoteError, Wri
 from shared.version import COORD_VERSION
 
 if TYPE_CHECKING:
-    from shared import agent_api as api
+    from shared.agent_api.calibration import CalibrationProgress, CalibrationReply
+    from shared.agent_api.facts import FactsReply
+    from shared.agent_api.ranks import RankStatusReply
+    from shared.agent_api.session import HelloReply, PingReply
 
 Reply = TypeVar("Reply")
 STATUS_CHECK_S = 0.1  # how often a waiting status request looks whether its rank has ended
@@ -39,7 +42,7 @@ def bundle_id() -> str:
         return "source"
 
 
-async def hello(protocol: int, client: str = "") -> api.HelloReply:
+async def hello(protocol: int, client: str = "") -> HelloReply:
     if protocol != p.PROTOCOL_VERSION:
         raise RemoteError(p.PROTOCOL_MISMATCH,
                           f"agent speaks protocol {p.PROTOCOL_VERSION}, caller speaks {protocol}")
@@ -52,14 +55,14 @@ async def hello(protocol: int, client: str = "") -> api.HelloReply:
     }
 
 
-async def facts(workdir: str | None = None) -> api.FactsReply:
+async def facts(workdir: str | None = None) -> FactsReply:
     if workdir is not None and not os.path.isabs(workdir):
         raise RemoteError(p.BAD_ARGS, f"workdir must be an absolute path, got {workdir!r}")
     # Facts run commands (system_profiler can take seconds): keep the loop free for pings.
     return await asyncio.to_thread(node_facts.collect_facts, workdir)
 
 
-async def ping() -> api.PingReply:
+async def ping() -> PingReply:
     return {"time": time.time()}
 
 
@@ -73,7 +76,7 @@ def _in_thread(func: Callable[..., Reply]) -> Callable[..., Awaitable[Reply]]:
 
 
 async def rank_status(workdir: str, job: str, attempt: int, rank: int, progress_offset: int = 0,
-                      log_offset: int = -1, wait_s: float = 0.0) -> api.RankStatusReply:
+                      log_offset: int = -1, wait_s: float = 0.0) -> RankStatusReply:
     """A rank's status; with ``wait_s``, not before that many seconds have passed or the rank has
     ended, whichever is first. The daemon's watch then costs one call per rank every few seconds,
     while a rank's end is still seen within a tenth of a second."""
@@ -140,7 +143,7 @@ def build_dispatcher(relay: node_relay.Relay | None = None) -> Dispatcher:
 
 
 async def calibrate(emit: Emit, python: str, workdir: str, quick: bool = False,
-                    timeout: float = 600) -> api.CalibrationReply:
+                    timeout: float = 600) -> CalibrationReply:
     """Measure this node with its training Python, in a child process; progress goes out as events."""
     if not os.path.isabs(workdir):
         raise RemoteError(p.BAD_ARGS, f"workdir must be an absolute path, got {workdir!r}")
@@ -149,7 +152,7 @@ async def calibrate(emit: Emit, python: str, workdir: str, quick: bool = False,
     tmpdir = os.path.join(workdir, ".coord", "tmp", "calibrate")
     os.makedirs(tmpdir, exist_ok=True)
 
-    def forward(progress: api.CalibrationProgress) -> None:
+    def forward(progress: CalibrationProgress) -> None:
         asyncio.run_coroutine_threadsafe(emit(progress), loop)
 
     return await asyncio.to_thread(run_calibration, python, quick=quick, timeout=timeout, on_progress=forward,

@@ -38,7 +38,22 @@ from shared.paths import PathGuard, UnsafePath, resolve_under
 from shared.rpc import RemoteError
 
 if TYPE_CHECKING:
-    from shared import agent_api as api
+    from shared.agent_api.sync import (
+        CheckWritableReply,
+        DeleteFilesReply,
+        FileInfo,
+        InspectFilesReply,
+        ManifestReply,
+        ModeRow,
+        PutFileRow,
+        PutFilesReply,
+        SetModesReply,
+        SyncStateReply,
+        UploadAbortReply,
+        UploadBeginReply,
+        UploadChunkReply,
+        UploadFinishReply,
+    )
 
 CACHE_NAME = os.path.join(".coord", "hashcache.json")
 _upload_ids = itertools.count(1)
@@ -104,7 +119,7 @@ def _syncfs(path: str) -> bool:
         return False
 
 
-def describe(root: str, patterns: list[str]) -> api.ManifestReply:
+def describe(root: str, patterns: list[str]) -> ManifestReply:
     root = _root(root, create=True)
     manifest, stats = _scan(root, patterns)
     return {"files": [[rel, *entry] for rel, entry in manifest.items()], "tree_hash": tree_hash(manifest),
@@ -186,7 +201,7 @@ def _make_durable(root: str, files: dict[str, _Written], dirs: set[str], devices
     return how
 
 
-def sync_state(root: str, patterns: list[str], known: list[str] | None = None) -> api.SyncStateReply:
+def sync_state(root: str, patterns: list[str], known: list[str] | None = None) -> SyncStateReply:
     """Make everything written since the last call durable, and describe the tree by its hash from a
     stat-only scan.
 
@@ -222,7 +237,7 @@ def sync_state(root: str, patterns: list[str], known: list[str] | None = None) -
             cache.save()
             flushed = len(files)
     digest = tree_hash(manifest)
-    answer: api.SyncStateReply = {"tree_hash": digest, "count": len(manifest), "flushed": flushed,
+    answer: SyncStateReply = {"tree_hash": digest, "count": len(manifest), "flushed": flushed,
                                   "flush": how, "stats": stats.as_dict()}
     if known is not None and digest not in known:
         answer["files"] = [[rel, *entry] for rel, entry in manifest.items()]
@@ -253,7 +268,7 @@ def _write_temporary(target: str, data: bytes, mode: int) -> tuple[str, os.stat_
     return tmp, info
 
 
-def put_files(root: str, files: list[api.PutFileRow]) -> api.PutFilesReply:
+def put_files(root: str, files: list[PutFileRow]) -> PutFilesReply:
     """Write whole small files: [[rel, mode, sha256, data], ...], each verified, then renamed.
 
     Every hash is checked before anything is written, so a batch with one bad file writes
@@ -319,7 +334,7 @@ class Uploads:
     def __init__(self) -> None:
         self._open: dict[int, _Upload] = {}
 
-    def begin(self, root: str, path: str, size: int, mode: int, sha256: str) -> api.UploadBeginReply:
+    def begin(self, root: str, path: str, size: int, mode: int, sha256: str) -> UploadBeginReply:
         root = _root(root, create=True)
         target = _safe(root, path)
         os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -330,7 +345,7 @@ class Uploads:
                                      sha256=sha256)
         return {"upload": upload}
 
-    def chunk(self, upload: int, offset: int, data: bytes) -> api.UploadChunkReply:
+    def chunk(self, upload: int, offset: int, data: bytes) -> UploadChunkReply:
         state = self._get(upload)
         if offset != state.offset:
             self.abort(upload)
@@ -343,7 +358,7 @@ class Uploads:
         state.offset += len(data)
         return {"offset": state.offset}
 
-    def finish(self, upload: int) -> api.UploadFinishReply:
+    def finish(self, upload: int) -> UploadFinishReply:
         state = self._get(upload)
         try:
             if state.offset != state.size or state.digest.hexdigest() != state.sha256:
@@ -371,7 +386,7 @@ class Uploads:
         with contextlib.suppress(OSError):
             os.unlink(state.tmp)
 
-    def abort_reply(self, upload: int) -> api.UploadAbortReply:
+    def abort_reply(self, upload: int) -> UploadAbortReply:
         """``abort`` as a method answers it (an upload not in progress is not an error)."""
         self.abort(upload)
         return {"aborted": upload}
@@ -393,7 +408,7 @@ def _open_fd(state: _Upload) -> int:
     return state.fd
 
 
-def delete_files(root: str, paths: list[str]) -> api.DeleteFilesReply:
+def delete_files(root: str, paths: list[str]) -> DeleteFilesReply:
     root = _root(root)
     deleted = 0
     for rel in paths:
@@ -409,7 +424,7 @@ def delete_files(root: str, paths: list[str]) -> api.DeleteFilesReply:
     return {"deleted": deleted}
 
 
-def set_modes(root: str, modes: list[api.ModeRow]) -> api.SetModesReply:
+def set_modes(root: str, modes: list[ModeRow]) -> SetModesReply:
     root = _root(root)
     for item in modes:
         if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], int)):
@@ -418,10 +433,10 @@ def set_modes(root: str, modes: list[api.ModeRow]) -> api.SetModesReply:
     return {"changed": len(modes)}
 
 
-def inspect_files(root: str, paths: list[str], count_lines: bool = False) -> api.InspectFilesReply:
+def inspect_files(root: str, paths: list[str], count_lines: bool = False) -> InspectFilesReply:
     """Size, mode, SHA256 (and line count) of named files; None for a missing one."""
     root = _root(root)
-    found: dict[str, api.FileInfo | None] = {}
+    found: dict[str, FileInfo | None] = {}
     for rel in paths:
         target = _safe(root, rel)
         try:
@@ -432,7 +447,7 @@ def inspect_files(root: str, paths: list[str], count_lines: bool = False) -> api
         if not stat.S_ISREG(info.st_mode):
             found[rel] = None
             continue
-        entry: api.FileInfo = {"size": info.st_size, "mode": stat.S_IMODE(info.st_mode),
+        entry: FileInfo = {"size": info.st_size, "mode": stat.S_IMODE(info.st_mode),
                                "sha256": sha256_file(target)}
         if count_lines:
             with open(target, "rb") as handle:
@@ -467,7 +482,7 @@ def _fsync_dirs(directories: set[str]) -> None:
             os.close(fd)
 
 
-def check_writable(root: str, subdir: str) -> api.CheckWritableReply:
+def check_writable(root: str, subdir: str) -> CheckWritableReply:
     """Can this node write (and fsync) a file where its checkpoints go? And how much room is there?"""
     root = _root(root, create=True)
     directory = _safe(root, subdir)

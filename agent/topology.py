@@ -15,7 +15,7 @@ Shape (plain data, msgpack-able)::
               "devices": ["rdma_en6", ...] | None,
               "active_ports": [{"device", "port", "state", "link_layer", "active_mtu"}] | None,
               "ports": [{"device", "port", "state", "link_layer", "interface"}] | None},
-     "thunderbolt": topology_parsers.parse_thunderbolt(...) with each bus's
+     "thunderbolt": thunderbolt_parsers.parse_thunderbolt(...) with each bus's
                     "port_name", "interface", "rdma_device" | None,
      "thunderbolt_bridge": {"enabled": bool | None, "interface": "bridge0" | None,
                             "members": [...]},
@@ -34,10 +34,10 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from agent import topology_parsers as parsers
+from agent import interface_parsers, rdma_parsers, thunderbolt_parsers
 
 if TYPE_CHECKING:
-    from shared.agent_api import (
+    from shared.agent_api.topology import (
         BridgeInfo,
         HardwarePort,
         IbvDevice,
@@ -128,45 +128,45 @@ def build_macos_topology(
     """
     detail = dict(detail or {})
 
-    state = parsers.parse_rdma_ctl_status(outputs.get("rdma_ctl"))
+    state = rdma_parsers.parse_rdma_ctl_status(outputs.get("rdma_ctl"))
     if state is None and "rdma_ctl" not in detail:
         detail["rdma_ctl"] = _unreadable("rdma_ctl status", outputs.get("rdma_ctl"))
 
-    devinfo = parsers.parse_ibv_devinfo(outputs.get("ibv_devinfo"))
+    devinfo = rdma_parsers.parse_ibv_devinfo(outputs.get("ibv_devinfo"))
     if devinfo is None and "ibv_devinfo" not in detail:
         detail["ibv_devinfo"] = _unreadable("ibv_devinfo", outputs.get("ibv_devinfo"))
-    devices = parsers.parse_ibv_devices(outputs.get("ibv_devices"))
+    devices = rdma_parsers.parse_ibv_devices(outputs.get("ibv_devices"))
     if devices is None and "ibv_devices" not in detail:
         detail["ibv_devices"] = _unreadable("ibv_devices", outputs.get("ibv_devices"))
     if devices is None and devinfo is not None:
         devices = [d["name"] for d in devinfo]
 
-    ports = parsers.parse_networksetup_ports(outputs.get("networksetup"))
+    ports = thunderbolt_parsers.parse_networksetup_ports(outputs.get("networksetup"))
     if ports is None and "networksetup" not in detail:
         detail["networksetup"] = _unreadable(
             "networksetup -listallhardwareports", outputs.get("networksetup")
         )
 
-    parsed_thunderbolt = parsers.parse_thunderbolt(outputs.get("system_profiler"))
+    parsed_thunderbolt = thunderbolt_parsers.parse_thunderbolt(outputs.get("system_profiler"))
     if parsed_thunderbolt is None and "system_profiler" not in detail:
         detail["system_profiler"] = _unreadable(
             "system_profiler SPThunderboltDataType -json", outputs.get("system_profiler")
         )
-    thunderbolt = parsers.annotate_thunderbolt(parsed_thunderbolt, ports)
+    thunderbolt = thunderbolt_parsers.annotate_thunderbolt(parsed_thunderbolt, ports)
 
     rdma_ports = _devinfo_ports(devinfo, _interfaces_of_rdma(ports))
-    ifconfig = parsers.parse_ifconfig(outputs.get("ifconfig"))
+    ifconfig = interface_parsers.parse_ifconfig(outputs.get("ifconfig"))
     if ifconfig is None and "ifconfig" not in detail:
         detail["ifconfig"] = _unreadable("ifconfig", outputs.get("ifconfig"))
 
-    kinds = parsers.interface_kinds(ports)
+    kinds = thunderbolt_parsers.interface_kinds(ports)
     port_names = {p["device"]: p["port"] for p in ports or [] if p.get("device")}
     interfaces: list[InterfaceInfo] | None = None
     if ifconfig is not None:
         interfaces = [
             {
                 "name": entry["name"],
-                "kind": parsers.macos_interface_kind(entry["name"], kinds),
+                "kind": interface_parsers.macos_interface_kind(entry["name"], kinds),
                 "addresses": entry["addresses"],
                 "up": entry["up"],
                 "port": port_names.get(entry["name"]),
@@ -174,14 +174,14 @@ def build_macos_topology(
             for entry in ifconfig
         ]
 
-    bridge_name = parsers.thunderbolt_bridge_device(ports) or "bridge0"
+    bridge_name = thunderbolt_parsers.thunderbolt_bridge_device(ports) or "bridge0"
     return {
         "platform": "macOS",
         "os_version": os_version,
         "rdma": {
             "state": state,
             "devices": devices,
-            "active_ports": parsers.active_rdma_ports(devinfo),
+            "active_ports": rdma_parsers.active_rdma_ports(devinfo),
             "ports": rdma_ports,
         },
         "thunderbolt": thunderbolt,
@@ -210,7 +210,7 @@ def _interfaces_of_rdma(ports: list[HardwarePort] | None) -> dict[str, str]:
     """``{"rdma_en6": "en6"}`` for the Thunderbolt interfaces networksetup lists."""
     return {
         rdma_device: entry["interface"]
-        for entry in parsers.thunderbolt_receptacles(ports).values()
+        for entry in thunderbolt_parsers.thunderbolt_receptacles(ports).values()
         if (rdma_device := entry["rdma_device"]) is not None  # an interface always has one
     }
 
@@ -251,7 +251,7 @@ def collect_linux_topology(sysfs_infiniband: str = SYSFS_INFINIBAND) -> Topology
     ifconfig_text = None
     if ip.why:
         detail["ip"] = ip.why
-    if parsers.parse_ip_json_addr(ip.stdout) is None:
+    if interface_parsers.parse_ip_json_addr(ip.stdout) is None:
         fallback = run_command(["ifconfig", "-a"], COMMAND_TIMEOUT_S)
         ifconfig_text = fallback.stdout
         if fallback.why:
@@ -310,9 +310,9 @@ def build_linux_topology(
     """Assemble the topology from what was read under /sys, ``ibv_devices`` and
     ``ip -j addr`` (or, where ``ip`` cannot answer, ``ifconfig``)."""
     detail = dict(detail or {})
-    devinfo = parsers.rdma_devices_from_sysfs(sysfs)
+    devinfo = rdma_parsers.rdma_devices_from_sysfs(sysfs)
     names = [d["name"] for d in devinfo] if devinfo is not None else None
-    listed = parsers.parse_ibv_devices(ibv_devices_text)
+    listed = rdma_parsers.parse_ibv_devices(ibv_devices_text)
     if listed is not None:
         names = sorted(set(names or []) | set(listed))
     if names is None:
@@ -323,10 +323,10 @@ def build_linux_topology(
         state = "disabled"
         detail.setdefault("rdma", f"no RDMA device under {SYSFS_INFINIBAND}")
 
-    ip_interfaces = parsers.parse_ip_json_addr(ip_json_text)
+    ip_interfaces = interface_parsers.parse_ip_json_addr(ip_json_text)
     source: Sequence[ParsedInterface] | None = ip_interfaces
     if source is None:
-        source = parsers.parse_ifconfig(ifconfig_text)
+        source = interface_parsers.parse_ifconfig(ifconfig_text)
     if source is None:
         detail.setdefault("interfaces", "neither `ip -j addr` nor `ifconfig` could be read")
     interfaces: list[InterfaceInfo] | None = None
@@ -334,7 +334,7 @@ def build_linux_topology(
         interfaces = [
             {
                 "name": entry["name"],
-                "kind": parsers.linux_interface_kind(entry["name"]),
+                "kind": interface_parsers.linux_interface_kind(entry["name"]),
                 "addresses": entry["addresses"],
                 "up": entry["up"],
                 "port": None,
@@ -348,7 +348,7 @@ def build_linux_topology(
         "rdma": {
             "state": state,
             "devices": names,
-            "active_ports": parsers.active_rdma_ports(devinfo),
+            "active_ports": rdma_parsers.active_rdma_ports(devinfo),
             "ports": _devinfo_ports(devinfo, {}),
         },
         "thunderbolt": None,

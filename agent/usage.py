@@ -18,7 +18,7 @@ from agent import usage_parsers
 from agent.facts import read_physical_memory, read_text, run_command
 
 if TYPE_CHECKING:
-    from shared.agent_api import UsageReply, UsageSample
+    from shared.agent_api.facts import UsageReply, UsageSample
 
 USAGE_TIMEOUT_S = 5.0
 NO_TEMPERATURE = "not read: macOS gives the SoC temperature only to root (powermetrics, SMC)"

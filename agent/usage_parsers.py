@@ -11,7 +11,7 @@ import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from shared.agent_api import GpuStatistics
+    from shared.agent_api.facts import GpuStatistics
 
 _VM_PAGE_SIZE = re.compile(r"page size of (\d+) bytes")
 _VM_LINE = re.compile(r'^"?([A-Za-z][A-Za-z \-]*?)"?:\s+(\d+)\.?\s*$')

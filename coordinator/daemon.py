@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 import anyio
 import anyio.abc
@@ -55,6 +55,10 @@ from coordinator.relay.links import LinkBook
 from coordinator.store.state import StateError, StateStore
 from shared.rpc import Dispatcher, Emit
 from shared.version import COORD_VERSION
+
+if TYPE_CHECKING:  # the plan's modules load only when a plan is asked for
+    from coordinator.plan.document import PlanDocument
+    from coordinator.plan.orchestration import OrchestrationDocument
 
 log = structlog.get_logger("coordd")
 Answer = TypeVar("Answer")
@@ -184,7 +188,7 @@ class Daemon:
                   optional={"output": (str, type(None)), "backend": (str, type(None))})
         return table
 
-    async def _plan(self, emit: Emit, **args: Any) -> dict[str, Any]:  # the plan document, checked by its schema
+    async def _plan(self, emit: Emit, **args: Any) -> PlanDocument | OrchestrationDocument:
         from coordinator.commands.plan import serve_plan  # the plan's modules load only when asked for
 
         return await serve_plan(self.cluster, list(self.jobs.runs.values()), emit, **args)

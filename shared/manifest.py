@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from shared.ignore import IgnoreRules
 
 if TYPE_CHECKING:  # the reply shapes are for type checking only: no import cost at run time
-    from shared.agent_api import ScanStatsReport
+    from shared.agent_api.sync import ScanStatsReport
 
 READ_CHUNK = 1 << 20
 PARALLEL_ABOVE = 256 << 10

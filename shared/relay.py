@@ -38,7 +38,8 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 if TYPE_CHECKING:
-    from shared.agent_api import JsonObject, RelayFrame
+    from shared.agent_api.common import JsonObject
+    from shared.agent_api.relay import RelayFrame
 
 MAGIC = b"COORDRL1"
 MAX_HELLO = 4096

@@ -14,7 +14,10 @@ from __future__ import annotations
 import json
 import os
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict, cast
+
+if TYPE_CHECKING:
+    from shared.agent_api.common import JsonObject
 
 #: safetensors readers refuse larger headers; so do we (a corrupt length must not make us read gigabytes).
 MAX_HEADER_BYTES = 100 << 20
@@ -25,8 +28,17 @@ class HeaderError(ValueError):
     """A file whose first bytes are not a safetensors header."""
 
 
-def read_header_block(path: str | os.PathLike[str]) -> tuple[dict[str, Any], int]:
-    """(the header as parsed, ``__metadata__`` included; where the tensors' bytes start)."""
+class TensorEntry(TypedDict):
+    """One tensor of a header: its type, its shape, where its bytes are (after the header)."""
+
+    dtype: str  # "F32", "BF16", ...
+    shape: list[int]
+    data_offsets: list[int]  # [start, end)
+
+
+def read_header_block(path: str | os.PathLike[str]) -> tuple[JsonObject, int]:
+    """(the header as parsed, ``__metadata__`` included, each entry as the file has it: see
+    :func:`tensor_entries`; where the tensors' bytes start)."""
     with open(path, "rb") as handle:
         prefix = handle.read(8)
         if len(prefix) != 8:
@@ -46,20 +58,20 @@ def read_header_block(path: str | os.PathLike[str]) -> tuple[dict[str, Any], int
     return header, 8 + length
 
 
-def read_header(path: str | os.PathLike[str]) -> dict[str, Any]:
+def read_header(path: str | os.PathLike[str]) -> JsonObject:
     """The header as parsed: tensor entries and ``__metadata__`` if the file has one."""
     return read_header_block(path)[0]
 
 
-def tensor_entries(header: dict[str, Any], path: str | os.PathLike[str] = "") -> dict[str, dict[str, Any]]:
+def tensor_entries(header: JsonObject, path: str | os.PathLike[str] = "") -> dict[str, TensorEntry]:
     """``{tensor name: {"dtype", "shape", "data_offsets"}}``: the header without its metadata,
     each entry checked to have the three fields."""
-    out = {}
+    out: dict[str, TensorEntry] = {}
     for name, entry in header.items():
         if name == METADATA:
             continue
         if not (isinstance(entry, dict) and isinstance(entry.get("shape"), list)
                 and isinstance(entry.get("dtype"), str) and isinstance(entry.get("data_offsets"), list)):
             raise HeaderError(f"{path}: tensor {name!r} has no dtype, shape and data_offsets")
-        out[name] = entry
+        out[name] = cast(TensorEntry, entry)  # its three fields checked just above
     return out

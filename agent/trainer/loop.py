@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     import mlx.optimizers as optim
     from mlx_lm.tuner.datasets import CacheDataset
 
-    from shared.agent_api import JsonObject
+    from shared.agent_api.common import JsonObject
 
 #: What the micro-steps of one optimizer step add up: (loss sum, token count, gradient tree).
 Totals = tuple[mx.array, mx.array, Any]

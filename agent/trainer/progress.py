@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from mlx_lm.tuner.callbacks import TrainingCallback
 
-    from shared.agent_api import ProgressRecord
+    from shared.agent_api.progress import ProgressRecord
 
 
 def append_record(path: str | None, record: ProgressRecord) -> None:

@@ -23,7 +23,7 @@ import struct
 from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
 
 if TYPE_CHECKING:
-    from shared.agent_api import JsonObject
+    from shared.agent_api.common import JsonObject
 
 from shared import safetensors_header
 

@@ -14,7 +14,7 @@ import json
 from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 if TYPE_CHECKING:
-    from shared.agent_api import JsonObject
+    from shared.agent_api.common import JsonObject
 
 METADATA_KEY = "coord.trainer_state"
 FORMAT = "coord-trainer-state"

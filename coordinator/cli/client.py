@@ -10,8 +10,9 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from coordinator.cli.console import make_console
 
@@ -19,10 +20,29 @@ from coordinator.cli.console import make_console
 # (each imports it where it needs the whole file).
 from coordinator.control.address import SOCKET_NAME, default_state_dir, socket_from_file
 
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from rich.console import Console
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
-# A request's arguments and the daemon's answers are plain data off the wire (msgpack): each control method's
-# shape is its own, declared with its serve_* in coordinator/commands, so here they stay dict[str, Any].
+# A request's arguments and the daemon's answers are plain data off the wire (msgpack). Each control method's
+# answer is declared with its serve_* in coordinator/commands: a caller names it where it takes the answer
+# (``doc: StatusDocument = ask_daemon(...)``), and ``streamed`` takes it from the renderer it is given.
+Answer = TypeVar("Answer")
+OnEvent = Callable[[Any], None]  # gets each event a streaming method sends, as it came
+
+
+class ProgressDisplay(Protocol):
+    """Progress bars drawn from a long call's events (coordinator/cli/progress.py)."""
+
+    def __enter__(self) -> ProgressDisplay: ...
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None: ...
+
+    def update(self, event: Any) -> None: ...
 
 
 class CliError(Exception):
@@ -55,8 +75,8 @@ def resolve_socket(args: argparse.Namespace) -> Path:
     return default_state_dir() / SOCKET_NAME
 
 
-def ask_daemon(socket: Path, method: str, args: dict[str, Any] | None = None, *, config_hint: str | None = None,
-               timeout: float | None = 30.0, on_event=None) -> Any:
+def ask_daemon(socket: Path, method: str, args: Mapping[str, object] | None = None, *,
+               config_hint: str | None = None, timeout: float | None = 30.0, on_event: OnEvent | None = None) -> Any:
     import asyncio
 
     from coordinator.control.server import DaemonNotRunning, call_daemon
@@ -79,8 +99,8 @@ def _not_running(socket: Path, config_hint: str | None) -> CliError:
                     f"(or as a service: see deploy/ for launchd and systemd)", EXIT_USAGE)
 
 
-def ask_daemon_blocking(socket: Path, method: str, args: dict[str, Any] | None = None, *,
-                        config_hint: str | None = None, on_event=None) -> Any:
+def ask_daemon_blocking(socket: Path, method: str, args: Mapping[str, object] | None = None, *,
+                        config_hint: str | None = None, on_event: OnEvent | None = None) -> Any:
     """One call over the control socket with plain blocking I/O, no event loop (no asyncio to import):
     the same frames as ``call_daemon``, the events of the call passed to ``on_event``, then its result."""
     import socket as sockets
@@ -118,8 +138,9 @@ def ask_daemon_blocking(socket: Path, method: str, args: dict[str, Any] | None =
         connection.close()
 
 
-def streamed(args: argparse.Namespace, method: str, request: dict[str, Any], render, progress_class, *,
-             blocking: bool = False) -> dict[str, Any]:
+def streamed(args: argparse.Namespace, method: str, request: Mapping[str, object],
+             render: Callable[[Answer, Console], None], progress_class: Callable[[Console], ProgressDisplay], *,
+             blocking: bool = False) -> Answer:
     """Call a long daemon method: progress bars from its events, then its report (or --json).
 
     ``blocking``: over a plain socket (``ask_daemon_blocking``), for the commands whose start-up
@@ -127,7 +148,7 @@ def streamed(args: argparse.Namespace, method: str, request: dict[str, Any], ren
     socket = resolve_socket(args)
     hint = args.config or os.environ.get("COORD_CONFIG")
 
-    def ask(on_event=None) -> Any:
+    def ask(on_event: OnEvent | None = None) -> Any:
         if blocking:
             return ask_daemon_blocking(socket, method, request, config_hint=hint, on_event=on_event)
         return ask_daemon(socket, method, request, config_hint=hint, timeout=None, on_event=on_event)

@@ -9,7 +9,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from coordinator.cli.client import (
     EXIT_FAILED,
@@ -22,16 +22,20 @@ from coordinator.cli.client import (
 )
 from coordinator.cli.console import make_console
 
+if TYPE_CHECKING:
+    from coordinator.commands.hostfile import HostfileAnswer
+    from coordinator.commands.status import StatusDocument
+
 
 def cmd_status(args: argparse.Namespace) -> int:
     socket = resolve_socket(args)
     hint = args.config or os.environ.get("COORD_CONFIG")
     if args.watch:
         return _watch_status(args, socket, hint)
-    request = {"events": args.events, "all": args.all}
+    request: dict[str, object] = {"events": args.events, "all": args.all}
     if args.history:
         request.update(history=True, run=args.run, since=time.time() - args.since if args.since else None)
-    doc = ask_daemon(socket, "status", request, config_hint=hint)
+    doc: StatusDocument = ask_daemon(socket, "status", request, config_hint=hint)
     if args.json:
         json.dump(doc, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
@@ -53,7 +57,7 @@ def _watch_status(args: argparse.Namespace, socket: Path, hint: str | None) -> i
     try:
         with Live(console=console, auto_refresh=False, screen=False) as live, open(os.devnull, "w") as devnull:
             while True:
-                doc = ask_daemon(socket, "status", {"events": args.events}, config_hint=hint)
+                doc: StatusDocument = ask_daemon(socket, "status", {"events": args.events}, config_hint=hint)
                 capture = Console(record=True, width=console.width, file=devnull)
                 render_status(doc, capture)
                 from rich.text import Text
@@ -132,8 +136,8 @@ def cmd_hostfile(args: argparse.Namespace) -> int:
     socket = resolve_socket(args)
     hint = args.config or os.environ.get("COORD_CONFIG")
     output = str(Path(args.output).resolve()) if args.output else None
-    result = ask_daemon(socket, "hostfile", {"output": output, "backend": args.backend}, config_hint=hint,
-                        timeout=300)
+    result: HostfileAnswer = ask_daemon(socket, "hostfile", {"output": output, "backend": args.backend},
+                                        config_hint=hint, timeout=300)
     if args.json:
         json.dump(result, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
@@ -151,10 +155,11 @@ def cmd_hostfile(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def render_hostfile_ssh(result: dict[str, Any]) -> str:
+def render_hostfile_ssh(result: HostfileAnswer) -> str:
     """How the user's own ssh reaches the nodes, and the one line to add when it cannot yet."""
     ssh = result.get("ssh") or {}
-    needing = [e for e in ssh.get("entries", []) if e.get("needs")]
+    entries = ssh.get("entries")  # coordinator.launch.user_hostfile's UserSsh.describe
+    needing = [e for e in entries if e.get("needs")] if isinstance(entries, list) else []
     lines = []
     if needing and ssh.get("include_line"):
         lines.append("your ssh config lacks what " + ", ".join(e["node"] for e in needing) + " need"

@@ -16,10 +16,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from coordinator.control.server import DaemonNotRunning, call_daemon
 from coordinator.readiness.head_python import install_mlx_command, missing_training_modules
+
+if TYPE_CHECKING:
+    from coordinator.commands.status import StatusDocument
 
 DEMO_CLUSTER = """\
 # Written by `coord demo`: two local nodes on this machine.
@@ -66,7 +71,8 @@ def write_demo_cluster(root: Path) -> Path:
     return config
 
 
-def _ask(socket: Path, method: str, args: dict | None = None):
+def _ask(socket: Path, method: str, args: Mapping[str, object] | None = None) -> Any:
+    """The daemon's answer, as the method declares it (the caller names its type)."""
     return asyncio.run(call_daemon(socket, method, args or {}, timeout=60))
 
 
@@ -181,7 +187,7 @@ def run_demo(root: Path, *, keep: bool, timeout: float = 600.0) -> int:
         final = _wait("the job to end", lambda: (j := _ask(config.socket, "job", {"name": job_name}))["state"]
                       in ("succeeded", "failed", "stopped") and j, timeout, daemon, log_file)
         console.print()
-        doc = _ask(config.socket, "status", {"events": 1000})
+        doc: StatusDocument = _ask(config.socket, "status", {"events": 1000})
         render_status({**doc, "events": []}, console)
         console.print("\n[bold]the job's story[/] (checkpoint validations and copies left out)")
         for event in doc["events"]:

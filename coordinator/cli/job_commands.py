@@ -7,21 +7,25 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from coordinator.cli.client import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliError, ask_daemon, resolve_socket
+
+if TYPE_CHECKING:
+    from coordinator.jobs.view import RunView
 
 TERMINAL = ("succeeded", "failed", "stopped")
 
 
-def _follow_job(socket: Path, name: str, hint: str | None, *, quiet: bool = False) -> dict[str, Any]:
+def _follow_job(socket: Path, name: str, hint: str | None, *, quiet: bool = False) -> RunView:
     """Poll the job until it ends, printing each change of state and step."""
     from coordinator.commands.jobs import render_job
 
     shown = None
     while True:
-        job = ask_daemon(socket, "job", {"name": name}, config_hint=hint)
+        job: RunView = ask_daemon(socket, "job", {"name": name}, config_hint=hint)
         line = render_job(job)
         key = (job["state"], job["step"], job["restarts"])
         if not quiet and key != shown:
@@ -45,7 +49,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             spec = load_job_file(Path(command[0]))
             if args.resume:
                 spec.name = args.resume
-            fields = spec.as_dict()
+            fields: Mapping[str, object] = spec.as_dict()  # the spec's fields, as the daemon's run takes them
         elif args.resume and not command:
             fields = {"name": args.resume, "command": [], "force": args.force}  # the run's own command
         else:

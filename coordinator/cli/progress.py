@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.progress import TaskID
+
+    from coordinator.control.events import NodeProgressEvent
+    from coordinator.readiness.push import SyncProgress as SyncEvent
 
 
 class SyncProgress:
@@ -25,7 +29,7 @@ class SyncProgress:
                                   TransferSpeedColumn(), TimeElapsedColumn(), console=console, transient=False,
                                   disable=not console.is_terminal)
         self._phase = self._progress.add_task("starting", total=None)
-        self._nodes: dict[str, Any] = {}
+        self._nodes: dict[str, TaskID] = {}  # a bar per node, and per node and relayed file
 
     def __enter__(self) -> SyncProgress:
         self._progress.__enter__()
@@ -34,7 +38,7 @@ class SyncProgress:
     def __exit__(self, *exc) -> None:
         self._progress.__exit__(*exc)
 
-    def update(self, event: dict[str, Any]) -> None:
+    def update(self, event: SyncEvent) -> None:
         phase = event.get("phase")
         if phase == "send":
             node = event["node"]
@@ -63,7 +67,7 @@ class NodeProgress:
         self._progress = Progress(TextColumn("{task.fields[node]:<12}"), BarColumn(), TaskProgressColumn(),
                                   TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
                                   disable=not console.is_terminal)
-        self._nodes: dict[str, Any] = {}
+        self._nodes: dict[str, TaskID] = {}
 
     def __enter__(self) -> NodeProgress:
         self._progress.__enter__()
@@ -72,7 +76,7 @@ class NodeProgress:
     def __exit__(self, *exc) -> None:
         self._progress.__exit__(*exc)
 
-    def update(self, event: dict[str, Any]) -> None:
+    def update(self, event: NodeProgressEvent) -> None:
         node = event.get("node", "")
         if node not in self._nodes:
             self._nodes[node] = self._progress.add_task("", total=1.0, node=node)

@@ -20,7 +20,7 @@ def cmd_init(args: argparse.Namespace) -> int:
         raise CliError(f"{path} already exists; use --force to overwrite it", EXIT_USAGE)
     if args.hosts:
         return _init_from_hosts(args, path)
-    from coordinator.config.cluster_file import EXAMPLE_CLUSTER
+    from coordinator.config.example_cluster import EXAMPLE_CLUSTER
 
     path.write_text(EXAMPLE_CLUSTER)
     print(f"wrote {path}; edit the nodes, then start the daemon with: coord daemon --config {path}")

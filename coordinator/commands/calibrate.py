@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Literal, Required, TypedDict
+from typing import TYPE_CHECKING, Literal, Required, TypedDict
 
 import anyio
 
@@ -15,6 +15,7 @@ from coordinator.readiness.calibration import (
     train_rate,
     workload_shares,
 )
+from shared.agent_api.calibration import CalibrationProgress, CalibrationReply
 from shared.rpc import Emit, RemoteError
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ class CalibrateEntry(TypedDict, total=False):
 
     status: Required[Literal["skipped", "reused", "measured", "failed"]]
     detail: Required[str]  # why skipped or failed, why measured or reused
-    result: dict[str, Any]  # the agent's calibrate answer, as it reported it (agent/calibrate.py)
+    result: CalibrationReply  # the agent's calibrate answer, as it reported it (agent/calibrate.py)
     measured_at: float
 
 
@@ -55,13 +56,14 @@ async def serve_calibrate(cluster: Cluster, emit: Emit, refresh: bool = False, q
                              "measured_at": stored["measured_at"]}
             return
 
-        async def progress(event: dict[str, Any]) -> None:  # the agent's progress report, passed on as it is
+        async def progress(event: CalibrationProgress) -> None:  # the agent's progress report, passed on
             await emit({"node": name, **event})
 
         await emit({"node": name, "progress": f"measuring ({reason})", "fraction": 0.0})
         try:
-            result = await session.call("calibrate", {"python": session.node.python, "workdir": session.node.workdir,
-                                                      "quick": quick}, timeout=900, on_event=progress)
+            result: CalibrationReply = await session.call(
+                "calibrate", {"python": session.node.python, "workdir": session.node.workdir, "quick": quick},
+                timeout=900, on_event=progress)
         except RemoteError as exc:
             entries[name] = {"status": "failed", "detail": exc.message}
             return

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from coordinator.config.cluster_file import ClusterConfig
 from coordinator.launch.hostfile import HostfileError
@@ -20,6 +20,8 @@ from shared import protocol as p
 from shared.rpc import RemoteError
 
 if TYPE_CHECKING:
+    from coordinator.launch.hostfile import Hostfile
+    from coordinator.launch.mlx_backend import BackendChoice
     from coordinator.nodes.cluster import Cluster
 
 
@@ -31,9 +33,9 @@ class HostfileFiles(TypedDict):
 class HostfileAnswer(TypedDict):
     """``coord hostfile``'s answer."""
 
-    hostfile: dict[str, Any]  # coordinator.launch's hostfile (typed by that layer)
+    hostfile: Hostfile  # mlx.launch's, as coordinator.launch builds it
     files: HostfileFiles
-    backend: dict[str, Any] | None  # coordinator.launch's backend choice
+    backend: BackendChoice | None
     ssh: dict[str, object]  # how the user's ssh reaches each node (UserSsh.describe)
     launch: str  # the command that uses the hostfile
 

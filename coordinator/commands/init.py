@@ -26,17 +26,12 @@ from coordinator.nodes.onboarding import (
     NodeReport,
     NodeReportDict,
     OnboardingError,
-    SshFileSettings,
     assess,
-    facts_command,
     format_bytes,
-    parse_facts,
-    parse_probe,
-    probe_command,
-    propose_workdir,
     python_path,
-    render_cluster,
 )
+from coordinator.nodes.onboarding_cluster_file import SshFileSettings, render_cluster
+from coordinator.nodes.onboarding_probes import facts_command, parse_facts, parse_probe, probe_command, propose_workdir
 from coordinator.nodes.ssh_settings import NodeUnreachable, UnknownHostKey
 from coordinator.nodes.transport import SshTransport
 

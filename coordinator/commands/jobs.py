@@ -5,37 +5,45 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+# Named for the checker only: the CLI imports this module to draw a job, and keeps its start-up free of
+# the jobs layer.
 if TYPE_CHECKING:
-    from coordinator.jobs.manager import JobManager
+    from coordinator.jobs.manager import JobManager, LogPiece
+    from coordinator.jobs.view import RunView
+
+    class ResizeAnswer(RunView):
+        """``coord resize``'s answer: the run, and what the resize will do."""
+
+        detail: str
 
 
-def start_job(jobs: JobManager, spec: dict[str, Any], resume: bool = False) -> dict[str, Any]:
-    """``spec``: the job's fields as the CLI sent them (checked by the manager before it answers)."""
+def start_job(jobs: JobManager, spec: dict[str, Any], resume: bool = False) -> RunView:
+    """``spec``: the job's fields as the CLI sent them, free-form until the manager checks them."""
     return jobs.submit(spec, resume=resume).view()
 
 
-def cancel_job(jobs: JobManager, name: str) -> dict[str, Any]:
+def cancel_job(jobs: JobManager, name: str) -> RunView:
     return jobs.cancel(name).view()
 
 
-def stop_job(jobs: JobManager, name: str) -> dict[str, Any]:
+def stop_job(jobs: JobManager, name: str) -> RunView:
     return jobs.stop(name).view()
 
 
-def resize_job(jobs: JobManager, name: str) -> dict[str, Any]:
+def resize_job(jobs: JobManager, name: str) -> ResizeAnswer:
     runner, detail = jobs.resize(name)
     return {**runner.view(), "detail": detail}
 
 
-def job_view(jobs: JobManager, name: str) -> dict[str, Any]:
+def job_view(jobs: JobManager, name: str) -> RunView:
     return jobs.find(name).view()
 
 
 def job_logs(jobs: JobManager, name: str, rank: int = 0, attempt: int | None = None,
-             offset: int = 0) -> dict[str, Any]:
+             offset: int = 0) -> LogPiece:
     return jobs.read_log(name, rank=rank, attempt=attempt, offset=offset)
 
-def render_job(job: dict[str, Any]) -> str:
+def render_job(job: RunView) -> str:
     step = f"{job['step']}/{job['total_steps']}" if job.get("total_steps") else str(job["step"])
     state = job["state"] + (f" (position {job['queue_position']})" if job.get("queue_position") else "")
     parts = [f"{job['name']}: {state}", f"step {step}"]

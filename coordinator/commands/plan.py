@@ -8,6 +8,7 @@ Nothing is written to the nodes; the hostfile path is the one ``coord run`` woul
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -16,10 +17,15 @@ from agent.launch import rank_command
 from coordinator.jobs import diagnosis
 from coordinator.launch.mlx_launch import launcher_argv
 from coordinator.plan import datasets, model_shape, sizing
-from coordinator.plan.document import build_plan
+from coordinator.plan.document import PlanDocument, build_plan
 from coordinator.plan.inputs import PlanInputs, timings_from_events
 from coordinator.plan.options import JobOptions, PlanInputError
-from coordinator.plan.orchestration import OrchestrationInputError, build_orchestration, parse_orchestration_input
+from coordinator.plan.orchestration import (
+    OrchestrationDocument,
+    OrchestrationInputError,
+    build_orchestration,
+    parse_orchestration_input,
+)
 from coordinator.readiness.calibration import gpu_memory
 from shared import protocol as p
 from shared.rpc import RemoteError
@@ -27,8 +33,12 @@ from shared.rpc import RemoteError
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
+    from rich.console import Console
+
     from coordinator.jobs.supervisor import JobRunner
     from coordinator.nodes.cluster import Cluster
+    from coordinator.plan.datasets import DatasetReport
+    from shared.rpc import Emit
 
 SCHEMAS = ("v2", "orchestration")
 OPTION_FIELDS = {"fine_tune_type": str, "per_rank_batch_size": int, "gradient_accumulation_steps": int,
@@ -37,9 +47,12 @@ OPTION_FIELDS = {"fine_tune_type": str, "per_rank_batch_size": int, "gradient_ac
                  "replica": str, "min_nodes": int, "node_timeout": float}
 
 
-async def serve_plan(cluster: Cluster, runs: Iterable[JobRunner], emit, *, schema: str = "v2", model: str | None = None,
-                     data: str | None = None, options: dict | None = None, request: dict | None = None,
-                     name: str = "job", seq_len: int = 2048) -> dict[str, Any]:
+async def serve_plan(cluster: Cluster, runs: Iterable[JobRunner], emit: Emit, *, schema: str = "v2",
+                     model: str | None = None, data: str | None = None, options: Mapping[str, Any] | None = None,
+                     request: Mapping[str, object] | None = None, name: str = "job",
+                     seq_len: int = 2048) -> PlanDocument | OrchestrationDocument:
+    """``options``: the job options as the CLI sent them, those of OPTION_FIELDS used (and checked by
+    resolve_options); ``request``: an orchestration input, checked against its schema here."""
     from coordinator.readiness.preflight import run_preflight
 
     if schema not in SCHEMAS:
@@ -87,22 +100,24 @@ async def serve_plan(cluster: Cluster, runs: Iterable[JobRunner], emit, *, schem
     return document
 
 
-def latest_replica_check(runs: Iterable[JobRunner], name: str) -> dict[str, Any] | None:
-    """The named job's replica checks, or else those of the newest job that made any."""
-    checked = [runner for runner in runs if (runner.record.replica_check or {})
-               .get("steps_compared")]
-    named = [runner for runner in checked if runner.spec.name == name]
+def latest_replica_check(runs: Iterable[JobRunner], name: str) -> Mapping[str, object] | None:
+    """The named job's replica checks (the jobs layer's summary of them, JobRecord.replica_check) with the
+    job's name and run id, or else those of the newest job that made any."""
+    checked = [(runner, check) for runner in runs
+               if (check := runner.record.replica_check) and check.get("steps_compared")]
+    named = [(runner, check) for runner, check in checked if runner.spec.name == name]
     if not (named or checked):
         return None
-    runner = (named or sorted(checked, key=lambda r: r.record.started or 0))[-1]
-    return {**runner.record.replica_check, "job": runner.spec.name, "run_id": runner.run_id}
+    runner, check = (named or sorted(checked, key=lambda found: found[0].record.started or 0))[-1]
+    return {**check, "job": runner.spec.name, "run_id": runner.run_id}
 
 
-async def _quiet(_event) -> None:
+async def _quiet(_event: object) -> None:
     return None
 
 
-async def _sizing(emit, model: str, facts: dict, measured: dict, options: JobOptions, seq_len: int) -> sizing.FitPlan:
+async def _sizing(emit: Emit, model: str, facts: Mapping[str, Mapping[str, Any] | None],
+                  measured: Mapping[str, tuple[int, str]], options: JobOptions, seq_len: int) -> sizing.FitPlan:
     """fit_nodes over every node whose memory is known: the estimate, per node, with its rules."""
     await emit({"node": "head", "progress": f"sizing {model}", "fraction": 0.6})
     nodes, unknown = sizing.nodes_from_facts({name: fact for name, fact in facts.items() if fact}, measured)
@@ -119,7 +134,7 @@ async def _sizing(emit, model: str, facts: dict, measured: dict, options: JobOpt
     return fit
 
 
-async def _dataset(emit, data: str) -> dict[str, Any]:
+async def _dataset(emit: Emit, data: str) -> DatasetReport:
     """validate_data_dir in a worker thread, its chunk progress streamed to the CLI."""
     def progress(message: str) -> None:
         anyio.from_thread.run(emit, {"node": "head", "progress": message, "fraction": 0.8})
@@ -131,14 +146,15 @@ async def _dataset(emit, data: str) -> dict[str, Any]:
         raise RemoteError(p.BAD_ARGS, f"--data {data}: {exc}") from None
 
 
-def render_plan(document: dict[str, Any], console) -> None:
+def render_plan(document: PlanDocument | OrchestrationDocument, console: Console) -> None:
     """A short reading of the plan; --json prints all of it."""
     from rich.table import Table
 
     table = Table(box=None, header_style="bold", pad_edge=False)
     table.add_column("SECTION")
     table.add_column("")
-    for key, value in document.items():
+    sections: Mapping[str, object] = document  # each section alike, by name
+    for key, value in sections.items():
         if not isinstance(value, dict):
             continue
         if value.get("enabled") is False:
@@ -148,10 +164,11 @@ def render_plan(document: dict[str, Any], console) -> None:
                      if k not in ("sources", "missing") and not isinstance(v, (dict, list))}
             table.add_row(key, ", ".join(f"{k}={v}" for k, v in list(shown.items())[:4]))
     console.print(table)
-    data = document.get("data_validation") or {}
-    for problem in data.get("problems") or []:
-        console.print(f"[red]data set[/]: {problem}", markup=True, highlight=False)
-    for split, report in sorted((data.get("splits") or {}).items()):
-        for bad in (report or {}).get("bad_lines", []):
-            console.print(f"  {split}.jsonl line {bad['line']}: {bad['reason']}", markup=False, highlight=False)
+    data = sections.get("data_validation")
+    if isinstance(data, dict) and data.get("enabled") is not False:  # a DatasetReport
+        for problem in data.get("problems") or []:
+            console.print(f"[red]data set[/]: {problem}", markup=True, highlight=False)
+        for split, report in sorted((data.get("splits") or {}).items()):
+            for bad in (report or {}).get("bad_lines", []):
+                console.print(f"  {split}.jsonl line {bad['line']}: {bad['reason']}", markup=False, highlight=False)
     console.print("\nthe whole plan, with where each value comes from: coord plan --json")

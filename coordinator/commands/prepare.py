@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 import anyio
 
@@ -15,7 +15,10 @@ from shared import protocol as p
 from shared.rpc import RemoteError
 
 if TYPE_CHECKING:
+    from coordinator.launch.hostfile import Hostfile
+    from coordinator.launch.mlx_backend import BackendChoice
     from coordinator.nodes.cluster import Cluster
+    from shared.agent_api.ranks import PrepareRankReply
 
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -27,10 +30,10 @@ class PreparedJob(TypedDict):
     argv: list[str]  # mlx.launch, its hostfile, and each rank's command
     env: dict[str, str]  # on top of the caller's environment
     order: list[str]  # the nodes, rank by rank
-    hostfile: dict[str, Any]  # coordinator.launch's hostfile (typed by that layer)
+    hostfile: Hostfile  # mlx.launch's, as coordinator.launch builds it
     files: dict[str, str]  # the launch files written (coordinator.launch.plan.write_launch_files)
-    scripts: dict[str, Any]  # node -> its agent's prepare_rank answer
-    backend: dict[str, Any]  # coordinator.launch's backend choice
+    scripts: dict[str, PrepareRankReply]  # node -> its agent's prepare_rank answer
+    backend: BackendChoice
 
 
 async def prepare_job(cluster: Cluster, job: str, argv: list[object], env: dict[str, object] | None = None,
@@ -52,7 +55,7 @@ async def prepare_job(cluster: Cluster, job: str, argv: list[object], env: dict[
     down = [name for name in order if sessions[name].state != "up"]
     if down:
         raise RemoteError(p.REFUSED, f"cannot launch: {', '.join(down)} not up")
-    scripts: dict[str, Any] = {}
+    scripts: dict[str, PrepareRankReply] = {}
 
     async def one(rank: int, name: str) -> None:
         node = sessions[name].node

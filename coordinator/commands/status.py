@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from coordinator.jobs.manager import JobManager
+    from coordinator.jobs.view import RunView
     from coordinator.nodes.cluster import Cluster, ClusterNodeView
     from coordinator.observe.metrics.history import HistoryDocument
     from coordinator.store.state import EventRecord
@@ -58,7 +59,7 @@ class StatusDocument(TypedDict):
     time: float
     summary: StatusSummary
     nodes: list[ClusterNodeView]
-    jobs: list[dict[str, Any]]  # each run as JobRunner.view() shows it: the jobs layer's document
+    jobs: list[RunView]  # each run as JobRunner.view() shows it
     events: list[EventRecord]
     history: NotRequired[HistoryDocument]  # with --history
 

@@ -17,16 +17,11 @@ from pathlib import Path
 from typing import Any, TypedDict
 from urllib.parse import urlsplit
 
+from coordinator.config.toml_checks import ConfigError, Locator, Schema, TomlTable, check_table
 from coordinator.control.address import MAX_SOCKET_PATH, resolve_under, socket_of
 
 LOCAL_HOST = "local"
-#: A table of the cluster file as tomllib read it: the user's own data, checked key by key before use.
-TomlTable = dict[str, Any]
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-
-
-class ConfigError(Exception):
-    """A cluster file that cannot be used; the message names the file, line and key."""
 
 
 @dataclass(frozen=True)
@@ -143,17 +138,15 @@ class ClusterConfig:
                 "model": node.model if node.model is not None else self.sync.model}
 
 
-# key -> (accepted types, required)
-_Schema = dict[str, tuple[type | tuple[type, ...], bool]]
-_CLUSTER_KEYS: _Schema = {"name": (str, True), "state_dir": (str, False), "socket": (str, False)}
-_SSH_KEYS: _Schema = {
+_CLUSTER_KEYS: Schema = {"name": (str, True), "state_dir": (str, False), "socket": (str, False)}
+_SSH_KEYS: Schema = {
     "known_hosts": (str, False),
     "identity_file": (str, False),
     "config": (str, False),
     "keepalive_s": ((int, float), False),
     "connect_timeout_s": ((int, float), False),
 }
-_NODE_KEYS: _Schema = {
+_NODE_KEYS: Schema = {
     "name": (str, True),
     "host": (str, True),
     "user": (str, False),
@@ -165,7 +158,7 @@ _NODE_KEYS: _Schema = {
     "data": (list, False),
     "model": (str, False),
 }
-_SYNC_KEYS: _Schema = {
+_SYNC_KEYS: Schema = {
     "source": (str, False),
     "hook": (str, False),
     "ignore": (list, False),
@@ -174,8 +167,8 @@ _SYNC_KEYS: _Schema = {
     "data": (list, False),
     "model": (str, False),
 }
-_DASHBOARD_KEYS: _Schema = {"listen": (str, False), "token": (str, False), "enabled": (bool, False)}
-_ALERT_KEYS: _Schema = {
+_DASHBOARD_KEYS: Schema = {"listen": (str, False), "token": (str, False), "enabled": (bool, False)}
+_ALERT_KEYS: Schema = {
     "name": (str, False),
     "on": (list, False),
     "webhook": (str, False),
@@ -206,7 +199,7 @@ def parse_config(text: str, path: Path | None = None) -> ClusterConfig:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{where}: not valid TOML: {exc}") from None
-    locate = _Locator(text, where)
+    locate = Locator(text, where)
     base = path.resolve().parent if path else Path.cwd()
 
     for key, value in raw.items():
@@ -221,9 +214,9 @@ def parse_config(text: str, path: Path | None = None) -> ClusterConfig:
     cluster = raw.get("cluster")
     if cluster is None:
         raise ConfigError(f"{where}: missing the [cluster] table (with at least name = \"...\")")
-    _check_table(cluster, _CLUSTER_KEYS, "cluster", None, locate)
+    check_table(cluster, _CLUSTER_KEYS, "cluster", None, locate)
     ssh_raw = raw.get("ssh", {})
-    _check_table(ssh_raw, _SSH_KEYS, "ssh", None, locate)
+    check_table(ssh_raw, _SSH_KEYS, "ssh", None, locate)
     sync = _parse_sync(raw.get("sync", {}), locate, base)
     dashboard = _parse_dashboard(raw.get("dashboard", {}), locate)
 
@@ -285,8 +278,8 @@ def is_loopback(host: str) -> bool:
     return host == "localhost" or ipaddress.ip_address(host).is_loopback
 
 
-def _parse_dashboard(raw: TomlTable, locate: _Locator) -> DashboardSettings:
-    _check_table(raw, _DASHBOARD_KEYS, "dashboard", None, locate)
+def _parse_dashboard(raw: TomlTable, locate: Locator) -> DashboardSettings:
+    check_table(raw, _DASHBOARD_KEYS, "dashboard", None, locate)
     try:
         host, port = parse_listen(raw.get("listen", DEFAULT_DASHBOARD))
     except ValueError as exc:
@@ -306,7 +299,7 @@ def _parse_dashboard(raw: TomlTable, locate: _Locator) -> DashboardSettings:
 
 
 def _relative_paths(values: Sequence[str], table: str, index: int | None, key: str,
-                    locate: _Locator) -> tuple[str, ...]:
+                    locate: Locator) -> tuple[str, ...]:
     from shared.paths import UnsafePath, check_relative
 
     out = []
@@ -319,8 +312,8 @@ def _relative_paths(values: Sequence[str], table: str, index: int | None, key: s
     return tuple(out)
 
 
-def _parse_sync(raw: TomlTable, locate: _Locator, base: Path) -> SyncSettings:
-    _check_table(raw, _SYNC_KEYS, "sync", None, locate)
+def _parse_sync(raw: TomlTable, locate: Locator, base: Path) -> SyncSettings:
+    check_table(raw, _SYNC_KEYS, "sync", None, locate)
     threshold = float(raw.get("threshold", 0.95))
     if not 0 < threshold <= 1:
         raise ConfigError(locate.message("sync", None, "threshold", "threshold must be in (0, 1]"))
@@ -338,10 +331,10 @@ def _parse_sync(raw: TomlTable, locate: _Locator, base: Path) -> SyncSettings:
     )
 
 
-def _parse_node(entry: Any, index: int, locate: _Locator, base: Path) -> NodeConfig:
+def _parse_node(entry: Any, index: int, locate: Locator, base: Path) -> NodeConfig:
     if not isinstance(entry, dict):
         raise ConfigError(locate.message("nodes", index, None, "each node must be a [[nodes]] table"))
-    _check_table(entry, _NODE_KEYS, "nodes", index, locate)
+    check_table(entry, _NODE_KEYS, "nodes", index, locate)
     name = entry["name"]
     if not NODE_NAME.match(name):
         raise ConfigError(locate.message("nodes", index, "name",
@@ -392,7 +385,7 @@ def redact_url(url: str) -> str:
     return f"{parts.scheme}://{host}{port}{tail}"
 
 
-def _parse_alerts(entries: list[Any], locate: _Locator, base: Path) -> tuple[AlertSettings, ...]:
+def _parse_alerts(entries: list[Any], locate: Locator, base: Path) -> tuple[AlertSettings, ...]:
     alerts = tuple(_parse_alert(entry, i, locate, base) for i, entry in enumerate(entries))
     seen: dict[str, int] = {}
     for i, alert in enumerate(alerts):
@@ -406,7 +399,7 @@ def _parse_alerts(entries: list[Any], locate: _Locator, base: Path) -> tuple[Ale
 _Refuse = Callable[[str | None, str], ConfigError]  # (key, what is wrong) -> the error naming its line
 
 
-def _parse_alert(entry: Any, index: int, locate: _Locator, base: Path) -> AlertSettings:
+def _parse_alert(entry: Any, index: int, locate: Locator, base: Path) -> AlertSettings:
     label = f"alerts[{index}]"
 
     def refuse(key: str | None, text: str) -> ConfigError:
@@ -414,7 +407,7 @@ def _parse_alert(entry: Any, index: int, locate: _Locator, base: Path) -> AlertS
 
     if not isinstance(entry, dict):
         raise ConfigError(locate.message("alerts", index, None, "each alert must be an [[alerts]] table"))
-    _check_table(entry, _ALERT_KEYS, "alerts", index, locate)
+    check_table(entry, _ALERT_KEYS, "alerts", index, locate)
     name = entry.get("name", label)
     if "name" in entry and not NODE_NAME.match(name):
         raise refuse("name", f"name {name!r} must be letters, digits, '.', '_' or '-' (at most 63)")
@@ -484,122 +477,3 @@ def _alert_minutes(entry: TomlTable, on: list[str], refuse: _Refuse) -> dict[str
         if minutes[key] <= 0:
             raise refuse(key, f"{key} must be greater than 0, got {entry[key]!r}")
     return minutes
-
-
-def _check_table(table: TomlTable, schema: _Schema, name: str, index: int | None, locate: _Locator) -> None:
-    label = f"{name}[{index}]" if index is not None else name
-    for key, value in table.items():
-        if key not in schema:
-            raise ConfigError(locate.message(name, index, key,
-                                             f"unknown key {label}.{key} (expected one of: {', '.join(schema)})"))
-        kind, _ = schema[key]
-        kinds = kind if isinstance(kind, tuple) else (kind,)
-        if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
-            expected = " or ".join(_KIND_WORDS[k.__name__] for k in kinds)
-            raise ConfigError(locate.message(name, index, key,
-                                             f"{label}.{key} must be {expected}, got {_toml_type(value)} {value!r}"))
-    for key, (_, required) in schema.items():
-        if required and key not in table:
-            raise ConfigError(locate.message(name, index, None, f"{label} is missing the required key {key!r}"))
-
-
-_KIND_WORDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
-               "list": "a list", "dict": "a table"}
-
-
-def _toml_type(value: Any) -> str:
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-            list: "a list", dict: "a table"}.get(type(value), type(value).__name__)
-
-
-class _Locator:
-    """Finds the line of a key in the source, since tomllib keeps no positions."""
-
-    _HEADER = re.compile(r"^\s*(\[\[?)\s*([A-Za-z0-9_.\-\"' ]+?)\s*\]\]?")
-    _KEY = re.compile(r"^\s*([A-Za-z0-9_\-]+|\"[^\"]*\"|'[^']*')\s*=")
-
-    def __init__(self, text: str, where: str):
-        self.lines = text.splitlines()
-        self.where = where
-
-    def line_of(self, table: str | None, index: int | None, key: str | None) -> int | None:
-        current, occurrence = None, -1
-        for number, line in enumerate(self.lines, start=1):
-            header = self._HEADER.match(line)
-            if header:
-                current = header.group(2).strip().strip("\"'")
-                if current == table:
-                    occurrence += 1
-                    if occurrence == (index or 0) and key is None:
-                        return number
-                continue
-            found = self._KEY.match(line)
-            if key is not None and found and found.group(1).strip("\"'") == key:
-                in_place = (table is None and current is None) or (
-                    current == table and (index is None or occurrence == index))
-                if in_place:
-                    return number
-        if table is None and key is not None:  # a top-level table named by a header
-            for number, line in enumerate(self.lines, start=1):
-                header = self._HEADER.match(line)
-                if header and header.group(2).strip() == key:
-                    return number
-        return None
-
-    def message(self, table: str | None, index: int | None, key: str | None, text: str) -> str:
-        line = self.line_of(table, index, key)
-        return f"{self.where}:{line}: {text}" if line else f"{self.where}: {text}"
-
-
-EXAMPLE_CLUSTER = '''\
-# coord cluster file. Check it with: coord daemon --config THIS_FILE
-# Each node may have its own user, home, Python and workdir.
-
-[cluster]
-name = "lab"
-# state_dir = "..."    # default: ~/Library/Application Support/coord on macOS, ~/.local/state/coord elsewhere
-# socket = "..."       # default: <state_dir>/coord.sock
-
-[ssh]                  # defaults for every node, all optional
-# known_hosts = "~/.ssh/known_hosts"     # host keys are always verified against this file
-# identity_file = "~/.ssh/id_ed25519"    # key authentication only, never passwords
-# config = "~/.ssh/config"               # honoured by default: Host aliases, HostName, User, Port
-# keepalive_s = 2                        # a lost node is noticed within about 3 keepalives
-
-[sync]                 # what `coord sync` sends, and what pre-flight compares; all optional
-# source = "~/project"                   # the project directory on this machine (default: --source)
-# hook = "scripts/pre-sync.sh"           # run before each sync, relative to the source; non-zero blocks
-# ignore = ["*.log", "outputs/"]         # on top of .coordignore and the defaults (.git, venvs, checkpoints...)
-# threshold = 0.95                       # agreement ratio below which a launch is blocked
-# script = "train.py"                    # relative to each node's workdir; a node may override these
-# data = ["data/train.jsonl", "data/valid.jsonl"]
-# model = "models/tiny"
-
-[dashboard]            # the daemon's HTTP server: Prometheus /metrics (and the dashboard)
-# listen = "127.0.0.1:8470"              # the default; any other address needs a token
-# token = "..."                          # sent as Authorization: Bearer ... or ?token=...
-# enabled = true
-
-[[nodes]]
-name = "n1"
-host = "local"                           # "local" = this machine, no SSH
-workdir = "/Users/alice/coord-work"      # where code, data and checkpoints live on that node
-# python = "/Users/alice/venv/bin/python"  # default for "local": the Python running coord
-
-[[nodes]]
-name = "n2"
-host = "10.0.0.2"                        # an address, or a Host alias from the ssh config
-user = "bob"                             # optional
-# port = 22                              # optional
-python = "/opt/mlx/bin/python"           # the node's training Python (has mlx and mlx-lm)
-workdir = "/Users/bob/work"
-# ips = ["192.168.2.2"]                  # optional: addresses ranks should talk over
-
-# [[alerts]]           # where to hear about a job; as many as you like, each one destination
-# name = "phone"
-# webhook = "https://ntfy.sh/my-secret-topic"   # or: command = ["/usr/local/bin/notify", "--urgent"]
-# format = "ntfy"                        # generic (JSON, the default), slack or ntfy
-# on = ["job_failed", "job_stalled", "node_down"]   # default: ["job_failed"]; also job_succeeded, job_restarted
-# stalled_minutes = 30                   # job_stalled: no progress for this long
-# node_down_minutes = 5                  # node_down: down for longer than this
-'''

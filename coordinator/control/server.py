@@ -14,7 +14,7 @@ import socket
 import stat
 import struct
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +104,7 @@ class DaemonNotRunning(Exception):
     pass
 
 
-async def call_daemon(path: Path, method: str, args: dict[str, Any] | None = None, *,
+async def call_daemon(path: Path, method: str, args: Mapping[str, object] | None = None, *,
                       timeout: float | None = 30.0, on_event: Callable[[Any], Any] | None = None) -> Any:
     """One call to the daemon over its control socket (the client half).
 

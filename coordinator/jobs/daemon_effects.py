@@ -38,8 +38,8 @@ from coordinator.store.state import CheckpointEntry, CheckpointRow
 from shared.rpc import RemoteError
 
 if TYPE_CHECKING:
+    from coordinator.jobs.metric_point import MetricPoint
     from coordinator.nodes.cluster import Cluster
-    from coordinator.observe.metrics.history import MetricPoint
     from coordinator.readiness.preflight import PreflightReport
     from coordinator.readiness.sync import SyncReport
     from coordinator.relay.links import LinkBook

@@ -30,8 +30,8 @@ from shared.agent_api import (
 )
 
 if TYPE_CHECKING:
+    from coordinator.jobs.metric_point import MetricPoint
     from coordinator.jobs.spec import JobSpecFields
-    from coordinator.observe.metrics.history import MetricPoint
     from coordinator.readiness.preflight import PreflightReport
     from coordinator.readiness.sync import SyncReport
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import anyio
 import structlog
@@ -13,6 +13,9 @@ from coordinator.config.cluster_file import ClusterConfig
 from coordinator.nodes.agent_bundle import AgentBundle
 from coordinator.nodes.session import UP, Connect, NodeSession, NodeViewDict, open_transport
 from coordinator.store.state import EventRecord, StateStore
+
+if TYPE_CHECKING:
+    from shared.agent_api.common import JsonObject
 
 log = structlog.get_logger("cluster")
 RECENT_EVENTS = 50
@@ -56,7 +59,7 @@ class Cluster:
                 tasks.start_soon(session.run, name=f"node:{session.node.name}")
 
     def record_event(self, kind: str, message: str, *, node: str | None = None,
-                     data: dict[str, Any] | None = None) -> None:
+                     data: JsonObject | None = None) -> None:
         event = self.state.add_event(kind, message, node=node, data=data)
         self.events.append(event)
         for listener in self.listeners:

@@ -1,7 +1,10 @@
 """`coord init --hosts`: what to look for on a new node, and what its answers mean.
 
-Everything here is pure: it builds the shell commands a node runs (every word quoted) and
-reads what they printed. ``coordinator.commands.init`` runs them over SSH.
+Everything here is pure. This module holds what a node was found to be (the host spec,
+its facts, the Pythons asked, the report), the --hosts list, and the verdict: which
+Python, which workdir, what is wrong. ``onboarding_probes`` builds the shell commands a
+node runs (every word quoted) and reads what they printed; ``onboarding_cluster_file``
+writes the cluster file. ``coordinator.commands.init`` runs the commands over SSH.
 
 A node is asked twice. First for its facts (home, user, OS, chip) and the Pythons it has:
 the login shell's ``python3``, virtualenvs and conda envs in the usual places, then the
@@ -13,69 +16,15 @@ prints versions as JSON; the same call measures the free disk where the workdir 
 from __future__ import annotations
 
 import ipaddress
-import json
 import re
 import shlex
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypedDict, cast
+from typing import TypedDict, cast
 
 from coordinator.config.cluster_file import NODE_NAME
 
 DEFAULT_WORKDIR = "coord-work"  # under each node's home
 LOW_DISK_BYTES = 20 * 2**30  # a model, its data and a few checkpoints need more than this
-PROBE_MARK = "COORD_PROBE "
-
-# Where a Python with mlx usually lives, in the order they are preferred after the login
-# shell's python3: ("exe", path) is a Python; ("venv", path) a pyvenv.cfg, whose bin/python
-# is the candidate (so a venv with any name is found). Paths without a leading "/" are
-# under the node's home; "*" is a shell glob.
-CANDIDATES: tuple[tuple[str, str], ...] = (
-    ("exe", "venv/bin/python"),
-    ("exe", ".venv/bin/python"),
-    ("exe", "mlx-venv/bin/python"),
-    ("exe", "mlx/bin/python"),
-    ("venv", "*/pyvenv.cfg"),  # ~/NAME: any venv directly under home
-    ("venv", "*/*/pyvenv.cfg"),  # ~/envs/NAME, ~/projects/NAME
-    ("venv", "*/.venv/pyvenv.cfg"),  # a project's own .venv (uv, poetry)
-    ("venv", ".virtualenvs/*/pyvenv.cfg"),  # virtualenvwrapper
-    ("exe", "miniforge3/envs/*/bin/python"),
-    ("exe", "miniconda3/envs/*/bin/python"),
-    ("exe", "anaconda3/envs/*/bin/python"),
-    ("exe", "mambaforge/envs/*/bin/python"),
-    ("exe", ".conda/envs/*/bin/python"),
-    ("exe", "miniforge3/bin/python"),
-    ("exe", "miniconda3/bin/python"),
-    ("exe", "anaconda3/bin/python"),
-    ("exe", ".pyenv/versions/*/bin/python"),
-    ("exe", "/opt/homebrew/bin/python3"),
-    ("exe", "/usr/local/bin/python3"),
-    ("exe", "/usr/bin/python3"),
-)
-
-# Runs under every candidate Python, old ones included: no f-strings, no walrus.
-PROBE = """\
-import json, platform, sys
-out = {"python": platform.python_version(), "executable": sys.executable, "prefix": sys.prefix,
-       "machine": platform.machine()}
-try:
-    import mlx.core
-    out["mlx"] = getattr(mlx.core, "__version__", None) or "unknown"
-except Exception as exc:
-    out["mlx_error"] = "%s: %s" % (type(exc).__name__, exc)
-try:
-    import importlib.util
-    if importlib.util.find_spec("mlx_lm") is None:
-        out["mlx_lm_error"] = "No module named 'mlx_lm'"
-    else:
-        try:
-            from importlib.metadata import version
-            out["mlx_lm"] = version("mlx-lm")
-        except Exception:
-            out["mlx_lm"] = "unknown"
-except Exception as exc:
-    out["mlx_lm_error"] = "%s: %s" % (type(exc).__name__, exc)
-print("COORD_PROBE " + json.dumps(out))
-"""
 
 
 class OnboardingError(ValueError):
@@ -309,173 +258,6 @@ def _is_address(host: str) -> bool:
     return True
 
 
-# --------------------------------------------------------------------------- first call: facts
-
-
-def facts_command() -> str:
-    """The node's facts and candidate Pythons, one ``key<TAB>value`` line each."""
-    lines = [
-        "say() { printf '%s\\t%s\\n' \"$1\" \"$2\"; }",
-        'say home "$HOME"',
-        'say user "$(id -un 2>/dev/null)"',
-        'os=$(uname -s 2>/dev/null)',
-        'say os "$os"',
-        'say arch "$(uname -m 2>/dev/null)"',
-        'if [ "$os" = Darwin ]; then',
-        '  say os_version "macOS $(sw_vers -productVersion 2>/dev/null)"',
-        '  say chip "$(sysctl -n machdep.cpu.brand_string 2>/dev/null)"',
-        '  say memory_bytes "$(sysctl -n hw.memsize 2>/dev/null)"',
-        'else',
-        "  say os_version \"$(. /etc/os-release 2>/dev/null; printf '%s' \"${PRETTY_NAME:-$(uname -sr)}\")\"",
-        "  say chip \"$(awk -F': *' '/^model name/ {print $2; exit}' /proc/cpuinfo 2>/dev/null)\"",
-        "  say memory_kib \"$(awk '/^MemTotal:/ {print $2}' /proc/meminfo 2>/dev/null)\"",
-        'fi',
-        # The login shell's python3: what the user gets when they type python3 in a terminal
-        # (Homebrew and pyenv put themselves on PATH in the login profile).
-        "login=$(\"${SHELL:-/bin/sh}\" -lc 'command -v python3' </dev/null 2>/dev/null | tail -n 1)",
-        'case "$login" in /*) say login_python "$login";; esac',
-    ]
-    for kind, pattern in CANDIDATES:
-        if not re.fullmatch(r"[A-Za-z0-9._/*-]+", pattern):
-            raise AssertionError(f"candidate pattern {pattern!r} would need quoting")
-        words = pattern if pattern.startswith("/") else f'"$HOME"/{pattern}'
-        if kind == "venv":
-            lines.append(f'for f in {words}; do [ -f "$f" ] && [ -x "${{f%/pyvenv.cfg}}/bin/python" ] && '
-                         f'say candidate "${{f%/pyvenv.cfg}}/bin/python"; done')
-        elif pattern == "/usr/bin/python3":
-            # On a Mac without the command line tools this is a stub that opens an install dialog
-            # on the node's screen: leave it alone there.
-            lines.append(f'[ -x {words} ] && {{ [ "$os" != Darwin ] || xcode-select -p >/dev/null 2>&1; }} && '
-                         f'say candidate {words}')
-        else:
-            lines.append(f'for f in {words}; do [ -x "$f" ] && say candidate "$f"; done')
-    return "/bin/sh -c " + shlex.quote("\n".join(lines) + "\nexit 0\n")
-
-
-def parse_facts(stdout: str) -> HostFacts:
-    """Read what facts_command printed; the candidates come out deduplicated, login shell's first."""
-    values: dict[str, str] = {}
-    found: list[str] = []
-    for line in stdout.splitlines():
-        key, sep, value = line.partition("\t")
-        if not sep:
-            continue
-        if key == "candidate":
-            found.append(value)
-        elif key not in values:
-            values[key] = value.strip()
-    home = values.get("home", "")
-    if not home.startswith("/"):
-        raise OnboardingError(f"the node did not say where its home is (HOME={home!r})")
-    memory = None
-    if values.get("memory_bytes", "").isdigit():
-        memory = int(values["memory_bytes"])
-    elif values.get("memory_kib", "").isdigit():
-        memory = int(values["memory_kib"]) * 1024
-    login = values.get("login_python") or None
-    candidates = order_candidates(login, found)
-    return HostFacts(home=home, user=values.get("user") or None, os=values.get("os") or None,
-                     os_version=values.get("os_version") or None, arch=values.get("arch") or None,
-                     chip=values.get("chip") or None, memory_bytes=memory, candidates=candidates,
-                     login_python=login)
-
-
-def order_candidates(login_python: str | None, found: list[str]) -> list[str]:
-    """The login shell's python3 first, then the others in the order found; each path once."""
-    ordered: list[str] = []
-    for path in ([login_python] if login_python else []) + found:
-        if path.startswith("/") and path not in ordered and not any(c in path for c in "\n\t\r"):
-            ordered.append(path)
-    return ordered
-
-
-# --------------------------------------------------------------------------- second call: probes
-
-
-def propose_workdir(home: str, requested: str = DEFAULT_WORKDIR) -> str:
-    """An absolute workdir on the node: ``requested`` under the home unless it is absolute."""
-    requested = requested.strip()
-    if not requested:
-        raise OnboardingError("the workdir must not be empty")
-    requested = requested.removeprefix("~/")
-    path = requested if requested.startswith("/") else home.rstrip("/") + "/" + requested
-    parts = [part for part in path.split("/") if part not in ("", ".")]
-    if ".." in parts:
-        raise OnboardingError(f"the workdir {requested!r} must not contain '..'")
-    return "/" + "/".join(parts)
-
-
-def probe_command(pythons: list[str], workdir: str) -> str:
-    """Ask each Python for its versions, then measure the disk the workdir is (or will be) on."""
-    lines = ["say() { printf '%s\\t%s\\n' \"$1\" \"$2\"; }",
-             "cd / || exit 1"]  # so nothing in the login directory shadows a module
-    if pythons:
-        lines += [
-            f"for py in {' '.join(shlex.quote(p) for p in pythons)}; do",
-            "  printf 'python\\t%s\\t' \"$py\"",
-            f"  \"$py\" -c {shlex.quote(PROBE)} 2>&1 </dev/null | tr '\\n\\t' '  ' | tail -c 3000",
-            "  printf '\\n'",
-            "done",
-        ]
-    lines += [
-        f"d={shlex.quote(workdir)}",
-        '[ -d "$d" ] && say workdir_exists yes',
-        'while [ ! -d "$d" ]; do d=$(dirname "$d"); done',
-        '[ -w "$d" ] && say writable "$d"',
-        'say existing "$d"',
-        'say df "$(df -Pk "$d" 2>/dev/null | tail -n 1)"',
-        "exit 0",
-    ]
-    return "/bin/sh -c " + shlex.quote("\n".join(lines) + "\n")
-
-
-_DF = re.compile(r"\s(\d+)\s+(\d+)\s+(\d+)\s+(\d+)%\s+(.+)$")
-
-
-def parse_probe(stdout: str) -> ProbeResult:
-    pythons: list[PythonFound] = []
-    values: dict[str, str] = {}
-    for line in stdout.splitlines():
-        key, sep, rest = line.partition("\t")
-        if not sep:
-            continue
-        if key == "python":
-            path, _, output = rest.partition("\t")
-            pythons.append(parse_python_probe(path, output))
-        else:
-            values.setdefault(key, rest.strip())
-    disk = None
-    match = _DF.search(" " + values.get("df", ""))
-    if match:
-        total, _, free, _, mount = match.groups()
-        disk = DiskFree(path=values.get("existing", ""), free_bytes=int(free) * 1024,
-                        total_bytes=int(total) * 1024, mount=mount.strip())
-    return ProbeResult(pythons=pythons, workdir_exists=values.get("workdir_exists") == "yes",
-                       writable=bool(values.get("writable")), disk=disk)
-
-
-def parse_python_probe(path: str, output: str) -> PythonFound:
-    """One candidate's answer: the probe's JSON, or the error it died with."""
-    at = output.find(PROBE_MARK)
-    if at < 0:
-        text = " ".join(output.split()) or "printed nothing"
-        return PythonFound(path=path, error=f"could not run it: {text[-300:]}")
-    try:
-        doc, _ = json.JSONDecoder().raw_decode(output[at + len(PROBE_MARK):])
-    except ValueError:
-        return PythonFound(path=path, error="its answer was not readable JSON")
-    if not isinstance(doc, dict):
-        return PythonFound(path=path, error="its answer was not a JSON object")
-    errors = [str(doc[k]) for k in ("mlx_error", "mlx_lm_error") if doc.get(k)]
-    return PythonFound(path=path, python=_text(doc.get("python")), prefix=_text(doc.get("prefix")),
-                       executable=_text(doc.get("executable")), mlx=_text(doc.get("mlx")),
-                       mlx_lm=_text(doc.get("mlx_lm")), error="; ".join(errors) or None)
-
-
-def _text(value: Any) -> str | None:
-    return str(value) if value not in (None, "") else None
-
-
 # --------------------------------------------------------------------------- the verdict
 
 
@@ -537,77 +319,3 @@ def format_bytes(count: int) -> str:
             return f"{size:.0f} {unit}" if unit in ("B", "KiB") else f"{size:.1f} {unit}"
         size /= 1024
     return f"{count} B"
-
-
-# --------------------------------------------------------------------------- the cluster file
-
-
-@dataclass(frozen=True)
-class SshFileSettings:
-    """The [ssh] keys init was given (absolute paths), written so the daemon connects the same way."""
-
-    known_hosts: str | None = None
-    identity_file: str | None = None
-    config: str | None = None
-
-
-def describe_node(report: NodeReport) -> list[str]:
-    """The comment above a node's table: what was found there."""
-    facts, py = report.facts, report.python
-    assert facts is not None and py is not None
-    system = ", ".join(x for x in (facts.os_version or facts.os, facts.arch, facts.chip,
-                                   format_bytes(facts.memory_bytes) + " memory" if facts.memory_bytes else None) if x)
-    how = ""
-    if py.path == facts.login_python:
-        how = " (the login shell's python3" + (f", {py.path}" if python_path(py) != py.path else "") + ")"
-    lines = [f"{report.spec.label}: {system or 'system unknown'}",
-             f"  python: Python {py.python or '?'}, mlx {py.mlx}, mlx-lm {py.mlx_lm}{how}"]
-    for other in report.pythons:
-        if other is not py and other.usable:
-            lines.append(f"  also usable: {other.path} (Python {other.python}, mlx {other.mlx}, mlx-lm {other.mlx_lm})")
-    state = "exists" if report.workdir_exists else "coord creates it"
-    disk = (f"{format_bytes(report.disk.free_bytes)} free of {format_bytes(report.disk.total_bytes)} on "
-            f"{report.disk.mount}" if report.disk else "free disk unknown")
-    lines.append(f"  workdir: {state}; {disk}")
-    lines += [f"  warning: {w}" for w in report.warnings]
-    return [_comment(line) for line in lines]
-
-
-def render_cluster(cluster_name: str, ssh: SshFileSettings, reports: list[NodeReport], *, command: str,
-                   when: str) -> str:
-    """The cluster file, with a comment per node saying what was found there."""
-    if not NODE_NAME.match(cluster_name):
-        raise OnboardingError(f"cluster name {cluster_name!r} must be letters, digits, '.', '_' or '-'")
-    bad = [r.name for r in reports if not r.ok]
-    if bad or not reports:
-        raise OnboardingError(f"cannot write a cluster file while nodes need fixing: {', '.join(bad) or 'none given'}")
-    out = [_comment(f"coord cluster file, written by: {command}"),
-           _comment(f"on {when}. Start the daemon with: coord daemon --config THIS_FILE; then check the "
-                    "cluster with: coord preflight"),
-           "", "[cluster]", f"name = {toml_string(cluster_name)}",
-           ('# state_dir = "..."    # default: ~/Library/Application Support/coord on macOS, '
-            "~/.local/state/coord elsewhere"), "", "[ssh]"]
-    for key, value, default in (("known_hosts", ssh.known_hosts, "~/.ssh/known_hosts"),
-                                ("identity_file", ssh.identity_file, "~/.ssh/id_ed25519"),
-                                ("config", ssh.config, "~/.ssh/config")):
-        out.append(f"{key} = {toml_string(value)}" if value else f"# {key} = {toml_string(default)}")
-    for report in reports:
-        assert report.facts is not None and report.python is not None and report.workdir is not None
-        out += ["", *describe_node(report), "[[nodes]]", f"name = {toml_string(report.name)}",
-                f"host = {toml_string(report.spec.host)}"]
-        user = report.spec.user or report.facts.user
-        if user:
-            out.append(f"user = {toml_string(user)}")
-        if report.spec.port:
-            out.append(f"port = {report.spec.port}")
-        out += [f"python = {toml_string(python_path(report.python))}", f"workdir = {toml_string(report.workdir)}"]
-    return "\n".join(out) + "\n"
-
-
-def toml_string(value: str) -> str:
-    """A TOML basic string: JSON's escapes are TOML's, as long as nothing is written as a surrogate pair."""
-    return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
-
-
-def _comment(text: str) -> str:
-    return "# " + re.sub(r"[\x00-\x1f\x7f]", " ", text)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
@@ -117,7 +117,7 @@ class NodeSession:
     def state(self) -> str:
         return self.view.state
 
-    async def call(self, method: str, args: dict[str, Any] | None = None, *, timeout: float | None = None,
+    async def call(self, method: str, args: Mapping[str, object] | None = None, *, timeout: float | None = None,
                    on_event: Callable[[Any], Any] | None = None) -> Any:
         """Call the node's agent; fails at once with NodeDown when the node is not up.
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 CHUNK_SIZE = 50_000
 #: How many bad lines a report names; the rest are only counted.
@@ -34,6 +34,45 @@ _READ_BLOCK = 1 << 20
 _MEMORY_MANAGEMENT = {"gc_collect": True, "mx_clear_cache": False}  # the check never touches MLX
 
 Progress = Callable[[str], None]
+#: One line of the user's data set as json.loads read it: free-form, each key checked where it is read.
+Example = dict[str, Any]
+
+
+class BadLine(TypedDict):
+    line: int  # from 1
+    reason: str
+
+
+class SplitReport(TypedDict):
+    """One JSONL file, every line checked as mlx-lm will read it (:func:`validate_jsonl`)."""
+
+    source: str  # the file
+    examples: int  # its lines
+    valid: int
+    ok: bool
+    format: str | None  # what mlx-lm reads every line as (the first good example's)
+    formats: dict[str, int]  # each line's own format: how many of each
+    bad_lines: list[BadLine]  # the first MAX_BAD_LINES
+    bad_count: int
+    chunk_size: int
+    chunks: int | None  # None: read in one pass
+    memory_management: dict[str, bool] | None  # what is done between chunks
+    progress_reporting: str | None  # the last progress message
+
+
+class DatasetReport(TypedDict):
+    """A data directory as ``mlx_lm lora --data`` reads it (:func:`validate_data_dir`); the last five
+    fields are the train split's, which the plan's coordinator_chunking section shows."""
+
+    source: str  # the directory
+    ok: bool
+    splits: dict[str, SplitReport | None]  # train, valid, test: None where the file is missing
+    problems: list[str]
+    examples: int | None
+    chunk_size: int
+    chunks: int | None
+    memory_management: dict[str, bool] | None
+    progress_reporting: str | None
 
 
 def chunk_plan(n_examples: int) -> int | None:
@@ -64,7 +103,7 @@ def count_lines(path: str | Path) -> int:
 _FORMAT_KEYS = {"completions": ("prompt", "completion"), "chat": ("messages",), "text": ("text",)}
 
 
-def detect_format(example: dict[str, Any]) -> str | None:
+def detect_format(example: Example) -> str | None:
     """The format mlx-lm picks for this example (its keys, in mlx-lm's order), or None."""
     for name in FORMATS:
         if all(key in example for key in _FORMAT_KEYS[name]):
@@ -91,14 +130,14 @@ def classify_example(example: Any, file_format: str | None = None) -> tuple[str 
     return detected, _FORMAT_PROBLEMS[read_as](example)
 
 
-def _completions_problem(example: dict[str, Any]) -> str | None:
+def _completions_problem(example: Example) -> str | None:
     for key in ("prompt", "completion"):
         if not isinstance(example[key], str):
             return f"{key!r} must be a string, got {_json_kind(example[key])}"
     return None
 
 
-def _chat_problem(example: dict[str, Any]) -> str | None:
+def _chat_problem(example: Example) -> str | None:
     messages = example["messages"]
     if not isinstance(messages, list) or not messages:
         return "'messages' must be a non-empty list"
@@ -115,7 +154,7 @@ def _chat_problem(example: dict[str, Any]) -> str | None:
     return None
 
 
-def _text_problem(example: dict[str, Any]) -> str | None:
+def _text_problem(example: Example) -> str | None:
     if not isinstance(example["text"], str):
         return f"'text' must be a string, got {_json_kind(example['text'])}"
     if not example["text"].strip():
@@ -130,7 +169,7 @@ _FORMAT_PROBLEMS = {"completions": _completions_problem, "chat": _chat_problem, 
 class _Findings:
     formats: Counter = field(default_factory=Counter)
     first_format: str | None = None
-    bad: list[dict[str, Any]] = field(default_factory=list)
+    bad: list[BadLine] = field(default_factory=list)
     bad_count: int = 0
 
     def add_bad(self, line: int, reason: str) -> None:
@@ -145,7 +184,7 @@ class _Findings:
         self.bad.extend(other.bad[:MAX_BAD_LINES - len(self.bad)])
 
 
-def validate_jsonl(path: str | Path, progress: Progress | None = None) -> dict[str, Any]:
+def validate_jsonl(path: str | Path, progress: Progress | None = None) -> SplitReport:
     """Check every line of a JSONL file as mlx-lm will read it.
 
     Returns::
@@ -212,7 +251,7 @@ def _check_line(raw: bytes, file_format: str | None) -> tuple[str | None, str | 
     return classify_example(example, file_format)
 
 
-def validate_data_dir(directory: str | Path, progress: Progress | None = None) -> dict[str, Any]:
+def validate_data_dir(directory: str | Path, progress: Progress | None = None) -> DatasetReport:
     """Check ``train``/``valid``/``test.jsonl`` in ``directory`` as ``mlx_lm lora --data`` reads it.
 
     Returns ``{"source", "ok", "splits": {split: validate_jsonl() | None}, "problems": [str],
@@ -221,7 +260,7 @@ def validate_data_dir(directory: str | Path, progress: Progress | None = None) -
     ``train.jsonl`` is required; a missing ``valid.jsonl`` only means no validation.
     """
     root = Path(directory)
-    splits: dict[str, dict[str, Any] | None] = {}
+    splits: dict[str, SplitReport | None] = {}
     problems = []
     for split in SPLITS:
         path = root / f"{split}.jsonl"
@@ -238,11 +277,13 @@ def validate_data_dir(directory: str | Path, progress: Progress | None = None) -
                             f"{first['reason']}")
     if splits["train"] is None:
         problems.insert(0, f"no train.jsonl in {root}: mlx-lm needs one to train")
-    train = splits["train"] or {}
+    train = splits["train"]
     return {
         "source": str(root), "ok": not problems, "splits": splits, "problems": problems,
-        "examples": train.get("examples"), "chunk_size": CHUNK_SIZE, "chunks": train.get("chunks"),
-        "memory_management": train.get("memory_management"), "progress_reporting": train.get("progress_reporting"),
+        "examples": train["examples"] if train else None, "chunk_size": CHUNK_SIZE,
+        "chunks": train["chunks"] if train else None,
+        "memory_management": train["memory_management"] if train else None,
+        "progress_reporting": train["progress_reporting"] if train else None,
     }
 
 

@@ -18,25 +18,45 @@ from __future__ import annotations
 
 import json
 from importlib import resources
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
+from coordinator.jobs.diagnosis import Diagnosis
+from coordinator.plan.datasets import DatasetReport
 from coordinator.plan.inputs import PlanInputs
 from coordinator.plan.options import resolve_options
-from coordinator.plan.sections.checkpoint import checkpoint_section
-from coordinator.plan.sections.distributed import distributed_section, rdma_section
+from coordinator.plan.provenance import DisabledSection
+from coordinator.plan.sections.checkpoint import CheckpointSection, checkpoint_section
+from coordinator.plan.sections.distributed import (
+    DistributedSection,
+    RdmaSection,
+    distributed_section,
+    rdma_section,
+)
 from coordinator.plan.sections.readiness import (
+    ChecklistSection,
+    ChunkingSection,
+    ConsistencySection,
+    PreRdmaSyncSection,
     checklist_section,
     chunking_section,
     consistency_section,
     pre_rdma_sync_section,
 )
 from coordinator.plan.sections.training import (
+    BatchSection,
+    HardwareSection,
+    PerformanceSection,
+    StrategySection,
     batch_section,
     hardware_section,
     performance_section,
     strategy_section,
     verification_steps,
 )
+from coordinator.plan.sizing import FitPlan
+
+#: A JSON Schema document, as its file holds it: free-form JSON, read by jsonschema.
+JsonSchema = dict[str, Any]
 
 VERSION = "2.0.0"
 SECTIONS = ("strategy", "batch_configuration", "distributed_config", "rdma_config", "checkpoint_strategy",
@@ -44,7 +64,29 @@ SECTIONS = ("strategy", "batch_configuration", "distributed_config", "rdma_confi
             "worker_consistency", "coordinator_chunking", "pre_flight_checklist")
 
 
-def build_plan(inputs: PlanInputs) -> dict[str, Any]:
+class PlanDocument(TypedDict):
+    """The version 2.0.0 plan (``schemas/plan-v2.0.0.schema.json``), with coord's additions."""
+
+    version: str
+    strategy: StrategySection
+    batch_configuration: BatchSection
+    distributed_config: DistributedSection
+    rdma_config: RdmaSection
+    checkpoint_strategy: CheckpointSection
+    performance_targets: PerformanceSection
+    verification_steps: list[str]
+    pre_rdma_sync: PreRdmaSyncSection
+    hardware_calibration: HardwareSection
+    worker_consistency: ConsistencySection
+    coordinator_chunking: ChunkingSection
+    pre_flight_checklist: ChecklistSection
+    # Added by the daemon (coordinator/commands/plan.py), which holds what they are made from:
+    memory_sizing: NotRequired[FitPlan | DisabledSection]  # the model's memory estimate, per node
+    data_validation: NotRequired[DatasetReport | DisabledSection]  # the data set, line by line
+    known_failures: NotRequired[list[Diagnosis]]  # coordinator.jobs.diagnosis's, each with its fix
+
+
+def build_plan(inputs: PlanInputs) -> PlanDocument:
     """The version 2.0.0 plan document; raises PlanInputError for unusable job options."""
     options = resolve_options(inputs.options, [node.name for node in inputs.nodes], inputs.sizing)
     return {
@@ -64,7 +106,8 @@ def build_plan(inputs: PlanInputs) -> dict[str, Any]:
     }
 
 
-def load_schema(name: str = "plan-v2.0.0") -> dict[str, Any]:
+def load_schema(name: str = "plan-v2.0.0") -> JsonSchema:
     """A JSON Schema shipped with coord: plan-v2.0.0, orchestration-input, orchestration-output."""
     text = resources.files("coordinator.plan").joinpath("schemas", f"{name}.schema.json").read_text("utf-8")
-    return json.loads(text)
+    schema: JsonSchema = json.loads(text)
+    return schema

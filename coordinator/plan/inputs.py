@@ -7,7 +7,7 @@ import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from coordinator.config.cluster_file import NodeConfig
 from coordinator.jobs.policy import restart_delay
@@ -16,6 +16,12 @@ from coordinator.launch.mlx_lm_command import is_mlx_lm
 from coordinator.plan.options import JobOptions, ResolvedOptions
 from coordinator.plan.sizing import PlanSizing
 from coordinator.readiness.calibration import is_stale, train_rate
+
+if TYPE_CHECKING:
+    from coordinator.plan.datasets import DatasetReport
+    from coordinator.readiness.consistency import ConsistencyReport
+    from coordinator.readiness.preflight import PreflightReport
+    from coordinator.store.state import StoredCalibration
 
 #: What the plan says about a trainer (``async`` is a keyword, hence the functional form).
 TrainerFacts = TypedDict("TrainerFacts", {"name": str, "gradient_sync": str, "async": bool, "saving": str,
@@ -69,10 +75,9 @@ class PlanInputs:
     each input left out makes the sections that need it say why they are empty."""
 
     nodes: tuple[NodeConfig, ...]
-    # What each node's agent reports (facts) and the stored calibration records: read key by key,
-    # as the nodes' versions differ in what they report.
+    # What each node's agent reports: read key by key, as the nodes' versions differ in what they report.
     facts: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)
-    calibrations: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)
+    calibrations: Mapping[str, StoredCalibration | None] = field(default_factory=dict)  # StateStore.calibration
     backend: BackendChoice | None = None  # choose_backend() / plan_backend()'s choice
     backend_error: str | None = None
     hostfile: Mapping[str, Any] | None = None  # coordinator.launch.hostfile.build_hostfile() document
@@ -81,14 +86,13 @@ class PlanInputs:
     launch_env: Mapping[str, str] | None = None  # what coord adds to mlx.launch's environment
     training_command: Sequence[str] | None = None  # the job's command, as each rank runs it
     job_name: str | None = None
-    consistency: Mapping[str, Any] | None = None  # coordinator.readiness.consistency.compare_nodes() of the code
-    preflight: Mapping[str, Any] | None = None  # run_preflight()'s result
+    consistency: ConsistencyReport | None = None  # coordinator.readiness.consistency.compare_nodes() of the code
+    preflight: PreflightReport | None = None  # run_preflight()'s result
     sync_hook: str | None = None  # the cluster file's sync.hook
     keepalive_s: float | None = None  # the cluster file's ssh.keepalive_s
     timings: MeasuredTimings = MeasuredTimings()
     sizing: PlanSizing | None = None
-    dataset: Mapping[str, Any] | None = None  # keys: examples, chunks, chunk_size, source,
-    #                                           memory_management?, progress_reporting?
+    dataset: DatasetReport | None = None  # validate_data_dir()'s report
     options: JobOptions = JobOptions()
     # A job's replica checks (coordinator.jobs.fingerprints.comparison_summary) and its name
     replica_check: Mapping[str, Any] | None = None
@@ -143,10 +147,10 @@ def rank_order(inputs: PlanInputs) -> tuple[list[str], str]:
     return [node.name for node in inputs.nodes], "cluster file order (no backend chosen yet)"
 
 
-def usable_calibrations(inputs: PlanInputs, order: Sequence[str]) -> tuple[dict[str, Mapping[str, Any]],
+def usable_calibrations(inputs: PlanInputs, order: Sequence[str]) -> tuple[dict[str, StoredCalibration],
                                                                            dict[str, str]]:
     """({node: current calibration record with a training rate}, {node: why it has none})."""
-    usable: dict[str, Mapping[str, Any]] = {}
+    usable: dict[str, StoredCalibration] = {}
     lacking: dict[str, str] = {}
     for name in order:
         record, facts = inputs.calibrations.get(name), inputs.facts.get(name)
@@ -166,14 +170,14 @@ def usable_calibrations(inputs: PlanInputs, order: Sequence[str]) -> tuple[dict[
     return usable, lacking
 
 
-def usable_rate(record: Mapping[str, Any]) -> float:
+def usable_rate(record: StoredCalibration) -> float:
     """The training-step rate of a calibration :func:`usable_calibrations` kept (it keeps only those with one)."""
     rate = train_rate(record)
     assert rate is not None, "not a usable calibration"
     return rate
 
 
-def calibration_source(name: str, record: Mapping[str, Any]) -> str:
+def calibration_source(name: str, record: StoredCalibration) -> str:
     result = record.get("result") or {}
     return (f"calibration {utc(record.get('measured_at'))} on {name}: {train_rate(record):.4g} samples/s "
             f"({result.get('device') or 'device unknown'})")

@@ -110,7 +110,7 @@ def read_model_shape(model_dir: str | Path) -> ModelShape:
     return shape_from_config(config, headers, where=str(config_path))
 
 
-def read_safetensors_header(path: str | Path) -> dict[str, dict[str, Any]]:
+def read_safetensors_header(path: str | Path) -> dict[str, safetensors_header.TensorEntry]:
     """``{tensor name: {"dtype", "shape", "data_offsets"}}`` from a safetensors file's header."""
     try:
         return safetensors_header.tensor_entries(safetensors_header.read_header(path), path)

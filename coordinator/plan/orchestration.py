@@ -17,17 +17,17 @@ import math
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 import jsonschema
 
 from coordinator.jobs.core import FIRST_STEP_TIMEOUT_S
 from coordinator.jobs.policy import hang_timeout
 from coordinator.jobs.supervisor import CHECKPOINT_POLL_S, NODE_WAIT_S, POLL_S
-from coordinator.plan.document import load_schema
+from coordinator.plan.document import JsonSchema, load_schema
 from coordinator.plan.inputs import PlanInputs, expected_recovery, rank_order, trainer_of, usable_calibrations
 from coordinator.plan.options import ResolvedOptions, resolve_options
-from coordinator.plan.provenance import Section, disabled_section
+from coordinator.plan.provenance import Section, SectionFields
 from coordinator.plan.sections.checkpoint import checkpoint_section
 from coordinator.plan.sections.distributed import JACCL_PORT
 from coordinator.readiness.calibration import train_rate, workload_shares
@@ -35,6 +35,74 @@ from coordinator.readiness.calibration import train_rate, workload_shares
 KEEPALIVE_COUNT = 3  # node sessions give up after this many missed keepalives
 DATA_PARALLEL_NAMES = ("data", "data_parallel", "data-parallel", "ddp", "dp")
 GIB = 2**30
+
+
+class DistributedConfig(SectionFields, total=False):
+    strategy: str
+    worldSize: int
+    backend: str | None
+    initMethod: str
+    launchCommand: str
+
+
+class NodeAssignment(TypedDict):
+    """One rank: the node it runs on, what that node is, its share of the work."""
+
+    rank: int
+    node: str
+    chip: str | None
+    memoryBytes: int | None
+    gpu: str | None
+    trainSamplesPerS: float | None
+    workloadShare: float
+
+
+class ResourceAllocation(SectionFields, total=False):
+    nodeAssignments: list[NodeAssignment]
+    memoryPerNode: str
+    shardingStrategy: str
+
+
+class CheckpointStrategy(SectionFields, total=False):
+    frequency: str
+    storage: str
+    retention: str
+    replica: str
+    expectedRecoverySeconds: float
+
+
+class Elasticity(TypedDict):
+    minNodes: int
+    maxNodes: int
+    nodeTimeoutSeconds: NotRequired[float]  # with elastic training: how long a lost node is waited for
+    nodeWaitSeconds: float
+
+
+class FaultTolerance(SectionFields, total=False):
+    elasticTraining: bool
+    elasticity: Elasticity
+    recoveryStrategy: str
+    maxRestarts: int
+    healthChecks: list[HealthCheck]
+    expectedRecoverySeconds: float
+
+
+class MonitoringSetup(SectionFields, total=False):
+    metrics: list[str]
+    alerts: list[str]
+    statusCommand: str
+    dashboardUrl: str
+
+
+class OrchestrationDocument(TypedDict):
+    """The orchestration output (``schemas/orchestration-output.schema.json``)."""
+
+    distributedConfig: DistributedConfig
+    resourceAllocation: ResourceAllocation
+    checkpointStrategy: CheckpointStrategy
+    faultTolerance: FaultTolerance
+    monitoringSetup: MonitoringSetup
+    requestNotes: NotRequired[list[str]]  # with a request: what it asks that the cluster decides instead
 
 
 class OrchestrationInputError(ValueError):
@@ -110,21 +178,23 @@ def check_request(data: Any) -> tuple[list[str], list[str]]:
     missing_named: set[str] = set()
     for error in validator.iter_errors(data):
         path = _path(error)
-        if error.validator == "additionalProperties":
-            known = list(error.schema.get("properties", {}))
-            ignored += [f"{_join(path, key)} (known: {', '.join(known)})" for key in error.instance if key not in known]
-        elif error.validator == "required":
+        # (An error from iter_errors has its schema, instance and validator value set: the checks
+        # below only narrow the types jsonschema declares, Unset included.)
+        schema, instance, value = error.schema, error.instance, error.validator_value
+        if error.validator == "additionalProperties" and isinstance(schema, Mapping) and isinstance(instance, dict):
+            known = list(schema.get("properties", {}))
+            ignored += [f"{_join(path, key)} (known: {', '.join(known)})" for key in instance if key not in known]
+        elif error.validator == "required" and isinstance(value, list) and isinstance(instance, dict):
             # One error per missing field, each with the whole list: name them all at the first.
             if path not in missing_named:
                 missing_named.add(path)
-                errors += [f"{_join(path, key)} is required" for key in error.validator_value
-                           if key not in error.instance]
+                errors += [f"{_join(path, key)} is required" for key in value if key not in instance]
         else:
             errors.append(_message(error, path))
     return errors, ignored
 
 
-def coord_rules(schema: Mapping[str, Any]) -> dict[str, Any]:
+def coord_rules(schema: Mapping[str, Any]) -> JsonSchema:
     """``schema`` with coord's rules added where it sets none: ``minimum: 1`` on every integer
     and ``additionalProperties: false`` on every object that lists its properties."""
     out = {key: value for key, value in schema.items()}
@@ -149,7 +219,8 @@ def _message(error: jsonschema.ValidationError, path: str) -> str:
     where = path or "the input"
     if error.validator == "type":
         expected = error.validator_value
-        expected = expected if isinstance(expected, str) else " or ".join(expected)
+        expected = expected if isinstance(expected, str) else " or ".join(expected) if isinstance(expected, list) \
+            else str(expected)
         return f"{where} must be {_article(expected)}, got {_describe(error.instance)}"
     if error.validator == "minimum":
         return f"{where} must be at least {error.validator_value}, got {error.instance}"
@@ -222,7 +293,7 @@ def apply_request(inputs: PlanInputs, request: OrchestrationRequest) -> tuple[Pl
             options = replace(options, per_rank_batch_size=per_rank)
             notes.append(f"trainingConfig.batchSize {request.batch_size} = {per_rank} per rank × {ranks} ranks × "
                          f"{accumulation} accumulation steps")
-    examples = (inputs.dataset or {}).get("examples")
+    examples = inputs.dataset.get("examples") if inputs.dataset else None
     if request.epochs is not None and request.batch_size and isinstance(examples, int) and examples > 0:
         iterations = math.ceil(request.epochs * examples / request.batch_size)
         notes.append(f"trainingConfig.epochs {request.epochs} = --iters {iterations} (rule: epochs × {examples} "
@@ -236,13 +307,13 @@ def apply_request(inputs: PlanInputs, request: OrchestrationRequest) -> tuple[Pl
 # --- the output -------------------------------------------------------------------------------
 
 
-def build_orchestration(inputs: PlanInputs, request: OrchestrationRequest | None = None) -> dict[str, Any]:
+def build_orchestration(inputs: PlanInputs, request: OrchestrationRequest | None = None) -> OrchestrationDocument:
     """The orchestration document for ``inputs`` (and a request, when one was given)."""
     notes: list[str] = []
     if request is not None:
         inputs, notes = apply_request(inputs, request)
     options = resolve_options(inputs.options, [node.name for node in inputs.nodes], inputs.sizing)
-    document: dict[str, Any] = {
+    document: OrchestrationDocument = {
         "distributedConfig": distributed_config(inputs, options),
         "resourceAllocation": resource_allocation(inputs, options),
         "checkpointStrategy": checkpoint_strategy(inputs, options),
@@ -254,10 +325,10 @@ def build_orchestration(inputs: PlanInputs, request: OrchestrationRequest | None
     return document
 
 
-def distributed_config(inputs: PlanInputs, options: ResolvedOptions) -> dict[str, Any]:
+def distributed_config(inputs: PlanInputs, options: ResolvedOptions) -> DistributedConfig:
     order, order_source = rank_order(inputs)
     trainer, trainer_source = trainer_of(inputs, options)
-    section = Section()
+    section: Section[DistributedConfig] = Section()
     sync = trainer["gradient_sync"] if trainer else "gradients synced as the training script does it"
     section.put("strategy", f"data parallel: every rank holds the whole model; {sync}",
                 f"coord runs one data-parallel rank per node; {trainer_source}")
@@ -286,20 +357,20 @@ def _init_method(backend: str | None, inputs: PlanInputs) -> str:
             "(MLX_JACCL_COORDINATOR), then use the RDMA devices the hostfile lists")
 
 
-def resource_allocation(inputs: PlanInputs, options: ResolvedOptions) -> dict[str, Any]:
+def resource_allocation(inputs: PlanInputs, options: ResolvedOptions) -> ResourceAllocation:
     order, order_source = rank_order(inputs)
+    section: Section[ResourceAllocation] = Section()
     if not order:
-        return disabled_section("no nodes in the cluster file")
+        return section.disabled("no nodes in the cluster file")
     usable, lacking = usable_calibrations(inputs, order)
     shares = workload_shares({name: train_rate(usable[name]) if name in usable else None for name in order})
-    assignments = []
+    assignments: list[NodeAssignment] = []
     for rank, name in enumerate(order):
         facts = inputs.facts.get(name) or {}
         assignments.append({"rank": rank, "node": name, "chip": facts.get("chip"),
                             "memoryBytes": facts.get("memory_bytes"), "gpu": facts.get("gpu"),
                             "trainSamplesPerS": train_rate(usable[name]) if name in usable else None,
                             "workloadShare": round(shares["shares"][name], 4)})
-    section = Section()
     section.put("nodeAssignments", assignments,
                 f"{order_source}; chip, memory and GPU from node facts; rate from coord calibrate"
                 + (f" (none for {', '.join(lacking)})" if lacking else "") + f"; share: {shares['reason']}")
@@ -325,25 +396,26 @@ def resource_allocation(inputs: PlanInputs, options: ResolvedOptions) -> dict[st
     return section.done()
 
 
-def checkpoint_strategy(inputs: PlanInputs, options: ResolvedOptions) -> dict[str, Any]:
+def checkpoint_strategy(inputs: PlanInputs, options: ResolvedOptions) -> CheckpointStrategy:
     plan = checkpoint_section(inputs, dict(options))
+    section: Section[CheckpointStrategy] = Section()
     if plan.get("enabled") is False:
-        return plan
-    section = Section()
+        return section.disabled(plan["reason"])
+    fields: Mapping[str, object] = plan  # read by name
     for ours, theirs in (("frequency", "frequency"), ("storage", "storage"), ("retention", "retention"),
                          ("replica", "replica"), ("expectedRecoverySeconds", "expected_recovery_seconds")):
-        if theirs in plan:
-            section.put(ours, plan[theirs], plan["sources"][theirs])
+        if theirs in fields:
+            section.put(ours, fields[theirs], plan["sources"][theirs])
     for theirs, why in (plan.get("missing") or {}).items():
         if theirs == "expected_recovery_time":
             section.lack("expectedRecoverySeconds", why)
     return section.done()
 
 
-def fault_tolerance(inputs: PlanInputs, options: ResolvedOptions) -> dict[str, Any]:
+def fault_tolerance(inputs: PlanInputs, options: ResolvedOptions) -> FaultTolerance:
     order, _ = rank_order(inputs)
     restarts, restarts_source = options["max_restarts"]
-    section = Section()
+    section: Section[FaultTolerance] = Section()
     min_nodes, min_source = options["min_nodes"]
     timeout, timeout_source = options["node_timeout"]
     if min_nodes is not None and min_nodes < len(order):
@@ -400,8 +472,8 @@ def health_checks(inputs: PlanInputs) -> list[HealthCheck]:
     ]
 
 
-def monitoring_setup() -> dict[str, Any]:
-    section = Section()
+def monitoring_setup() -> MonitoringSetup:
+    section: Section[MonitoringSetup] = Section()
     section.put("metrics", ["step", "loss", "tokens_per_second", "peak_memory_gb", "restarts",
                             "last_checkpoint_step", "eta_s"],
                 "the progress each rank reports every step, and the job record (coord status --json)")

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeGuard
 if TYPE_CHECKING:
     from coordinator.nodes.session import Facts
     from coordinator.store.state import CalibrationKey, CalibrationRecord
+    from shared.agent_api.calibration import CalibrationReply
 
 # Node facts that, when changed, make a stored calibration meaningless.
 CALIBRATION_KEY_FIELDS: tuple[str, ...] = (
@@ -55,9 +56,9 @@ def calibration_key(facts: Mapping[str, Any]) -> CalibrationKey:
             "gpu": facts.get("gpu")}
 
 
-def calibration_record(facts: Mapping[str, Any], result: Mapping[str, Any]) -> CalibrationRecord:
+def calibration_record(facts: Mapping[str, Any], result: CalibrationReply) -> CalibrationRecord:
     """What to store for a node after ``run_calibration``: its key and the result (the agent's answer)."""
-    return {"key": calibration_key(facts), "result": dict(result)}
+    return {"key": calibration_key(facts), "result": result.copy()}
 
 
 def is_stale(

@@ -11,7 +11,7 @@ import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, NotRequired, Required, TypedDict, cast
+from typing import TYPE_CHECKING, Literal, NotRequired, Required, TypedDict
 
 import anyio
 
@@ -28,6 +28,7 @@ from coordinator.readiness.push import (
 )
 from coordinator.readiness.relay_sync import RelayResult, relay_files, take_large_files
 from shared import protocol as p
+from shared.agent_api.sync import ScanStatsReport as ScanStats  # what scanning a tree cost (the head's or a node's)
 from shared.ignore import DEFAULT_PATTERNS, IgnoreRules, read_ignore_file
 from shared.manifest import HashCache, scan_tree, tree_hash
 from shared.paths import UnsafePath, resolve_under
@@ -38,18 +39,6 @@ if TYPE_CHECKING:
     from coordinator.relay.links import LinkBook
 
 HOOK_TIMEOUT_S = 600
-
-
-class ScanStats(TypedDict):
-    """What scanning a tree cost (shared.manifest.ScanStats.as_dict)."""
-
-    files: int
-    bytes: int
-    hashed_files: int  # read and hashed: new or changed since the hash cache saw them
-    hashed_bytes: int
-    skipped: list[str]  # the first 50 symlinks and special files: not synced
-    skipped_count: int
-    seconds: float
 
 
 class HookResult(TypedDict):
@@ -208,7 +197,7 @@ def source_manifest(cluster: Cluster, source: Path, patterns: list[str]) -> tupl
     cache, lock = _source_caches[path]
     with lock:
         manifest, stats = scan_tree(str(source), IgnoreRules(patterns), cache=cache)
-    return manifest, cast(ScanStats, stats.as_dict())  # shared.manifest leaves as_dict's shape unnamed
+    return manifest, stats.as_dict()
 
 
 async def node_state(session: NodeSession, patterns: list[str], known: list[str] | None,

@@ -6,13 +6,12 @@ so a sync does not wait on ``system_profiler`` every time).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import anyio
 
 from coordinator.config.cluster_file import NodeConfig
 from coordinator.launch.hostfile import node_address
-from coordinator.launch.topology import connectivity_matrix
+from coordinator.launch.topology import PairView, Topology, connectivity_matrix
 from coordinator.nodes.session import UP, NodeSession
 from coordinator.relay.broadcast import HEAD
 from shared.rpc import RemoteError
@@ -24,8 +23,8 @@ class LinkBook:
     def __init__(self, nodes: list[NodeConfig]) -> None:
         self._configs = {node.name: node for node in nodes}
         # name -> (session generation, its agent's topology answer or None); read by coordinator.launch
-        self._topologies: dict[str, tuple[int, dict[str, Any] | None]] = {}
-        self._pairs: dict[str, dict[str, Any]] = {}  # the connectivity matrix's pairs (coordinator.launch's)
+        self._topologies: dict[str, tuple[int, Topology | None]] = {}
+        self._pairs: dict[str, dict[str, PairView]] = {}  # the connectivity matrix's pairs, both directions
         self._head_addresses: dict[str, str | None] = {}
 
     async def refresh(self, sessions: Mapping[str, NodeSession], names: list[str]) -> None:
@@ -36,7 +35,7 @@ class LinkBook:
             known = self._topologies.get(name)
             if known is not None and known[0] == session.generation:
                 return
-            topology: dict[str, Any] | None = None
+            topology: Topology | None = None
             if session.state == UP:
                 try:
                     topology = await session.call("topology", timeout=TOPOLOGY_TIMEOUT_S)
@@ -48,7 +47,7 @@ class LinkBook:
             for name in names:
                 if name in sessions:
                     tasks.start_soon(one, name)
-        measured: dict[str, dict[str, Any] | None] = {
+        measured: dict[str, Topology | None] = {
             name: topology for name, (_, topology) in self._topologies.items() if topology is not None}
         self._pairs = connectivity_matrix(measured)["pairs"] if len(measured) > 1 else {}
 
@@ -60,12 +59,15 @@ class LinkBook:
             return self._head_addresses.get(receiver) or node_address(config)
         if config.is_local and self._configs.get(sender) is not None and self._configs[sender].is_local:
             return "127.0.0.1"
-        best = (self._pairs.get(sender, {}).get(receiver) or {}).get("best")
-        if best and best.get("peer_ip") and not config.ips:
+        view = self._pairs.get(sender, {}).get(receiver)
+        best = view["best"] if view is not None else None
+        if best and best["peer_ip"] and not config.ips:
             return best["peer_ip"]
         return node_address(config)
 
     def thunderbolt(self, a: str, b: str) -> bool:
-        view = self._pairs.get(a, {}).get(b) or {}
-        best = view.get("best") or {}
-        return bool(view.get("thunderbolt") or best.get("kind") == "thunderbolt")
+        view = self._pairs.get(a, {}).get(b)
+        if view is None:
+            return False
+        best = view["best"]
+        return view["thunderbolt"] or (best is not None and best["kind"] == "thunderbolt")

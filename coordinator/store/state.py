@@ -13,6 +13,9 @@ import time
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
+from shared.agent_api.calibration import CalibrationReply
+from shared.agent_api.common import JsonObject
+
 SCHEMA_VERSION = 4
 
 _SCHEMA = """
@@ -117,7 +120,7 @@ class NodeRow(TypedDict):
     address: str
     state: str
     reason: str | None
-    facts: dict[str, Any] | None  # as the node's agent reported them: free-form, kept as sent
+    facts: JsonObject | None  # as the node's agent reported them: free-form, kept as sent
     last_seen: float | None
     updated: float
 
@@ -130,7 +133,7 @@ class EventRecord(TypedDict):
     kind: str
     node: str | None
     message: str
-    data: dict[str, Any] | None  # what the recorder attached: free-form, its keys depend on the kind
+    data: JsonObject | None  # what the recorder attached: free-form, its keys depend on the kind
 
 
 class RunRow(TypedDict):
@@ -190,7 +193,7 @@ class CalibrationRecord(TypedDict):
     """What is kept of a node's calibration (``calibration_record``): its key and the result."""
 
     key: CalibrationKey
-    result: dict[str, Any]  # the agent's calibrate answer as it reported it (agent/calibrate.py)
+    result: CalibrationReply  # the agent's calibrate answer as it reported it (agent/calibrate.py)
 
 
 class StoredCalibration(CalibrationRecord):
@@ -260,7 +263,7 @@ class StateStore:
         self._db.close()
 
     def save_node(self, name: str, address: str, state: str, reason: str | None,
-                  facts: dict[str, Any] | None, last_seen: float | None) -> None:
+                  facts: JsonObject | None, last_seen: float | None) -> None:
         """Upsert a node; ``facts`` as its agent reported them (None keeps the last known)."""
         self._db.execute(
             "INSERT INTO nodes (name, address, state, reason, facts, last_seen, updated) VALUES (?,?,?,?,?,?,?) "
@@ -279,7 +282,7 @@ class StateStore:
         }
 
     def add_event(self, kind: str, message: str, *, node: str | None = None,
-                  data: dict[str, Any] | None = None, ts: float | None = None) -> EventRecord:
+                  data: JsonObject | None = None, ts: float | None = None) -> EventRecord:
         ts = time.time() if ts is None else ts
         cursor = self._db.execute(
             "INSERT INTO events (ts, kind, node, message, data) VALUES (?,?,?,?,?)",

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agent.server import build_dispatcher
-from shared import agent_api
+from shared.agent_api.methods import REPLIES, REQUESTS
 from shared.rpc import Method
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,13 +34,13 @@ def _runtime_types(annotation: object) -> set[type]:
 
 def test_every_method_served_has_a_request_and_a_reply_shape():
     names = build_dispatcher().names()
-    assert sorted(agent_api.REQUESTS) == names
-    assert sorted(agent_api.REPLIES) == names
+    assert sorted(REQUESTS) == names
+    assert sorted(REPLIES) == names
 
 
-@pytest.mark.parametrize("name", sorted(agent_api.REQUESTS))
+@pytest.mark.parametrize("name", sorted(REQUESTS))
 def test_a_request_shape_has_the_arguments_the_method_checks(name):
-    method, request = _method(name), agent_api.REQUESTS[name]
+    method, request = _method(name), REQUESTS[name]
     assert request.__required_keys__ == set(method.required)
     assert request.__optional_keys__ == set(method.optional)
     hints = typing.get_type_hints(request)

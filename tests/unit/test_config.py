@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.config.cluster_file import EXAMPLE_CLUSTER, ConfigError, load_config, parse_config
+from coordinator.config.cluster_file import ConfigError, load_config, parse_config
+from coordinator.config.example_cluster import EXAMPLE_CLUSTER
 
 GOOD = """\
 [cluster]

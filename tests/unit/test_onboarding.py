@@ -11,10 +11,29 @@ from pathlib import Path
 import pytest
 
 from coordinator.config.cluster_file import parse_config
-from coordinator.nodes.onboarding import (DiskFree, HostFacts, HostSpec, OnboardingError, ProbeResult, PythonFound,
-                                    SshFileSettings, assess, choose_python, dedupe_pythons, facts_command, name_nodes,
-                                    parse_facts, parse_hosts, parse_probe, parse_python_probe, probe_command,
-                                    propose_workdir, python_path, render_cluster)
+from coordinator.nodes.onboarding import (
+    DiskFree,
+    HostFacts,
+    HostSpec,
+    OnboardingError,
+    ProbeResult,
+    PythonFound,
+    assess,
+    choose_python,
+    dedupe_pythons,
+    name_nodes,
+    parse_hosts,
+    python_path,
+)
+from coordinator.nodes.onboarding_cluster_file import SshFileSettings, render_cluster
+from coordinator.nodes.onboarding_probes import (
+    facts_command,
+    parse_facts,
+    parse_probe,
+    parse_python_probe,
+    probe_command,
+    propose_workdir,
+)
 
 MAC_FACTS = """\
 Last login: Tue Nov 24 09:00:01 on ttys000

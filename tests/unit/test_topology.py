@@ -13,26 +13,30 @@ import msgpack
 import pytest
 
 from agent import topology as agent_topology
-from agent.topology import build_linux_topology, build_macos_topology, collect_topology
-from agent.topology_parsers import (
-    annotate_thunderbolt,
-    interface_kinds,
+from agent.interface_parsers import (
     linux_interface_kind,
-    networksetup_port_kind,
-    parse_ibv_devices,
-    parse_ibv_devinfo,
     parse_ifconfig,
     parse_ip_json_addr,
-    parse_link_speed,
-    parse_networksetup_ports,
+)
+from agent.rdma_parsers import (
+    parse_ibv_devices,
+    parse_ibv_devinfo,
     parse_rdma_ctl_status,
     parse_sysfs_port_state,
+)
+from agent.thunderbolt_parsers import (
+    annotate_thunderbolt,
+    interface_kinds,
+    networksetup_port_kind,
+    parse_link_speed,
+    parse_networksetup_ports,
     parse_thunderbolt,
     rdma_device_name,
     thunderbolt_bridge_device,
     thunderbolt_generation,
     thunderbolt_receptacles,
 )
+from agent.topology import build_linux_topology, build_macos_topology, collect_topology
 from coordinator.launch.mlx_backend import choose_backend, find_ring
 from coordinator.launch.topology import (
     RECOVERY_INSTRUCTION,

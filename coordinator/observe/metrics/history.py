@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Required, TypedDict
 
+from coordinator.jobs.metric_point import MetricPoint
 from coordinator.observe.metrics import thinning
 
 TRAIN_FIELDS = ("loss", "learning_rate", "tokens_per_second", "peak_memory_bytes")
@@ -42,19 +43,6 @@ NODE_FIELDS = ("memory_used_bytes", "memory_total_bytes", "gpu_utilization", "gp
 
 # run id or job name (None: the runs status lists) -> [(run id, job name)]
 RunsOf = Callable[[str | None], list[tuple[str, str]]]
-
-
-class MetricPoint(TypedDict, total=False):
-    """A train or validation point as the supervisor hands it over (validation points: ``loss`` only)."""
-
-    step: Required[int]  # the run's global step
-    attempt: Required[int]
-    time: Required[float]
-    loss: float | None
-    learning_rate: float | None
-    tokens_per_second: float | None
-    peak_memory_bytes: int | None  # rank 0's MLX peak
-    rank_memory_bytes: dict[str, int]  # rank -> its largest RSS since the point before
 
 
 class UsageSample(TypedDict, total=False):

@@ -8,7 +8,8 @@ import sqlite3
 
 import structlog
 
-from coordinator.observe.metrics.history import MetricPoint, MetricsHistory
+from coordinator.jobs.metric_point import MetricPoint
+from coordinator.observe.metrics.history import MetricsHistory
 from coordinator.observe.metrics.tensorboard import TensorBoardScalars
 
 log = structlog.get_logger("job")

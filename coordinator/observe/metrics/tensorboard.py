@@ -21,7 +21,7 @@ from coordinator.observe.metrics import event_file
 from coordinator.observe.metrics.thinning import purge_after
 
 if TYPE_CHECKING:
-    from coordinator.observe.metrics.history import MetricPoint
+    from coordinator.jobs.metric_point import MetricPoint
 
 # series -> {point field: TensorBoard tag}
 TAGS = {

@@ -3,19 +3,38 @@ resume costs."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import TypedDict
 
 from coordinator.jobs.policy import MAX_BACKOFF_S, backoff
 from coordinator.jobs.spec import REPLICA_HEAD, REPLICA_NONE
 from coordinator.plan.inputs import PlanInputs, expected_recovery, rank_order, trainer_of
 from coordinator.plan.options import ResolvedOptions, positive_int
-from coordinator.plan.provenance import Section, disabled_section
+from coordinator.plan.provenance import Section, SectionFields
+
+# "async" is a keyword: the one field the class form cannot name.
+_AsyncField = TypedDict("_AsyncField", {"async": bool}, total=False)
 
 
-def checkpoint_section(inputs: PlanInputs, options: ResolvedOptions) -> dict[str, Any]:
+class CheckpointSection(SectionFields, _AsyncField, total=False):
+    approach: str
+    contents: str
+    compression: str
+    storage: str
+    replica: str
+    frequency: str
+    retention: str
+    copies: str
+    checkpoint_bytes: int
+    disk_bytes_per_node: int
+    host_memory_bytes_per_rank: int
+    expected_recovery_time: str
+    expected_recovery_seconds: float
+
+
+def checkpoint_section(inputs: PlanInputs, options: ResolvedOptions) -> CheckpointSection:
+    section: Section[CheckpointSection] = Section()
     if not inputs.nodes:
-        return disabled_section("no nodes in the cluster file")
+        return section.disabled("no nodes in the cluster file")
     order, _ = rank_order(inputs)
     rank0 = next(node for node in inputs.nodes if node.name == order[0])
     save_every, save_source = options["save_every"]
@@ -23,7 +42,6 @@ def checkpoint_section(inputs: PlanInputs, options: ResolvedOptions) -> dict[str
     restarts, restarts_source = options["max_restarts"]
     job = inputs.job_name or "JOB"
     trainer, trainer_source = trainer_of(inputs, options)
-    section = Section()
     section.put("approach", f"resume from the newest valid checkpoint: a failed rank, lost node or hang stops every "
                 f"rank on every node; the newest checkpoint whose SHA256 and safetensors header check out is used "
                 f"from each node's own copy where the node holds one, copied only to the nodes that lack it, and "
@@ -51,11 +69,13 @@ def checkpoint_section(inputs: PlanInputs, options: ResolvedOptions) -> dict[str
     section.put("frequency", f"every {save_every} steps", save_source)
     section.put("retention", f"last {keep} valid checkpoints", keep_source)
     with_optimizer = options["trainer"][0] == "coord" and trainer is not None
-    sizing: Mapping[str, Any] = inputs.sizing or {}
-    size = sizing.get("checkpoint_bytes_with_optimizer") if with_optimizer else sizing.get("checkpoint_bytes")
+    sizing = inputs.sizing
+    size = None
+    if sizing is not None:
+        size = sizing.get("checkpoint_bytes_with_optimizer") if with_optimizer else sizing.get("checkpoint_bytes")
     section.put("copies", copies_text(trainer is not None and every_rank, options["trainer"][0], replica, keep),
                 "coord's catalog (coordinator/jobs/catalog.py)")
-    if positive_int(size):
+    if sizing is not None and positive_int(size):
         section.put("checkpoint_bytes", size, f"sizing: {sizing.get('source') or 'trainable parameters'}"
                     + ("; plus the optimizer state coord's trainer saves" if with_optimizer else ""))
         on_every_node = every_rank or (replica != REPLICA_NONE and options["trainer"][0] == "mlx_lm"

@@ -7,23 +7,63 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict
 
-from coordinator.launch.mlx_backend import BackendChoice
+from coordinator.launch.mlx_backend import BackendChoice, Fix
 from coordinator.plan.inputs import PlanInputs, rank_order, trainer_of
 from coordinator.plan.options import ResolvedOptions
-from coordinator.plan.provenance import Section, disabled_section
+from coordinator.plan.provenance import Section, SectionFields
 
 #: mlx.launch's default port for the jaccl coordinator (rank 0).
 JACCL_PORT = 32323
 
 
-def distributed_section(inputs: PlanInputs, options: ResolvedOptions) -> dict[str, Any]:
+class RankEntry(TypedDict):
+    """Where one rank runs, from the cluster file."""
+
+    rank: int
+    node: str
+    address: str
+    python: str
+    workdir: str
+
+
+class DistributedSection(SectionFields, total=False):
+    mlx_launch_command: str
+    hostfile: str  # its path
+    launch_environment: dict[str, str]
+    training_command: str
+    ranks: list[RankEntry]
+    gradient_sync: str
+    unified_memory: bool
+    mlx_env_vars: dict[str, str]  # variable -> who sets it, and to what
+
+
+class RdmaLink(TypedDict):
+    nodes: list[str]
+    devices: list[str | None]  # each node's RDMA device toward the other
+    speed_gbps: float | None
+    generation: int | None
+    ip_link: str | None  # the kind of the IP link beside it
+
+
+class RdmaSection(SectionFields, total=False):
+    platform: str
+    os_versions: dict[str, str | None]  # node -> its macOS version
+    backend: str | None
+    links: list[RdmaLink]
+    env_vars: dict[str, str]
+    setup: str
+    expected_speedup: str
+    fixes: list[Fix]  # only when not filled: what would enable RDMA, node by node
+
+
+def distributed_section(inputs: PlanInputs, options: ResolvedOptions) -> DistributedSection:
+    section: Section[DistributedSection] = Section()
     if not inputs.launch_argv:
-        return disabled_section(f"no launch command: {inputs.backend_error or 'no hostfile could be written'} "
-                         "(coord hostfile says why)")
+        return section.disabled(f"no launch command: {inputs.backend_error or 'no hostfile could be written'} "
+                                "(coord hostfile says why)")
     order, _ = rank_order(inputs)
     backend = (inputs.backend.get("backend") if inputs.backend else None) or (inputs.hostfile or {}).get("backend")
     mlx_version = _common_fact(inputs, order, "mlx_version")
-    section = Section()
     section.put("mlx_launch_command", shlex.join(inputs.launch_argv),
                 "coord's launcher: mlx.launch (run as coordinator.launch.mlx_launch where the head's Python has mlx: "
                 "the same main(), without its busy output loops) with the hostfile coord writes; each rank runs "
@@ -79,24 +119,23 @@ def mlx_rank_environment(backend: str, hostfile: Mapping[str, Any] | None) -> di
     return env
 
 
-def rdma_section(inputs: PlanInputs) -> dict[str, Any]:
+def rdma_section(inputs: PlanInputs) -> RdmaSection:
     order, _ = rank_order(inputs)
     versions = {name: (inputs.facts.get(name) or {}).get("os_version") for name in order}
     choice = inputs.backend
+    section: Section[RdmaSection] = Section()
     if not choice:
-        return disabled_section(f"no backend chosen: {inputs.backend_error or 'no topology measured'} (coord hostfile)")
-    fixes = [dict(fix) for fix in choice.get("fixes") or []]
+        return section.disabled(f"no backend chosen: {inputs.backend_error or 'no topology measured'} "
+                                "(coord hostfile)")
+    fixes = [fix.copy() for fix in choice.get("fixes") or []]
     if choice.get("transport") != "rdma":
         why = (choice.get("error") or "; ".join(choice.get("reasons") or [])
                or f"the {choice.get('backend')} backend does not use RDMA")
-        extra = {"backend": choice.get("backend"), "os_versions": versions, "fixes": fixes}
-        if fixes:
-            extra["setup"] = "; ".join(f"{fix['node']}: {fix['instruction']}" for fix in fixes)
-        return disabled_section(why, **extra)
+        setup = {"setup": "; ".join(f"{fix['node']}: {fix['instruction']}" for fix in fixes)} if fixes else {}
+        return section.disabled(why, backend=choice.get("backend"), os_versions=versions, fixes=fixes, **setup)
     links = rdma_links(choice)
     speeds = sorted({link["speed_gbps"] for link in links if link["speed_gbps"]})
     generations = sorted({link["generation"] for link in links if link["generation"]})
-    section = Section()
     section.put("platform", ", ".join(f"{_platform_of(inputs, name)} on {name}" for name in order)
                 + "; " + (", ".join(f"Thunderbolt {g}" for g in generations) or "Thunderbolt")
                 + (f" at {', '.join(f'{s:g}' for s in speeds)} Gb/s" if speeds else ""),
@@ -113,14 +152,6 @@ def rdma_section(inputs: PlanInputs) -> dict[str, Any]:
                 "coord topology: rdma_ctl status, macOS version and Thunderbolt Bridge state on each node")
     section.lack("expected_speedup", "not measured: coord does not time the same job over TCP and RDMA")
     return section.done(flagged=True)
-
-
-class RdmaLink(TypedDict):
-    nodes: list[str]
-    devices: list[str | None]  # each node's RDMA device toward the other
-    speed_gbps: float | None
-    generation: int | None
-    ip_link: str | None  # the kind of the IP link beside it
 
 
 def rdma_links(choice: BackendChoice) -> list[RdmaLink]:
@@ -163,6 +194,6 @@ def _unified_memory(inputs: PlanInputs, order: Sequence[str]) -> tuple[bool | No
         ": MLX runs on the CPU there, so there is no device memory to unify"
 
 
-def _rank_entry(inputs: PlanInputs, rank: int, name: str) -> dict[str, Any]:
+def _rank_entry(inputs: PlanInputs, rank: int, name: str) -> RankEntry:
     node = next(node for node in inputs.nodes if node.name == name)
     return {"rank": rank, "node": name, "address": node.address, "python": node.python, "workdir": node.workdir}

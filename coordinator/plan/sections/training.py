@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from agent.qos import qos_for_platform
 from coordinator.jobs import robust
@@ -19,16 +19,72 @@ from coordinator.plan.inputs import (
     utc,
 )
 from coordinator.plan.options import ResolvedOptions, positive_int
-from coordinator.plan.provenance import Section, disabled_section
+from coordinator.plan.provenance import Section, SectionFields
 from coordinator.readiness.calibration import workload_shares
 
+if TYPE_CHECKING:
+    from coordinator.store.state import StoredCalibration
 
-def strategy_section(inputs: PlanInputs, options: ResolvedOptions) -> dict[str, Any]:
+
+class StrategySection(SectionFields, total=False):
+    approach: str
+    total_gpus: int  # an MLX rank is the format's "gpu"
+    nodes: int
+    gpus_per_node: int
+    rank_order: list[str]
+    fine_tune_type: str
+
+
+class BatchSection(SectionFields, total=False):
+    per_gpu_batch_size: int
+    total_batch_size: int
+    gradient_accumulation_steps: int
+    learning_rate: float
+    warmup_epochs: float
+    base_learning_rate: float
+    base_batch_size: int
+    lr_scaling: str
+    optimizer: str
+    mlx_lm_batch_size: int
+    warmup_steps: int
+
+
+class PerformanceSection(SectionFields, total=False):
+    throughput: str
+    gpu_utilization: str
+    checkpoint_overhead: str
+    throughput_samples_per_s: float
+    throughput_if_split_by_rate: float
+
+
+class Measurement(TypedDict):
+    """What the plan shows of one node's stored calibration."""
+
+    measured_at: str
+    device: str | None
+    train_samples_per_s: float | None
+    matmul_gflops_float32: float | None
+    matmul_gflops_bfloat16: float | None
+    memory_bandwidth_gbps: float | None
+    peak_memory_bytes: int | None
+
+
+class HardwareSection(SectionFields, total=False):
+    measured_performance: dict[str, float]  # node -> training-step rate, samples/s
+    workload_distribution: dict[str, float]  # node -> its share of the work
+    macos_qos_api: str
+    calibration_notes: str
+    measurements: dict[str, Measurement]
+    batch_split: dict[str, int]  # node -> its samples of a step
+    rate_outliers: list[str]
+
+
+def strategy_section(inputs: PlanInputs, options: ResolvedOptions) -> StrategySection:
+    section: Section[StrategySection] = Section()
     if not inputs.nodes:
-        return disabled_section("no nodes in the cluster file")
+        return section.disabled("no nodes in the cluster file")
     order, order_source = rank_order(inputs)
     fine_tune, fine_tune_source = options["fine_tune_type"]
-    section = Section()
     section.put("approach", f"MLX data parallel, {fine_tune} fine-tune: one rank per node, every rank holds the "
                 f"whole model; {_transport_text(inputs)}",
                 f"{fine_tune_source}; backend: {_backend_source(inputs)}")
@@ -42,11 +98,12 @@ def strategy_section(inputs: PlanInputs, options: ResolvedOptions) -> dict[str, 
     return section.done()
 
 
-def batch_section(inputs: PlanInputs, options: ResolvedOptions) -> dict[str, Any]:
+def batch_section(inputs: PlanInputs, options: ResolvedOptions) -> BatchSection:
+    section: Section[BatchSection] = Section()
     per_rank, per_rank_source = options["per_rank_batch_size"]
     if per_rank is None:
-        return disabled_section("no per-rank batch size: give one (per_rank_batch_size) or a model to size "
-                         "(coord plan --model DIR)")
+        return section.disabled("no per-rank batch size: give one (per_rank_batch_size) or a model to size "
+                                "(coord plan --model DIR)")
     ranks = len(rank_order(inputs)[0])
     accumulation, accumulation_source = options["gradient_accumulation_steps"]
     step_batch = per_rank * ranks
@@ -56,7 +113,6 @@ def batch_section(inputs: PlanInputs, options: ResolvedOptions) -> dict[str, Any
     base_batch = base_batch or per_rank
     rule, rule_source = options["lr_scaling"]
     optimizer, optimizer_source = options["optimizer"]
-    section = Section()
     section.put("per_gpu_batch_size", per_rank, per_rank_source)
     section.put("total_batch_size", total,
                 f"rule: total = per-rank × ranks × accumulation = {per_rank} × {ranks} × {accumulation}")
@@ -75,11 +131,12 @@ def batch_section(inputs: PlanInputs, options: ResolvedOptions) -> dict[str, Any
                 f"{per_rank} × {ranks}")
     warmup, warmup_source = options["warmup_steps"]
     section.put("warmup_steps", warmup, warmup_source + "; mlx-lm takes it as lr_schedule.warmup in its --config file")
-    examples = (inputs.dataset or {}).get("examples")
-    if positive_int(examples):
+    dataset = inputs.dataset
+    examples = dataset.get("examples") if dataset else None
+    if dataset and positive_int(examples):
         section.put("warmup_epochs", round(warmup * total / examples, 4),
                     f"rule: warmup steps × total batch / examples = {warmup} × {total} / {examples} "
-                    f"({(inputs.dataset or {}).get('source') or 'data set'})")
+                    f"({dataset.get('source') or 'data set'})")
     else:
         section.lack("warmup_epochs", "the number of training examples is unknown (coord plan --data DIR)")
     return section.done()
@@ -93,10 +150,10 @@ def scale_learning_rate(base_rate: float, total_batch: int, base_batch: int, rul
     return float(f"{scaled:.6g}")
 
 
-def performance_section(inputs: PlanInputs, options: ResolvedOptions) -> dict[str, Any]:
+def performance_section(inputs: PlanInputs, options: ResolvedOptions) -> PerformanceSection:
     order, _ = rank_order(inputs)
     usable, lacking = usable_calibrations(inputs, order)
-    section = Section()
+    section: Section[PerformanceSection] = Section()
     if lacking:
         section.lack("throughput", "no current calibration (coord calibrate): "
                      + "; ".join(f"{name}: {why}" for name, why in lacking.items()))
@@ -126,16 +183,16 @@ def performance_section(inputs: PlanInputs, options: ResolvedOptions) -> dict[st
     return section.done()
 
 
-def hardware_section(inputs: PlanInputs, options: ResolvedOptions) -> dict[str, Any]:
+def hardware_section(inputs: PlanInputs, options: ResolvedOptions) -> HardwareSection:
     order, _ = rank_order(inputs)
     usable, lacking = usable_calibrations(inputs, order)
+    section: Section[HardwareSection] = Section()
     if not usable:
-        return disabled_section("no current calibration: coord calibrate ("
-                         + "; ".join(f"{name}: {why}" for name, why in lacking.items()) + ")")
+        return section.disabled("no current calibration: coord calibrate ("
+                                + "; ".join(f"{name}: {why}" for name, why in lacking.items()) + ")")
     rates = {name: usable_rate(usable[name]) for name in order if name in usable}
     shares = workload_shares({name: rates.get(name) for name in order})
     measured = "; ".join(calibration_source(name, usable[name]) for name in rates)
-    section = Section()
     section.put("measured_performance", rates, f"training-step rate in samples/s of {CALIBRATION_MODEL}: {measured}")
     section.put("workload_distribution", {name: round(share, 4) for name, share in shares["shares"].items()},
                 f"rule ({shares['policy']}): {shares['reason']}")
@@ -214,7 +271,7 @@ def _backend_source(inputs: PlanInputs) -> str:
     return "; ".join(choice.get("reasons") or []) or str(choice.get("backend"))
 
 
-def _measurement(record: Mapping[str, Any]) -> dict[str, Any]:
+def _measurement(record: StoredCalibration) -> Measurement:
     result = record.get("result") or {}
     gflops = result.get("matmul_gflops") or {}
     return {"measured_at": utc(record.get("measured_at")), "device": result.get("device"),

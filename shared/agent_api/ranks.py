@@ -1,0 +1,138 @@
+"""A rank's life through its agent: prepared, polled, its log read, stacks dumped, stopped; its
+checkpoints listed, removed, hashed and read."""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+from shared.agent_api.common import JsonObject
+
+
+class _PrepareRankRequest(TypedDict):
+    job: str
+    rank: int
+    workdir: str
+    python: str
+    argv: list[str]
+    env: dict[str, str]
+
+
+class PrepareRankRequest(_PrepareRankRequest, total=False):
+    attempt: int
+
+
+class PrepareRankReply(TypedDict):
+    script: str
+    tmpdir: str
+    rank_dir: str
+
+
+class RankRequest(TypedDict):
+    workdir: str
+    job: str
+    attempt: int
+    rank: int
+
+
+class RankStatusRequest(RankRequest, total=False):
+    progress_offset: int
+    log_offset: int  # 0 or more: the rank's output since then comes with the reply
+    wait_s: float  # answer once the rank has ended, or after this many seconds (at most 10)
+
+
+class _RankStatusReply(TypedDict):
+    state: str  # starting, running, exited, vanished
+    pid: int | None
+    exit: int | None
+    rss_bytes: int | None
+    # The lines the rank appended to $COORD_PROGRESS_FILE since progress_offset, as it wrote them:
+    # coord's trainers write ProgressRecords, a script of the user's may write anything.
+    progress: list[JsonObject]
+    progress_offset: int
+    log_size: int
+    time: float
+    exited_at: float | None
+
+
+class RankStatusReply(_RankStatusReply, total=False):
+    log: bytes  # with log_offset: the rank's output from there on, up to 256 KiB
+    log_offset: int  # where the next read of its output starts
+
+
+class ReadLogRequest(RankRequest, total=False):
+    offset: int
+
+
+class DataReply(TypedDict):
+    data: bytes
+    offset: int  # where the next read starts
+
+
+class DumpStacksReply(TypedDict):
+    sent: bool
+    detail: str
+
+
+class StopRankRequest(RankRequest, total=False):
+    grace: float
+
+
+class StopRankReply(TypedDict):
+    stopped: bool
+    left: list[int]  # processes still running
+    detail: str
+
+
+class _CheckpointsRequest(TypedDict):
+    workdir: str
+    job: str
+    attempt: int
+
+
+class ListCheckpointsRequest(_CheckpointsRequest, total=False):
+    known: list[str]  # names already listed: not hashed again
+
+
+class CheckpointInfo(TypedDict):
+    name: str
+    iteration: int
+    path: str
+    valid: bool
+    detail: str
+    size: int
+    sha256: str | None  # None for an invalid file
+
+
+class ListCheckpointsReply(TypedDict):
+    dir: str
+    checkpoints: list[CheckpointInfo]
+
+
+class _RemoveCheckpointsRequest(_CheckpointsRequest):
+    names: list[str]
+
+
+class RemoveCheckpointsRequest(_RemoveCheckpointsRequest, total=False):
+    replica: bool
+
+
+class RemoveCheckpointsReply(TypedDict):
+    removed: int
+
+
+class FileRequest(TypedDict):
+    workdir: str
+    path: str
+
+
+class HashFileReply(TypedDict):
+    size: int
+    sha256: str
+
+
+class ReadFileRequest(FileRequest, total=False):
+    offset: int
+
+
+class ReadFileReply(DataReply):
+    size: int

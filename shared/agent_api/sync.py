@@ -1,0 +1,142 @@
+"""The code sync's methods: manifests, whole small files, chunked uploads, deletes and modes,
+file inspection and the writable check."""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+#: A manifest row: [path, size, mode, sha256].
+ManifestRow = list[Any]
+#: A small file sent whole: [path, mode, sha256, data], each field checked by the agent.
+PutFileRow = list[Any]
+#: A mode to set: [path, mode].
+ModeRow = list[Any]
+
+
+class ScanStatsReport(TypedDict):
+    files: int
+    bytes: int
+    hashed_files: int
+    hashed_bytes: int
+    skipped: list[str]  # the first 50
+    skipped_count: int
+    seconds: float
+
+
+class ManifestRequest(TypedDict):
+    root: str
+    patterns: list[str]
+
+
+class ManifestReply(TypedDict):
+    files: list[ManifestRow]
+    tree_hash: str
+    stats: ScanStatsReport
+
+
+class PutFilesRequest(TypedDict):
+    root: str
+    files: list[PutFileRow]
+
+
+class PutFilesReply(TypedDict):
+    files: int
+    bytes: int
+
+
+class SyncStateRequest(ManifestRequest, total=False):
+    known: list[str] | None  # tree hashes whose manifest the head holds
+
+
+class _SyncStateReply(TypedDict):
+    tree_hash: str
+    count: int
+    flushed: int  # files made durable by this call
+    flush: str  # how: "nothing", "syncfs", "fsync" or "fsync+F_FULLFSYNC"
+    stats: ScanStatsReport
+
+
+class SyncStateReply(_SyncStateReply, total=False):
+    files: list[ManifestRow]  # only when ``known`` was given and the tree's hash is not in it
+
+
+class UploadBeginRequest(TypedDict):
+    root: str
+    path: str
+    size: int
+    mode: int
+    sha256: str
+
+
+class UploadBeginReply(TypedDict):
+    upload: int
+
+
+class UploadChunkRequest(TypedDict):
+    upload: int
+    offset: int
+    data: bytes
+
+
+class UploadChunkReply(TypedDict):
+    offset: int
+
+
+class UploadRequest(TypedDict):
+    upload: int
+
+
+class UploadFinishReply(TypedDict):
+    bytes: int
+
+
+class UploadAbortReply(TypedDict):
+    aborted: int
+
+
+class PathsRequest(TypedDict):
+    root: str
+    paths: list[str]
+
+
+class DeleteFilesReply(TypedDict):
+    deleted: int
+
+
+class SetModesRequest(TypedDict):
+    root: str
+    modes: list[ModeRow]
+
+
+class SetModesReply(TypedDict):
+    changed: int
+
+
+class InspectFilesRequest(PathsRequest, total=False):
+    count_lines: bool
+
+
+class _FileInfo(TypedDict):
+    size: int
+    mode: int
+    sha256: str
+
+
+class FileInfo(_FileInfo, total=False):
+    lines: int  # with count_lines
+
+
+class InspectFilesReply(TypedDict):
+    files: dict[str, FileInfo | None]  # None: missing, or not a regular file
+
+
+class CheckWritableRequest(TypedDict):
+    root: str
+    subdir: str
+
+
+class CheckWritableReply(TypedDict):
+    writable: bool
+    detail: str
+    free_bytes: int
+    path: str
