@@ -91,12 +91,22 @@ def plan_resume(group: list[CheckpointRow], order: list[str], reachable: Callabl
     return ResumePlan(source, in_place, [node for node in order if node not in in_place])
 
 
-def to_remove(copies: list[CheckpointRow], keep: int) -> list[CheckpointRow]:
+def to_remove(copies: list[CheckpointRow], keep: int,
+              same_machine: Callable[[str, str], bool] | None = None) -> list[CheckpointRow]:
     """Retention: every copy of the newest ``keep`` valid checkpoints stays; every copy (on every
-    node) of older ones, and invalid ones older than the newest kept, go."""
-    kept = {_key(group[0]) for group in resume_candidates(copies)[:keep]}
+    node) of older ones, and invalid ones older than the newest kept, go.
+
+    With ``same_machine``: while none of those newest has a copy off its primary's machine yet
+    (copies slower than the checkpoint interval), the newest checkpoint that has one stays too, and
+    what is newer than it: losing the primary's machine then costs the steps since it, not the run."""
+    candidates = resume_candidates(copies)
+    kept = {_key(group[0]) for group in candidates[:keep]}
     if not kept:
         return []
+    if same_machine is not None and not any(off_machine(group, same_machine) for group in candidates[:keep]):
+        safe = next((group for group in candidates[keep:] if off_machine(group, same_machine)), None)
+        if safe is not None:
+            kept.add(_key(safe[0]))
     oldest_kept = min(kept)
     return [c for c in copies if _key(c) not in kept and _key(c) < oldest_kept]
 

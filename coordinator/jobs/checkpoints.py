@@ -309,7 +309,8 @@ class CheckpointKeeper:
         return True
 
     async def _retain(self) -> None:
-        for old in catalog.to_remove(self.fx.checkpoints(self.ctx.run_id), self.ctx.spec.keep):
+        for old in catalog.to_remove(self.fx.checkpoints(self.ctx.run_id), self.ctx.spec.keep,
+                                     self.health.same_machine):
             if old["node"] == HEAD:
                 self.fx.remove_head_file(old["path"])
                 self.fx.remove_checkpoint(self.ctx.run_id, old["attempt"], old["node"], old["path"])

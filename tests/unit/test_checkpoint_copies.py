@@ -116,3 +116,16 @@ def test_what_survives_the_loss_of_the_primarys_machine():
     assert catalog.off_machine([copy(20, "n1")], head_is_n1) == []
     assert [c["node"] for c in catalog.off_machine([copy(20, "n1"), copy(20, "head", "replica")], head_is_n1)] \
         == ["head"]
+
+
+def test_retention_keeps_the_newest_copied_off_checkpoint_while_newer_ones_are_on_rank_0s_node_alone():
+    copies = [copy(s, "n1") for s in (10, 20, 30, 40)] + [copy(10, "head", "replica"), copy(20, "head", "replica")]
+    # The newest two (30, 40) have no copy off n1 yet: 20 (copied to the head) stays, with what is newer.
+    removed = catalog.to_remove(copies, keep=2, same_machine=different_machines)
+    assert sorted((c["step"], c["node"]) for c in removed) == [(10, "head"), (10, "n1")]
+    # Once 30 is copied off too, 20 goes like any checkpoint older than the newest two.
+    copies.append(copy(30, "head", "replica"))
+    removed = catalog.to_remove(copies, keep=2, same_machine=different_machines)
+    assert sorted({c["step"] for c in removed}) == [10, 20]
+    # Without a rule for machines (no replicas at all), retention is the newest --keep as before.
+    assert sorted({c["step"] for c in catalog.to_remove([copy(s, "n1") for s in (10, 20, 30)], keep=2)}) == [10]
