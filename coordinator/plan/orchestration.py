@@ -23,7 +23,8 @@ import jsonschema
 
 from coordinator.jobs.core import FIRST_STEP_TIMEOUT_S
 from coordinator.jobs.policy import hang_timeout
-from coordinator.jobs.supervisor import CHECKPOINT_POLL_S, NODE_WAIT_S, POLL_S
+from coordinator.jobs.rank_watch import HOLD_S
+from coordinator.jobs.supervisor import CHECKPOINT_POLL_S, NODE_WAIT_S
 from coordinator.plan.document import JsonSchema, load_schema
 from coordinator.plan.inputs import PlanInputs, expected_recovery, rank_order, trainer_of, usable_calibrations
 from coordinator.plan.options import ResolvedOptions, resolve_options
@@ -459,7 +460,8 @@ def health_checks(inputs: PlanInputs) -> list[HealthCheck]:
             if step else "60 s without progress until a step time is measured (then ten times it)")
     return [
         {"name": "rank_exit", "detects": "a rank that exits non-zero or vanishes",
-         "within": f"about {POLL_S:g} s (the supervisor asks each node's agent for its rank's state that often)"},
+         "within": "a few tenths of a second (each node's agent holds the supervisor's question about its rank "
+                   f"for up to {HOLD_S:g} s and answers as soon as the rank ends, looking ten times a second)"},
         {"name": "node_lost", "detects": "a node whose SSH session or agent stops answering", "within": lost_within},
         {"name": "hang", "detects": "ranks that stop making progress (their Python stacks are dumped first)",
          "within": hang},
