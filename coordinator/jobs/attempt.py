@@ -26,7 +26,7 @@ class Attempt:
     replica_check: ReplicaCheck = field(default_factory=lambda: ReplicaCheck(0))
     divergence: Divergence | None = None  # the first divergence seen, which the attempt is stopped for
     diverged_after: int | None = None  # checkpoints of this attempt after this step are not valid
-    rank_peaks: dict[str, int] = field(default_factory=dict)  # rank -> its largest RSS since the last train point
+    rank_peaks: dict[str, int] = field(default_factory=dict)  # rank -> its RSS at the last poll, for its train points
 
     @classmethod
     def fresh(cls, number: int, order: list[str], record: JobRecord) -> Attempt:

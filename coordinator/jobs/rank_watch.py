@@ -65,26 +65,19 @@ class RankWatcher:
         replies, failed = await self._ask(attempt, wait_s)
         reports: list[core.RankReport] = []
         read_any = False
+        # Each rank's memory as this poll found it goes with every train point the poll reads (a
+        # poll reads the points of up to HOLD_S of training at once).
+        attempt.rank_peaks.clear()
+        for rank, reply in replies.items():
+            if rss := reply.get("rss_bytes"):
+                record.rank_memory[str(rank)] = rss
+                attempt.rank_peaks[str(rank)] = rss
         for rank, name in enumerate(attempt.order):
             status = replies.get(rank)
             if status is None:
                 continue  # its node did not answer: judged below, after what the others said is read
-            attempt.progress_offsets[rank] = status["progress_offset"]
-            if rss := status.get("rss_bytes"):
-                record.rank_memory[str(rank)] = rss
-                # the largest since the last point: what the history keeps per rank
-                attempt.rank_peaks[str(rank)] = max(attempt.rank_peaks.get(str(rank), 0), rss)
-            read_any = read_any or bool(status["progress"])
-            for progress in status["progress"]:
-                self._on_progress(attempt, progress)
-            if "log" in status:
-                self.fx.append_log(ctx.run_id, attempt.number, rank, status["log"])
-                attempt.log_offsets[rank] = status["log_offset"]
-            await self.pull_log(attempt, rank, name, status["log_size"])  # what did not fit in the reply
-            detected = None
-            if status["state"] == "exited" and (exited_at := status.get("exited_at")):  # both on the node's clock
-                detected = max(0.0, status["time"] - exited_at)
-            reports.append(core.RankReport(rank, name, status["state"], status.get("exit"), detected))
+            read_any = bool(status["progress"]) or read_any
+            reports.append(await self._read(attempt, rank, name, status))
         if read_any:
             ctx.save()  # the progress and the offsets it was read up to, together
         if failed:
@@ -111,6 +104,20 @@ class RankWatcher:
             await self._capture_stacks(attempt)
             return self.ended(attempt, HUNG, hung, "hang")
         return None
+
+    async def _read(self, attempt: Attempt, rank: int, name: str, status: RankStatusReply) -> core.RankReport:
+        """One rank's reply taken in: its progress, its output on the head, and its report."""
+        attempt.progress_offsets[rank] = status["progress_offset"]
+        for progress in status["progress"]:
+            self._on_progress(attempt, progress)
+        if "log" in status:
+            self.fx.append_log(self.ctx.run_id, attempt.number, rank, status["log"])
+            attempt.log_offsets[rank] = status["log_offset"]
+        await self.pull_log(attempt, rank, name, status["log_size"])  # what did not fit in the reply
+        detected = None
+        if status["state"] == "exited" and (exited_at := status.get("exited_at")):  # both on the node's clock
+            detected = max(0.0, status["time"] - exited_at)
+        return core.RankReport(rank, name, status["state"], status.get("exit"), detected)
 
     async def _ask(self, attempt: Attempt,
                    wait_s: float) -> tuple[dict[int, RankStatusReply], dict[int, tuple[str, str]]]:
@@ -284,7 +291,6 @@ class RankWatcher:
             # mlx-lm's peak memory is bytes / 1e9
             "peak_memory_bytes": int(peak * 1e9) if isinstance(peak, (int, float)) else None,
             "rank_memory_bytes": dict(attempt.rank_peaks)})
-        attempt.rank_peaks.clear()
 
     def _on_val_loss(self, attempt: Attempt, progress: ValRecord) -> None:
         step, loss = progress["step"], progress["val_loss"]
