@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import signal
+import time
 import urllib.request
 
 import pytest
@@ -128,6 +129,13 @@ def test_a_restarted_run_has_one_curve_metrics_and_tensorboard_files_across_a_da
     before = history(daemon)["history"]["runs"][0]["train"]
     reached = max(before["step"])
     assert reached >= 14 and set(before["attempt"]) == {0}
+    # Killed a few steps past a checkpoint, read from rank 0's own progress file (the daemon reads
+    # it every couple of seconds): attempt 0 then reached past the step it resumes from.
+    progress = root / job["nodes"][0] / ".coord" / "jobs" / job["run_id"] / "attempt-0" / "rank-0" / "progress.jsonl"
+    reached = _last_step(progress)
+    while not 3 <= reached % 10 <= 6:
+        time.sleep(0.02)
+        reached = _last_step(progress)
     pid = int((root / job["nodes"][1] / ".coord" / "jobs" / job["run_id"] / "attempt-0" / "rank-1" / "pid").read_text())
     os.kill(pid, signal.SIGKILL)
     waited = coord("wait", "--quiet", "--json", "--config", str(daemon.config), "curve", env=daemon.env, timeout=300)
@@ -197,3 +205,9 @@ def test_a_restarted_run_has_one_curve_metrics_and_tensorboard_files_across_a_da
     assert sorted(losses) == list(range(1, 41))
     assert max(e.step for e in first if e.summary.value) >= reached - 1  # the failed attempt wrote past the resume
     assert [losses[s] for s in range(1, 41)] == pytest.approx([4.0 / s for s in range(1, 41)])
+
+
+def _last_step(progress) -> int:
+    steps = [json.loads(line)["step"] for line in progress.read_text().splitlines()
+             if '"kind": "train"' in line.replace('"kind":"train"', '"kind": "train"') and line.endswith("}")]
+    return max(steps, default=0)
