@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from coordinator.store.state import CheckpointRow
-from shared.agent_api import CheckpointInfo
+from shared.agent_api.ranks import CheckpointInfo
 
 PRIMARY, LOCAL, REPLICA = "primary", "local", "replica"
 _ROLE_ORDER = {PRIMARY: 0, LOCAL: 1, REPLICA: 2}

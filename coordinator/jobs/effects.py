@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
 from coordinator.launch.launcher import LaunchPlan
 from coordinator.store.state import CheckpointEntry, CheckpointRow
-from shared.agent_api import (
+from shared.agent_api.ranks import (
     DataReply,
     DumpStacksReply,
     HashFileReply,

@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 from typing import cast
 
-from shared.agent_api import CheckpointRecord, JsonObject, ProgressRecord, TrainRecord, ValRecord
+from shared.agent_api.common import JsonObject
+from shared.agent_api.progress import CheckpointRecord, ProgressRecord, TrainRecord, ValRecord
 
 # What a train record may carry beside its step, each shown as it was written when it is a number.
 _TRAIN_VALUES = ("loss", "tokens_per_second", "learning_rate", "peak_memory_gb")

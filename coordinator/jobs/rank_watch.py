@@ -32,7 +32,9 @@ from coordinator.jobs.policy import (
 from coordinator.jobs.progress import read_record
 from coordinator.jobs.run_context import RunContext
 from coordinator.nodes import versions as node_versions
-from shared.agent_api import CheckpointRecord, FingerprintRecord, JsonObject, RankStatusReply, TrainRecord, ValRecord
+from shared.agent_api.common import JsonObject
+from shared.agent_api.progress import CheckpointRecord, FingerprintRecord, TrainRecord, ValRecord
+from shared.agent_api.ranks import RankStatusReply
 from shared.rpc import RemoteError
 
 POLL_S = 0.5  # the least time between two polls of every rank

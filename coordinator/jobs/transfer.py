@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import anyio
 
-from shared.agent_api import ReadFileReply, UploadBeginReply
+from shared.agent_api.ranks import ReadFileReply
+from shared.agent_api.sync import UploadBeginReply
 from shared.rpc import RemoteError
 
 if TYPE_CHECKING:
