@@ -6,7 +6,7 @@ a key this coord does not know is kept as it was (``extra``), never dropped."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict
 
 from coordinator.jobs.core import LaunchLinks
@@ -67,10 +67,11 @@ class JobRecord:
     extra: JsonObject = field(default_factory=dict)  # keys of a newer coord, kept as they were
 
     def to_json(self) -> JsonObject:
-        data = asdict(self)
-        extra = data.pop("extra")
+        # Every field holds JSON data (TypedDicts, lists, numbers), so a copy of the containers is
+        # all dataclasses.asdict would do, at a fraction of its cost: the record is saved on every poll.
+        data = {name: _copied(getattr(self, name)) for name in _SAVED}
         data["progress_offsets"] = {str(rank): offset for rank, offset in self.progress_offsets.items()}
-        return {**extra, **data}
+        return {**_copied(self.extra), **data}
 
     @classmethod
     def from_json(cls, data: JsonObject) -> JobRecord:
@@ -97,3 +98,13 @@ class JobRecord:
 
 
 _NULLABLE = {f.name for f in fields(JobRecord) if f.default is None}
+_SAVED = tuple(f.name for f in fields(JobRecord) if f.name != "extra")
+
+
+def _copied(value: Any) -> Any:
+    """A copy of JSON data down to its leaves, so a saved record never shares a list with the live one."""
+    if isinstance(value, dict):
+        return {key: _copied(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_copied(item) for item in value]
+    return value
