@@ -129,6 +129,12 @@ class DaemonEffects:
             raise LaunchError(str(exc)) from None
         except OSError as exc:
             raise LaunchError(f"the launch files could not be written in {directory}: {exc}") from None
+        if not leads_its_own_session(proc.pid):
+            proc.kill()
+            proc.wait()
+            raise LaunchError(f"launcher {plan.launcher!r} started its process in the daemon's own session; it must "
+                              "start it in a session of its own (start_new_session=True), or stopping the daemon "
+                              "would stop the job (docs/deploy.md)")
         self._launchers[proc.pid] = proc
         return proc.pid
 
@@ -280,6 +286,21 @@ class DaemonEffects:
 
     def spawn(self, func: Task, *, name: str) -> None:
         self._spawn(func, name)
+
+
+def leads_its_own_session(pid: int) -> bool:
+    """Whether ``pid`` leads a session (and so a process group) of its own.
+
+    A launcher must: a service manager that stops the daemon signals the daemon's process group
+    (launchd without AbandonProcessGroup, a terminal's Ctrl-C), and a job's launcher in that group
+    would die with the daemon and take every rank it holds with it; ``stop_launcher`` signals the
+    launcher as a group, too. Asked once the launcher has started (Popen returns after its exec, so
+    its setsid() has happened); a process that cannot be asked is let be (one already gone, too:
+    its exit is reported as the launcher's)."""
+    try:
+        return os.getsid(pid) == pid
+    except (PermissionError, ProcessLookupError):
+        return True
 
 
 async def _quiet(_event: object) -> None:

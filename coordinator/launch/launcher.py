@@ -89,4 +89,6 @@ class Launcher(Protocol):
     def start(self, directory: Path, config: ClusterConfig, plan: LaunchPlan, run_id: str,
               attempt: int) -> subprocess.Popen[bytes]:
         """Write the attempt's launch files in ``directory`` (OSError when they cannot be) and start
-        the attempt from the head (StartError when the launcher cannot be started)."""
+        the attempt from the head (StartError when the launcher cannot be started), in a session of
+        its own (``start_new_session=True``): it must outlive a daemon that is stopped or restarted,
+        and be stopped as one process group (the daemon refuses a launcher that is not)."""

@@ -63,6 +63,9 @@ class MlxLauncher:
         argv = [*launcher_argv(), "--hostfile", files["hostfile"], "--starting-port",
                 str(ring_starting_port(run_id, attempt)), "--", *rank_command(run_id)]
         env = dict(os.environ, PATH=files["path_prefix"] + os.pathsep + os.environ.get("PATH", "/usr/bin:/bin"))
+        # A session of its own: a service manager stopping the daemon signals the daemon's process
+        # group (launchd), and a terminal its session; mlx.launch, its ssh connections and the local
+        # ranks it holds must live on for the next daemon to re-attach to (docs/deploy.md).
         try:
             with open(directory / "launcher.log", "ab") as output:
                 return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,

@@ -9,8 +9,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,18 +48,20 @@ def short_tempdir(prefix: str = "coord-") -> Path:
 
 class DaemonProcess:
     def __init__(self, config: Path, *, env: dict[str, str] | None = None, prefix: list[str] | None = None,
-                 log_file: Path | None = None):
+                 log_file: Path | None = None, own_session: bool = False):
         self.config = config
         self.env = env
         self.prefix = prefix or []
+        # As a service manager starts it: the leader of a session (and process group) of its own.
+        self.own_session = own_session
         self.log_file = log_file or config.with_suffix(".log")
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "DaemonProcess":
+    def start(self) -> DaemonProcess:
         argv = self.prefix + [sys.executable, "-m", "coordinator.cli.main", "daemon", "--config", str(self.config),
                               "--log-file", str(self.log_file)]
         self.proc = subprocess.Popen(argv, cwd=REPO, env=self.env, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, text=True)
+                                     stderr=subprocess.PIPE, text=True, start_new_session=self.own_session)
         return self
 
     def status(self, timeout: float = 30) -> dict[str, Any]:
@@ -73,7 +76,8 @@ class DaemonProcess:
         doc: dict[str, Any] = {}
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
-                raise AssertionError(f"coordd exited {self.proc.returncode}: {self.proc.stderr.read()}\n{self.log_tail()}")
+                raise AssertionError(f"coordd exited {self.proc.returncode}: {self.proc.stderr.read()}\n"
+                                     f"{self.log_tail()}")
             result = coord("status", "--json", "--config", str(self.config), env=self.env, timeout=30)
             if result.returncode == 0:
                 doc = json.loads(result.stdout)

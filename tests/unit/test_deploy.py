@@ -111,6 +111,16 @@ def test_launchd_dry_run_renders_a_valid_plist(tmp_path: Path) -> None:
     assert not (tmp_path / "Library").exists(), "--dry-run must not write anything"
 
 
+def test_stopping_the_launch_agent_leaves_its_process_group_alone(tmp_path: Path) -> None:
+    """launchd SIGKILLs what is left in a job's process group when it exits unless
+    AbandonProcessGroup is true; the installed plist keeps the key."""
+    assert plistlib.loads(PLIST.read_bytes())["AbandonProcessGroup"] is True
+    config = tmp_path / "cluster.toml"
+    config.write_text("")
+    plist, _ = render_plist(tmp_path, "--coordd", sys.executable, str(config))
+    assert plist["AbandonProcessGroup"] is True
+
+
 def test_launchd_dry_run_makes_paths_absolute_and_escapes_them(tmp_path: Path) -> None:
     workdir = tmp_path / "w"
     workdir.mkdir()
@@ -149,10 +159,32 @@ def test_systemd_unit_settings() -> None:
     lines = unit_lines(UNIT.read_text())
     for wanted in ("[Unit]", "[Service]", "[Install]",
                    "ExecStart=%h/.local/bin/coordd --config %h/.config/coord/cluster.toml",
-                   "Restart=on-failure", "RestartSec=5", "KillMode=mixed", "TimeoutStopSec=30",
+                   "Restart=on-failure", "RestartSec=5", "KillMode=process", "TimeoutStopSec=30",
                    "NoNewPrivileges=yes", "PrivateTmp=no", "WantedBy=default.target"):
         assert wanted in lines, f"{wanted} missing from {UNIT}"
     assert not any(line.startswith(("User=", "Group=")) for line in lines), "a user unit sets no User="
+
+
+def unit_service_settings(text: str) -> dict[str, str]:
+    """The [Service] section's keys as systemd reads them (a later assignment wins)."""
+    settings: dict[str, str] = {}
+    section = None
+    for line in unit_lines(text):
+        if line.startswith("["):
+            section = line
+        elif section == "[Service]" and "=" in line:
+            key, value = line.split("=", 1)
+            settings[key.strip()] = value.strip()
+    return settings
+
+
+def test_stopping_or_restarting_the_systemd_unit_signals_coordd_alone() -> None:
+    """A job's launcher, its ssh connections and local ranks live in coordd's unit: under
+    KillMode=mixed or control-group (the default) systemd would SIGKILL them once coordd exited."""
+    settings = unit_service_settings(UNIT.read_text())
+    assert settings.get("KillMode") == "process", "stopping coordd would stop its jobs"
+    assert settings.get("SendSIGHUP", "no") == "no"
+    assert "ExecStop" not in settings and "ExecStopPost" not in settings  # nothing else stops them either
 
 
 def test_systemd_dry_run_rewrites_exec_start(tmp_path: Path) -> None:
@@ -252,11 +284,12 @@ def test_install_agent_local_installs_a_working_agent(tmp_path: Path, monkeypatc
 
     # The agent runs from the bundle (not this checkout), and exits 0 when its stdin closes.
     env = dict(os.environ, HOME=str(home), PYTHONPATH=str(install_dir))
-    where = subprocess.run([sys.executable, "-c", "import agent, shared; print(agent.__file__); print(shared.__file__)"],
+    where = subprocess.run([sys.executable, "-c",
+                            "import agent, shared; print(agent.__file__); print(shared.__file__)"],
                            cwd=install_dir, env=env, capture_output=True, text=True, check=True)
     assert all(Path(line).is_relative_to(install_dir) for line in where.stdout.split()), where.stdout
     agent = subprocess.run([sys.executable, "-m", "agent"], cwd=install_dir, env=env, input=b"",
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+                           capture_output=True, timeout=60)
     assert agent.returncode == 0, agent.stderr.decode(errors="replace")
 
     # The daemon's own start command finds it and answers hello with this bundle.
@@ -335,7 +368,7 @@ def test_install_agent_over_ssh_uses_batch_mode_and_the_daemons_command(tmp_path
         assert argv[:-2] == ["-o", "BatchMode=yes", "-p", "2222", "-i", str(key), "--"], argv
         assert argv[-2] == "alice@node1"
     assert calls[0][-1] == bundle.install_command(sys.executable)
-    assert f'test -f "$d/BUNDLE_ID"' in calls[1][-1] and bundle.bundle_id in calls[1][-1]
+    assert 'test -f "$d/BUNDLE_ID"' in calls[1][-1] and bundle.bundle_id in calls[1][-1]
     assert "StrictHostKeyChecking" not in INSTALL_AGENT.read_text()
     assert "UserKnownHostsFile" not in INSTALL_AGENT.read_text()
 

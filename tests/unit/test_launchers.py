@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import anyio
 import pytest
 
 from coordinator.jobs.spec import JobSpec, JobSpecError, validate
@@ -52,3 +58,52 @@ def test_mlx_lm_jobs_state_their_batch_and_scripts_of_ones_own_do_not():
     assert "--adapter-path" in rewritten and rewritten[rewritten.index("--iters") + 1] == "30"
     assert rewritten[rewritten.index("--grad-accumulation-steps") + 1] == "2"
     assert rewritten[rewritten.index("--resume-adapter-file") + 1] == "/r.safetensors"
+
+
+class _SleepLauncher:
+    """A launcher that starts ``sleep``, in a session of its own or not."""
+
+    name = "sleep"
+
+    def __init__(self, own_session: bool):
+        self.own_session = own_session
+        self.started: list[subprocess.Popen[bytes]] = []
+
+    def start(self, directory, config, plan, run_id, attempt):
+        proc = subprocess.Popen(["sleep", "60"], start_new_session=self.own_session)
+        self.started.append(proc)
+        return proc
+
+
+def _effects_with(launcher: _SleepLauncher, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from coordinator.jobs import daemon_effects
+
+    monkeypatch.setattr(daemon_effects, "launcher_named", lambda name: launcher)
+    cluster = SimpleNamespace(config=SimpleNamespace(state_dir=tmp_path))
+    return daemon_effects.DaemonEffects(cluster, links=None, metrics=None, spawn=lambda task, name: None)  # type: ignore[arg-type]
+
+
+def test_a_launcher_in_the_daemons_own_session_is_refused_and_killed(tmp_path, monkeypatch):
+    """A launcher left in the daemon's process group dies when a service manager stops the daemon
+    (launchd kills the group), and its ranks with it."""
+    from coordinator.jobs.effects import LaunchError
+
+    launcher = _SleepLauncher(own_session=False)
+    effects = _effects_with(launcher, tmp_path, monkeypatch)
+    plan = LaunchPlan("sleep", "ring", ("a",), {}, {"backend": "ring", "envs": [], "hosts": []})
+    with pytest.raises(LaunchError, match="session of its own"):
+        effects.start_launcher("run-1", 0, plan)
+    (proc,) = launcher.started
+    assert proc.poll() is not None, "the refused launcher was left running"
+
+
+def test_a_launcher_in_a_session_of_its_own_is_kept(tmp_path, monkeypatch):
+    launcher = _SleepLauncher(own_session=True)
+    effects = _effects_with(launcher, tmp_path, monkeypatch)
+    plan = LaunchPlan("sleep", "ring", ("a",), {}, {"backend": "ring", "envs": [], "hosts": []})
+    pid = effects.start_launcher("run-1", 0, plan)
+    try:
+        assert os.getsid(pid) == pid and effects.launcher_exit(pid) is None
+    finally:
+        anyio.run(lambda: effects.stop_launcher(pid, final=True))
+    assert effects.launcher_exit(pid) is not None
