@@ -43,7 +43,7 @@ def bundle_root() -> str:
 
 
 def render_rank_script(*, workdir: str, python: str, argv: list[str], env: dict[str, str], tmpdir: str,
-                       rank_dir: str) -> str:
+                       rank_dir: str, pass_output: bool = True) -> str:
     # A leading "python" means this node's Python.
     command = [python, *argv[1:]] if argv and argv[0] in ("python", "python3") else list(argv)
     root = shlex.quote(bundle_root())
@@ -59,13 +59,15 @@ def render_rank_script(*, workdir: str, python: str, argv: list[str], env: dict[
              f'PYTHONPATH={root}${{PYTHONPATH:+:$PYTHONPATH}}; export PYTHONPATH']
     for key, value in sorted(env.items()):
         lines.append(f"{key}={shlex.quote(value)}; export {key}")
-    runner = [python, "-m", "agent.rank_runner", "--dir", rank_dir, "--"]
+    runner = [python, "-m", "agent.rank_runner", "--dir", rank_dir, *([] if pass_output else ["--keep-output"]), "--"]
     lines.append("exec " + " ".join(shlex.quote(word) for word in runner + command))
     return "\n".join(lines) + "\n"
 
 
 def prepare_rank(job: str, rank: int, workdir: str, python: str, argv: list[str], env: dict[str, str],
-                 attempt: int = 0) -> PrepareRankReply:
+                 attempt: int = 0, pass_output: bool = True) -> PrepareRankReply:
+    """Write the rank's script. ``pass_output``: the rank's output also goes to mlx.launch (a
+    launch the user runs and watches); coord's own launches read it from the node instead."""
     if not JOB_NAME.match(job):
         raise RemoteError(p.BAD_ARGS, f"job name {job!r} must be letters, digits, '.', '_' or '-'")
     if rank < 0 or rank > 4096:
@@ -91,7 +93,7 @@ def prepare_rank(job: str, rank: int, workdir: str, python: str, argv: list[str]
     os.makedirs(rank_dir, exist_ok=True)
     env = {key.replace("{rank_dir}", rank_dir): value.replace("{rank_dir}", rank_dir) for key, value in env.items()}
     script = render_rank_script(workdir=workdir, python=python, argv=list(argv), env=dict(env), tmpdir=tmpdir,
-                                rank_dir=rank_dir)
+                                rank_dir=rank_dir, pass_output=pass_output)
     path = os.path.join(directory, f"rank-{rank}.sh")
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as handle:

@@ -4,10 +4,11 @@ mlx.launch starts this on each node (through the rank script). It starts the
 training command in a process group of its own, so the whole rank can be killed
 as one, and it leaves facts the agent reads without being the
 rank's parent: ``pid`` (the rank's process group), ``exit`` (its exit status,
-written when it ends), ``output.log`` (everything it printed). The output stays on the node:
-coord reads it through the agent, so passing it on to mlx.launch too would only cost every line
-an ssh round and a relay on the head (about half a percent of a core per node at 50 steps/s);
-the launcher's log gets one line saying where the output is. A SIGTERM or SIGHUP (mlx.launch
+written when it ends), ``output.log`` (everything it printed, also passed on to mlx.launch).
+With ``--keep-output`` the output stays on the node: coord's own launches read it through the
+agent, so passing it on too would only cost every line an ssh round and a relay on the head
+(about half a percent of a core per node at 50 steps/s); mlx.launch gets one line saying where
+the output is. A SIGTERM or SIGHUP (mlx.launch
 stopping, ssh hanging up) stops the rank's whole group. On macOS it holds a power assertion while the rank runs
 (``agent.keep_awake``). Stdlib only: it runs with the node's Python.
 """
@@ -62,6 +63,8 @@ def exit_status(returncode: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="agent.rank_runner")
     parser.add_argument("--dir", required=True, help="where pid, exit and output.log go")
+    parser.add_argument("--keep-output", action="store_true",
+                        help="keep the rank's output in output.log only, instead of also passing it on")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -72,12 +75,12 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(args.dir, stale))
     with open(os.path.join(args.dir, "output.log"), "ab", buffering=0) as log:
-        return run_rank(command, args.dir, log)
+        return run_rank(command, args.dir, log, pass_output=not args.keep_output)
 
 
-def run_rank(command: list[str], directory: str, log: BinaryIO) -> int:
-    """Start the rank, copy its output to ``log``, and record its pid and exit status in
-    ``directory``; returns that status."""
+def run_rank(command: list[str], directory: str, log: BinaryIO, pass_output: bool = True) -> int:
+    """Start the rank, copy its output to ``log`` (and to our stdout with ``pass_output``), and
+    record its pid and exit status in ``directory``; returns that status."""
     try:
         # A process group of its own, so that the whole rank can be killed as one, but not a
         # session of its own: Linux's autogroup scheduler gives every session its own share of
@@ -97,9 +100,12 @@ def run_rank(command: list[str], directory: str, log: BinaryIO) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(signum, forward)
-    with contextlib.suppress(OSError):  # mlx.launch went away: the rank and its log carry on
-        print(f"coord: the output of this rank is in {os.path.join(directory, 'output.log')} on {socket.gethostname()}",
-              flush=True)
+    out = sys.stdout.buffer
+    if not pass_output:
+        with contextlib.suppress(OSError):  # mlx.launch went away: the rank and its log carry on
+            out.write(f"coord: the output of this rank is in {os.path.join(directory, 'output.log')} "
+                      f"on {socket.gethostname()}\n".encode())
+            out.flush()
     stream = child.stdout
     assert stream is not None  # stdout=PIPE
     while True:
@@ -107,6 +113,12 @@ def run_rank(command: list[str], directory: str, log: BinaryIO) -> int:
         if not chunk:
             break
         log.write(chunk)
+        if pass_output:
+            try:
+                out.write(chunk)
+                out.flush()
+            except OSError:
+                pass_output = False  # mlx.launch went away; the log on the node still has everything
     code = exit_status(child.wait())
     write_atomically(os.path.join(directory, "exit"), f"{code}\n")
     keep_awake.release(awake)

@@ -123,7 +123,7 @@ def build_dispatcher(relay: node_relay.Relay | None = None) -> Dispatcher:
     table.add("check_writable", _in_thread(node_sync.check_writable), required={"root": str, "subdir": str})
     table.add("prepare_rank", _in_thread(node_launch.prepare_rank),
               required={"job": str, "rank": int, "workdir": str, "python": str, "argv": list, "env": dict},
-              optional={"attempt": int})
+              optional={"attempt": int, "pass_output": bool})
     rank: dict[str, ArgType] = {"workdir": str, "job": str, "attempt": int, "rank": int}
     table.add("rank_status", rank_status, required=rank,
               optional={"progress_offset": int, "log_offset": int, "wait_s": (int, float)})

@@ -72,6 +72,13 @@ class CheckpointKeeper:
                 copying.start_soon(cut_short_by_a_stop)
                 await self.replicator.replicate_pending(final=True)
                 copying.cancel_scope.cancel()
+        # Retention kept older checkpoints while the newer ones had no copy off their machine yet;
+        # with the final copies landed they can go now (no later poll would remove them).
+        # (Retention changes the catalog only: the record is saved with the job's end, and saving it
+        # here, with the attempt's outcome counted but the job not yet ended, would count it again
+        # after a daemon restart.)
+        async with self._lock:
+            await self._retain()
         group = [c for c in self.fx.checkpoints(self.ctx.run_id)
                  if c["valid"] and (c["step"], c["attempt"]) == (newest["step"], newest["attempt"])]
         if not catalog.off_machine(group, self.health.same_machine):

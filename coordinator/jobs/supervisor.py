@@ -452,8 +452,9 @@ class JobRunner:
             env.update(self.launcher.rank_env(plan, rank))
             try:
                 await self.fx.call(name, "prepare_rank", {"job": self.run_id, "rank": rank, "attempt": attempt,
-                                                          "python": node.python, "argv": argv,
-                                                          "env": env}, timeout=60)
+                                                          "python": node.python, "argv": argv, "env": env,
+                                                          # coord reads the output from the node
+                                                          "pass_output": False}, timeout=60)
             except RemoteError as exc:
                 errors[name] = exc
 

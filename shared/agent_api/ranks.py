@@ -19,6 +19,7 @@ class _PrepareRankRequest(TypedDict):
 
 class PrepareRankRequest(_PrepareRankRequest, total=False):
     attempt: int
+    pass_output: bool  # the rank's output also goes to mlx.launch (default); False keeps it on the node
 
 
 class PrepareRankReply(TypedDict):

@@ -145,7 +145,7 @@ def test_stop_stops_every_rank_and_logs_are_kept_per_rank(cluster):
 
 
 def _events(daemon, name):
-    doc = json.loads(coord("status", "--json", "--events", "200", "--config", str(daemon.config),
+    doc = json.loads(coord("status", "--json", "--events", "2000", "--config", str(daemon.config),
                            env=daemon.env).stdout)
     return [e for e in doc["events"] if e["message"].startswith(name + ":")]
 

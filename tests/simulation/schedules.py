@@ -287,7 +287,8 @@ async def _drive(schedule: Schedule, world: World, checker: Checker) -> dict[str
                      for run_id, row in world.store.items()],
             "launches": world.launch_log, "copies": world.copies, "timeline": checker.timeline,
             "requests": daemon.requests, "incarnations": daemon.incarnations,
-            "stopped": checker.stopped, "cancelled": checker.cancelled}
+            "stopped": checker.stopped, "cancelled": checker.cancelled,
+            "catalog": {run_id: list(copies.values()) for run_id, copies in world.catalog.items()}}
 
 
 @contextlib.contextmanager

@@ -377,3 +377,15 @@ def test_retention_keeps_a_copied_checkpoint_while_the_newer_ones_are_not_copied
               if c["time"] < lost_at and c["source"][0] == "n1" and c["targets"] == ["head"]]
     resumed_from = result["launches"][-1]["ranks"][0][1]
     assert copied and resumed_from == max(copied) > 0, (copied, resumed_from)
+
+
+def test_after_success_retention_keeps_only_the_newest_once_their_copies_landed():
+    # Copies lag behind the checkpoints (3 s each, one every 2.5 s), so while the run trains the
+    # newest copied-off checkpoint is kept beside the newer ones. Once the final copy has landed
+    # that older one must go: no poll comes after success, so the end applies retention itself
+    # (a job with --keep 1 once ended with four checkpoints on its node).
+    result = run_schedule(base(spec={"keep": 1, "save_every": 5}, step_s=0.5, copy_s=3.0))
+    (run,) = result["runs"]
+    assert run["state"] == "succeeded", run
+    steps = sorted({c["step"] for c in result["catalog"][run["run_id"]] if c["valid"]})
+    assert steps == [60], steps

@@ -427,7 +427,7 @@ class SimEffects:
 
     # --- the agent's methods ---
     def _agent_prepare_rank(self, node: SimNode, *, job: str, rank: int, attempt: int, python: str, argv: list,
-                            env: dict) -> dict[str, Any]:
+                            env: dict, pass_output: bool = True) -> dict[str, Any]:
         if node.disk_full:
             raise RemoteError("internal", "OSError: [Errno 28] No space left on device")
         world = self.world

@@ -9,23 +9,29 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from agent import ranks
 from tests.integration.daemon_harness import REPO
 
 
-def _runner(tmp_path, job: str, command: list[str]) -> subprocess.Popen:
+def _runner(tmp_path, job: str, command: list[str], *options: str) -> subprocess.Popen:
     rank_dir = ranks.rank_dir(str(tmp_path), job, 0, 0)
-    return subprocess.Popen([sys.executable, "-m", "agent.rank_runner", "--dir", rank_dir, "--", *command],
+    return subprocess.Popen([sys.executable, "-m", "agent.rank_runner", "--dir", rank_dir, *options, "--", *command],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
-def test_a_rank_that_exits_leaves_its_status_and_output(tmp_path):
-    proc = _runner(tmp_path, "j1", [sys.executable, "-c", "print('hello from rank'); raise SystemExit(3)"])
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_rank_that_exits_leaves_its_status_and_output(tmp_path, keep):
+    options = ["--keep-output"] if keep else []
+    proc = _runner(tmp_path, "j1", [sys.executable, "-c", "print('hello from rank'); raise SystemExit(3)"], *options)
     assert proc.wait(30) == 3
-    # the output stays on the node (the agent reads it); the launcher is told where it is
     said = proc.stdout.read()
-    assert b"hello from rank" not in said and b"output.log" in said
+    if keep:  # coord's own launch: the output stays on the node (the agent reads it), mlx.launch is told where
+        assert b"hello from rank" not in said and b"output.log" in said
+    else:  # a launch the user watches: the output is passed on
+        assert b"hello from rank" in said
     status = ranks.rank_status(str(tmp_path), "j1", 0, 0)
     assert status["state"] == "exited" and status["exit"] == 3
     assert b"hello from rank" in ranks.read_log(str(tmp_path), "j1", 0, 0)["data"]
@@ -151,3 +157,19 @@ def test_a_run_id_is_a_valid_job_key_on_a_node_and_a_path_is_not():
             assert "bad job" in str(exc)
         else:
             raise AssertionError(f"{bad!r} was accepted")
+
+
+@pytest.mark.parametrize("pass_output", [True, False])
+def test_a_prepared_rank_passes_its_output_on_only_when_asked(tmp_path, monkeypatch, pass_output):
+    """coord's own launches keep the output on the node (read through the agent); a launch the
+    user runs with `coord prepare` shows it in mlx.launch's output."""
+    from agent.launch import prepare_rank
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    reply = prepare_rank("out-0a1b2c3d", 0, str(tmp_path), sys.executable,
+                         ["python", "-c", "print('step 1 loss 2.5')"], {}, attempt=0, pass_output=pass_output)
+    shown = subprocess.run([reply["script"]], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "HOME": str(tmp_path / "home")})
+    assert shown.returncode == 0, shown.stderr
+    assert ("step 1 loss 2.5" in shown.stdout) == pass_output, shown.stdout
+    assert b"step 1 loss 2.5" in ranks.read_log(str(tmp_path), "out-0a1b2c3d", 0, 0)["data"]
