@@ -9,6 +9,7 @@ sha256sum per core. Stdlib only: this runs with the node's Python.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -78,21 +79,29 @@ class HashCache:
             self.entries.pop(rel, None)
         self.dirty = self.dirty or bool(stale)
 
-    def save(self) -> None:
-        """Write the cache (not flushed: a lost or torn cache file only costs a re-hash)."""
+    def save(self) -> bool:
+        """Write the cache (not flushed: a lost or torn cache file only costs a re-hash). A cache that cannot
+        be written (a full disk) is kept in memory and tried again next time: it is no reason to fail the
+        scan it belongs to, and its temporary is removed, not left to hold what little room there is."""
         if not self.path or not self.dirty:
-            return
+            return True
         self.dirty = False
         entries = dict(self.entries)  # a snapshot: another thread may store while this one writes
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
         tmp = f"{self.path}.{os.getpid()}.{threading.get_ident()}.tmp"
         try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
             with open(tmp, "w", encoding="utf-8") as handle:
                 json.dump({"version": CACHE_VERSION, "entries": entries}, handle, separators=(",", ":"))
             os.replace(tmp, self.path)
+        except OSError:
+            self.dirty = True
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            return False
         except BaseException:
             self.dirty = True
             raise
+        return True
 
 
 def sha256_file(path: str, size: int | None = None) -> str:

@@ -30,8 +30,8 @@ def render_sync(report: SyncReport, console: Console) -> None:
         result: Mapping[str, Any] = entry.get("result", {})
         relay: Mapping[str, Any] = entry.get("relay") or {}
         seconds = max(result.get("seconds", 0), relay.get("seconds", 0))
-        table.add_row(name, entry["status"], str(result.get("files_sent", plan.get("send", 0))),
-                      _size(result.get("bytes_sent", plan.get("bytes_to_send", 0))),
+        files, size = _sent(entry, plan, result)
+        table.add_row(name, entry["status"], files, size,
                       f"{relay['files']} ({_size(relay['bytes'])})" if relay else "-", str(plan.get("chmod", 0)),
                       str(result.get("deleted", plan.get("delete", 0))), str(plan.get("extra_kept", 0)),
                       f"{seconds:.2f}s" if seconds else "-")
@@ -49,6 +49,22 @@ def render_sync(report: SyncReport, console: Console) -> None:
         console.print(f"consistency: {consistency['status']}: {consistency['detail']}", soft_wrap=True,
                       markup=False)
     console.print(f"{report['status']}: {report['detail']}", soft_wrap=True, markup=False)
+
+
+def _sent(entry: Mapping[str, Any], plan: Mapping[str, Any], result: Mapping[str, Any]) -> tuple[str, str]:
+    """The SENT and BYTES cells: what landed on the node (of what was planned, when not all of it did);
+    the plan for a dry run or an unchanged node; "?" for a node that could not be asked afterwards."""
+    landed: Mapping[str, Any] | None = entry.get("landed")
+    if landed is not None:
+        if landed["files"] == landed["planned_files"]:
+            return str(landed["files"]), _size(landed["bytes"])
+        return (f"{landed['files']} of {landed['planned_files']}",
+                f"{_size(landed['bytes'])} of {_size(landed['planned_bytes'])}")
+    if entry["status"] in ("planned", "unchanged", "skipped"):
+        return str(plan.get("send", 0)), _size(plan.get("bytes_to_send", 0))
+    if result:  # a daemon from before landed was counted
+        return str(result.get("files_sent", 0)), _size(result.get("bytes_sent", 0))
+    return "?", "?"
 
 
 def _size(n: float) -> str:

@@ -10,6 +10,7 @@ node's ``sync_state`` at the end does, once.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections import OrderedDict
@@ -28,6 +29,7 @@ BATCH_BYTES = 8 << 20
 BATCH_FILES = 2048
 CHUNK_BYTES = 4 << 20
 IN_FLIGHT = 4
+ABORT_TIMEOUT_S = 30
 
 #: One file as ``put_files`` takes it: [rel, mode, sha256, its bytes].
 PutFile = list[Any]
@@ -103,6 +105,23 @@ def plan_sync(source: Manifest, remote: Manifest, *, delete: bool) -> SyncPlan:
         if rel not in source:
             (plan.delete if delete else plan.extra).append(rel)
     return plan
+
+
+class Landed(TypedDict):
+    """What of a node's plan is on the node after the sync, by its own listing: only what landed counts."""
+
+    files: int
+    bytes: int
+    planned_files: int
+    planned_bytes: int
+
+
+def landed_count(planned: list[str], source: Manifest, remote: Manifest) -> Landed:
+    """Of the paths a node was to be sent, those it now holds as the source has them (``remote``: its
+    listing after the sync): a node that failed halfway is credited with these, not with what it was sent."""
+    landed = [rel for rel in planned if (have := remote.get(rel)) is not None and have[2] == source[rel][2]]
+    return {"files": len(landed), "bytes": sum(source[rel][0] for rel in landed),
+            "planned_files": len(planned), "planned_bytes": sum(source[rel][0] for rel in planned)}
 
 
 def manifest_from_wire(files: list[list[Any]]) -> Manifest:
@@ -224,6 +243,14 @@ class SourceReader:
             loading.set()
 
 
+async def abort_upload(session: NodeSession, upload: int) -> None:
+    """End an upload that failed (or was cancelled, say by another file's failure) on the node: its
+    descriptor and temporary go now, not when the session ends. The agent already ended one whose
+    write failed (then this is a no-op); a node that is gone drops its uploads with its session."""
+    with anyio.CancelScope(shield=True), contextlib.suppress(RemoteError, TimeoutError):
+        await session.call("upload_abort", {"upload": upload}, timeout=ABORT_TIMEOUT_S)
+
+
 async def sync_node(session: NodeSession, source_dir: str, source: Manifest, plan: SyncPlan,
                     progress: Progress | None = None, *, reader: SourceReader | None = None) -> SendResult:
     """Carry out one node's plan; returns what was done. Nothing is flushed here (see ``sync_state``)."""
@@ -245,17 +272,21 @@ async def sync_node(session: NodeSession, source_dir: str, source: Manifest, pla
             begun = await session.call("upload_begin", {"root": root, "path": rel, "size": size, "mode": mode,
                                                         "sha256": sha})
             upload = begun["upload"]
-            # anyio's file opens, reads and closes in a worker thread: a slow disk never blocks the loop.
-            async with await anyio.open_file(os.path.join(source_dir, rel), "rb") as handle:
-                offset = 0
-                while offset < size:
-                    data = await handle.read(CHUNK_BYTES)
-                    if not data:
-                        break
-                    await session.call("upload_chunk", {"upload": upload, "offset": offset, "data": data})
-                    offset += len(data)
-                    await meter.add(0, len(data))
-            await session.call("upload_finish", {"upload": upload})
+            try:
+                # anyio's file opens, reads and closes in a worker thread: a slow disk never blocks the loop.
+                async with await anyio.open_file(os.path.join(source_dir, rel), "rb") as handle:
+                    offset = 0
+                    while offset < size:
+                        data = await handle.read(CHUNK_BYTES)
+                        if not data:
+                            break
+                        await session.call("upload_chunk", {"upload": upload, "offset": offset, "data": data})
+                        offset += len(data)
+                        await meter.add(0, len(data))
+                await session.call("upload_finish", {"upload": upload})
+            except BaseException:
+                await abort_upload(session, upload)
+                raise
             await meter.add(1, 0)
 
     try:

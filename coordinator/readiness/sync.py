@@ -18,10 +18,12 @@ import anyio
 from coordinator.nodes.session import UP, NodeSession
 from coordinator.readiness.consistency import ConsistencyReport, Difference, Manifest, compare_nodes, diff_manifests
 from coordinator.readiness.push import (
+    Landed,
     SendResult,
     SourceReader,
     SyncPlan,
     SyncPlanDict,
+    landed_count,
     manifest_from_wire,
     plan_sync,
     sync_node,
@@ -33,6 +35,7 @@ from shared.ignore import DEFAULT_PATTERNS, IgnoreRules, read_ignore_file
 from shared.manifest import HashCache, scan_tree, tree_hash
 from shared.paths import UnsafePath, resolve_under
 from shared.rpc import Emit, RemoteError
+from shared.sizes import size_text
 
 if TYPE_CHECKING:
     from coordinator.nodes.cluster import Cluster
@@ -58,9 +61,10 @@ class SyncNodeEntry(TypedDict, total=False):
     plan: SyncPlanDict  # absent for a node that was skipped
     status: Required[Literal["skipped", "planned", "unchanged", "synced", "failed"]]
     detail: str  # why skipped or failed
-    result: SendResult  # what its own session carried
+    result: SendResult  # what its own session carried (absent when that failed: see landed)
     relay: RelayResult  # what the relay brought it
     fallback: SendResult  # the relay's misses, sent over its session
+    landed: Landed  # absent when the node could not be asked afterwards
     verify_seconds: float
 
 
@@ -271,6 +275,8 @@ class _Sync:
         self.plans: dict[str, SyncPlan] = {}
         self.reader: SourceReader  # once the plans are made: the source read once for every node sent a batch
         self.relay_for: set[str] = set()
+        self.planned: dict[str, list[str]] = {}  # node -> every path it was to be sent, relayed ones too
+        self.no_space: set[str] = set()  # nodes whose disk was full: their detail says how much is left
         self.relayed: dict[str, RelayResult] = {}
         self.relay_done = anyio.Event()
 
@@ -362,6 +368,7 @@ class _Sync:
         self.reader = SourceReader(str(self.source_dir), self.source_files)
         # Large files go through the relay (once over the head's uplink, node to node), beside each
         # node's batches of small files; each node is verified once both are done.
+        self.planned = {name: list(plan.send) for name, plan in self.plans.items()}
         wanted = {} if self.dry_run else take_large_files(self.source_files, self.plans)
         self.relay_for = {name for nodes in wanted.values() for name in nodes}
         async with anyio.create_task_group() as tasks:
@@ -390,22 +397,45 @@ class _Sync:
                 entry["result"] = await sync_node(session, str(self.source_dir), self.source_files, plan,
                                                   progress=self.emit, reader=self.reader)
         except (RemoteError, BaseExceptionGroup) as exc:
-            entry["status"] = "failed"
-            entry["detail"] = _remote_error(exc).message
+            self._failed(name, entry, _remote_error(exc))
         if name in self.relay_for:
             await self.relay_done.wait()
-            await self._relay_fallback(session, entry, self.relayed.get(name))
+            await self._relay_fallback(name, session, entry, self.relayed.get(name))
         await self._verify(name, session, entry)
+        self._count_landed(name, entry)
 
-    async def _relay_fallback(self, session: NodeSession, entry: SyncNodeEntry, result: RelayResult | None) -> None:
-        """What the relay could not bring to the node goes over the node's own session."""
+    def _failed(self, name: str, entry: SyncNodeEntry, error: RemoteError, first: str = "") -> None:
+        entry["status"] = "failed"
+        entry["detail"] = error.message + (f" (the relay first: {first})" if first else "")
+        if error.code == p.NO_SPACE:
+            self.no_space.add(name)
+
+    def _count_landed(self, name: str, entry: SyncNodeEntry) -> None:
+        """Count what of the plan is on the node now, by the listing it answered with after its flush:
+        a node that failed is credited with what it holds, never with what it was only sent."""
+        manifest = self.remote.get(name)
+        if manifest is None:
+            return
+        entry["landed"] = landed_count(self.planned.get(name, []), self.source_files, manifest)
+        if name in self.no_space:
+            left = entry["landed"]["planned_bytes"] - entry["landed"]["bytes"]
+            entry["detail"] = f"{entry.get('detail', '')}; {size_text(left)} of this sync not yet on {name}"
+
+    async def _relay_fallback(self, name: str, session: NodeSession, entry: SyncNodeEntry,
+                              result: RelayResult | None) -> None:
+        """What the relay could not bring to the node goes over the node's own session; not what the node
+        itself could not hold (a full disk fails the same way over SSH, after sending it all again)."""
         if result is None:
             return
         entry["relay"] = result
         if not result["failed"] or entry["status"] == "failed":
             return
-        if session.state != UP:  # lost during the transfer: nothing to fall back on
-            entry["status"], entry["detail"] = "failed", result["failed"][0][1]
+        own = result.get("own_failures") or []
+        if session.state != UP or own:  # lost during the transfer, or its own disk: nothing to fall back on
+            why = next((why for rel, why in result["failed"] if rel in own), result["failed"][0][1])
+            entry["status"], entry["detail"] = "failed", why
+            if own and why.startswith("no space left"):
+                self.no_space.add(name)
             return
         retry = SyncPlan(send=[rel for rel, _ in result["failed"]])
         retry.bytes_to_send = sum(self.source_files[rel][0] for rel in retry.send)
@@ -413,8 +443,7 @@ class _Sync:
             entry["fallback"] = await sync_node(session, str(self.source_dir), self.source_files, retry,
                                                 progress=self.emit, reader=self.reader)
         except (RemoteError, BaseExceptionGroup) as exc:
-            entry["status"] = "failed"
-            entry["detail"] = f"{_remote_error(exc).message} (the relay first: {result['failed'][0][1]})"
+            self._failed(name, entry, _remote_error(exc), first=result["failed"][0][1])
 
     async def _verify(self, name: str, session: NodeSession, entry: SyncNodeEntry) -> None:
         """Written or half written: the node flushes what it holds, then proves it by its tree hash."""
@@ -461,7 +490,9 @@ class _Sync:
         failed = [n for n, e in self.entries.items() if e["status"] in ("failed", "skipped")]
         mismatched = [n for n, v in versus.items() if not v["matches"]]
         if failed:
-            return "failed", f"not synced: {', '.join(sorted(failed))}"
+            # Each node with its reason: the summary line alone tells the user what to fix where.
+            return "failed", "not synced: " + "; ".join(
+                f"{n} ({self.entries[n]['detail']})" if self.entries[n].get("detail") else n for n in sorted(failed))
         if mismatched and not self.dry_run:
             return "failed", f"differs from the source after sync: {', '.join(sorted(mismatched))}"
         return "ok", "dry run: nothing was changed" if self.dry_run else "every node matches the source"
@@ -482,7 +513,7 @@ class _Sync:
             report = {**summary, "source_reads": self.reader.reads, **verdict}
         else:
             report = {**summary, **verdict}
-        sent = sum(e.get("result", {}).get("files_sent", 0) for e in self.entries.values())
+        sent = sum(e["landed"]["files"] for e in self.entries.values() if "landed" in e)
         self.cluster.record_event("sync.done" if status == "ok" else "sync.failed",
                                   f"sync {status}: {sent} files sent; {detail}",
                                   data={"seconds": verdict["seconds"], "files_sent": sent})

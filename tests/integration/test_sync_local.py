@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import shlex
 import shutil
 import signal
@@ -17,6 +18,7 @@ import pytest
 
 from tests.integration.daemon_harness import (REPO, DaemonProcess, all_up, coord, environment, short_tempdir,
                                               write_local_cluster)
+from tests.integration.small_disk import open_under, small_disk, temporaries
 
 NODES = ("a", "b", "c")
 
@@ -156,3 +158,53 @@ async def _run(script: str, *args: str) -> dict:
     out, err = await proc.communicate()
     assert proc.returncode == 0, err.decode(errors="replace")
     return json.loads(out)
+
+
+@pytest.fixture
+def node_b_on_a_small_disk():
+    """Three local nodes, node b's workdir on a 2 MiB filesystem; a source that does not fit there."""
+    root = short_tempdir()
+    try:
+        with small_disk(root / "b", "2m"):
+            config = write_local_cluster(root, NODES, name="full-disk-test")
+            source = root / "project"
+            for i in range(20):
+                path = source / "pkg" / f"m{i:02d}.py"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(f"VALUE = {i}\n")
+            (source / "model").mkdir()
+            (source / "model" / "weights.bin").write_bytes(os.urandom(6 << 20))  # two chunks, not relayed
+            daemon = DaemonProcess(config, env=environment()).start()
+            try:
+                daemon.wait_for(all_up, 30, "all nodes up")
+                yield daemon, root, source
+            finally:
+                daemon.stop(signal.SIGKILL)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_full_disk_is_named_cleaned_up_and_counted_as_it_is_ten_times_over(node_b_on_a_small_disk):
+    """Node b's disk is too small: every sync says so (the node, the directory, the bytes still to write
+    and the bytes free), credits b only with what landed, and b's agent holds no file open and leaves no
+    temporary, however often the sync is retried."""
+    daemon, root, source = node_b_on_a_small_disk
+    agent = next(n for n in daemon.status()["nodes"] if n["name"] == "b")["agent"]["pid"]
+    for attempt in range(10):
+        report = _sync(daemon, source)
+        entry = report["nodes"]["b"]
+        assert report["status"] == "failed" and entry["status"] == "failed", (attempt, report)
+        detail = entry["detail"]
+        assert f"no space left in {root}/b/" in detail, detail
+        assert "still to write" in detail and " free" in detail and "not yet on b" in detail, detail
+        assert report["detail"].startswith("not synced: b (no space left in "), report["detail"]
+        landed = entry["landed"]
+        # The first sync was to send all 21 files, the next ones only what is still missing (the model).
+        assert attempt > 0 or landed["planned_files"] == 21, landed
+        assert landed["files"] < landed["planned_files"] and landed["bytes"] < landed["planned_bytes"], landed
+        assert not [rel for rel in _tree(root / "b") if rel.startswith("model/")]  # the file never landed
+        assert {report["nodes"][n]["status"] for n in ("a", "c")} <= {"synced", "unchanged"}
+        assert open_under(agent, root / "b") == [], attempt  # no descriptor held on b's disk
+        assert temporaries(root / "b") == [], attempt
+    assert next(n for n in daemon.status()["nodes"] if n["name"] == "b")["agent"]["pid"] == agent  # one agent
+    assert _tree(root / "a") == _tree(source)
