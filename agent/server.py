@@ -15,6 +15,7 @@ from agent import launch as node_launch
 from agent import ranks as node_ranks
 from agent import relay as node_relay
 from agent import sync as node_sync
+from agent import sync_links as node_links
 from agent.calibration_runner import run_calibration
 from agent.topology import collect_topology
 from agent.usage import collect_usage
@@ -99,6 +100,7 @@ def build_dispatcher(relay: node_relay.Relay | None = None, uploads: node_sync.U
 
     table.add("manifest", _in_thread(node_sync.describe), required={"root": str, "patterns": list})
     table.add("put_files", _in_thread(node_sync.put_files), required={"root": str, "files": list})
+    table.add("put_links", _in_thread(node_links.put_links), required={"root": str, "links": list})
     table.add("sync_state", _in_thread(node_sync.sync_state), required={"root": str, "patterns": list},
               optional={"known": (list, type(None))})
     table.add("upload_begin", _in_thread(uploads.begin),

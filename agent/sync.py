@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any
 from agent.write_errors import write_failed
 from shared import protocol as p
 from shared.ignore import IgnoreRules
-from shared.manifest import HashCache, ScanStats, scan_tree, sha256_file, tree_hash
-from shared.paths import PathGuard, UnsafePath, resolve_under
+from shared.manifest import HashCache, ScanStats, keep_links, scan_tree, sha256_file, tree_hash
+from shared.paths import PathGuard, UnsafePath, check_relative, resolve_under
 from shared.rpc import RemoteError
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ def _scan_lock(root: str) -> threading.Lock:
 def _scan(root: str, patterns: list[str]) -> tuple[dict[str, list[Any]], ScanStats]:
     """scan_tree with this workdir's cache."""
     with _scan_lock(root):
-        return scan_tree(root, IgnoreRules(patterns), cache=cache_for(root))
+        return scan_tree(root, IgnoreRules(patterns), cache=cache_for(root), on_link=keep_links)
 
 
 def _syncfs(path: str) -> bool:
@@ -218,7 +218,7 @@ def sync_state(root: str, patterns: list[str], known: list[str] | None = None) -
     with _scan_lock(root):  # no other scan saves the cache meanwhile
         taken = _take_pending(root)
         if taken is None:
-            manifest, stats = scan_tree(root, rules, cache=cache)
+            manifest, stats = scan_tree(root, rules, cache=cache, on_link=keep_links)
             flushed, how = 0, "nothing"
         else:
             files = taken[0]
@@ -227,7 +227,7 @@ def sync_state(root: str, patterns: list[str], known: list[str] | None = None) -
             with ThreadPoolExecutor(max_workers=1) as pool:
                 durable = pool.submit(_make_durable, root, *taken)
                 try:
-                    manifest, stats = scan_tree(root, rules, cache=cache, save=False)
+                    manifest, stats = scan_tree(root, rules, cache=cache, save=False, on_link=keep_links)
                 finally:
                     try:
                         how = durable.result()
@@ -457,11 +457,23 @@ class Uploads:
         return state
 
 
+def _safe_entry(root: str, rel: str) -> str:
+    """``rel``'s own entry: its directories checked as ``_safe`` does, its last part not followed (a link
+    is itself the entry, wherever it leads)."""
+    try:
+        normal = check_relative(rel)
+    except UnsafePath as exc:
+        raise RemoteError(p.REFUSED, str(exc)) from None
+    parent, _, name = normal.rpartition("/")
+    return f"{_safe(root, parent) if parent else os.path.realpath(root).rstrip('/')}/{name}"
+
+
 def delete_files(root: str, paths: list[str]) -> DeleteFilesReply:
+    """Remove files and links (a link itself, never what it leads to); a directory is refused."""
     root = _root(root)
     deleted = 0
     for rel in paths:
-        target = _safe(root, rel)
+        target = _safe_entry(root, rel)
         try:
             info = os.lstat(target)
         except FileNotFoundError:

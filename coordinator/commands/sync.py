@@ -44,11 +44,28 @@ def render_sync(report: SyncReport, console: Console) -> None:
             how = "sent over its SSH session instead" if entry.get("fallback") else "not sent"
             console.print(f"{name}: {rel}: the relay could not bring it ({why}); {how}", soft_wrap=True,
                           markup=False)
+    _render_source_checks(report, console)
     consistency = report.get("consistency")
     if consistency:
         console.print(f"consistency: {consistency['status']}: {consistency['detail']}", soft_wrap=True,
                       markup=False)
     console.print(f"{report['status']}: {report['detail']}", soft_wrap=True, markup=False)
+
+
+def _render_source_checks(report: SyncReport, console: Console) -> None:
+    """The source's links and names: none is left out without a line saying so."""
+    if report.get("links"):
+        console.print(f"links inside the source, sent as links: {report['links']}")
+    for entry in report.get("outside_links", []):
+        verb = "copied by content" if entry["action"] == "followed" else f"REFUSED: {entry['why']}"
+        console.print(f"link {entry['path']} -> {entry['target']} (leads to {entry['leads_to']}): {verb}",
+                      soft_wrap=True, markup=False, highlight=False)
+    for rel, why in report.get("refused_names", []):
+        console.print(f"name {rel!r} REFUSED: {why}", soft_wrap=True, markup=False, highlight=False)
+    scan: Mapping[str, Any] = report.get("source_scan") or {}
+    if scan.get("skipped_count"):
+        console.print(f"not sent, neither files nor links ({scan['skipped_count']}): "
+                      f"{', '.join(scan.get('skipped', []))}", soft_wrap=True, markup=False, highlight=False)
 
 
 def _sent(entry: Mapping[str, Any], plan: Mapping[str, Any], result: Mapping[str, Any]) -> tuple[str, str]:

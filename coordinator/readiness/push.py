@@ -14,7 +14,7 @@ import contextlib
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Required, TypedDict
 
@@ -22,6 +22,7 @@ import anyio
 
 from coordinator.nodes.session import NodeSession
 from coordinator.readiness.consistency import Manifest
+from shared.manifest import is_link
 from shared.rpc import RemoteError
 
 SMALL_FILE = 1 << 20
@@ -76,15 +77,17 @@ class SendResult(TypedDict):
 
 @dataclass
 class SyncPlan:
-    send: list[str] = field(default_factory=list)
+    send: list[str] = field(default_factory=list)  # files and links
     chmod: list[tuple[str, int]] = field(default_factory=list)
     delete: list[str] = field(default_factory=list)
     extra: list[str] = field(default_factory=list)  # on the node only, kept without --delete
+    #: links on the node where the source has a directory: removed before anything is written through them
+    unlink_first: list[str] = field(default_factory=list)
     bytes_to_send: int = 0
 
     @property
     def empty(self) -> bool:
-        return not (self.send or self.chmod or self.delete)
+        return not (self.send or self.chmod or self.delete or self.unlink_first)
 
     def as_dict(self) -> SyncPlanDict:
         return {"send": len(self.send), "bytes_to_send": self.bytes_to_send, "chmod": len(self.chmod),
@@ -104,6 +107,15 @@ def plan_sync(source: Manifest, remote: Manifest, *, delete: bool) -> SyncPlan:
     for rel in remote:
         if rel not in source:
             (plan.delete if delete else plan.extra).append(rel)
+    node_links = [rel for rel, entry in remote.items() if is_link(entry) and (rel not in source
+                                                                              or not is_link(source[rel]))]
+    if node_links:  # rare: only then is the set of the source's directories worth making
+        directories = {rel[:i] for rel in source for i in range(len(rel)) if rel[i] == "/"}
+        plan.unlink_first = [rel for rel in node_links if rel in directories]
+        for rel in plan.unlink_first:  # removed first, whatever --delete says: the source's files go there
+            for kept in (plan.delete, plan.extra):
+                if rel in kept:
+                    kept.remove(rel)
     return plan
 
 
@@ -252,11 +264,17 @@ async def abort_upload(session: NodeSession, upload: int) -> None:
 
 
 async def sync_node(session: NodeSession, source_dir: str, source: Manifest, plan: SyncPlan,
-                    progress: Progress | None = None, *, reader: SourceReader | None = None) -> SendResult:
-    """Carry out one node's plan; returns what was done. Nothing is flushed here (see ``sync_state``)."""
+                    progress: Progress | None = None, *, reader: SourceReader | None = None,
+                    links: Mapping[str, str] | None = None) -> SendResult:
+    """Carry out one node's plan; returns what was done. Nothing is flushed here (see ``sync_state``).
+    ``links``: the target of each link in the source (rel -> target), for the links the plan sends."""
     root = session.node.workdir
     meter = Meter(session.node.name, len(plan.send), plan.bytes_to_send, progress)
-    small, large = _batches(source, plan.send)
+    if plan.unlink_first:
+        await session.call("delete_files", {"root": root, "paths": plan.unlink_first})
+    new_links = [rel for rel in plan.send if is_link(source[rel])]
+    small, large = _batches(source, [rel for rel in plan.send if not is_link(source[rel])] if new_links
+                            else plan.send)
     limiter = anyio.Semaphore(IN_FLIGHT)
     reader = reader or SourceReader(source_dir, source, keep_bytes=0)
 
@@ -297,6 +315,10 @@ async def sync_node(session: NodeSession, source_dir: str, source: Manifest, pla
                 tasks.start_soon(send_large, rel)
     except BaseExceptionGroup as group:
         raise _first_remote_error(group) from None
+    for start in range(0, len(new_links), BATCH_FILES):  # after the files: a link to one of them dangles less
+        batch = new_links[start:start + BATCH_FILES]
+        await session.call("put_links", {"root": root, "links": [[rel, (links or {})[rel]] for rel in batch]})
+        await meter.add(len(batch), 0)
     if plan.chmod:
         await session.call("set_modes", {"root": root, "modes": [[rel, mode] for rel, mode in plan.chmod]})
     if plan.delete:

@@ -29,6 +29,7 @@ from coordinator.readiness.push import (
     sync_node,
 )
 from coordinator.readiness.relay_sync import RelayResult, relay_files, take_large_files
+from coordinator.readiness.source_links import LISTED, OutsideLink, SourceLinks, refusal, refused_names
 from shared import protocol as p
 from shared.agent_api.sync import ScanStatsReport as ScanStats  # what scanning a tree cost (the head's or a node's)
 from shared.ignore import DEFAULT_PATTERNS, IgnoreRules, read_ignore_file
@@ -89,6 +90,10 @@ class SyncReport(TypedDict):
     source_bytes: NotRequired[int]
     source_tree_hash: NotRequired[str]
     source_scan: NotRequired[ScanStats]  # the head's scan of the source
+    follow_outside_links: NotRequired[bool]
+    links: NotRequired[int]  # links in the source sent as links (they point inside it)
+    outside_links: NotRequired[list[OutsideLink]]  # links leading out of it: followed or refused
+    refused_names: NotRequired[list[list[str]]]  # [path, why] of each name no node accepts
     source_reads: NotRequired[int]  # batches read from the source disk, when anything was sent
     consistency: NotRequired[ConsistencyReport]
     versus_source: NotRequired[dict[str, VersusSource]]
@@ -112,6 +117,10 @@ class _SyncSummary(TypedDict):
     source_bytes: int
     source_tree_hash: str
     source_scan: ScanStats
+    follow_outside_links: bool
+    links: int
+    outside_links: list[OutsideLink]
+    refused_names: list[list[str]]
 
 
 class _SyncVerdict(TypedDict):
@@ -192,16 +201,21 @@ def remember_tree(digest: str, manifest: Manifest) -> None:
         _known_trees.popitem(last=False)
 
 
-def source_manifest(cluster: Cluster, source: Path, patterns: list[str]) -> tuple[Manifest, ScanStats]:
-    """The source's manifest, and what scanning it cost."""
+def source_manifest(cluster: Cluster, source: Path, patterns: list[str],
+                    follow_outside: bool = False) -> tuple[Manifest, ScanStats, SourceLinks]:
+    """The source's manifest (its links in it, each decided by ``SourceLinks``), what scanning it cost,
+    and the links: those sent as links, those leading outside (followed with ``follow_outside``)."""
     key = hashlib.sha256(str(source).encode()).hexdigest()[:16]
-    path = str(cluster.config.state_dir / "hashcache" / f"{key}.json")
+    # A scan that follows outside links has a cache of its own: one that does not would drop the entries of
+    # the followed files (a model, say) from a shared one, and the next sync would hash them all again.
+    path = str(cluster.config.state_dir / "hashcache" / f"{key}{'-followed' if follow_outside else ''}.json")
     if path not in _source_caches:
         _source_caches[path] = (HashCache(path), threading.Lock())
     cache, lock = _source_caches[path]
+    links = SourceLinks(str(source), follow_outside)
     with lock:
-        manifest, stats = scan_tree(str(source), IgnoreRules(patterns), cache=cache)
-    return manifest, stats.as_dict()
+        manifest, stats = scan_tree(str(source), IgnoreRules(patterns), cache=cache, on_link=links)
+    return manifest, stats.as_dict(), links
 
 
 async def node_state(session: NodeSession, patterns: list[str], known: list[str] | None,
@@ -229,7 +243,8 @@ def _same_tree_report(hashes: dict[str, str], threshold: float, what: str) -> Co
 
 
 async def serve_sync(cluster: Cluster, links: LinkBook, emit: Emit, source: str | None = None, delete: bool = False,
-                     dry_run: bool = False, nodes: list[str] | None = None) -> SyncReport:
+                     dry_run: bool = False, nodes: list[str] | None = None,
+                     follow_outside_links: bool = False) -> SyncReport:
     """Send the source to every node, or to ``nodes`` only (a job's own: other jobs' nodes are left as they are).
 
     The head hashes the source while every node re-checks its tree (a stat per file) and
@@ -239,11 +254,14 @@ async def serve_sync(cluster: Cluster, links: LinkBook, emit: Emit, source: str 
     """
     started = time.monotonic()
     source_dir = resolve_source(cluster, source)
-    sync = _Sync(cluster, links, emit, source_dir, delete=delete, dry_run=dry_run, nodes=nodes, started=started)
+    sync = _Sync(cluster, links, emit, source_dir, delete=delete, dry_run=dry_run, nodes=nodes, started=started,
+                 follow_outside=follow_outside_links)
     hook = await sync.run_hook()
     if hook is not None and hook["status"] == "fail":
         return sync.hook_failed(hook)
     await sync.scan()
+    if sync.refusal is not None:  # names or links no node would take: nothing is sent, a dry run says the same
+        return sync.refused()
     await sync.compare()
     await sync.send_and_verify()
     return sync.finish()
@@ -253,8 +271,12 @@ class _Sync:
     """One sync's steps and what they found, in the order ``serve_sync`` takes them."""
 
     def __init__(self, cluster: Cluster, links: LinkBook, emit: Emit, source_dir: Path, *, delete: bool,
-                 dry_run: bool, nodes: list[str] | None, started: float) -> None:
+                 dry_run: bool, nodes: list[str] | None, started: float, follow_outside: bool = False) -> None:
         self.started = started
+        self.follow_outside = follow_outside
+        self.source_links = SourceLinks(str(source_dir), follow_outside)
+        self.refused_names: list[list[str]] = []
+        self.refusal: str | None = None
         self.cluster, self.links, self.emit = cluster, links, emit
         self.source_dir, self.delete, self.dry_run = source_dir, delete, dry_run
         self.patterns = ignore_patterns(cluster, source_dir)
@@ -314,11 +336,24 @@ class _Sync:
             tasks.start_soon(self._scan_source)
         self.source_hash = tree_hash(self.source_files)
         remember_tree(self.source_hash, self.source_files)
+        # Before anything is sent, and the same for a dry run: every name a node would refuse, every link
+        # the sync cannot send as it is.
+        self.refused_names = refused_names(self.source_files)
+        self.refusal = refusal(self.refused_names, self.source_links.outside)
         self.lap("scan")
 
     async def _scan_source(self) -> None:
-        self.source_files, self.source_stats = await anyio.to_thread.run_sync(
-            source_manifest, self.cluster, self.source_dir, self.patterns)
+        self.source_files, self.source_stats, self.source_links = await anyio.to_thread.run_sync(
+            source_manifest, self.cluster, self.source_dir, self.patterns, self.follow_outside)
+
+    def refused(self) -> SyncReport:
+        """The report of a sync that sent nothing: its source has names or links it cannot send."""
+        assert self.refusal is not None
+        for name in self.sessions:
+            self.entries[name] = {"status": "skipped", "detail": self.missing.get(name, "nothing was sent to it")}
+        self.cluster.record_event("sync.failed", f"sync refused: {self.refusal}")
+        return {**self.summary(), "status": "failed", "detail": self.refusal,
+                "seconds": round(time.monotonic() - self.started, 3)}
 
     async def _ask(self, name: str, session: NodeSession, known: list[str] | None) -> None:
         if session.state != UP:
@@ -395,7 +430,8 @@ class _Sync:
         try:
             if not plan.empty:
                 entry["result"] = await sync_node(session, str(self.source_dir), self.source_files, plan,
-                                                  progress=self.emit, reader=self.reader)
+                                                  progress=self.emit, reader=self.reader,
+                                                  links=self.source_links.kept)
         except (RemoteError, BaseExceptionGroup) as exc:
             self._failed(name, entry, _remote_error(exc))
         if name in self.relay_for:
@@ -497,13 +533,18 @@ class _Sync:
             return "failed", f"differs from the source after sync: {', '.join(sorted(mismatched))}"
         return "ok", "dry run: nothing was changed" if self.dry_run else "every node matches the source"
 
-    def finish(self) -> SyncReport:
-        summary: _SyncSummary = {
+    def summary(self) -> _SyncSummary:
+        return {
             "source": str(self.source_dir), "dry_run": self.dry_run, "delete": self.delete, "nodes": self.entries,
             "timing": self.timing, "hook": self.hook, "listings_received": self.listings,
             "node_scan_seconds": self.node_scans, "source_files": len(self.source_files),
             "source_bytes": sum(entry[0] for entry in self.source_files.values()),
-            "source_tree_hash": self.source_hash, "source_scan": self.source_stats}
+            "source_tree_hash": self.source_hash, "source_scan": self.source_stats,
+            "follow_outside_links": self.follow_outside, "links": len(self.source_links.kept),
+            "outside_links": self.source_links.outside[:LISTED], "refused_names": self.refused_names[:LISTED]}
+
+    def finish(self) -> SyncReport:
+        summary = self.summary()
         versus = self.versus_source()
         status, detail = self.verdict(versus)
         verdict: _SyncVerdict = {"consistency": self.consistency(), "versus_source": versus, "status": status,

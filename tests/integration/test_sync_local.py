@@ -208,3 +208,58 @@ def test_a_full_disk_is_named_cleaned_up_and_counted_as_it_is_ten_times_over(nod
         assert temporaries(root / "b") == [], attempt
     assert next(n for n in daemon.status()["nodes"] if n["name"] == "b")["agent"]["pid"] == agent  # one agent
     assert _tree(root / "a") == _tree(source)
+
+
+def _sync_with(daemon, source, *options: str) -> dict:
+    result = coord("sync", "--json", "--config", str(daemon.config), "--source", str(source), *options,
+                   env=daemon.env, timeout=120)
+    assert result.stdout, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_links_and_names_are_said_out_loud_and_in_tree_links_arrive_as_links(cluster):
+    """Through a real daemon and real agents: a link leading out of the source and a name the nodes
+    refuse stop the sync before anything is sent (a dry run says the same, in the same words); with the
+    bad name gone and --follow-outside-links, in-tree links arrive as links and the outside directory
+    by content, and every node's tree hash is the source's."""
+    daemon, root, source = cluster
+    (source / "weights" / "v1").mkdir(parents=True)
+    (source / "weights" / "v1" / "config.json").write_text("{}\n")
+    (source / "model").symlink_to("weights/v1")  # a directory inside the tree
+    (source / "run_again.sh").symlink_to("run.sh")  # a file inside the tree
+    (source / "pkg0" / "up.py").symlink_to("../pkg1/m001.py")  # climbs, but stays inside
+    outside = root / "big-disk" / "data"
+    outside.mkdir(parents=True)
+    (outside / "train.jsonl").write_text('{"text": "hi"}\n')
+    (source / "data").symlink_to(outside)
+    (source / "odd\\name.txt").write_text("a backslash in a name\n")
+
+    dry = _sync_with(daemon, source, "--dry-run")
+    real = _sync_with(daemon, source)
+    for report in (dry, real):
+        assert report["status"] == "failed", report
+        assert report["detail"].startswith("nothing was sent: 1 name no node accepts: 'odd\\\\name.txt' "
+                                           "(backslashes are not allowed)"), report["detail"]
+        assert "1 link the sync cannot send: data -> " in report["detail"]
+        assert "--follow-outside-links" in report["detail"]
+        assert report["refused_names"] == [["odd\\name.txt", "backslashes are not allowed"]]
+        [link] = report["outside_links"]
+        assert link["path"] == "data" and link["action"] == "refused" and link["leads_to"] == str(outside)
+        assert {e["status"] for e in report["nodes"].values()} == {"skipped"}
+    assert dry["detail"] == real["detail"] and dry["outside_links"] == real["outside_links"]
+    assert all(_tree(root / n) == {} for n in NODES)  # nothing was sent, by either
+
+    (source / "odd\\name.txt").unlink()
+    followed = _sync_with(daemon, source, "--follow-outside-links")
+    assert followed["status"] == "ok", followed
+    assert followed["links"] == 3 and [e["action"] for e in followed["outside_links"]] == ["followed"]
+    for n in NODES:
+        node = root / n
+        assert os.readlink(node / "model") == "weights/v1" and os.readlink(node / "run_again.sh") == "run.sh"
+        assert os.readlink(node / "pkg0" / "up.py") == "../pkg1/m001.py"
+        assert (node / "model" / "config.json").read_text() == "{}\n"  # through the link, on the node
+        assert not (node / "data").is_symlink() and (node / "data" / "train.jsonl").read_text() == '{"text": "hi"}\n'
+    assert set(followed["consistency"]["hashes"].values()) == {followed["source_tree_hash"]}
+
+    again = _sync_with(daemon, source, "--follow-outside-links")
+    assert again["status"] == "ok" and {e["status"] for e in again["nodes"].values()} == {"unchanged"}, again
