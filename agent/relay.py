@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent import ranks as node_ranks
 from agent import sync as node_sync
+from agent.write_errors import write_failed
 from shared import protocol as p
 from shared import relay as wire
 from shared.paths import UnsafePath, resolve_under
@@ -129,6 +130,25 @@ def _mode(mode: int) -> int:
     return mode & 0o777
 
 
+def _write_error(state: Transfer, exc: OSError) -> str:
+    """Why this node cannot hold the file; a full disk with the room it lacks."""
+    still = state.plan.size - min(state.plan.size, state.have * state.plan.chunk_bytes)
+    said = write_failed(exc, state.target, still)
+    return said.message if said is not None else f"cannot write {state.target}: {exc.strerror or exc}"
+
+
+def _discard_temporary(state: Transfer) -> None:
+    """A receiver that failed for good: its write descriptor closed and its temporary removed (its read
+    descriptor stays open until the transfer is closed: a forwarder may still be reading from it)."""
+    if state.write_fd is not None:
+        fd, state.write_fd = state.write_fd, None
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    if not state.done and state.tmp:
+        with contextlib.suppress(OSError):
+            os.unlink(state.tmp)
+
+
 def _held_file(workdir: str, path: str) -> str:
     """The file ``path`` names under ``workdir`` (relative, or absolute inside it); it must exist."""
     if not isinstance(workdir, str) or not os.path.isabs(workdir):
@@ -159,10 +179,13 @@ class Relay:
             raise RemoteError(p.REFUSED, str(exc)) from None
         self._check_new(transfer)
         directory = os.path.dirname(target)
-        os.makedirs(directory, exist_ok=True)
-        _remove_stale_temporaries(target)
         tmp = os.path.join(directory, f".{os.path.basename(target)}.coord-relay-{os.getpid()}-{next(_ids)}")
-        write_fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        try:
+            os.makedirs(directory, exist_ok=True)
+            _remove_stale_temporaries(target)
+            write_fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        except OSError as exc:
+            raise write_failed(exc, target, size) or exc from None
         try:
             read_fd = os.open(tmp, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         except OSError:
@@ -345,6 +368,10 @@ class Relay:
                 state = None
                 await loop.sock_sendall(conn, wire.pack_frame({"error": "no such transfer here"}))
                 return
+            if state.error:  # this node cannot hold the file: no sender gets it to try again
+                await loop.sock_sendall(conn, wire.pack_frame({"error": state.error}))
+                state = None
+                return
             if state.upstream is not None and state.upstream is not asyncio.current_task():
                 state.upstream.cancel()  # the newest upstream wins: the daemon routed around the old one
             state.upstream = asyncio.current_task()
@@ -371,7 +398,11 @@ class Relay:
                     state.upstream_error = str(exc)  # bad bytes from upstream: take them from another
                     state.upstream_error_at = epoch
                 else:
-                    state.error = f"cannot write {state.target}: {exc.strerror or exc}"
+                    # Final for this node: said at once (the daemon routes its receivers around it now),
+                    # and its temporary goes now, not when the transfer is closed: on a full disk, the
+                    # space it took is given back at once.
+                    _discard_temporary(state)  # first: the room it took counts as free in the message
+                    state.error = state.error or _write_error(state, exc)
                 await self._notify(state)
                 with contextlib.suppress(TimeoutError, OSError):
                     await asyncio.wait_for(loop.sock_sendall(
@@ -400,7 +431,13 @@ class Relay:
             await asyncio.wait_for(wire.recv_into(conn, view), wire.STALL_TIMEOUT_S)
             work = loop.run_in_executor(None, self._verify_and_write, state, index, view, peer)
             if pending is not None:
-                await self._settle(state, *pending)
+                try:
+                    await self._settle(state, *pending)
+                except BaseException:
+                    # This chunk's write is under way in a thread: it ends before anything closes its file.
+                    with contextlib.suppress(BaseException):
+                        await asyncio.shield(work)
+                    raise
             pending = (index, work)
             which ^= 1
             expected += 1

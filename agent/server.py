@@ -15,6 +15,7 @@ from agent import launch as node_launch
 from agent import ranks as node_ranks
 from agent import relay as node_relay
 from agent import sync as node_sync
+from agent import sync_links as node_links
 from agent.calibration_runner import run_calibration
 from agent.topology import collect_topology
 from agent.usage import collect_usage
@@ -88,17 +89,18 @@ async def rank_status(workdir: str, job: str, attempt: int, rank: int, progress_
     return await asyncio.to_thread(node_ranks.rank_status, workdir, job, attempt, rank, progress_offset, log_offset)
 
 
-def build_dispatcher(relay: node_relay.Relay | None = None) -> Dispatcher:
+def build_dispatcher(relay: node_relay.Relay | None = None, uploads: node_sync.Uploads | None = None) -> Dispatcher:
     table = Dispatcher()
     relay = relay or node_relay.Relay()
+    uploads = uploads or node_sync.Uploads()
     table.add("hello", hello, required={"protocol": int}, optional={"client": str})
     table.add("facts", facts, optional={"workdir": (str, type(None))})
     table.add("ping", ping)
     table.add("usage", _in_thread(collect_usage))
 
-    uploads = node_sync.Uploads()
     table.add("manifest", _in_thread(node_sync.describe), required={"root": str, "patterns": list})
     table.add("put_files", _in_thread(node_sync.put_files), required={"root": str, "files": list})
+    table.add("put_links", _in_thread(node_links.put_links), required={"root": str, "links": list})
     table.add("sync_state", _in_thread(node_sync.sync_state), required={"root": str, "patterns": list},
               optional={"known": (list, type(None))})
     table.add("upload_begin", _in_thread(uploads.begin),
@@ -162,8 +164,11 @@ async def calibrate(emit: Emit, python: str, workdir: str, quick: bool = False,
 async def serve(reader: Reader, writer: Writer, *, name: str = "agent") -> None:
     """Serve the agent's methods until the other side hangs up."""
     relay = node_relay.Relay()
-    peer = Peer(reader, writer, dispatcher=build_dispatcher(relay), name=name)
+    uploads = node_sync.Uploads()
+    peer = Peer(reader, writer, dispatcher=build_dispatcher(relay, uploads), name=name)
     try:
         await peer.run()
     finally:
-        await relay.close_all()  # no half-received file outlives the session that asked for it
+        # No half-received file outlives the session that asked for it, nor holds a descriptor.
+        await relay.close_all()
+        uploads.abort_all()

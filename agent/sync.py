@@ -31,10 +31,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from agent.write_errors import write_failed
 from shared import protocol as p
 from shared.ignore import IgnoreRules
-from shared.manifest import HashCache, ScanStats, scan_tree, sha256_file, tree_hash
-from shared.paths import PathGuard, UnsafePath, resolve_under
+from shared.manifest import HashCache, ScanStats, keep_links, scan_tree, sha256_file, tree_hash
+from shared.paths import PathGuard, UnsafePath, check_relative, resolve_under
 from shared.rpc import RemoteError
 
 if TYPE_CHECKING:
@@ -101,7 +102,7 @@ def _scan_lock(root: str) -> threading.Lock:
 def _scan(root: str, patterns: list[str]) -> tuple[dict[str, list[Any]], ScanStats]:
     """scan_tree with this workdir's cache."""
     with _scan_lock(root):
-        return scan_tree(root, IgnoreRules(patterns), cache=cache_for(root))
+        return scan_tree(root, IgnoreRules(patterns), cache=cache_for(root), on_link=keep_links)
 
 
 def _syncfs(path: str) -> bool:
@@ -217,7 +218,7 @@ def sync_state(root: str, patterns: list[str], known: list[str] | None = None) -
     with _scan_lock(root):  # no other scan saves the cache meanwhile
         taken = _take_pending(root)
         if taken is None:
-            manifest, stats = scan_tree(root, rules, cache=cache)
+            manifest, stats = scan_tree(root, rules, cache=cache, on_link=keep_links)
             flushed, how = 0, "nothing"
         else:
             files = taken[0]
@@ -226,7 +227,7 @@ def sync_state(root: str, patterns: list[str], known: list[str] | None = None) -
             with ThreadPoolExecutor(max_workers=1) as pool:
                 durable = pool.submit(_make_durable, root, *taken)
                 try:
-                    manifest, stats = scan_tree(root, rules, cache=cache, save=False)
+                    manifest, stats = scan_tree(root, rules, cache=cache, save=False, on_link=keep_links)
                 finally:
                     try:
                         how = durable.result()
@@ -292,11 +293,15 @@ def put_files(root: str, files: list[PutFileRow]) -> PutFilesReply:
                                           "was written")
     state = _pending(root)
     written = 0
+    total = sum(len(item[3]) for item in files)
     # One batch at a time per workdir (the next ones wait decoded in memory): a dozen threads creating
     # files on one filesystem contend in its inode allocator for no gain.
     with state.writing:
         for (rel, mode, sha, data), target in zip(files, targets, strict=True):
-            tmp, info = _write_temporary(target, data, mode)
+            try:
+                tmp, info = _write_temporary(target, data, mode)
+            except OSError as exc:  # the temporary is gone already; a full disk is said in words
+                raise write_failed(exc, target, total - written) or exc from None
             try:
                 os.replace(tmp, target)
             except BaseException:
@@ -326,10 +331,26 @@ class _Upload:
     sha256: str
     digest: hashlib._Hash = field(default_factory=hashlib.sha256)
     offset: int = 0
+    #: Held while its file is written or closed: an abort from the head (its call failed or was cancelled)
+    #: can arrive while a chunk is still being written in another thread, and must not close the
+    #: descriptor under it (a number the next open would reuse).
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """All of ``data``: a write may take part of it (a disk filling up takes what fits, then refuses)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 class Uploads:
-    """Large files arrive in chunks into a temporary file; the rename waits for the last one."""
+    """Large files arrive in chunks into a temporary file; the rename waits for the last one.
+
+    Any failure ends the upload here and now: its descriptor is closed and its temporary removed,
+    so a failed upload retried again and again holds nothing open on the node (a disk that cannot
+    be unmounted, space that cannot be freed) and leaves nothing behind.
+    """
 
     def __init__(self) -> None:
         self._open: dict[int, _Upload] = {}
@@ -337,52 +358,82 @@ class Uploads:
     def begin(self, root: str, path: str, size: int, mode: int, sha256: str) -> UploadBeginReply:
         root = _root(root, create=True)
         target = _safe(root, path)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
         upload = next(_upload_ids)
         tmp = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.coord-{os.getpid()}-{upload}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        try:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        except OSError as exc:
+            raise write_failed(exc, target, size) or exc from None
         self._open[upload] = _Upload(fd=fd, tmp=tmp, target=target, size=size, mode=mode, root=root, rel=path,
                                      sha256=sha256)
         return {"upload": upload}
 
     def chunk(self, upload: int, offset: int, data: bytes) -> UploadChunkReply:
         state = self._get(upload)
-        if offset != state.offset:
-            self.abort(upload)
-            raise RemoteError(p.BAD_ARGS, f"chunk at {offset}, expected {state.offset}")
-        if state.offset + len(data) > state.size:
-            self.abort(upload)
-            raise RemoteError(p.BAD_ARGS, "more data than the announced size")
-        os.write(_open_fd(state), data)
-        state.digest.update(data)
-        state.offset += len(data)
+        with state.lock:
+            if state.fd is None:  # aborted meanwhile
+                raise RemoteError(p.NOT_FOUND, f"no upload {upload} in progress")
+            if offset != state.offset:
+                self._end(upload)
+                raise RemoteError(p.BAD_ARGS, f"chunk at {offset}, expected {state.offset}")
+            if state.offset + len(data) > state.size:
+                self._end(upload)
+                raise RemoteError(p.BAD_ARGS, "more data than the announced size")
+            try:
+                _write_all(state.fd, data)
+            except OSError as exc:
+                self._end(upload)
+                raise write_failed(exc, state.target, state.size - state.offset) or exc from None
+            except BaseException:
+                self._end(upload)
+                raise
+            state.digest.update(data)
+            state.offset += len(data)
         return {"offset": state.offset}
 
     def finish(self, upload: int) -> UploadFinishReply:
         state = self._get(upload)
-        try:
-            if state.offset != state.size or state.digest.hexdigest() != state.sha256:
-                raise RemoteError(p.BAD_ARGS, f"{state.target}: received content does not match its size and SHA256")
-            fd = _open_fd(state)
-            os.fchmod(fd, _mode(state.mode))
-            os.fsync(fd)
-            os.close(fd)
-            state.fd = None
-            os.replace(state.tmp, state.target)
-            _fsync_dirs({os.path.dirname(state.target)})
-            cache_for(state.root).store(state.rel, os.stat(state.target), state.sha256)
-        except BaseException:
-            self.abort(upload)
-            raise
+        with state.lock:
+            try:
+                if state.fd is None:
+                    raise RemoteError(p.NOT_FOUND, f"no upload {upload} in progress")
+                if state.offset != state.size or state.digest.hexdigest() != state.sha256:
+                    raise RemoteError(p.BAD_ARGS,
+                                      f"{state.target}: received content does not match its size and SHA256")
+                fd = state.fd
+                os.fchmod(fd, _mode(state.mode))
+                os.fsync(fd)  # a disk that filled up under delayed allocation says so here
+                os.close(fd)
+                state.fd = None
+                os.replace(state.tmp, state.target)
+                _fsync_dirs({os.path.dirname(state.target)})
+                cache_for(state.root).store(state.rel, os.stat(state.target), state.sha256)
+            except OSError as exc:
+                self._end(upload)
+                raise write_failed(exc, state.target, state.size) or exc from None
+            except BaseException:
+                self._end(upload)
+                raise
         self._open.pop(upload, None)
         return {"bytes": state.size}
 
     def abort(self, upload: int) -> None:
+        state = self._open.get(upload)
+        if state is None:
+            return
+        with state.lock:  # after a chunk being written now
+            self._end(upload)
+
+    def _end(self, upload: int) -> None:
+        """Forget an upload, close its file and remove its temporary (the caller holds its lock)."""
         state = self._open.pop(upload, None)
         if state is None:
             return
         if state.fd is not None:
-            os.close(state.fd)
+            fd, state.fd = state.fd, None
+            with contextlib.suppress(OSError):
+                os.close(fd)
         with contextlib.suppress(OSError):
             os.unlink(state.tmp)
 
@@ -395,6 +446,10 @@ class Uploads:
         for upload in list(self._open):
             self.abort(upload)
 
+    def open_count(self) -> int:
+        """Uploads in progress (each holds a descriptor and a temporary)."""
+        return len(self._open)
+
     def _get(self, upload: int) -> _Upload:
         state = self._open.get(upload)
         if state is None:
@@ -402,17 +457,23 @@ class Uploads:
         return state
 
 
-def _open_fd(state: _Upload) -> int:
-    if state.fd is None:  # pragma: no cover - an upload is forgotten when its file is closed
-        raise RemoteError(p.NOT_FOUND, f"upload of {state.rel} is already closed")
-    return state.fd
+def _safe_entry(root: str, rel: str) -> str:
+    """``rel``'s own entry: its directories checked as ``_safe`` does, its last part not followed (a link
+    is itself the entry, wherever it leads)."""
+    try:
+        normal = check_relative(rel)
+    except UnsafePath as exc:
+        raise RemoteError(p.REFUSED, str(exc)) from None
+    parent, _, name = normal.rpartition("/")
+    return f"{_safe(root, parent) if parent else os.path.realpath(root).rstrip('/')}/{name}"
 
 
 def delete_files(root: str, paths: list[str]) -> DeleteFilesReply:
+    """Remove files and links (a link itself, never what it leads to); a directory is refused."""
     root = _root(root)
     deleted = 0
     for rel in paths:
-        target = _safe(root, rel)
+        target = _safe_entry(root, rel)
         try:
             info = os.lstat(target)
         except FileNotFoundError:

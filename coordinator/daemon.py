@@ -166,7 +166,8 @@ class Daemon:
                                                      "run": (str, type(None)), "since": (int, float, type(None))})
         table.add("ping", self._ping)
         table.add("sync", partial(sync_service.serve_sync, cluster, self.links),
-                  optional={"source": (str, type(None)), "delete": bool, "dry_run": bool}, streams=True)
+                  optional={"source": (str, type(None)), "delete": bool, "dry_run": bool,
+                            "follow_outside_links": bool}, streams=True)
         table.add("calibrate", partial(calibrate_command.serve_calibrate, cluster),
                   optional={"refresh": bool, "quick": bool}, streams=True)
         table.add("preflight", partial(preflight_service.run_preflight, cluster),

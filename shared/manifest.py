@@ -9,6 +9,7 @@ sha256sum per core. Stdlib only: this runs with the node's Python.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -29,6 +30,39 @@ if TYPE_CHECKING:  # the reply shapes are for type checking only: no import cost
 READ_CHUNK = 1 << 20
 PARALLEL_ABOVE = 256 << 10
 CACHE_VERSION = 1
+#: A symlink's mode in a manifest: its type bits tell it from a file, whose mode holds permissions only.
+LINK_MODE = stat.S_IFLNK | 0o777
+
+
+def link_entry(target: str) -> list[Any]:
+    """A symlink's manifest entry: [length of its target, LINK_MODE, SHA256 of its target's text], so two
+    links compare equal exactly when their targets are the same text."""
+    data = target.encode("utf-8", "surrogateescape")
+    return [len(data), LINK_MODE, hashlib.sha256(b"symlink\0" + data).hexdigest()]
+
+
+def is_link(entry: list[Any]) -> bool:
+    return stat.S_ISLNK(entry[1])
+
+
+@dataclass(frozen=True)
+class LinkChoice:
+    """What a walk does with a symlink it meets (``OnLink``): follow it (take what it points to as if it
+    stood there), keep it as a link to ``target``, or, with neither, leave it out (the one who chose
+    has recorded why)."""
+
+    follow: bool = False
+    target: str | None = None
+
+
+#: Called with a symlink's path relative to the root and its full path; None: skipped (listed in the
+#: scan's ``skipped``), as a walk without it does with every link.
+OnLink = Callable[[str, str], "LinkChoice | None"]
+
+
+def keep_links(rel: str, path: str) -> LinkChoice:
+    """A node's walk: every link is an entry of its own, with its target as it is."""
+    return LinkChoice(target=os.readlink(path))
 
 
 @dataclass
@@ -37,13 +71,14 @@ class ScanStats:
     bytes: int = 0
     hashed_files: int = 0
     hashed_bytes: int = 0
-    skipped: list[str] = field(default_factory=list)  # symlinks and special files, not synced
+    skipped: list[str] = field(default_factory=list)  # special files (and links a walk was not told about)
+    links: int = 0  # symlinks kept as links
     seconds: float = 0.0
 
     def as_dict(self) -> ScanStatsReport:
         return {"files": self.files, "bytes": self.bytes, "hashed_files": self.hashed_files,
                 "hashed_bytes": self.hashed_bytes, "skipped": self.skipped[:50],
-                "skipped_count": len(self.skipped), "seconds": round(self.seconds, 4)}
+                "skipped_count": len(self.skipped), "links": self.links, "seconds": round(self.seconds, 4)}
 
 
 class HashCache:
@@ -78,21 +113,29 @@ class HashCache:
             self.entries.pop(rel, None)
         self.dirty = self.dirty or bool(stale)
 
-    def save(self) -> None:
-        """Write the cache (not flushed: a lost or torn cache file only costs a re-hash)."""
+    def save(self) -> bool:
+        """Write the cache (not flushed: a lost or torn cache file only costs a re-hash). A cache that cannot
+        be written (a full disk) is kept in memory and tried again next time: it is no reason to fail the
+        scan it belongs to, and its temporary is removed, not left to hold what little room there is."""
         if not self.path or not self.dirty:
-            return
+            return True
         self.dirty = False
         entries = dict(self.entries)  # a snapshot: another thread may store while this one writes
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
         tmp = f"{self.path}.{os.getpid()}.{threading.get_ident()}.tmp"
         try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
             with open(tmp, "w", encoding="utf-8") as handle:
                 json.dump({"version": CACHE_VERSION, "entries": entries}, handle, separators=(",", ":"))
             os.replace(tmp, self.path)
+        except OSError:
+            self.dirty = True
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            return False
         except BaseException:
             self.dirty = True
             raise
+        return True
 
 
 def sha256_file(path: str, size: int | None = None) -> str:
@@ -117,8 +160,34 @@ def sha256_file(path: str, size: int | None = None) -> str:
         return digest.hexdigest()
 
 
-def walk_tree(root: str, rules: IgnoreRules, stats: ScanStats) -> list[tuple[str, os.stat_result]]:
-    """Regular files under root, sorted by path, minus ignored ones; links and specials are skipped.
+def _walk_link(entry: os.DirEntry[str], rel: str, on_link: OnLink | None, stats: ScanStats,
+               links: dict[str, str] | None, found: list[tuple[str, os.stat_result]]) -> bool:
+    """A symlink met in a walk: kept, followed or left out, as ``on_link`` says. True: it leads to a
+    directory to walk through it."""
+    choice = on_link(rel, entry.path) if on_link is not None else None
+    if choice is None:
+        stats.skipped.append(rel)
+    elif choice.follow:
+        try:
+            info = os.stat(entry.path)
+        except OSError:
+            stats.skipped.append(rel)
+            return False
+        if stat.S_ISDIR(info.st_mode):
+            return True
+        if stat.S_ISREG(info.st_mode):
+            found.append((rel, info))
+        else:
+            stats.skipped.append(rel)
+    elif choice.target is not None and links is not None:
+        links[rel] = choice.target
+    return False
+
+
+def walk_tree(root: str, rules: IgnoreRules, stats: ScanStats, *, on_link: OnLink | None = None,
+              links: dict[str, str] | None = None) -> list[tuple[str, os.stat_result]]:
+    """Regular files under root, sorted by path, minus ignored ones; specials are skipped, and so are
+    links unless ``on_link`` says what to do with each (links kept go into ``links``: rel -> target).
 
     One ``lstat`` per file (``scandir`` tells files from directories without one) and
     one sort at the end: on an unchanged tree this walk is most of a re-check's cost, so
@@ -151,8 +220,13 @@ def walk_tree(root: str, rules: IgnoreRules, stats: ScanStats) -> list[tuple[str
                 if matches(rel, True, name) or exists(join(entry.path, "pyvenv.cfg")):
                     continue  # ignored directories and virtual environments are not descended
                 visit(entry.path, rel + "/")
+            elif entry.is_symlink():
+                if not matches(rel, False, name):  # an ignored link is ignored like a file
+                    followed = _walk_link(entry, rel, on_link, stats, links, found)
+                    if followed and not matches(rel, True, name):
+                        visit(entry.path, rel + "/")  # through the link: every path below is read through it
             else:
-                skipped.append(rel)  # symbolic links, sockets, devices
+                skipped.append(rel)  # sockets, devices, FIFOs
 
     visit(root, "")
     found.sort()  # by path: paths are unique, so no two stat results are ever compared
@@ -161,14 +235,16 @@ def walk_tree(root: str, rules: IgnoreRules, stats: ScanStats) -> list[tuple[str
 
 
 def scan_tree(root: str, rules: IgnoreRules, *, cache: HashCache | None = None, threads: int | None = None,
-              on_progress: Callable[[int, int], None] | None = None,
-              save: bool = True) -> tuple[dict[str, list[Any]], ScanStats]:
+              on_progress: Callable[[int, int], None] | None = None, save: bool = True,
+              on_link: OnLink | None = None) -> tuple[dict[str, list[Any]], ScanStats]:
     """Describe root: {rel: [size, mode, sha256]} and what it cost. ``save``: write the cache file
-    at the end (a caller holding entries not yet durable saves it itself, once they are)."""
+    at the end (a caller holding entries not yet durable saves it itself, once they are). ``on_link``:
+    what to do with each symlink (``walk_tree``); a link kept is entered by ``link_entry``."""
     started = time.monotonic()
     stats = ScanStats()
     cache = cache or HashCache(None)
-    files = walk_tree(root, rules, stats)
+    kept: dict[str, str] = {}
+    files = walk_tree(root, rules, stats, on_link=on_link, links=kept)
     manifest: dict[str, list[Any]] = {}
     todo: list[tuple[str, os.stat_result]] = []
     entries = cache.entries
@@ -218,9 +294,12 @@ def scan_tree(root: str, rules: IgnoreRules, *, cache: HashCache | None = None, 
         cache.prune(set(manifest))
     if save:
         cache.save()
+    for rel, target in kept.items():  # links are not cached: their target is read by the walk's readlink
+        manifest[rel] = link_entry(target)
+    stats.links = len(kept)
     stats.seconds = time.monotonic() - started
-    if todo:
-        manifest = dict(sorted(manifest.items()))  # hashed files went in after the cached ones
+    if todo or kept:
+        manifest = dict(sorted(manifest.items()))  # hashed files and links went in after the cached ones
     return manifest, stats
 
 

@@ -53,6 +53,57 @@ def _check_relative_fully(path: object) -> str:
     return "/".join(clean)
 
 
+def name_problem(path: str) -> str | None:
+    """Why a node would refuse ``path`` (a relative path as a scan of a tree found it), or None.
+
+    The same rules as every path from the wire (``check_relative``), plus what the wire itself
+    cannot carry: a name that is not UTF-8. The head checks each source path with this before it
+    sends anything, so one bad name is reported by name, not as every node refusing the sync.
+    """
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return "not valid UTF-8 (names cross the wire as UTF-8)"
+    try:
+        normal = check_relative(path)
+    except UnsafePath as exc:
+        return exc.why
+    if normal != path:
+        return f"not in normal form (a node would write it as {normal!r})"
+    return None
+
+
+def link_target_problem(path: str, target: object) -> str | None:
+    """Why a symlink at ``path`` (relative to a tree's root) to ``target`` could point out of the tree
+    by its text alone, or None when it cannot.
+
+    A target must be relative, and every ``..`` in it must come first: past a symlink the system
+    resolves ``..`` from where that link leads, not lexically, so a ``..`` after a name cannot be
+    checked by counting. The leading ones must not climb above the root from the link's directory
+    (``path``'s; the agent counts from that directory's real place on its disk).
+    """
+    if not isinstance(target, str) or not target:
+        return "an empty target"
+    try:
+        encoded = target.encode("utf-8")
+    except UnicodeEncodeError:
+        return "its target is not valid UTF-8"
+    if len(encoded) > MAX_PATH_BYTES or "\0" in target:
+        return "its target is too long or holds a NUL byte"
+    if target.startswith("/"):
+        return "an absolute target"
+    parts = [part for part in target.split("/") if part not in ("", ".")]
+    climbs = 0
+    while climbs < len(parts) and parts[climbs] == "..":
+        climbs += 1
+    if ".." in parts[climbs:]:
+        return "'..' after a name in its target"
+    depth = len(path.split("/")) - 1
+    if climbs > depth:
+        return f"its target climbs {climbs} directories up from a directory {depth} below the root"
+    return None
+
+
 class PathGuard:
     """``resolve_under`` for many paths under one root: a directory checked once is not
     checked again by the same guard (a sync batch touches each directory many times). A guard
@@ -97,7 +148,10 @@ def _check_last(path: str, full: str, real_root: str, must_exist: bool) -> bool:
         target = os.path.realpath(full)
         if target != real_root and not target.startswith(real_root + os.sep):
             raise UnsafePath(path, "a symlink leads outside the workdir")
-        info = os.stat(full)
+        try:
+            info = os.stat(full)
+        except FileNotFoundError:  # a link inside the tree to what is not there (yet): the link itself is
+            return True            # the entry, replaced by whatever is written under its name
     if not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):
         raise UnsafePath(path, "not a regular file or directory")
     return True

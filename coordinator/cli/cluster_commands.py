@@ -72,8 +72,10 @@ def cmd_sync(args: argparse.Namespace) -> int:
     from coordinator.commands.sync import render_sync
 
     source = str(Path(args.source).resolve()) if args.source else None
-    report = streamed(args, "sync", {"source": source, "delete": args.delete, "dry_run": args.dry_run},
-                       render_sync, SyncProgress, blocking=True)
+    asked: dict[str, object] = {"source": source, "delete": args.delete, "dry_run": args.dry_run}
+    if args.follow_outside_links:  # only when given: a daemon from before the option still answers the rest
+        asked["follow_outside_links"] = True
+    report = streamed(args, "sync", asked, render_sync, SyncProgress, blocking=True)
     return EXIT_OK if report["status"] == "ok" else EXIT_FAILED
 
 

@@ -60,7 +60,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                                       force=args.force, source=source, backend=args.backend, trainer=args.trainer,
                                       replica=args.replica, min_nodes=args.min_nodes,
                                       node_timeout=args.node_timeout, total_steps=args.total_steps,
-                                      nodes=_node_list(args.nodes), priority=args.priority)).as_dict()
+                                      nodes=_node_list(args.nodes), priority=args.priority,
+                                      follow_outside_links=args.follow_outside_links)).as_dict()
     except JobSpecError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
     job = ask_daemon(socket, "run", {"spec": fields, "resume": bool(args.resume)}, config_hint=hint)

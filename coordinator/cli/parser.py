@@ -57,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--source", help="the project directory on this machine (default: sync.source)")
     p.add_argument("--delete", action="store_true", help="remove files on nodes that the source does not have")
     p.add_argument("--dry-run", action="store_true", help="say what would be sent or deleted, change nothing")
+    p.add_argument("--follow-outside-links", action="store_true",
+                   help="copy what a symlink that leads out of the source points to (a file or a directory) "
+                        "to the nodes under the link's name; without it such a link stops the sync, named "
+                        "(links inside the source arrive as links)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_sync)
 
@@ -145,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     client_options(p)
     p.add_argument("--name", help="job name (default: job-DATE-TIME)")
     p.add_argument("--source", help="sync this project directory to every node first")
+    p.add_argument("--follow-outside-links", action="store_true",
+                   help="with --source: copy what a symlink leading out of it points to (as coord sync's option)")
     p.add_argument("--save-every", type=int, default=10, help="checkpoint every N steps (default 10)")
     p.add_argument("--max-restarts", type=int, default=3, help="restarts before the job fails (default 3)")
     p.add_argument("--hang-timeout", type=float, help="seconds without progress that count as a hang "

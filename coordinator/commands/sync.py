@@ -30,8 +30,8 @@ def render_sync(report: SyncReport, console: Console) -> None:
         result: Mapping[str, Any] = entry.get("result", {})
         relay: Mapping[str, Any] = entry.get("relay") or {}
         seconds = max(result.get("seconds", 0), relay.get("seconds", 0))
-        table.add_row(name, entry["status"], str(result.get("files_sent", plan.get("send", 0))),
-                      _size(result.get("bytes_sent", plan.get("bytes_to_send", 0))),
+        files, size = _sent(entry, plan, result)
+        table.add_row(name, entry["status"], files, size,
                       f"{relay['files']} ({_size(relay['bytes'])})" if relay else "-", str(plan.get("chmod", 0)),
                       str(result.get("deleted", plan.get("delete", 0))), str(plan.get("extra_kept", 0)),
                       f"{seconds:.2f}s" if seconds else "-")
@@ -44,11 +44,44 @@ def render_sync(report: SyncReport, console: Console) -> None:
             how = "sent over its SSH session instead" if entry.get("fallback") else "not sent"
             console.print(f"{name}: {rel}: the relay could not bring it ({why}); {how}", soft_wrap=True,
                           markup=False)
+    _render_source_checks(report, console)
     consistency = report.get("consistency")
     if consistency:
         console.print(f"consistency: {consistency['status']}: {consistency['detail']}", soft_wrap=True,
                       markup=False)
     console.print(f"{report['status']}: {report['detail']}", soft_wrap=True, markup=False)
+
+
+def _render_source_checks(report: SyncReport, console: Console) -> None:
+    """The source's links and names: none is left out without a line saying so."""
+    if report.get("links"):
+        console.print(f"links inside the source, sent as links: {report['links']}")
+    for entry in report.get("outside_links", []):
+        verb = "copied by content" if entry["action"] == "followed" else f"REFUSED: {entry['why']}"
+        console.print(f"link {entry['path']} -> {entry['target']} (leads to {entry['leads_to']}): {verb}",
+                      soft_wrap=True, markup=False, highlight=False)
+    for rel, why in report.get("refused_names", []):
+        console.print(f"name {rel!r} REFUSED: {why}", soft_wrap=True, markup=False, highlight=False)
+    scan: Mapping[str, Any] = report.get("source_scan") or {}
+    if scan.get("skipped_count"):
+        console.print(f"not sent, neither files nor links ({scan['skipped_count']}): "
+                      f"{', '.join(scan.get('skipped', []))}", soft_wrap=True, markup=False, highlight=False)
+
+
+def _sent(entry: Mapping[str, Any], plan: Mapping[str, Any], result: Mapping[str, Any]) -> tuple[str, str]:
+    """The SENT and BYTES cells: what landed on the node (of what was planned, when not all of it did);
+    the plan for a dry run or an unchanged node; "?" for a node that could not be asked afterwards."""
+    landed: Mapping[str, Any] | None = entry.get("landed")
+    if landed is not None:
+        if landed["files"] == landed["planned_files"]:
+            return str(landed["files"]), _size(landed["bytes"])
+        return (f"{landed['files']} of {landed['planned_files']}",
+                f"{_size(landed['bytes'])} of {_size(landed['planned_bytes'])}")
+    if entry["status"] in ("planned", "unchanged", "skipped"):
+        return str(plan.get("send", 0)), _size(plan.get("bytes_to_send", 0))
+    if result:  # a daemon from before landed was counted
+        return str(result.get("files_sent", 0)), _size(result.get("bytes_sent", 0))
+    return "?", "?"
 
 
 def _size(n: float) -> str:

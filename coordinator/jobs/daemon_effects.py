@@ -103,9 +103,11 @@ class DaemonEffects:
             raise RemoteError("timeout", f"{node}: {exc}") from None
 
     # --- before the first attempt ---
-    async def sync(self, source: str, nodes: list[str] | None = None) -> SyncReport:
+    async def sync(self, source: str, nodes: list[str] | None = None, *,
+                   follow_outside_links: bool = False) -> SyncReport:
         from coordinator.readiness.sync import serve_sync
-        return await serve_sync(self.cluster, self.links, _quiet, source=source, nodes=nodes)
+        return await serve_sync(self.cluster, self.links, _quiet, source=source, nodes=nodes,
+                                follow_outside_links=follow_outside_links)
 
     async def preflight(self, *, backend: str | None, source: str | None,
                         nodes: list[str] | None = None) -> PreflightReport:

@@ -115,7 +115,8 @@ class JobEffects(Protocol):
         copy on the head then protects nothing against that node's loss."""
 
     # --- before the first attempt ---
-    async def sync(self, source: str, nodes: list[str] | None = None) -> SyncReport: ...
+    async def sync(self, source: str, nodes: list[str] | None = None, *,
+                   follow_outside_links: bool = False) -> SyncReport: ...
     async def preflight(self, *, backend: str | None, source: str | None,
                         nodes: list[str] | None = None) -> PreflightReport: ...
 

@@ -50,6 +50,7 @@ class JobSpecFields(TypedDict):
     nodes: list[str] | None
     priority: int
     launcher: str
+    follow_outside_links: bool
 
 
 @dataclass
@@ -71,6 +72,7 @@ class JobSpec:
     nodes: list[str] | None = None  # the nodes the job holds (None: every node of the cluster)
     priority: int = 0  # a queued job with a higher priority starts first
     launcher: str = DEFAULT_LAUNCHER  # what starts the ranks (coordinator/launch/registry.py)
+    follow_outside_links: bool = False  # the source's sync copies what links leading out of it point to
 
     def as_dict(self) -> JobSpecFields:
         return cast(JobSpecFields, asdict(self))  # the fields above, in order (a test holds the two together)
@@ -176,7 +178,7 @@ def _whole_number(value: object) -> bool:
 _JOB_FILE_KEYS: dict[str, type | tuple[type, ...]] = {
     "name": str, "command": list, "save_every": int, "max_restarts": int, "hang_timeout": (int, float), "keep": int,
     "force": bool, "source": str, "backend": str, "trainer": str, "replica": str, "min_nodes": int,
-    "node_timeout": (int, float), "total_steps": int, "nodes": list, "priority": int}
+    "node_timeout": (int, float), "total_steps": int, "nodes": list, "priority": int, "follow_outside_links": bool}
 
 
 def load_job_file(path: Path) -> JobSpec:

@@ -276,7 +276,8 @@ class JobRunner:
         if self.spec.source:
             self.set_state("syncing")
             started = self.fx.monotonic()
-            report = await self.fx.sync(self.spec.source, self.spec.nodes)
+            report = await self.fx.sync(self.spec.source, self.spec.nodes,
+                                        follow_outside_links=self.spec.follow_outside_links)
             if report["status"] != "ok":
                 return self._fail_early(f"sync failed: {report['detail']}")
             self.event("synced", f"code synced from {self.spec.source}",

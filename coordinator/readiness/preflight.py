@@ -74,7 +74,7 @@ async def gather(cluster: Cluster, emit: Emit, source: Path | None = None,
                               "probes": {}, "topologies": {}}
     source_files = None
     if source is not None and source.is_dir():
-        source_files, _ = await anyio.to_thread.run_sync(source_manifest, cluster, source, patterns)
+        source_files, _, _ = await anyio.to_thread.run_sync(source_manifest, cluster, source, patterns)
 
     async def one(session: NodeSession) -> None:
         name, node = session.node.name, session.node

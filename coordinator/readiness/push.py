@@ -10,10 +10,11 @@ node's ``sync_state`` at the end does, once.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Required, TypedDict
 
@@ -21,6 +22,7 @@ import anyio
 
 from coordinator.nodes.session import NodeSession
 from coordinator.readiness.consistency import Manifest
+from shared.manifest import is_link
 from shared.rpc import RemoteError
 
 SMALL_FILE = 1 << 20
@@ -28,6 +30,7 @@ BATCH_BYTES = 8 << 20
 BATCH_FILES = 2048
 CHUNK_BYTES = 4 << 20
 IN_FLIGHT = 4
+ABORT_TIMEOUT_S = 30
 
 #: One file as ``put_files`` takes it: [rel, mode, sha256, its bytes].
 PutFile = list[Any]
@@ -74,15 +77,17 @@ class SendResult(TypedDict):
 
 @dataclass
 class SyncPlan:
-    send: list[str] = field(default_factory=list)
+    send: list[str] = field(default_factory=list)  # files and links
     chmod: list[tuple[str, int]] = field(default_factory=list)
     delete: list[str] = field(default_factory=list)
     extra: list[str] = field(default_factory=list)  # on the node only, kept without --delete
+    #: links on the node where the source has a directory: removed before anything is written through them
+    unlink_first: list[str] = field(default_factory=list)
     bytes_to_send: int = 0
 
     @property
     def empty(self) -> bool:
-        return not (self.send or self.chmod or self.delete)
+        return not (self.send or self.chmod or self.delete or self.unlink_first)
 
     def as_dict(self) -> SyncPlanDict:
         return {"send": len(self.send), "bytes_to_send": self.bytes_to_send, "chmod": len(self.chmod),
@@ -102,7 +107,33 @@ def plan_sync(source: Manifest, remote: Manifest, *, delete: bool) -> SyncPlan:
     for rel in remote:
         if rel not in source:
             (plan.delete if delete else plan.extra).append(rel)
+    node_links = [rel for rel, entry in remote.items() if is_link(entry) and (rel not in source
+                                                                              or not is_link(source[rel]))]
+    if node_links:  # rare: only then is the set of the source's directories worth making
+        directories = {rel[:i] for rel in source for i in range(len(rel)) if rel[i] == "/"}
+        plan.unlink_first = [rel for rel in node_links if rel in directories]
+        for rel in plan.unlink_first:  # removed first, whatever --delete says: the source's files go there
+            for kept in (plan.delete, plan.extra):
+                if rel in kept:
+                    kept.remove(rel)
     return plan
+
+
+class Landed(TypedDict):
+    """What of a node's plan is on the node after the sync, by its own listing: only what landed counts."""
+
+    files: int
+    bytes: int
+    planned_files: int
+    planned_bytes: int
+
+
+def landed_count(planned: list[str], source: Manifest, remote: Manifest) -> Landed:
+    """Of the paths a node was to be sent, those it now holds as the source has them (``remote``: its
+    listing after the sync): a node that failed halfway is credited with these, not with what it was sent."""
+    landed = [rel for rel in planned if (have := remote.get(rel)) is not None and have[2] == source[rel][2]]
+    return {"files": len(landed), "bytes": sum(source[rel][0] for rel in landed),
+            "planned_files": len(planned), "planned_bytes": sum(source[rel][0] for rel in planned)}
 
 
 def manifest_from_wire(files: list[list[Any]]) -> Manifest:
@@ -224,12 +255,26 @@ class SourceReader:
             loading.set()
 
 
+async def abort_upload(session: NodeSession, upload: int) -> None:
+    """End an upload that failed (or was cancelled, say by another file's failure) on the node: its
+    descriptor and temporary go now, not when the session ends. The agent already ended one whose
+    write failed (then this is a no-op); a node that is gone drops its uploads with its session."""
+    with anyio.CancelScope(shield=True), contextlib.suppress(RemoteError, TimeoutError):
+        await session.call("upload_abort", {"upload": upload}, timeout=ABORT_TIMEOUT_S)
+
+
 async def sync_node(session: NodeSession, source_dir: str, source: Manifest, plan: SyncPlan,
-                    progress: Progress | None = None, *, reader: SourceReader | None = None) -> SendResult:
-    """Carry out one node's plan; returns what was done. Nothing is flushed here (see ``sync_state``)."""
+                    progress: Progress | None = None, *, reader: SourceReader | None = None,
+                    links: Mapping[str, str] | None = None) -> SendResult:
+    """Carry out one node's plan; returns what was done. Nothing is flushed here (see ``sync_state``).
+    ``links``: the target of each link in the source (rel -> target), for the links the plan sends."""
     root = session.node.workdir
     meter = Meter(session.node.name, len(plan.send), plan.bytes_to_send, progress)
-    small, large = _batches(source, plan.send)
+    if plan.unlink_first:
+        await session.call("delete_files", {"root": root, "paths": plan.unlink_first})
+    new_links = [rel for rel in plan.send if is_link(source[rel])]
+    small, large = _batches(source, [rel for rel in plan.send if not is_link(source[rel])] if new_links
+                            else plan.send)
     limiter = anyio.Semaphore(IN_FLIGHT)
     reader = reader or SourceReader(source_dir, source, keep_bytes=0)
 
@@ -245,17 +290,21 @@ async def sync_node(session: NodeSession, source_dir: str, source: Manifest, pla
             begun = await session.call("upload_begin", {"root": root, "path": rel, "size": size, "mode": mode,
                                                         "sha256": sha})
             upload = begun["upload"]
-            # anyio's file opens, reads and closes in a worker thread: a slow disk never blocks the loop.
-            async with await anyio.open_file(os.path.join(source_dir, rel), "rb") as handle:
-                offset = 0
-                while offset < size:
-                    data = await handle.read(CHUNK_BYTES)
-                    if not data:
-                        break
-                    await session.call("upload_chunk", {"upload": upload, "offset": offset, "data": data})
-                    offset += len(data)
-                    await meter.add(0, len(data))
-            await session.call("upload_finish", {"upload": upload})
+            try:
+                # anyio's file opens, reads and closes in a worker thread: a slow disk never blocks the loop.
+                async with await anyio.open_file(os.path.join(source_dir, rel), "rb") as handle:
+                    offset = 0
+                    while offset < size:
+                        data = await handle.read(CHUNK_BYTES)
+                        if not data:
+                            break
+                        await session.call("upload_chunk", {"upload": upload, "offset": offset, "data": data})
+                        offset += len(data)
+                        await meter.add(0, len(data))
+                await session.call("upload_finish", {"upload": upload})
+            except BaseException:
+                await abort_upload(session, upload)
+                raise
             await meter.add(1, 0)
 
     try:
@@ -266,6 +315,10 @@ async def sync_node(session: NodeSession, source_dir: str, source: Manifest, pla
                 tasks.start_soon(send_large, rel)
     except BaseExceptionGroup as group:
         raise _first_remote_error(group) from None
+    for start in range(0, len(new_links), BATCH_FILES):  # after the files: a link to one of them dangles less
+        batch = new_links[start:start + BATCH_FILES]
+        await session.call("put_links", {"root": root, "links": [[rel, (links or {})[rel]] for rel in batch]})
+        await meter.add(len(batch), 0)
     if plan.chmod:
         await session.call("set_modes", {"root": root, "modes": [[rel, mode] for rel, mode in plan.chmod]})
     if plan.delete:

@@ -3,7 +3,8 @@ crosses the head's uplink once, and the nodes pass it on to each other.
 
 Small files stay in each node's own plan (batched over its SSH session): for them the cost is
 per file, not per byte. A large file the relay could not bring to a node (no route to it, a
-data port a firewall blocks) is put back in that node's plan and sent over its SSH session.
+data port a firewall blocks) is put back in that node's plan and sent over its SSH session;
+one the node itself could not hold (a full disk) is not: it would fail the same way.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class RelayResult(TypedDict):
     files: int
     bytes: int
     failed: list[list[str]]  # [path, why] of each file that did not arrive
+    own_failures: list[str]  # of those, the paths the node itself could not hold (its disk): not sent again
     seconds: float  # the slowest file's
     reroutes: int
 
@@ -59,7 +61,8 @@ async def relay_files(cluster: Cluster, links: LinkBook, source_dir: str, source
     results: dict[str, RelayResult] = {}
     for nodes in wanted.values():
         for name in nodes:
-            results.setdefault(name, {"files": 0, "bytes": 0, "failed": [], "seconds": 0.0, "reroutes": 0})
+            results.setdefault(name, {"files": 0, "bytes": 0, "failed": [], "own_failures": [], "seconds": 0.0,
+                                      "reroutes": 0})
     if not wanted:
         return results
     sessions = cluster.sessions
@@ -89,6 +92,8 @@ async def relay_files(cluster: Cluster, links: LinkBook, source_dir: str, source
                 entry["seconds"] = max(entry["seconds"], outcome.seconds)
             else:
                 entry["failed"].append([rel, outcome.detail])
+                if outcome.node_failed:
+                    entry["own_failures"].append(rel)
 
     order = {node.name: index for index, node in enumerate(cluster.config.nodes)}
     async with anyio.create_task_group() as tasks:

@@ -18,21 +18,25 @@ import anyio
 from coordinator.nodes.session import UP, NodeSession
 from coordinator.readiness.consistency import ConsistencyReport, Difference, Manifest, compare_nodes, diff_manifests
 from coordinator.readiness.push import (
+    Landed,
     SendResult,
     SourceReader,
     SyncPlan,
     SyncPlanDict,
+    landed_count,
     manifest_from_wire,
     plan_sync,
     sync_node,
 )
 from coordinator.readiness.relay_sync import RelayResult, relay_files, take_large_files
+from coordinator.readiness.source_links import LISTED, OutsideLink, SourceLinks, refusal, refused_names
 from shared import protocol as p
 from shared.agent_api.sync import ScanStatsReport as ScanStats  # what scanning a tree cost (the head's or a node's)
 from shared.ignore import DEFAULT_PATTERNS, IgnoreRules, read_ignore_file
 from shared.manifest import HashCache, scan_tree, tree_hash
 from shared.paths import UnsafePath, resolve_under
 from shared.rpc import Emit, RemoteError
+from shared.sizes import size_text
 
 if TYPE_CHECKING:
     from coordinator.nodes.cluster import Cluster
@@ -58,9 +62,10 @@ class SyncNodeEntry(TypedDict, total=False):
     plan: SyncPlanDict  # absent for a node that was skipped
     status: Required[Literal["skipped", "planned", "unchanged", "synced", "failed"]]
     detail: str  # why skipped or failed
-    result: SendResult  # what its own session carried
+    result: SendResult  # what its own session carried (absent when that failed: see landed)
     relay: RelayResult  # what the relay brought it
     fallback: SendResult  # the relay's misses, sent over its session
+    landed: Landed  # absent when the node could not be asked afterwards
     verify_seconds: float
 
 
@@ -85,6 +90,10 @@ class SyncReport(TypedDict):
     source_bytes: NotRequired[int]
     source_tree_hash: NotRequired[str]
     source_scan: NotRequired[ScanStats]  # the head's scan of the source
+    follow_outside_links: NotRequired[bool]
+    links: NotRequired[int]  # links in the source sent as links (they point inside it)
+    outside_links: NotRequired[list[OutsideLink]]  # links leading out of it: followed or refused
+    refused_names: NotRequired[list[list[str]]]  # [path, why] of each name no node accepts
     source_reads: NotRequired[int]  # batches read from the source disk, when anything was sent
     consistency: NotRequired[ConsistencyReport]
     versus_source: NotRequired[dict[str, VersusSource]]
@@ -108,6 +117,10 @@ class _SyncSummary(TypedDict):
     source_bytes: int
     source_tree_hash: str
     source_scan: ScanStats
+    follow_outside_links: bool
+    links: int
+    outside_links: list[OutsideLink]
+    refused_names: list[list[str]]
 
 
 class _SyncVerdict(TypedDict):
@@ -188,16 +201,21 @@ def remember_tree(digest: str, manifest: Manifest) -> None:
         _known_trees.popitem(last=False)
 
 
-def source_manifest(cluster: Cluster, source: Path, patterns: list[str]) -> tuple[Manifest, ScanStats]:
-    """The source's manifest, and what scanning it cost."""
+def source_manifest(cluster: Cluster, source: Path, patterns: list[str],
+                    follow_outside: bool = False) -> tuple[Manifest, ScanStats, SourceLinks]:
+    """The source's manifest (its links in it, each decided by ``SourceLinks``), what scanning it cost,
+    and the links: those sent as links, those leading outside (followed with ``follow_outside``)."""
     key = hashlib.sha256(str(source).encode()).hexdigest()[:16]
-    path = str(cluster.config.state_dir / "hashcache" / f"{key}.json")
+    # A scan that follows outside links has a cache of its own: one that does not would drop the entries of
+    # the followed files (a model, say) from a shared one, and the next sync would hash them all again.
+    path = str(cluster.config.state_dir / "hashcache" / f"{key}{'-followed' if follow_outside else ''}.json")
     if path not in _source_caches:
         _source_caches[path] = (HashCache(path), threading.Lock())
     cache, lock = _source_caches[path]
+    links = SourceLinks(str(source), follow_outside)
     with lock:
-        manifest, stats = scan_tree(str(source), IgnoreRules(patterns), cache=cache)
-    return manifest, stats.as_dict()
+        manifest, stats = scan_tree(str(source), IgnoreRules(patterns), cache=cache, on_link=links)
+    return manifest, stats.as_dict(), links
 
 
 async def node_state(session: NodeSession, patterns: list[str], known: list[str] | None,
@@ -225,7 +243,8 @@ def _same_tree_report(hashes: dict[str, str], threshold: float, what: str) -> Co
 
 
 async def serve_sync(cluster: Cluster, links: LinkBook, emit: Emit, source: str | None = None, delete: bool = False,
-                     dry_run: bool = False, nodes: list[str] | None = None) -> SyncReport:
+                     dry_run: bool = False, nodes: list[str] | None = None,
+                     follow_outside_links: bool = False) -> SyncReport:
     """Send the source to every node, or to ``nodes`` only (a job's own: other jobs' nodes are left as they are).
 
     The head hashes the source while every node re-checks its tree (a stat per file) and
@@ -235,11 +254,14 @@ async def serve_sync(cluster: Cluster, links: LinkBook, emit: Emit, source: str 
     """
     started = time.monotonic()
     source_dir = resolve_source(cluster, source)
-    sync = _Sync(cluster, links, emit, source_dir, delete=delete, dry_run=dry_run, nodes=nodes, started=started)
+    sync = _Sync(cluster, links, emit, source_dir, delete=delete, dry_run=dry_run, nodes=nodes, started=started,
+                 follow_outside=follow_outside_links)
     hook = await sync.run_hook()
     if hook is not None and hook["status"] == "fail":
         return sync.hook_failed(hook)
     await sync.scan()
+    if sync.refusal is not None:  # names or links no node would take: nothing is sent, a dry run says the same
+        return sync.refused()
     await sync.compare()
     await sync.send_and_verify()
     return sync.finish()
@@ -249,8 +271,12 @@ class _Sync:
     """One sync's steps and what they found, in the order ``serve_sync`` takes them."""
 
     def __init__(self, cluster: Cluster, links: LinkBook, emit: Emit, source_dir: Path, *, delete: bool,
-                 dry_run: bool, nodes: list[str] | None, started: float) -> None:
+                 dry_run: bool, nodes: list[str] | None, started: float, follow_outside: bool = False) -> None:
         self.started = started
+        self.follow_outside = follow_outside
+        self.source_links = SourceLinks(str(source_dir), follow_outside)
+        self.refused_names: list[list[str]] = []
+        self.refusal: str | None = None
         self.cluster, self.links, self.emit = cluster, links, emit
         self.source_dir, self.delete, self.dry_run = source_dir, delete, dry_run
         self.patterns = ignore_patterns(cluster, source_dir)
@@ -271,6 +297,8 @@ class _Sync:
         self.plans: dict[str, SyncPlan] = {}
         self.reader: SourceReader  # once the plans are made: the source read once for every node sent a batch
         self.relay_for: set[str] = set()
+        self.planned: dict[str, list[str]] = {}  # node -> every path it was to be sent, relayed ones too
+        self.no_space: set[str] = set()  # nodes whose disk was full: their detail says how much is left
         self.relayed: dict[str, RelayResult] = {}
         self.relay_done = anyio.Event()
 
@@ -308,11 +336,24 @@ class _Sync:
             tasks.start_soon(self._scan_source)
         self.source_hash = tree_hash(self.source_files)
         remember_tree(self.source_hash, self.source_files)
+        # Before anything is sent, and the same for a dry run: every name a node would refuse, every link
+        # the sync cannot send as it is.
+        self.refused_names = refused_names(self.source_files)
+        self.refusal = refusal(self.refused_names, self.source_links.outside)
         self.lap("scan")
 
     async def _scan_source(self) -> None:
-        self.source_files, self.source_stats = await anyio.to_thread.run_sync(
-            source_manifest, self.cluster, self.source_dir, self.patterns)
+        self.source_files, self.source_stats, self.source_links = await anyio.to_thread.run_sync(
+            source_manifest, self.cluster, self.source_dir, self.patterns, self.follow_outside)
+
+    def refused(self) -> SyncReport:
+        """The report of a sync that sent nothing: its source has names or links it cannot send."""
+        assert self.refusal is not None
+        for name in self.sessions:
+            self.entries[name] = {"status": "skipped", "detail": self.missing.get(name, "nothing was sent to it")}
+        self.cluster.record_event("sync.failed", f"sync refused: {self.refusal}")
+        return {**self.summary(), "status": "failed", "detail": self.refusal,
+                "seconds": round(time.monotonic() - self.started, 3)}
 
     async def _ask(self, name: str, session: NodeSession, known: list[str] | None) -> None:
         if session.state != UP:
@@ -362,6 +403,7 @@ class _Sync:
         self.reader = SourceReader(str(self.source_dir), self.source_files)
         # Large files go through the relay (once over the head's uplink, node to node), beside each
         # node's batches of small files; each node is verified once both are done.
+        self.planned = {name: list(plan.send) for name, plan in self.plans.items()}
         wanted = {} if self.dry_run else take_large_files(self.source_files, self.plans)
         self.relay_for = {name for nodes in wanted.values() for name in nodes}
         async with anyio.create_task_group() as tasks:
@@ -388,24 +430,48 @@ class _Sync:
         try:
             if not plan.empty:
                 entry["result"] = await sync_node(session, str(self.source_dir), self.source_files, plan,
-                                                  progress=self.emit, reader=self.reader)
+                                                  progress=self.emit, reader=self.reader,
+                                                  links=self.source_links.kept)
         except (RemoteError, BaseExceptionGroup) as exc:
-            entry["status"] = "failed"
-            entry["detail"] = _remote_error(exc).message
+            self._failed(name, entry, _remote_error(exc))
         if name in self.relay_for:
             await self.relay_done.wait()
-            await self._relay_fallback(session, entry, self.relayed.get(name))
+            await self._relay_fallback(name, session, entry, self.relayed.get(name))
         await self._verify(name, session, entry)
+        self._count_landed(name, entry)
 
-    async def _relay_fallback(self, session: NodeSession, entry: SyncNodeEntry, result: RelayResult | None) -> None:
-        """What the relay could not bring to the node goes over the node's own session."""
+    def _failed(self, name: str, entry: SyncNodeEntry, error: RemoteError, first: str = "") -> None:
+        entry["status"] = "failed"
+        entry["detail"] = error.message + (f" (the relay first: {first})" if first else "")
+        if error.code == p.NO_SPACE:
+            self.no_space.add(name)
+
+    def _count_landed(self, name: str, entry: SyncNodeEntry) -> None:
+        """Count what of the plan is on the node now, by the listing it answered with after its flush:
+        a node that failed is credited with what it holds, never with what it was only sent."""
+        manifest = self.remote.get(name)
+        if manifest is None:
+            return
+        entry["landed"] = landed_count(self.planned.get(name, []), self.source_files, manifest)
+        if name in self.no_space:
+            left = entry["landed"]["planned_bytes"] - entry["landed"]["bytes"]
+            entry["detail"] = f"{entry.get('detail', '')}; {size_text(left)} of this sync not yet on {name}"
+
+    async def _relay_fallback(self, name: str, session: NodeSession, entry: SyncNodeEntry,
+                              result: RelayResult | None) -> None:
+        """What the relay could not bring to the node goes over the node's own session; not what the node
+        itself could not hold (a full disk fails the same way over SSH, after sending it all again)."""
         if result is None:
             return
         entry["relay"] = result
         if not result["failed"] or entry["status"] == "failed":
             return
-        if session.state != UP:  # lost during the transfer: nothing to fall back on
-            entry["status"], entry["detail"] = "failed", result["failed"][0][1]
+        own = result.get("own_failures") or []
+        if session.state != UP or own:  # lost during the transfer, or its own disk: nothing to fall back on
+            why = next((why for rel, why in result["failed"] if rel in own), result["failed"][0][1])
+            entry["status"], entry["detail"] = "failed", why
+            if own and why.startswith("no space left"):
+                self.no_space.add(name)
             return
         retry = SyncPlan(send=[rel for rel, _ in result["failed"]])
         retry.bytes_to_send = sum(self.source_files[rel][0] for rel in retry.send)
@@ -413,8 +479,7 @@ class _Sync:
             entry["fallback"] = await sync_node(session, str(self.source_dir), self.source_files, retry,
                                                 progress=self.emit, reader=self.reader)
         except (RemoteError, BaseExceptionGroup) as exc:
-            entry["status"] = "failed"
-            entry["detail"] = f"{_remote_error(exc).message} (the relay first: {result['failed'][0][1]})"
+            self._failed(name, entry, _remote_error(exc), first=result["failed"][0][1])
 
     async def _verify(self, name: str, session: NodeSession, entry: SyncNodeEntry) -> None:
         """Written or half written: the node flushes what it holds, then proves it by its tree hash."""
@@ -461,18 +526,25 @@ class _Sync:
         failed = [n for n, e in self.entries.items() if e["status"] in ("failed", "skipped")]
         mismatched = [n for n, v in versus.items() if not v["matches"]]
         if failed:
-            return "failed", f"not synced: {', '.join(sorted(failed))}"
+            # Each node with its reason: the summary line alone tells the user what to fix where.
+            return "failed", "not synced: " + "; ".join(
+                f"{n} ({self.entries[n]['detail']})" if self.entries[n].get("detail") else n for n in sorted(failed))
         if mismatched and not self.dry_run:
             return "failed", f"differs from the source after sync: {', '.join(sorted(mismatched))}"
         return "ok", "dry run: nothing was changed" if self.dry_run else "every node matches the source"
 
-    def finish(self) -> SyncReport:
-        summary: _SyncSummary = {
+    def summary(self) -> _SyncSummary:
+        return {
             "source": str(self.source_dir), "dry_run": self.dry_run, "delete": self.delete, "nodes": self.entries,
             "timing": self.timing, "hook": self.hook, "listings_received": self.listings,
             "node_scan_seconds": self.node_scans, "source_files": len(self.source_files),
             "source_bytes": sum(entry[0] for entry in self.source_files.values()),
-            "source_tree_hash": self.source_hash, "source_scan": self.source_stats}
+            "source_tree_hash": self.source_hash, "source_scan": self.source_stats,
+            "follow_outside_links": self.follow_outside, "links": len(self.source_links.kept),
+            "outside_links": self.source_links.outside[:LISTED], "refused_names": self.refused_names[:LISTED]}
+
+    def finish(self) -> SyncReport:
+        summary = self.summary()
         versus = self.versus_source()
         status, detail = self.verdict(versus)
         verdict: _SyncVerdict = {"consistency": self.consistency(), "versus_source": versus, "status": status,
@@ -482,7 +554,7 @@ class _Sync:
             report = {**summary, "source_reads": self.reader.reads, **verdict}
         else:
             report = {**summary, **verdict}
-        sent = sum(e.get("result", {}).get("files_sent", 0) for e in self.entries.values())
+        sent = sum(e["landed"]["files"] for e in self.entries.values() if "landed" in e)
         self.cluster.record_event("sync.done" if status == "ok" else "sync.failed",
                                   f"sync {status}: {sent} files sent; {detail}",
                                   data={"seconds": verdict["seconds"], "files_sent": sent})

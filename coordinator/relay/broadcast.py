@@ -30,6 +30,7 @@ from shared.rpc import RemoteError
 
 if TYPE_CHECKING:
     from coordinator.nodes.session import NodeSession
+    from shared.agent_api.relay import ForwardState
 
 HEAD = "head"
 POLL_S = 2.0
@@ -79,6 +80,7 @@ class ReceiverState(TypedDict):
     connections: int
     path: str
     seconds: float
+    forwards: list[ForwardState]  # what this node sends on, each with its error
 
 
 class SourceChanged(Exception):
@@ -110,6 +112,7 @@ class Outcome:
     seconds: float = 0.0
     reroutes: int = 0
     source_damaged: bool = False  # the source no longer has its recorded SHA256: no copy of it is any good
+    node_failed: bool = False  # the node itself cannot hold the file (its disk): another way there fails too
 
     def as_dict(self) -> OutcomeDict:
         return {"node": self.node, "ok": self.ok, "path": self.path, "detail": self.detail, "sender": self.sender,
@@ -167,6 +170,7 @@ class Broadcast:
         self.receivers = {t.node: _Receiver(t) for t in targets if t.node != source.node}
         self.parents: dict[str, str] = {}
         self.lost: set[str] = set()
+        self.failed: set[str] = set()  # receivers that said they cannot hold the file: they feed no one
         self._head_sends: dict[str, asyncio.Task[None]] = {}
         self._head_fd: int | None = None
         self.log = log.bind(transfer=self.transfer, source=source.node)
@@ -297,8 +301,10 @@ class Broadcast:
                                                   f"chunk's SHA256 checked on arrival")
                 return
             if state["error"]:
-                receiver.outcome = Outcome(name, detail=state["error"], sender=receiver.sender)
+                receiver.outcome = Outcome(name, detail=state["error"], sender=receiver.sender, node_failed=True)
+                await self._sender_failed(name, f"{name} cannot hold the file: {state['error']}")
                 return
+            await self._forwards_failed(name, state.get("forwards") or [])
             receiver.connections = max(receiver.connections, state["connections"])
             problem = None
             if state["upstream_error"] and state["upstream_error_at"] > receiver.fed_after:
@@ -309,6 +315,8 @@ class Broadcast:
                 problem = f"nothing arrived from {receiver.sender} for {self.stall_s:.0f} s"
             elif receiver.sender != HEAD and receiver.sender in self.lost:
                 problem = f"its sender {receiver.sender} was lost"
+            elif receiver.sender in self.failed:
+                problem = f"its sender {receiver.sender} cannot hold the file"
             if problem is not None:
                 await self._route_around(name, receiver, problem)
 
@@ -323,6 +331,29 @@ class Broadcast:
             if sender == name and receiver is not None and receiver.outcome is None and child not in self.lost:
                 await self._route_around(child, receiver, f"its sender {name} was lost: {reason}")
 
+    async def _sender_failed(self, name: str, reason: str) -> None:
+        """A receiver said it failed (its disk): whatever it fed is fed from above it now, not after a
+        stall. Its session is fine: its transfer is closed with the others at the end."""
+        self.failed.add(name)
+        self.log.info("receiver failed", node=name, reason=reason)
+        for child, sender in list(self.parents.items()):
+            receiver = self.receivers.get(child)
+            if sender == name and receiver is not None and receiver.outcome is None and child not in self.lost:
+                await self._route_around(child, receiver, reason)
+
+    async def _forwards_failed(self, name: str, forwards: list[ForwardState]) -> None:
+        """``name`` said that sending on to a receiver failed: that receiver is fed by another now."""
+        failed = {(f["host"], f["port"]): f["error"] for f in forwards if f["error"]}
+        if not failed:
+            return
+        for child, sender in list(self.parents.items()):
+            receiver = self.receivers.get(child)
+            if sender != name or receiver is None or receiver.outcome is not None or child in self.lost:
+                continue
+            error = failed.get((self.address(name, child), receiver.port or 0))
+            if error is not None:
+                await self._route_around(child, receiver, f"{name} could not send to it: {error}")
+
     async def _route_around(self, name: str, receiver: _Receiver, why: str) -> None:
         if receiver.sender is not None:
             receiver.avoid.add(receiver.sender)
@@ -330,7 +361,7 @@ class Broadcast:
             receiver.outcome = Outcome(name, detail=f"gave up after {MAX_REROUTES} senders: {why}",
                                        sender=receiver.sender, reroutes=len(receiver.avoid))
             return
-        sender = reroute(self.parents, name, receiver.avoid | self.lost)
+        sender = reroute(self.parents, name, receiver.avoid | self.lost | self.failed)
         if sender is None:
             receiver.outcome = Outcome(name, detail=f"no sender left: {why}", sender=receiver.sender,
                                        reroutes=len(receiver.avoid))

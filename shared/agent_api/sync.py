@@ -18,8 +18,9 @@ class ScanStatsReport(TypedDict):
     bytes: int
     hashed_files: int
     hashed_bytes: int
-    skipped: list[str]  # the first 50
+    skipped: list[str]  # the first 50: special files, and links a walk was not told to keep
     skipped_count: int
+    links: int  # symlinks kept as links (entries of their own, mode LINK_MODE)
     seconds: float
 
 
@@ -42,6 +43,19 @@ class PutFilesRequest(TypedDict):
 class PutFilesReply(TypedDict):
     files: int
     bytes: int
+
+
+#: A symlink to create: [path, target], the target relative and unable to leave the tree.
+LinkRow = list[Any]
+
+
+class PutLinksRequest(TypedDict):
+    root: str
+    links: list[LinkRow]
+
+
+class PutLinksReply(TypedDict):
+    links: int
 
 
 class SyncStateRequest(ManifestRequest, total=False):

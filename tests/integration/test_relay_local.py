@@ -251,3 +251,75 @@ def test_a_dead_agents_temporaries_are_removed_and_never_part_of_a_manifest(tmp_
 
     asyncio.run(body())
     assert not stale.exists() and alive.exists()
+
+
+def test_a_relay_whose_disk_fills_is_routed_around_at_once_and_keeps_nothing(tmp_path):
+    """n1, first in the chain, runs out of room: it says so (where, and how much room it lacks), its
+    temporary goes at once, and the nodes after it are fed from the head at once, not after a stall."""
+    from coordinator.relay.broadcast import STALL_S
+    from tests.integration.small_disk import open_under, small_disk
+
+    source = tmp_path / "data.bin"
+    source.write_bytes(os.urandom(6 << 20))
+    sha = _sha(source)
+    events: list[str] = []
+
+    async def body():
+        sessions, tasks = await _sessions(tmp_path, ["n1", "n2", "n3"])
+        agent = sessions["n1"].view.agent["pid"]
+        started = time.monotonic()
+        try:
+            outcomes = await broadcast(sessions, Source(HEAD, str(source), source.stat().st_size, sha),
+                                       [Target(n, "data/train.bin") for n in ("n1", "n2", "n3")],
+                                       address=_loopback, chunk_bytes=256 << 10,
+                                       events=lambda kind, text: events.append(text))
+            held = open_under(agent, tmp_path / "n1")
+        finally:
+            await _stop(tasks)
+        return outcomes, time.monotonic() - started, held
+
+    with small_disk(tmp_path / "n1", "1m"):
+        outcomes, seconds, held = asyncio.run(body())
+        assert not outcomes["n1"].ok and outcomes["n1"].node_failed
+        assert f"no space left in {tmp_path}/n1/data" in outcomes["n1"].detail, outcomes["n1"].detail
+        assert "still to write" in outcomes["n1"].detail and " free" in outcomes["n1"].detail
+        assert _leftovers(tmp_path / "n1") == [] and held == []
+        assert not (tmp_path / "n1" / "data" / "train.bin").exists()
+    for name in ("n2", "n3"):
+        assert outcomes[name].ok, outcomes[name].detail
+        assert _sha(tmp_path / name / "data/train.bin") == sha
+    assert outcomes["n2"].sender == HEAD, outcomes["n2"]
+    assert any("n2 now receives from head" in text and "cannot hold" in text for text in events), events
+    assert seconds < STALL_S / 2, seconds  # routed around when n1 said so, not after 15 s of silence
+
+
+def test_a_receiver_its_relay_cannot_reach_is_fed_from_above_as_soon_as_the_relay_says_so(tmp_path):
+    """n1 cannot connect to n2 (here: the broadcast address, which TCP refuses at once): n1 says so in its state, and
+    n2 is fed by the head at once, not after 15 s without a chunk."""
+    from coordinator.relay.broadcast import STALL_S
+
+    source = tmp_path / "data.bin"
+    source.write_bytes(os.urandom(4 << 20))
+    sha = _sha(source)
+    events: list[str] = []
+
+    def address(sender: str, receiver: str) -> str:
+        return "255.255.255.255" if (sender, receiver) == ("n1", "n2") else "127.0.0.1"
+
+    async def body():
+        sessions, tasks = await _sessions(tmp_path, ["n1", "n2", "n3"])
+        started = time.monotonic()
+        try:
+            outcomes = await broadcast(sessions, Source(HEAD, str(source), source.stat().st_size, sha),
+                                       [Target(n, "data/train.bin") for n in ("n1", "n2", "n3")],
+                                       address=address, chunk_bytes=256 << 10,
+                                       events=lambda kind, text: events.append(text))
+        finally:
+            await _stop(tasks)
+        return outcomes, time.monotonic() - started
+
+    outcomes, seconds = asyncio.run(body())
+    assert all(o.ok for o in outcomes.values()), {n: o.detail for n, o in outcomes.items()}
+    assert outcomes["n2"].sender == HEAD and outcomes["n3"].sender == "n2"
+    assert any("n2 now receives from head" in text and "n1 could not send to it" in text for text in events), events
+    assert seconds < STALL_S / 2, seconds

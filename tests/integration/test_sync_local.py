@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import shlex
 import shutil
 import signal
@@ -17,6 +18,7 @@ import pytest
 
 from tests.integration.daemon_harness import (REPO, DaemonProcess, all_up, coord, environment, short_tempdir,
                                               write_local_cluster)
+from tests.integration.small_disk import open_under, small_disk, temporaries
 
 NODES = ("a", "b", "c")
 
@@ -156,3 +158,108 @@ async def _run(script: str, *args: str) -> dict:
     out, err = await proc.communicate()
     assert proc.returncode == 0, err.decode(errors="replace")
     return json.loads(out)
+
+
+@pytest.fixture
+def node_b_on_a_small_disk():
+    """Three local nodes, node b's workdir on a 2 MiB filesystem; a source that does not fit there."""
+    root = short_tempdir()
+    try:
+        with small_disk(root / "b", "2m"):
+            config = write_local_cluster(root, NODES, name="full-disk-test")
+            source = root / "project"
+            for i in range(20):
+                path = source / "pkg" / f"m{i:02d}.py"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(f"VALUE = {i}\n")
+            (source / "model").mkdir()
+            (source / "model" / "weights.bin").write_bytes(os.urandom(6 << 20))  # two chunks, not relayed
+            daemon = DaemonProcess(config, env=environment()).start()
+            try:
+                daemon.wait_for(all_up, 30, "all nodes up")
+                yield daemon, root, source
+            finally:
+                daemon.stop(signal.SIGKILL)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_full_disk_is_named_cleaned_up_and_counted_as_it_is_ten_times_over(node_b_on_a_small_disk):
+    """Node b's disk is too small: every sync says so (the node, the directory, the bytes still to write
+    and the bytes free), credits b only with what landed, and b's agent holds no file open and leaves no
+    temporary, however often the sync is retried."""
+    daemon, root, source = node_b_on_a_small_disk
+    agent = next(n for n in daemon.status()["nodes"] if n["name"] == "b")["agent"]["pid"]
+    for attempt in range(10):
+        report = _sync(daemon, source)
+        entry = report["nodes"]["b"]
+        assert report["status"] == "failed" and entry["status"] == "failed", (attempt, report)
+        detail = entry["detail"]
+        assert f"no space left in {root}/b/" in detail, detail
+        assert "still to write" in detail and " free" in detail and "not yet on b" in detail, detail
+        assert report["detail"].startswith("not synced: b (no space left in "), report["detail"]
+        landed = entry["landed"]
+        # The first sync was to send all 21 files, the next ones only what is still missing (the model).
+        assert attempt > 0 or landed["planned_files"] == 21, landed
+        assert landed["files"] < landed["planned_files"] and landed["bytes"] < landed["planned_bytes"], landed
+        assert not [rel for rel in _tree(root / "b") if rel.startswith("model/")]  # the file never landed
+        assert {report["nodes"][n]["status"] for n in ("a", "c")} <= {"synced", "unchanged"}
+        assert open_under(agent, root / "b") == [], attempt  # no descriptor held on b's disk
+        assert temporaries(root / "b") == [], attempt
+    assert next(n for n in daemon.status()["nodes"] if n["name"] == "b")["agent"]["pid"] == agent  # one agent
+    assert _tree(root / "a") == _tree(source)
+
+
+def _sync_with(daemon, source, *options: str) -> dict:
+    result = coord("sync", "--json", "--config", str(daemon.config), "--source", str(source), *options,
+                   env=daemon.env, timeout=120)
+    assert result.stdout, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_links_and_names_are_said_out_loud_and_in_tree_links_arrive_as_links(cluster):
+    """Through a real daemon and real agents: a link leading out of the source and a name the nodes
+    refuse stop the sync before anything is sent (a dry run says the same, in the same words); with the
+    bad name gone and --follow-outside-links, in-tree links arrive as links and the outside directory
+    by content, and every node's tree hash is the source's."""
+    daemon, root, source = cluster
+    (source / "weights" / "v1").mkdir(parents=True)
+    (source / "weights" / "v1" / "config.json").write_text("{}\n")
+    (source / "model").symlink_to("weights/v1")  # a directory inside the tree
+    (source / "run_again.sh").symlink_to("run.sh")  # a file inside the tree
+    (source / "pkg0" / "up.py").symlink_to("../pkg1/m001.py")  # climbs, but stays inside
+    outside = root / "big-disk" / "data"
+    outside.mkdir(parents=True)
+    (outside / "train.jsonl").write_text('{"text": "hi"}\n')
+    (source / "data").symlink_to(outside)
+    (source / "odd\\name.txt").write_text("a backslash in a name\n")
+
+    dry = _sync_with(daemon, source, "--dry-run")
+    real = _sync_with(daemon, source)
+    for report in (dry, real):
+        assert report["status"] == "failed", report
+        assert report["detail"].startswith("nothing was sent: 1 name no node accepts: 'odd\\\\name.txt' "
+                                           "(backslashes are not allowed)"), report["detail"]
+        assert "1 link the sync cannot send: data -> " in report["detail"]
+        assert "--follow-outside-links" in report["detail"]
+        assert report["refused_names"] == [["odd\\name.txt", "backslashes are not allowed"]]
+        [link] = report["outside_links"]
+        assert link["path"] == "data" and link["action"] == "refused" and link["leads_to"] == str(outside)
+        assert {e["status"] for e in report["nodes"].values()} == {"skipped"}
+    assert dry["detail"] == real["detail"] and dry["outside_links"] == real["outside_links"]
+    assert all(_tree(root / n) == {} for n in NODES)  # nothing was sent, by either
+
+    (source / "odd\\name.txt").unlink()
+    followed = _sync_with(daemon, source, "--follow-outside-links")
+    assert followed["status"] == "ok", followed
+    assert followed["links"] == 3 and [e["action"] for e in followed["outside_links"]] == ["followed"]
+    for n in NODES:
+        node = root / n
+        assert os.readlink(node / "model") == "weights/v1" and os.readlink(node / "run_again.sh") == "run.sh"
+        assert os.readlink(node / "pkg0" / "up.py") == "../pkg1/m001.py"
+        assert (node / "model" / "config.json").read_text() == "{}\n"  # through the link, on the node
+        assert not (node / "data").is_symlink() and (node / "data" / "train.jsonl").read_text() == '{"text": "hi"}\n'
+    assert set(followed["consistency"]["hashes"].values()) == {followed["source_tree_hash"]}
+
+    again = _sync_with(daemon, source, "--follow-outside-links")
+    assert again["status"] == "ok" and {e["status"] for e in again["nodes"].values()} == {"unchanged"}, again

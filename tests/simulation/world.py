@@ -536,7 +536,8 @@ class SimEffects:
         return {"removed": names}
 
     # --- before the first attempt ---
-    async def sync(self, source: str, nodes: list[str] | None = None) -> dict[str, Any]:
+    async def sync(self, source: str, nodes: list[str] | None = None, *,
+                   follow_outside_links: bool = False) -> dict[str, Any]:
         self._effect()
         return {"status": "ok", "detail": "every node matches"}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import sys
@@ -220,3 +221,134 @@ def test_a_batch_with_one_bad_hash_writes_nothing_and_a_failed_write_leaves_no_t
     names = sorted(p.relative_to(root).as_posix() for p in root.rglob("*"))
     assert not [n for n in names if ".coord-" in n], names  # no temporary left behind
     assert node_sync.sync_state(str(root), [])["flushed"] == 3  # what landed before the failure is kept
+
+
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def _temporaries(root) -> list[str]:
+    return [p.name for p in root.rglob("*") if ".coord-" in p.name]
+
+
+def _disk_fills_after(monkeypatch, room: int, code: int = errno.ENOSPC) -> None:
+    """os.write takes what fits in ``room`` bytes more, then fails as a full disk does (a short write first)."""
+    real_write = os.write
+    left = [room]
+
+    def write(fd, data):
+        if left[0] <= 0:
+            raise OSError(code, os.strerror(code))
+        done = real_write(fd, bytes(memoryview(data)[:left[0]]))
+        left[0] -= done
+        return done
+
+    monkeypatch.setattr(node_sync.os, "write", write)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc/self/fd (Linux)")
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT], ids=["ENOSPC", "EDQUOT"])
+def test_a_chunk_that_does_not_fit_ends_its_upload_and_says_where_and_how_much(tmp_path, monkeypatch, code):
+    """A failed write ends the upload on the node there and then: no descriptor held, no temporary left,
+    and the message names the directory, the bytes still to write and the bytes free."""
+    from shared import protocol as p
+
+    root = tmp_path / "work"
+    data = os.urandom(3000)
+    uploads = node_sync.Uploads()
+    before = _open_fds()
+    upload = uploads.begin(str(root), "models/big.bin", len(data), 0o644, _sha(data))["upload"]
+    uploads.chunk(upload, 0, data[:1000])
+    _disk_fills_after(monkeypatch, 400, code)
+    with pytest.raises(RemoteError) as caught:
+        uploads.chunk(upload, 1000, data[1000:])
+    assert caught.value.code == p.NO_SPACE
+    message = caught.value.message
+    assert f"no space left in {root}/models" in message, message
+    assert "(2000 bytes) still to write" in message and " free" in message, message
+    assert os.strerror(code) in message
+    assert _open_fds() == before and uploads.open_count() == 0
+    assert _temporaries(root) == [] and not (root / "models" / "big.bin").exists()
+    with pytest.raises(RemoteError, match="no upload"):  # a retry of the chunk finds nothing open
+        uploads.chunk(upload, 1000, data[1000:])
+
+
+def test_a_short_write_is_completed_not_taken_for_the_whole_chunk(tmp_path, monkeypatch):
+    """os.write may write part of a chunk: the rest is written too, so the file has every byte it was hashed with."""
+    real_write = os.write
+    monkeypatch.setattr(node_sync.os, "write", lambda fd, data: real_write(fd, bytes(memoryview(data)[:100])))
+    root = tmp_path / "work"
+    data = os.urandom(3000)
+    uploads = node_sync.Uploads()
+    upload = uploads.begin(str(root), "big.bin", len(data), 0o644, _sha(data))["upload"]
+    uploads.chunk(upload, 0, data[:1500])
+    uploads.chunk(upload, 1500, data[1500:])
+    monkeypatch.undo()
+    uploads.finish(upload)
+    assert (root / "big.bin").read_bytes() == data
+
+
+def test_a_file_too_large_for_the_node_says_so(tmp_path, monkeypatch):
+    root = tmp_path / "work"
+    data = os.urandom(2000)
+    uploads = node_sync.Uploads()
+    upload = uploads.begin(str(root), "big.bin", len(data), 0o644, _sha(data))["upload"]
+    _disk_fills_after(monkeypatch, 0, errno.EFBIG)
+    with pytest.raises(RemoteError, match="file size limit") as caught:
+        uploads.chunk(upload, 0, data)
+    assert str(root / "big.bin") in caught.value.message and uploads.open_count() == 0
+    assert _temporaries(root) == []
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc/self/fd (Linux)")
+def test_a_batch_that_fills_the_disk_says_so_and_keeps_what_landed_before(tmp_path, monkeypatch):
+    from shared import protocol as p
+
+    root = tmp_path / "work"
+    batch = [[f"pkg/f{i}.py", 0o644, _sha(bytes([i]) * 100), bytes([i]) * 100] for i in range(10)]
+    before = _open_fds()
+    _disk_fills_after(monkeypatch, 450)  # four files and half of the fifth
+    with pytest.raises(RemoteError) as caught:
+        node_sync.put_files(str(root), batch)
+    monkeypatch.undo()
+    assert caught.value.code == p.NO_SPACE
+    assert f"no space left in {root}/pkg" in caught.value.message
+    assert "600 B still to write" in caught.value.message  # from the fifth file on, of this batch
+    assert _open_fds() == before and _temporaries(root) == []
+    assert sorted(p.name for p in (root / "pkg").iterdir()) == [f"f{i}.py" for i in range(4)]
+
+
+def test_uploads_left_open_are_ended_with_the_session(tmp_path):
+    """The agent's serve ends every upload its session left open (the head went away mid-file)."""
+    import asyncio
+
+    from agent import server
+
+    data = os.urandom(3000)
+    root = tmp_path / "work"
+    uploads = node_sync.Uploads()
+    uploads.begin(str(root), "a.bin", len(data), 0o644, _sha(data))
+    uploads.begin(str(root), "b.bin", len(data), 0o644, _sha(data))
+    assert len(_temporaries(root)) == 2
+
+    class Closed:
+        async def readexactly(self, n):
+            raise asyncio.IncompleteReadError(b"", n)
+
+    class Sink:
+        def write(self, data):
+            pass
+
+        async def drain(self):
+            pass
+
+        def close(self):
+            pass
+
+    real = node_sync.Uploads
+    node_sync.Uploads = lambda: uploads  # the session's own uploads: these two
+    try:
+        asyncio.run(server.serve(Closed(), Sink()))
+    finally:
+        node_sync.Uploads = real
+    assert uploads.open_count() == 0 and _temporaries(root) == []

@@ -165,6 +165,35 @@ def test_a_job_file_gives_the_same_fields_as_the_options(tmp_path):
         load_job_file(path)
 
 
+def test_a_run_can_ask_its_sync_to_follow_links_leading_out_of_its_source(tmp_path):
+    """coord run --follow-outside-links, or a job file's follow_outside_links, reaches the run's sync."""
+    import anyio
+
+    from coordinator.cli.parser import build_parser
+    from coordinator.jobs.spec import JobSpec, load_job_file
+    from coordinator.jobs.supervisor import JobRunner
+
+    path = tmp_path / "job.toml"
+    path.write_text('name = "tiny"\ncommand = ["python", "train.py"]\nsource = "."\nfollow_outside_links = true\n')
+    assert load_job_file(path).follow_outside_links
+    args = build_parser().parse_args(["run", "--source", ".", "--follow-outside-links", "--", "python", "t.py"])
+    assert args.follow_outside_links
+    asked = []
+
+    class Effects:
+        async def sync(self, source, nodes=None, *, follow_outside_links=False):
+            asked.append(follow_outside_links)
+            return {"status": "failed", "detail": "stop here"}
+
+    runner = JobRunner.__new__(JobRunner)  # only what _prepare reads before the sync's answer
+    runner.spec = JobSpec(name="tiny", command=["python", "train.py"], source="/src", follow_outside_links=True)
+    runner.fx = Effects()
+    runner.set_state = lambda state: None
+    runner.fx.monotonic = lambda: 0.0
+    runner._fail_early = lambda reason: False
+    assert anyio.run(runner._prepare) is False and asked == [True]
+
+
 def test_a_replica_stands_in_for_a_primary_that_is_gone_or_damaged():
     primary, replica = _ckpt(20), {**_ckpt(20), "node": "head", "path": "/state/r/20", "role": "replica"}
     older = _ckpt(10)
