@@ -144,6 +144,11 @@ def rank_ended(workdir: str, job: str, attempt: int, rank: int) -> bool:
     return pid is not None and not _alive(pid) and not _alive(_read_int(os.path.join(directory, "runner.pid")))
 
 
+def runner_pid(workdir: str, job: str, attempt: int, rank: int) -> int | None:
+    """The pid of the rank's runner, once it has started."""
+    return _read_int(os.path.join(rank_dir(workdir, job, attempt, rank), "runner.pid"))
+
+
 def rank_status(workdir: str, job: str, attempt: int, rank: int, progress_offset: int = 0,
                 log_offset: int = -1) -> RankStatusReply:
     """The rank's state, its progress records since ``progress_offset`` and, with ``log_offset`` of

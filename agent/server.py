@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent import facts as node_facts
 from agent import launch as node_launch
+from agent import process_end
 from agent import ranks as node_ranks
 from agent import relay as node_relay
 from agent import sync as node_sync
@@ -30,7 +31,8 @@ if TYPE_CHECKING:
     from shared.agent_api.session import HelloReply, PingReply
 
 Reply = TypeVar("Reply")
-STATUS_CHECK_S = 0.1  # how often a waiting status request looks whether its rank has ended
+STATUS_CHECK_S = 0.1  # how often a waiting status request looks whether its rank has ended, without exit events
+RECHECK_S = 1.0  # how often it looks anyway, with them
 MAX_STATUS_WAIT_S = 10.0  # the longest a status request waits, whatever it asks
 
 
@@ -80,12 +82,18 @@ async def rank_status(workdir: str, job: str, attempt: int, rank: int, progress_
                       log_offset: int = -1, wait_s: float = 0.0) -> RankStatusReply:
     """A rank's status; with ``wait_s``, not before that many seconds have passed or the rank has
     ended, whichever is first. The daemon's watch then costs one call per rank every few seconds,
-    while a rank's end is still seen within a tenth of a second."""
-    # Another user's process ending gives this one no event to await: a few stats every tenth of a second.
-    for _ in range(round(min(max(float(wait_s), 0.0), MAX_STATUS_WAIT_S) / STATUS_CHECK_S)):
-        if node_ranks.rank_ended(workdir, job, attempt, rank):
-            break
-        await asyncio.sleep(STATUS_CHECK_S)
+    while a rank's end is still seen at once: the kernel says when its runner exits."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + min(max(float(wait_s), 0.0), MAX_STATUS_WAIT_S)
+    while loop.time() < deadline and not node_ranks.rank_ended(workdir, job, attempt, rank):
+        runner = node_ranks.runner_pid(workdir, job, attempt, rank)
+        left = deadline - loop.time()
+        # The runner writes the exit status and then exits, so its end is the rank's end. A look
+        # every second besides covers what an exit event cannot (a pid reused, a runner killed
+        # before it wrote its pid); without such events, a look every tenth of a second.
+        watched = await process_end.wait_exit(runner, min(left, RECHECK_S)) if runner is not None else None
+        if watched is None:
+            await asyncio.sleep(min(left, STATUS_CHECK_S))
     return await asyncio.to_thread(node_ranks.rank_status, workdir, job, attempt, rank, progress_offset, log_offset)
 
 
