@@ -23,12 +23,14 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from types import FrameType
 from typing import BinaryIO
 
 from agent import keep_awake
 
 KILL_GRACE_S = 5.0
+KEPT_OUTPUT_READ_S = 0.1  # how often the runner gathers a rank's output it keeps
 
 
 def write_atomically(path: str, text: str) -> None:
@@ -113,12 +115,16 @@ def run_rank(command: list[str], directory: str, log: BinaryIO, pass_output: boo
         if not chunk:
             break
         log.write(chunk)
-        if pass_output:
-            try:
-                out.write(chunk)
-                out.flush()
-            except OSError:
-                pass_output = False  # mlx.launch went away; the log on the node still has everything
+        if not pass_output:
+            # Nobody waits on these lines (the agent reads the log every few seconds): a tenth of a
+            # second between reads gathers a busy rank's lines into one write, not one per line.
+            time.sleep(KEPT_OUTPUT_READ_S)
+            continue
+        try:
+            out.write(chunk)
+            out.flush()
+        except OSError:
+            pass_output = False  # mlx.launch went away; the log on the node still has everything
     code = exit_status(child.wait())
     write_atomically(os.path.join(directory, "exit"), f"{code}\n")
     keep_awake.release(awake)

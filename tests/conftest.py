@@ -50,3 +50,55 @@ def netns_cluster():
 
 
 # --- end netns cluster ---------------------------------------------------------------
+
+
+# --- the fault schedules in the background -------------------------------------------
+
+_SCHEDULES_TEST = "test_thousands_of_fault_schedules_keep_every_invariant"
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """When the schedules test is among many, its batch starts now at the lowest priority and
+    runs beside the real-process tests, on the cycles they leave idle; the test reads the result."""
+    if os.environ.get("COORD_SIM_BACKGROUND", "1") == "0" or len(items) < 50:
+        return
+    if not any(item.name == _SCHEDULES_TEST for item in items):
+        return
+    import subprocess
+    import tempfile
+
+    from tests.simulation.test_fault_schedules import FIRST_SEED, SCHEDULES
+
+    out = os.path.join(tempfile.mkdtemp(prefix="coord-schedules-"), "result.json")
+    process = subprocess.Popen(["nice", "-n", "19", sys.executable, "-m", "tests.simulation.batch", "--first",
+                                str(FIRST_SEED), "--count", str(SCHEDULES), "--out", out],
+                               cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    config._coord_schedules = (process, out)
+
+
+def pytest_unconfigure(config):
+    started = getattr(config, "_coord_schedules", None)
+    if started is not None and started[0].poll() is None:
+        started[0].kill()  # the run was cut short before the schedules test read it
+        started[0].wait()
+
+
+@pytest.fixture
+def background_schedules(request):
+    """A function that waits for the background batch and returns its result; None when the
+    batch was not started in the background (the test then runs it itself)."""
+    started = getattr(request.config, "_coord_schedules", None)
+    if started is None:
+        return None
+
+    def result():
+        import json
+
+        process, out = started
+        output, _ = process.communicate(timeout=1800)
+        assert process.returncode == 0, f"the schedules batch failed:\n{output.decode(errors='replace')[-4000:]}"
+        with open(out, encoding="utf-8") as handle:
+            return json.load(handle)
+
+    return result
