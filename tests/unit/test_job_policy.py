@@ -161,7 +161,7 @@ def test_a_job_file_gives_the_same_fields_as_the_options(tmp_path):
     with pytest.raises(JobSpecError, match="unknown key 'save_evry'"):
         load_job_file(path)
     path.write_text('name = "tiny"\ncommand = "python train.py"\n')
-    with pytest.raises(JobSpecError, match="command has the wrong type"):
+    with pytest.raises(JobSpecError, match="job.toml: command must be a list of non-empty strings"):
         load_job_file(path)
 
 
