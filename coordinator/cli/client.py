@@ -90,6 +90,8 @@ def ask_daemon(socket: Path, method: str, args: Mapping[str, object] | None = No
         raise _refused(method, exc.code, exc.message) from None
     except TimeoutError:
         raise CliError(f"coordd did not answer {method} in time on {socket}") from None
+    except OSError as exc:  # a socket path that cannot be used ($COORD_SOCKET is not checked by the parser)
+        raise CliError(f"cannot reach coordd on {socket}: {exc.strerror or exc}", EXIT_USAGE) from None
 
 
 def _refused(method: str, code: str, message: str) -> CliError:
@@ -119,8 +121,10 @@ def ask_daemon_blocking(socket: Path, method: str, args: Mapping[str, object] | 
     try:
         try:
             connection.connect(str(socket))
-        except (FileNotFoundError, ConnectionRefusedError):
+        except (FileNotFoundError, NotADirectoryError, ConnectionRefusedError):
             raise _not_running(socket, config_hint) from None
+        except OSError as exc:
+            raise CliError(f"cannot reach coordd on {socket}: {exc.strerror or exc}", EXIT_USAGE) from None
         connection.sendall(p.pack(p.Request(1, method, args or {})))
         stream = connection.makefile("rb")
 

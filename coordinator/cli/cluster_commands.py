@@ -113,10 +113,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         try:
             text = Path(args.input).read_text(encoding="utf-8")
             read_orchestration_input(text, args.input)  # a bad file is named here, field by field
-        except FileNotFoundError:
-            raise CliError(f"{args.input}: no such file", EXIT_USAGE) from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CliError(f"--input {args.input}: cannot read it: {exc}", EXIT_USAGE) from None
         except OrchestrationInputError as exc:
-            raise CliError(str(exc), EXIT_USAGE) from None
+            raise CliError(f"--input {exc}", EXIT_USAGE) from None
         request = json.loads(text)
         # Paths in the input file are relative to the file, not to wherever the daemon runs.
         for section, flag in (("modelConfig", "model"), ("dataConfig", "data")):

@@ -77,10 +77,22 @@ def parse_command_line(argv: list[str] | None = None) -> argparse.Namespace:
     if words[:1] == ["run"] and "--" in words:
         cut = words.index("--")
         words, command = words[:cut], words[cut + 1:]
-    args = build_parser().parse_args(words)
+    parser = build_parser()
+    args = parser.parse_args(words)
     if getattr(args, "command_name", None) == "run":
         args.command = command
+    if getattr(args, "command_name", None):
+        _refuse_swallowed_values(parser, args)
     return args
+
+
+def _refuse_swallowed_values(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Python 3.11's argparse reads ``--option=--`` as the option given no value at all (an empty
+    list, which every command would take for "not given"): refused here, naming the option."""
+    chosen = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[args.command_name]
+    for action in chosen._actions:
+        if action.option_strings and action.nargs is None and getattr(args, action.dest, None) == []:
+            chosen.error(f"argument {'/'.join(action.option_strings)}: expected one value, got '--'")
 
 
 def build_parser() -> argparse.ArgumentParser:

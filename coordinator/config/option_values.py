@@ -199,7 +199,9 @@ class ExistingFile(OptionValue):
             raise _refuse(f"{text}: no such file" + (f" ({self.hint})" if self.hint else ""))
         if found == "dir":
             raise _refuse(f"{text}: a directory, not a file")
-        return str(path)
+        if found == "socket":
+            raise _refuse(f"{text}: a socket, not a file")
+        return str(path)  # a file, or a pipe or device (a shell's <(...)): read as one
 
 
 class FileToWrite(OptionValue):
@@ -242,6 +244,8 @@ class SocketPath(OptionValue):
             raise _refuse(f"{text}: a directory, not the daemon's socket")
         if found not in (None, "socket"):
             raise _refuse(f"{text}: not a socket (the daemon's control socket is <state_dir>/coord.sock)")
+        if found is None:
+            _parent_dir(path, text)
         return str(path)
 
 

@@ -285,24 +285,25 @@ def load_job_file(path: Path) -> JobSpec:
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise JobSpecError(f"{path}: no such job file") from None
+        raise JobSpecError(f"job file {path}: no such file") from None
     except IsADirectoryError:
-        raise JobSpecError(f"{path}: a directory, not a job file") from None
+        raise JobSpecError(f"job file {path}: a directory, not a file") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise JobSpecError(f"{path}: cannot read the job file: {exc}") from None
+        raise JobSpecError(f"job file {path}: cannot read it: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
-        raise JobSpecError(f"{path}: not valid TOML: {exc}") from None
+        raise JobSpecError(f"job file {path}: not valid TOML: {exc}") from None
     job = raw.get("job", raw)
     if not isinstance(job, dict):
-        raise JobSpecError(f"{path}: job must be a table ([job])")
+        raise JobSpecError(f"job file {path}: job must be a table ([job])")
     unknown = [key for key in job if key not in JOB_FILE_KEYS]
     if unknown:
-        raise JobSpecError(f"{path}: unknown key {unknown[0]!r} (expected one of: {', '.join(JOB_FILE_KEYS)})")
+        raise JobSpecError(f"job file {path}: unknown key {unknown[0]!r} (expected one of: "
+                           f"{', '.join(JOB_FILE_KEYS)})")
     if "name" not in job or "command" not in job:
-        raise JobSpecError(f"{path}: a job file needs name and command")
+        raise JobSpecError(f"job file {path}: name and command are needed")
     if "node_timeout" in job and job.get("min_nodes") is None:
-        raise JobSpecError(f"{path}: node_timeout is how long a lost node is waited for before it is left out, "
-                           "which only min_nodes allows: set min_nodes too, or remove node_timeout")
+        raise JobSpecError(f"job file {path}: node_timeout is how long a lost node is waited for before it is left "
+                           "out, which only min_nodes allows: set min_nodes too, or remove node_timeout")
     try:
         check_fields(job, label=lambda key: key)
         if isinstance(job.get("source"), str):  # relative to the job file
@@ -310,4 +311,4 @@ def load_job_file(path: Path) -> JobSpec:
             job["source"] = str(source if source.is_absolute() else (path.parent / source).resolve())
         return validate(JobSpec(**job))
     except JobSpecError as exc:
-        raise JobSpecError(f"{path}: {exc}") from None
+        raise JobSpecError(f"job file {path}: {exc}") from None
