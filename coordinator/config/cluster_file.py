@@ -292,7 +292,9 @@ def parse_config(text: str, path: Path | None = None) -> ClusterConfig:
     if len(str(socket).encode()) > MAX_SOCKET_PATH:
         raise ConfigError(locate.message("cluster", None, "socket" if "socket" in cluster else "state_dir",
                                          f"control socket path {socket} is longer than {MAX_SOCKET_PATH} bytes, "
-                                         "which Unix sockets do not allow; set a shorter cluster.socket"))
+                                         "which Unix sockets do not allow; set a shorter cluster.socket"
+                                         + ("" if "socket" in cluster else " (or cluster.state_dir, under which "
+                                            "it is by default)")))
     ssh = SshSettings(
         known_hosts=str(resolve_under(ssh_raw["known_hosts"], base)) if "known_hosts" in ssh_raw else None,
         identity_file=str(resolve_under(ssh_raw["identity_file"], base)) if "identity_file" in ssh_raw else None,
