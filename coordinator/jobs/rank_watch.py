@@ -27,6 +27,7 @@ from coordinator.jobs.policy import (
     RANK_FAILED,
     Outcome,
     RankFailure,
+    last_line,
     root_cause,
 )
 from coordinator.jobs.progress import read_record
@@ -36,7 +37,6 @@ from shared.agent_api.common import JsonObject
 from shared.agent_api.progress import CheckpointRecord, FingerprintRecord, TrainRecord, ValRecord
 from shared.agent_api.ranks import RankStatusReply
 from shared.rpc import RemoteError
-from shared.text import clean_excerpt
 
 POLL_S = 0.5  # the least time between two polls of every rank
 HOLD_S = 2.0  # a poll's status requests wait this long for their rank to end before they answer
@@ -345,11 +345,7 @@ class RankWatcher:
         name = attempt.order[rank]
         if self.fx.node(name).up:
             await self.pull_log(attempt, rank, name, 1 << 62)
-        text = self.fx.log_tail(self.ctx.run_id, attempt.number, rank, 2000).decode("utf-8", "replace")
-        # The excerpt events, alerts, the dashboard and coord status show: without the terminal's
-        # escape sequences and control characters, cut after cleaning so that they take no room.
-        lines = [line for line in map(clean_excerpt, text.splitlines()) if line]
-        return lines[-1][:300] if lines else ""
+        return last_line(self.fx.log_tail(self.ctx.run_id, attempt.number, rank, 2000).decode("utf-8", "replace"))
 
     async def _capture_stacks(self, attempt: Attempt) -> None:
         for rank, name in enumerate(attempt.order):

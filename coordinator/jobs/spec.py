@@ -229,7 +229,7 @@ def _check_trainer(spec: JobSpec) -> None:
     if is_mlx_lm(spec.command) and "agent.train" in spec.command[:3]:
         spec.trainer = "coord"  # the command names coord's trainer itself
     if spec.trainer not in TRAINERS:
-        raise JobSpecError(f"trainer must be one of {', '.join(TRAINERS)}, got {spec.trainer!r}")
+        raise JobSpecError(f"--trainer must be one of {', '.join(TRAINERS)}, got {spec.trainer!r}")
     if spec.trainer == "coord" and not is_mlx_lm(spec.command):
         raise JobSpecError("--trainer coord runs mlx_lm lora's options: give the command as "
                            "python -m mlx_lm lora --model ... --train --data ... --iters N")
@@ -248,7 +248,7 @@ def _check_node_list(spec: JobSpec) -> None:
 
 def _check_launcher(spec: JobSpec) -> None:
     if spec.launcher not in LAUNCHERS:
-        raise JobSpecError(f"launcher must be one of {', '.join(sorted(LAUNCHERS))}, got {spec.launcher!r}")
+        raise JobSpecError(f"--launcher must be one of {', '.join(sorted(LAUNCHERS))}, got {spec.launcher!r}")
 
 
 def _check_mlx_lm_iters(spec: JobSpec) -> None:
