@@ -82,7 +82,7 @@ class NodeWait:
                 ctx.event("waiting_for_nodes", f"{detail} (waited {waited:.0f} s of at most {limit:g} s, "
                           "--node-wait)", nodes=list(away))
                 announced = detail
-            await ctx.pause(delay)
+            await ctx.pause(min(delay, limit - waited + 0.01))  # the bound is kept to within a poll
             delay = min(delay * 2, 2.0 if elastic else 5.0)
 
     def _not_up_because(self, name: str) -> str:

@@ -326,8 +326,8 @@ class JobRunner:
             return None
         if isinstance(waited, NodesAway):
             await self._stop_everything(self._last_attempt())  # what runs of the last attempt on the nodes here
-            self._fail_early(f"gave up waiting for nodes after {waited.waited_s:.0f} s (--node-wait "
-                             f"{self.spec.node_wait:g}): {waited.why}")
+            self._fail_early(f"gave up waiting for nodes: not up within --node-wait {self.spec.node_wait:g} s: "
+                             f"{waited.why}")
             return None
         return waited
 
