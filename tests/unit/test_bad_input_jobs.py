@@ -233,3 +233,19 @@ def test_the_wait_shows_which_nodes_why_and_for_how_long_and_ends_at_node_wait(t
     assert run_view(ctx, queue_position=None)["waiting"] is None  # over: nothing shown any more
     (kind, message), = [e for e in fx.events if e[0] == "job.waiting_for_nodes"]
     assert message == f"j: waiting for b to be up; b: {why} (waited 0 s of at most 0.3 s, --node-wait)"
+
+
+def test_coord_sync_tells_a_missing_source_from_a_file(tmp_path):
+    from types import SimpleNamespace
+
+    from coordinator.readiness.sync import resolve_source
+    from shared.rpc import RemoteError
+
+    (tmp_path / "train.py").write_text("")
+    cluster = SimpleNamespace(config=SimpleNamespace(sync=SimpleNamespace(source=None)))
+    with pytest.raises(RemoteError, match="does not exist on the head"):
+        resolve_source(cluster, str(tmp_path / "nope"))  # type: ignore[arg-type]
+    with pytest.raises(RemoteError, match="is not a directory") as refused:
+        resolve_source(cluster, str(tmp_path / "train.py"))  # type: ignore[arg-type]
+    assert refused.value.code == p.BAD_ARGS
+    assert resolve_source(cluster, str(tmp_path)) == tmp_path  # type: ignore[arg-type]
