@@ -87,9 +87,19 @@ def ask_daemon(socket: Path, method: str, args: Mapping[str, object] | None = No
     except DaemonNotRunning:
         raise _not_running(socket, config_hint) from None
     except RemoteError as exc:
-        raise CliError(f"coordd refused {method}: {exc.message}") from None
+        raise _refused(method, exc.code, exc.message) from None
     except TimeoutError:
         raise CliError(f"coordd did not answer {method} in time on {socket}") from None
+    except OSError as exc:  # a socket path that cannot be used ($COORD_SOCKET is not checked by the parser)
+        raise CliError(f"cannot reach coordd on {socket}: {exc.strerror or exc}", EXIT_USAGE) from None
+
+
+def _refused(method: str, code: str, message: str) -> CliError:
+    """The daemon's refusal: exit status 2 when what was asked is wrong (the daemon checks what it is
+    sent as the CLI does), 1 when it could not be done."""
+    from shared import protocol as p
+
+    return CliError(f"coordd refused {method}: {message}", EXIT_USAGE if code == p.BAD_ARGS else EXIT_FAILED)
 
 
 def _not_running(socket: Path, config_hint: str | None) -> CliError:
@@ -111,8 +121,10 @@ def ask_daemon_blocking(socket: Path, method: str, args: Mapping[str, object] | 
     try:
         try:
             connection.connect(str(socket))
-        except (FileNotFoundError, ConnectionRefusedError):
+        except (FileNotFoundError, NotADirectoryError, ConnectionRefusedError):
             raise _not_running(socket, config_hint) from None
+        except OSError as exc:
+            raise CliError(f"cannot reach coordd on {socket}: {exc.strerror or exc}", EXIT_USAGE) from None
         connection.sendall(p.pack(p.Request(1, method, args or {})))
         stream = connection.makefile("rb")
 
@@ -131,7 +143,7 @@ def ask_daemon_blocking(socket: Path, method: str, args: Mapping[str, object] | 
             elif isinstance(message, p.Result) and message.id == 1:
                 return message.value
             elif isinstance(message, p.Error) and message.id in (1, None):
-                raise CliError(f"coordd refused {method}: {message.message}")
+                raise _refused(method, message.code, message.message)
     except p.ProtocolError as exc:
         raise CliError(f"coordd sent a frame that could not be read during {method}: {exc.message}") from None
     finally:

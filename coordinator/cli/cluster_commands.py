@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    _refuse_unused(args, "--interval", args.interval, "--watch", args.watch)
+    for flag, value in (("--run", args.run), ("--since", args.since)):
+        _refuse_unused(args, flag, value, "--history", args.history)
     socket = resolve_socket(args)
     hint = args.config or os.environ.get("COORD_CONFIG")
     if args.watch:
@@ -47,6 +50,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK if doc["summary"]["up"] == doc["summary"]["nodes"] or not args.check else EXIT_FAILED
 
 
+def _refuse_unused(args: argparse.Namespace, flag: str, value: object, needs: str, given: bool) -> None:
+    """An option that only means something with another is refused without it, not ignored."""
+    if value is not None and not given:
+        raise CliError(f"{flag} applies only with {needs}: add {needs}, or leave {flag} out", EXIT_USAGE)
+
+
 def _watch_status(args: argparse.Namespace, socket: Path, hint: str | None) -> int:
     from rich.console import Console
     from rich.live import Live
@@ -62,7 +71,7 @@ def _watch_status(args: argparse.Namespace, socket: Path, hint: str | None) -> i
                 render_status(doc, capture)
                 from rich.text import Text
                 live.update(Text.from_ansi(capture.export_text(styles=True)), refresh=True)
-                time.sleep(args.interval)
+                time.sleep(args.interval or 1.0)
     except KeyboardInterrupt:
         return EXIT_OK
 
@@ -106,10 +115,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         try:
             text = Path(args.input).read_text(encoding="utf-8")
             read_orchestration_input(text, args.input)  # a bad file is named here, field by field
-        except FileNotFoundError:
-            raise CliError(f"{args.input}: no such file", EXIT_USAGE) from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CliError(f"--input {args.input}: cannot read it: {exc}", EXIT_USAGE) from None
         except OrchestrationInputError as exc:
-            raise CliError(str(exc), EXIT_USAGE) from None
+            raise CliError(f"--input {exc}", EXIT_USAGE) from None
         request = json.loads(text)
         # Paths in the input file are relative to the file, not to wherever the daemon runs.
         for section, flag in (("modelConfig", "model"), ("dataConfig", "data")):

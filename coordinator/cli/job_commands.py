@@ -7,7 +7,6 @@ import json
 import os
 import sys
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,52 +18,76 @@ if TYPE_CHECKING:
 TERMINAL = ("succeeded", "failed", "stopped")
 
 
+#: While a run waits for its nodes, how often the wait is shown again with its time so far.
+WAIT_SHOWN_EVERY_S = 15.0
+
+
 def _follow_job(socket: Path, name: str, hint: str | None, *, quiet: bool = False) -> RunView:
-    """Poll the job until it ends, printing each change of state and step."""
+    """Poll the job until it ends, printing each change of state, step or what it waits for (and
+    a wait again every WAIT_SHOWN_EVERY_S, with how long so far)."""
     from coordinator.commands.jobs import render_job
 
     shown = None
+    shown_at = 0.0
     while True:
         job: RunView = ask_daemon(socket, "job", {"name": name}, config_hint=hint)
-        line = render_job(job)
-        key = (job["state"], job["step"], job["restarts"])
-        if not quiet and key != shown:
-            print(line, flush=True)
-            shown = key
+        waiting = job.get("waiting")
+        reasons = sorted(waiting["reasons"].items()) if waiting else []
+        key = (job["state"], job["step"], job["restarts"], reasons)
+        if not quiet and (key != shown or (waiting and time.monotonic() - shown_at >= WAIT_SHOWN_EVERY_S)):
+            print(render_job(job), flush=True)
+            shown, shown_at = key, time.monotonic()
         if job["state"] in TERMINAL:
             return job
         time.sleep(1.0)
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from coordinator.jobs.spec import JobSpec, JobSpecError, load_job_file, validate
+#: `coord run`'s options that are fields of the job (JobSpec), each None unless given.
+SPEC_OPTIONS = ("name", "source", "save_every", "max_restarts", "hang_timeout", "keep", "force", "backend", "trainer",
+                "replica", "min_nodes", "node_timeout", "node_wait", "total_steps", "nodes", "priority",
+                "follow_outside_links")
 
-    socket = resolve_socket(args)
-    hint = args.config or os.environ.get("COORD_CONFIG")
-    command = args.command[1:] if args.command[:1] == ["--"] else list(args.command)
-    if args.resume and args.name and args.name != args.resume:
+
+def run_request(args: argparse.Namespace) -> dict[str, object]:
+    """What `coord run` asks the daemon, checked as far as this machine can: every field in its range,
+    the source a directory, the command after ``--`` (or a job file, whose fields the options given
+    override). The daemon checks it again, against the cluster: nodes, replica, a resumed run."""
+    from coordinator.jobs.spec import JobSpec, JobSpecError, check_fields, load_job_file, validate
+
+    given = {key: value for key in SPEC_OPTIONS if (value := getattr(args, key)) is not None}
+    command = args.command  # the words after --; None without --
+    if args.resume and given.get("name", args.resume) != args.resume:
         raise CliError("--resume NAME names the job; --name is not needed with it", EXIT_USAGE)
     try:
-        if len(command) == 1 and command[0].endswith(".toml"):
-            spec = load_job_file(Path(command[0]))
-            if args.resume:
-                spec.name = args.resume
-            fields: Mapping[str, object] = spec.as_dict()  # the spec's fields, as the daemon's run takes them
-        elif args.resume and not command:
-            fields = {"name": args.resume, "command": [], "force": args.force}  # the run's own command
+        if args.job_file:
+            if command is not None:
+                raise CliError("give the command once: in the job file, or after -- without one", EXIT_USAGE)
+            spec = load_job_file(Path(args.job_file))
+            fields = {**spec.as_dict(), **given, **({"name": args.resume} if args.resume else {})}
+            fields = dict(validate(JobSpec(**fields)).as_dict())
+        elif args.resume:
+            fields = {**given, "name": args.resume, **({"command": command} if command else {})}
+            check_fields(fields)  # the daemon checks the whole, over the run it continues
+            return {"spec": fields, "resume": True}
         else:
-            name = args.resume or args.name or f"job-{time.strftime('%Y%m%d-%H%M%S')}"
-            source = str(Path(args.source).resolve()) if args.source else None
-            fields = validate(JobSpec(name=name, command=command, save_every=args.save_every,
-                                      max_restarts=args.max_restarts, hang_timeout=args.hang_timeout, keep=args.keep,
-                                      force=args.force, source=source, backend=args.backend, trainer=args.trainer,
-                                      replica=args.replica, min_nodes=args.min_nodes,
-                                      node_timeout=args.node_timeout, total_steps=args.total_steps,
-                                      nodes=_node_list(args.nodes), priority=args.priority,
-                                      follow_outside_links=args.follow_outside_links)).as_dict()
+            if not command:
+                raise CliError("give the command after --, e.g. coord run --name tiny -- python train.py (or a job "
+                               "file: coord run tiny.toml)", EXIT_USAGE)
+            name = given.pop("name", None) or f"job-{time.strftime('%Y%m%d-%H%M%S')}"
+            fields = dict(validate(JobSpec(name=name, command=command, **given)).as_dict())
     except JobSpecError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
-    job = ask_daemon(socket, "run", {"spec": fields, "resume": bool(args.resume)}, config_hint=hint)
+    if "node_timeout" in given and fields["min_nodes"] is None:
+        raise CliError("--node-timeout is how long a lost node is waited for before it is left out, which only "
+                       "--min-nodes allows: give --min-nodes too, or leave --node-timeout out", EXIT_USAGE)
+    return {"spec": fields, "resume": bool(args.resume)}
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    request = run_request(args)  # before the daemon is looked for: a mistake is named even without one
+    socket = resolve_socket(args)
+    hint = args.config or os.environ.get("COORD_CONFIG")
+    job = ask_daemon(socket, "run", request, config_hint=hint)
     verb = "resumed" if args.resume else "submitted"
     print(f"{verb} {job['name']} as run {job['run_id']}: {' '.join(job['command'])}")
     if args.detach:
@@ -72,15 +95,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_OK
     final = _follow_job(socket, job["run_id"], hint)
     return EXIT_OK if final["state"] == "succeeded" else EXIT_FAILED
-
-
-def _node_list(text: str | None) -> list[str] | None:
-    if text is None:
-        return None
-    nodes = [name.strip() for name in text.split(",") if name.strip()]
-    if not nodes:
-        raise CliError("--nodes needs node names, e.g. --nodes n1,n2", EXIT_USAGE)
-    return nodes
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

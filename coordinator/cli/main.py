@@ -12,14 +12,13 @@ from __future__ import annotations
 import sys
 
 from coordinator.cli.client import EXIT_OK, EXIT_USAGE, CliError
-from coordinator.cli.parser import build_parser
+from coordinator.cli.parser import build_parser, parse_command_line
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_command_line(argv)
     if not getattr(args, "func", None):
-        parser.print_help()
+        build_parser().print_help()
         sys.exit(EXIT_USAGE)
     try:
         sys.exit(args.func(args))

@@ -15,6 +15,84 @@ from coordinator.cli.cluster_commands import (
 from coordinator.cli.job_commands import cmd_cancel, cmd_logs, cmd_resize, cmd_run, cmd_stop, cmd_wait
 from coordinator.cli.setup_commands import cmd_agent_bundle, cmd_daemon, cmd_demo, cmd_init, cmd_trust
 from coordinator.config.daemon_options import add_daemon_arguments
+from coordinator.config.option_values import (
+    CLUSTER_FILE,
+    JOB_NAME,
+    JOB_OR_RUN,
+    NODE_NAME,
+    DirToMake,
+    ExistingDir,
+    ExistingFile,
+    FileToWrite,
+    Names,
+    Number,
+    SocketPath,
+    Text,
+    Whole,
+)
+from coordinator.jobs.limits import MAX_SECONDS, NODE_WAIT_S, WHOLE
+
+# The values options take (coordinator/config/option_values.py): each refused at once, naming the option.
+JOB = Text(JOB_NAME, "a job name (letters, digits, '.', '_' or '-', at most 64)")
+JOB_OR_RUN_ID = Text(JOB_OR_RUN, "a job name or run id")
+REPLICA = Text(rf"^(head|none|{NODE_NAME[1:-1]})$", "head, none or a node's name")
+SECONDS = Number(0, MAX_SECONDS, unit="seconds")
+HISTORY_SECONDS = Number(0, 10 * 365 * 24 * 3600.0, unit="seconds")
+BACKENDS = ["ring", "jaccl", "jaccl-ring"]
+
+
+class Hosts(Text):
+    """coord init --hosts: the list as cmd_init reads it (the onboarding module, imported only when given)."""
+
+    kind = "hosts"
+
+    def __call__(self, text: str) -> str:
+        super().__call__(text)
+        from coordinator.nodes.onboarding import OnboardingError, name_nodes, parse_hosts
+
+        try:
+            name_nodes(parse_hosts(text))
+        except OnboardingError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return text
+
+
+HOSTS = Hosts()
+
+
+def job_whole(key: str) -> Whole:
+    """A job's whole-number field, in the range the job spec takes (coordinator/jobs/limits.py)."""
+    return Whole(*WHOLE[key])
+
+
+def parse_command_line(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line read. `coord run`'s words after the first ``--`` are the job's command
+    (``args.command``, None without ``--``): everything before it is coord's, options in any order
+    with at most a job file among them, so that an option is understood wherever it sits, never
+    passed to the command by mistake."""
+    import sys
+
+    words = list(sys.argv[1:] if argv is None else argv)
+    command = None
+    if words[:1] == ["run"] and "--" in words:
+        cut = words.index("--")
+        words, command = words[:cut], words[cut + 1:]
+    parser = build_parser()
+    args = parser.parse_args(words)
+    if getattr(args, "command_name", None) == "run":
+        args.command = command
+    if getattr(args, "command_name", None):
+        _refuse_swallowed_values(parser, args)
+    return args
+
+
+def _refuse_swallowed_values(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Python 3.11's argparse reads ``--option=--`` as the option given no value at all (an empty
+    list, which every command would take for "not given"): refused here, naming the option."""
+    chosen = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[args.command_name]
+    for action in chosen._actions:
+        if action.option_strings and action.nargs is None and getattr(args, action.dest, None) == []:
+            chosen.error(f"argument {'/'.join(action.option_strings)}: expected one value, got '--'")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,11 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Turn a handful of Macs into one MLX training cluster and keep a training run alive on it.",
         epilog="The daemon (coord daemon / coordd) holds a session to every node; the other commands ask it "
                "over its control socket, found from --socket, $COORD_SOCKET, --config or $COORD_CONFIG.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command_name", metavar="COMMAND")
 
     def client_options(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--config", "-c", help="cluster file, to find the daemon's socket")
-        p.add_argument("--socket", help="the daemon's control socket")
+        p.add_argument("--config", "-c", type=CLUSTER_FILE, help="cluster file, to find the daemon's socket")
+        p.add_argument("--socket", type=SocketPath(), help="the daemon's control socket")
 
     p = sub.add_parser("status", help="nodes (up/down, chip, memory, versions) and recent events",
                        description="Ask the daemon what the cluster is doing.")
@@ -35,16 +113,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the status document as JSON")
     p.add_argument("--watch", "-w", action="store_true", help="refresh until interrupted")
     p.add_argument("--all", action="store_true", help="every run of every job, not only each job's newest run")
-    p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes with --watch")
-    p.add_argument("--events", type=int, default=10, help="how many recent events to show (default 10; the daemon "
-                   "keeps them all, up to 10,000 are shown)")
+    p.add_argument("--interval", type=Number(0.1, 3600, low_open=False, unit="seconds"),
+                   help="seconds between refreshes with --watch (default 1)")
+    p.add_argument("--events", type=Whole(0, 10_000), default=10, help="how many recent events to show (default "
+                   "10; the daemon keeps them all, up to 10,000 are shown)")
     p.add_argument("--check", action="store_true", help="exit 1 unless every node is up")
     p.add_argument("--history", action="store_true",
                    help="add the metrics history: each run's curves (loss, learning rate, tokens/s, validation "
                         "loss, each rank's memory) across its attempts with each restart, and each node's memory "
                         "and GPU use (with --json: the whole series)")
-    p.add_argument("--run", metavar="RUN", help="with --history: this run (or job name) only")
-    p.add_argument("--since", type=float, metavar="SECONDS",
+    p.add_argument("--run", metavar="RUN", type=JOB_OR_RUN_ID, help="with --history: this run (or job name) only")
+    p.add_argument("--since", type=HISTORY_SECONDS, metavar="SECONDS",
                    help="with --history: only what is newer than this many seconds ago")
     p.set_defaults(func=cmd_status)
 
@@ -54,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "that every node agrees. Ignores .git, __pycache__, virtualenvs, checkpoints "
                                    "and what .coordignore (gitignore syntax) lists.")
     client_options(p)
-    p.add_argument("--source", help="the project directory on this machine (default: sync.source)")
+    p.add_argument("--source", type=ExistingDir(), help="the project directory on this machine (default: "
+                   "sync.source)")
     p.add_argument("--delete", action="store_true", help="remove files on nodes that the source does not have")
     p.add_argument("--dry-run", action="store_true", help="say what would be sent or deleted, change nothing")
     p.add_argument("--follow-outside-links", action="store_true",
@@ -81,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "directory, memory, calibration, sync hook, RDMA and backend, hostfile. "
                                    "Exits 1 when any check fails.")
     client_options(p)
-    p.add_argument("--backend", choices=["ring", "jaccl", "jaccl-ring"], help="check this backend instead of the "
+    p.add_argument("--backend", choices=BACKENDS, help="check this backend instead of the "
                    "one chosen from the measured links")
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.set_defaults(func=cmd_preflight)
@@ -99,8 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "Include line to add at the top of ~/.ssh/config and never edits that file. "
                                    "coord run does not need the line (its launches carry their own ssh config).")
     client_options(p)
-    p.add_argument("-o", "--output", help="write it here")
-    p.add_argument("--backend", choices=["ring", "jaccl", "jaccl-ring"], help="force a backend (checked against "
+    p.add_argument("-o", "--output", type=FileToWrite(), help="write it here")
+    p.add_argument("--backend", choices=BACKENDS, help="force a backend (checked against "
                    "the links)")
     p.add_argument("--json", action="store_true", help="print the hostfile, the backend choice, each node's ssh "
                    "entry and what it needs, the include file and its Include line (null when none is needed)")
@@ -113,26 +193,30 @@ def build_parser() -> argparse.ArgumentParser:
                                    "(--model) and the data set (--data). Every value says where it comes from; a "
                                    "section that cannot be filled says why and what fills it.")
     client_options(p)
-    p.add_argument("--model", help="the model directory on this machine (config.json, *.safetensors)")
-    p.add_argument("--data", help="the data directory on this machine (train.jsonl, valid.jsonl)")
+    p.add_argument("--model", type=ExistingDir(), help="the model directory on this machine (config.json, "
+                   "*.safetensors)")
+    p.add_argument("--data", type=ExistingDir(), help="the data directory on this machine (train.jsonl, "
+                   "valid.jsonl)")
     p.add_argument("--fine-tune-type", choices=["lora", "dora", "full"])
-    p.add_argument("--batch-size", type=int, help="examples per rank per micro-step")
-    p.add_argument("--grad-accumulation-steps", type=int)
-    p.add_argument("--learning-rate", type=float, help="the base learning rate, before scaling to the total batch")
+    p.add_argument("--batch-size", type=Whole(1, 1 << 20), help="examples per rank per micro-step")
+    p.add_argument("--grad-accumulation-steps", type=Whole(1, 1 << 20))
+    p.add_argument("--learning-rate", type=Number(0, 10), help="the base learning rate, before scaling to the "
+                   "total batch")
     p.add_argument("--optimizer", choices=["adam", "adamw", "muon", "sgd", "adafactor"])
     p.add_argument("--lr-scaling", choices=["linear", "sqrt"], help="rule to scale the learning rate to the "
                    "total batch (default linear; sqrt for the Adam family)")
-    p.add_argument("--warmup-steps", type=int)
-    p.add_argument("--max-seq-length", type=int, default=2048, help="sequence length for the memory estimate")
-    p.add_argument("--save-every", type=int)
-    p.add_argument("--keep", type=int)
+    p.add_argument("--warmup-steps", type=Whole(0, 10**9))
+    p.add_argument("--max-seq-length", type=Whole(1, 1 << 24), default=2048, help="sequence length for the "
+                   "memory estimate")
+    p.add_argument("--save-every", type=job_whole("save_every"))
+    p.add_argument("--keep", type=job_whole("keep"))
     p.add_argument("--trainer", choices=["mlx_lm", "coord"])
-    p.add_argument("--replica", metavar="head|none|NODE")
-    p.add_argument("--min-nodes", type=int)
-    p.add_argument("--name", default="job", help="the job name the launch command and hostfile path use")
+    p.add_argument("--replica", type=REPLICA, metavar="head|none|NODE")
+    p.add_argument("--min-nodes", type=job_whole("min_nodes"))
+    p.add_argument("--name", type=JOB, default="job", help="the job name the launch command and hostfile path use")
     p.add_argument("--schema", choices=["v2", "orchestration"], default="v2")
-    p.add_argument("--input", metavar="FILE", help="an orchestration input document (modelConfig, dataConfig, "
-                   "clusterConfig, trainingConfig)")
+    p.add_argument("--input", type=ExistingFile(), metavar="FILE", help="an orchestration input document "
+                   "(modelConfig, dataConfig, clusterConfig, trainingConfig)")
     p.add_argument("--json", action="store_true", help="print the whole document as JSON")
     p.set_defaults(func=cmd_plan)
 
@@ -144,49 +228,62 @@ def build_parser() -> argparse.ArgumentParser:
                                    "`python -m mlx_lm lora ...` is understood (adapter path, --save-every, "
                                    "resume); any other command gets the COORD_* environment contract. Each "
                                    "run gets its own run id: a name run again starts a new run from step 0 (the "
-                                   "earlier one stays readable), and only --resume NAME continues one.",
-                       usage="coord run [options] -- COMMAND...  |  coord run JOB.toml")
+                                   "earlier one stays readable), and only --resume NAME continues one. "
+                                   "Everything before -- is coord's (options, or a job file whose fields the "
+                                   "options given override); everything after it is the command.",
+                       usage="coord run [options] -- COMMAND...  |  coord run [options] JOB.toml")
     client_options(p)
-    p.add_argument("--name", help="job name (default: job-DATE-TIME)")
-    p.add_argument("--source", help="sync this project directory to every node first")
-    p.add_argument("--follow-outside-links", action="store_true",
+    # The job's own fields default to None here: the job spec's defaults (coordinator/jobs/spec.py)
+    # fill what is not given, and an option given is known as given (it overrides a job file's field,
+    # and a resumed run keeps its own fields but those given again).
+    p.add_argument("--name", type=JOB, help="job name (default: job-DATE-TIME)")
+    p.add_argument("--source", type=ExistingDir(), help="sync this project directory to every node first")
+    p.add_argument("--follow-outside-links", action="store_true", default=None,
                    help="with --source: copy what a symlink leading out of it points to (as coord sync's option)")
-    p.add_argument("--save-every", type=int, default=10, help="checkpoint every N steps (default 10)")
-    p.add_argument("--max-restarts", type=int, default=3, help="restarts before the job fails (default 3)")
-    p.add_argument("--hang-timeout", type=float, help="seconds without progress that count as a hang "
+    p.add_argument("--save-every", type=job_whole("save_every"), help="checkpoint every N steps (default 10)")
+    p.add_argument("--max-restarts", type=job_whole("max_restarts"), help="restarts before the job fails "
+                   "(default 3)")
+    p.add_argument("--hang-timeout", type=SECONDS, help="seconds without progress that count as a hang "
                    "(default: ten times the step time, at least 60)")
-    p.add_argument("--keep", type=int, default=3, help="checkpoints to keep (default 3)")
-    p.add_argument("--force", action="store_true", help="launch even if pre-flight fails")
-    p.add_argument("--backend", choices=["ring", "jaccl", "jaccl-ring"], help="force a backend")
-    p.add_argument("--trainer", choices=["mlx_lm", "coord"], default="mlx_lm",
+    p.add_argument("--keep", type=job_whole("keep"), help="checkpoints to keep (default 3)")
+    p.add_argument("--force", action="store_true", default=None, help="launch even if pre-flight fails")
+    p.add_argument("--backend", choices=BACKENDS, help="force a backend")
+    p.add_argument("--trainer", choices=["mlx_lm", "coord"],
                    help="for `python -m mlx_lm lora ...`: mlx-lm's own trainer (default; a resume restores the "
                         "weights only) or coord's (agent.train: same options, and a resume restores the optimizer, "
                         "the learning-rate schedule, the RNG and the data order exactly)")
-    p.add_argument("--replica", default="head", metavar="head|none|NODE",
+    p.add_argument("--replica", type=REPLICA, metavar="head|none|NODE",
                    help="copy each validated checkpoint here, off rank 0's machine, SHA256-checked "
                         "(default: the head's state directory)")
-    p.add_argument("--min-nodes", type=int, help="let the job go on with at least this many nodes when one is "
-                   "down longer than --node-timeout (same global batch; default: wait for every node)")
-    p.add_argument("--node-timeout", type=float, default=60.0,
-                   help="seconds a lost node is waited for before it may be left out (default 60)")
-    p.add_argument("--total-steps", type=int, help="for a script of your own: its length in steps (it gets "
-                   "COORD_TOTAL_STEPS; coord shows step/total and an ETA, and an attempt whose ranks all exit 0 "
-                   "before it is restarted); mlx_lm lora's is its --iters")
-    p.add_argument("--nodes", metavar="N1,N2", help="run on these nodes only (default: every node); the job holds "
-                   "them while it runs, and jobs on disjoint nodes run side by side")
-    p.add_argument("--priority", type=int, default=0, help="a job waiting for busy nodes starts before those of a "
-                   "lower priority (default 0; first in, first out within a priority)")
+    p.add_argument("--min-nodes", type=job_whole("min_nodes"), help="let the job go on with at least this many "
+                   "nodes when one is down longer than --node-timeout (same global batch; default: wait for every "
+                   "node)")
+    p.add_argument("--node-timeout", type=SECONDS,
+                   help="with --min-nodes: seconds a lost node is waited for before it may be left out (default 60)")
+    p.add_argument("--node-wait", type=SECONDS,
+                   help=f"seconds an attempt waits for its nodes to be up (each one, or with --min-nodes enough of "
+                        f"them) before the job fails (default {NODE_WAIT_S:g}); coord run shows what it waits for")
+    p.add_argument("--total-steps", type=job_whole("total_steps"), help="for a script of your own: its length in "
+                   "steps (it gets COORD_TOTAL_STEPS; coord shows step/total and an ETA, and an attempt whose ranks "
+                   "all exit 0 before it is restarted); mlx_lm lora's is its --iters")
+    p.add_argument("--nodes", type=Names(), metavar="N1,N2", help="run on these nodes only (default: every node); "
+                   "the job holds them while it runs, and jobs on disjoint nodes run side by side")
+    p.add_argument("--priority", type=job_whole("priority"), help="a job waiting for busy nodes starts before "
+                   "those of a lower priority (default 0; first in, first out within a priority)")
     p.add_argument("--detach", action="store_true", help="return once submitted instead of following the job")
-    p.add_argument("--resume", metavar="NAME", help="continue the newest run of job NAME (finished, failed or "
-                   "stopped) from its newest valid checkpoint instead of starting a new run from step 0; with "
-                   "-- COMMAND (e.g. a larger --iters) the run goes on with that command, else with its own")
-    p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND... or a job file")
-    p.set_defaults(func=cmd_run)
+    p.add_argument("--resume", type=JOB, metavar="NAME", help="continue the newest run of job NAME (finished, "
+                   "failed or stopped) from its newest valid checkpoint instead of starting a new run from step 0, "
+                   "with its own options but those given again; with -- COMMAND (e.g. a larger --iters) the run "
+                   "goes on with that command, else with its own")
+    p.add_argument("job_file", nargs="?", metavar="JOB.toml",
+                   type=ExistingFile(".toml", other="a command goes after --: coord run [options] -- python train.py"),
+                   help="a job file (name, command and the options as fields); a command goes after --")
+    p.set_defaults(func=cmd_run, command=None)
 
     p = sub.add_parser("wait", help="block until a job ends; exit 0 only if it succeeded",
                        description="Follow a job until it succeeds, fails or is stopped.")
     client_options(p)
-    p.add_argument("job")
+    p.add_argument("job", type=JOB_OR_RUN_ID)
     p.add_argument("--quiet", "-q", action="store_true", help="print nothing while waiting")
     p.add_argument("--json", action="store_true", help="print the final job document as JSON")
     p.set_defaults(func=cmd_wait)
@@ -194,14 +291,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("stop", help="stop every rank of a job on every node",
                        description="Stop a job: every rank on every node is stopped and confirmed gone.")
     client_options(p)
-    p.add_argument("job")
+    p.add_argument("job", type=JOB_OR_RUN_ID)
     p.set_defaults(func=cmd_stop)
 
     p = sub.add_parser("cancel", help="remove a queued job from the queue",
                        description="A job waiting for its nodes (queued) leaves the queue without ever starting. "
                                    "A running job is stopped with coord stop.")
     client_options(p)
-    p.add_argument("job")
+    p.add_argument("job", type=JOB_OR_RUN_ID)
     p.set_defaults(func=cmd_cancel)
 
     p = sub.add_parser("resize", help="bring nodes that are back into a running job at its next checkpoint",
@@ -209,16 +306,16 @@ def build_parser() -> argparse.ArgumentParser:
                                    "node is back, resize relaunches the job on every node that is up, right after "
                                    "its next checkpoint, with the job's own batch again: nothing is redone.")
     client_options(p)
-    p.add_argument("job")
+    p.add_argument("job", type=JOB_OR_RUN_ID)
     p.add_argument("--json", action="store_true", help="print the job document as JSON")
     p.set_defaults(func=cmd_resize)
 
     p = sub.add_parser("logs", help="a rank's output, per attempt, kept on the head",
                        description="Print a rank's output (kept on the head per attempt and per rank).")
     client_options(p)
-    p.add_argument("job")
-    p.add_argument("--rank", type=int, default=0, help="which rank (default 0)")
-    p.add_argument("--attempt", type=int, help="which attempt (default: the current one)")
+    p.add_argument("job", type=JOB_OR_RUN_ID)
+    p.add_argument("--rank", type=Whole(0, WHOLE["min_nodes"][1] - 1), default=0, help="which rank (default 0)")
+    p.add_argument("--attempt", type=Whole(0, 10**6), help="which attempt (default: the current one)")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing as the rank writes")
     p.set_defaults(func=cmd_logs)
 
@@ -234,23 +331,25 @@ def build_parser() -> argparse.ArgumentParser:
                                    "Without --hosts: write a commented example to edit.",
                        usage="coord init --hosts [NAME=][USER@]HOST[:PORT],... [-o FILE] [options]  |  "
                              "coord init [PATH]")
-    p.add_argument("path", nargs="?", help="where to write the example (default: coord.toml)")
-    p.add_argument("--hosts", metavar="HOSTS", help="comma-separated [NAME=][USER@]HOST[:PORT]: an address or "
-                   "a Host alias of your ssh config, e.g. alice@10.0.0.2,bob@mac-studio.local")
-    p.add_argument("-o", "--output", help="write the cluster file here (default: coord.toml)")
+    p.add_argument("path", nargs="?", type=FileToWrite(), help="where to write the example (default: coord.toml)")
+    p.add_argument("--hosts", metavar="HOSTS", type=HOSTS, help="comma-separated [NAME=][USER@]HOST[:PORT]: an "
+                   "address or a Host alias of your ssh config, e.g. alice@10.0.0.2,bob@mac-studio.local")
+    p.add_argument("-o", "--output", type=FileToWrite(), help="write the cluster file here (default: coord.toml)")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
-    p.add_argument("--name", default="cluster", help="the cluster's name (default: cluster)")
-    p.add_argument("--workdir", default="coord-work", help="each node's workdir: relative to that user's home, "
-                   "or absolute (default: coord-work, e.g. /Users/alice/coord-work)")
-    p.add_argument("--known-hosts", help="verify host keys against this file, and write it into the cluster file "
-                   "(default: ~/.ssh/known_hosts)")
-    p.add_argument("--identity-file", "-i", help="log in with this key, and write it into the cluster file "
-                   "(default: your ssh config and default keys)")
-    p.add_argument("--ssh-config", help="read this ssh config instead of ~/.ssh/config, and write it into the "
-                   "cluster file")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for each SSH connection "
-                   "(default 10)")
-    p.add_argument("--json", action="store_true", help="print what was found on each host as JSON")
+    # The options below shape what --hosts finds; they default to None so that one given without
+    # --hosts is refused rather than ignored (cmd_init fills the defaults).
+    p.add_argument("--name", type=Text(), help="with --hosts: the cluster's name (default: cluster)")
+    p.add_argument("--workdir", type=Text(), help="with --hosts: each node's workdir: relative to that user's "
+                   "home, or absolute (default: coord-work, e.g. /Users/alice/coord-work)")
+    p.add_argument("--known-hosts", type=FileToWrite(), help="with --hosts: verify host keys against this file, "
+                   "and write it into the cluster file (default: ~/.ssh/known_hosts)")
+    p.add_argument("--identity-file", "-i", type=ExistingFile(), help="with --hosts: log in with this key, and "
+                   "write it into the cluster file (default: your ssh config and default keys)")
+    p.add_argument("--ssh-config", type=ExistingFile(), help="with --hosts: read this ssh config instead of "
+                   "~/.ssh/config, and write it into the cluster file")
+    p.add_argument("--timeout", type=Number(0, 600, unit="seconds"), help="with --hosts: seconds to wait for "
+                   "each SSH connection (default 10)")
+    p.add_argument("--json", action="store_true", help="with --hosts: print what was found on each host as JSON")
     p.set_defaults(func=cmd_init)
 
     p = sub.add_parser("trust", help="show a node's host key fingerprint and add it to known_hosts if you agree",
@@ -262,16 +361,20 @@ def build_parser() -> argparse.ArgumentParser:
                                    "they expect (there is no blind --yes). A key that differs from one already "
                                    "recorded for the host is refused.",
                        usage="coord trust NODE|HOST[:PORT] [--config FILE] [--fingerprint SHA256:...]")
-    p.add_argument("host", metavar="NODE|HOST", help="a node name of the cluster file, or a host (address or ssh "
-                   "alias, optionally user@ and :PORT)")
-    p.add_argument("--config", "-c", help="the cluster file (default: $COORD_CONFIG): its node names, ssh "
-                   "settings and known_hosts")
-    p.add_argument("--fingerprint", metavar="SHA256:...", help="trust the key only if it has this fingerprint "
-                   "(compare with `ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` on the node); "
-                   "for scripts, no question asked")
-    p.add_argument("--port", "-p", type=int, help="the host's SSH port (default: the ssh config's, or 22)")
-    p.add_argument("--known-hosts", help="add the key to this file instead")
-    p.add_argument("--ssh-config", help="read this ssh config instead of ~/.ssh/config")
+    p.add_argument("host", metavar="NODE|HOST", type=Text(r"^[^\s-][^\s]*$", "a node name or host"),
+                   help="a node name of the cluster file, or a host (address or ssh alias, optionally user@ and "
+                        ":PORT)")
+    p.add_argument("--config", "-c", type=CLUSTER_FILE, help="the cluster file (default: $COORD_CONFIG): its "
+                   "node names, ssh settings and known_hosts")
+    p.add_argument("--fingerprint", metavar="SHA256:...", type=Text(r"^(?i:SHA256:)?[A-Za-z0-9+/]{43}=?$",
+                                                                   "a SHA256 fingerprint (SHA256: and 43 base64 "
+                                                                   "characters, as ssh-keygen -l prints it)"),
+                   help="trust the key only if it has this fingerprint (compare with `ssh-keygen -lf "
+                        "/etc/ssh/ssh_host_ed25519_key.pub` on the node); for scripts, no question asked")
+    p.add_argument("--port", "-p", type=Whole(1, 65535), help="the host's SSH port (default: the ssh config's, "
+                   "or 22)")
+    p.add_argument("--known-hosts", type=FileToWrite(), help="add the key to this file instead")
+    p.add_argument("--ssh-config", type=ExistingFile(), help="read this ssh config instead of ~/.ssh/config")
     p.set_defaults(func=cmd_trust)
 
     p = sub.add_parser("daemon", help="run coordd in the foreground",
@@ -282,12 +385,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="start a local cluster on this machine and show its status",
                        description="Start coordd with two local nodes (no SSH needed), wait until they are up, "
                                    "and print `coord status`.")
-    p.add_argument("--dir", default="demo-state", help="where the demo's cluster file, state and logs go")
+    p.add_argument("--dir", type=DirToMake(), default="demo-state", help="where the demo's cluster file, state "
+                   "and logs go")
     p.add_argument("--keep", action="store_true", help="leave the daemon running afterwards")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("agent-bundle", help="write the agent bundle zip (for deploy/install-agent.sh)",
                        description="Write the zip the daemon installs on nodes, to install it by hand.")
-    p.add_argument("--output", "-o", default="coord-agent.zip")
+    p.add_argument("--output", "-o", type=FileToWrite(), default="coord-agent.zip", help="where to write it "
+                   "(default: coord-agent.zip)")
     p.set_defaults(func=cmd_agent_bundle)
     return parser

@@ -11,10 +11,24 @@ from pathlib import Path
 
 from coordinator.cli.client import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliError
 
+#: coord init's options that shape what --hosts finds, with their defaults (None in the parser, so that
+#: one given without --hosts is refused instead of ignored).
+HOSTS_OPTIONS = {"name": "cluster", "workdir": "coord-work", "known_hosts": None, "identity_file": None,
+                 "ssh_config": None, "timeout": 10.0, "json": False}
+
 
 def cmd_init(args: argparse.Namespace) -> int:
     if args.output and args.path:
         raise CliError("give the file once: as PATH or with -o", EXIT_USAGE)
+    if not args.hosts:
+        unused = [key for key, default in HOSTS_OPTIONS.items() if getattr(args, key) not in (None, False)]
+        if unused:
+            flag = "--" + unused[0].replace("_", "-")
+            raise CliError(f"{flag} applies only with --hosts (the example file is written as is): add --hosts "
+                           f"USER@HOST,..., or leave {flag} out", EXIT_USAGE)
+    for key, default in HOSTS_OPTIONS.items():
+        if getattr(args, key) is None:
+            setattr(args, key, default)
     path = Path(args.output or args.path or "coord.toml")
     if path.exists() and not args.force:
         raise CliError(f"{path} already exists; use --force to overwrite it", EXIT_USAGE)

@@ -70,6 +70,10 @@ def render_job(job: RunView) -> str:
         line += "\n  memory: " + ", ".join(f"rank {rank} ({job['nodes'][int(rank)]}) {size / 2**30:.2f} GiB"
                                            for rank, size in sorted(memory.items(), key=lambda kv: int(kv[0]))
                                            if int(rank) < len(job["nodes"]))
+    waiting = job.get("waiting")
+    if waiting:
+        line += (f"\n  waiting for nodes, {waiting['waited_s']:.0f} s of at most {waiting['limit_s']:g} s "
+                 "(--node-wait): " + "; ".join(f"{node}: {reason}" for node, reason in waiting["reasons"].items()))
     if job.get("error"):
         line += f"\n  error: {job['error']}"
     if job.get("warning"):

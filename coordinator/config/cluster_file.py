@@ -90,6 +90,10 @@ class NodeConfig:
 
 
 DEFAULT_DASHBOARD = "127.0.0.1:8470"
+#: The longest ssh keepalive interval or connect timeout: an hour (longer only hides a dead node).
+MAX_SSH_SECONDS = 3600.0
+#: The longest an alert's timer may be: a year (longer is an alert switched off without saying so).
+MAX_ALERT_MINUTES = 365 * 24 * 60.0
 
 
 ALERT_EVENTS = ("job_failed", "job_succeeded", "job_restarted", "job_stalled", "node_down")
@@ -179,9 +183,14 @@ _ALERT_KEYS: Schema = {
     "retries": (int, False),
 }
 _TOP_KEYS = {"cluster": dict, "ssh": dict, "nodes": list, "sync": dict, "alerts": list, "dashboard": dict}
+#: Every table's keys, by table: what a test walks to try every key of the file with hostile values.
+SCHEMAS: dict[str, Schema] = {"cluster": _CLUSTER_KEYS, "ssh": _SSH_KEYS, "nodes": _NODE_KEYS, "sync": _SYNC_KEYS,
+                              "dashboard": _DASHBOARD_KEYS, "alerts": _ALERT_KEYS}
 
 
 def load_config(path: str | os.PathLike[str]) -> ClusterConfig:
+    """The cluster file read and checked: its form (``parse_config``), then the files and directories
+    it names on this machine (``check_local_paths``)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -190,7 +199,55 @@ def load_config(path: str | os.PathLike[str]) -> ClusterConfig:
                           f"USER@HOST,... -o {path})") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read the cluster file: {exc}") from None
-    return parse_config(text, path)
+    config = parse_config(text, path)
+    check_local_paths(config, Locator(text, str(path)))
+    return config
+
+
+def check_local_paths(config: ClusterConfig, locate: Locator) -> None:
+    """The paths the file names on this machine (the head) are what they must be: the files to read
+    exist and are files, the directories are directories, and what coord creates (state directory,
+    socket, known_hosts) is not in the way of something else. Paths on other nodes are their agents'
+    to check; a local node's Python is this machine's."""
+    def refuse(table: str, index: int | None, key: str, shown: str, text: str) -> ConfigError:
+        return ConfigError(locate.message(table, index, key, f"{shown}: {text}"))
+
+    wanted: list[tuple[str, int | None, str, str | None, str, bool]] = [
+        # (table, index, key, path, what it must be, must it exist)
+        ("ssh", None, "identity_file", config.ssh.identity_file, "file", True),
+        ("ssh", None, "config", config.ssh.config, "file", True),
+        ("ssh", None, "known_hosts", config.ssh.known_hosts, "file", False),
+        ("sync", None, "source", str(config.sync.source) if config.sync.source else None, "dir", True),
+        ("cluster", None, "state_dir", str(config.state_dir), "dir", False),
+        ("cluster", None, "socket", str(config.socket), "socket", False),
+    ]
+    wanted += [("nodes", i, "python", node.python, "file", True) for i, node in enumerate(config.nodes)
+               if node.is_local]
+    wanted += [("alerts", i, "command", alert.command[0], "file", True) for i, alert in enumerate(config.alerts)
+               if alert.command and "/" in alert.command[0]]
+    for table, index, key, value, kind, required in wanted:
+        if value is None:
+            continue
+        shown = f"{table}[{index}].{key}" if index is not None else f"{table}.{key}"
+        found = _path_kind(value)
+        if found is None and required:
+            raise refuse(table, index, key, shown, f"{value}: no such {'directory' if kind == 'dir' else 'file'}")
+        if found is not None and found != kind and not (kind == "file" and found == "other"):
+            words = {"dir": "a directory", "file": "a file", "socket": "a socket", "other": "a special file"}
+            raise refuse(table, index, key, shown, f"{value} is {words.get(found, found)}, not {words[kind]}")
+
+
+def _path_kind(value: str) -> str | None:
+    """"dir", "file", "socket" or "other" for what is at ``value``; None when nothing is (or it cannot
+    be looked at: a name too long, a directory not readable; the use of it says why)."""
+    import stat
+
+    try:
+        mode = os.stat(value).st_mode
+    except (OSError, ValueError):
+        return None
+    return ("dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else
+            "socket" if stat.S_ISSOCK(mode) else "other")
 
 
 def parse_config(text: str, path: Path | None = None) -> ClusterConfig:
@@ -235,7 +292,9 @@ def parse_config(text: str, path: Path | None = None) -> ClusterConfig:
     if len(str(socket).encode()) > MAX_SOCKET_PATH:
         raise ConfigError(locate.message("cluster", None, "socket" if "socket" in cluster else "state_dir",
                                          f"control socket path {socket} is longer than {MAX_SOCKET_PATH} bytes, "
-                                         "which Unix sockets do not allow; set a shorter cluster.socket"))
+                                         "which Unix sockets do not allow; set a shorter cluster.socket"
+                                         + ("" if "socket" in cluster else " (or cluster.state_dir, under which "
+                                            "it is by default)")))
     ssh = SshSettings(
         known_hosts=str(resolve_under(ssh_raw["known_hosts"], base)) if "known_hosts" in ssh_raw else None,
         identity_file=str(resolve_under(ssh_raw["identity_file"], base)) if "identity_file" in ssh_raw else None,
@@ -245,8 +304,9 @@ def parse_config(text: str, path: Path | None = None) -> ClusterConfig:
         cluster_file=str(path) if path else None,
     )
     for key in ("keepalive_s", "connect_timeout_s"):
-        if getattr(ssh, key) <= 0:
-            raise ConfigError(locate.message("ssh", None, key, f"{key} must be greater than 0"))
+        if not 0 < getattr(ssh, key) <= MAX_SSH_SECONDS:
+            raise ConfigError(locate.message("ssh", None, key, f"{key} must be greater than 0 and at most "
+                                             f"{MAX_SSH_SECONDS:.0f} seconds, got {ssh_raw[key]!r}"))
     alerts = _parse_alerts(raw.get("alerts", []), locate, base)
     return ClusterConfig(name=cluster["name"], state_dir=state_dir, socket=socket, ssh=ssh, nodes=nodes, path=path,
                          sync=sync, dashboard=dashboard, alerts=alerts)
@@ -474,6 +534,7 @@ def _alert_minutes(entry: TomlTable, on: list[str], refuse: _Refuse) -> dict[str
         if key in entry and event not in on:
             raise refuse(key, f"{key} is set but {event!r} is not in on; add {event!r} to on, or remove {key}")
         minutes[key] = float(entry.get(key, default))
-        if minutes[key] <= 0:
-            raise refuse(key, f"{key} must be greater than 0, got {entry[key]!r}")
+        if not 0 < minutes[key] <= MAX_ALERT_MINUTES:
+            raise refuse(key, f"{key} must be greater than 0 and at most {MAX_ALERT_MINUTES:.0f} (a year), "
+                              f"got {entry[key]!r}")
     return minutes

@@ -3,8 +3,11 @@ what the cluster file's parser refuses a mistake with."""
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
+
+from shared.text import unprintable
 
 #: A table of the cluster file as tomllib read it: the user's own data, checked key by key before use.
 TomlTable = dict[str, Any]
@@ -16,6 +19,10 @@ class ConfigError(Exception):
 
 # key -> (accepted types, required)
 Schema = dict[str, tuple[type | tuple[type, ...], bool]]
+
+#: (table, key) whose value may be an empty string, because the empty string means something there
+#: (``listen = ""``: no dashboard, as documented). Everywhere else an empty string is a mistake.
+MAY_BE_EMPTY = {("dashboard", "listen")}
 
 
 def check_table(table: TomlTable, schema: Schema, name: str, index: int | None, locate: Locator) -> None:
@@ -30,9 +37,34 @@ def check_table(table: TomlTable, schema: Schema, name: str, index: int | None, 
             expected = " or ".join(KIND_WORDS[k.__name__] for k in kinds)
             raise ConfigError(locate.message(name, index, key,
                                              f"{label}.{key} must be {expected}, got {toml_type(value)} {value!r}"))
+        problem = value_problem(value, may_be_empty=(name, key) in MAY_BE_EMPTY)
+        if problem:
+            raise ConfigError(locate.message(name, index, key, f"{label}.{key} {problem}"))
     for key, (_, required) in schema.items():
         if required and key not in table:
             raise ConfigError(locate.message(name, index, None, f"{label} is missing the required key {key!r}"))
+
+
+def value_problem(value: Any, *, may_be_empty: bool = False) -> str | None:
+    """What no key of the file may hold, whatever its own rules: an empty string, a string with a control
+    or invisible character (an escape, a NUL, a zero-width space, a direction override), a number that is
+    not finite (TOML writes nan and inf), an integer past 64 bits; in a list, the same of each item. None
+    when there is none."""
+    if isinstance(value, str):
+        if not value and not may_be_empty:
+            return "must not be an empty string"
+        bad = unprintable(value)
+        return f"holds the control character {bad}: {value!r}" if bad else None
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be a finite number, got {value!r}"
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+        return f"must fit in 64 bits as TOML integers do, got {value}"
+    if isinstance(value, list):
+        for item in value:
+            problem = value_problem(item)
+            if problem:
+                return f"item {item!r} {problem}"
+    return None
 
 
 KIND_WORDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",

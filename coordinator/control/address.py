@@ -50,7 +50,8 @@ def socket_from_file(path: str | os.PathLike[str]) -> Path | None:
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
         return None
     cluster = raw.get("cluster")
-    if not isinstance(cluster, dict) or any(not isinstance(cluster.get(key, ""), str)
+    if not isinstance(cluster, dict) or any(not isinstance(cluster.get(key, "."), str) or not cluster.get(key, ".")
+                                            or not cluster.get(key, ".").isprintable()
                                             for key in ("state_dir", "socket")):
         return None
     _, socket = socket_of(cluster, path.resolve().parent)

@@ -113,7 +113,7 @@ async def call_daemon(path: Path, method: str, args: Mapping[str, object] | None
     streaming method sends before its answer."""
     try:
         reader, writer = await asyncio.open_unix_connection(str(path))
-    except (FileNotFoundError, ConnectionRefusedError) as exc:
+    except (FileNotFoundError, NotADirectoryError, ConnectionRefusedError) as exc:
         raise DaemonNotRunning(str(exc)) from None
     peer = Peer(reader, writer, name="coord")
     runner = asyncio.ensure_future(peer.run())

@@ -31,7 +31,7 @@ from coordinator.jobs.transfer import (
 from coordinator.launch.launcher import LaunchPlan, PlanError, StartError
 from coordinator.launch.plan import node_topologies
 from coordinator.launch.registry import launcher_named
-from coordinator.nodes.session import UP
+from coordinator.nodes.session import DOWN, UP
 from coordinator.relay.broadcast import Source as RelaySource
 from coordinator.relay.broadcast import Target, broadcast
 from coordinator.store.state import CheckpointEntry, CheckpointRow
@@ -80,8 +80,10 @@ class DaemonEffects:
 
     def node(self, name: str) -> NodeView:
         session = self.cluster.sessions[name]
+        never_up = session.generation == 0 and session.state == DOWN
         return NodeView(name, session.state == UP, session.node.workdir, session.node.python,
-                        session.view.reason, session.view.facts, session.generation)
+                        session.view.reason, session.view.facts, session.generation,
+                        unreachable=(session.view.reason or "cannot connect") if never_up else None)
 
     def on_head_machine(self, node: str) -> bool:
         from coordinator.config.cluster_file import is_loopback

@@ -18,6 +18,7 @@ from typing import Any, NotRequired, TypedDict
 from coordinator.launch.mlx_lm_command import MLX_LM_FORMS, option_value
 from coordinator.launch.topology import BRIDGE_INSTRUCTION
 from coordinator.nodes import versions
+from shared.text import clean_excerpt
 
 #: mlx-lm's default --num-layers: without the flag it trains only the top 16 blocks.
 MLX_LM_DEFAULT_LAYERS = 16
@@ -136,12 +137,14 @@ def diagnosis(mode: FailureMode, detail: str, fix: str | None = None) -> Diagnos
 
 
 def diagnose_log(text: str) -> list[Diagnosis]:
-    """Each known failure the log shows, once, with the first line that shows it."""
+    """Each known failure the log shows, once, with the first line that shows it (as an excerpt:
+    without the terminal's colours and control characters, which would also hide a match)."""
     found: dict[str, Diagnosis] = {}
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = clean_excerpt(raw)
         for mode, pattern in LOG_FAILURES:
             if mode.id not in found and pattern.search(line):
-                found[mode.id] = {**diagnosis(mode, f"line {number} of the log"), "line": line.strip(),
+                found[mode.id] = {**diagnosis(mode, f"line {number} of the log"), "line": line,
                                   "line_number": number}
         if len(found) == len(LOG_FAILURES):
             break

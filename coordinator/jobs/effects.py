@@ -64,6 +64,9 @@ class NodeView:
     # Counts the node's sessions: a node that failed a call is trusted again only once it has
     # reconnected, not merely because its old session has not noticed the failure yet.
     generation: int = 0
+    # Set when the node has not been up once since the daemon started and its last try to connect
+    # failed: why. A job naming it is refused at submit instead of waiting for it in silence.
+    unreachable: str | None = None
 
 
 @dataclass(frozen=True)

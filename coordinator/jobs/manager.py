@@ -21,7 +21,7 @@ from coordinator.jobs.effects import JobEffects, Task
 from coordinator.jobs.head_paths import attempt_dir
 from coordinator.jobs.queue import Waiting, positions, startable
 from coordinator.jobs.record import JobRecord
-from coordinator.jobs.spec import REPLICA_HEAD, REPLICA_NONE, JobSpec, JobSpecError, validate
+from coordinator.jobs.spec import REPLICA_HEAD, REPLICA_NONE, JobSpec, JobSpecError, resumed_fields, spec_from_fields
 from coordinator.jobs.supervisor import ACTIVE, JobRunner
 from coordinator.store.state import RunRow
 from shared import protocol as p
@@ -147,16 +147,15 @@ class JobManager:
 
     def submit(self, spec_fields: dict[str, Any], *, resume: bool = False) -> JobRunner:
         """A new run of the job (a name run again starts from step 0), or with ``resume`` the named
-        job's newest run continued from its newest valid checkpoint. ``spec_fields``: the job as the
-        CLI sent it, free-form until checked here."""
-        previous = self.jobs.get(spec_fields.get("name", ""))
+        job's newest run continued from its newest valid checkpoint, with its own fields but those
+        given again. ``spec_fields``: the job as the CLI sent it, free-form until checked here."""
+        name = spec_fields.get("name")
+        previous = self.jobs.get(name) if isinstance(name, str) else None
         if resume:
             if previous is None:
                 known = ", ".join(sorted(self.jobs)) or "none"
-                raise JobError(p.NOT_FOUND, f"no run of a job named {spec_fields.get('name')!r} to resume "
-                               f"(jobs: {known})")
-            if not spec_fields.get("command"):  # coord run --resume NAME alone: the run's own command
-                spec_fields = {**previous.spec.as_dict(), "force": spec_fields.get("force", previous.spec.force)}
+                raise JobError(p.NOT_FOUND, f"no run of a job named {name!r} to resume (jobs: {known})")
+            spec_fields = resumed_fields(previous.spec.as_dict(), spec_fields)
         spec = self._checked_spec(spec_fields)
         if previous is not None and previous.state in ACTIVE:
             raise JobError(p.REFUSED, f"job {spec.name} is already {previous.state} (run {previous.run_id}); "
@@ -182,9 +181,12 @@ class JobManager:
         return runner
 
     def _checked_spec(self, spec_fields: Mapping[str, Any]) -> JobSpec:
+        """The job checked as the CLI checks it (the control socket takes anything), then against
+        this cluster: its nodes exist, and none of them has failed to come up since coordd started
+        (a job on such a node would only wait; the user is told at once, with the node's error)."""
         try:
-            spec = validate(JobSpec(**spec_fields))
-        except (TypeError, JobSpecError) as exc:
+            spec = spec_from_fields(spec_fields)
+        except JobSpecError as exc:
             raise JobError(p.BAD_ARGS, str(exc)) from None
         names = self.fx.node_names()
         if spec.min_nodes is not None and spec.min_nodes > len(names):
@@ -196,6 +198,13 @@ class JobManager:
         if spec.replica not in (REPLICA_HEAD, REPLICA_NONE, *names):
             raise JobError(p.BAD_ARGS, f"--replica {spec.replica!r} is not head, none or a node "
                            f"({', '.join(names)})")
+        never_up = {n: reason for n in spec.nodes or names if (reason := self.fx.node(n).unreachable)}
+        if never_up:
+            others = [n for n in spec.nodes or names if n not in never_up]
+            raise JobError(p.BAD_ARGS, "; ".join(f"node {n} has not been up since coordd started: {reason}"
+                                                 for n, reason in never_up.items())
+                           + " (coord status shows every node); fix it and run again"
+                           + (f", or leave it out: --nodes {','.join(others)}" if others else ""))
         return spec
 
     def cancel(self, name: str) -> JobRunner:
@@ -231,7 +240,17 @@ class JobManager:
     def read_log(self, name: str, rank: int = 0, attempt: int | None = None, offset: int = 0) -> LogPiece:
         """Up to 1 MiB of a rank's output from ``offset``, as the head keeps it."""
         runner = self.find(name)
-        attempt = runner.record.attempt if attempt is None else attempt
+        if rank < 0 or offset < 0 or (attempt is not None and attempt < 0):
+            raise JobError(p.BAD_ARGS, f"rank, attempt and offset are 0 or more, got rank {rank}, attempt {attempt}, "
+                           f"offset {offset}")
+        current = runner.record.attempt
+        attempt = current if attempt is None else attempt
+        if attempt > current:
+            raise JobError(p.NOT_FOUND, f"run {runner.run_id} of job {runner.spec.name} has no attempt {attempt} "
+                           + (f"(its attempts: 0 to {current})" if current >= 0 else "(none has started yet)"))
+        if attempt == current and runner.record.order and rank >= len(runner.record.order):
+            raise JobError(p.NOT_FOUND, f"attempt {attempt} of run {runner.run_id} has no rank {rank} (its ranks: 0 "
+                           f"to {len(runner.record.order) - 1}, on {', '.join(runner.record.order)})")
         if attempt < 0:
             return {"data": b"", "offset": 0, "attempt": attempt, "rank": rank, "done": runner.state not in ACTIVE}
         directory = attempt_dir(self.state_dir, runner.run_id, attempt)

@@ -12,20 +12,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from coordinator.jobs.elastic import choose_nodes
+from coordinator.jobs.limits import NODE_WAIT_S
 from coordinator.jobs.node_health import NodeHealth
-from coordinator.jobs.run_context import RunContext
+from coordinator.jobs.run_context import RunContext, Waiting
 from coordinator.launch.batch import BatchSplit, Undividable, rebatch
 from coordinator.launch.launcher import Launcher
 from coordinator.launch.mlx_lm_command import CommandError
 
-NODE_WAIT_S = 600.0
+__all__ = ["NODE_WAIT_S", "NodeWait", "NodesAway", "StopAsked"]
 
 
 @dataclass(frozen=True)
 class NodesAway:
-    """The nodes did not come back within NODE_WAIT_S; ``why`` says which were waited for."""
+    """The nodes were not up within the job's --node-wait; ``why`` says which were waited for, and why
+    each was not up."""
 
     why: str
+    waited_s: float
 
 
 @dataclass(frozen=True)
@@ -44,10 +47,18 @@ class NodeWait:
     async def wait(self, nodes: list[str] | None = None, *, elastic: bool = False,
                    give_up_after: float | None = None) -> list[str] | NodesAway | StopAsked | None:
         """The nodes the next attempt runs on, once they are up; StopAsked when a stop came
-        meanwhile; None after ``give_up_after`` seconds; NodesAway after NODE_WAIT_S."""
+        meanwhile; None after ``give_up_after`` seconds; NodesAway after the job's --node-wait.
+        While it waits, the run shows what for (``RunContext.waiting``: coord status, coord run)."""
+        try:
+            return await self._wait(nodes or self.ctx.job_nodes(), elastic, give_up_after)
+        finally:
+            self.ctx.waiting = None
+
+    async def _wait(self, configured: list[str], elastic: bool,
+                    give_up_after: float | None) -> list[str] | NodesAway | StopAsked | None:
         ctx, fx = self.ctx, self.fx
-        configured = nodes or ctx.job_nodes()
-        started = fx.monotonic()
+        limit = ctx.spec.node_wait
+        started, since = fx.monotonic(), fx.now()
         delay = 0.5
         announced = None
         while True:
@@ -59,15 +70,26 @@ class NodeWait:
                 return chosen
             if ctx.stop_requested:
                 return StopAsked()
-            if give_up_after is not None and fx.monotonic() - started > give_up_after:
+            waited = fx.monotonic() - started
+            if give_up_after is not None and waited > give_up_after:
                 return None
-            if fx.monotonic() - started > NODE_WAIT_S:
-                return NodesAway(why)
-            if why != announced:
-                ctx.event("waiting_for_nodes", why)
-                announced = why
-            await ctx.pause(delay)
+            away = {n: self._not_up_because(n) for n in configured if not self.health.up(n)}
+            detail = why + "".join(f"; {n}: {reason}" for n, reason in away.items())
+            if waited > limit:
+                return NodesAway(detail, waited)
+            ctx.waiting = Waiting(nodes=list(away), reasons=away, why=why, since=since, limit_s=limit)
+            if detail != announced:
+                ctx.event("waiting_for_nodes", f"{detail} (waited {waited:.0f} s of at most {limit:g} s, "
+                          "--node-wait)", nodes=list(away))
+                announced = detail
+            await ctx.pause(min(delay, limit - waited + 0.01))  # the bound is kept to within a poll
             delay = min(delay * 2, 2.0 if elastic else 5.0)
+
+    def _not_up_because(self, name: str) -> str:
+        view = self.fx.node(name)
+        if view.up:  # its session is up, but a call to it just failed: trusted once it reconnects
+            return "a call to it failed; waiting for its session to notice and reconnect"
+        return view.reason or "not up yet (connecting)"
 
     def _choose(self, configured: list[str], elastic: bool) -> tuple[list[str] | None, str]:
         """The nodes to go on with now (None: wait), and what is waited for."""
@@ -88,7 +110,7 @@ class NodeWait:
                     chosen, why = None, f"{exc}: waiting for {', '.join(n for n in configured if n not in up)}"
             return chosen, why
         down = [n for n in configured if n not in up]
-        return (configured, "") if not down else (None, f"waiting for {', '.join(down)} to come back")
+        return (configured, "") if not down else (None, f"waiting for {', '.join(down)} to be up")
 
     def batch_for(self, nodes: list[str]) -> BatchSplit | None:
         """The batch split for an attempt on ``nodes`` (None: the job's own options, unchanged);

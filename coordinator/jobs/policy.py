@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NotRequired, TypedDict
 
+from shared.text import clean_excerpt
+
 MAX_BACKOFF_S = 30.0
 # 1 s, 2 s, 4 s ... capped at 30 s, like the node sessions' reconnects; those retry with tenacity,
 # but the restart loop stays in the supervisor, because between attempts it has more to do than
@@ -104,12 +106,24 @@ PEER_LOST_MARKERS = ("connection to a peer was lost", "was closed by the peer", 
 STOPPED_FROM_OUTSIDE = (143, 129)
 
 
+#: The longest excerpt of a rank's output an outcome, an event or an alert carries.
+EXCERPT_CHARS = 300
+
+
 @dataclass(frozen=True)
 class RankFailure:
     rank: int
     node: str
     status: int
-    last_line: str = ""  # the last line of its output
+    last_line: str = ""  # the last line of its output, as ``last_line`` cuts it
+
+
+def last_line(output: str) -> str:
+    """The last line of a rank's output with anything on it, as coord shows it in an event, an alert,
+    the dashboard and coord status: without the terminal's escape sequences and control characters
+    (cleaned before it is cut, so that they take no room), at most EXCERPT_CHARS long."""
+    lines = [line for line in map(clean_excerpt, output.splitlines()) if line]
+    return lines[-1][:EXCERPT_CHARS] if lines else ""
 
 
 def root_cause(failures: list[RankFailure]) -> RankFailure:

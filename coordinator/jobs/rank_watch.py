@@ -27,6 +27,7 @@ from coordinator.jobs.policy import (
     RANK_FAILED,
     Outcome,
     RankFailure,
+    last_line,
     root_cause,
 )
 from coordinator.jobs.progress import read_record
@@ -344,9 +345,7 @@ class RankWatcher:
         name = attempt.order[rank]
         if self.fx.node(name).up:
             await self.pull_log(attempt, rank, name, 1 << 62)
-        text = self.fx.log_tail(self.ctx.run_id, attempt.number, rank, 2000).decode("utf-8", "replace")
-        lines = [line.strip() for line in text.splitlines() if line.strip()]
-        return lines[-1][:300] if lines else ""
+        return last_line(self.fx.log_tail(self.ctx.run_id, attempt.number, rank, 2000).decode("utf-8", "replace"))
 
     async def _capture_stacks(self, attempt: Attempt) -> None:
         for rank, name in enumerate(attempt.order):

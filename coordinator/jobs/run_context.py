@@ -6,6 +6,7 @@ the little else they use; none reaches into another's state."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -17,6 +18,17 @@ from coordinator.jobs.spec import JobSpec
 from coordinator.jobs.states import FINISHED, JobState, check_transition
 
 log = structlog.get_logger("job")
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """What a run waits for before its next attempt (coordinator.jobs.node_wait), as coord shows it."""
+
+    nodes: list[str]  # the nodes not up
+    reasons: dict[str, str]  # node -> why it is not up (its session's last error)
+    why: str  # what the wait needs: every node, or enough of them
+    since: float  # wall clock
+    limit_s: float  # the job's --node-wait
 
 
 class RunContext:
@@ -32,6 +44,7 @@ class RunContext:
         self.log = log.bind(job=spec.name, run=run_id)
         self.stop_requested = False
         self.stop_asked = anyio.Event()  # wakes a restart's backoff or a wait for nodes at once
+        self.waiting: Waiting | None = None  # while the nodes of the next attempt are waited for
         if self.record.stop_requested and self.state not in FINISHED:
             self.stop_requested = True
             self.stop_asked.set()

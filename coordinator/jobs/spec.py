@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict, cast
 
+from coordinator.config.cluster_file import NODE_NAME
+from coordinator.jobs.limits import MAX_SECONDS, NODE_WAIT_S, WHOLE
+from coordinator.launch.mlx_backend import BACKENDS
 from coordinator.launch.mlx_lm_command import CommandError, is_mlx_lm, mlx_lm_args, option_value
 from coordinator.launch.registry import DEFAULT_LAUNCHER, LAUNCHERS
+from shared.text import unprintable
 
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 TRAINERS = ("mlx_lm", "coord")
@@ -51,6 +55,7 @@ class JobSpecFields(TypedDict):
     priority: int
     launcher: str
     follow_outside_links: bool
+    node_wait: float
 
 
 @dataclass
@@ -73,6 +78,7 @@ class JobSpec:
     priority: int = 0  # a queued job with a higher priority starts first
     launcher: str = DEFAULT_LAUNCHER  # what starts the ranks (coordinator/launch/registry.py)
     follow_outside_links: bool = False  # the source's sync copies what links leading out of it point to
+    node_wait: float = NODE_WAIT_S  # how long an attempt waits for its nodes to be up before the job fails
 
     def as_dict(self) -> JobSpecFields:
         return cast(JobSpecFields, asdict(self))  # the fields above, in order (a test holds the two together)
@@ -86,72 +92,165 @@ class JobSpec:
 def validate(spec: JobSpec) -> JobSpec:
     """``spec`` checked, in this order, by each of the checks below; the first problem raises
     JobSpecError. Two checks fill fields in: the trainer a command names, an mlx_lm run's total."""
-    for check in (_check_name_and_command, _check_counts, _check_trainer, _check_nodes_and_replica,
-                  _check_total_steps, _check_node_list, _check_priority, _check_launcher, _check_mlx_lm_iters):
+    check_fields(spec.as_dict())
+    for check in (_check_name_and_command, _check_source, _check_trainer, _check_node_list, _check_launcher,
+                  _check_mlx_lm_iters):
         check(spec)
     return spec
+
+
+def option_label(key: str) -> str:
+    """A field as `coord run` names it: ``save_every`` is ``--save-every``."""
+    return "--" + key.replace("_", "-")
+
+
+def check_fields(fields: Mapping[str, object], label: Callable[[str], str] = option_label) -> None:
+    """Each field on its own: its type, and a number in its range (finite: NaN and infinities are
+    refused, as are numbers past limits.py's, which only a typo or a safety check switched off
+    would set). ``label`` names a field in the message (an option, or a job file's key)."""
+    for key, value in fields.items():
+        check = _FIELD_CHECKS.get(key)
+        if check is None:
+            raise JobSpecError(f"unknown field {key!r} (expected one of: {', '.join(_FIELD_CHECKS)})")
+        problem = check(value)
+        if problem:
+            raise JobSpecError(f"{label(key)} {problem}")
+
+
+def spec_from_fields(fields: Mapping[str, object]) -> JobSpec:
+    """A job as it came over the control socket (free-form: any keys, any types), checked field by
+    field and as a whole before anything of it is used."""
+    missing = [key for key in ("name", "command") if key not in fields]
+    if missing:
+        raise JobSpecError(f"a job needs {' and '.join(missing)}")
+    check_fields(fields)
+    return validate(JobSpec(**cast(dict[str, Any], fields)))
+
+
+def resumed_fields(previous: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+    """A resumed run's fields (coord run --resume): its own, but those given again. --force is
+    not carried over (it launches once past a failed pre-flight, when asked for); no command given
+    is its own command, and a new mlx_lm command brings its own total (its --iters)."""
+    fields = {**previous, "force": False, **given}
+    if not given.get("command"):
+        fields["command"] = previous["command"]
+    elif "total_steps" not in given and _command(given["command"]) is None and is_mlx_lm(given["command"]):
+        fields["total_steps"] = None
+    return fields
+
+
+FieldCheck = Callable[[object], str | None]  # a value -> what is wrong with it (None: nothing)
+
+
+def _whole(key: str) -> FieldCheck:
+    low, high = WHOLE[key]
+
+    def check(value: object) -> str | None:
+        if _whole_number(value) and low <= cast(int, value) <= high:
+            return None
+        return f"must be a whole number from {low} to {high}, got {value!r}"
+    return check
+
+
+def _seconds(value: object) -> str | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= MAX_SECONDS:
+        return None  # NaN fails both comparisons, infinities the second
+    return f"must be a number of seconds greater than 0 and at most {MAX_SECONDS:.0f} (30 days), got {value!r}"
+
+
+def _optional(check: FieldCheck) -> FieldCheck:
+    return lambda value: None if value is None else check(value)
+
+
+def _text(value: object) -> str | None:
+    if not isinstance(value, str) or not value:
+        return f"must be a non-empty string, got {value!r}"
+    bad = unprintable(value)
+    return f"holds the control character {bad}: {value!r}" if bad else None
+
+
+def _flag(value: object) -> str | None:
+    return None if isinstance(value, bool) else f"must be true or false, got {value!r}"
+
+
+def _choice(options: tuple[str, ...]) -> FieldCheck:
+    return lambda value: None if value in options else f"must be one of {', '.join(options)}, got {value!r}"
+
+
+def _command(value: object) -> str | None:
+    # A command's own arguments are its business (a newline in `python -c` is fine): only what
+    # cannot reach a process at all is refused.
+    if not isinstance(value, list) or not all(isinstance(word, str) and word and "\0" not in word
+                                              for word in value):
+        return f"must be a list of non-empty strings without NUL, got {value!r}"
+    return None
+
+
+def _node_names(value: object) -> str | None:
+    if not isinstance(value, list) or not all(isinstance(n, str) and NODE_NAME.match(n) for n in value):
+        return f"must be a list of node names (letters, digits, '.', '_' or '-'), got {value!r}"
+    return None
+
+
+_FIELD_CHECKS: dict[str, FieldCheck] = {
+    "name": _text, "command": _command, "save_every": _whole("save_every"),
+    "max_restarts": _whole("max_restarts"), "hang_timeout": _optional(_seconds), "keep": _whole("keep"),
+    "force": _flag, "source": _optional(_text), "backend": _optional(_choice(BACKENDS)),
+    "trainer": _choice(TRAINERS), "replica": _text, "min_nodes": _optional(_whole("min_nodes")),
+    "node_timeout": _seconds, "total_steps": _optional(_whole("total_steps")), "nodes": _optional(_node_names),
+    "priority": _whole("priority"), "launcher": _text, "node_wait": _seconds, "follow_outside_links": _flag}
 
 
 def _check_name_and_command(spec: JobSpec) -> None:
     if not JOB_NAME.match(spec.name):
         raise JobSpecError(f"job name {spec.name!r} must be letters, digits, '.', '_' or '-' (at most 64)")
-    if not spec.command or not all(isinstance(word, str) and word for word in spec.command):
+    if not spec.command:
         raise JobSpecError("the command must be given after --, e.g. coord run -- python -m mlx_lm lora ...")
 
 
-def _check_counts(spec: JobSpec) -> None:
-    for key in ("save_every", "keep"):
-        if getattr(spec, key) < 1:
-            raise JobSpecError(f"{key.replace('_', '-')} must be at least 1")
-    if spec.max_restarts < 0:
-        raise JobSpecError("max-restarts must be 0 or more")
-    if spec.hang_timeout is not None and spec.hang_timeout <= 0:
-        raise JobSpecError("hang-timeout must be greater than 0 seconds")
+def source_problem(source: str) -> str | None:
+    """What is wrong with a job's source directory on the head (None: it is one); each case says so
+    in its own words, since a file given for the directory is a different mistake from a typo."""
+    path = Path(source)
+    if not path.is_absolute():
+        return f"--source must be an absolute path on the head, got {source}"
+    if not path.exists():
+        return f"--source {source}: no such directory on the head"
+    if not path.is_dir():
+        return f"--source {source}: not a directory (the project directory to sync, not a file in it)"
+    return None
+
+
+def _check_source(spec: JobSpec) -> None:
+    problem = source_problem(spec.source) if spec.source is not None else None
+    if problem:
+        raise JobSpecError(problem)
 
 
 def _check_trainer(spec: JobSpec) -> None:
     if is_mlx_lm(spec.command) and "agent.train" in spec.command[:3]:
         spec.trainer = "coord"  # the command names coord's trainer itself
     if spec.trainer not in TRAINERS:
-        raise JobSpecError(f"trainer must be one of {', '.join(TRAINERS)}, got {spec.trainer!r}")
+        raise JobSpecError(f"--trainer must be one of {', '.join(TRAINERS)}, got {spec.trainer!r}")
     if spec.trainer == "coord" and not is_mlx_lm(spec.command):
         raise JobSpecError("--trainer coord runs mlx_lm lora's options: give the command as "
                            "python -m mlx_lm lora --model ... --train --data ... --iters N")
 
 
-def _check_nodes_and_replica(spec: JobSpec) -> None:
-    if spec.min_nodes is not None and spec.min_nodes < 1:
-        raise JobSpecError("min-nodes must be at least 1")
-    if spec.node_timeout <= 0:
-        raise JobSpecError("node-timeout must be greater than 0 seconds")
-    if not spec.replica:
-        raise JobSpecError("replica must be 'head', 'none' or a node's name")
-
-
-def _check_total_steps(spec: JobSpec) -> None:
-    if spec.total_steps is not None and (not _whole_number(spec.total_steps) or spec.total_steps < 1):
-        raise JobSpecError(f"total-steps must be a whole number of at least 1, got {spec.total_steps!r}")
-
-
 def _check_node_list(spec: JobSpec) -> None:
     if spec.nodes is None:
         return
-    if not spec.nodes or not all(isinstance(n, str) and n for n in spec.nodes):
-        raise JobSpecError("nodes must name at least one node, e.g. --nodes n1,n2")
+    if not spec.nodes:
+        raise JobSpecError("--nodes must name at least one node, e.g. --nodes n1,n2")
     if len(set(spec.nodes)) != len(spec.nodes):
-        raise JobSpecError(f"nodes names a node twice: {', '.join(spec.nodes)}")
+        raise JobSpecError(f"--nodes names a node twice: {', '.join(spec.nodes)}")
     if spec.min_nodes is not None and spec.min_nodes > len(spec.nodes):
-        raise JobSpecError(f"min-nodes {spec.min_nodes} is more than the job's {len(spec.nodes)} nodes")
-
-
-def _check_priority(spec: JobSpec) -> None:
-    if not _whole_number(spec.priority):
-        raise JobSpecError(f"priority must be a whole number, got {spec.priority!r}")
+        raise JobSpecError(f"--min-nodes {spec.min_nodes} is more than the job's {len(spec.nodes)} nodes")
 
 
 def _check_launcher(spec: JobSpec) -> None:
     if spec.launcher not in LAUNCHERS:
-        raise JobSpecError(f"launcher must be one of {', '.join(sorted(LAUNCHERS))}, got {spec.launcher!r}")
+        raise JobSpecError(f"--launcher must be one of {', '.join(sorted(LAUNCHERS))}, got {spec.launcher!r}")
 
 
 def _check_mlx_lm_iters(spec: JobSpec) -> None:
@@ -161,10 +260,13 @@ def _check_mlx_lm_iters(spec: JobSpec) -> None:
     iters = option_value(mlx_lm_args(spec.command), "--iters")
     if iters is None:
         raise JobSpecError("give the mlx_lm fine-tune its length with --iters N (coord resumes toward it)")
+    low, high = WHOLE["total_steps"]
     try:
         total = int(iters)
     except ValueError:
-        raise JobSpecError(f"--iters must be a whole number, got {iters!r}") from None
+        total = low - 1
+    if not low <= total <= high:
+        raise JobSpecError(f"mlx_lm's --iters must be a whole number from {low} to {high}, got {iters!r}")
     if spec.total_steps is not None and spec.total_steps != total:
         raise JobSpecError(f"total-steps {spec.total_steps} differs from mlx_lm's --iters {total}: for mlx_lm "
                            "lora the total is its --iters")
@@ -175,30 +277,40 @@ def _whole_number(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-_JOB_FILE_KEYS: dict[str, type | tuple[type, ...]] = {
-    "name": str, "command": list, "save_every": int, "max_restarts": int, "hang_timeout": (int, float), "keep": int,
-    "force": bool, "source": str, "backend": str, "trainer": str, "replica": str, "min_nodes": int,
-    "node_timeout": (int, float), "total_steps": int, "nodes": list, "priority": int, "follow_outside_links": bool}
+#: A job file's keys: the spec's fields but the launcher, which only the control socket sets.
+JOB_FILE_KEYS = tuple(key for key in JobSpecFields.__annotations__ if key != "launcher")
 
 
 def load_job_file(path: Path) -> JobSpec:
-    """A job file: the same fields as `coord run`'s options, with the command as a list."""
+    """A job file: the same fields as `coord run`'s options, with the command as a list. Each
+    mistake names the file and the key."""
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise JobSpecError(f"{path}: no such job file") from None
+        raise JobSpecError(f"job file {path}: no such file") from None
+    except IsADirectoryError:
+        raise JobSpecError(f"job file {path}: a directory, not a file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise JobSpecError(f"job file {path}: cannot read it: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
-        raise JobSpecError(f"{path}: not valid TOML: {exc}") from None
+        raise JobSpecError(f"job file {path}: not valid TOML: {exc}") from None
     job = raw.get("job", raw)
-    for key, value in job.items():
-        kind = _JOB_FILE_KEYS.get(key)
-        if kind is None:
-            raise JobSpecError(f"{path}: unknown key {key!r} (expected one of: {', '.join(_JOB_FILE_KEYS)})")
-        if isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
-            raise JobSpecError(f"{path}: {key} has the wrong type ({type(value).__name__})")
+    if not isinstance(job, dict):
+        raise JobSpecError(f"job file {path}: job must be a table ([job])")
+    unknown = [key for key in job if key not in JOB_FILE_KEYS]
+    if unknown:
+        raise JobSpecError(f"job file {path}: unknown key {unknown[0]!r} (expected one of: "
+                           f"{', '.join(JOB_FILE_KEYS)})")
     if "name" not in job or "command" not in job:
-        raise JobSpecError(f"{path}: a job file needs name and command")
-    if job.get("source"):
-        source = Path(job["source"]).expanduser()
-        job["source"] = str(source if source.is_absolute() else (path.parent / source).resolve())
-    return validate(JobSpec(**job))
+        raise JobSpecError(f"job file {path}: name and command are needed")
+    if "node_timeout" in job and job.get("min_nodes") is None:
+        raise JobSpecError(f"job file {path}: node_timeout is how long a lost node is waited for before it is left "
+                           "out, which only min_nodes allows: set min_nodes too, or remove node_timeout")
+    try:
+        check_fields(job, label=lambda key: key)
+        if isinstance(job.get("source"), str):  # relative to the job file
+            source = Path(job["source"]).expanduser()
+            job["source"] = str(source if source.is_absolute() else (path.parent / source).resolve())
+        return validate(JobSpec(**job))
+    except JobSpecError as exc:
+        raise JobSpecError(f"job file {path}: {exc}") from None

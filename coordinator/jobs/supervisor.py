@@ -316,7 +316,7 @@ class JobRunner:
     async def _wait_for_nodes(self, nodes: list[str] | None = None, *, elastic: bool = False,
                               give_up_after: float | None = None) -> list[str] | None:
         """The nodes the next attempt runs on, once they are up (``NodeWait``); None when the job
-        ended meanwhile: stopped, or failed because they did not come back within NODE_WAIT_S."""
+        ended meanwhile: stopped, or failed because they were not up within the job's --node-wait."""
         waited = await self.nodes.wait(nodes, elastic=elastic, give_up_after=give_up_after)
         if isinstance(waited, StopAsked):
             # What runs of the last attempt on the nodes that are here is stopped (the others'
@@ -327,7 +327,8 @@ class JobRunner:
             return None
         if isinstance(waited, NodesAway):
             await self._stop_everything(self._last_attempt())  # what runs of the last attempt on the nodes here
-            self._fail_early(f"nodes did not come back within {NODE_WAIT_S:g} s: {waited.why}")
+            self._fail_early(f"gave up waiting for nodes: not up within --node-wait {self.spec.node_wait:g} s: "
+                             f"{waited.why}")
             return None
         return waited
 

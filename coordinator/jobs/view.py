@@ -8,6 +8,16 @@ from coordinator.jobs.diagnosis import RunDiagnosis
 from coordinator.jobs.run_context import RunContext
 
 
+class WaitingView(TypedDict):
+    """What a run waits for before its next attempt: the nodes not up, each with why, for how long."""
+
+    nodes: list[str]
+    reasons: dict[str, str]  # node -> why it is not up
+    why: str
+    waited_s: float
+    limit_s: float  # the job's --node-wait: it fails after this long
+
+
 class RunView(TypedDict):
     """``JobRunner.view()``."""
 
@@ -40,6 +50,7 @@ class RunView(TypedDict):
     job_nodes: list[str]  # the nodes the job holds
     priority: int
     queue_position: int | None  # while queued
+    waiting: WaitingView | None  # while its nodes are waited for
 
 
 def run_view(ctx: RunContext, *, queue_position: int | None) -> RunView:
@@ -61,4 +72,13 @@ def run_view(ctx: RunContext, *, queue_position: int | None) -> RunView:
             "rank_memory_bytes": dict(record.rank_memory or {}) if state == "running" else {},
             "started": record.started, "command": spec.command,
             "job_nodes": ctx.job_nodes(), "priority": spec.priority,
-            "queue_position": queue_position if state == "queued" else None}
+            "queue_position": queue_position if state == "queued" else None,
+            "waiting": _waiting(ctx)}
+
+
+def _waiting(ctx: RunContext) -> WaitingView | None:
+    waiting = ctx.waiting
+    if waiting is None:
+        return None
+    return {"nodes": waiting.nodes, "reasons": waiting.reasons, "why": waiting.why,
+            "waited_s": max(0.0, ctx.fx.now() - waiting.since), "limit_s": waiting.limit_s}

@@ -139,8 +139,11 @@ def resolve_source(cluster: Cluster, source: str | None) -> Path:
         raise RemoteError(p.BAD_ARGS, "no source directory: pass --source DIR or set sync.source in the cluster file")
     if not chosen.is_absolute():
         raise RemoteError(p.BAD_ARGS, f"source must be an absolute path, got {chosen}")
-    if not chosen.is_dir():
+    if not chosen.exists():
         raise RemoteError(p.NOT_FOUND, f"source directory {chosen} does not exist on the head")
+    if not chosen.is_dir():
+        raise RemoteError(p.BAD_ARGS, f"source {chosen} is not a directory (the project directory to sync, not a "
+                                      "file in it)")
     return chosen
 
 

@@ -161,7 +161,7 @@ def test_a_job_file_gives_the_same_fields_as_the_options(tmp_path):
     with pytest.raises(JobSpecError, match="unknown key 'save_evry'"):
         load_job_file(path)
     path.write_text('name = "tiny"\ncommand = "python train.py"\n')
-    with pytest.raises(JobSpecError, match="command has the wrong type"):
+    with pytest.raises(JobSpecError, match="job.toml: command must be a list of non-empty strings"):
         load_job_file(path)
 
 
@@ -169,14 +169,14 @@ def test_a_run_can_ask_its_sync_to_follow_links_leading_out_of_its_source(tmp_pa
     """coord run --follow-outside-links, or a job file's follow_outside_links, reaches the run's sync."""
     import anyio
 
-    from coordinator.cli.parser import build_parser
+    from coordinator.cli.parser import parse_command_line
     from coordinator.jobs.spec import JobSpec, load_job_file
     from coordinator.jobs.supervisor import JobRunner
 
     path = tmp_path / "job.toml"
     path.write_text('name = "tiny"\ncommand = ["python", "train.py"]\nsource = "."\nfollow_outside_links = true\n')
     assert load_job_file(path).follow_outside_links
-    args = build_parser().parse_args(["run", "--source", ".", "--follow-outside-links", "--", "python", "t.py"])
+    args = parse_command_line(["run", "--source", ".", "--follow-outside-links", "--", "python", "t.py"])
     assert args.follow_outside_links
     asked = []
 
