@@ -171,7 +171,8 @@ class Daemon:
         table.add("calibrate", partial(calibrate_command.serve_calibrate, cluster),
                   optional={"refresh": bool, "quick": bool}, streams=True)
         table.add("preflight", partial(preflight_service.run_preflight, cluster),
-                  optional={"backend": (str, type(None))}, streams=True)
+                  optional={"backend": (str, type(None)), "torch": bool, "launcher": (str, type(None)),
+                            "master_port": (int, type(None))}, streams=True)
         table.add("run", _sync_handler(jobs_command.start_job, jobs), required={"spec": dict},
                   optional={"resume": bool})
         table.add("stop", _sync_handler(jobs_command.stop_job, jobs), required={"name": str})

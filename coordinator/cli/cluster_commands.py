@@ -92,7 +92,12 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     from coordinator.cli.progress import NodeProgress
     from coordinator.commands.preflight import render_preflight
 
-    result = streamed(args, "preflight", {"backend": args.backend}, render_preflight, NodeProgress)
+    call: dict[str, object] = {"backend": args.backend}
+    if args.torch or args.launcher or args.master_port is not None:
+        if args.master_port is not None and not 1 <= args.master_port <= 65535:
+            raise CliError(f"--master-port must be in 1..65535, got {args.master_port}", EXIT_USAGE)
+        call.update(torch=True, launcher=args.launcher, master_port=args.master_port)
+    result = streamed(args, "preflight", call, render_preflight, NodeProgress)
     return EXIT_FAILED if result["status"] == "fail" else EXIT_OK
 
 

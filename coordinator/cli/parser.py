@@ -83,6 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
     client_options(p)
     p.add_argument("--backend", choices=["ring", "jaccl", "jaccl-ring"], help="check this backend instead of the "
                    "one chosen from the measured links")
+    p.add_argument("--torch", action="store_true", help="check for a PyTorch job (torchrun, Accelerate, DeepSpeed): "
+                   "torch/CUDA/NCCL versions, GPUs, the rendezvous port from every node, the NCCL environment, "
+                   "/dev/shm, instead of the MLX launch's checks")
+    p.add_argument("--launcher", choices=["torchrun", "accelerate", "deepspeed"],
+                   help="the PyTorch launcher the job will use (implies --torch; Accelerate and DeepSpeed must then "
+                        "be installed on every node)")
+    p.add_argument("--master-port", type=int, help="the rendezvous port to check (default 29500)")
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.set_defaults(func=cmd_preflight)
 

@@ -1,0 +1,110 @@
+"""A PyTorch job's pre-flight on a local cluster, through the real daemon, agents and CLI: every
+node's torch facts, the rendezvous probe over real TCP (a listener on rank 0's node, a connection
+from every node), a master port another process holds named, and an MLX pre-flight left as it was.
+
+The nodes run this interpreter; set COORD_TEST_TORCH_PYTHON to a Python with torch to have the
+facts come from a real torch as well (its versions, its backends)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import sys
+
+import pytest
+
+from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir
+
+TORCH_PYTHON = os.environ.get("COORD_TEST_TORCH_PYTHON")
+
+CLUSTER = """\
+[cluster]
+name = "torch-local"
+state_dir = "{root}/state"
+
+[[nodes]]
+name = "a"
+host = "local"
+python = "{python}"
+workdir = "{root}/a"
+
+[[nodes]]
+name = "b"
+host = "local"
+python = "{python}"
+workdir = "{root}/b"
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    root = short_tempdir()
+    config = root / "cluster.toml"
+    config.write_text(CLUSTER.format(root=root, python=TORCH_PYTHON or sys.executable))
+    daemon = DaemonProcess(config, env=environment()).start()
+    daemon.wait_for(all_up, 30, "all nodes up")
+    yield daemon, root
+    daemon.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def preflight(daemon, *args):
+    result = coord("preflight", "--config", str(daemon.config), "--json", *args, env=daemon.env, timeout=300)
+    assert result.returncode in (0, 1), result.stderr
+    return result.returncode, json.loads(result.stdout)
+
+
+def test_a_torch_preflight_reports_every_nodes_facts_and_reaches_rank_0_over_tcp(cluster):
+    daemon, _ = cluster
+    port = free_port()
+    code, report = preflight(daemon, "--torch", "--master-port", str(port))
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["torch.rendezvous"]["status"] == "pass", checks["torch.rendezvous"]
+    assert f"127.0.0.1:{port}" in checks["torch.rendezvous"]["detail"]
+    probe = report["torch"]["rendezvous"]
+    assert sorted(probe["connects"]) == ["a", "b"] and all(c["connected"] for c in probe["connects"].values())
+    assert sorted(report["torch"]["facts"]) == ["a", "b"]
+    # MLX's own launch checks give way to PyTorch's.
+    assert not {"launcher.head", "rdma.backend", "hostfile.valid", "versions.mlx"} & set(checks)
+    assert checks["torch.shm.a"]["status"] in ("pass", "warn")
+    if TORCH_PYTHON:
+        assert checks["torch.versions.torch"]["status"] == "pass"
+        assert report["torch"]["envs"]["a"]["COORD_TORCH_BACKEND"] in ("gloo", "nccl")
+    else:  # no torch in this interpreter: said, with the command that installs it on each node
+        assert code == 1 and checks["torch.versions.torch"]["status"] == "fail"
+        assert f"{sys.executable} -m pip install torch" in checks["torch.versions.torch"]["fix_command"]
+    human = coord("preflight", "--config", str(daemon.config), "--torch", "--master-port", str(port),
+                  env=daemon.env, timeout=300).stdout
+    assert "torch.rendezvous" in human and "each node's PyTorch environment" in human
+
+
+def test_a_master_port_held_by_another_process_fails_the_rendezvous(cluster):
+    daemon, _ = cluster
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        _, report = preflight(daemon, "--launcher", "torchrun", "--master-port", str(port))
+    check = next(c for c in report["checks"] if c["name"] == "torch.rendezvous")
+    assert check["status"] == "fail" and f"port {port} is in use" in check["detail"], check
+
+
+def test_an_mlx_preflight_has_no_torch_checks(cluster):
+    daemon, _ = cluster
+    _, report = preflight(daemon)
+    assert "torch" not in report and not [c for c in report["checks"] if c["name"].startswith("torch.")]
+    assert any(c["name"] == "rdma.backend" for c in report["checks"])
+
+
+def test_a_bad_master_port_is_refused_before_the_daemon_is_asked(cluster):
+    daemon, _ = cluster
+    refused = coord("preflight", "--config", str(daemon.config), "--torch", "--master-port", "70000", env=daemon.env)
+    assert refused.returncode == 2 and "--master-port must be in 1..65535" in refused.stderr
