@@ -2,8 +2,8 @@
 node's torch facts, the rendezvous probe over real TCP (a listener on rank 0's node, a connection
 from every node), a master port another process holds named, and an MLX pre-flight left as it was.
 
-The nodes run this interpreter; set COORD_TEST_TORCH_PYTHON to a Python with torch to have the
-facts come from a real torch as well (its versions, its backends)."""
+The nodes run this interpreter, or COORD_TEST_TORCH_PYTHON: with torch there, the facts come from a
+real torch as well (its versions, its backends); without, its absence is the failure said."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import sys
 
 import pytest
@@ -18,6 +19,9 @@ import pytest
 from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir
 
 TORCH_PYTHON = os.environ.get("COORD_TEST_TORCH_PYTHON")
+NODE_PYTHON = TORCH_PYTHON or sys.executable
+HAS_TORCH = subprocess.run([NODE_PYTHON, "-c", "import importlib.metadata as m; m.version('torch')"],
+                           capture_output=True).returncode == 0
 
 CLUSTER = """\
 [cluster]
@@ -42,7 +46,7 @@ workdir = "{root}/b"
 def cluster():
     root = short_tempdir()
     config = root / "cluster.toml"
-    config.write_text(CLUSTER.format(root=root, python=TORCH_PYTHON or sys.executable))
+    config.write_text(CLUSTER.format(root=root, python=NODE_PYTHON))
     daemon = DaemonProcess(config, env=environment()).start()
     daemon.wait_for(all_up, 30, "all nodes up")
     yield daemon, root
@@ -75,12 +79,13 @@ def test_a_torch_preflight_reports_every_nodes_facts_and_reaches_rank_0_over_tcp
     # MLX's own launch checks give way to PyTorch's.
     assert not {"launcher.head", "rdma.backend", "hostfile.valid", "versions.mlx"} & set(checks)
     assert checks["torch.shm.a"]["status"] in ("pass", "warn")
-    if TORCH_PYTHON:
+    if HAS_TORCH:  # the same torch on both nodes, and what it says of itself
         assert checks["torch.versions.torch"]["status"] == "pass"
+        assert report["torch"]["facts"]["a"]["distributed"] is True
         assert report["torch"]["envs"]["a"]["COORD_TORCH_BACKEND"] in ("gloo", "nccl")
-    else:  # no torch in this interpreter: said, with the command that installs it on each node
+    else:  # no torch in the nodes' interpreter: said, with the command that installs it on each node
         assert code == 1 and checks["torch.versions.torch"]["status"] == "fail"
-        assert f"{sys.executable} -m pip install torch" in checks["torch.versions.torch"]["fix_command"]
+        assert f"{NODE_PYTHON} -m pip install torch" in checks["torch.versions.torch"]["fix_command"]
     human = coord("preflight", "--config", str(daemon.config), "--torch", "--master-port", str(port),
                   env=daemon.env, timeout=300).stdout
     assert "torch.rendezvous" in human and "each node's PyTorch environment" in human

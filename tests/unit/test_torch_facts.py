@@ -85,10 +85,14 @@ def test_shm_sizes_come_from_statvfs_blocks():
 
 
 def test_facts_of_a_python_without_torch_import_nothing_and_say_why_no_gpu(tmp_path, monkeypatch):
-    # No nvidia-smi and no ibv_devinfo on PATH: the facts say so, and torch is never imported.
-    monkeypatch.setenv("PATH", str(tmp_path))
+    # A Python that sees no site-packages (so no torch), no nvidia-smi and no ibv_devinfo on PATH:
+    # the facts say so, and torch is never imported here.
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")
+    python.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     monkeypatch.setattr(torch_facts, "read_shm", lambda path, detail: None)
-    facts = torch_facts.collect_torch_facts(sys.executable)
+    facts = torch_facts.collect_torch_facts(str(python))
     assert facts["versions"]["torch"] is None and facts["gpus"] == []
     assert "nvidia-smi not found" in facts["gpu_source"] and "torch is not installed" in facts["gpu_source"]
     assert "torch" not in sys.modules
@@ -102,7 +106,7 @@ def test_another_pythons_versions_are_read_without_importing_torch(tmp_path):
     (site / "torch-9.9.9.dist-info").mkdir()
     (site / "torch-9.9.9.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 9.9.9\n")
     python = tmp_path / "python"
-    python.write_text(f"#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} \"$@\"\n")
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} -S \"$@\"\n")  # -S: no site-packages
     python.chmod(0o755)
     detail: dict[str, str] = {}
     versions = torch_facts.read_versions(str(python), detail)
