@@ -185,7 +185,8 @@ class Daemon:
                   optional={"env": dict, "backend": (str, type(None))})
         table.add("plan", self._plan, optional={"schema": str, "model": (str, type(None)), "data": (str, type(None)),
                                                 "options": dict, "request": (dict, type(None)), "name": str,
-                                                "seq_len": int}, streams=True)
+                                                "seq_len": int, "launcher": (str, type(None)),
+                                                "master_port": (int, type(None))}, streams=True)
         table.add("hostfile", partial(hostfile_command.serve_hostfile, cluster),
                   optional={"output": (str, type(None)), "backend": (str, type(None))})
         return table

@@ -137,6 +137,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replica", metavar="head|none|NODE")
     p.add_argument("--min-nodes", type=int)
     p.add_argument("--name", default="job", help="the job name the launch command and hostfile path use")
+    p.add_argument("--launcher", choices=["accelerate", "deepspeed"], help="a PyTorch plan for this launcher: "
+                   "bytes per GPU under DDP, FSDP and ZeRO, the strategy, precision, batch and learning rate chosen "
+                   "from the nodes' GPUs, and the launcher's config files (with --model)")
+    p.add_argument("--global-batch-size", type=int, help="the target global batch (PyTorch plan: the gradient "
+                   "accumulation reaches it)")
+    p.add_argument("--base-batch-size", type=int, help="the batch the base learning rate was tuned for")
+    p.add_argument("--master-port", type=int, help="the rendezvous port the PyTorch plan checks and writes "
+                   "(default 29500)")
+    p.add_argument("--config-dir", metavar="DIR", help="where the PyTorch plan writes the launcher's files "
+                   "(default ./coord-LAUNCHER)")
     p.add_argument("--schema", choices=["v2", "orchestration"], default="v2")
     p.add_argument("--input", metavar="FILE", help="an orchestration input document (modelConfig, dataConfig, "
                    "clusterConfig, trainingConfig)")

@@ -120,3 +120,17 @@ def _scalar(value: Any) -> str:
     if isinstance(value, Sequence):
         return json.dumps(list(value))
     raise TypeError(f"no YAML for {type(value).__name__}")
+
+
+class TorchPlanSection(TorchPlan, total=False):
+    """The plan's ``pytorch`` section: the plan, the rendezvous its files name, and the files."""
+
+    master_address: str
+    master_port: int
+    files: dict[str, str]  # file name -> its text, written by the CLI (coord plan --config-dir)
+
+
+def torch_plan_section(plan: TorchPlan, master_address: str, master_port: int) -> TorchPlanSection:
+    section: TorchPlanSection = {**plan, "master_address": master_address, "master_port": master_port,
+                                 "files": launcher_files(plan, master_address, master_port)}
+    return section

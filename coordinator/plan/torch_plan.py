@@ -139,7 +139,8 @@ def build_torch_plan(shape: ModelShape, facts: Mapping[str, TorchFactsReply], or
     if strategy is not None:  # said with the numbers of the micro-batch chosen
         reason = _chosen(next(row for row in plan["memory"] if row["strategy"] == strategy), setup, usable,
                          offload) + reason
-    plan.update(strategy=strategy, activation_checkpointing=checkpointing, offload=offload, reason=reason)
+    plan["strategy"], plan["activation_checkpointing"], plan["offload"] = strategy, checkpointing, offload
+    plan["reason"] = reason
     plan["batch"], batch_source = plan_batch(request, micro, world)
     sources["batch"] = batch_source
     plan["learning_rate"], sources["learning_rate"] = scale_learning_rate(request, plan["batch"])

@@ -113,3 +113,61 @@ def test_a_bad_master_port_is_refused_before_the_daemon_is_asked(cluster):
     daemon, _ = cluster
     refused = coord("preflight", "--config", str(daemon.config), "--torch", "--master-port", "70000", env=daemon.env)
     assert refused.returncode == 2 and "--master-port must be in 1..65535" in refused.stderr
+
+
+@pytest.fixture(scope="module")
+def model(cluster):
+    _, root = cluster
+    from coordinator.cli.tinymodel import write_project
+    write_project(root / "project")
+    return root / "project" / "model"
+
+
+def test_a_pytorch_plan_shows_each_strategys_memory_and_writes_the_launchers_files(cluster, model, tmp_path):
+    import jsonschema
+    import yaml
+
+    from coordinator.plan.document import load_schema
+
+    daemon, _ = cluster
+    port = free_port()
+    out = tmp_path / "accelerate"
+    result = coord("plan", "--config", str(daemon.config), "--json", "--launcher", "accelerate", "--model", str(model),
+                   "--global-batch-size", "8", "--learning-rate", "1e-4", "--master-port", str(port),
+                   "--config-dir", str(out), env=daemon.env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    jsonschema.validate(doc, load_schema("plan-v2.0.0"))
+    torch = doc["pytorch"]
+    # The local nodes have no GPU: one CPU rank each, in fp32, and the tiny model fits as a replica.
+    assert torch["strategy"] == "DDP" and torch["precision"] == "fp32" and torch["world"] == 2
+    assert [row["strategy"] for row in torch["memory"]][:3] == ["DDP", "FSDP-SHARD_GRAD_OP", "FSDP-FULL_SHARD"]
+    assert torch["batch"]["global_batch"] == 8 and torch["learning_rate"]["scaled"] == pytest.approx(
+        1e-4 * 8 / torch["batch"]["micro_batch"])
+    assert doc["memory_sizing"]["enabled"] is False  # MLX's sizing gives way to the PyTorch plan's
+    configs = {path.name: yaml.safe_load(path.read_text()) for path in out.iterdir()}
+    assert sorted(configs) == ["accelerate-a.yaml", "accelerate-b.yaml"]
+    assert [configs[f"accelerate-{n}.yaml"]["machine_rank"] for n in "ab"] == [0, 1]
+    assert configs["accelerate-a.yaml"]["main_process_ip"] == "127.0.0.1"
+    assert configs["accelerate-a.yaml"]["main_process_port"] == port
+    assert configs["accelerate-a.yaml"]["distributed_type"] == "MULTI_CPU"
+    assert f"wrote {out / 'accelerate-a.yaml'}" in result.stderr
+
+
+def test_a_deepspeed_plan_on_screen_and_its_json(cluster, model, tmp_path):
+    daemon, _ = cluster
+    out = tmp_path / "ds"
+    result = coord("plan", "--config", str(daemon.config), "--launcher", "deepspeed", "--model", str(model),
+                   "--batch-size", "2", "--global-batch-size", "12", "--config-dir", str(out), env=daemon.env,
+                   timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "ZeRO-3+offload" in result.stdout and "strategy: DDP" in result.stdout
+    assert "batch: 2 per GPU × 3 accumulation × 2 ranks = 12" in result.stdout
+    config = json.loads((out / "ds_config.json").read_text())
+    assert (config["train_batch_size"], config["train_micro_batch_size_per_gpu"],
+            config["gradient_accumulation_steps"]) == (12, 2, 3)
+    assert config["zero_optimization"] == {"stage": 0} and config["bf16"] == {"enabled": False}
+    plain = json.loads(coord("plan", "--config", str(daemon.config), "--json", "--launcher", "deepspeed",
+                             env=daemon.env, timeout=300).stdout)
+    assert plain["pytorch"] == {"enabled": False,
+                                "reason": "no model given: coord plan --launcher deepspeed --model DIR"}
