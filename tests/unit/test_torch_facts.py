@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -95,7 +96,18 @@ def test_facts_of_a_python_without_torch_import_nothing_and_say_why_no_gpu(tmp_p
     facts = torch_facts.collect_torch_facts(str(python))
     assert facts["versions"]["torch"] is None and facts["gpus"] == []
     assert "nvidia-smi not found" in facts["gpu_source"] and "torch is not installed" in facts["gpu_source"]
-    assert "torch" not in sys.modules
+
+
+def test_the_agent_never_imports_torch_even_where_it_is_installed():
+    # In a process of its own (another test may have imported torch into this one): the facts of this
+    # interpreter, which may well have torch, leave torch out of the agent's own modules.
+    code = ("import sys; from agent.torch_facts import collect_torch_facts; "
+            "facts = collect_torch_facts(sys.executable); print('torch' in sys.modules, facts['versions']['torch'])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr
+    imported, _ = done.stdout.split()
+    assert imported == "False"
 
 
 def test_another_pythons_versions_are_read_without_importing_torch(tmp_path):
