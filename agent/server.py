@@ -15,10 +15,12 @@ from agent import launch as node_launch
 from agent import process_end
 from agent import ranks as node_ranks
 from agent import relay as node_relay
+from agent import rendezvous as node_rendezvous
 from agent import sync as node_sync
 from agent import sync_links as node_links
 from agent.calibration_runner import run_calibration
 from agent.topology import collect_topology
+from agent.torch_facts import collect_torch_facts
 from agent.usage import collect_usage
 from shared import protocol as p
 from shared.rpc import ArgType, Dispatcher, Emit, Peer, Reader, RemoteError, Writer
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
     from shared.agent_api.facts import FactsReply
     from shared.agent_api.ranks import RankStatusReply
     from shared.agent_api.session import HelloReply, PingReply
+    from shared.agent_api.torch import TorchFactsReply
 
 Reply = TypeVar("Reply")
 STATUS_CHECK_S = 0.1  # how often a waiting status request looks whether its rank has ended, without exit events
@@ -97,10 +100,12 @@ async def rank_status(workdir: str, job: str, attempt: int, rank: int, progress_
     return await asyncio.to_thread(node_ranks.rank_status, workdir, job, attempt, rank, progress_offset, log_offset)
 
 
-def build_dispatcher(relay: node_relay.Relay | None = None, uploads: node_sync.Uploads | None = None) -> Dispatcher:
+def build_dispatcher(relay: node_relay.Relay | None = None, uploads: node_sync.Uploads | None = None,
+                     rendezvous: node_rendezvous.Rendezvous | None = None) -> Dispatcher:
     table = Dispatcher()
     relay = relay or node_relay.Relay()
     uploads = uploads or node_sync.Uploads()
+    rendezvous = rendezvous or node_rendezvous.Rendezvous()
     table.add("hello", hello, required={"protocol": int}, optional={"client": str})
     table.add("facts", facts, optional={"workdir": (str, type(None))})
     table.add("ping", ping)
@@ -147,9 +152,22 @@ def build_dispatcher(relay: node_relay.Relay | None = None, uploads: node_sync.U
     table.add("hash_file", _in_thread(node_ranks.hash_file), required={"workdir": str, "path": str})
     table.add("read_file", _in_thread(node_ranks.read_file), required={"workdir": str, "path": str},
               optional={"offset": int})
+    table.add("torch_facts", torch_facts, required={"python": str})
+    table.add("rendezvous_listen", rendezvous.listen, required={"port": int, "token": str},
+              optional={"seconds": (int, float)})
+    table.add("rendezvous_connect", rendezvous.connect, required={"host": str, "port": int, "token": str},
+              optional={"timeout": (int, float)})
+    table.add("rendezvous_close", rendezvous.close, required={"port": int})
     table.add("calibrate", calibrate, required={"python": str, "workdir": str},
               optional={"quick": bool, "timeout": (int, float)}, streams=True)
     return table
+
+
+async def torch_facts(python: str) -> TorchFactsReply:
+    """A PyTorch job's facts of this node, with ``python`` the interpreter its ranks run (never imported here)."""
+    if not python or "\0" in python:
+        raise RemoteError(p.BAD_ARGS, f"python must name an interpreter, got {python!r}")
+    return await asyncio.to_thread(collect_torch_facts, python)
 
 
 async def calibrate(emit: Emit, python: str, workdir: str, quick: bool = False,
@@ -173,10 +191,12 @@ async def serve(reader: Reader, writer: Writer, *, name: str = "agent") -> None:
     """Serve the agent's methods until the other side hangs up."""
     relay = node_relay.Relay()
     uploads = node_sync.Uploads()
-    peer = Peer(reader, writer, dispatcher=build_dispatcher(relay, uploads), name=name)
+    rendezvous = node_rendezvous.Rendezvous()
+    peer = Peer(reader, writer, dispatcher=build_dispatcher(relay, uploads, rendezvous), name=name)
     try:
         await peer.run()
     finally:
         # No half-received file outlives the session that asked for it, nor holds a descriptor.
         await relay.close_all()
         uploads.abort_all()
+        await rendezvous.close_all()  # no probe listener outlives the session that opened it

@@ -171,7 +171,8 @@ class Daemon:
         table.add("calibrate", partial(calibrate_command.serve_calibrate, cluster),
                   optional={"refresh": bool, "quick": bool}, streams=True)
         table.add("preflight", partial(preflight_service.run_preflight, cluster),
-                  optional={"backend": (str, type(None))}, streams=True)
+                  optional={"backend": (str, type(None)), "torch": bool, "launcher": (str, type(None)),
+                            "master_port": (int, type(None))}, streams=True)
         table.add("run", _sync_handler(jobs_command.start_job, jobs), required={"spec": dict},
                   optional={"resume": bool})
         table.add("stop", _sync_handler(jobs_command.stop_job, jobs), required={"name": str})
@@ -184,7 +185,8 @@ class Daemon:
                   optional={"env": dict, "backend": (str, type(None))})
         table.add("plan", self._plan, optional={"schema": str, "model": (str, type(None)), "data": (str, type(None)),
                                                 "options": dict, "request": (dict, type(None)), "name": str,
-                                                "seq_len": int}, streams=True)
+                                                "seq_len": int, "launcher": (str, type(None)),
+                                                "master_port": (int, type(None))}, streams=True)
         table.add("hostfile", partial(hostfile_command.serve_hostfile, cluster),
                   optional={"output": (str, type(None)), "backend": (str, type(None))})
         return table

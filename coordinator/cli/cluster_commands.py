@@ -9,7 +9,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from coordinator.cli.client import (
     EXIT_FAILED,
@@ -101,7 +101,12 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     from coordinator.cli.progress import NodeProgress
     from coordinator.commands.preflight import render_preflight
 
-    result = streamed(args, "preflight", {"backend": args.backend}, render_preflight, NodeProgress)
+    call: dict[str, object] = {"backend": args.backend}
+    if args.torch or args.launcher or args.master_port is not None:
+        if args.master_port is not None and not 1 <= args.master_port <= 65535:
+            raise CliError(f"--master-port must be in 1..65535, got {args.master_port}", EXIT_USAGE)
+        call.update(torch=True, launcher=args.launcher, master_port=args.master_port)
+    result = streamed(args, "preflight", call, render_preflight, NodeProgress)
     return EXIT_FAILED if result["status"] == "fail" else EXIT_OK
 
 
@@ -130,17 +135,45 @@ def cmd_plan(args: argparse.Namespace) -> int:
                "gradient_accumulation_steps": args.grad_accumulation_steps, "learning_rate": args.learning_rate,
                "optimizer": args.optimizer, "lr_scaling": args.lr_scaling, "warmup_steps": args.warmup_steps,
                "save_every": args.save_every, "keep": args.keep, "trainer": args.trainer, "replica": args.replica,
-               "min_nodes": args.min_nodes}
+               "min_nodes": args.min_nodes, "base_batch_size": args.base_batch_size,
+               "global_batch_size": args.global_batch_size}
     for flag, value in (("--model", args.model), ("--data", args.data)):
         if value and not Path(value).exists():
             where = f" (from {args.input})" if args.input else ""
             raise CliError(f"{flag} {value}{where}: no such directory", EXIT_USAGE)
-    call = {"schema": args.schema, "options": {k: v for k, v in options.items() if v is not None},
+    call: dict[str, object] = {"schema": args.schema, "options": {k: v for k, v in options.items() if v is not None},
             "model": str(Path(args.model).resolve()) if args.model else None,
             "data": str(Path(args.data).resolve()) if args.data else None, "request": request,
             "name": args.name, "seq_len": args.max_seq_length}
-    streamed(args, "plan", call, render_plan, NodeProgress)
+    if args.launcher or args.master_port is not None:
+        if args.master_port is not None and not 1 <= args.master_port <= 65535:
+            raise CliError(f"--master-port must be in 1..65535, got {args.master_port}", EXIT_USAGE)
+        if not args.launcher:
+            raise CliError("--master-port is for a PyTorch plan: give --launcher accelerate|deepspeed", EXIT_USAGE)
+        call.update(launcher=args.launcher, master_port=args.master_port)
+    document = streamed(args, "plan", call, render_plan, NodeProgress)
+    torch_section = document.get("pytorch") if args.launcher else None
+    if isinstance(torch_section, dict) and torch_section.get("files"):
+        write_launcher_files(torch_section["files"], Path(args.config_dir or f"coord-{args.launcher}"),
+                             sys.stderr if args.json else sys.stdout)
     return EXIT_OK
+
+
+def write_launcher_files(files: dict[str, str], directory: Path, out: TextIO) -> None:
+    """The PyTorch plan's launcher files, each written whole (a temporary file renamed into place)."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, text in sorted(files.items()):
+            if "/" in name or name.startswith("."):
+                raise CliError(f"the daemon sent a file name that is not a plain name: {name!r}", EXIT_FAILED)
+            target = directory / name
+            partial = target.with_name(f".{name}.partial")
+            partial.write_text(text, encoding="utf-8")
+            partial.replace(target)
+            print(f"wrote {target}", file=out)
+    except OSError as exc:
+        raise CliError(f"cannot write the launcher's files in {directory}: {exc.strerror or exc}", EXIT_FAILED) \
+            from None
 
 
 def cmd_hostfile(args: argparse.Namespace) -> int:

@@ -163,6 +163,13 @@ def build_parser() -> argparse.ArgumentParser:
     client_options(p)
     p.add_argument("--backend", choices=BACKENDS, help="check this backend instead of the "
                    "one chosen from the measured links")
+    p.add_argument("--torch", action="store_true", help="check for a PyTorch job (torchrun, Accelerate, DeepSpeed): "
+                   "torch/CUDA/NCCL versions, GPUs, the rendezvous port from every node, the NCCL environment, "
+                   "/dev/shm, instead of the MLX launch's checks")
+    p.add_argument("--launcher", choices=["torchrun", "accelerate", "deepspeed"],
+                   help="the PyTorch launcher the job will use (implies --torch; Accelerate and DeepSpeed must then "
+                        "be installed on every node)")
+    p.add_argument("--master-port", type=Whole(1, 65535), help="the rendezvous port to check (default 29500)")
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.set_defaults(func=cmd_preflight)
 
@@ -214,6 +221,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replica", type=REPLICA, metavar="head|none|NODE")
     p.add_argument("--min-nodes", type=job_whole("min_nodes"))
     p.add_argument("--name", type=JOB, default="job", help="the job name the launch command and hostfile path use")
+    p.add_argument("--launcher", choices=["accelerate", "deepspeed"], help="a PyTorch plan for this launcher: "
+                   "bytes per GPU under DDP, FSDP and ZeRO, the strategy, precision, batch and learning rate chosen "
+                   "from the nodes' GPUs, and the launcher's config files (with --model)")
+    p.add_argument("--global-batch-size", type=Whole(1, 1 << 30), help="the target global batch (PyTorch plan: "
+                   "the gradient accumulation reaches it)")
+    p.add_argument("--base-batch-size", type=Whole(1, 1 << 30), help="the batch the base learning rate was tuned for")
+    p.add_argument("--master-port", type=Whole(1, 65535), help="the rendezvous port the PyTorch plan checks and writes "
+                   "(default 29500)")
+    p.add_argument("--config-dir", type=DirToMake(), metavar="DIR", help="where the PyTorch plan writes the "
+                   "launcher's files (default ./coord-LAUNCHER)")
     p.add_argument("--schema", choices=["v2", "orchestration"], default="v2")
     p.add_argument("--input", type=ExistingFile(), metavar="FILE", help="an orchestration input document "
                    "(modelConfig, dataConfig, clusterConfig, trainingConfig)")

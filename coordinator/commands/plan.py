@@ -26,6 +26,9 @@ from coordinator.plan.orchestration import (
     build_orchestration,
     parse_orchestration_input,
 )
+from coordinator.plan.provenance import DisabledSection
+from coordinator.plan.torch_configs import TorchPlanSection, torch_plan_section
+from coordinator.plan.torch_plan import TORCH_PLAN_LAUNCHERS, TorchPlanError, TorchRequest, build_torch_plan
 from coordinator.readiness.calibration import gpu_memory
 from shared import protocol as p
 from shared.rpc import RemoteError
@@ -38,9 +41,12 @@ if TYPE_CHECKING:
     from coordinator.jobs.supervisor import JobRunner
     from coordinator.nodes.cluster import Cluster
     from coordinator.plan.datasets import DatasetReport
+    from coordinator.readiness.preflight import PreflightReport
     from shared.rpc import Emit
 
 SCHEMAS = ("v2", "orchestration")
+#: Options only a PyTorch plan reads (coord plan --launcher), beside OPTION_FIELDS.
+TORCH_OPTION_FIELDS = {"global_batch_size": int}
 OPTION_FIELDS = {"fine_tune_type": str, "per_rank_batch_size": int, "gradient_accumulation_steps": int,
                  "learning_rate": float, "base_batch_size": int, "optimizer": str, "lr_scaling": str,
                  "warmup_steps": int, "save_every": int, "keep": int, "max_restarts": int, "trainer": str,
@@ -50,13 +56,18 @@ OPTION_FIELDS = {"fine_tune_type": str, "per_rank_batch_size": int, "gradient_ac
 async def serve_plan(cluster: Cluster, runs: Iterable[JobRunner], emit: Emit, *, schema: str = "v2",
                      model: str | None = None, data: str | None = None, options: Mapping[str, Any] | None = None,
                      request: Mapping[str, object] | None = None, name: str = "job",
-                     seq_len: int = 2048) -> PlanDocument | OrchestrationDocument:
+                     seq_len: int = 2048, launcher: str | None = None,
+                     master_port: int | None = None) -> PlanDocument | OrchestrationDocument:
     """``options``: the job options as the CLI sent them, those of OPTION_FIELDS used (and checked by
-    resolve_options); ``request``: an orchestration input, checked against its schema here."""
+    resolve_options); ``request``: an orchestration input, checked against its schema here;
+    ``launcher``: accelerate or deepspeed for a PyTorch plan (its ``pytorch`` section, with the
+    launcher's files), whose pre-flight is a PyTorch job's."""
     from coordinator.readiness.preflight import run_preflight
 
     if schema not in SCHEMAS:
         raise RemoteError(p.BAD_ARGS, f"schema must be one of {', '.join(SCHEMAS)}")
+    if launcher is not None and launcher not in TORCH_PLAN_LAUNCHERS:
+        raise RemoteError(p.BAD_ARGS, f"launcher must be one of {', '.join(TORCH_PLAN_LAUNCHERS)}, got {launcher!r}")
     try:
         job_options = JobOptions(**{k: v for k, v in (options or {}).items() if k in OPTION_FIELDS and v is not None})
         parsed = parse_orchestration_input(request) if request is not None else None
@@ -66,10 +77,13 @@ async def serve_plan(cluster: Cluster, runs: Iterable[JobRunner], emit: Emit, *,
         model = model or parsed.model_path
         data = data or parsed.data_path
     await emit({"node": "head", "progress": "pre-flight on every node", "fraction": 0.1})
-    preflight = await run_preflight(cluster, _quiet)
+    preflight = await run_preflight(cluster, _quiet, torch=launcher is not None, launcher=launcher,
+                                    master_port=master_port)
     facts = {session.node.name: session.view.facts for session in cluster.sessions.values()}
     calibrations = {n.name: cluster.state.calibration(n.name) for n in cluster.config.nodes}
-    fit = await _sizing(emit, model, facts, gpu_memory(calibrations, facts), job_options, seq_len) if model else None
+    fit = None
+    if model and launcher is None:  # MLX's sizing; a PyTorch plan sizes per GPU in its own section
+        fit = await _sizing(emit, model, facts, gpu_memory(calibrations, facts), job_options, seq_len)
     dataset = await _dataset(emit, data) if data else None
     state_dir = cluster.config.state_dir
     hostfile_path = str(state_dir / "jobs" / name / "attempt-0" / "hostfile.json")
@@ -92,7 +106,10 @@ async def serve_plan(cluster: Cluster, runs: Iterable[JobRunner], emit: Emit, *,
         raise RemoteError(p.BAD_ARGS, str(exc)) from None
     # coord's own sections: the memory estimate behind the batch, and the known failures this
     # cluster is exposed to (each with its fix).
-    document["memory_sizing"] = fit if fit else {"enabled": False, "reason": "no model given: coord plan --model DIR"}
+    document["memory_sizing"] = fit if fit else {"enabled": False, "reason": "no model given: coord plan --model DIR"
+                                                 if launcher is None else "a PyTorch plan: see its pytorch section"}
+    if launcher is not None:
+        document["pytorch"] = await _torch_section(emit, cluster, preflight, model, launcher, options or {}, seq_len)
     document["data_validation"] = dataset if dataset else {"enabled": False,
                                                            "reason": "no data set given: coord plan --data DIR"}
     document["known_failures"] = diagnosis.diagnose_cluster(
@@ -134,6 +151,33 @@ async def _sizing(emit: Emit, model: str, facts: Mapping[str, Mapping[str, Any] 
     return fit
 
 
+async def _torch_section(emit: Emit, cluster: Cluster, preflight: PreflightReport, model: str | None, launcher: str,
+                         options: Mapping[str, Any], seq_len: int) -> TorchPlanSection | DisabledSection:
+    """The PyTorch plan from the nodes' torch facts (gathered by the pre-flight) and the model's shape."""
+    if not model:
+        return {"enabled": False, "reason": f"no model given: coord plan --launcher {launcher} --model DIR"}
+    found = preflight.get("torch")
+    probe = found["rendezvous"] if found else None
+    if not found or not found["facts"] or probe is None:
+        missing = found["missing"] if found else {}
+        why = "; ".join(f"{n}: {w}" for n, w in sorted(missing.items())) or "no node is up"
+        return {"enabled": False, "reason": f"no PyTorch facts from the nodes ({why}): coord status"}
+    await emit({"node": "head", "progress": f"sizing {model} for {launcher}", "fraction": 0.6})
+    try:
+        shape = await anyio.to_thread.run_sync(model_shape.read_model_shape, model)
+        request = TorchRequest(launcher=launcher, seq_len=seq_len, micro_batch=options.get("per_rank_batch_size"),
+                               global_batch=options.get("global_batch_size"),
+                               gradient_accumulation_steps=options.get("gradient_accumulation_steps"),
+                               learning_rate=options.get("learning_rate"), base_batch=options.get("base_batch_size"))
+        order = [n.name for n in cluster.config.nodes]
+        plan = build_torch_plan(shape, found["facts"], order, request)
+    except model_shape.SizingError as exc:
+        raise RemoteError(p.BAD_ARGS, f"--model {model}: {exc}") from None
+    except TorchPlanError as exc:
+        raise RemoteError(p.BAD_ARGS, str(exc)) from None
+    return torch_plan_section(plan, probe["choice"]["master_address"], probe["port"])
+
+
 async def _dataset(emit: Emit, data: str) -> DatasetReport:
     """validate_data_dir in a worker thread, its chunk progress streamed to the CLI."""
     def progress(message: str) -> None:
@@ -171,4 +215,37 @@ def render_plan(document: PlanDocument | OrchestrationDocument, console: Console
         for split, report in sorted((data.get("splits") or {}).items()):
             for bad in (report or {}).get("bad_lines", []):
                 console.print(f"  {split}.jsonl line {bad['line']}: {bad['reason']}", markup=False, highlight=False)
+    torch = sections.get("pytorch")
+    if isinstance(torch, dict) and torch.get("enabled") is not False:  # a TorchPlanSection
+        render_torch_plan(torch, console)
     console.print("\nthe whole plan, with where each value comes from: coord plan --json")
+
+
+def render_torch_plan(section: Mapping[str, Any], console: Console) -> None:
+    """The PyTorch plan: bytes per GPU under each strategy, the choice with why, precision, batch and rate."""
+    from rich.table import Table
+
+    gib = 2**30
+    usable = section["usable_bytes_per_rank"] / gib
+    table = Table(title=f"GiB per rank (one per GPU), {section['world']} ranks, {usable:.1f} GiB usable each",
+                  box=None, header_style="bold", pad_edge=False, title_justify="left")
+    for column in ("STRATEGY", "PARAMS", "GRADS", "OPTIMIZER", "ACTIVATIONS", "TOTAL", "HOST/RANK", "FITS"):
+        table.add_column(column, justify="left" if column == "STRATEGY" else "right")
+    for row in section["memory"]:
+        mark = "[green]yes[/]" if row["fits"] and row["host_fits"] else "[red]no[/]"
+        chosen = " ◀" if row["strategy"] == section.get("strategy") else ""
+        table.add_row(row["strategy"] + chosen, *(f"{row[key] / gib:.1f}" for key in
+                                                  ("params", "grads", "optimizer", "activations", "total")),
+                      f"{row['host_bytes_per_rank'] / gib:.1f}" if row["host_bytes_per_rank"] else "-", mark)
+    console.print()
+    console.print(table)
+    batch = section["batch"]
+    rate = section.get("learning_rate")
+    lines = [f"strategy: {section.get('strategy') or 'none fits'} — {section['reason']}",
+             f"precision: {section['precision']} ({section['sources']['precision']})",
+             f"batch: {batch['micro_batch']} per GPU × {batch['gradient_accumulation_steps']} accumulation × "
+             f"{batch['world']} ranks = {batch['global_batch']}",
+             f"learning rate: {rate['scaled']:.3g} ({section['sources']['learning_rate']})" if rate
+             else f"learning rate: {section['sources']['learning_rate']}"]
+    for line in lines + list(section.get("notes") or []):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)

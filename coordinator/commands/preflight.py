@@ -25,4 +25,10 @@ def render_preflight(result: PreflightReport, console: Console) -> None:
         console.print("\n[bold]to fix[/]")
         for item in fixes:
             console.print(f"  {item['name']}: {item['fix_command']}", soft_wrap=True, markup=False, highlight=False)
+    torch = result.get("torch")
+    if torch and torch["envs"]:
+        console.print("\n[bold]each node's PyTorch environment[/] (a torch launcher sets it; the job's own wins)")
+        for node, env in sorted(torch["envs"].items()):
+            words = " ".join(f"{key}={value}" for key, value in sorted(env.items()))
+            console.print(f"  {node}: {words}", soft_wrap=True, markup=False, highlight=False)
     console.print(f"\npre-flight: {marks[result['status']]} ({result['seconds']:.1f} s)")

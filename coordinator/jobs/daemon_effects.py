@@ -31,6 +31,7 @@ from coordinator.jobs.transfer import (
 from coordinator.launch.launcher import LaunchPlan, PlanError, StartError
 from coordinator.launch.plan import node_topologies
 from coordinator.launch.registry import launcher_named
+from coordinator.launch.torch_env import is_torch_launcher
 from coordinator.nodes.session import DOWN, UP
 from coordinator.relay.broadcast import Source as RelaySource
 from coordinator.relay.broadcast import Target, broadcast
@@ -111,10 +112,13 @@ class DaemonEffects:
         return await serve_sync(self.cluster, self.links, _quiet, source=source, nodes=nodes,
                                 follow_outside_links=follow_outside_links)
 
-    async def preflight(self, *, backend: str | None, source: str | None,
-                        nodes: list[str] | None = None) -> PreflightReport:
+    async def preflight(self, *, backend: str | None, source: str | None, nodes: list[str] | None = None,
+                        launcher: str | None = None) -> PreflightReport:
         from coordinator.readiness.preflight import run_preflight
-        return await run_preflight(self.cluster, _quiet, backend=backend, source=source, only=nodes)
+        # Only a torch-based launcher's job gets the PyTorch checks; an MLX job's pre-flight is unchanged.
+        torch = launcher is not None and is_torch_launcher(launcher)
+        return await run_preflight(self.cluster, _quiet, backend=backend, source=source, only=nodes, torch=torch,
+                                   launcher=launcher if torch else None)
 
     # --- launching ---
     async def plan_launch(self, nodes: list[str], backend: str | None, launcher: str) -> LaunchPlan:

@@ -120,8 +120,9 @@ class JobEffects(Protocol):
     # --- before the first attempt ---
     async def sync(self, source: str, nodes: list[str] | None = None, *,
                    follow_outside_links: bool = False) -> SyncReport: ...
-    async def preflight(self, *, backend: str | None, source: str | None,
-                        nodes: list[str] | None = None) -> PreflightReport: ...
+    async def preflight(self, *, backend: str | None, source: str | None, nodes: list[str] | None = None,
+                        launcher: str | None = None) -> PreflightReport:
+        """Pre-flight on the job's nodes; a torch-based ``launcher`` gets the PyTorch checks."""
 
     # --- launching ---
     async def plan_launch(self, nodes: list[str], backend: str | None, launcher: str) -> LaunchPlan:

@@ -285,7 +285,8 @@ class JobRunner:
         if await self._wait_for_nodes() is None:
             return False
         self.set_state("preflight")
-        result = await self.fx.preflight(backend=self.spec.backend, source=self.spec.source, nodes=self.spec.nodes)
+        result = await self.fx.preflight(backend=self.spec.backend, source=self.spec.source, nodes=self.spec.nodes,
+                                         launcher=self.spec.launcher)
         failed = [c for c in result["checks"] if c["status"] == "fail"]
         if failed and not self.spec.force:
             reasons = "; ".join(f"{c['name']}: {c['detail']}" for c in failed[:5])

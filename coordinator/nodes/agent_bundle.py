@@ -1,4 +1,5 @@
-"""The agent as shipped to a node: a zip of ``agent/``, ``shared/`` and a pure-Python msgpack.
+"""The agent as shipped to a node: a zip of ``agent/``, ``shared/``, ``coord_script/`` (the helpers a
+training script imports) and a pure-Python msgpack.
 
 A node needs only its own Python (with mlx and mlx-lm) for coord to work there.
 The daemon installs the bundle into a private directory under the node user's
@@ -26,7 +27,7 @@ NOT_INSTALLED = 97
 INSTALL_ROOT = "$HOME/.coord/agent"
 
 _REPO = Path(__file__).resolve().parents[2]  # the directory that holds agent/ and shared/
-_PACKAGES = ("agent", "shared")
+_PACKAGES = ("agent", "shared", "coord_script")  # coord_script: the helpers a training script imports
 
 
 @dataclass(frozen=True)

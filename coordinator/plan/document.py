@@ -54,6 +54,7 @@ from coordinator.plan.sections.training import (
     verification_steps,
 )
 from coordinator.plan.sizing import FitPlan
+from coordinator.plan.torch_configs import TorchPlanSection
 
 #: A JSON Schema document, as its file holds it: free-form JSON, read by jsonschema.
 JsonSchema = dict[str, Any]
@@ -84,6 +85,7 @@ class PlanDocument(TypedDict):
     memory_sizing: NotRequired[FitPlan | DisabledSection]  # the model's memory estimate, per node
     data_validation: NotRequired[DatasetReport | DisabledSection]  # the data set, line by line
     known_failures: NotRequired[list[Diagnosis]]  # coordinator.jobs.diagnosis's, each with its fix
+    pytorch: NotRequired[TorchPlanSection | DisabledSection]  # coord plan --launcher accelerate|deepspeed
 
 
 def build_plan(inputs: PlanInputs) -> PlanDocument:

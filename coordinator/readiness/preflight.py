@@ -6,7 +6,7 @@ import posixpath
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 import anyio
 
@@ -24,11 +24,13 @@ from coordinator.readiness.consistency import ConsistencyReport, Manifest
 from coordinator.readiness.head_python import install_mlx_command
 from coordinator.readiness.push import manifest_from_wire
 from coordinator.readiness.sync import ignore_patterns, source_manifest
+from coordinator.readiness.torch_preflight import TorchPreflight, torch_preflight
 from shared.ignore import DEFAULT_PATTERNS
 from shared.rpc import Emit, RemoteError
 
 if TYPE_CHECKING:
     from coordinator.nodes.cluster import Cluster
+    from coordinator.nodes.session import Facts
 
 CHECKPOINT_DIR = "checkpoints"
 
@@ -61,6 +63,7 @@ class PreflightReport(TypedDict):
     consistency: ConsistencyReport  # the code's, in full
     topologies: dict[str, Topology]
     seconds: float
+    torch: NotRequired[TorchPreflight]  # with torch=True only: what a PyTorch job's checks found
 
 
 async def gather(cluster: Cluster, emit: Emit, source: Path | None = None,
@@ -123,9 +126,23 @@ async def gather(cluster: Cluster, emit: Emit, source: Path | None = None,
     return found
 
 
+def _mlx_memory_and_calibration(cluster: Cluster, facts: dict[str, Facts], model_bytes: int) -> list[CheckResult]:
+    calibrated = {}
+    for name, fact in facts.items():
+        stale, _ = is_stale(cluster.state.calibration(name), fact, refresh=False)
+        calibrated[name] = not stale
+    return [checks.memory_for_model(facts, model_bytes or None), checks.calibration(calibrated)]
+
+
 async def run_preflight(cluster: Cluster, emit: Emit, backend: str | None = None,
-                        source: str | None = None, only: list[str] | None = None) -> PreflightReport:
-    """Every check on every node, or on the nodes in ``only`` (a job that holds a subset of the cluster)."""
+                        source: str | None = None, only: list[str] | None = None, torch: bool = False,
+                        launcher: str | None = None, master_port: int | None = None) -> PreflightReport:
+    """Every check on every node, or on the nodes in ``only`` (a job that holds a subset of the cluster).
+
+    ``torch``: the job's launcher is torch-based (torchrun, Accelerate, DeepSpeed; ``launcher`` names
+    it): the PyTorch checks run (coordinator/readiness/torch_checks.py, with the rendezvous probe on
+    ``master_port``), and those that only an MLX launch needs (mlx.launch on the head, the mlx and
+    mlx-lm versions, the MLX backend and its hostfile) give way to them. Without it nothing changes."""
     started = time.monotonic()
     config = cluster.config
     found = await gather(cluster, emit, Path(source) if source else None, only)
@@ -139,8 +156,10 @@ async def run_preflight(cluster: Cluster, emit: Emit, backend: str | None = None
     report += checks.reachability(list(nodes.values()))
     report.append(checks.agent_versions({n: v["agent"] or {} for n, v in up.items()},
                                         cluster.bundle.bundle_id))
-    report.append(checks.head_launcher(find_launcher(), sys.executable, install_mlx_command()))
-    report += checks.equal_versions(nodes, facts)
+    if not torch:
+        report.append(checks.head_launcher(find_launcher(), sys.executable, install_mlx_command()))
+    report += [c for c in checks.equal_versions(nodes, facts)
+               if not torch or c["name"] not in ("versions.mlx", "versions.mlx_lm")]
     report.append(checks.equal_os(facts))
     report += checks.system_sleep(nodes, facts)
     code = checks.code_consistency(found["manifests"], found["missing"], config.sync.threshold)
@@ -155,23 +174,30 @@ async def run_preflight(cluster: Cluster, emit: Emit, backend: str | None = None
     model_bytes = max((sum(e["size"] for e in files.values() if e) for files in found["model"].values()),
                       default=0)
     report += checks.disk_and_checkpoints(nodes, found["probes"], needed_bytes=3 * model_bytes)
-    report.append(checks.memory_for_model(facts, model_bytes or None))
-    calibrated = {}
-    for name, fact in facts.items():
-        stale, _ = is_stale(cluster.state.calibration(name), fact, refresh=False)
-        calibrated[name] = not stale
-    report.append(checks.calibration(calibrated))
+    if not torch:  # MLX's memory and calibration: a PyTorch job is sized per GPU by its plan (coord plan --launcher)
+        report += _mlx_memory_and_calibration(cluster, facts, model_bytes)
     last_hook = next((e for e in reversed(cluster.state.recent_events(200)) if e["kind"] == "sync.hook"), None)
     report.append(checks.sync_hook(config.sync.hook, last_hook))
     choice, document, error = plan_backend(cluster, found["topologies"], forced=backend, nodes=only)
-    report += checks.backend(choice, error if choice is None else None)
-    report.append(checks.hostfile(document, error))
+    found_torch = None
+    if torch:
+        await emit({"node": "head", "progress": "PyTorch facts and the rendezvous", "fraction": 0.9})
+        found_torch = await torch_preflight(cluster, up, found["topologies"], launcher=launcher,
+                                            master_port=master_port)
+        report += found_torch["checks"]
+    else:
+        report += checks.backend(choice, error if choice is None else None)
+        report.append(checks.hostfile(document, error))
     status = checks.overall(report)
     layers = {layer: checks.overall([c for c in report if c["layer"] == layer]) for layer in checks.LAYERS
               if any(c["layer"] == layer for c in report)}
     cluster.record_event("preflight." + status, f"pre-flight {status}: "
                                 f"{sum(c['status'] == 'fail' for c in report)} failed, "
                                 f"{sum(c['status'] == 'warn' for c in report)} warnings")
-    return {"status": status, "checks": report, "layers": layers, "backend": choice, "hostfile": document,
-            "backend_error": error, "consistency": code.pop("report"), "topologies": found["topologies"],
-            "seconds": round(time.monotonic() - started, 3)}
+    result: PreflightReport = {
+        "status": status, "checks": report, "layers": layers, "backend": choice, "hostfile": document,
+        "backend_error": error, "consistency": code.pop("report"), "topologies": found["topologies"],
+        "seconds": round(time.monotonic() - started, 3)}
+    if found_torch is not None:
+        result["torch"] = found_torch
+    return result

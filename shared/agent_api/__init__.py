@@ -4,7 +4,8 @@ Each method the agent serves (``agent.server.build_dispatcher``) takes the argum
 its ``...Request`` and answers a ``...Reply``, declared in this package by group of
 methods: ``session`` (hello, ping), ``facts`` (facts, usage), ``sync``, ``relay``,
 ``topology``, ``ranks`` (a rank's life and its checkpoints), ``progress`` (what the
-trainers report through ``rank_status``) and ``calibration``. These are ``TypedDict``s: at
+trainers report through ``rank_status``), ``calibration`` and ``torch`` (a PyTorch job's node
+facts and the rendezvous probe). These are ``TypedDict``s: at
 run time they are the plain dicts that msgpack carries, so naming them changes nothing on
 the wire. A request's required keys are those of the dispatcher's ``required`` table, its
 optional keys those of ``optional`` (``methods.REQUESTS`` maps each method to its request,

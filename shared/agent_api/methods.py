@@ -64,6 +64,16 @@ from shared.agent_api.sync import (
     UploadRequest,
 )
 from shared.agent_api.topology import TopologyReply
+from shared.agent_api.torch import (
+    RendezvousCloseReply,
+    RendezvousCloseRequest,
+    RendezvousConnectReply,
+    RendezvousConnectRequest,
+    RendezvousListenReply,
+    RendezvousListenRequest,
+    TorchFactsReply,
+    TorchFactsRequest,
+)
 
 #: Each method's request, by name: its required keys are the dispatcher's required arguments,
 #: its optional keys the optional ones.
@@ -100,6 +110,10 @@ REQUESTS: dict[str, type] = {
     "hash_file": FileRequest,
     "read_file": ReadFileRequest,
     "calibrate": CalibrateRequest,
+    "torch_facts": TorchFactsRequest,
+    "rendezvous_listen": RendezvousListenRequest,
+    "rendezvous_connect": RendezvousConnectRequest,
+    "rendezvous_close": RendezvousCloseRequest,
 }
 
 #: Each method's reply, by name.
@@ -136,4 +150,8 @@ REPLIES: dict[str, type] = {
     "hash_file": HashFileReply,
     "read_file": ReadFileReply,
     "calibrate": CalibrationReply,
+    "torch_facts": TorchFactsReply,
+    "rendezvous_listen": RendezvousListenReply,
+    "rendezvous_connect": RendezvousConnectReply,
+    "rendezvous_close": RendezvousCloseReply,
 }

@@ -72,7 +72,7 @@ def _runtime_typing_imports(tree: ast.Module) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("path", sorted(str(p) for root in ("agent", "shared")
+@pytest.mark.parametrize("path", sorted(str(p) for root in ("agent", "shared", "coord_script")
                                         for p in (ROOT / root).rglob("*.py")))
 def test_agent_and_shared_run_on_python_3_10(path):
     # The agent and everything it imports run with the node's Python, which may be 3.10.

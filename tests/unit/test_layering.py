@@ -8,7 +8,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("coordinator", "agent", "shared")
+PACKAGES = ("coordinator", "agent", "shared", "coord_script")
 MAX_MODULE_LINES = 600
 ENTRY_POINTS = ("coordinator.cli",)
   # `coord daemon` starts it; coordd is coordinator.daemon itself

@@ -1,0 +1,98 @@
+"""coord's script helpers: what a training script of one's own (PyTorch, MLX, anything) calls to be
+supervised by coord, without knowing the file formats (docs/script-contract.md).
+
+    import coord_script
+
+    start = coord_script.step_offset()            # the global step this attempt starts from
+    if coord_script.resume_dir():                 # a resume: load what the previous attempt saved
+        ...
+    for step in range(start + 1, total + 1):
+        loss = train_one_step()
+        coord_script.report(step, loss=loss, tokens_per_second=tps)
+        if step % save_every == 0:
+            save_to(coord_script.checkpoint_dir(step - start))
+
+It ships in coord's agent bundle, which every rank finds on its ``PYTHONPATH``, so a script
+imports it with nothing installed. Standard library only, no torch, nothing of coord imported: it
+runs with whatever Python the node's ranks use (3.10 or later). Outside coord (no ``COORD_*``
+environment) ``report`` does nothing and ``resume_dir`` is None, so the same script runs alone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+
+__all__ = ["checkpoint_dir", "report", "resume_dir", "step_offset"]
+
+#: Checkpoint names carry the step in seven digits (docs/script-contract.md).
+STEP_DIGITS = 7
+
+
+def report(step: int, loss: float | None = None, **metrics: float) -> bool:
+    """Append a ``train`` progress record for global ``step`` to ``$COORD_PROGRESS_FILE``.
+
+    ``metrics`` are numbers coord shows beside the loss: ``tokens_per_second``, ``learning_rate``,
+    ``peak_memory_gb`` (bytes / 1e9); others are kept in the line and ignored by coord. A value that
+    is not finite (a NaN loss) is left out of the record, as coord would skip it. The record is one
+    JSON line written whole with one ``write`` to a file opened for appending, so ranks that share
+    the file never interleave. Returns False when there is no progress file (not run by coord).
+    """
+    if not _whole(step) or step < 0:
+        raise ValueError(f"coord_script.report: step must be a whole number of at least 0, got {step!r}")
+    values = {"loss": loss, **metrics} if loss is not None else dict(metrics)
+    for name, value in values.items():
+        if not _number(value):
+            raise TypeError(f"coord_script.report: {name} must be a number, got {type(value).__name__} {value!r}")
+    path = os.environ.get("COORD_PROGRESS_FILE")
+    if not path:
+        return False
+    record = {"kind": "train", "step": step, "time": time.time(),
+              **{name: float(value) for name, value in values.items() if math.isfinite(value)}}
+    line = (json.dumps(record) + "\n").encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+    return True
+
+
+def resume_dir() -> str | None:
+    """The checkpoint directory this attempt resumes from (``$COORD_RESUME_DIR``), or None on a
+    first attempt or outside coord."""
+    return os.environ.get("COORD_RESUME_DIR") or None
+
+
+def step_offset() -> int:
+    """The global step this attempt starts from (``$COORD_STEP_OFFSET``; 0 on a first attempt)."""
+    text = os.environ.get("COORD_STEP_OFFSET") or "0"
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"COORD_STEP_OFFSET must be a whole number, got {text!r}") from None
+
+
+def checkpoint_dir(step: int) -> str:
+    """``$COORD_CHECKPOINT_DIR/NNNNNNN`` for ``step`` (the step within this attempt, as checkpoint
+    names count it: the global step less :func:`step_offset`), created if it is not there yet."""
+    if not _whole(step) or not 0 <= step < 10**STEP_DIGITS:
+        raise ValueError(f"coord_script.checkpoint_dir: step must be a whole number from 0 to "
+                         f"{10**STEP_DIGITS - 1}, got {step!r}")
+    root = os.environ.get("COORD_CHECKPOINT_DIR")
+    if not root:
+        raise RuntimeError("coord_script.checkpoint_dir: COORD_CHECKPOINT_DIR is not set (the script is not run "
+                           "by coord run); save where you would without coord")
+    path = os.path.join(root, f"{step:0{STEP_DIGITS}d}")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
