@@ -56,7 +56,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             name = args.resume or args.name or f"job-{time.strftime('%Y%m%d-%H%M%S')}"
             source = str(Path(args.source).resolve()) if args.source else None
             fields = validate(JobSpec(name=name, command=command, save_every=args.save_every,
-                                      max_restarts=args.max_restarts, hang_timeout=args.hang_timeout, keep=args.keep,
+                                      max_restarts=args.max_restarts, hang_timeout=args.hang_timeout,
+                                      first_step_timeout=args.first_step_timeout, keep=args.keep,
                                       force=args.force, source=source, backend=args.backend, trainer=args.trainer,
                                       replica=args.replica, min_nodes=args.min_nodes,
                                       node_timeout=args.node_timeout, total_steps=args.total_steps,
@@ -66,6 +67,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     job = ask_daemon(socket, "run", {"spec": fields, "resume": bool(args.resume)}, config_hint=hint)
     verb = "resumed" if args.resume else "submitted"
     print(f"{verb} {job['name']} as run {job['run_id']}: {' '.join(job['command'])}")
+    if job.get("hang_watch"):
+        print(f"note: {job['hang_watch']}")
     if args.detach:
         print(f"follow it with: coord status   coord logs -f {job['name']}   coord wait {job['name']}")
         return EXIT_OK

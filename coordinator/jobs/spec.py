@@ -50,6 +50,7 @@ class JobSpecFields(TypedDict):
     nodes: list[str] | None
     priority: int
     launcher: str
+    first_step_timeout: float | None
 
 
 @dataclass
@@ -58,7 +59,7 @@ class JobSpec:
     command: list[str]
     save_every: int = 10
     max_restarts: int = 3
-    hang_timeout: float | None = None  # None: ten times the observed step time, at least 60 s
+    hang_timeout: float | None = None  # None: from the measured step time (coordinator/jobs/hang.py)
     keep: int = 3
     force: bool = False
     source: str | None = None
@@ -71,6 +72,7 @@ class JobSpec:
     nodes: list[str] | None = None  # the nodes the job holds (None: every node of the cluster)
     priority: int = 0  # a queued job with a higher priority starts first
     launcher: str = DEFAULT_LAUNCHER  # what starts the ranks (coordinator/launch/registry.py)
+    first_step_timeout: float | None = None  # None: from the model, the disk and the previous attempt
 
     def as_dict(self) -> JobSpecFields:
         return cast(JobSpecFields, asdict(self))  # the fields above, in order (a test holds the two together)
@@ -103,8 +105,10 @@ def _check_counts(spec: JobSpec) -> None:
             raise JobSpecError(f"{key.replace('_', '-')} must be at least 1")
     if spec.max_restarts < 0:
         raise JobSpecError("max-restarts must be 0 or more")
-    if spec.hang_timeout is not None and spec.hang_timeout <= 0:
-        raise JobSpecError("hang-timeout must be greater than 0 seconds")
+    for key in ("hang_timeout", "first_step_timeout"):
+        value = getattr(spec, key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+            raise JobSpecError(f"{key.replace('_', '-')} must be greater than 0 seconds, got {value!r}")
 
 
 def _check_trainer(spec: JobSpec) -> None:
@@ -169,6 +173,25 @@ def _check_mlx_lm_iters(spec: JobSpec) -> None:
     spec.total_steps = total
 
 
+def reports_progress(spec: JobSpec) -> bool:
+    """Whether the job's ranks are known to write progress records before they are seen to: coord's
+    trainers do (mlx_lm lora run by coord, and --trainer coord); a script of one's own may not."""
+    return is_mlx_lm(spec.command)
+
+
+#: The one line a script of one's own adds to be watched for hangs (docs/script-contract.md).
+PROGRESS_LINE = ('open(os.environ["COORD_PROGRESS_FILE"], "a").write(json.dumps({"kind": "train", '
+                 '"step": step}) + "\\n")')
+
+
+def progress_note(spec: JobSpec) -> str | None:
+    """What coord says at submission of a job it cannot watch for hangs until its ranks report."""
+    if reports_progress(spec):
+        return None
+    return ("no hang watchdog until the script appends to $COORD_PROGRESS_FILE (a script that never does is "
+            f"never killed as hung); after each step add (with import json, os): {PROGRESS_LINE}")
+
+
 def _whole_number(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -176,7 +199,8 @@ def _whole_number(value: object) -> bool:
 _JOB_FILE_KEYS: dict[str, type | tuple[type, ...]] = {
     "name": str, "command": list, "save_every": int, "max_restarts": int, "hang_timeout": (int, float), "keep": int,
     "force": bool, "source": str, "backend": str, "trainer": str, "replica": str, "min_nodes": int,
-    "node_timeout": (int, float), "total_steps": int, "nodes": list, "priority": int}
+    "node_timeout": (int, float), "total_steps": int, "nodes": list, "priority": int,
+    "first_step_timeout": (int, float)}
 
 
 def load_job_file(path: Path) -> JobSpec:

@@ -285,6 +285,7 @@ class JobRunner:
             return False
         self.set_state("preflight")
         result = await self.fx.preflight(backend=self.spec.backend, source=self.spec.source, nodes=self.spec.nodes)
+        self.record.model_bytes = result.get("model_bytes")  # the first step's limit follows it
         failed = [c for c in result["checks"] if c["status"] == "fail"]
         if failed and not self.spec.force:
             reasons = "; ".join(f"{c['name']}: {c['detail']}" for c in failed[:5])
@@ -425,8 +426,10 @@ class JobRunner:
         self.record.launcher_pid = self.fx.start_launcher(self.run_id, attempt.number, plan)
         self.record.last_progress = self.fx.now()
         self.set_state(JobState.RUNNING)
+        hangs = self.ranks.hangs
+        watch = hangs.limits().describe() if hangs.watched() else "none until its ranks report progress"
         self.event("launched", f"attempt {attempt.number} launched on {', '.join(order)} from step {start_step} "
-                   f"({plan.backend})", attempt=attempt.number,
+                   f"({plan.backend}); hang watch: {watch}", attempt=attempt.number,
                    seconds=round(self.fx.monotonic() - started, 3))
         return None
 

@@ -6,6 +6,8 @@ from typing import TypedDict
 
 from coordinator.jobs.diagnosis import RunDiagnosis
 from coordinator.jobs.run_context import RunContext
+from coordinator.jobs.spec import progress_note
+from coordinator.jobs.states import FINISHED
 
 
 class RunView(TypedDict):
@@ -40,6 +42,7 @@ class RunView(TypedDict):
     job_nodes: list[str]  # the nodes the job holds
     priority: int
     queue_position: int | None  # while queued
+    hang_watch: str | None  # why the run is not watched for hangs (its ranks never reported progress), and the fix
 
 
 def run_view(ctx: RunContext, *, queue_position: int | None) -> RunView:
@@ -61,4 +64,5 @@ def run_view(ctx: RunContext, *, queue_position: int | None) -> RunView:
             "rank_memory_bytes": dict(record.rank_memory or {}) if state == "running" else {},
             "started": record.started, "command": spec.command,
             "job_nodes": ctx.job_nodes(), "priority": spec.priority,
-            "queue_position": queue_position if state == "queued" else None}
+            "queue_position": queue_position if state == "queued" else None,
+            "hang_watch": progress_note(spec) if not record.progress_seen and state not in FINISHED else None}

@@ -6,7 +6,7 @@ import posixpath
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 import anyio
 
@@ -61,6 +61,7 @@ class PreflightReport(TypedDict):
     consistency: ConsistencyReport  # the code's, in full
     topologies: dict[str, Topology]
     seconds: float
+    model_bytes: NotRequired[int | None]  # the model files named in the cluster file, on the node with most
 
 
 async def gather(cluster: Cluster, emit: Emit, source: Path | None = None,
@@ -174,4 +175,4 @@ async def run_preflight(cluster: Cluster, emit: Emit, backend: str | None = None
                                 f"{sum(c['status'] == 'warn' for c in report)} warnings")
     return {"status": status, "checks": report, "layers": layers, "backend": choice, "hostfile": document,
             "backend_error": error, "consistency": code.pop("report"), "topologies": found["topologies"],
-            "seconds": round(time.monotonic() - started, 3)}
+            "seconds": round(time.monotonic() - started, 3), "model_bytes": model_bytes or None}
