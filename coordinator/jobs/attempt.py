@@ -34,7 +34,7 @@ class Attempt:
     node_time: dict[int, float] = field(default_factory=dict)  # rank -> its node's clock at the last poll
     process: dict[int, str | None] = field(default_factory=dict)  # rank -> its processes' state
     stopped_since: dict[int, float] = field(default_factory=dict)  # rank -> when it was first seen stopped
-    slow_seen_at: float | None = None  # the last poll that found a rank saving or evaluating
+    rank_steps: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> its newest step, when (its clock)
     exited: set[int] = field(default_factory=set)  # ranks seen ended: their silence is no hang
     last_train: tuple[int, float] | None = None  # the newest train record's step and its own time
 

@@ -5,7 +5,8 @@ coord's trainers) with its phase (loading, compiling, training, saving, evaluati
 it finished, how long it has gone without progress (``idle_s``: since that step, or since it
 entered the phase) and whether it waits inside a collective. Its node's agent adds the state of
 its processes (stopped, in uninterruptible sleep). Only time in a phase that should make progress
-counts toward a hang, and each phase has its own allowance (``HangLimits``):
+counts toward a hang, and each phase has its own allowance (``HangLimits``; the ranks wait for
+each other, so while one rank loads or saves every rank gets that phase's allowance):
 
 - loading: the first-step limit (``--first-step-timeout``; else from the previous attempt's time
   to its first step; else from the model's size and the node's disk read rate; else 600 s);
@@ -187,14 +188,17 @@ def hang_verdict(ranks: Sequence[RankSeen], job: JobSeen, limits: HangLimits) ->
                       ranks, stopped)
     phased = [r for r in ranks if r.phase is not None and r.stuck_s is not None]
     if phased:
-        over = [r for r in phased
-                if (r.stuck_s or 0.0) > limits.allowance(r.phase, first_step_done=job.first_step_done)]
+        # The ranks wait for each other in their collectives: while one loads or saves, the others'
+        # waits are that phase's too. So every rank gets the longest allowance of the phases now.
+        pacing = max(phased, key=lambda r: limits.allowance(r.phase, first_step_done=job.first_step_done))
+        limit = limits.allowance(pacing.phase, first_step_done=job.first_step_done)
+        over = [r for r in phased if (r.stuck_s or 0.0) > limit]
         if not over:
             return None
         worst = max(over, key=lambda r: r.stuck_s or 0.0)
-        limit = limits.allowance(worst.phase, first_step_done=job.first_step_done)
+        paced = f"; rank {pacing.rank} is {pacing.phase}" if pacing.phase != worst.phase else ""
         reason = (f"no progress for {worst.stuck_s:.0f} s while {worst.phase} "
-                  f"(allowance {limit:g} s{_before(job)})")
+                  f"(allowance {limit:g} s{_before(job)}{paced})")
         return _named(reason, ranks, over)
     if not job.first_step_done:
         if job.quiet_s <= limits.first_step:

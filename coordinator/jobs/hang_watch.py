@@ -38,22 +38,25 @@ class HangWatch:
         changed = attempt.beat_changed.get(rank)
         if changed is None or changed[:2] != key:
             attempt.beat_changed[rank] = (*key, self.fx.now())
+        if beat["phase"] in hang.SLOW_PHASES and rank in attempt.rank_steps:
+            # A save or an evaluation is not time between steps: the next gap starts after it.
+            attempt.rank_steps[rank] = (attempt.rank_steps[rank][0], beat["time"])
 
-    def after_poll(self, attempt: Attempt, *, progressed: bool, had_first_step: bool) -> None:
-        """After every rank's reply was read: a new step is the job's progress, and the time since
-        the one before (less any time a rank spent saving or evaluating) is what the training
-        allowance follows."""
-        now = self.fx.now()
-        record = self.ctx.record
-        if any(b["phase"] in hang.SLOW_PHASES for r, b in attempt.beats.items() if r not in attempt.exited):
-            attempt.slow_seen_at = now
-        if not progressed:
+    def stepped(self, attempt: Attempt, rank: int, step: int, at: float) -> None:
+        """A record of ``rank`` that says it finished ``step``, written at ``at`` (its own clock).
+        The time between two of its steps past the attempt's start is what the training allowance
+        follows (its own clock on both ends; the loading and the first step are not counted)."""
+        last = attempt.rank_steps.get(rank)
+        if last is not None and step <= last[0]:
             return
-        if had_first_step and record.last_progress is not None:
-            since = max(record.last_progress, attempt.slow_seen_at or 0.0)
-            if now > since:
-                record.step_gap = hang.next_gap(record.step_gap, now - since)
-        record.last_progress = now
+        if last is not None and last[0] > attempt.start_step and at > last[1]:
+            self.ctx.record.step_gap = hang.next_gap(self.ctx.record.step_gap, at - last[1])
+        attempt.rank_steps[rank] = (step, at)
+
+    def after_poll(self, *, progressed: bool) -> None:
+        """After every rank's reply was read: a new step is the job's progress (the head's clock)."""
+        if progressed:
+            self.ctx.record.last_progress = self.fx.now()
 
     def limits(self) -> hang.HangLimits:
         spec, record = self.ctx.spec, self.ctx.record

@@ -83,9 +83,8 @@ class RankWatcher:
                 continue  # its node did not answer: judged below, after what the others said is read
             read_any = bool(status["progress"]) or read_any
             reports.append(await self._read(attempt, rank, name, status))
-        self.hangs.after_poll(attempt, progressed=record.step > step_before
-                              or (first_before is None and record.first_step_at is not None),
-                              had_first_step=first_before is not None)
+        self.hangs.after_poll(progressed=record.step > step_before
+                              or (first_before is None and record.first_step_at is not None))
         if read_any:
             ctx.save()  # the progress and the offsets it was read up to, together
         if failed:
@@ -268,7 +267,7 @@ class RankWatcher:
         elif progress["kind"] == "val":
             self._on_val_loss(attempt, progress)
         else:
-            self._on_train(attempt, progress)
+            self._on_train(attempt, rank, progress)
 
     def _on_fingerprint(self, attempt: Attempt, progress: FingerprintRecord) -> None:
         record = self.ctx.record
@@ -282,10 +281,12 @@ class RankWatcher:
             record.replica_check = comparison_summary(record.replica_check, check, record.attempt,
                                                          attempt.order, first)
 
-    def _advance(self, step: int, *, first: bool) -> None:
-        """A step a rank finished; ``first``: it is this attempt's first step even if it is not past
-        the start (a train record is one; a heartbeat's step is past the start once it is one)."""
+    def _advance(self, attempt: Attempt, rank: int, step: int, at: float, *, first: bool) -> None:
+        """A step ``rank`` finished, by its record written at ``at`` (its clock); ``first``: it is the
+        attempt's first step even if it is not past the start (a train record is one; a
+        heartbeat's step is one once it is past the start)."""
         record = self.ctx.record
+        self.hangs.stepped(attempt, rank, step, at)
         if record.first_step_at is None and (first or step > record.start_step):
             now = self.fx.now()
             # Until the first step, the last progress is the launch (both on the head's clock).
@@ -301,13 +302,13 @@ class RankWatcher:
         self.hangs.heartbeat(attempt, rank, beat)
         step = beat.get("step")
         if step is not None:
-            self._advance(step, first=False)
+            self._advance(attempt, rank, step, beat["time"], first=False)
 
-    def _on_train(self, attempt: Attempt, progress: TrainRecord) -> None:
+    def _on_train(self, attempt: Attempt, rank: int, progress: TrainRecord) -> None:
         record = self.ctx.record
         now = float(progress.get("time") or self.fx.now())  # the rank's own clock
         step = progress["step"]
-        self._advance(step, first=True)
+        self._advance(attempt, rank, step, now, first=True)
         last = attempt.last_train
         if last is not None and step > last[0] and now > last[1]:
             record.step_seconds = (now - last[1]) / (step - last[0])

@@ -205,6 +205,8 @@ class JobRunner:
                     and self.state in FINISHED:
                 return
             self.attempt = Attempt.resumed(self.record, self.fx, self.run_id)
+            # The hang watch starts afresh: the time the daemon was away says nothing of the ranks.
+            self.record.last_progress = self.fx.now()
             self.event("reattached", f"supervising attempt {self.record.attempt} again after a daemon restart")
             outcome = None
         while True:

@@ -80,6 +80,16 @@ def test_phases_have_their_own_allowances():
     assert verdict is not None and "before the first step" in verdict.reason and verdict.ranks == (0,)
 
 
+def test_the_ranks_waiting_for_a_rank_that_saves_or_loads_get_its_allowance():
+    saving = [beating(0, "saving", stuck=100.0), beating(1, "training", stuck=100.0, collective=True)]
+    assert hang_verdict(saving, WATCHED, LIMITS) is None
+    loading = [beating(0, "loading", stuck=300.0), beating(1, "compiling", stuck=290.0, collective=True)]
+    assert hang_verdict(loading, BEFORE, LIMITS) is None
+    saving[0] = beating(0, "saving", stuck=hang.SLOW_FLOOR_S + 1)
+    verdict = hang_verdict(saving, WATCHED, LIMITS)
+    assert verdict is not None and verdict.ranks == (0,) and "while saving" in verdict.reason
+
+
 def test_a_job_whose_ranks_say_nothing_of_their_phase_is_judged_as_a_whole():
     ranks = [RankSeen(0, "a"), RankSeen(1, "b")]
     assert hang_verdict(ranks, JobSeen(True, False, 500.0), LIMITS) is None

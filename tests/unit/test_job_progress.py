@@ -97,3 +97,28 @@ def test_a_malformed_record_is_skipped_and_the_watch_goes_on():
     assert ctx.record.step == 5 and ctx.record.loss is None and ctx.record.tokens_per_second == 100
     assert [series for series, _ in fx.points] == ["train", "train"]
     assert fx.points[-1][1]["step"] == 5 and fx.points[-1][1]["loss"] is None
+
+
+def test_the_time_between_steps_is_each_ranks_own_and_skips_loading_and_saves():
+    fx = _Effects()
+    ctx = RunContext(fx, JobSpec(name="j", command=["python", "train.py"]), run_id="j-00000000", record=None,
+                     state="running")
+    watcher = RankWatcher(ctx, health=None, checkpoints=None)
+    attempt = Attempt(0, ["n1", "n2"], replica_check=ReplicaCheck(2))
+
+    def beat(rank: int, phase: str, step: int, time: float) -> None:
+        watcher._on_progress(attempt, rank, {"kind": "heartbeat", "phase": phase, "step": step, "time": time})
+
+    beat(0, "loading", 0, 100.0)
+    beat(0, "training", 1, 160.0)  # the load and the first step are not a gap
+    assert ctx.record.step_gap is None
+    beat(0, "training", 2, 162.0)
+    assert ctx.record.step_gap == 2.0
+    beat(1, "training", 2, 5000.0)  # another rank on another clock: its first record is no gap
+    assert ctx.record.step_gap == 2.0
+    for time in (163.0, 200.0, 262.0):  # a hundred seconds of saving, beating as it goes
+        beat(0, "saving", 2, time)
+    beat(0, "training", 3, 263.0)  # the step after it took a second: the save is not counted
+    assert ctx.record.step_gap == 1.8  # a quicker step lowers the estimate by a tenth at a time
+    beat(0, "training", 4, 293.0)
+    assert ctx.record.step_gap == 30.0  # a slower one raises it at once
