@@ -37,6 +37,7 @@ class Attempt:
     rank_steps: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> its newest step, when (its clock)
     exited: set[int] = field(default_factory=set)  # ranks seen ended: their silence is no hang
     last_train: tuple[int, float] | None = None  # the newest train record's step and its own time
+    wired_baseline: dict[str, int] = field(default_factory=dict)  # Mac -> its wired memory before the ranks
 
     @classmethod
     def fresh(cls, number: int, order: list[str], record: JobRecord) -> Attempt:

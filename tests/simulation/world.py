@@ -126,6 +126,7 @@ class SimNode:
     disk_full: bool = False
     files: dict[str, SimFile] = field(default_factory=dict)
     came_back_at: float = 0.0
+    needs_reboot: str | None = None  # marked by a supervisor; a power cycle (a reboot) clears it
 
     @property
     def workdir(self) -> str:
@@ -301,10 +302,11 @@ class World:
     async def restore(self, name: str, reconnect_s: float = 1.0) -> None:
         node = self.nodes[name]
         if not node.powered:
-            # Back from a power loss: no rank of before runs; the files stay.
+            # Back from a power loss: no rank of before runs; the files stay; it was rebooted.
             for rank in self.ranks.values():
                 if rank.node == name and rank.running():
                     rank.vanished = True
+            node.needs_reboot = None
         node.powered = node.reachable = True
         await anyio.sleep(reconnect_s)
         if node.reachable:
@@ -378,7 +380,11 @@ class SimEffects:
         node = self.world.nodes[name]
         return NodeView(name, node.session_up, node.workdir, "/usr/bin/python3",
                         None if node.session_up else "keepalive timeout", {"mlx_lm_version": "0.30.2"},
-                        node.generation)
+                        node.generation, node.needs_reboot)
+
+    def mark_needs_reboot(self, name: str, reason: str) -> None:
+        self._effect()
+        self.world.nodes[name].needs_reboot = reason
 
     def on_head_machine(self, node: str) -> bool:
         if self.dead:

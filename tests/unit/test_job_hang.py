@@ -17,7 +17,8 @@ def beating(rank: int, phase: str = "training", stuck: float = 1.0, **kw: object
 
 
 def test_the_first_step_limit_comes_from_the_option_the_previous_attempt_the_model_or_a_default():
-    assert hang.first_step_limits(configured=45, previous_s=10, model_bytes=10**9, read_bytes_per_s=None)[:2] == (45, 45)
+    limits = hang.first_step_limits(configured=45, previous_s=10, model_bytes=10**9, read_bytes_per_s=None)
+    assert limits[:2] == (45, 45)
     # A relaunch: three times the last attempt's time to its first step, never under the floor.
     assert hang.first_step_limits(configured=None, previous_s=20, model_bytes=None, read_bytes_per_s=None)[0] == 60
     assert hang.first_step_limits(configured=None, previous_s=2, model_bytes=None,
