@@ -423,9 +423,15 @@ class JobRunner:
         last = self.record.history[-1] if self.record.history else None
         self.fx.record_attempt(self.run_id, attempt.number, start_step, order,
                                f"attempt {last['attempt']}: {last['kind']}: {last['detail']}" if last else None)
+        refused: list[LaunchError] = []  # raised past the task group, not inside an exception group
         async with anyio.create_task_group() as beside:
             beside.start_soon(self.reboots.baseline, attempt)  # each Mac's wired memory before the ranks
-            await self._prepare_ranks(plan, attempt.number, order, resume_files, start_step, batch)
+            try:
+                await self._prepare_ranks(plan, attempt.number, order, resume_files, start_step, batch)
+            except LaunchError as exc:
+                refused.append(exc)
+        if refused:
+            raise refused[0]
         # Saved before any rank starts: a daemon restarted while this attempt runs catalogues its
         # checkpoints from start_step (a file's name is its step within the attempt). Saved later,
         # a restart would read the previous attempt's start step and misnumber every checkpoint.

@@ -98,6 +98,16 @@ class SimRank:
             return self.start_step
         return min(self.total, self.start_step + int(math.floor((end - self.begin) / self.step_s + 1e-9)))
 
+    def phase_at(self, now: float) -> tuple[str, float]:
+        """Its heartbeat's phase and idle time (since its last step, or since the phase began), as
+        coord's trainers write them: loading until it begins, compiling until its first step."""
+        step = self.step_at(now)
+        if now < self.begin:
+            return "loading", now - (self.launched_at or 0.0)
+        if step == self.start_step:
+            return "compiling", now - self.begin
+        return "training", now - self.time_of(step)
+
     def natural_end(self) -> tuple[float, int, str] | None:
         """When and how the rank ends on its own (finish, planned death, early exit)."""
         if self.launched_at is None:
@@ -137,10 +147,11 @@ class World:
     """The ground truth, shared by every daemon incarnation."""
 
     def __init__(self, nodes: list[str], *, step_s: float = 0.5, startup_s: float = 2.0, copy_s: float = 0.5,
-                 every_rank_saves: bool = False, head_machine: tuple[str, ...] = ()):
+                 every_rank_saves: bool = False, head_machine: tuple[str, ...] = (), heartbeats: bool = False):
         self.nodes = {name: SimNode(name) for name in nodes}
         # coord's trainer: every rank writes its own copy of each checkpoint on its own node
         self.every_rank_saves = every_rank_saves
+        self.heartbeats = heartbeats  # coord's trainers: every rank says its phase and step at each status
         self.head_machine = set(head_machine)  # nodes that are the head's own machine
         self.copies: list[dict[str, Any]] = []  # every copy_checkpoint that landed: time, source, targets
         self.order = list(nodes)
@@ -483,6 +494,10 @@ class SimEffects:
             answer["progress"].append({"kind": "train", "step": step, "time": EPOCH + sim.time_of(step),
                                        "loss": 1.0 / step})
             answer["progress_offset"] = step
+        if self.world.heartbeats and sim.running():
+            phase, idle = sim.phase_at(now)
+            answer["progress"].append({"kind": "heartbeat", "phase": phase, "step": step, "idle_s": idle,
+                                       "time": EPOCH + now})
         answer["pid"] = 4000 + rank
         answer["log_size"] = 1 if sim.last_line and not sim.running() else 0
         if sim.vanished:
