@@ -160,11 +160,7 @@ def make_schedule(seed: int) -> Schedule:
     spec["command"] = command_for(trainer, total)
     spec["trainer"] = "coord" if trainer == "coord" else "mlx_lm"
     if trainer == "script":
-        # A script is watched for hangs once it has reported (rank 0's train records): one whose rank
-        # 0 hangs before its first report is never called hung, by design, and would never end.
-        for fault in schedule.faults:
-            if fault["kind"] == "hang" and fault["rank"] == 0:
-                fault["after"] = max(1, fault["after"])
+        _report_before_hanging(schedule)
     if more.random() < 0.4:
         schedule.head_machine = (nodes[0],)
     # Drawn apart too: whether this schedule runs several jobs at once.
@@ -172,6 +168,14 @@ def make_schedule(seed: int) -> Schedule:
     if jobs.random() < MULTI_JOB_SHARE:
         _more_jobs(schedule, jobs, trainer, horizon)
     return schedule
+
+
+def _report_before_hanging(schedule: Schedule) -> None:
+    """A script is watched for hangs once it has reported (rank 0's train records): one whose rank
+    0 hangs before its first report is never called hung, by design, and would never end."""
+    for fault in schedule.faults:
+        if fault["kind"] == "hang" and fault["rank"] == 0:
+            fault["after"] = max(1, fault["after"])
 
 
 def _more_jobs(schedule: Schedule, rng: random.Random, trainer: str, horizon: float) -> None:
