@@ -9,7 +9,8 @@ counts toward a hang, and each phase has its own allowance (``HangLimits``; the 
 each other, so while one rank loads or saves every rank gets that phase's allowance):
 
 - loading: the first-step limit (``--first-step-timeout``; else from the previous attempt's time
-  to its first step; else from the model's size and the node's disk read rate; else 600 s);
+  to its first step; else from the model's size (pre-flight) and a disk read rate, measured where
+  known (no measurement exists yet: an assumed 200 MB/s); else 600 s);
 - compiling, and training before the first step: ``--hang-timeout``, else as loading after a
   previous attempt was timed, else ``COMPILE_S`` (the first step compiles the graph);
 - training: ``--hang-timeout``, else ``max(HANG_FLOOR_S, HANG_GAP_MULTIPLE x`` the measured
