@@ -11,6 +11,7 @@ its global batch is split, up to the order of floating-point additions.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -123,6 +124,7 @@ class LoopOptions:
     adapter_path: str
     step_offset: int            # checkpoint names count from here ($COORD_STEP_OFFSET)
     corrupt_step: int | None    # --debug-corrupt: perturb this rank's weights after this step
+    hang_step: int | None = None  # --debug-hang: this rank never leaves the collective of this step
 
 
 class Window:
@@ -206,6 +208,10 @@ class Trainer:
         if totals is None:  # pragma: no cover - Split makes at least one micro-batch
             raise ValueError(f"step {step} has no micro-batches")
         with self.heartbeat.collective():  # the update adds the gradients across ranks
+            if step == self.options.hang_step:
+                # --debug-hang: stuck inside the collective, as a JACCL rank spinning on a lost peer
+                # is (its peers wait in their all_sum); only SIGKILL ends it.
+                threading.Event().wait()
             loss, tokens = self.update(*totals)
             mx.eval(self.compiled_state, loss, tokens)
         if mx.get_cache_memory() > self.options.clear_cache_threshold:

@@ -79,6 +79,7 @@ def parse_args(argv: list[str] | None) -> types.SimpleNamespace:
     parser.add_argument("--fingerprint-every", type=int,
                         help="Every N steps each rank records a SHA256 of its trainable weights (0: off).")
     parser.add_argument("--debug-corrupt", type=_rank_step, help=argparse.SUPPRESS)
+    parser.add_argument("--debug-hang", type=_rank_step, help=argparse.SUPPRESS)  # bench/hang_recovery.py
     args = vars(parser.parse_args(argv))
     if args["config"]:
         with open(args["config"], encoding="utf-8") as handle:
@@ -307,9 +308,12 @@ def loop_options(args: types.SimpleNamespace, step_offset: int, rank: int) -> Lo
 
     # coord's first attempt only: its relaunch replays the steps after the checkpoint, and perturbing
     # them again would make the replica check fire on every attempt.
-    corrupt = args.debug_corrupt if os.environ.get("COORD_ATTEMPT", "0") == "0" else None
+    first = os.environ.get("COORD_ATTEMPT", "0") == "0"
+    corrupt = args.debug_corrupt if first else None
+    hang = args.debug_hang if first else None  # a relaunch must get past it
     return LoopOptions(iters=args.iters, steps_per_report=args.steps_per_report, steps_per_eval=args.steps_per_eval,
                        save_every=args.save_every, val_batches=args.val_batches, max_seq_length=args.max_seq_length,
                        fingerprint_every=args.fingerprint_every, clear_cache_threshold=args.clear_cache_threshold,
                        adapter_path=args.adapter_path, step_offset=step_offset,
-                       corrupt_step=corrupt[1] if corrupt and corrupt[0] == rank else None)
+                       corrupt_step=corrupt[1] if corrupt and corrupt[0] == rank else None,
+                       hang_step=hang[1] if hang and hang[0] == rank else None)

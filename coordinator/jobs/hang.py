@@ -84,8 +84,8 @@ class HangLimits:
         return self.training
 
     def describe(self) -> str:
-        return (f"loading {self.loading:g} s ({self.source}), compiling and the first step {self.compiling:g} s, "
-                f"then {self.training:g} s without a step, saving and evaluating {self.slow:g} s")
+        return (f"loading {self.loading:.0f} s ({self.source}), compiling and the first step {self.compiling:.0f} s, "
+                f"then {self.training:.0f} s without a step, saving and evaluating {self.slow:.0f} s")
 
 
 def first_step_limits(*, configured: float | None, previous_s: float | None, model_bytes: int | None,
@@ -176,7 +176,7 @@ class Hang:
     named: str  # "rank 1 on b (its process is stopped: state T)"
 
     def describe(self) -> str:
-        return f"{self.reason}; stopped: {self.named}" if self.named else self.reason
+        return f"{self.reason}; the ranks that stopped: {self.named}" if self.named else self.reason
 
 
 def hang_verdict(ranks: Sequence[RankSeen], job: JobSeen, limits: HangLimits) -> Hang | None:

@@ -1,6 +1,7 @@
 """Hangs on a local cluster of two nodes, with real ranks (MLX's ring all_sum between them):
 a rank stopped before its first step is caught in seconds and named, a rank stuck outside the
-collective its peer waits in is named, and a script that reports nothing is never killed as hung."""
+collective its peer waits in is named, coord's own trainer with a rank stuck inside its all_sum
+is caught and resumed, and a script that reports nothing is never killed as hung."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import shutil
 
 import pytest
 
+from coordinator.cli.tinymodel import write_project
 from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir
 
 # Every rank beats (agent.heartbeat, from the agent's bundle on the rank's PYTHONPATH); rank 0
@@ -64,7 +66,7 @@ workdir = "{root}/b"
 @pytest.fixture(scope="module")
 def cluster():
     root = short_tempdir()
-    (root / "project").mkdir()
+    write_project(root / "project")  # the demo's tiny llama, for coord's trainer
     (root / "project" / "beating.py").write_text(SCRIPT)
     (root / "project" / "silent.py").write_text(SILENT)
     config = root / "cluster.toml"
@@ -119,6 +121,23 @@ def test_a_rank_stuck_outside_the_collective_its_peer_waits_in_is_named(cluster)
     # After its first step a rank that stops stepping is caught within the 15 s floor and a poll or two.
     step = next(e for e in events if e["kind"] == "job.first_step")
     assert _first(events, "attempt_ended")["ts"] - step["ts"] < 45, events
+
+
+def test_coords_trainer_with_a_rank_stuck_inside_its_all_sum_is_caught_and_resumed(cluster):
+    daemon, root = cluster
+    ran = _run(daemon, root, "inside", "--trainer", "coord", "--save-every", "4", "--", "python", "-m", "mlx_lm",
+               "lora", "--model", "model", "--train", "--data", "data", "--fine-tune-type", "full", "--batch-size",
+               "4", "--iters", "12", "--steps-per-report", "1", "--debug-hang", "1:6")
+    assert ran["final"]["state"] == "succeeded" and ran["final"]["restarts"] == 1, ran["final"]
+    events = _events(daemon, "inside")
+    hang = _first(events, "hang")
+    # Both ranks wait in the all_sum of step 6, their heartbeats say so: no single rank stands out.
+    assert hang["data"]["ranks"] == [0, 1] and "in a collective" in hang["message"], hang
+    assert "while training" in hang["message"], hang
+    step = next(e for e in events if e["kind"] == "job.first_step")
+    assert _first(events, "attempt_ended")["ts"] - step["ts"] < 60, events
+    resumed = [e for e in events if e["kind"] == "job.resume_from"]
+    assert resumed and resumed[0]["data"]["step"] == 4, resumed
 
 
 def test_a_script_that_reports_nothing_is_never_killed_as_hung_and_is_told_so(cluster):
