@@ -171,10 +171,11 @@ def make_schedule(seed: int) -> Schedule:
 
 
 def _report_before_hanging(schedule: Schedule) -> None:
-    """A script is watched for hangs once it has reported (rank 0's train records): one whose rank
-    0 hangs before its first report is never called hung, by design, and would never end."""
+    """A script is watched for hangs once it has reported (rank 0's train records): a run whose
+    rank 0 hangs, or exits cleanly, before its first report while another rank hangs is never
+    called hung, by design, and would never end. Here rank 0 reports a step first."""
     for fault in schedule.faults:
-        if fault["kind"] == "hang" and fault["rank"] == 0:
+        if fault["kind"] == "early" or (fault["kind"] == "hang" and fault["rank"] == 0):
             fault["after"] = max(1, fault["after"])
 
 
