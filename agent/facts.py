@@ -81,7 +81,17 @@ def collect_facts(workdir: str | None = None, python_executable: str | None = No
         **python_facts,
         "gpu": gpu,
         "gpu_detail": gpu_detail,
+        "boot_id": read_boot_id(),
     }
+
+
+def read_boot_id() -> str | None:
+    """This boot of the machine: Linux's random boot id, macOS's boot session UUID. The daemon
+    tells a node that was rebooted (a new id) from an agent that merely reconnected."""
+    text = read_text("/proc/sys/kernel/random/boot_id")
+    if text is None and platform.system() == "Darwin":
+        text = run_command(["sysctl", "-n", "kern.bootsessionuuid"])
+    return text.strip() or None if text else None
 
 
 def read_system_facts() -> SystemFacts:

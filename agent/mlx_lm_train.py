@@ -6,6 +6,12 @@ JSON line in ``$COORD_PROGRESS_FILE`` on rank 0, with the global step (mlx-lm
 counts from 1 again after a resume; coord adds ``$COORD_STEP_OFFSET``). No
 terminal output is parsed. SIGUSR1 dumps every thread's stack into the log,
 so a hung rank can be looked at before it is killed.
+
+Every rank also writes heartbeats (``agent.heartbeat``) with its phase: loading
+until training starts, compiling until its first step is done, then training,
+with saving and evaluating around mlx-lm's saves and evaluations. mlx-lm's loop
+is left as it is: a step is known to be done when the loop asks for the next
+batch (the batch iterator passed to ``mlx_lm.tuner.trainer.train`` is wrapped).
 """
 
 from __future__ import annotations
@@ -17,7 +23,10 @@ import platform
 import signal
 import sys
 import time
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
+
+from agent.heartbeat import Heartbeat
 
 if TYPE_CHECKING:
     from mlx_lm.tuner.callbacks import TrainingCallback
@@ -52,10 +61,62 @@ class ProgressCallback:
             self.wrapped.on_val_loss_report(info)
 
 
+def beating_batches(iterate: Callable[..., Iterator[Any]], heartbeat: Heartbeat,
+                    step_offset: int) -> Callable[..., Iterator[Any]]:
+    """mlx-lm's batch iterator, telling the heartbeat of each training step done: the loop asks
+    for batch N+1 once step N (and its report and save) is over. Evaluation batches (not looped)
+    pass through."""
+
+    def batches(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        if not kwargs.get("loop"):
+            yield from iterate(*args, **kwargs)
+            return
+        for done, batch in enumerate(iterate(*args, **kwargs)):
+            if done:
+                heartbeat.step(step_offset + done)
+                heartbeat.phase("training")
+            yield batch
+
+    return batches
+
+
+def during(phase: str, func: Callable[..., Any], heartbeat: Heartbeat) -> Callable[..., Any]:
+    """``func`` with the heartbeat in ``phase`` while it runs (an evaluation, a save)."""
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        with heartbeat.during(phase):
+            return func(*args, **kwargs)
+
+    return wrapped
+
+
+def with_heartbeats(heartbeat: Heartbeat, step_offset: int) -> None:
+    """mlx-lm's trainer with the phases in its heartbeats (mlx_lm.lora looks these names up when
+    it calls them)."""
+    import mlx.core as mx
+    import mlx_lm.lora as lora
+    from mlx_lm.tuner import trainer
+
+    train = lora.train
+
+    def train_beating(*args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("iterate_batches", beating_batches(trainer.iterate_batches, heartbeat, step_offset))
+        heartbeat.phase("compiling")  # until the first step is done
+        return train(*args, **kwargs)
+
+    lora.train = train_beating
+    trainer.evaluate = during("evaluating", trainer.evaluate, heartbeat)  # validation, called by train
+    lora.evaluate = during("evaluating", lora.evaluate, heartbeat)  # --test
+    mx.save_safetensors = during("saving", mx.save_safetensors, heartbeat)  # mlx-lm's adapter saves
+
+
 def main() -> None:
     from agent.qos import set_user_interactive_qos
 
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    offset = int(os.environ.get("COORD_STEP_OFFSET", "0"))
+    # Every rank beats from its first moments: importing MLX and loading the model are "loading".
+    heartbeat = Heartbeat(os.environ.get("COORD_PROGRESS_FILE") or None, step=offset).start()
     # On macOS the thread that drives MLX gets the user-interactive QoS class; nice() does not do this.
     qos = set_user_interactive_qos()
     if platform.system() == "Darwin":  # elsewhere a no-op, not worth a line in every log
@@ -64,7 +125,8 @@ def main() -> None:
     import mlx_lm.lora as lora
 
     progress = os.environ.get("COORD_PROGRESS_FILE")
-    offset = int(os.environ.get("COORD_STEP_OFFSET", "0"))
+    if progress:
+        with_heartbeats(heartbeat, offset)
     if progress and mx.distributed.init().rank() == 0:
         original = lora.get_reporting_callbacks
 
@@ -74,6 +136,7 @@ def main() -> None:
         lora.get_reporting_callbacks = with_coord
     sys.argv = ["mlx_lm.lora", *sys.argv[1:]]
     lora.main()
+    heartbeat.stop()
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import subprocess
 import time
 from typing import TYPE_CHECKING, TypeGuard
 
+from agent import proc_state
 from agent.launch import JOB_NAME
 from shared import protocol as p
 from shared.manifest import sha256_file
@@ -182,6 +183,9 @@ def rank_status(workdir: str, job: str, attempt: int, rank: int, progress_offset
     if log_offset >= 0:
         piece = read_log(workdir, job, attempt, rank, log_offset, limit=LOG_INLINE)
         reply["log"], reply["log_offset"] = piece["data"], piece["offset"]
+    if alive and pid is not None:
+        # Read last: a rank stopped (SIGSTOP) or stuck in the kernel is named by the hang watch.
+        reply["process"] = proc_state.summarize(proc_state.group_states(pid))
     return reply
 
 
@@ -195,7 +199,8 @@ def _read_progress(path: str, offset: int) -> tuple[list[JsonObject], int]:
     end = data.rfind(b"\n")
     if end < 0:
         return [], offset
-    records = []
+    records: list[JsonObject] = []
+    heartbeat = None
     for line in data[:end].splitlines():
         try:
             record = json.loads(line)
@@ -203,7 +208,10 @@ def _read_progress(path: str, offset: int) -> tuple[list[JsonObject], int]:
             continue
         if isinstance(record, dict):
             records.append(record)
-    return records, offset + end + 1
+            if record.get("kind") == "heartbeat":
+                heartbeat = record
+    # Only the newest heartbeat says what the rank does now: the older ones are not sent.
+    return [r for r in records if r.get("kind") != "heartbeat" or r is heartbeat], offset + end + 1
 
 
 def read_log(workdir: str, job: str, attempt: int, rank: int, offset: int = 0,
@@ -258,7 +266,12 @@ def stop_rank(workdir: str, job: str, attempt: int, rank: int, grace: float = 5.
     while time.monotonic() < deadline and (_group_members(pgid) or _alive(runner)):
         time.sleep(0.05)
     left = _group_members(pgid) + ([runner] if _alive(runner) else [])
-    return {"stopped": not left, "left": left, "detail": "stopped" if not left else f"still running: {left}"}
+    if not left:
+        return {"stopped": True, "left": [], "detail": "stopped"}
+    named = [proc_state.process_state(pid) or "?" for pid in left]
+    return {"stopped": False, "left": left, "states": named,
+            "detail": "still running after SIGKILL: " + ", ".join(f"{pid} (state {state})"
+                                                                  for pid, state in zip(left, named, strict=True))}
 
 
 def validate_safetensors(path: str) -> tuple[bool, str]:

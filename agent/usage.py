@@ -37,7 +37,9 @@ def collect_usage() -> UsageReply:
 
 def read_macos_usage() -> UsageSample:
     sample = _empty("not read")
-    sample["memory_used_bytes"] = usage_parsers.parse_vm_stat(run_command(["vm_stat"], USAGE_TIMEOUT_S) or "")
+    vm_stat = run_command(["vm_stat"], USAGE_TIMEOUT_S) or ""
+    sample["memory_used_bytes"] = usage_parsers.parse_vm_stat(vm_stat)
+    sample["wired_bytes"] = usage_parsers.parse_vm_stat_wired(vm_stat)
     sample["memory_total_bytes"] = read_physical_memory()
     sample["sources"]["memory"] = "vm_stat (app + wired + compressed), sysctl hw.memsize"
     gpu = usage_parsers.parse_gpu_statistics(
@@ -64,5 +66,5 @@ def read_linux_usage() -> UsageSample:
 
 def _empty(reason: str) -> UsageSample:
     return {"memory_used_bytes": None, "memory_total_bytes": None, "gpu_utilization": None,
-            "gpu_memory_bytes": None, "power_watts": None, "temperature_c": None,
+            "gpu_memory_bytes": None, "power_watts": None, "temperature_c": None, "wired_bytes": None,
             "sources": {"memory": reason, "gpu": reason, "power": reason, "temperature": reason}}

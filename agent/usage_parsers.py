@@ -38,6 +38,20 @@ def parse_vm_stat(text: str) -> int | None:
     return (app + pages["Pages wired down"] + pages["Pages occupied by compressor"]) * int(size.group(1))
 
 
+def parse_vm_stat_wired(text: str) -> int | None:
+    """Wired memory from macOS ``vm_stat`` in bytes ("Pages wired down"): what the kernel holds
+    and cannot page out. MLX wires the memory of a Metal working set; a rank stranded in the
+    kernel after SIGKILL can leave it wired with no process left to hold it."""
+    size = _VM_PAGE_SIZE.search(text)
+    if size is None:
+        return None
+    for line in text.splitlines():
+        match = _VM_LINE.match(line.strip())
+        if match and match.group(1).strip() == "Pages wired down":
+            return int(match.group(2)) * int(size.group(1))
+    return None
+
+
 def parse_ioreg_property(text: str, name: str) -> dict[str, int | float | str | bool] | None:
     """The first one-line dictionary property ``name`` in ``ioreg`` output, e.g.
     ``"PerformanceStatistics" = {"Device Utilization %"=12,...}``; None when absent."""

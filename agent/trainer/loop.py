@@ -11,6 +11,7 @@ its global batch is split, up to the order of floating-point additions.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_map, tree_unflatten
 
+from agent.heartbeat import Heartbeat, silent
 from agent.trainer import state as trainer_state
 from agent.trainer.checkpoint import BackgroundWriter, flatten, mlx_key, optimizer_arrays, trainable_arrays
 from agent.trainer.data import GlobalOrder, Split, as_item, pad_batch
@@ -122,6 +124,7 @@ class LoopOptions:
     adapter_path: str
     step_offset: int            # checkpoint names count from here ($COORD_STEP_OFFSET)
     corrupt_step: int | None    # --debug-corrupt: perturb this rank's weights after this step
+    hang_step: int | None = None  # --debug-hang: this rank never leaves the collective of this step
 
 
 class Window:
@@ -150,7 +153,7 @@ class Trainer:
     def __init__(self, *, model: nn.Module, optimizer: optim.Optimizer, train_set: CacheDataset,
                  val_set: CacheDataset | None, split: Split, order: GlobalOrder, group: mx.distributed.Group,
                  options: LoopOptions, fixed_options: JsonObject, reporter: Reporter, writer: BackgroundWriter,
-                 trained_tokens: int) -> None:
+                 trained_tokens: int, heartbeat: Heartbeat | None = None) -> None:
         self.model = model
         self.optimizer = optimizer
         self.train_set = train_set
@@ -163,6 +166,7 @@ class Trainer:
         self.reporter = reporter
         self.writer = writer
         self.trained_tokens = trained_tokens
+        self.heartbeat = heartbeat or silent()  # what this rank does, for coord's watch of hangs
         self._truncation_warned = False
         self.compiled_state, self.micro_step, self.update = make_step_functions(model, optimizer, group)
 
@@ -172,9 +176,12 @@ class Trainer:
         if start_step == 0 and self.val_set is not None:
             self.validate(0)
         window = Window()
+        self.heartbeat.phase("compiling")  # the first step compiles the graph
         for step in range(start_step + 1, opts.iters + 1):
             started = time.perf_counter()
             loss, tokens = self.train_step(step)
+            self.heartbeat.step(step)
+            self.heartbeat.phase("training")
             window.add(loss, tokens, time.perf_counter() - started)
             self.trained_tokens += tokens
             last = step == opts.iters
@@ -200,8 +207,13 @@ class Trainer:
             mx.eval(totals)
         if totals is None:  # pragma: no cover - Split makes at least one micro-batch
             raise ValueError(f"step {step} has no micro-batches")
-        loss, tokens = self.update(*totals)
-        mx.eval(self.compiled_state, loss, tokens)
+        with self.heartbeat.collective():  # the update adds the gradients across ranks
+            if step == self.options.hang_step:
+                # --debug-hang: stuck inside the collective, as a JACCL rank spinning on a lost peer
+                # is (its peers wait in their all_sum); only SIGKILL ends it.
+                threading.Event().wait()
+            loss, tokens = self.update(*totals)
+            mx.eval(self.compiled_state, loss, tokens)
         if mx.get_cache_memory() > self.options.clear_cache_threshold:
             mx.clear_cache()  # mlx-lm's --clear-cache-threshold, same rule (0 clears every step)
         return loss.item(), int(tokens.item())
@@ -226,7 +238,8 @@ class Trainer:
         if self.val_set is None:  # too small for one global batch: no evaluation
             return
         started = time.perf_counter()
-        val_loss = self.evaluate(self.val_set, self.options.val_batches)
+        with self.heartbeat.during("evaluating"):
+            val_loss = self.evaluate(self.val_set, self.options.val_batches)
         self.reporter.val(step=step, val_loss=val_loss, seconds=time.perf_counter() - started)
 
     def evaluate(self, dataset: CacheDataset, num_batches: int) -> float:
@@ -249,8 +262,9 @@ class Trainer:
                 loss, tokens = loss + batch_loss, tokens + batch_tokens
                 mx.eval(loss, tokens)
         self.model.train()
-        loss, tokens = sum_across_ranks((loss, tokens), self.group)
-        return (loss / tokens).item()
+        with self.heartbeat.collective():
+            loss, tokens = sum_across_ranks((loss, tokens), self.group)
+            return (loss / tokens).item()
 
     def save(self, step: int) -> None:
         name = f"{step - self.options.step_offset:07d}_adapters.safetensors"
@@ -262,7 +276,8 @@ class Trainer:
             batch_size=self.split.batch_size, grad_accumulation_steps=self.split.accumulation,
             trained_tokens=self.trained_tokens, options=self.fixed_options)
         arrays = {**trainable_arrays(self.model), **optimizer_arrays(self.optimizer)}
-        blocking = self.writer.save(path, step, arrays, trainer_state.encode(state))
+        with self.heartbeat.during("saving"):  # training is held while the arrays are copied
+            blocking = self.writer.save(path, step, arrays, trainer_state.encode(state))
         if self.split.rank == 0:
             self.reporter.say(f"Iter {step}: Saving adapter weights and trainer state to {path} "
                               f"(training held {blocking * 1000:.1f} ms).")

@@ -23,6 +23,7 @@ import sys
 import types
 from typing import TYPE_CHECKING
 
+from agent.heartbeat import Heartbeat, silent
 from agent.qos import set_user_interactive_qos
 from agent.trainer import state as trainer_state
 from agent.trainer.safetensors_file import read_metadata, remove_stale_temps
@@ -47,6 +48,8 @@ class SetupError(ValueError):
 def main(argv: list[str] | None = None) -> None:
     # A hung rank can be looked at before it is killed: coord's agent sends SIGUSR1.
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    # Every rank says what it does from its first moments (loading), for coord's watch of hangs.
+    heartbeat = Heartbeat.from_environment().start()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")  # as mlx_lm lora sets it
     args = parse_args(argv)
     # On macOS this thread, which drives MLX, gets the user-interactive QoS class (nice() does not do it).
@@ -57,10 +60,11 @@ def main(argv: list[str] | None = None) -> None:
     from agent.trainer.data import BatchError
 
     try:
-        job = prepare(args)
+        job = prepare(args, heartbeat)
     except (SetupError, trainer_state.StateError, BatchError, CheckpointError) as exc:
         sys.exit(f"agent.train: error: {exc}")
     job.run()
+    heartbeat.stop()
 
 
 def parse_args(argv: list[str] | None) -> types.SimpleNamespace:
@@ -75,6 +79,7 @@ def parse_args(argv: list[str] | None) -> types.SimpleNamespace:
     parser.add_argument("--fingerprint-every", type=int,
                         help="Every N steps each rank records a SHA256 of its trainable weights (0: off).")
     parser.add_argument("--debug-corrupt", type=_rank_step, help=argparse.SUPPRESS)
+    parser.add_argument("--debug-hang", type=_rank_step, help=argparse.SUPPRESS)  # bench/hang_recovery.py
     args = vars(parser.parse_args(argv))
     if args["config"]:
         with open(args["config"], encoding="utf-8") as handle:
@@ -201,16 +206,19 @@ class Job:
             trainer.run(self.start_step)
             if trainer.split.rank == 0:
                 final = os.path.join(self.args.adapter_path, "adapters.safetensors")
-                self.writer.write_now(final, trainable_arrays(trainer.model))
+                with trainer.heartbeat.during("saving"):
+                    self.writer.write_now(final, trainable_arrays(trainer.model))
                 trainer.reporter.say(f"Saved final weights to {final}.")
         finally:
-            self.writer.close()  # the last checkpoint must be complete before the process exits
+            with trainer.heartbeat.during("saving"):
+                self.writer.close()  # the last checkpoint must be complete before the process exits
         if self.args.test:
-            test_loss = trainer.evaluate(self.test_set, self.args.test_batches)
+            with trainer.heartbeat.during("evaluating"):
+                test_loss = trainer.evaluate(self.test_set, self.args.test_batches)
             trainer.reporter.say(f"Test loss {test_loss:.3f}, Test ppl {math.exp(test_loss):.3f}.")
 
 
-def prepare(args: types.SimpleNamespace) -> Job:
+def prepare(args: types.SimpleNamespace, heartbeat: Heartbeat | None = None) -> Job:
     """Everything before the first step, with every check that can refuse the run."""
     import mlx.core as mx
     from mlx_lm.tuner.datasets import CacheDataset, load_dataset
@@ -225,6 +233,8 @@ def prepare(args: types.SimpleNamespace) -> Job:
         raise SetupError("give --train (agent.train trains; for --test alone use mlx_lm lora --test)")
     state = resume_state(args.resume_adapter_file)
     start_step, offset = starting_step(state, args.resume_adapter_file, os.environ.get("COORD_STEP_OFFSET"))
+    heartbeat = heartbeat or silent()
+    heartbeat.step(start_step)
     group = mx.distributed.init()
     split = Split(group.size(), group.rank(), args.batch_size, args.grad_accumulation_steps)
     reporter = make_reporter(args, split.rank)
@@ -263,7 +273,7 @@ def prepare(args: types.SimpleNamespace) -> Job:
         val_set=CacheDataset(valid_set) if len(valid_set) >= split.global_batch else None,
         split=split, order=order, group=group, options=loop_options(args, offset, split.rank),
         fixed_options=fixed, reporter=reporter, writer=writer,
-        trained_tokens=state["trained_tokens"] if state else 0)
+        trained_tokens=state["trained_tokens"] if state else 0, heartbeat=heartbeat)
     return Job(args=args, trainer=trainer, writer=writer, start_step=start_step, test_set=CacheDataset(test_set))
 
 
@@ -298,9 +308,12 @@ def loop_options(args: types.SimpleNamespace, step_offset: int, rank: int) -> Lo
 
     # coord's first attempt only: its relaunch replays the steps after the checkpoint, and perturbing
     # them again would make the replica check fire on every attempt.
-    corrupt = args.debug_corrupt if os.environ.get("COORD_ATTEMPT", "0") == "0" else None
+    first = os.environ.get("COORD_ATTEMPT", "0") == "0"
+    corrupt = args.debug_corrupt if first else None
+    hang = args.debug_hang if first else None  # a relaunch must get past it
     return LoopOptions(iters=args.iters, steps_per_report=args.steps_per_report, steps_per_eval=args.steps_per_eval,
                        save_every=args.save_every, val_batches=args.val_batches, max_seq_length=args.max_seq_length,
                        fingerprint_every=args.fingerprint_every, clear_cache_threshold=args.clear_cache_threshold,
                        adapter_path=args.adapter_path, step_offset=step_offset,
-                       corrupt_step=corrupt[1] if corrupt and corrupt[0] == rank else None)
+                       corrupt_step=corrupt[1] if corrupt and corrupt[0] == rank else None,
+                       hang_step=hang[1] if hang and hang[0] == rank else None)

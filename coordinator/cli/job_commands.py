@@ -45,7 +45,7 @@ def _follow_job(socket: Path, name: str, hint: str | None, *, quiet: bool = Fals
 #: `coord run`'s options that are fields of the job (JobSpec), each None unless given.
 SPEC_OPTIONS = ("name", "source", "save_every", "max_restarts", "hang_timeout", "keep", "force", "backend", "trainer",
                 "replica", "min_nodes", "node_timeout", "node_wait", "total_steps", "nodes", "priority",
-                "follow_outside_links")
+                "follow_outside_links", "first_step_timeout")
 
 
 def run_request(args: argparse.Namespace) -> dict[str, object]:
@@ -90,6 +90,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     job = ask_daemon(socket, "run", request, config_hint=hint)
     verb = "resumed" if args.resume else "submitted"
     print(f"{verb} {job['name']} as run {job['run_id']}: {' '.join(job['command'])}")
+    if job.get("hang_watch"):
+        print(f"note: {job['hang_watch']}")
     if args.detach:
         print(f"follow it with: coord status   coord logs -f {job['name']}   coord wait {job['name']}")
         return EXIT_OK

@@ -260,8 +260,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-every", type=job_whole("save_every"), help="checkpoint every N steps (default 10)")
     p.add_argument("--max-restarts", type=job_whole("max_restarts"), help="restarts before the job fails "
                    "(default 3)")
-    p.add_argument("--hang-timeout", type=SECONDS, help="seconds without progress that count as a hang "
-                   "(default: ten times the step time, at least 60)")
+    p.add_argument("--hang-timeout", type=SECONDS, help="seconds without progress that count as a hang, in every "
+                   "phase that should make progress, before the first step too (default: four times the time "
+                   "between steps, at least 15)")
+    p.add_argument("--first-step-timeout", type=SECONDS, help="seconds a rank may spend loading before its first "
+                   "step (default: from the previous attempt, the model's size and the disk's read rate; 600 when "
+                   "nothing is known)")
     p.add_argument("--keep", type=job_whole("keep"), help="checkpoints to keep (default 3)")
     p.add_argument("--force", action="store_true", default=None, help="launch even if pre-flight fails")
     p.add_argument("--backend", choices=BACKENDS, help="force a backend")

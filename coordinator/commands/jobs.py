@@ -78,6 +78,8 @@ def render_job(job: RunView) -> str:
         line += f"\n  error: {job['error']}"
     if job.get("warning"):
         line += f"\n  warning: {job['warning']}"
+    if job.get("hang_watch"):
+        line += f"\n  note: {job['hang_watch']}"
     for found in job.get("diagnoses", []):
         line += f"\n  known failure: {found['title']} ({found['detail']})\n    fix: {found['fix']}"
     return line

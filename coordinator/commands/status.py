@@ -111,8 +111,11 @@ def render_status(doc: StatusDocument, console: Console) -> None:
         facts = node.get("facts") or {}
         user = facts.get("user") or node.get("user")
         where = f"{user}@{node['host']}" if user else node["host"]
+        state = f"[{styles.get(node['state'], 'white')}]{node['state']}[/]"
+        if node.get("needs_reboot"):
+            state = f"[red]{node['state']}, needs reboot[/]"
         table.add_row(
-            node["name"], where, f"[{styles.get(node['state'], 'white')}]{node['state']}[/]",
+            node["name"], where, state,
             _text(facts.get("chip")), _bytes(facts.get("memory_bytes")),
             _text(" ".join(x for x in (facts.get("os"), facts.get("os_version")) if x) or None),
             _text(facts.get("python_version")), _text(facts.get("mlx_version")), _text(facts.get("mlx_lm_version")),
@@ -129,6 +132,9 @@ def render_status(doc: StatusDocument, console: Console) -> None:
     for node in doc["nodes"]:
         if node["state"] != "up" and node.get("reason"):
             console.print(f"[red]{node['name']}[/] {node['state']}: {node['reason']}", soft_wrap=True)
+        if mark := node.get("needs_reboot"):
+            console.print(f"{node['name']} needs a reboot (no job runs on it until then): {mark['reason']}\n"
+                          f"  fix: {mark['fix']}", soft_wrap=True, markup=False, highlight=False)
     if doc.get("jobs"):
         from coordinator.commands.jobs import render_job
 

@@ -13,6 +13,7 @@ from coordinator.jobs import catalog
 from coordinator.jobs.effects import JobEffects
 from coordinator.jobs.fingerprints import Divergence, ReplicaCheck
 from coordinator.jobs.record import JobRecord
+from shared.agent_api.progress import HeartbeatRecord
 
 
 @dataclass
@@ -27,6 +28,16 @@ class Attempt:
     divergence: Divergence | None = None  # the first divergence seen, which the attempt is stopped for
     diverged_after: int | None = None  # checkpoints of this attempt after this step are not valid
     rank_peaks: dict[str, int] = field(default_factory=dict)  # rank -> its RSS at the last poll, for its train points
+    # The hang watch's view of each rank (not saved: a restarted daemon watches afresh).
+    beats: dict[int, HeartbeatRecord] = field(default_factory=dict)  # rank -> its newest heartbeat
+    beat_changed: dict[int, tuple[str, int | None, float]] = field(default_factory=dict)  # (phase, step, head time)
+    node_time: dict[int, float] = field(default_factory=dict)  # rank -> its node's clock at the last poll
+    process: dict[int, str | None] = field(default_factory=dict)  # rank -> its processes' state
+    stopped_since: dict[int, float] = field(default_factory=dict)  # rank -> when it was first seen stopped
+    rank_steps: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> its newest step, when (its clock)
+    exited: set[int] = field(default_factory=set)  # ranks seen ended: their silence is no hang
+    last_train: tuple[int, float] | None = None  # the newest train record's step and its own time
+    wired_baseline: dict[str, int] = field(default_factory=dict)  # Mac -> its wired memory before the ranks
 
     @classmethod
     def fresh(cls, number: int, order: list[str], record: JobRecord) -> Attempt:

@@ -2,8 +2,8 @@
 
 The supervisor loop (``coordinator.jobs.supervisor``) gathers facts through its effects and
 asks these functions what they mean: how the ranks' reports classify into an attempt's
-outcome, whether a run hangs, whether a resize is due, what a run's identity is. The
-restart policy itself is ``coordinator.jobs.policy``. Nothing here does I/O or reads a clock.
+outcome, whether a resize is due, what a run's identity is. The restart policy itself is
+``coordinator.jobs.policy``; whether a run hangs, ``coordinator.jobs.hang``. Nothing here does I/O or reads a clock.
 """
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypedDict
 
-from coordinator.jobs.policy import LAUNCH_FAILED, NODE_LOST, RANK_FAILED, SUCCEEDED, hang_timeout
+from coordinator.jobs.policy import LAUNCH_FAILED, NODE_LOST, RANK_FAILED, SUCCEEDED
 from coordinator.launch.mlx_backend import BackendChoice
 
-FIRST_STEP_TIMEOUT_S = 600.0
 LAUNCH_GRACE_S = 30.0  # how long ranks may take to appear once the launcher has exited
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}-[0-9a-f]{8}$")
 
@@ -81,23 +80,6 @@ def classify_ranks(reports: list[RankReport], *, ranks: int, step: int, total_st
 
 def node_lost(rank: int, node: str, reason: str | None) -> Verdict:
     return Verdict(NODE_LOST, f"node {node} (rank {rank}) lost: {reason}", f"node:{node}")
-
-
-def hang_reason(*, now: float, last_progress: float | None, first_step_at: float | None,
-                configured: float | None, step_seconds: float | None) -> str | None:
-    """Why the attempt counts as hung, or None. Before the first step it gets a long grace (imports,
-    model load, compilation); after it, the hang timeout."""
-    quiet = now - (last_progress if last_progress is not None else now)
-    if first_step_at is None:
-        limit = max(FIRST_STEP_TIMEOUT_S, configured or 0)
-        return f"no first step within {limit:g} s of the launch" if quiet > limit else None
-    limit = hang_timeout(configured, step_seconds)
-    return f"no progress for {quiet:.0f} s (hang timeout {limit:g} s)" if quiet > limit else None
-
-
-def hang_bound(configured: float | None) -> float:
-    """The longest an attempt can go without progress before it is called hung (for bounds)."""
-    return max(FIRST_STEP_TIMEOUT_S, configured or 0)
 
 
 @dataclass(frozen=True)

@@ -82,9 +82,14 @@ class DaemonEffects:
     def node(self, name: str) -> NodeView:
         session = self.cluster.sessions[name]
         never_up = session.generation == 0 and session.state == DOWN
+        mark = self.cluster.reboot_marks.get(name)
         return NodeView(name, session.state == UP, session.node.workdir, session.node.python,
                         session.view.reason, session.view.facts, session.generation,
+                        needs_reboot=f"{mark['reason']}; fix: {mark['fix']}" if mark else None,
                         unreachable=(session.view.reason or "cannot connect") if never_up else None)
+
+    def mark_needs_reboot(self, node: str, reason: str) -> None:
+        self.cluster.mark_needs_reboot(node, reason)
 
     def on_head_machine(self, node: str) -> bool:
         from coordinator.config.cluster_file import is_loopback

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
 from coordinator.launch.launcher import LaunchPlan
 from coordinator.store.state import CheckpointEntry, CheckpointRow
+from shared.agent_api.facts import UsageReply
 from shared.agent_api.ranks import (
     DataReply,
     DumpStacksReply,
@@ -64,6 +65,7 @@ class NodeView:
     # Counts the node's sessions: a node that failed a call is trusted again only once it has
     # reconnected, not merely because its old session has not noticed the failure yet.
     generation: int = 0
+    needs_reboot: str | None = None  # why it takes no part in a job until it comes back from a reboot
     # Set when the node has not been up once since the daemon started and its last try to connect
     # failed: why. A job naming it is refused at submit instead of waiting for it in silence.
     unreachable: str | None = None
@@ -112,6 +114,12 @@ class JobEffects(Protocol):
     @overload
     async def call(self, node: str, method: Literal["hash_file"], params: Mapping[str, object], *,
                    timeout: float) -> HashFileReply: ...
+    @overload
+    async def call(self, node: str, method: Literal["usage"], params: Mapping[str, object], *,
+                   timeout: float) -> UsageReply: ...
+
+    def mark_needs_reboot(self, node: str, reason: str) -> None:
+        """The node leaves every job's placement until its agent comes back from a reboot."""
 
     def on_head_machine(self, node: str) -> bool:
         """Whether the node is the head's own machine (host "local", or a loopback address): a

@@ -21,7 +21,15 @@ from coordinator.jobs.effects import JobEffects, Task
 from coordinator.jobs.head_paths import attempt_dir
 from coordinator.jobs.queue import Waiting, positions, startable
 from coordinator.jobs.record import JobRecord
-from coordinator.jobs.spec import REPLICA_HEAD, REPLICA_NONE, JobSpec, JobSpecError, resumed_fields, spec_from_fields
+from coordinator.jobs.spec import (
+    REPLICA_HEAD,
+    REPLICA_NONE,
+    JobSpec,
+    JobSpecError,
+    progress_note,
+    resumed_fields,
+    spec_from_fields,
+)
 from coordinator.jobs.supervisor import ACTIVE, JobRunner
 from coordinator.store.state import RunRow
 from shared import protocol as p
@@ -174,6 +182,9 @@ class JobManager:
                          f"{' '.join(spec.command)}")
         else:
             runner.event("submitted", f"submitted as run {runner.run_id}: {' '.join(spec.command)}")
+        note = progress_note(spec)
+        if note and not runner.record.progress_seen:
+            runner.event("hang_watch", note)
         self.schedule()  # it starts now if its nodes are free, else it waits its turn
         if runner.state == "queued":
             runner.event("queued", f"waiting for its nodes ({', '.join(runner.job_nodes())}), position "

@@ -24,6 +24,10 @@ class NodeHealth:
             failed = None
         return view.up and failed is None
 
+    def usable(self, name: str) -> bool:
+        """Up, and not waiting for a reboot: a node a job's next attempt may run on."""
+        return self.up(name) and self.fx.node(name).needs_reboot is None
+
     def mark_unreachable(self, name: str) -> None:
         self._unreachable[name] = (self.fx.node(name).generation, self.fx.monotonic())
 

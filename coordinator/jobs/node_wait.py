@@ -9,6 +9,7 @@ out means (every rank stopped, the job failed).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from coordinator.jobs.elastic import choose_nodes
@@ -94,15 +95,18 @@ class NodeWait:
     def _choose(self, configured: list[str], elastic: bool) -> tuple[list[str] | None, str]:
         """The nodes to go on with now (None: wait), and what is waited for."""
         now = self.fx.monotonic()
-        up = [n for n in configured if self.health.up(n)]
+        up = [n for n in configured if self.health.usable(n)]
         for name in configured:
             if name in up:
                 self._down_since.pop(name, None)
             else:
                 self._down_since.setdefault(name, now)
         if elastic and self.ctx.spec.min_nodes is not None:
-            chosen, why = choose_nodes(configured, up, {n: now - t for n, t in self._down_since.items()},
-                                       min_nodes=self.ctx.spec.min_nodes, node_timeout=self.ctx.spec.node_timeout)
+            # A node that waits for a reboot will not come back by itself: it is left out at once.
+            down_for = {n: math.inf if self.fx.node(n).needs_reboot else now - t for n, t in self._down_since.items()}
+            chosen, why = choose_nodes(configured, up, down_for, min_nodes=self.ctx.spec.min_nodes,
+                                       node_timeout=self.ctx.spec.node_timeout)
+            why += self._reboots([n for n in configured if n not in up])
             if chosen is not None:
                 try:
                     self.batch_for(chosen)
@@ -110,7 +114,13 @@ class NodeWait:
                     chosen, why = None, f"{exc}: waiting for {', '.join(n for n in configured if n not in up)}"
             return chosen, why
         down = [n for n in configured if n not in up]
-        return (configured, "") if not down else (None, f"waiting for {', '.join(down)} to be up")
+        return (configured, "") if not down else (None, f"waiting for {', '.join(down)} to be up"
+                                                  + self._reboots(down))
+
+    def _reboots(self, nodes: list[str]) -> str:
+        """What the nodes that wait for a reboot need, for the wait's event."""
+        marked = [(n, reason) for n in nodes if (reason := self.fx.node(n).needs_reboot)]
+        return "".join(f"; {n} needs a reboot: {reason}" for n, reason in marked)
 
     def batch_for(self, nodes: list[str]) -> BatchSplit | None:
         """The batch split for an attempt on ``nodes`` (None: the job's own options, unchanged);

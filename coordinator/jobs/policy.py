@@ -91,13 +91,6 @@ def decide(outcome: Outcome, history: list[Outcome], *, max_restarts: int, resta
     return Decision("restart", outcome.detail, restart_delay(restarts_used))
 
 
-def hang_timeout(configured: float | None, step_seconds: float | None) -> float:
-    """Configured, or ten times the observed step time and at least 60 s."""
-    if configured is not None:
-        return configured
-    return max(60.0, 10.0 * step_seconds) if step_seconds else 60.0
-
-
 #: What a rank prints when it fails only because a peer went away first: never the root cause
 #: while a rank that failed on its own is known.
 PEER_LOST_MARKERS = ("connection to a peer was lost", "was closed by the peer", "Connection reset by peer",

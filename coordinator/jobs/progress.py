@@ -14,15 +14,18 @@ import math
 from typing import cast
 
 from shared.agent_api.common import JsonObject
-from shared.agent_api.progress import CheckpointRecord, ProgressRecord, TrainRecord, ValRecord
+from shared.agent_api.progress import CheckpointRecord, HeartbeatRecord, ProgressRecord, TrainRecord, ValRecord
 
 # What a train record may carry beside its step, each shown as it was written when it is a number.
 _TRAIN_VALUES = ("loss", "tokens_per_second", "learning_rate", "peak_memory_gb")
+_PHASE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz_-")
 
 
 def read_record(raw: JsonObject) -> ProgressRecord | None:
     """The record, checked; None for a kind coord does not read, or one without what it needs."""
     kind = raw.get("kind")
+    if kind == "heartbeat":
+        return read_heartbeat(raw)
     step = _whole(raw.get("step"))
     if step is None or kind not in ("train", "val", "fingerprint", "checkpoint"):
         return None
@@ -53,6 +56,23 @@ def read_record(raw: JsonObject) -> ProgressRecord | None:
     # coord reads a checkpoint record's timings only (the file is found by listing the directory).
     return cast(CheckpointRecord, {"kind": "checkpoint", "step": step, "blocking_seconds": held,
                                    "write_seconds": wrote})
+
+
+def read_heartbeat(raw: JsonObject) -> HeartbeatRecord | None:
+    """A heartbeat needs its phase (a short lower-case word) and its time; its step, idle time
+    and collective flag are kept when they are of the right type."""
+    phase, time = raw.get("phase"), _real(raw.get("time"))
+    if not isinstance(phase, str) or not 0 < len(phase) <= 32 or not set(phase) <= _PHASE_CHARS or time is None:
+        return None
+    beat: HeartbeatRecord = {"kind": "heartbeat", "phase": phase, "time": time}
+    step, idle = _whole(raw.get("step")), _real(raw.get("idle_s"))
+    if step is not None:
+        beat["step"] = step
+    if idle is not None and idle >= 0:
+        beat["idle_s"] = idle
+    if isinstance(raw.get("collective"), bool):
+        beat["collective"] = raw["collective"]
+    return beat
 
 
 def _is_number(value: object) -> bool:

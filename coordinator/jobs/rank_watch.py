@@ -18,6 +18,7 @@ from coordinator.jobs.attempt import Attempt
 from coordinator.jobs.checkpoints import CheckpointKeeper
 from coordinator.jobs.diagnosis import Diagnosis
 from coordinator.jobs.fingerprints import Divergence, comparison_summary
+from coordinator.jobs.hang_watch import HangWatch
 from coordinator.jobs.node_health import NodeHealth
 from coordinator.jobs.policy import (
     DIVERGED,
@@ -34,7 +35,7 @@ from coordinator.jobs.progress import read_record
 from coordinator.jobs.run_context import RunContext
 from coordinator.nodes import versions as node_versions
 from shared.agent_api.common import JsonObject
-from shared.agent_api.progress import CheckpointRecord, FingerprintRecord, TrainRecord, ValRecord
+from shared.agent_api.progress import CheckpointRecord, FingerprintRecord, HeartbeatRecord, TrainRecord, ValRecord
 from shared.agent_api.ranks import RankStatusReply
 from shared.rpc import RemoteError
 
@@ -53,6 +54,7 @@ class RankWatcher:
         self.fx = ctx.fx
         self.health = health
         self.checkpoints = checkpoints
+        self.hangs = HangWatch(ctx)
 
     async def poll(self, attempt: Attempt, *, may_read_again: bool, wait_s: float = 0.0) -> Outcome | str | None:
         """Ask every rank once, all at once: the attempt's outcome when it is over, READ_AGAIN when
@@ -68,6 +70,7 @@ class RankWatcher:
         replies, failed = await self._ask(attempt, wait_s)
         reports: list[core.RankReport] = []
         read_any = False
+        step_before, first_before = record.step, record.first_step_at
         # Each rank's memory as this poll found it goes with every train point the poll reads (a
         # poll reads the points of up to HOLD_S of training at once).
         attempt.rank_peaks.clear()
@@ -81,6 +84,8 @@ class RankWatcher:
                 continue  # its node did not answer: judged below, after what the others said is read
             read_any = bool(status["progress"]) or read_any
             reports.append(await self._read(attempt, rank, name, status))
+        self.hangs.after_poll(progressed=record.step > step_before
+                              or (first_before is None and record.first_step_at is not None))
         if read_any:
             ctx.save()  # the progress and the offsets it was read up to, together
         if failed:
@@ -100,19 +105,20 @@ class RankWatcher:
             if read_any and may_read_again and all(r.state == "exited" for r in reports):
                 return READ_AGAIN  # every rank is done: what they wrote last (a read is capped) is judged too
             return await self._ended(attempt, verdict)
-        hung = core.hang_reason(now=self.fx.now(), last_progress=record.last_progress,
-                                first_step_at=record.first_step_at, configured=ctx.spec.hang_timeout,
-                                step_seconds=record.step_seconds)
+        hung = self.hangs.verdict(attempt)
         if hung:
+            # Named before the stacks are asked for: a stopped rank is woken by nothing but SIGCONT.
+            self.ctx.event("hang", hung.describe(), ranks=list(hung.ranks))
             await self._capture_stacks(attempt)
-            return self.ended(attempt, HUNG, hung, "hang")
+            return self.ended(attempt, HUNG, hung.describe(), "hang")
         return None
 
     async def _read(self, attempt: Attempt, rank: int, name: str, status: RankStatusReply) -> core.RankReport:
         """One rank's reply taken in: its progress, its output on the head, and its report."""
         attempt.progress_offsets[rank] = status["progress_offset"]
+        self.hangs.seen(attempt, rank, status)
         for progress in status["progress"]:
-            self._on_progress(attempt, progress)
+            self._on_progress(attempt, rank, progress)
         if "log" in status:
             self.fx.append_log(self.ctx.run_id, attempt.number, rank, status["log"])
             attempt.log_offsets[rank] = status["log_offset"]
@@ -244,18 +250,25 @@ class RankWatcher:
 
     # --- progress -----------------------------------------------------------------------
 
-    def _on_progress(self, attempt: Attempt, line: JsonObject) -> None:
+    def _on_progress(self, attempt: Attempt, rank: int, line: JsonObject) -> None:
         progress = read_record(line)
         if progress is None:
             return  # another kind, or a record without what coord reads: skipped
-        if progress["kind"] == "fingerprint":
+        if not self.ctx.record.progress_seen:
+            unwatched = not self.hangs.watched()
+            self.ctx.record.progress_seen = True  # from now on the run is watched for hangs
+            if unwatched:
+                self.ctx.event("hang_watch", f"rank {rank} reports its progress: watched for hangs from now on")
+        if progress["kind"] == "heartbeat":
+            self._on_heartbeat(attempt, rank, progress)
+        elif progress["kind"] == "fingerprint":
             self._on_fingerprint(attempt, progress)
         elif progress["kind"] == "checkpoint":
             self._on_checkpoint_written(progress)
         elif progress["kind"] == "val":
             self._on_val_loss(attempt, progress)
         else:
-            self._on_train(attempt, progress)
+            self._on_train(attempt, rank, progress)
 
     def _on_fingerprint(self, attempt: Attempt, progress: FingerprintRecord) -> None:
         record = self.ctx.record
@@ -269,24 +282,41 @@ class RankWatcher:
             record.replica_check = comparison_summary(record.replica_check, check, record.attempt,
                                                          attempt.order, first)
 
-    def _on_train(self, attempt: Attempt, progress: TrainRecord) -> None:
+    def _advance(self, attempt: Attempt, rank: int, step: int, at: float, *, first: bool) -> None:
+        """A step ``rank`` finished, by its record written at ``at`` (its clock); ``first``: it is the
+        attempt's first step even if it is not past the start (a train record is one; a
+        heartbeat's step is one once it is past the start)."""
         record = self.ctx.record
-        now = float(progress.get("time") or self.fx.now())
-        step = progress["step"]
-        if record.first_step_at is None:
+        self.hangs.stepped(attempt, rank, step, at)
+        if record.first_step_at is None and (first or step > record.start_step):
+            now = self.fx.now()
+            # Until the first step, the last progress is the launch (both on the head's clock).
+            seconds = now - (record.last_progress if record.last_progress is not None else now)
             record.first_step_at = now
-            self.ctx.event("first_step", f"attempt {record.attempt} reached step {step}",
-                           seconds=round(now - (record.last_progress or now), 3), step=step)
+            record.first_step_seconds = seconds
+            self.ctx.event("first_step", f"attempt {record.attempt} reached step {step}", seconds=round(seconds, 3),
+                           step=step)
             self._recovered()
-        previous_step = record.step
-        previous_time = record.last_progress
-        if step > previous_step and previous_time and record.first_step_at != now:
-            record.step_seconds = (now - previous_time) / max(1, step - previous_step)
         record.step = max(step, record.step)
+
+    def _on_heartbeat(self, attempt: Attempt, rank: int, beat: HeartbeatRecord) -> None:
+        self.hangs.heartbeat(attempt, rank, beat)
+        step = beat.get("step")
+        if step is not None:
+            self._advance(attempt, rank, step, beat["time"], first=False)
+
+    def _on_train(self, attempt: Attempt, rank: int, progress: TrainRecord) -> None:
+        record = self.ctx.record
+        now = float(progress.get("time") or self.fx.now())  # the rank's own clock
+        step = progress["step"]
+        self._advance(attempt, rank, step, now, first=True)
+        last = attempt.last_train
+        if last is not None and step > last[0] and now > last[1]:
+            record.step_seconds = (now - last[1]) / (step - last[0])
+        attempt.last_train = (step, now)
         record.loss = progress.get("loss")
         record.tokens_per_second = progress.get("tokens_per_second")
         record.peak_memory_gb = progress.get("peak_memory_gb")
-        record.last_progress = now
         peak = progress.get("peak_memory_gb")
         self.fx.record_point(self.ctx.run_id, "train", {
             "step": step, "attempt": record.attempt, "time": now, "loss": progress.get("loss"),

@@ -64,6 +64,13 @@ class JobRecord:
     stop_requested: bool = False
     failed_at: float | None = None  # when the first failed attempt since the last step ended (a recovery is under way)
     recoveries: list[float] = field(default_factory=list)  # seconds from a failure to the next first step
+    # The hang watch (coordinator/jobs/hang.py): whether the run's ranks were seen writing progress
+    # (a script that never does is never called hung), the last attempt's launch to first step, the
+    # time between new steps as the head sees them, and the model's size (from pre-flight).
+    progress_seen: bool = False
+    first_step_seconds: float | None = None
+    step_gap: float | None = None
+    model_bytes: int | None = None
     extra: JsonObject = field(default_factory=dict)  # keys of a newer coord, kept as they were
 
     def to_json(self) -> JsonObject:
@@ -94,7 +101,9 @@ class JobRecord:
                          tokens_per_second=self.tokens_per_second, started=self.started,
                          last_checkpoint=self.last_checkpoint, replica_check=self.replica_check,
                          diagnoses=list(self.diagnoses), order=list(self.order), unstopped=list(self.unstopped),
-                         uncatalogued=list(self.uncatalogued), total_steps=total_steps, resumes=self.resumes + 1)
+                         uncatalogued=list(self.uncatalogued), total_steps=total_steps, resumes=self.resumes + 1,
+                         progress_seen=self.progress_seen, first_step_seconds=self.first_step_seconds,
+                         step_gap=self.step_gap, model_bytes=self.model_bytes)
 
 
 _NULLABLE = {f.name for f in fields(JobRecord) if f.default is None}

@@ -56,6 +56,7 @@ class JobSpecFields(TypedDict):
     launcher: str
     follow_outside_links: bool
     node_wait: float
+    first_step_timeout: float | None
 
 
 @dataclass
@@ -64,7 +65,7 @@ class JobSpec:
     command: list[str]
     save_every: int = 10
     max_restarts: int = 3
-    hang_timeout: float | None = None  # None: ten times the observed step time, at least 60 s
+    hang_timeout: float | None = None  # None: from the measured step time (coordinator/jobs/hang.py)
     keep: int = 3
     force: bool = False
     source: str | None = None
@@ -79,6 +80,7 @@ class JobSpec:
     launcher: str = DEFAULT_LAUNCHER  # what starts the ranks (coordinator/launch/registry.py)
     follow_outside_links: bool = False  # the source's sync copies what links leading out of it point to
     node_wait: float = NODE_WAIT_S  # how long an attempt waits for its nodes to be up before the job fails
+    first_step_timeout: float | None = None  # None: from the model, the disk and the previous attempt
 
     def as_dict(self) -> JobSpecFields:
         return cast(JobSpecFields, asdict(self))  # the fields above, in order (a test holds the two together)
@@ -198,7 +200,8 @@ _FIELD_CHECKS: dict[str, FieldCheck] = {
     "force": _flag, "source": _optional(_text), "backend": _optional(_choice(BACKENDS)),
     "trainer": _choice(TRAINERS), "replica": _text, "min_nodes": _optional(_whole("min_nodes")),
     "node_timeout": _seconds, "total_steps": _optional(_whole("total_steps")), "nodes": _optional(_node_names),
-    "priority": _whole("priority"), "launcher": _text, "node_wait": _seconds, "follow_outside_links": _flag}
+    "priority": _whole("priority"), "launcher": _text, "node_wait": _seconds, "follow_outside_links": _flag,
+    "first_step_timeout": _optional(_seconds)}
 
 
 def _check_name_and_command(spec: JobSpec) -> None:
@@ -271,6 +274,25 @@ def _check_mlx_lm_iters(spec: JobSpec) -> None:
         raise JobSpecError(f"total-steps {spec.total_steps} differs from mlx_lm's --iters {total}: for mlx_lm "
                            "lora the total is its --iters")
     spec.total_steps = total
+
+
+def reports_progress(spec: JobSpec) -> bool:
+    """Whether the job's ranks are known to write progress records before they are seen to: coord's
+    trainers do (mlx_lm lora run by coord, and --trainer coord); a script of one's own may not."""
+    return is_mlx_lm(spec.command)
+
+
+#: The one line a script of one's own adds to be watched for hangs (docs/script-contract.md).
+PROGRESS_LINE = ('open(os.environ["COORD_PROGRESS_FILE"], "a").write(json.dumps({"kind": "train", '
+                 '"step": step}) + "\\n")')
+
+
+def progress_note(spec: JobSpec) -> str | None:
+    """What coord says at submission of a job it cannot watch for hangs until its ranks report."""
+    if reports_progress(spec):
+        return None
+    return ("no hang watchdog until the script appends to $COORD_PROGRESS_FILE (a script that never does is "
+            f"never killed as hung); after each step add (with import json, os): {PROGRESS_LINE}")
 
 
 def _whole_number(value: object) -> bool:

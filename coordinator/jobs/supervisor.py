@@ -48,6 +48,7 @@ from coordinator.jobs.policy import (
     outcome_of,
 )
 from coordinator.jobs.rank_watch import HOLD_S, MAX_REREADS, POLL_S, READ_AGAIN, RankWatcher
+from coordinator.jobs.reboot_watch import RebootWatch
 from coordinator.jobs.record import JobRecord
 from coordinator.jobs.replica import Replicator
 from coordinator.jobs.run_context import RunContext
@@ -81,6 +82,7 @@ class JobRunner:
         self.checkpoints = CheckpointKeeper(self.ctx, self.health, self.replicator)
         self.ranks = RankWatcher(self.ctx, self.health, self.checkpoints)
         self.nodes = NodeWait(self.ctx, self.health, self.launcher)
+        self.reboots = RebootWatch(self.ctx)
         self.attempt: Attempt | None = None  # the attempt being launched or watched
         self._planned: LaunchPlan | None = None  # from pre-flight, for attempt 0
         self.resize_requested: int | None = None  # the checkpoint step the resize waits to pass
@@ -163,7 +165,8 @@ class JobRunner:
         left = []
         for name, attempt, rank in self.record.unstopped:
             try:
-                if not self.fx.node(name).up:
+                view = self.fx.node(name)
+                if not view.up or view.needs_reboot:  # a stop there would wait on what cannot stop
                     raise RemoteError("connection_lost", "node away")
                 answer = await self.fx.call(name, "stop_rank", {"job": self.run_id, "attempt": attempt,
                                                                 "rank": rank}, timeout=30)
@@ -205,6 +208,8 @@ class JobRunner:
                     and self.state in FINISHED:
                 return
             self.attempt = Attempt.resumed(self.record, self.fx, self.run_id)
+            # The hang watch starts afresh: the time the daemon was away says nothing of the ranks.
+            self.record.last_progress = self.fx.now()
             self.event("reattached", f"supervising attempt {self.record.attempt} again after a daemon restart")
             outcome = None
         while True:
@@ -287,6 +292,7 @@ class JobRunner:
         self.set_state("preflight")
         result = await self.fx.preflight(backend=self.spec.backend, source=self.spec.source, nodes=self.spec.nodes,
                                          launcher=self.spec.launcher)
+        self.record.model_bytes = result.get("model_bytes")  # the first step's limit follows it
         failed = [c for c in result["checks"] if c["status"] == "fail"]
         if failed and not self.spec.force:
             reasons = "; ".join(f"{c['name']}: {c['detail']}" for c in failed[:5])
@@ -420,7 +426,15 @@ class JobRunner:
         last = self.record.history[-1] if self.record.history else None
         self.fx.record_attempt(self.run_id, attempt.number, start_step, order,
                                f"attempt {last['attempt']}: {last['kind']}: {last['detail']}" if last else None)
-        await self._prepare_ranks(plan, attempt.number, order, resume_files, start_step, batch)
+        refused: list[LaunchError] = []  # raised past the task group, not inside an exception group
+        async with anyio.create_task_group() as beside:
+            beside.start_soon(self.reboots.baseline, attempt)  # each Mac's wired memory before the ranks
+            try:
+                await self._prepare_ranks(plan, attempt.number, order, resume_files, start_step, batch)
+            except LaunchError as exc:
+                refused.append(exc)
+        if refused:
+            raise refused[0]
         # Saved before any rank starts: a daemon restarted while this attempt runs catalogues its
         # checkpoints from start_step (a file's name is its step within the attempt). Saved later,
         # a restart would read the previous attempt's start step and misnumber every checkpoint.
@@ -428,8 +442,10 @@ class JobRunner:
         self.record.launcher_pid = self.fx.start_launcher(self.run_id, attempt.number, plan)
         self.record.last_progress = self.fx.now()
         self.set_state(JobState.RUNNING)
+        hangs = self.ranks.hangs
+        watch = hangs.limits().describe() if hangs.watched() else "none until its ranks report progress"
         self.event("launched", f"attempt {attempt.number} launched on {', '.join(order)} from step {start_step} "
-                   f"({plan.backend})", attempt=attempt.number,
+                   f"({plan.backend}); hang watch: {watch}", attempt=attempt.number,
                    seconds=round(self.fx.monotonic() - started, 3))
         return None
 
@@ -513,7 +529,7 @@ class JobRunner:
         return self._resize_due() or "the job will be relaunched on every node that is up after its next checkpoint"
 
     def _resize_due(self) -> str | None:
-        up = [n for n in self.job_nodes() if self.health.up(n)]
+        up = [n for n in self.job_nodes() if self.health.usable(n)]
         last = self.record.last_checkpoint
         verdict = core.resize_due(self.resize_requested, up, self.record.order, last["step"] if last else None)
         if not verdict.pending:
@@ -545,15 +561,19 @@ class JobRunner:
             try:
                 answer = await self.fx.call(name, "stop_rank", {"job": self.run_id, "attempt": number,
                                                                 "rank": rank}, timeout=30)
-                results[name] = answer["stopped"]
+                results[name] = answer["stopped"] or await self.reboots.survived(name, rank, number, answer)
             except RemoteError:
                 left_running(rank, name)
+                return
+            if not results[name]:
+                left_running(rank, name)  # stopped once the node is back from its reboot
 
         async with anyio.create_task_group() as tasks:
             for rank, name in enumerate(attempt.order):
                 tasks.start_soon(stop, rank, name)
         if pid:
             await self.fx.stop_launcher(pid, final=True)
+        await self.reboots.stranded(attempt, {name for name, stopped in results.items() if stopped})
         await self.ranks.pull_all_logs(attempt)
         self.save()
         return all(results.values())

@@ -6,6 +6,8 @@ from typing import TypedDict
 
 from coordinator.jobs.diagnosis import RunDiagnosis
 from coordinator.jobs.run_context import RunContext
+from coordinator.jobs.spec import progress_note
+from coordinator.jobs.states import FINISHED
 
 
 class WaitingView(TypedDict):
@@ -51,6 +53,7 @@ class RunView(TypedDict):
     priority: int
     queue_position: int | None  # while queued
     waiting: WaitingView | None  # while its nodes are waited for
+    hang_watch: str | None  # why the run is not watched for hangs (its ranks never reported progress), and the fix
 
 
 def run_view(ctx: RunContext, *, queue_position: int | None) -> RunView:
@@ -73,7 +76,8 @@ def run_view(ctx: RunContext, *, queue_position: int | None) -> RunView:
             "started": record.started, "command": spec.command,
             "job_nodes": ctx.job_nodes(), "priority": spec.priority,
             "queue_position": queue_position if state == "queued" else None,
-            "waiting": _waiting(ctx)}
+            "waiting": _waiting(ctx),
+            "hang_watch": progress_note(spec) if not record.progress_seen and state not in FINISHED else None}
 
 
 def _waiting(ctx: RunContext) -> WaitingView | None:

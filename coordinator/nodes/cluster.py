@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -11,8 +12,9 @@ import structlog
 
 from coordinator.config.cluster_file import ClusterConfig
 from coordinator.nodes.agent_bundle import AgentBundle
+from coordinator.nodes.reboot_marks import new_mark, rebooted
 from coordinator.nodes.session import UP, Connect, NodeSession, NodeViewDict, open_transport
-from coordinator.store.state import EventRecord, StateStore
+from coordinator.store.state import EventRecord, RebootMark, StateStore
 
 if TYPE_CHECKING:
     from shared.agent_api.common import JsonObject
@@ -28,6 +30,7 @@ class ClusterNodeView(NodeViewDict):
     host: str
     workdir: str
     python: str
+    needs_reboot: RebootMark | None  # kept out of jobs until it comes back from a reboot
 
 
 class Cluster:
@@ -45,6 +48,7 @@ class Cluster:
             state.recent_events(RECENT_EVENTS), maxlen=RECENT_EVENTS)
         # Called with every event once it is stored (the alerts); each must return at once.
         self.listeners: list[Callable[[EventRecord], None]] = []
+        self.reboot_marks: dict[str, RebootMark] = state.reboot_marks()
         self._forget_removed_nodes()
 
     def _forget_removed_nodes(self) -> None:
@@ -74,6 +78,22 @@ class Cluster:
                              view.last_seen)
         message = f"{view.name} is {state}" + (f": {reason}" if reason else "")
         self.record_event(f"node.{state}", message, node=view.name)
+        mark = self.reboot_marks.get(view.name)
+        if state == UP and mark is not None and rebooted(mark, (view.facts or {}).get("boot_id")):
+            self.reboot_marks.pop(view.name)
+            self.state.set_reboot_mark(view.name, None)
+            self.record_event("node.rebooted", f"{view.name} is back after a reboot and takes part in jobs again",
+                              node=view.name)
+
+    def mark_needs_reboot(self, name: str, reason: str) -> None:
+        """``name`` leaves every job's placement until its agent comes back from a reboot."""
+        if name in self.reboot_marks:
+            return
+        boot_id = (self.sessions[name].view.facts or {}).get("boot_id")
+        mark = new_mark(name, reason, boot_id if isinstance(boot_id, str) else None, time.time())
+        self.reboot_marks[name] = mark
+        self.state.set_reboot_mark(name, mark)
+        self.record_event("node.needs_reboot", f"{name} needs a reboot: {reason}; fix: {mark['fix']}", node=name)
 
     def node_views(self) -> list[ClusterNodeView]:
         stored = self.state.nodes()
@@ -85,7 +105,7 @@ class Cluster:
                 view["last_seen"] = view["last_seen"] or stored[name]["last_seen"]
             node = session.node
             views.append({**view, "user": node.user, "host": node.host, "workdir": node.workdir,
-                          "python": node.python})
+                          "python": node.python, "needs_reboot": self.reboot_marks.get(name)})
         return views
 
     def all_up(self) -> bool:

@@ -21,8 +21,14 @@ from typing import Any, NotRequired, TypedDict
 
 import jsonschema
 
-from coordinator.jobs.core import FIRST_STEP_TIMEOUT_S
-from coordinator.jobs.policy import hang_timeout
+from coordinator.jobs.hang import (
+    COMPILE_S,
+    FIRST_STEP_UNKNOWN_S,
+    HANG_FLOOR_S,
+    HANG_GAP_MULTIPLE,
+    STOPPED_GRACE_S,
+    training_allowance,
+)
 from coordinator.jobs.rank_watch import HOLD_S
 from coordinator.jobs.supervisor import CHECKPOINT_POLL_S, NODE_WAIT_S
 from coordinator.plan.document import JsonSchema, load_schema
@@ -456,8 +462,10 @@ def health_checks(inputs: PlanInputs) -> list[HealthCheck]:
     step = inputs.timings.step_s
     lost_within = (f"{KEEPALIVE_COUNT * keepalive:g} s ({KEEPALIVE_COUNT} keepalives of {keepalive:g} s)"
                    if keepalive else f"{KEEPALIVE_COUNT} SSH keepalive intervals (ssh.keepalive_s)")
-    hang = (f"{hang_timeout(None, step):g} s without progress (ten times the measured step time, at least 60 s)"
-            if step else "60 s without progress until a step time is measured (then ten times it)")
+    rule = f"{HANG_GAP_MULTIPLE:g} times the time between steps, at least {HANG_FLOOR_S:g} s"
+    hang = (f"{training_allowance(step):g} s without a new step ({rule}); a stopped rank process within "
+            f"{STOPPED_GRACE_S:g} s" if step else f"{training_allowance(None):g} s without a new step until the time "
+            f"between steps is measured (then {rule}); a stopped rank process within {STOPPED_GRACE_S:g} s")
     return [
         {"name": "rank_exit", "detects": "a rank that exits non-zero or vanishes",
          "within": "a few tenths of a second (each node's agent holds the supervisor's question about its rank "
@@ -466,7 +474,9 @@ def health_checks(inputs: PlanInputs) -> list[HealthCheck]:
         {"name": "hang", "detects": "ranks that stop making progress (their Python stacks are dumped first)",
          "within": hang},
         {"name": "first_step", "detects": "an attempt that never reaches its first step",
-         "within": f"{FIRST_STEP_TIMEOUT_S:g} s after the launch"},
+         "within": f"the first-step limit: --first-step-timeout, else three times the previous attempt's time "
+                   "to its first step, else from the model's size and the disk's read rate, else "
+                   f"{FIRST_STEP_UNKNOWN_S:g} s; past loading, {COMPILE_S:g} s or --hang-timeout"},
         {"name": "checkpoint_valid", "detects": "a checkpoint that is incomplete or unreadable",
          "within": f"about {CHECKPOINT_POLL_S:g} s after it is written (size, safetensors header, SHA256)"},
         {"name": "preflight", "detects": "nodes that differ in code, data, versions, RDMA or disk",

@@ -64,6 +64,7 @@ class PreflightReport(TypedDict):
     topologies: dict[str, Topology]
     seconds: float
     torch: NotRequired[TorchPreflight]  # with torch=True only: what a PyTorch job's checks found
+    model_bytes: NotRequired[int | None]  # the model files named in the cluster file, on the node with most
 
 
 async def gather(cluster: Cluster, emit: Emit, source: Path | None = None,
@@ -197,7 +198,7 @@ async def run_preflight(cluster: Cluster, emit: Emit, backend: str | None = None
     result: PreflightReport = {
         "status": status, "checks": report, "layers": layers, "backend": choice, "hostfile": document,
         "backend_error": error, "consistency": code.pop("report"), "topologies": found["topologies"],
-        "seconds": round(time.monotonic() - started, 3)}
+        "seconds": round(time.monotonic() - started, 3), "model_bytes": model_bytes or None}
     if found_torch is not None:
         result["torch"] = found_torch
     return result

@@ -125,6 +125,15 @@ class NodeRow(TypedDict):
     updated: float
 
 
+class RebootMark(TypedDict):
+    """A node that needs a reboot before it takes part in a job again (``meta`` key reboot_marks)."""
+
+    reason: str
+    fix: str
+    boot_id: str | None  # its boot when it was marked: a new one clears the mark
+    since: float
+
+
 class EventRecord(TypedDict):
     """One event of the log (``events``), as the daemon keeps, shows and sends it."""
 
@@ -280,6 +289,21 @@ class StateStore:
                    "facts": json.loads(facts) if facts else None, "last_seen": last_seen, "updated": updated}
             for name, address, state, reason, facts, last_seen, updated in rows
         }
+
+    def reboot_marks(self) -> dict[str, RebootMark]:
+        """Nodes that need a reboot, kept across daemon restarts (a JSON object in ``meta``)."""
+        row = self._db.execute("SELECT value FROM meta WHERE key='reboot_marks'").fetchone()
+        marks = json.loads(row[0]) if row else {}
+        return marks if isinstance(marks, dict) else {}
+
+    def set_reboot_mark(self, node: str, mark: RebootMark | None) -> None:
+        marks = self.reboot_marks()
+        if mark is None:
+            marks.pop(node, None)
+        else:
+            marks[node] = mark
+        self._db.execute("INSERT INTO meta (key, value) VALUES ('reboot_marks', ?) "
+                         "ON CONFLICT(key) DO UPDATE SET value=excluded.value", (json.dumps(marks),))
 
     def add_event(self, kind: str, message: str, *, node: str | None = None,
                   data: JsonObject | None = None, ts: float | None = None) -> EventRecord:

@@ -52,7 +52,7 @@ class PythonFacts(TypedDict):
     mlx_lm_version: str | None
 
 
-class FactsReply(SystemFacts, PythonFacts):
+class _FactsReply(SystemFacts, PythonFacts):
     hostname: str | None
     user: str | None
     home: str | None
@@ -63,6 +63,10 @@ class FactsReply(SystemFacts, PythonFacts):
     mlx_env: dict[str, str]  # the MLX_* environment variables ranks inherit
     gpu: str | None  # "metal", "cuda", "none", or None when MLX could not say
     gpu_detail: str
+
+
+class FactsReply(_FactsReply, total=False):
+    boot_id: str | None  # this boot of the machine (a reboot changes it); None when unknown
 
 
 # --- usage -----------------------------------------------------------------------------
@@ -82,7 +86,7 @@ class UsageSources(TypedDict):
     temperature: str
 
 
-class UsageSample(TypedDict):
+class _UsageSample(TypedDict):
     memory_used_bytes: int | None
     memory_total_bytes: int | None
     gpu_utilization: float | None
@@ -90,6 +94,10 @@ class UsageSample(TypedDict):
     power_watts: float | None
     temperature_c: float | None
     sources: UsageSources
+
+
+class UsageSample(_UsageSample, total=False):
+    wired_bytes: int | None  # macOS: memory the kernel holds wired (vm_stat); None elsewhere
 
 
 class UsageReply(UsageSample):

@@ -40,4 +40,18 @@ class FingerprintRecord(_Timed):
     sha256: str  # of the rank's trainable weights
 
 
-ProgressRecord = TrainRecord | ValRecord | CheckpointRecord | FingerprintRecord
+class _HeartbeatRecord(_Timed):
+    kind: Literal["heartbeat"]
+    phase: str  # loading, compiling, training, saving, evaluating
+
+
+class HeartbeatRecord(_HeartbeatRecord, total=False):
+    """What a rank is doing, written every few seconds by a thread beside its training (every rank
+    writes its own): coord's watch of hangs reads it (docs/script-contract.md)."""
+
+    step: int  # the last step it finished (global)
+    idle_s: float  # seconds without progress when written: since that step, or since the phase began
+    collective: bool  # it waits inside a collective (an all_sum) now
+
+
+ProgressRecord = TrainRecord | ValRecord | CheckpointRecord | FingerprintRecord | HeartbeatRecord

@@ -58,6 +58,9 @@ class _RankStatusReply(TypedDict):
 class RankStatusReply(_RankStatusReply, total=False):
     log: bytes  # with log_offset: the rank's output from there on, up to 256 KiB
     log_offset: int  # where the next read of its output starts
+    # Its processes while it runs: "stopped" (one is in state T), "uninterruptible" (one is in D,
+    # or U on macOS), "running"; absent or None when not known.
+    process: str | None
 
 
 class ReadLogRequest(RankRequest, total=False):
@@ -78,10 +81,14 @@ class StopRankRequest(RankRequest, total=False):
     grace: float
 
 
-class StopRankReply(TypedDict):
+class _StopRankReply(TypedDict):
     stopped: bool
     left: list[int]  # processes still running
     detail: str
+
+
+class StopRankReply(_StopRankReply, total=False):
+    states: list[str]  # the state of each process in ``left`` (D: uninterruptible), "?" when not known
 
 
 class _CheckpointsRequest(TypedDict):

@@ -43,7 +43,7 @@ from typing import Any
 
 import anyio
 
-from coordinator.jobs import core
+from coordinator.jobs import hang
 from coordinator.jobs.policy import MAX_BACKOFF_S
 from coordinator.jobs.rank_watch import POLL_S
 from coordinator.jobs.states import ACTIVE, FINISHED, IllegalTransition, check_transition
@@ -62,7 +62,8 @@ def time_bound(schedule: Any, spec: dict[str, Any]) -> float:
     """(e): the longest a run of ``spec`` may take once out of the queue, from its restarts,
     backoffs, node waits and hangs."""
     attempts = spec["max_restarts"] + 1 + len(schedule.crashes) + 1
-    per_attempt = (schedule.startup_s + spec["total_steps"] * schedule.step_s + core.hang_bound(spec["hang_timeout"])
+    bound = hang.hang_bound(spec["hang_timeout"], spec.get("first_step_timeout"))
+    per_attempt = (schedule.startup_s + spec["total_steps"] * schedule.step_s + bound
                    + STOP_BOUND_S + 60 + 10 * schedule.copy_s)
     outages = sum(f.get("back_after") or 0 for f in schedule.faults)
     return (attempts * (per_attempt + MAX_BACKOFF_S + NODE_WAIT_S + 10) + outages

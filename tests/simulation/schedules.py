@@ -159,6 +159,8 @@ def make_schedule(seed: int) -> Schedule:
     # mlx_lm: rank 0 alone saves; its newest checkpoint is copied to every node. coord: every rank saves.
     spec["command"] = command_for(trainer, total)
     spec["trainer"] = "coord" if trainer == "coord" else "mlx_lm"
+    if trainer == "script":
+        _report_before_hanging(schedule)
     if more.random() < 0.4:
         schedule.head_machine = (nodes[0],)
     # Drawn apart too: whether this schedule runs several jobs at once.
@@ -166,6 +168,15 @@ def make_schedule(seed: int) -> Schedule:
     if jobs.random() < MULTI_JOB_SHARE:
         _more_jobs(schedule, jobs, trainer, horizon)
     return schedule
+
+
+def _report_before_hanging(schedule: Schedule) -> None:
+    """A script is watched for hangs once it has reported (rank 0's train records): a run whose
+    rank 0 hangs, or exits cleanly, before its first report while another rank hangs is never
+    called hung, by design, and would never end. Here rank 0 reports a step first."""
+    for fault in schedule.faults:
+        if fault["kind"] == "early" or (fault["kind"] == "hang" and fault["rank"] == 0):
+            fault["after"] = max(1, fault["after"])
 
 
 def _more_jobs(schedule: Schedule, rng: random.Random, trainer: str, horizon: float) -> None:
@@ -324,7 +335,8 @@ def run_schedule(seed: int | Schedule) -> dict[str, Any]:
     """Run one schedule under a virtual clock; InvariantBroken (with the replay) when one breaks."""
     schedule = seed if isinstance(seed, Schedule) else make_schedule(seed)
     world = World(schedule.nodes, step_s=schedule.step_s, startup_s=schedule.startup_s, copy_s=schedule.copy_s,
-                  every_rank_saves=schedule.spec.get("trainer") == "coord", head_machine=schedule.head_machine)
+                  every_rank_saves=schedule.spec.get("trainer") == "coord", head_machine=schedule.head_machine,
+                  heartbeats=schedule.spec["command"] != command_for("script", 0))
     checker = Checker(schedule, world)
     world.checkers.append(checker.continuous)
     try:

@@ -98,6 +98,16 @@ class SimRank:
             return self.start_step
         return min(self.total, self.start_step + int(math.floor((end - self.begin) / self.step_s + 1e-9)))
 
+    def phase_at(self, now: float) -> tuple[str, float]:
+        """Its heartbeat's phase and idle time (since its last step, or since the phase began), as
+        coord's trainers write them: loading until it begins, compiling until its first step."""
+        step = self.step_at(now)
+        if now < self.begin:
+            return "loading", now - (self.launched_at or 0.0)
+        if step == self.start_step:
+            return "compiling", now - self.begin
+        return "training", now - self.time_of(step)
+
     def natural_end(self) -> tuple[float, int, str] | None:
         """When and how the rank ends on its own (finish, planned death, early exit)."""
         if self.launched_at is None:
@@ -126,6 +136,7 @@ class SimNode:
     disk_full: bool = False
     files: dict[str, SimFile] = field(default_factory=dict)
     came_back_at: float = 0.0
+    needs_reboot: str | None = None  # marked by a supervisor; a power cycle (a reboot) clears it
 
     @property
     def workdir(self) -> str:
@@ -136,10 +147,11 @@ class World:
     """The ground truth, shared by every daemon incarnation."""
 
     def __init__(self, nodes: list[str], *, step_s: float = 0.5, startup_s: float = 2.0, copy_s: float = 0.5,
-                 every_rank_saves: bool = False, head_machine: tuple[str, ...] = ()):
+                 every_rank_saves: bool = False, head_machine: tuple[str, ...] = (), heartbeats: bool = False):
         self.nodes = {name: SimNode(name) for name in nodes}
         # coord's trainer: every rank writes its own copy of each checkpoint on its own node
         self.every_rank_saves = every_rank_saves
+        self.heartbeats = heartbeats  # coord's trainers: every rank says its phase and step at each status
         self.head_machine = set(head_machine)  # nodes that are the head's own machine
         self.copies: list[dict[str, Any]] = []  # every copy_checkpoint that landed: time, source, targets
         self.order = list(nodes)
@@ -301,10 +313,11 @@ class World:
     async def restore(self, name: str, reconnect_s: float = 1.0) -> None:
         node = self.nodes[name]
         if not node.powered:
-            # Back from a power loss: no rank of before runs; the files stay.
+            # Back from a power loss: no rank of before runs; the files stay; it was rebooted.
             for rank in self.ranks.values():
                 if rank.node == name and rank.running():
                     rank.vanished = True
+            node.needs_reboot = None
         node.powered = node.reachable = True
         await anyio.sleep(reconnect_s)
         if node.reachable:
@@ -378,7 +391,11 @@ class SimEffects:
         node = self.world.nodes[name]
         return NodeView(name, node.session_up, node.workdir, "/usr/bin/python3",
                         None if node.session_up else "keepalive timeout", {"mlx_lm_version": "0.30.2"},
-                        node.generation)
+                        node.generation, node.needs_reboot)
+
+    def mark_needs_reboot(self, name: str, reason: str) -> None:
+        self._effect()
+        self.world.nodes[name].needs_reboot = reason
 
     def on_head_machine(self, node: str) -> bool:
         if self.dead:
@@ -477,6 +494,10 @@ class SimEffects:
             answer["progress"].append({"kind": "train", "step": step, "time": EPOCH + sim.time_of(step),
                                        "loss": 1.0 / step})
             answer["progress_offset"] = step
+        if self.world.heartbeats and sim.running():
+            phase, idle = sim.phase_at(now)
+            answer["progress"].append({"kind": "heartbeat", "phase": phase, "step": step, "idle_s": idle,
+                                       "time": EPOCH + now})
         answer["pid"] = 4000 + rank
         answer["log_size"] = 1 if sim.last_line and not sim.running() else 0
         if sim.vanished:

@@ -35,7 +35,7 @@ FACT_KEYS = {
     "hostname", "user", "home", "os", "os_version", "os_build", "os_pretty", "arch",
     "chip", "cores", "performance_cores", "efficiency_cores", "memory_bytes",
     "disk_free_bytes", "workdir", "python_version", "python_executable",
-    "mlx_version", "mlx_lm_version", "gpu", "gpu_detail", "mlx_env", "power",
+    "mlx_version", "mlx_lm_version", "gpu", "gpu_detail", "mlx_env", "power", "boot_id",
 }
 HARDWARE_KEYS = {"chip", "model", "memory_bytes", "cores", "performance_cores", "efficiency_cores"}
 
@@ -303,6 +303,8 @@ def test_collected_facts_on_linux_are_real_values(tmp_path):
     assert collected["mlx_version"] == installed_version("mlx")
     assert collected["mlx_lm_version"] == installed_version("mlx-lm")
     assert collected["gpu"] in {"metal", "cuda", "none", None}
+    with open("/proc/sys/kernel/random/boot_id") as handle:  # a reboot changes it: a marked node rejoins
+        assert collected["boot_id"] == handle.read().strip()
     assert collected["gpu_detail"]
 
 

@@ -38,15 +38,6 @@ def test_a_vanished_rank_is_a_failure_and_a_launcher_gone_without_its_ranks_a_la
     assert verdict.kind == LAUNCH_FAILED and "rank 0 on a never started" in verdict.detail
 
 
-def test_hang_before_and_after_the_first_step():
-    assert core.hang_reason(now=100, last_progress=0, first_step_at=None, configured=None, step_seconds=None) is None
-    assert "no first step" in core.hang_reason(now=700, last_progress=0, first_step_at=None, configured=None,
-                                               step_seconds=None)
-    assert core.hang_reason(now=50, last_progress=0, first_step_at=1, configured=None, step_seconds=1) is None
-    assert "hang timeout 60" in core.hang_reason(now=61, last_progress=0, first_step_at=1, configured=None,
-                                                 step_seconds=1)
-
-
 def test_resize_waits_for_a_newer_checkpoint_and_is_dropped_when_nothing_would_change():
     assert core.resize_due(None, ["a", "b"], ["a"], 10) == core.ResizeVerdict(False, None)
     assert core.resize_due(10, ["a", "b"], ["a"], 10).pending

@@ -15,7 +15,6 @@ from coordinator.jobs.policy import (
     RankFailure,
     backoff,
     decide,
-    hang_timeout,
     restart_delay,
     root_cause,
 )
@@ -57,14 +56,10 @@ def test_an_early_failure_after_a_different_one_is_retried():
     assert decide(FAIL_EARLY, [after_progress], max_restarts=10, restarts_used=1).action == "restart"
 
 
-def test_backoff_is_capped_and_hang_timeout_follows_the_step_time():
+def test_backoff_is_capped():
     assert [backoff(n) for n in range(6)] == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0]
     assert backoff(100) == 30.0
     assert [restart_delay(n) for n in range(7)] == [0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0]
-    assert hang_timeout(None, None) == 60.0
-    assert hang_timeout(None, 0.5) == 60.0
-    assert hang_timeout(None, 12.0) == 120.0
-    assert hang_timeout(5.0, 12.0) == 5.0
 
 
 MLX = ["python", "-m", "mlx_lm", "lora", "--model", "m", "--train", "--data", "d", "--iters", "60",
@@ -112,6 +107,8 @@ def test_num_layers_given_by_the_user_is_kept_and_other_commands_run_as_given():
     ({"name": "j", "command": ["python", "-m", "mlx_lm", "lora", "--train"]}, "--iters"),
     ({"name": "j", "command": ["x"], "keep": 0}, "keep"),
     ({"name": "j", "command": ["x"], "hang_timeout": -1}, "hang-timeout"),
+    ({"name": "j", "command": ["x"], "first_step_timeout": 0}, "first-step-timeout"),
+    ({"name": "j", "command": ["x"], "first_step_timeout": "5"}, "first-step-timeout must be a number of seconds greater than 0"),
 ])
 def test_bad_job_specs_are_refused_with_a_reason(fields, message):
     with pytest.raises(JobSpecError, match=message):

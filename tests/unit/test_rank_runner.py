@@ -74,6 +74,38 @@ def test_progress_lines_are_read_incrementally(tmp_path):
     assert [r["step"] for r in again["progress"]] == [2]
 
 
+def test_only_the_newest_heartbeat_of_a_read_is_sent(tmp_path):
+    directory = ranks.rank_dir(str(tmp_path), "j5", 0, 0)
+    os.makedirs(directory)
+    lines = [{"kind": "heartbeat", "phase": "loading", "time": 1.0}, {"kind": "train", "step": 1},
+             {"kind": "heartbeat", "phase": "training", "time": 2.0, "step": 1},
+             {"kind": "heartbeat", "phase": "training", "time": 3.0, "step": 2}]
+    with open(os.path.join(directory, "progress.jsonl"), "w") as handle:
+        handle.write("".join(json.dumps(line) + "\n" for line in lines))
+    status = ranks.rank_status(str(tmp_path), "j5", 0, 0)
+    assert status["progress"] == [lines[1], lines[3]]
+
+
+def test_a_stopped_rank_says_so_and_one_left_after_sigkill_is_named_with_its_state(tmp_path, monkeypatch):
+    proc, pgid = _rank_with_a_child(tmp_path, "j6")
+    assert ranks.rank_status(str(tmp_path), "j6", 0, 0)["process"] == "running"
+    os.killpg(pgid, 19)  # SIGSTOP
+    deadline = time.monotonic() + 10
+    while ranks.rank_status(str(tmp_path), "j6", 0, 0).get("process") != "stopped" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ranks.rank_status(str(tmp_path), "j6", 0, 0)["process"] == "stopped"
+    # A process that outlives SIGKILL (in the kernel, state D) cannot be made here: the group
+    # is seen left over, as it would be, and named with its state.
+    real_members = ranks._group_members
+    monkeypatch.setattr(ranks, "_group_members", lambda group: [pgid] if group == pgid else real_members(group))
+    monkeypatch.setattr(ranks.proc_state, "process_state", lambda pid: "D")
+    result = ranks.stop_rank(str(tmp_path), "j6", 0, 0, grace=0.2)
+    assert not result["stopped"] and result["states"][0] == "D" and "(state D)" in result["detail"]
+    monkeypatch.undo()
+    assert ranks.stop_rank(str(tmp_path), "j6", 0, 0, grace=1.0)["stopped"]
+    proc.wait(10)
+
+
 def _safetensors(path, *, truncate: int = 0):
     header = json.dumps({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
     data = struct.pack("<Q", len(header)) + header + b"\0" * 8

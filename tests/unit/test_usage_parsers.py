@@ -15,7 +15,9 @@ from agent.usage_parsers import (
     parse_ioreg_property,
     parse_meminfo_used,
     parse_vm_stat,
+    parse_vm_stat_wired,
 )
+from coordinator.jobs import reboot
 
 SYNTHETIC = Path(__file__).resolve().parents[1] / "fixtures" / "macos-synthetic"
 
@@ -27,6 +29,20 @@ def fixture(name: str) -> str:
 def test_vm_stat_counts_app_wired_and_compressed_memory_as_used():
     # (1,835,008 anonymous - 65,536 purgeable + 393,216 wired + 131,072 compressed) pages of 16 KiB
     assert parse_vm_stat(fixture("macstudio.vm_stat.training.txt")) == (1835008 - 65536 + 393216 + 131072) * 16384
+
+
+def test_wired_memory_is_read_from_vm_stat_and_stranded_wired_memory_means_a_reboot():
+    idle = parse_vm_stat_wired(fixture("macstudio.vm_stat.idle.txt"))
+    stranded = parse_vm_stat_wired(fixture("macstudio.vm_stat.stranded.txt"))
+    assert idle == 131072 * 16384 and stranded == 1966080 * 16384
+    assert parse_vm_stat_wired(fixture("macstudio.vm_stat.training.txt")) == 393216 * 16384
+    assert parse_vm_stat_wired("Pages wired down: 5.\n") is None  # no page size
+    memory = 64 << 30
+    why = reboot.wired_stranded(idle, stranded, memory)
+    assert why is not None and "30.0 GiB" in why and "28.0 GiB above the 2.0 GiB" in why
+    # What a training run holds while it runs is no reason; nor is an unknown reading.
+    assert reboot.wired_stranded(idle, parse_vm_stat_wired(fixture("macstudio.vm_stat.training.txt")), memory) is None
+    assert reboot.wired_stranded(idle, None, memory) is None
 
 
 def test_vm_stat_without_its_counters_is_unknown():

@@ -62,6 +62,7 @@ class DashboardNode(TypedDict):
     gpu_utilization: float | None
     power_watts: float | None
     temperature_c: float | None
+    needs_reboot: str | None  # why it takes no part in jobs until it is rebooted, and the fix
 
 
 class DashboardRun(RunView):
@@ -120,7 +121,8 @@ def node_entry(view: ClusterNodeView, usage: UsageSample | None = None) -> Dashb
             "mlx_lm": facts.get("mlx_lm_version"),
             "last_seen": view.get("last_seen"), "user": view.get("user"), "host": view.get("host"),
             "memory_used_bytes": sample.get("memory_used_bytes"), "gpu_utilization": sample.get("gpu_utilization"),
-            "power_watts": sample.get("power_watts"), "temperature_c": sample.get("temperature_c")}
+            "power_watts": sample.get("power_watts"), "temperature_c": sample.get("temperature_c"),
+            "needs_reboot": f"{mark['reason']}; fix: {mark['fix']}" if (mark := view.get("needs_reboot")) else None}
 
 
 def dashboard_document(cluster: Cluster, runs: list[JobRunner], *,

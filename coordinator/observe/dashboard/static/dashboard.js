@@ -53,7 +53,9 @@ function fillBody(table, rows) {
 
 function renderNodes(doc) {
   fillBody("#nodes", doc.nodes.map(n => el("tr", {},
-    el("td", {}, n.name), el("td", { class: "state-" + n.state, title: n.reason || "" }, n.state),
+    el("td", {}, n.name),
+    n.needs_reboot ? el("td", { class: "state-down", title: n.needs_reboot }, n.state + ", needs reboot")
+      : el("td", { class: "state-" + n.state, title: n.reason || "" }, n.state),
     el("td", {}, n.chip || "-"),
     el("td", {}, (n.memory_used_bytes != null ? bytes(n.memory_used_bytes) + " of " : "") + bytes(n.memory_bytes)),
     el("td", {}, n.gpu_utilization == null ? "-" : Math.round(n.gpu_utilization) + "%"),

@@ -1,0 +1,88 @@
+"""One run's watch for hangs: what each poll says of each rank, kept on its attempt, and the
+verdict of ``coordinator.jobs.hang`` (pure) over it.
+
+The head's clock times what the head sees (the launch, a new step read); a rank's heartbeat is
+timed on its own node's clock (its age is the node's time at the poll less the time the rank
+wrote it), so clocks that differ between machines never make a rank look stuck."""
+
+from __future__ import annotations
+
+from coordinator.jobs import hang
+from coordinator.jobs.attempt import Attempt
+from coordinator.jobs.run_context import RunContext
+from coordinator.jobs.spec import reports_progress
+from shared.agent_api.progress import HeartbeatRecord
+from shared.agent_api.ranks import RankStatusReply
+
+
+class HangWatch:
+    def __init__(self, ctx: RunContext):
+        self.ctx = ctx
+        self.fx = ctx.fx
+
+    def seen(self, attempt: Attempt, rank: int, status: RankStatusReply) -> None:
+        """A rank's status reply: its node's clock and its processes' state."""
+        attempt.node_time[rank] = status["time"]
+        process = status.get("process") if status["state"] == "running" else None
+        attempt.process[rank] = process
+        if status["state"] in ("exited", "vanished"):
+            attempt.exited.add(rank)
+        if process == "stopped":
+            attempt.stopped_since.setdefault(rank, self.fx.now())
+        else:
+            attempt.stopped_since.pop(rank, None)
+
+    def heartbeat(self, attempt: Attempt, rank: int, beat: HeartbeatRecord) -> None:
+        attempt.beats[rank] = beat
+        key = (beat["phase"], beat.get("step"))
+        changed = attempt.beat_changed.get(rank)
+        if changed is None or changed[:2] != key:
+            attempt.beat_changed[rank] = (*key, self.fx.now())
+        if beat["phase"] in hang.SLOW_PHASES and rank in attempt.rank_steps:
+            # A save or an evaluation is not time between steps: the next gap starts after it.
+            attempt.rank_steps[rank] = (attempt.rank_steps[rank][0], beat["time"])
+
+    def stepped(self, attempt: Attempt, rank: int, step: int, at: float) -> None:
+        """A record of ``rank`` that says it finished ``step``, written at ``at`` (its own clock).
+        The time between two of its steps past the attempt's start is what the training allowance
+        follows (its own clock on both ends; the loading and the first step are not counted)."""
+        last = attempt.rank_steps.get(rank)
+        if last is not None and step <= last[0]:
+            return
+        if last is not None and last[0] > attempt.start_step and at > last[1]:
+            self.ctx.record.step_gap = hang.next_gap(self.ctx.record.step_gap, at - last[1])
+        attempt.rank_steps[rank] = (step, at)
+
+    def after_poll(self, *, progressed: bool) -> None:
+        """After every rank's reply was read: a new step is the job's progress (the head's clock)."""
+        if progressed:
+            self.ctx.record.last_progress = self.fx.now()
+
+    def limits(self) -> hang.HangLimits:
+        spec, record = self.ctx.spec, self.ctx.record
+        return hang.hang_limits(configured_hang=spec.hang_timeout, configured_first_step=spec.first_step_timeout,
+                                previous_first_step_s=record.first_step_seconds, model_bytes=record.model_bytes,
+                                gap_s=record.step_gap)
+
+    def watched(self) -> bool:
+        return reports_progress(self.ctx.spec) or self.ctx.record.progress_seen
+
+    def verdict(self, attempt: Attempt) -> hang.Hang | None:
+        record, now = self.ctx.record, self.fx.now()
+        job = hang.JobSeen(watched=self.watched(), first_step_done=record.first_step_at is not None,
+                           quiet_s=now - (record.last_progress if record.last_progress is not None else now))
+        ranks = [self._rank_seen(attempt, rank, name, now) for rank, name in enumerate(attempt.order)]
+        return hang.hang_verdict(ranks, job, self.limits())
+
+    def _rank_seen(self, attempt: Attempt, rank: int, name: str, now: float) -> hang.RankSeen:
+        process = attempt.process.get(rank)
+        stopped = now - attempt.stopped_since[rank] if rank in attempt.stopped_since else 0.0
+        beat = attempt.beats.get(rank)
+        if beat is None or rank in attempt.exited:
+            return hang.RankSeen(rank, name, process=process, stopped_s=stopped)
+        silent = max(0.0, attempt.node_time.get(rank, beat["time"]) - beat["time"])
+        idle = beat.get("idle_s")
+        # Without its own idle time, a rank's progress is a new phase or step as the head saw it.
+        stuck = idle + silent if idle is not None else now - attempt.beat_changed[rank][2]
+        return hang.RankSeen(rank, name, phase=beat["phase"], step=beat.get("step"), stuck_s=stuck, silent_s=silent,
+                             collective=bool(beat.get("collective")), process=process, stopped_s=stopped)

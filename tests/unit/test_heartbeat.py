@@ -1,0 +1,88 @@
+"""A rank's heartbeat (agent/heartbeat.py) and how mlx-lm's loop tells it of each step
+(agent/mlx_lm_train.py), with a fake clock and a real file."""
+
+from __future__ import annotations
+
+import json
+
+from agent.heartbeat import Heartbeat, silent
+from agent.mlx_lm_train import beating_batches, during
+from coordinator.jobs.progress import read_record
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def lines(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_phase_is_written_at_once_and_a_step_with_the_next_beat(tmp_path):
+    clock, path = Clock(), tmp_path / "progress.jsonl"
+    beat = Heartbeat(str(path), step=10, clock=clock)
+    beat.beat()
+    clock.now += 5
+    beat.phase("compiling")
+    clock.now += 7
+    beat.beat()
+    first, second, third = lines(path)
+    assert (first["phase"], first["step"], first["idle_s"]) == ("loading", 10, 0.0)
+    assert (second["phase"], second["idle_s"]) == ("compiling", 0.0)
+    assert third["idle_s"] == 7.0 and "collective" not in third
+    beat.step(11)
+    with beat.collective():
+        clock.now += 3
+        beat.beat()
+    waiting = lines(path)[-1]
+    assert waiting["step"] == 11 and waiting["idle_s"] == 3.0 and waiting["collective"] is True
+    assert all(read_record(line) == line for line in lines(path))  # what coord reads, whole
+
+
+def test_during_restores_the_phase_before_and_a_heartbeat_without_a_file_writes_nothing(tmp_path):
+    path = tmp_path / "progress.jsonl"
+    beat = Heartbeat(str(path), clock=Clock())
+    beat.phase("training")
+    with beat.during("saving"):
+        pass
+    assert [line["phase"] for line in lines(path)] == ["training", "saving", "training"]
+    quiet = silent()
+    quiet.phase("training")
+    quiet.step(3)
+    assert quiet.start() is quiet and quiet.record()["step"] == 3
+
+
+def test_a_beat_that_cannot_be_written_costs_the_beat_only(tmp_path):
+    Heartbeat(str(tmp_path / "missing" / "progress.jsonl")).beat()
+
+
+def test_the_thread_beats_until_stopped(tmp_path):
+    path = tmp_path / "progress.jsonl"
+    beat = Heartbeat(str(path), every=0.01).start()
+    import time
+    deadline = time.monotonic() + 5
+    while len(path.read_text().splitlines()) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    beat.stop()
+    assert len(lines(path)) >= 3
+
+
+def test_mlx_lms_loop_reports_a_step_when_it_asks_for_the_next_batch(tmp_path):
+    path = tmp_path / "progress.jsonl"
+    beat = Heartbeat(str(path), step=20, clock=Clock())
+    seen = []
+
+    def iterate(*, dataset, loop=False, **_):
+        yield from dataset
+
+    batches = beating_batches(iterate, beat, 20)
+    for batch in batches(dataset=["b1", "b2", "b3"], loop=True):
+        seen.append((batch, beat.record()["step"], beat.record()["phase"]))
+    assert seen == [("b1", 20, "loading"), ("b2", 21, "training"), ("b3", 22, "training")]
+    assert list(batches(dataset=["v1"])) == ["v1"] and beat.record()["step"] == 22  # evaluation batches
+    evaluated = during("evaluating", lambda: beat.record()["phase"], beat)
+    assert evaluated() == "evaluating" and beat.record()["phase"] == "training"

@@ -1,0 +1,129 @@
+"""When an attempt counts as hung, and which ranks are named (coordinator/jobs/hang.py), with plain data."""
+
+from __future__ import annotations
+
+import pytest
+
+from coordinator.jobs import hang
+from coordinator.jobs.hang import Hang, JobSeen, RankSeen, hang_limits, hang_verdict
+
+LIMITS = hang_limits(configured_hang=None)
+WATCHED = JobSeen(watched=True, first_step_done=True, quiet_s=0.0)
+BEFORE = JobSeen(watched=True, first_step_done=False, quiet_s=0.0)
+
+
+def beating(rank: int, phase: str = "training", stuck: float = 1.0, **kw: object) -> RankSeen:
+    return RankSeen(rank, f"n{rank}", phase=phase, stuck_s=stuck, silent_s=kw.pop("silent", 1.0), **kw)  # type: ignore[arg-type]
+
+
+def test_the_first_step_limit_comes_from_the_option_the_previous_attempt_the_model_or_a_default():
+    limits = hang.first_step_limits(configured=45, previous_s=10, model_bytes=10**9, read_bytes_per_s=None)
+    assert limits[:2] == (45, 45)
+    # A relaunch: three times the last attempt's time to its first step, never under the floor.
+    assert hang.first_step_limits(configured=None, previous_s=20, model_bytes=None, read_bytes_per_s=None)[0] == 60
+    assert hang.first_step_limits(configured=None, previous_s=2, model_bytes=None,
+                                  read_bytes_per_s=None)[0] == hang.FIRST_STEP_FLOOR_S
+    # A tiny model loads in no time: its loading allowance is the fixed part, not ten minutes.
+    tiny, whole, why = hang.first_step_limits(configured=None, previous_s=None, model_bytes=10**6,
+                                              read_bytes_per_s=None)
+    assert tiny == pytest.approx(hang.LOAD_FIXED_S, abs=1) and whole == pytest.approx(tiny + hang.COMPILE_S)
+    assert "assumed" in why
+    # 16 GB at a measured 2 GB/s: four times the reading time, plus the fixed part.
+    big = hang.first_step_limits(configured=None, previous_s=None, model_bytes=16 * 10**9, read_bytes_per_s=2e9)
+    assert big[0] == pytest.approx(hang.LOAD_FIXED_S + 32) and "measured" in big[2]
+    assert hang.first_step_limits(configured=None, previous_s=None, model_bytes=None,
+                                  read_bytes_per_s=None)[0] == hang.FIRST_STEP_UNKNOWN_S
+
+
+def test_the_hang_timeout_is_honoured_before_the_first_step_and_after_it():
+    limits = hang_limits(configured_hang=8)
+    assert limits.compiling == 8 and limits.training == 8
+    assert limits.loading == hang.FIRST_STEP_UNKNOWN_S  # loading has the first-step limit
+    assert limits.allowance("training", first_step_done=False) == 8
+    assert limits.allowance("saving", first_step_done=True) == hang.SLOW_FLOOR_S
+    assert hang_limits(configured_hang=900).slow == 900
+
+
+def test_after_the_first_step_a_multiple_of_the_step_gap_with_a_floor():
+    assert hang.training_allowance(None) == hang.GAP_UNKNOWN_S
+    assert hang.training_allowance(0.5) == hang.HANG_FLOOR_S
+    assert hang.training_allowance(10.0) == 40.0
+    assert hang_limits(configured_hang=None, gap_s=10.0).slow == max(hang.SLOW_FLOOR_S, 300.0)
+    assert hang.next_gap(None, 2.0) == 2.0 and hang.next_gap(10.0, 2.0) == 9.0 and hang.next_gap(2.0, 10.0) == 10.0
+
+
+def test_a_relaunch_gets_a_short_limit_past_loading_too():
+    limits = hang_limits(configured_hang=None, previous_first_step_s=12.0)
+    assert limits.loading == limits.compiling == 36.0
+
+
+def test_a_script_that_never_reported_is_never_called_hung():
+    quiet = JobSeen(watched=False, first_step_done=False, quiet_s=10_000.0)
+    assert hang_verdict([RankSeen(0, "a", process="stopped", stopped_s=100.0)], quiet, LIMITS) is None
+
+
+def test_a_stopped_process_is_a_hang_within_seconds_and_is_named():
+    ranks = [beating(0, collective=True), RankSeen(1, "n1", process="stopped", stopped_s=1.0)]
+    assert hang_verdict(ranks, BEFORE, LIMITS) is None  # within the grace
+    ranks[1] = RankSeen(1, "n1", process="stopped", stopped_s=hang.STOPPED_GRACE_S)
+    verdict = hang_verdict(ranks, BEFORE, LIMITS)
+    assert isinstance(verdict, Hang) and verdict.ranks == (1,)
+    assert "rank 1 on n1 (its process is stopped: state T" in verdict.describe()
+
+
+def test_phases_have_their_own_allowances():
+    assert hang_verdict([beating(0, "saving", stuck=200.0)], WATCHED, LIMITS) is None
+    assert hang_verdict([beating(0, "training", stuck=200.0)], WATCHED, LIMITS) is not None
+    # Loading before the first step: the first-step limit, not the hang timeout.
+    limits = hang_limits(configured_hang=5)
+    assert hang_verdict([beating(0, "loading", stuck=100.0)], BEFORE, limits) is None
+    verdict = hang_verdict([beating(0, "compiling", stuck=6.0)], BEFORE, limits)
+    assert verdict is not None and "before the first step" in verdict.reason and verdict.ranks == (0,)
+
+
+def test_the_ranks_waiting_for_a_rank_that_saves_or_loads_get_its_allowance():
+    saving = [beating(0, "saving", stuck=100.0), beating(1, "training", stuck=100.0, collective=True)]
+    assert hang_verdict(saving, WATCHED, LIMITS) is None
+    loading = [beating(0, "loading", stuck=300.0), beating(1, "compiling", stuck=290.0, collective=True)]
+    assert hang_verdict(loading, BEFORE, LIMITS) is None
+    saving[0] = beating(0, "saving", stuck=hang.SLOW_FLOOR_S + 1)
+    verdict = hang_verdict(saving, WATCHED, LIMITS)
+    assert verdict is not None and verdict.ranks == (0,) and "while saving" in verdict.reason
+
+
+def test_a_job_whose_ranks_say_nothing_of_their_phase_is_judged_as_a_whole():
+    ranks = [RankSeen(0, "a"), RankSeen(1, "b")]
+    assert hang_verdict(ranks, JobSeen(True, False, 500.0), LIMITS) is None
+    verdict = hang_verdict(ranks, JobSeen(True, False, hang.FIRST_STEP_UNKNOWN_S + 1), LIMITS)
+    assert verdict is not None and "no first step within 600 s" in verdict.reason
+    assert hang_verdict(ranks, JobSeen(True, True, 59.0), LIMITS) is None
+    assert "hang timeout 60" in hang_verdict(ranks, JobSeen(True, True, 61.0), LIMITS).reason  # type: ignore[union-attr]
+
+
+def test_the_rank_outside_the_collective_is_named_not_the_peers_waiting_for_it():
+    ranks = [beating(0, stuck=100.0, collective=True, step=7), beating(1, stuck=100.0, step=7),
+             beating(2, stuck=100.0, collective=True, step=7)]
+    verdict = hang_verdict(ranks, WATCHED, LIMITS)
+    assert verdict is not None and verdict.ranks == (1,)
+    assert "not in the collective that ranks 0, 2 wait in" in verdict.named
+
+
+def test_a_silent_rank_and_a_rank_behind_are_named():
+    silent = [beating(0, stuck=100.0, silent=1.0), beating(1, stuck=100.0, silent=60.0)]
+    assert hang_verdict(silent, WATCHED, LIMITS).ranks == (1,)  # type: ignore[union-attr]
+    behind = [beating(0, stuck=100.0, step=9), beating(1, stuck=100.0, step=8), beating(2, stuck=100.0, step=9)]
+    verdict = hang_verdict(behind, WATCHED, LIMITS)
+    assert verdict is not None and verdict.ranks == (1,) and "at step 8 while others reached 9" in verdict.named
+
+
+def test_when_nothing_singles_a_rank_out_every_rank_past_its_allowance_is_named():
+    ranks = [beating(0, stuck=100.0, step=5, collective=True), beating(1, stuck=100.0, step=5, collective=True)]
+    verdict = hang_verdict(ranks, WATCHED, LIMITS)
+    assert verdict is not None and verdict.ranks == (0, 1) and "in a collective" in verdict.named
+    stuck = [RankSeen(0, "a", process="uninterruptible"), RankSeen(1, "b")]
+    assert hang.stalled_ranks(stuck)[0][1] == "in uninterruptible sleep (state D)"
+
+
+def test_the_bound_covers_every_allowance():
+    assert hang.hang_bound(None) >= hang.FIRST_STEP_UNKNOWN_S + hang.COMPILE_S
+    assert hang.hang_bound(None, 5000) > 5000 and hang.hang_bound(7000) > 7000
