@@ -54,7 +54,7 @@ class RunMetrics(Protocol):
 
     def record_attempt(self, run_id: str, attempt: int, start_step: int, nodes: list[str],
                        detail: str | None) -> None: ...
-    def record_point(self, run_id: str, series: str, point: MetricPoint) -> None: ...
+    def record_points(self, run_id: str, points: list[tuple[str, MetricPoint]]) -> None: ...
 
 
 class DaemonEffects:
@@ -294,8 +294,8 @@ class DaemonEffects:
                        detail: str | None) -> None:
         self.metrics.record_attempt(run_id, attempt, start_step, nodes, detail)
 
-    def record_point(self, run_id: str, series: str, point: MetricPoint) -> None:
-        self.metrics.record_point(run_id, series, point)
+    def record_points(self, run_id: str, points: list[tuple[str, MetricPoint]]) -> None:
+        self.metrics.record_points(run_id, points)
 
     def spawn(self, func: Task, *, name: str) -> None:
         self._spawn(func, name)

@@ -174,8 +174,9 @@ class JobEffects(Protocol):
                        detail: str | None) -> None:
         """An attempt starts from ``start_step``: the run's points past it are dropped."""
 
-    def record_point(self, run_id: str, series: str, point: MetricPoint) -> None:
-        """One ``train`` or ``val`` point: step, attempt, time and its values."""
+    def record_points(self, run_id: str, points: list[tuple[str, MetricPoint]]) -> None:
+        """The ``train`` and ``val`` points (series, point: step, attempt, time and its values) one
+        poll read, in order: written together, as one transaction and one append."""
 
     # --- background work that outlives the job's own loop ---
     def spawn(self, func: Task, *, name: str) -> None: ...

@@ -19,6 +19,7 @@ from coordinator.jobs.checkpoints import CheckpointKeeper
 from coordinator.jobs.diagnosis import Diagnosis
 from coordinator.jobs.fingerprints import Divergence, comparison_summary
 from coordinator.jobs.hang_watch import HangWatch
+from coordinator.jobs.metric_point import MetricPoint
 from coordinator.jobs.node_health import NodeHealth
 from coordinator.jobs.policy import (
     DIVERGED,
@@ -55,6 +56,7 @@ class RankWatcher:
         self.health = health
         self.checkpoints = checkpoints
         self.hangs = HangWatch(ctx)
+        self._points: list[tuple[str, MetricPoint]] = []  # the train and val points of the poll under way
 
     async def poll(self, attempt: Attempt, *, may_read_again: bool, wait_s: float = 0.0) -> Outcome | str | None:
         """Ask every rank once, all at once: the attempt's outcome when it is over, READ_AGAIN when
@@ -78,12 +80,17 @@ class RankWatcher:
             if rss := reply.get("rss_bytes"):
                 record.rank_memory[str(rank)] = rss
                 attempt.rank_peaks[str(rank)] = rss
-        for rank, name in enumerate(attempt.order):
-            status = replies.get(rank)
-            if status is None:
-                continue  # its node did not answer: judged below, after what the others said is read
-            read_any = bool(status["progress"]) or read_any
-            reports.append(await self._read(attempt, rank, name, status))
+        try:
+            for rank, name in enumerate(attempt.order):
+                status = replies.get(rank)
+                if status is None:
+                    continue  # its node did not answer: judged below, after what the others said is read
+                read_any = bool(status["progress"]) or read_any
+                reports.append(await self._read(attempt, rank, name, status))
+        finally:
+            if self._points:  # the poll's points, written together
+                points, self._points = self._points, []
+                self.fx.record_points(self.ctx.run_id, points)
         self.hangs.after_poll(progressed=record.step > step_before
                               or (first_before is None and record.first_step_at is not None))
         if read_any:
@@ -318,19 +325,18 @@ class RankWatcher:
         record.tokens_per_second = progress.get("tokens_per_second")
         record.peak_memory_gb = progress.get("peak_memory_gb")
         peak = progress.get("peak_memory_gb")
-        self.fx.record_point(self.ctx.run_id, "train", {
+        self._points.append(("train", {
             "step": step, "attempt": record.attempt, "time": now, "loss": progress.get("loss"),
             "learning_rate": progress.get("learning_rate"), "tokens_per_second": progress.get("tokens_per_second"),
             # mlx-lm's peak memory is bytes / 1e9
             "peak_memory_bytes": int(peak * 1e9) if isinstance(peak, (int, float)) else None,
-            "rank_memory_bytes": dict(attempt.rank_peaks)})
+            "rank_memory_bytes": dict(attempt.rank_peaks)}))
 
     def _on_val_loss(self, attempt: Attempt, progress: ValRecord) -> None:
         step, loss = progress["step"], progress["val_loss"]
         self.ctx.record.val_loss = loss
-        self.fx.record_point(self.ctx.run_id, "val", {"step": step, "attempt": attempt.number,
-                                                      "time": float(progress.get("time") or self.fx.now()),
-                                                      "loss": loss})
+        self._points.append(("val", {"step": step, "attempt": attempt.number,
+                                     "time": float(progress.get("time") or self.fx.now()), "loss": loss}))
 
     def _recovered(self) -> None:
         """The first step after a failure ends a recovery: its seconds, from the failed attempt's end

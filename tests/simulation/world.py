@@ -707,7 +707,7 @@ class SimEffects:
             raise DaemonCrash()
         self.world.metric_attempts.append((run_id, attempt, start_step))
 
-    def record_point(self, run_id: str, series: str, point: dict[str, Any]) -> None:
+    def record_points(self, run_id: str, points: list[tuple[str, dict[str, Any]]]) -> None:
         if self.dead:
             raise DaemonCrash()
 

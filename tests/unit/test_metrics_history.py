@@ -201,3 +201,25 @@ def test_event_files_hold_the_scalars_and_a_resume_purges_as_tensorboardx_does(t
     assert second[1].session_log.status == 1 and second[1].step == 3  # SessionLog.START
     assert [(e.step, [v.tag for v in e.summary.value]) for e in second[2:]] == [(3, ["train/loss"]),
                                                                                 (3, ["val/loss"])]
+
+
+def test_a_polls_points_go_in_one_transaction_and_one_append_and_a_report_read_again_is_dropped(store, tmp_path):
+    """coordd writes what one poll read together (a fast run brings a hundred points a poll)."""
+    from coordinator.observe.metrics.run_metrics import RunMetrics
+
+    pytest.importorskip("tensorboardX")
+    history = history_of(store)
+    scalars = TensorBoardScalars(lambda run_id: tmp_path / run_id / "tensorboard")
+    metrics = RunMetrics(history, scalars)
+    metrics.record_attempt("r-1", 0, 0, ["a"], None)
+    statements: list[str] = []
+    store.connection.set_trace_callback(statements.append)
+    metrics.record_points("r-1", [("train", point(step, 0)) for step in range(1, 51)] + [("val", point(50, 0))])
+    store.connection.set_trace_callback(None)
+    assert [s for s in statements if s in ("BEGIN", "COMMIT")] == ["BEGIN", "COMMIT"]
+    metrics.record_points("r-1", [("train", point(50, 0)), ("train", point(51, 0))])  # 50 read again after a restart
+    run = history.document()["runs"][0]
+    assert run["train"]["step"] == list(range(1, 52)) and run["val"]["step"] == [50]
+    (events,) = (read_events(f) for f in (tmp_path / "r-1" / "tensorboard").iterdir())
+    steps = [e.step for e in events if e.summary.value]
+    assert steps == [*range(1, 51), 50, 51]  # the val point of 50, then only the new train point

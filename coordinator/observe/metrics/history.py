@@ -134,21 +134,43 @@ class MetricsHistory:
 
     # --- writing ----------------------------------------------------------------------------
 
+    def add_points(self, run_id: str, points: list[tuple[str, MetricPoint]]) -> list[tuple[str, MetricPoint]]:
+        """Keep several points in one transaction; returns those that were new."""
+        if self._db.in_transaction:  # inside someone's transaction: part of it
+            added = [(series, point) for series, point in points if self._insert(run_id, series, point)]
+        else:
+            self._db.execute("BEGIN")
+            try:
+                added = [(series, point) for series, point in points if self._insert(run_id, series, point)]
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+        self._counted(run_id, len(added))
+        return added
+
     def add_point(self, run_id: str, series: str, point: MetricPoint) -> bool:
         """Keep one train or val point (``step``, ``attempt``, ``time`` and the fields); False when
         the run already has that step (a report read again after a daemon restart)."""
+        added = self._insert(run_id, series, point)
+        self._counted(run_id, int(added))
+        return added
+
+    def _insert(self, run_id: str, series: str, point: MetricPoint) -> bool:
         ranks = point.get("rank_memory_bytes")
         cursor = self._db.execute(
             "INSERT OR IGNORE INTO metric_points (run_id, series, step, attempt, ts, loss, learning_rate, "
             "tokens_per_second, peak_memory_bytes, rank_memory) VALUES (?,?,?,?,?,?,?,?,?,?)",
             (run_id, series, int(point["step"]), int(point["attempt"]), float(point["time"]),
              *(_number(point.get(f)) for f in TRAIN_FIELDS), json.dumps(ranks) if ranks else None))
-        added = cursor.rowcount == 1
+        return cursor.rowcount == 1
+
+    def _counted(self, run_id: str, added: int) -> None:
+        """Thin the run's points once enough new ones came in."""
         if added:
-            self._added[run_id] = self._added.get(run_id, 0) + 1
+            self._added[run_id] = self._added.get(run_id, 0) + added
             if self._added[run_id] >= thinning.THIN_EVERY:
                 self.thin_run(run_id)
-        return added
 
     def start_attempt(self, run_id: str, attempt: int, start_step: int, nodes: list[str], detail: str | None,
                       *, now: float | None = None) -> int:

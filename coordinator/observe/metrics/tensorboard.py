@@ -48,20 +48,31 @@ class TensorBoardScalars:
                        + event_file.frame(event_file.event(wall_time=now, step=purge, session_start=True)))
         self._append(path, records)
 
+    def add_points(self, run_id: str, points: list[tuple[str, MetricPoint]]) -> None:
+        """Several points in one append (one open and one write, not one of each per point)."""
+        frames = b"".join(self._frames(run_id, series, point) for series, point in points)
+        path = self._files.get(run_id)
+        if frames and path is not None:
+            self._append(path, frames)
+
     def add_point(self, run_id: str, series: str, point: MetricPoint) -> None:
+        self.add_points(run_id, [(series, point)])
+
+    def _frames(self, run_id: str, series: str, point: MetricPoint) -> bytes:
+        """The point's event (after the file's version record, when it starts a file); b"" when it has no value."""
         scalars = {tag: float(value) for field, tag in TAGS.get(series, {}).items()
                    if isinstance(value := point.get(field), (int, float))}
         for rank, value in sorted((point.get("rank_memory_bytes") or {}).items()):
             scalars[f"rank_memory_bytes/rank_{rank}"] = float(value)
         if not scalars:
-            return
-        path = self._files.get(run_id)
-        if path is None:  # a daemon restarted during the attempt: a file of its own, nothing purged
-            path = self._new_file(run_id, int(point.get("attempt", 0)), float(point["time"]))
-            self._append(path, event_file.frame(event_file.event(wall_time=float(point["time"]), step=0,
-                                                                 file_version=event_file.FILE_VERSION)))
-        self._append(path, event_file.frame(event_file.event(wall_time=float(point["time"]), step=int(point["step"]),
-                                                             scalars=scalars)))
+            return b""
+        head = b""
+        if self._files.get(run_id) is None:  # a daemon restarted during the attempt: a file of its own, nothing purged
+            self._new_file(run_id, int(point.get("attempt", 0)), float(point["time"]))
+            head = event_file.frame(event_file.event(wall_time=float(point["time"]), step=0,
+                                                     file_version=event_file.FILE_VERSION))
+        return head + event_file.frame(event_file.event(wall_time=float(point["time"]), step=int(point["step"]),
+                                                        scalars=scalars))
 
     def _new_file(self, run_id: str, attempt: int, now: float) -> Path:
         directory = self._directory_of(run_id)
