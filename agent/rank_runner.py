@@ -30,7 +30,8 @@ from typing import BinaryIO
 from agent import keep_awake
 
 KILL_GRACE_S = 5.0
-KEPT_OUTPUT_READ_S = 0.1  # how often the runner gathers a rank's output it keeps
+KEPT_OUTPUT_READ_S = 0.2  # how often the runner gathers a rank's output it keeps (and at most how late it sees its end)
+KEPT_OUTPUT_BURST = 16 << 10  # a read this large is followed by the next at once
 
 
 def write_atomically(path: str, text: str) -> None:
@@ -116,9 +117,11 @@ def run_rank(command: list[str], directory: str, log: BinaryIO, pass_output: boo
             break
         log.write(chunk)
         if not pass_output:
-            # Nobody waits on these lines (the agent reads the log every few seconds): a tenth of a
-            # second between reads gathers a busy rank's lines into one write, not one per line.
-            time.sleep(KEPT_OUTPUT_READ_S)
+            # Nobody waits on these lines (the agent reads the log every few seconds): a pause
+            # between reads gathers a busy rank's lines into one write, not one per line. Not after
+            # a large read: a rank printing that much must not wait on a full pipe.
+            if len(chunk) < KEPT_OUTPUT_BURST:
+                time.sleep(KEPT_OUTPUT_READ_S)
             continue
         try:
             out.write(chunk)
