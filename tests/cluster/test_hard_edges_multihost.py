@@ -57,36 +57,38 @@ def _sync(daemon, source: Path, *options: str) -> dict:
 
 
 def test_links_arrive_as_links_and_one_leading_out_is_refused_until_followed(netns_cluster, running):
+    # Names of their own: the session's other tests leave the tiny project's model/ and data/ on the nodes.
     root = running["root"]
     source = root / "linked"
-    (source / "weights" / "v1").mkdir(parents=True)
-    (source / "weights" / "v1" / "config.json").write_text("{}\n")
-    (source / "model").symlink_to("weights/v1")
+    (source / "lk-weights" / "v1").mkdir(parents=True)
+    (source / "lk-weights" / "v1" / "config.json").write_text("{}\n")
+    (source / "lk-model").symlink_to("lk-weights/v1")
     outside = root / "big-disk" / "data"
     outside.mkdir(parents=True)
     (outside / "train.jsonl").write_text('{"text": "hi"}\n')
-    (source / "data").symlink_to(outside)
+    (source / "lk-data").symlink_to(outside)
     for path in [root / "big-disk", *(root / "big-disk").rglob("*"), source, *source.rglob("*")]:
         if not path.is_symlink():
             path.chmod(0o755 if path.is_dir() else 0o644)
-
-    refused = _sync(running["daemon"], source)
-    assert refused["status"] == "failed" and "data -> " in refused["detail"], refused
-    assert "--follow-outside-links" in refused["detail"], refused["detail"]
-    followed = _sync(running["daemon"], source, "--follow-outside-links")
-    assert followed["status"] == "ok", followed
-    for node in netns_cluster.nodes:
-        workdir = Path(node.workdir)
-        assert os.readlink(workdir / "model") == "weights/v1", node.name
-        assert (workdir / "model" / "config.json").read_text() == "{}\n"
-        assert not (workdir / "data").is_symlink() and (workdir / "data" / "train.jsonl").exists()
-    for node in netns_cluster.nodes:  # the other tests' trees stay as they were
-        for name in ("model", "data", "weights"):
-            path = Path(node.workdir) / name
-            if path.is_symlink() or path.is_file():
-                path.unlink()
-            elif path.exists():
-                shutil.rmtree(path)
+    try:
+        refused = _sync(running["daemon"], source)
+        assert refused["status"] == "failed" and "lk-data -> " in refused["detail"], refused
+        assert "--follow-outside-links" in refused["detail"], refused["detail"]
+        followed = _sync(running["daemon"], source, "--follow-outside-links")
+        assert followed["status"] == "ok", followed
+        for node in netns_cluster.nodes:
+            workdir = Path(node.workdir)
+            assert os.readlink(workdir / "lk-model") == "lk-weights/v1", node.name
+            assert (workdir / "lk-model" / "config.json").read_text() == "{}\n"
+            assert not (workdir / "lk-data").is_symlink() and (workdir / "lk-data" / "train.jsonl").exists()
+    finally:  # the other tests' trees stay as they were
+        for node in netns_cluster.nodes:
+            for name in ("lk-model", "lk-data", "lk-weights"):
+                path = Path(node.workdir) / name
+                if path.is_symlink() or path.is_file():
+                    path.unlink()
+                elif path.exists():
+                    shutil.rmtree(path)
 
 
 def _in_mounts_of(pid: int, *argv: str) -> subprocess.CompletedProcess:
