@@ -24,10 +24,10 @@ watchdog at all: coord cannot tell such a script's steady work from a hang, so i
 as hung (``watched`` False).
 
 A rank whose process is stopped (state T: SIGSTOP, a terminal's Ctrl-Z) is hung after
-``STOPPED_GRACE_S``, whatever its phase. The ranks named as the ones that stopped are, in this
-order: stopped processes; ranks whose heartbeat went silent while others' did not; ranks outside
-a collective their peers wait in; the ranks at the lowest step while others are ahead; else every
-rank over its allowance.
+``STOPPED_GRACE_S`` (or ``--hang-timeout``, when given), whatever its phase. The ranks named
+as the ones that stopped are, in this order: stopped processes; ranks whose heartbeat went
+silent while others' did not; ranks outside a collective their peers wait in; the ranks at the
+lowest step while others are ahead; else every rank over its allowance.
 """
 
 from __future__ import annotations
@@ -72,6 +72,9 @@ class HangLimits:
     slow: float  # saving, evaluating
     first_step: float  # launch to first step, for a job whose ranks say nothing of their phase
     source: str
+    # A stopped process (state T) for this long is a hang: STOPPED_GRACE_S, or --hang-timeout when
+    # given (a user may SIGSTOP a rank on purpose, to lend its machine a while; the option says how long).
+    stopped: float = STOPPED_GRACE_S
 
     def allowance(self, phase: str | None, *, first_step_done: bool) -> float:
         """The allowance of a rank in ``phase`` (a phase coord does not know counts as training)."""
@@ -121,7 +124,8 @@ def hang_limits(*, configured_hang: float | None, configured_first_step: float |
         compiling = COMPILE_S
     training = configured_hang if configured_hang is not None else training_allowance(gap_s)
     slow = max(SLOW_FLOOR_S, SLOW_GAP_MULTIPLE * (gap_s or 0.0), configured_hang or 0.0)
-    return HangLimits(loading, compiling, training, slow, first_step, source)
+    stopped = configured_hang if configured_hang is not None else STOPPED_GRACE_S
+    return HangLimits(loading, compiling, training, slow, first_step, source, stopped)
 
 
 def training_allowance(gap_s: float | None) -> float:
@@ -183,7 +187,7 @@ def hang_verdict(ranks: Sequence[RankSeen], job: JobSeen, limits: HangLimits) ->
     """The attempt's hang, or None while it may still be making progress."""
     if not job.watched:
         return None
-    stopped = [r for r in ranks if r.process == "stopped" and r.stopped_s >= STOPPED_GRACE_S]
+    stopped = [r for r in ranks if r.process == "stopped" and r.stopped_s >= limits.stopped]
     if stopped:
         return _named(f"{_plural(stopped)} stopped (process state T) for {max(r.stopped_s for r in stopped):.0f} s",
                       ranks, stopped)

@@ -127,3 +127,13 @@ def test_when_nothing_singles_a_rank_out_every_rank_past_its_allowance_is_named(
 def test_the_bound_covers_every_allowance():
     assert hang.hang_bound(None) >= hang.FIRST_STEP_UNKNOWN_S + hang.COMPILE_S
     assert hang.hang_bound(None, 5000) > 5000 and hang.hang_bound(7000) > 7000
+
+
+def test_a_stopped_process_waits_out_the_hang_timeout_when_one_is_given():
+    # A user may SIGSTOP a rank on purpose (to lend its machine a while): --hang-timeout says how long.
+    limits = hang_limits(configured_hang=300)
+    ranks = [beating(0, collective=True), RankSeen(1, "n1", process="stopped", stopped_s=60.0)]
+    assert hang_verdict(ranks, BEFORE, limits) is None
+    ranks[1] = RankSeen(1, "n1", process="stopped", stopped_s=300.0)
+    verdict = hang_verdict(ranks, BEFORE, limits)
+    assert isinstance(verdict, Hang) and verdict.ranks == (1,)
