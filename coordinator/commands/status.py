@@ -71,7 +71,9 @@ def recent_events(cluster: Cluster, count: int) -> list[EventRecord]:
     if not count:
         return []
     held = cluster.events
-    if count <= len(held) or len(held) < (held.maxlen or 0):
+    # Memory holds only this daemon's newest events: a daemon restarted a moment ago holds few,
+    # while the store still has its predecessors' (they were missing from coord status).
+    if count <= len(held):
         return list(held)[-count:]
     return cluster.state.recent_events(count)
 

@@ -30,10 +30,14 @@ def test_more_events_than_memory_holds_come_from_the_store(tmp_path):
     assert recent_events(daemon, 0) == [] and recent_events(daemon, -3) == []
 
 
-def test_a_young_daemon_answers_from_memory_alone(tmp_path):
+def test_a_daemon_restarted_a_moment_ago_still_gives_its_predecessors_events(tmp_path):
+    # Its memory holds only its own few events; the earlier daemon's are in the store (coord status
+    # had answered from memory alone, and a reattach's event went missing from a job's story).
     store = StateStore(tmp_path / "state.db")
-    for i in range(7):
-        store.add_event("node.up", f"event {i}")
-    daemon = _daemon(store)
-    daemon.state = None  # memory holds everything there is: the store is not asked
-    assert [e["message"] for e in recent_events(daemon, 200)] == [f"event {i}" for i in range(7)]
+    for i in range(RECENT_EVENTS * 2):
+        store.add_event("job.step", f"earlier {i}")
+    daemon = SimpleNamespace(state=store, events=collections.deque(maxlen=RECENT_EVENTS))
+    for i in range(3):
+        daemon.events.append(store.add_event("node.up", f"now {i}"))
+    got = [e["message"] for e in recent_events(daemon, 10)]
+    assert got == [f"earlier {i}" for i in range(RECENT_EVENTS * 2 - 7, RECENT_EVENTS * 2)] + ["now 0", "now 1", "now 2"]
