@@ -21,19 +21,6 @@ def parse_proc_stat(text: str) -> str | None:
     return fields[0] if fields and len(fields[0]) == 1 else None
 
 
-def parse_ps_states(text: str, pgid: int) -> dict[int, str]:
-    """pid -> the first letter of its state, for the processes of group ``pgid`` in the output
-    of ``ps -A -o pid=,pgid=,stat=``."""
-    states: dict[int, str] = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) < 3 or not parts[0].isdigit() or not parts[1].isdigit():
-            continue
-        if int(parts[1]) == pgid and parts[2]:
-            states[int(parts[0])] = parts[2][0]
-    return states
-
-
 def summarize(states: dict[int, str]) -> str | None:
     """One word for a group: stopped when any process is (T; t is a debugger's stop, not a
     hang), uninterruptible when any is in D (or U, macOS's uninterruptible wait), else running;
@@ -49,26 +36,80 @@ def summarize(states: dict[int, str]) -> str | None:
     return RUNNING
 
 
-def group_states(pgid: int) -> dict[int, str]:
-    """pid -> state letter of every process of the group, from /proc or, without it, ps."""
+def parse_stat_fields(text: str) -> tuple[str, int, int] | None:
+    """(state letter, parent pid, process group) of a ``/proc/PID/stat`` line, or None."""
+    _, _, rest = text.rpartition(")")
+    fields = rest.split()
+    if len(fields) < 3 or len(fields[0]) != 1 or not fields[1].isdigit() or not fields[2].lstrip("-").isdigit():
+        return None
+    return fields[0], int(fields[1]), int(fields[2])
+
+
+def parse_ps_table(text: str) -> dict[int, tuple[str, int, int]]:
+    """pid -> (state letter, parent pid, process group) from ``ps -A -o pid=,ppid=,pgid=,stat=``."""
+    table: dict[int, tuple[str, int, int]] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) < 4 or not all(part.isdigit() for part in parts[:3]) or not parts[3]:
+            continue
+        table[int(parts[0])] = (parts[3][0], int(parts[1]), int(parts[2]))
+    return table
+
+
+def process_table() -> dict[int, tuple[str, int, int]]:
+    """pid -> (state letter, parent pid, process group) of every process this user may see: from
+    /proc, or where there is none (macOS) from ps."""
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return _ps_states(pgid)
-    states: dict[int, str] = {}
+        try:
+            out = subprocess.run(["ps", "-A", "-o", "pid=,ppid=,pgid=,stat="], capture_output=True, text=True,
+                                 timeout=5)
+        except (OSError, subprocess.SubprocessError):
+            return {}
+        return parse_ps_table(out.stdout) if out.returncode == 0 else {}
+    table: dict[int, tuple[str, int, int]] = {}
     for entry in entries:
         if not entry.isdigit():
             continue
         try:
-            if os.getpgid(int(entry)) != pgid:
-                continue
             with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as handle:
-                state = parse_proc_stat(handle.read())
-        except (OSError, ValueError):
+                fields = parse_stat_fields(handle.read())
+        except OSError:
             continue  # gone meanwhile, or not ours to read
-        if state:
-            states[int(entry)] = state
-    return states
+        if fields:
+            table[int(entry)] = fields
+    return table
+
+
+def descendants_in(table: dict[int, tuple[str, int, int]], root: int) -> list[int]:
+    """Every process below ``root`` in ``table`` (its children, theirs, ...), ``root`` left out."""
+    children: dict[int, list[int]] = {}
+    for pid, (_, parent, _) in table.items():
+        children.setdefault(parent, []).append(pid)
+    found: list[int] = []
+    todo = list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        if pid in found or pid == root:
+            continue
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def rank_processes(pgid: int, runner: int | None,
+                   table: dict[int, tuple[str, int, int]] | None = None) -> dict[int, str]:
+    """pid -> state letter of a rank's processes: its process group, and everything below its runner
+    (a launcher such as torchrun starts each worker in a session of its own, outside the group)."""
+    table = process_table() if table is None else table
+    pids = {pid for pid, (_, _, group) in table.items() if group == pgid}
+    if runner and runner in table:
+        # The runner's own helpers (caffeinate on a Mac) stay in the runner's group: not the rank's.
+        own = table[runner][2]
+        pids.update(pid for pid in descendants_in(table, runner) if table[pid][2] != own)
+    return {pid: table[pid][0] for pid in pids if pid in table}
+
 
 
 def process_state(pid: int) -> str | None:
@@ -87,11 +128,3 @@ def process_state(pid: int) -> str | None:
         return None
     text = out.stdout.strip()
     return text[0] if out.returncode == 0 and text else None
-
-
-def _ps_states(pgid: int) -> dict[int, str]:
-    try:
-        out = subprocess.run(["ps", "-A", "-o", "pid=,pgid=,stat="], capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    return parse_ps_states(out.stdout, pgid) if out.returncode == 0 else {}

@@ -32,6 +32,9 @@ from agent import keep_awake
 KILL_GRACE_S = 5.0
 KEPT_OUTPUT_READ_S = 0.2  # how often the runner gathers a rank's output it keeps (and at most how late it sees its end)
 KEPT_OUTPUT_BURST = 16 << 10  # a read this large is followed by the next at once
+PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
+ORPHAN_GRACE_S = 5.0  # the longest the runner spends ending what its rank left behind
+OUTPUT_DRAIN_S = 2.0  # the longest it waits for the last of the rank's output once the rank is over
 
 
 def write_atomically(path: str, text: str) -> None:
@@ -81,9 +84,70 @@ def main(argv: list[str] | None = None) -> int:
         return run_rank(command, args.dir, log, pass_output=not args.keep_output)
 
 
+def become_subreaper() -> bool:
+    """On Linux, adopt whatever this rank leaves when its process dies: torchrun starts each worker in
+    a session of its own, and a torchrun that is killed leaves them running, out of the rank's group,
+    forever (they hold the training's memory and its ports). As the subreaper, the runner becomes
+    their parent and ends them. Elsewhere (macOS) nothing happens."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def end_orphans(own: int, grace: float = ORPHAN_GRACE_S) -> None:
+    """Kill (with their process groups) the processes this runner adopted once its child had died,
+    and reap them, until none is left or ``grace`` seconds have passed."""
+    from agent import proc_state
+
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+        table = proc_state.process_table()
+        left = [pid for pid in proc_state.descendants_in(table, os.getpid())
+                if table[pid][2] != own and table[pid][0] not in ("Z", "X")]
+        if not left:
+            return
+        for pid in left:
+            with contextlib.suppress(OSError):
+                os.killpg(os.getpgid(pid), signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
+
+
+def copy_output(stream: BinaryIO, log: BinaryIO, out: BinaryIO, pass_output: bool) -> None:
+    """Everything the rank prints, into ``log`` (and ``out`` with ``pass_output``), until the pipe closes."""
+    while True:
+        chunk = stream.read1(65536) if hasattr(stream, "read1") else stream.read(4096)
+        if not chunk:
+            return
+        log.write(chunk)
+        if not pass_output:
+            # Nobody waits on these lines (the agent reads the log every few seconds): a pause
+            # between reads gathers a busy rank's lines into one write, not one per line. Not after
+            # a large read: a rank printing that much must not wait on a full pipe.
+            if len(chunk) < KEPT_OUTPUT_BURST:
+                time.sleep(KEPT_OUTPUT_READ_S)
+            continue
+        try:
+            out.write(chunk)
+            out.flush()
+        except OSError:
+            pass_output = False  # mlx.launch went away; the log on the node still has everything
+
+
 def run_rank(command: list[str], directory: str, log: BinaryIO, pass_output: bool = True) -> int:
     """Start the rank, copy its output to ``log`` (and to our stdout with ``pass_output``), and
     record its pid and exit status in ``directory``; returns that status."""
+    adopting = become_subreaper()
     try:
         # A process group of its own, so that the whole rank can be killed as one, but not a
         # session of its own: Linux's autogroup scheduler gives every session its own share of
@@ -111,24 +175,14 @@ def run_rank(command: list[str], directory: str, log: BinaryIO, pass_output: boo
             out.flush()
     stream = child.stdout
     assert stream is not None  # stdout=PIPE
-    while True:
-        chunk = stream.read1(65536) if hasattr(stream, "read1") else stream.read(4096)
-        if not chunk:
-            break
-        log.write(chunk)
-        if not pass_output:
-            # Nobody waits on these lines (the agent reads the log every few seconds): a pause
-            # between reads gathers a busy rank's lines into one write, not one per line. Not after
-            # a large read: a rank printing that much must not wait on a full pipe.
-            if len(chunk) < KEPT_OUTPUT_BURST:
-                time.sleep(KEPT_OUTPUT_READ_S)
-            continue
-        try:
-            out.write(chunk)
-            out.flush()
-        except OSError:
-            pass_output = False  # mlx.launch went away; the log on the node still has everything
+    # The output is copied by a thread of its own: the rank has ended when its process has, even
+    # while processes it left behind (a killed launcher's workers) still hold the pipe open.
+    copier = threading.Thread(target=copy_output, args=(stream, log, out, pass_output), daemon=True)
+    copier.start()
     code = exit_status(child.wait())
+    if adopting:
+        end_orphans(os.getpgid(0))
+    copier.join(OUTPUT_DRAIN_S)
     write_atomically(os.path.join(directory, "exit"), f"{code}\n")
     keep_awake.release(awake)
     return code

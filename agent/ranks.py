@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import struct
 import subprocess
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, TypeGuard
 
 from agent import proc_state
 from agent.launch import JOB_NAME
+from shared import checkpoint_dirs
 from shared import protocol as p
 from shared.manifest import sha256_file
 from shared.rpc import RemoteError
@@ -26,6 +28,7 @@ from shared.rpc import RemoteError
 if TYPE_CHECKING:
     from shared.agent_api.common import JsonObject
     from shared.agent_api.ranks import (
+        CheckpointFilesReply,
         CheckpointInfo,
         DataReply,
         DumpStacksReply,
@@ -35,12 +38,15 @@ if TYPE_CHECKING:
         ReadFileReply,
         RemoveCheckpointsReply,
         StopRankReply,
+        WorkerError,
     )
+    from shared.checkpoint_dirs import DirFile
 
 CHECKPOINT_NAME = re.compile(r"^(\d{7})_adapters\.safetensors$")
 MAX_READ = 4 << 20
 LOG_INLINE = 256 << 10  # output sent with a status reply; more is read with read_log
 MAX_HEADER = 100 << 20
+MAX_ERROR_FILE = 1 << 20
 RUNNER_GRACE_S = 2.0
 
 
@@ -109,30 +115,23 @@ def _rss_bytes(pid: int | None) -> int | None:
         return None
 
 
-def _group_members(pgid: int) -> list[int]:
-    """Live processes of a process group. Linux names them from /proc (zombies left out);
-    elsewhere (macOS) ``killpg(pgid, 0)`` says whether any is left, and the group is named
-    by its id."""
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return []
-        except PermissionError:
-            pass
-        return [pgid]
-    members = []
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            if os.getpgid(int(entry)) == pgid and not _is_zombie(int(entry)):
-                members.append(int(entry))
-        except (ProcessLookupError, PermissionError):
-            continue
-    return members
+def _rank_members(pgid: int, runner: int | None) -> list[int]:
+    """Live processes of a rank: its process group, and whatever lives below its runner (a launcher
+    such as torchrun puts each worker in a session of its own; the runner adopts them when that
+    launcher dies). Zombies and the runner itself are left out."""
+    procs = proc_state.rank_processes(pgid, runner if _alive(runner) else None)
+    return [pid for pid, state in procs.items() if state not in ("Z", "X") and pid != runner]
+
+
+def _signal_all(pgid: int, members: list[int], sig: int) -> None:
+    """``sig`` to the rank's group and to each member's own group (a worker in a session of its own)."""
+    groups = {pgid}
+    for pid in members:
+        with contextlib.suppress(OSError):
+            groups.add(os.getpgid(pid))
+    for group in groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, sig)
 
 
 def rank_ended(workdir: str, job: str, attempt: int, rank: int) -> bool:
@@ -180,13 +179,40 @@ def rank_status(workdir: str, job: str, attempt: int, rank: int, progress_offset
         "state": state, "pid": pid, "exit": code, "rss_bytes": _rss_bytes(pid) if alive else None,
         "progress": progress, "progress_offset": offset, "log_size": log_size, "time": time.time(),
         "exited_at": exited_at}
+    if state == "exited":
+        errors = worker_errors(directory)
+        if errors:
+            reply["worker_errors"] = errors
     if log_offset >= 0:
         piece = read_log(workdir, job, attempt, rank, log_offset, limit=LOG_INLINE)
         reply["log"], reply["log_offset"] = piece["data"], piece["offset"]
     if alive and pid is not None:
         # Read last: a rank stopped (SIGSTOP) or stuck in the kernel is named by the hang watch.
-        reply["process"] = proc_state.summarize(proc_state.group_states(pid))
+        reply["process"] = proc_state.summarize(proc_state.rank_processes(pid, runner if runner_alive else None))
     return reply
+
+
+def worker_errors(directory: str) -> list[WorkerError]:
+    """The errors a torch launcher's workers wrote (``TORCHELASTIC_ERROR_FILE``, under the rank's
+    ``torchrun/`` log directory: ``<run>/attempt_<n>/<local rank>/error.json``), oldest first: the
+    exception a worker decorated with ``@record`` died of."""
+    found: list[WorkerError] = []
+    root = os.path.join(directory, "torchrun")
+    for base, _dirs, names in os.walk(root):
+        if "error.json" not in names:
+            continue
+        local = os.path.basename(base)
+        try:
+            with open(os.path.join(base, "error.json"), "rb") as handle:
+                data = json.loads(handle.read(MAX_ERROR_FILE))
+            message = data["message"]
+            text = message["message"] if isinstance(message, dict) else str(message)
+            stamp = message.get("extraInfo", {}).get("timestamp") if isinstance(message, dict) else None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+        found.append({"local_rank": int(local) if local.isdigit() else -1, "message": str(text)[:2000],
+                      "time": float(stamp) if isinstance(stamp, (int, str)) and str(stamp).isdigit() else None})
+    return sorted(found, key=lambda e: (e["time"] or 0.0, e["local_rank"]))
 
 
 def _read_progress(path: str, offset: int) -> tuple[list[JsonObject], int]:
@@ -239,33 +265,40 @@ def dump_stacks(workdir: str, job: str, attempt: int, rank: int) -> DumpStacksRe
 
 
 def stop_rank(workdir: str, job: str, attempt: int, rank: int, grace: float = 5.0) -> StopRankReply:
-    """Stop the rank's whole process group (SIGCONT first: a stopped rank cannot act on SIGTERM)."""
+    """Stop the rank's processes (SIGCONT first: a stopped rank cannot act on SIGTERM): SIGTERM,
+    and SIGKILL to whatever is left after ``grace`` seconds."""
     directory = rank_dir(workdir, job, attempt, rank)
     pgid = _read_int(os.path.join(directory, "pid"))
     runner = _read_int(os.path.join(directory, "runner.pid"))
     if pgid is None:
         return {"stopped": True, "left": [], "detail": "rank never started"}
-    for sig in (signal.SIGCONT, signal.SIGTERM):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, sig)
+    members = _rank_members(pgid, runner)
+    # SIGCONT to every member: a stopped worker outside the group would not act on its launcher's SIGTERM.
+    _signal_all(pgid, members, signal.SIGCONT)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGTERM)  # the launcher (or the script) stops its own workers first
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and _group_members(pgid):
+    while time.monotonic() < deadline and (members := _rank_members(pgid, runner)):
         time.sleep(0.1)
-    if _group_members(pgid):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)  # the whole group at once, on every platform
+    if members:
+        _signal_all(pgid, members, signal.SIGKILL)
     # The runner records the rank's exit status just after its child ends: give it that moment
     # before killing it, or the status is lost (it was in about 1 stop in 20 here).
     deadline = time.monotonic() + RUNNER_GRACE_S
     while runner and _alive(runner) and time.monotonic() < deadline:
         time.sleep(0.02)
+    left_below = _rank_members(pgid, runner)  # read before the runner goes: its orphans would be init's
     if runner and _alive(runner):
         with contextlib.suppress(ProcessLookupError):
             os.kill(runner, signal.SIGKILL)
+    if left_below:
+        _signal_all(pgid, left_below, signal.SIGKILL)
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and (_group_members(pgid) or _alive(runner)):
+    while time.monotonic() < deadline and (_rank_members(pgid, None) + [p for p in left_below if _alive(p)]
+                                           or _alive(runner)):
         time.sleep(0.05)
-    left = _group_members(pgid) + ([runner] if _alive(runner) else [])
+    left = sorted(set(_rank_members(pgid, None) + [p for p in left_below if _alive(p)])) + \
+        ([runner] if _alive(runner) else [])
     if not left:
         return {"stopped": True, "left": [], "detail": "stopped"}
     named = [proc_state.process_state(pid) or "?" for pid in left]
@@ -335,7 +368,9 @@ def sha256_remembered(path: str) -> str:
 
 def list_checkpoints(workdir: str, job: str, attempt: int,
                      known: list[str] | None = None) -> ListCheckpointsReply:
-    """Checkpoint files of one attempt, validated, with SHA256 (skipping ones already known)."""
+    """Checkpoints of one attempt, with SHA256 (skipping ones already known): safetensors files,
+    validated here, and checkpoint directories (``0000040/``), described file by file: whether one is
+    complete may depend on what the other nodes hold of it, which the head judges."""
     directory = checkpoint_dir(workdir, job, attempt)
     skip = set(known or [])
     found: list[CheckpointInfo] = []
@@ -344,15 +379,55 @@ def list_checkpoints(workdir: str, job: str, attempt: int,
     except FileNotFoundError:
         names = []
     for name in names:
-        match = CHECKPOINT_NAME.match(name)
-        if not match or name in skip:
+        if name in skip:
             continue
         path = os.path.join(directory, name)
+        if checkpoint_dirs.DIR_NAME.match(name) and os.path.isdir(path) and not os.path.islink(path):
+            found.append(describe_checkpoint_dir(name, path))
+            continue
+        match = CHECKPOINT_NAME.match(name)
+        if not match:
+            continue
         valid, detail = validate_safetensors(path)
         found.append({"name": name, "iteration": int(match.group(1)), "path": path, "valid": valid,
                       "detail": detail, "size": os.path.getsize(path),
                       "sha256": sha256_remembered(path) if valid else None})
     return {"dir": directory, "checkpoints": found}
+
+
+def describe_checkpoint_dir(name: str, path: str) -> CheckpointInfo:
+    """What this node holds of one checkpoint directory: each file with its SHA256 (hashed again only
+    when it changed), the notes its format names its parts in, and a digest over all of it."""
+    entries, problem = checkpoint_dirs.walk(path)
+    files: list[DirFile] = []
+    for rel, full in entries:
+        try:
+            files.append({"path": rel, "size": os.path.getsize(full), "sha256": sha256_remembered(full)})
+        except OSError as exc:  # removed or replaced while it was read: still being written
+            problem = problem or f"{rel} could not be read: {exc.strerror or exc}"
+    paths = dict(entries)
+    return {"name": name, "iteration": int(name), "path": path, "valid": problem is None,
+            "detail": problem or f"{len(files)} files", "size": checkpoint_dirs.total_size(files),
+            "sha256": checkpoint_dirs.digest(files) if problem is None else None, "kind": "dir", "files": files,
+            "notes": checkpoint_dirs.notes_of(paths), "references": checkpoint_dirs.metadata_references(paths)}
+
+
+def checkpoint_files(workdir: str, path: str) -> CheckpointFilesReply:
+    """The files of a checkpoint directory under the workdir, with their SHA256, to copy it file by file."""
+    from shared.paths import UnsafePath, resolve_under
+
+    try:
+        full = resolve_under(workdir, os.path.relpath(path, workdir) if os.path.isabs(path) else path,
+                             must_exist=True)
+    except (UnsafePath, ValueError) as exc:
+        raise RemoteError(p.REFUSED, str(exc)) from None
+    if not os.path.isdir(full):
+        raise RemoteError(p.BAD_ARGS, f"{path} is not a checkpoint directory")
+    described = describe_checkpoint_dir(os.path.basename(full), full)
+    if not described["valid"]:
+        raise RemoteError(p.REFUSED, f"{path}: {described['detail']}")
+    return {"path": full, "files": described.get("files", []), "size": described["size"],
+            "sha256": described["sha256"] or ""}
 
 
 def read_file(workdir: str, path: str, offset: int = 0) -> ReadFileReply:
@@ -380,6 +455,11 @@ def hash_file(workdir: str, path: str) -> HashFileReply:
                              must_exist=True)
     except (UnsafePath, ValueError) as exc:
         raise RemoteError(p.REFUSED, str(exc)) from None
+    if os.path.isdir(full):  # a checkpoint directory: its digest over its files
+        described = describe_checkpoint_dir(os.path.basename(full), full)
+        if not described["valid"]:
+            raise RemoteError(p.REFUSED, f"{path}: {described['detail']}")
+        return {"size": described["size"], "sha256": described["sha256"] or ""}
     return {"size": os.path.getsize(full), "sha256": sha256_remembered(full)}
 
 
@@ -388,10 +468,14 @@ def remove_checkpoints(workdir: str, job: str, attempt: int, names: list[str],
     directory = checkpoint_dir(workdir, job, attempt, replica)
     removed = 0
     for name in names:
-        if not isinstance(name, str) or not CHECKPOINT_NAME.match(name):
+        if not isinstance(name, str) or not (CHECKPOINT_NAME.match(name) or checkpoint_dirs.DIR_NAME.match(name)):
             raise RemoteError(p.BAD_ARGS, f"not a checkpoint name: {name!r}")
+        path = os.path.join(directory, name)
         try:
-            os.unlink(os.path.join(directory, name))
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
             removed += 1
         except FileNotFoundError:
             pass

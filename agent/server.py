@@ -138,8 +138,9 @@ def build_dispatcher(relay: node_relay.Relay | None = None, uploads: node_sync.U
     table.add("check_writable", _in_thread(node_sync.check_writable), required={"root": str, "subdir": str})
     table.add("prepare_rank", _in_thread(node_launch.prepare_rank),
               required={"job": str, "rank": int, "workdir": str, "python": str, "argv": list, "env": dict},
-              optional={"attempt": int, "pass_output": bool})
+              optional={"attempt": int, "pass_output": bool, "files": dict})
     rank: dict[str, ArgType] = {"workdir": str, "job": str, "attempt": int, "rank": int}
+    table.add("start_rank", _in_thread(node_launch.start_rank), required=rank)
     table.add("rank_status", rank_status, required=rank,
               optional={"progress_offset": int, "log_offset": int, "wait_s": (int, float)})
     table.add("read_log", _in_thread(node_ranks.read_log), required=rank, optional={"offset": int})
@@ -150,6 +151,7 @@ def build_dispatcher(relay: node_relay.Relay | None = None, uploads: node_sync.U
     table.add("remove_checkpoints", _in_thread(node_ranks.remove_checkpoints),
               required={"workdir": str, "job": str, "attempt": int, "names": list}, optional={"replica": bool})
     table.add("hash_file", _in_thread(node_ranks.hash_file), required={"workdir": str, "path": str})
+    table.add("checkpoint_files", _in_thread(node_ranks.checkpoint_files), required={"workdir": str, "path": str})
     table.add("read_file", _in_thread(node_ranks.read_file), required={"workdir": str, "path": str},
               optional={"offset": int})
     table.add("torch_facts", torch_facts, required={"python": str})

@@ -7,6 +7,7 @@ from shared.agent_api.calibration import CalibrateRequest, CalibrationReply
 from shared.agent_api.common import EmptyRequest
 from shared.agent_api.facts import FactsReply, FactsRequest, UsageReply
 from shared.agent_api.ranks import (
+    CheckpointFilesReply,
     DataReply,
     DumpStacksReply,
     FileRequest,
@@ -23,6 +24,7 @@ from shared.agent_api.ranks import (
     ReadLogRequest,
     RemoveCheckpointsReply,
     RemoveCheckpointsRequest,
+    StartRankReply,
     StopRankReply,
     StopRankRequest,
 )
@@ -101,6 +103,7 @@ REQUESTS: dict[str, type] = {
     "topology": EmptyRequest,
     "check_writable": CheckWritableRequest,
     "prepare_rank": PrepareRankRequest,
+    "start_rank": RankRequest,
     "rank_status": RankStatusRequest,
     "read_log": ReadLogRequest,
     "dump_stacks": RankRequest,
@@ -108,6 +111,7 @@ REQUESTS: dict[str, type] = {
     "list_checkpoints": ListCheckpointsRequest,
     "remove_checkpoints": RemoveCheckpointsRequest,
     "hash_file": FileRequest,
+    "checkpoint_files": FileRequest,
     "read_file": ReadFileRequest,
     "calibrate": CalibrateRequest,
     "torch_facts": TorchFactsRequest,
@@ -141,6 +145,7 @@ REPLIES: dict[str, type] = {
     "topology": TopologyReply,
     "check_writable": CheckWritableReply,
     "prepare_rank": PrepareRankReply,
+    "start_rank": StartRankReply,
     "rank_status": RankStatusReply,
     "read_log": DataReply,
     "dump_stacks": DumpStacksReply,
@@ -148,6 +153,7 @@ REPLIES: dict[str, type] = {
     "list_checkpoints": ListCheckpointsReply,
     "remove_checkpoints": RemoveCheckpointsReply,
     "hash_file": HashFileReply,
+    "checkpoint_files": CheckpointFilesReply,
     "read_file": ReadFileReply,
     "calibrate": CalibrationReply,
     "torch_facts": TorchFactsReply,

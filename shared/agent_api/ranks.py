@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TypedDict
 
 from shared.agent_api.common import JsonObject
+from shared.checkpoint_dirs import DirFile
 
 
 class _PrepareRankRequest(TypedDict):
@@ -20,12 +21,17 @@ class _PrepareRankRequest(TypedDict):
 class PrepareRankRequest(_PrepareRankRequest, total=False):
     attempt: int
     pass_output: bool  # the rank's output also goes to mlx.launch (default); False keeps it on the node
+    files: dict[str, str]  # {name: text} written in the rank's directory (a launcher's per-node config)
 
 
 class PrepareRankReply(TypedDict):
     script: str
     tmpdir: str
     rank_dir: str
+
+
+class StartRankReply(TypedDict):
+    pid: int  # the rank's runner, in a session of its own
 
 
 class RankRequest(TypedDict):
@@ -55,12 +61,21 @@ class _RankStatusReply(TypedDict):
     exited_at: float | None
 
 
+class WorkerError(TypedDict):
+    """An error a torch launcher's worker wrote to its TORCHELASTIC_ERROR_FILE (``@record``)."""
+
+    local_rank: int  # the worker's rank on its node (-1: not known)
+    message: str  # "RuntimeError: ...", the exception it died of
+    time: float | None
+
+
 class RankStatusReply(_RankStatusReply, total=False):
     log: bytes  # with log_offset: the rank's output from there on, up to 256 KiB
     log_offset: int  # where the next read of its output starts
     # Its processes while it runs: "stopped" (one is in state T), "uninterruptible" (one is in D,
     # or U on macOS), "running"; absent or None when not known.
     process: str | None
+    worker_errors: list[WorkerError]  # once exited: what a torch launcher's workers died of, oldest first
 
 
 class ReadLogRequest(RankRequest, total=False):
@@ -101,7 +116,7 @@ class ListCheckpointsRequest(_CheckpointsRequest, total=False):
     known: list[str]  # names already listed: not hashed again
 
 
-class CheckpointInfo(TypedDict):
+class _CheckpointInfo(TypedDict):
     name: str
     iteration: int
     path: str
@@ -109,6 +124,22 @@ class CheckpointInfo(TypedDict):
     detail: str
     size: int
     sha256: str | None  # None for an invalid file
+
+
+class CheckpointInfo(_CheckpointInfo, total=False):
+    # A checkpoint directory (0000040/): what this node holds of it. ``valid`` says only that it could
+    # be read; whether it is complete is the head's to judge, with the other nodes' parts.
+    kind: str  # "dir"
+    files: list[DirFile]
+    notes: dict[str, str]  # marker files read whole: DeepSpeed's "latest"
+    references: dict[str, list[str] | None]  # each .metadata -> the files it names (None: unreadable)
+
+
+class CheckpointFilesReply(TypedDict):
+    path: str
+    files: list[DirFile]
+    size: int
+    sha256: str
 
 
 class ListCheckpointsReply(TypedDict):

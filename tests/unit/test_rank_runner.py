@@ -46,7 +46,7 @@ def _rank_with_a_child(tmp_path, job: str) -> tuple[subprocess.Popen, int]:
     while ranks.rank_status(str(tmp_path), job, 0, 0)["state"] != "running" and time.monotonic() < deadline:
         time.sleep(0.05)
     pgid = ranks._read_int(os.path.join(ranks.rank_dir(str(tmp_path), job, 0, 0), "pid"))
-    while len(ranks._group_members(pgid)) < 2 and time.monotonic() < deadline:
+    while len(ranks._rank_members(pgid, None)) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
     return proc, pgid
 
@@ -56,7 +56,7 @@ def test_stop_rank_kills_the_whole_process_group_even_when_stopped(tmp_path):
     os.killpg(pgid, 19)  # SIGSTOP: a hung rank
     result = ranks.stop_rank(str(tmp_path), "j2", 0, 0, grace=1.0)
     assert result["stopped"] and result["left"] == []
-    assert ranks._group_members(pgid) == []
+    assert ranks._rank_members(pgid, None) == []
     proc.wait(10)
 
 
@@ -96,8 +96,9 @@ def test_a_stopped_rank_says_so_and_one_left_after_sigkill_is_named_with_its_sta
     assert ranks.rank_status(str(tmp_path), "j6", 0, 0)["process"] == "stopped"
     # A process that outlives SIGKILL (in the kernel, state D) cannot be made here: the group
     # is seen left over, as it would be, and named with its state.
-    real_members = ranks._group_members
-    monkeypatch.setattr(ranks, "_group_members", lambda group: [pgid] if group == pgid else real_members(group))
+    real_members = ranks._rank_members
+    monkeypatch.setattr(ranks, "_rank_members",
+                        lambda group, runner: [pgid] if group == pgid else real_members(group, runner))
     monkeypatch.setattr(ranks.proc_state, "process_state", lambda pid: "D")
     result = ranks.stop_rank(str(tmp_path), "j6", 0, 0, grace=0.2)
     assert not result["stopped"] and result["states"][0] == "D" and "(state D)" in result["detail"]
@@ -126,10 +127,10 @@ def test_checkpoints_are_validated_and_a_truncated_one_is_refused(tmp_path):
     assert not found[30]["valid"]
 
 
-def test_without_proc_the_group_is_stopped_and_confirmed_through_killpg(tmp_path, monkeypatch):
-    """macOS has no /proc: the group is killed and checked with killpg, not process by process."""
+def test_without_proc_the_rank_is_stopped_and_confirmed_through_ps(tmp_path, monkeypatch):
+    """macOS has no /proc: the rank's processes are read from ps, and stopped as they are with /proc."""
     proc, pgid = _rank_with_a_child(tmp_path, "j5")
-    members = ranks._group_members(pgid)
+    members = ranks._rank_members(pgid, None)
     real_listdir = os.listdir
 
     def listdir_without_proc(path="."):
@@ -137,11 +138,11 @@ def test_without_proc_the_group_is_stopped_and_confirmed_through_killpg(tmp_path
             raise FileNotFoundError(path)
         return real_listdir(path)
 
-    monkeypatch.setattr(ranks.os, "listdir", listdir_without_proc)
-    assert ranks._group_members(pgid) == [pgid]
+    monkeypatch.setattr(ranks.proc_state.os, "listdir", listdir_without_proc)
+    assert sorted(ranks._rank_members(pgid, None)) == sorted(members)  # the same, read from ps
     result = ranks.stop_rank(str(tmp_path), "j5", 0, 0, grace=1.0)
     assert result["stopped"] and result["left"] == []
-    monkeypatch.setattr(ranks.os, "listdir", real_listdir)
+    monkeypatch.setattr(ranks.proc_state.os, "listdir", real_listdir)
     for pid in members:  # the rank and the child it started, both gone
         assert not ranks._alive(pid)
     proc.wait(10)
