@@ -45,7 +45,8 @@ def _follow_job(socket: Path, name: str, hint: str | None, *, quiet: bool = Fals
 #: `coord run`'s options that are fields of the job (JobSpec), each None unless given.
 SPEC_OPTIONS = ("name", "source", "save_every", "max_restarts", "hang_timeout", "keep", "force", "backend", "trainer",
                 "replica", "min_nodes", "node_timeout", "node_wait", "total_steps", "nodes", "priority",
-                "follow_outside_links", "first_step_timeout")
+                "follow_outside_links", "first_step_timeout", "launcher", "procs_per_node", "global_batch",
+                "micro_batch")
 
 
 def run_request(args: argparse.Namespace) -> dict[str, object]:

@@ -269,6 +269,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", type=job_whole("keep"), help="checkpoints to keep (default 3)")
     p.add_argument("--force", action="store_true", default=None, help="launch even if pre-flight fails")
     p.add_argument("--backend", choices=BACKENDS, help="force a backend")
+    p.add_argument("--launcher", choices=["mlx", "torchrun", "accelerate", "deepspeed"],
+                   help="what starts the ranks: mlx.launch from the head (default), or on every node torchrun, "
+                        "Accelerate or DeepSpeed with the NCCL/Gloo environment coord chose (a command that starts "
+                        "with torchrun, accelerate launch or deepspeed names its own); coord owns their restarts")
+    p.add_argument("--procs-per-node", type=job_whole("procs_per_node"), help="a PyTorch job's processes per node "
+                   "(default: one per GPU, one on a CPU node; torchrun's own --nproc-per-node works too)")
+    p.add_argument("--global-batch", type=job_whole("global_batch"), help="a PyTorch job's examples per optimizer "
+                   "step, kept when a node is left out: each worker gets COORD_GRAD_ACCUM and COORD_MICRO_BATCH")
+    p.add_argument("--micro-batch", type=job_whole("micro_batch"), help="with --global-batch: examples per process "
+                   "per micro-step (default 1)")
     p.add_argument("--trainer", choices=["mlx_lm", "coord"],
                    help="for `python -m mlx_lm lora ...`: mlx-lm's own trainer (default; a resume restores the "
                         "weights only) or coord's (agent.train: same options, and a resume restores the optimizer, "

@@ -24,6 +24,7 @@ class Attempt:
     progress_offsets: dict[int, int] = field(default_factory=dict)  # rank -> bytes of its progress read
     log_offsets: dict[int, int] = field(default_factory=dict)  # rank -> bytes of its output on the head
     known_checkpoints: dict[str, set[str]] = field(default_factory=dict)  # node -> names catalogued there
+    dirs_seen: dict[str, str] = field(default_factory=dict)  # checkpoint directory -> its digest at the last poll
     replica_check: ReplicaCheck = field(default_factory=lambda: ReplicaCheck(0))
     divergence: Divergence | None = None  # the first divergence seen, which the attempt is stopped for
     diverged_after: int | None = None  # checkpoints of this attempt after this step are not valid

@@ -12,12 +12,15 @@ import anyio
 
 from coordinator.jobs import catalog, core
 from coordinator.jobs.attempt import Attempt
+from coordinator.jobs.checkpoint_dirs import DirKeeper
 from coordinator.jobs.effects import HEAD, LaunchError, Placement
 from coordinator.jobs.node_health import NodeHealth
 from coordinator.jobs.replica import Replicator, node_replica_rel
 from coordinator.jobs.run_context import RunContext
 from coordinator.jobs.transfer import CheckpointDamaged
+from coordinator.launch.torch_env import is_torch_launcher
 from coordinator.store.state import CheckpointRow
+from shared.agent_api.ranks import CheckpointInfo
 from shared.rpc import RemoteError
 
 CHECKPOINT_POLL_S = 2.0
@@ -48,11 +51,17 @@ class CheckpointKeeper:
         self._lock = anyio.Lock()  # the background watcher and the end of an attempt take turns
         self._validated_since_poke = False
         self.last_placement: Placed | None = None  # what the last resume's placing did (for its event)
+        self.dirs = DirKeeper(ctx, health)  # checkpoint directories, joined from every node's part
 
     def ranks_write_own_copies(self) -> bool:
         """coord's trainer: every rank writes the checkpoint on its own node (data parallel ranks hold
         the same weights); mlx-lm's trainer and other scripts: rank 0 only."""
         return self.ctx.spec.trainer == "coord"
+
+    def parts_on_every_node(self) -> bool:
+        """A torch launcher's job: each node may hold a part of a checkpoint directory (its ranks' random
+        states, their shards), so every node of the attempt is listed."""
+        return is_torch_launcher(self.ctx.spec.launcher)
 
     async def await_final_copy(self) -> None:
         """Success means done: with replicas on, the newest valid checkpoint has a copy off its
@@ -224,8 +233,9 @@ class CheckpointKeeper:
     async def _poll_now(self, attempt: Attempt | None, attempt_over: bool) -> None:
         if attempt is None or not attempt.order:
             return
-        nodes = attempt.order if self.ranks_write_own_copies() else attempt.order[:1]
-        listed: dict[str, bool] = {}
+        every = self.ranks_write_own_copies() or self.parts_on_every_node()
+        nodes = attempt.order if every else attempt.order[:1]
+        listed: dict[str, list[CheckpointInfo] | None] = {}
 
         async def one(rank: int, name: str) -> None:
             role = catalog.PRIMARY if rank == 0 else catalog.LOCAL
@@ -236,13 +246,22 @@ class CheckpointKeeper:
         async with anyio.create_task_group() as tasks:
             for rank, name in enumerate(nodes):
                 tasks.start_soon(one, rank, name)
+        listings = {name: found for name, found in listed.items() if found is not None}
+        if any(entry.get("kind") == "dir" for found in listings.values() for entry in found):
+            # A directory's verdict needs every node's part: a node that could not be asked may hold one.
+            complete = attempt_over or len(listings) == len(nodes)
+            if complete and await self.dirs.settle(
+                    attempt.number, attempt.start_step, attempt.order, listings, attempt.known_checkpoints,
+                    attempt.dirs_seen, attempt_over=attempt_over, world_size=self.ctx.record.world_size,
+                    current=True):
+                self._validated_since_poke = True
         if attempt_over:
             # A node that is away: what it wrote until the end is catalogued when it is back,
             # before the next resume is chosen (its ranks may even have finished meanwhile).
             left = self.ctx.record.uncatalogued
             for rank, name in enumerate(nodes):
                 entry = [name, attempt.number, attempt.start_step] + ([] if rank == 0 else [catalog.LOCAL])
-                if not listed.get(name) and entry not in left:
+                if listed.get(name) is None and entry not in left:
                     left.append(entry)
         await self._retain()
         self.ctx.save()
@@ -267,28 +286,36 @@ class CheckpointKeeper:
             role = entry[3] if len(entry) > 3 else catalog.PRIMARY
             known = {posixpath.basename(c["path"]) for c in self.fx.checkpoints(self.ctx.run_id)
                      if c["attempt"] == attempt and c["node"] == name and catalog.role(c) != catalog.REPLICA}
-            if name not in self.fx.node_names() or not await self._catalogue(name, attempt, start_step, known,
-                                                                              attempt_over=True, role=role,
-                                                                              current=None):
+            found = await self._catalogue(name, attempt, start_step, known, attempt_over=True, role=role,
+                                          current=None) if name in self.fx.node_names() else None
+            if found is None:
                 left.append(entry)
+            elif any(e.get("kind") == "dir" for e in found):
+                # What a node that was away holds of the attempt's directories, judged by itself: the
+                # nodes that were here catalogued theirs already.
+                await self.dirs.settle(attempt, start_step, [name], {name: found}, {name: known}, {},
+                                       attempt_over=True, world_size=None, current=False)
         self.ctx.record.uncatalogued = left
         self._poke_replicator()
 
     async def _catalogue(self, name: str, attempt: int, start_step: int, known: set[str], *,
-                         attempt_over: bool, role: str = catalog.PRIMARY, current: Attempt | None) -> bool:
-        """List one attempt's checkpoints on ``name``, validate and catalogue the new ones (as that
-        node's ``role`` copy); False when the node could not be asked."""
+                         attempt_over: bool, role: str = catalog.PRIMARY,
+                         current: Attempt | None) -> list[CheckpointInfo] | None:
+        """List one attempt's checkpoints on ``name``, validate and catalogue the new files (as that
+        node's ``role`` copy); what it listed (its directories are judged with the other nodes'
+        parts), or None when the node could not be asked."""
         if not self.fx.node(name).up:
-            return False
+            return None
         try:
             found = await self.fx.call(name, "list_checkpoints", {"job": self.ctx.run_id, "attempt": attempt,
                                                                   "known": sorted(known)}, timeout=60)
         except RemoteError as exc:
             self.ctx.log.warning("checkpoints not listed", node=name, reason=exc.message)
-            return False
+            return None
         diverged_after = current.diverged_after if current is not None and current.number == attempt else None
         current_attempt = current is not None and current.number == attempt
-        for entry in catalog.settled(found["checkpoints"], attempt_over=attempt_over):
+        files = [entry for entry in found["checkpoints"] if entry.get("kind") != "dir"]
+        for entry in catalog.settled(files, attempt_over=attempt_over):
             known.add(entry["name"])
             step = start_step + entry["iteration"]
             if entry["valid"] and diverged_after is not None and step > diverged_after:
@@ -313,7 +340,7 @@ class CheckpointKeeper:
                 self.ctx.event("checkpoint_invalid",
                                f"checkpoint of step {step}{whose} is not valid: {entry['detail']}",
                                step=step, node=name)
-        return True
+        return found["checkpoints"]
 
     async def _retain(self) -> None:
         for old in catalog.to_remove(self.fx.checkpoints(self.ctx.run_id), self.ctx.spec.keep,

@@ -40,6 +40,7 @@ class RankReport:
     state: str  # "starting" | "running" | "exited" | "vanished"
     exit: int | None = None
     detected_after: float | None = None  # the rank's exit to the poll that saw it, node clock
+    worker_error: str | None = None  # what a torch launcher's worker said it died of (its error file)
 
 
 @dataclass(frozen=True)

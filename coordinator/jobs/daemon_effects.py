@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import posixpath
+import shutil
 import signal
 import subprocess
 import time
@@ -17,7 +19,7 @@ import structlog
 
 from coordinator.jobs.effects import HEAD, LaunchError, NodeView, Placement, Task
 from coordinator.jobs.head_paths import attempt_dir
-from coordinator.jobs.spec import JobSpecFields
+from coordinator.jobs.spec import JobSpec, JobSpecFields
 from coordinator.jobs.transfer import (
     CheckpointDamaged,
     HeadSink,
@@ -28,14 +30,19 @@ from coordinator.jobs.transfer import (
     Source,
     copy_verified,
 )
-from coordinator.launch.launcher import LaunchPlan, PlanError, StartError
+from coordinator.launch.launcher import LaunchPlan, NodeReadings, PlanError, StartError
+from coordinator.launch.mlx_lm_command import CommandError
 from coordinator.launch.plan import node_topologies
 from coordinator.launch.registry import launcher_named
 from coordinator.launch.torch_env import is_torch_launcher
 from coordinator.nodes.session import DOWN, UP
+from coordinator.readiness.torch_preflight import gather_facts
 from coordinator.relay.broadcast import Source as RelaySource
 from coordinator.relay.broadcast import Target, broadcast
 from coordinator.store.state import CheckpointEntry, CheckpointRow
+from shared.agent_api.torch import TorchFactsReply
+from shared.checkpoint_dirs import DIR_NAME, DirFile, digest, walk
+from shared.manifest import sha256_file
 from shared.rpc import RemoteError
 
 if TYPE_CHECKING:
@@ -67,6 +74,7 @@ class DaemonEffects:
         self.metrics = metrics
         self._spawn = spawn
         self._launchers: dict[int, subprocess.Popen[bytes]] = {}
+        self._torch: dict[tuple[str, int], TorchFactsReply] = {}  # (node, session generation) -> its torch facts
 
     # --- the clock ---
     def now(self) -> float:
@@ -126,12 +134,44 @@ class DaemonEffects:
                                    launcher=launcher if torch else None)
 
     # --- launching ---
-    async def plan_launch(self, nodes: list[str], backend: str | None, launcher: str) -> LaunchPlan:
+    async def plan_launch(self, nodes: list[str], job: JobSpec) -> LaunchPlan:
         topologies = await node_topologies(self.cluster)
+        torch: dict[str, TorchFactsReply] = {}
+        if is_torch_launcher(job.launcher):
+            torch, missing = await self._torch_facts(nodes)
+            if missing:
+                name, reason = sorted(missing.items())[0]
+                raise LaunchError(f"no PyTorch facts from {name}: {reason}", node=name)
         try:
-            return launcher_named(launcher).plan(self.cluster, topologies, nodes, backend)
+            return launcher_named(job.launcher).plan(self.cluster, NodeReadings(topologies, torch), nodes, job.backend,
+                                                     job)
         except PlanError as exc:
             raise LaunchError(exc.message, node=exc.node) from None
+        except CommandError as exc:
+            raise LaunchError(str(exc)) from None
+
+    async def _torch_facts(self, nodes: list[str]) -> tuple[dict[str, TorchFactsReply], dict[str, str]]:
+        """Each node's PyTorch facts, asked once per session of the node (they change only when the
+        node's Python does, which a reconnect follows): asking imports torch on every node. (facts,
+        why the others gave none)."""
+        sessions = self.cluster.sessions
+        wanted = {name: sessions[name].node.python for name in nodes
+                  if (name, sessions[name].generation) not in self._torch}
+
+        async def call(node: str, method: str, args: dict[str, Any], timeout: float) -> Any:
+            session = sessions[node]
+            if session.state != UP:
+                raise RemoteError("connection_lost", f"{node} is {session.state}")
+            try:
+                return await session.call(method, args, timeout=timeout)
+            except TimeoutError as exc:
+                raise RemoteError("timeout", f"{node}: {exc}") from None
+
+        found, missing = await gather_facts(call, wanted)
+        for name, facts in found.items():
+            self._torch[(name, sessions[name].generation)] = facts
+        return {name: self._torch[key] for name in nodes
+                if (key := (name, sessions[name].generation)) in self._torch}, missing
 
     def start_launcher(self, run_id: str, attempt: int, plan: LaunchPlan) -> int:
         directory = attempt_dir(self.config.state_dir, run_id, attempt)
@@ -180,6 +220,8 @@ class DaemonEffects:
         """Copies to nodes go through the relay (each byte over each link once, every chunk checked
         on arrival); a node the relay could not reach is sent its copy over its SSH session; a copy
         to the head is streamed from the source beside it. The paths written, in placement order."""
+        if DIR_NAME.match(posixpath.basename(source["path"])):
+            return await self._copy_directory(source, placements)
         sessions = self.cluster.sessions
         size, sha256 = source["size"], source["sha256"]
         if size is None or not sha256:
@@ -227,6 +269,38 @@ class DaemonEffects:
             raise _first_error(group) from None
         return [written[id(p)] for p in placements]
 
+    async def _copy_directory(self, source: CheckpointRow, placements: list[Placement]) -> list[str]:
+        """A checkpoint directory, file by file (each through the relay, checked on arrival), after its
+        files were found to be the ones catalogued (their digest); the directories written."""
+        files = await self._directory_files(source)
+        if digest(files) != source["sha256"]:
+            raise CheckpointDamaged(f"{source['node']}:{source['path']} no longer holds the files recorded when it "
+                                    "was validated")
+        written: list[str] = []
+        for entry in files:
+            row: CheckpointRow = {**source, "path": posixpath.join(source["path"], entry["path"]),
+                                  "size": entry["size"], "sha256": entry["sha256"]}
+            targets = [Placement(p.node, posixpath.join(p.path, entry["path"])) for p in placements]
+            paths = await self.copy_checkpoint(row, targets)
+            written = [path[:len(path) - len(entry["path"]) - 1] for path in paths]
+        if not written:  # an empty directory is never catalogued valid; say where it would have gone
+            written = [p.path if p.node == HEAD else posixpath.join(self.cluster.sessions[p.node].node.workdir, p.path)
+                       for p in placements]
+        return written
+
+    async def _directory_files(self, source: CheckpointRow) -> list[DirFile]:
+        if source["node"] == HEAD:
+            def on_head() -> list[DirFile]:
+                entries, problem = walk(source["path"])
+                if problem:
+                    raise CheckpointDamaged(f"head:{source['path']}: {problem}")
+                return [{"path": rel, "size": os.path.getsize(full), "sha256": sha256_file(full)}
+                        for rel, full in entries]
+            return await anyio.to_thread.run_sync(on_head)
+        answer = await self.call(source["node"], "checkpoint_files", {"path": source["path"]},
+                                 timeout=max(60.0, (source.get("size") or 0) / 50e6))
+        return list(answer["files"])
+
     async def _stream(self, source: CheckpointRow, placements: list[Placement], size: int, sha256: str) -> list[str]:
         """Read the source once through its agent (or the head's file) into every placement."""
         sessions = self.cluster.sessions
@@ -246,7 +320,11 @@ class DaemonEffects:
         return str(self.config.state_dir.joinpath(*parts))
 
     def remove_head_file(self, path: str) -> None:
-        Path(path).unlink(missing_ok=True)
+        target = Path(path)
+        if target.is_dir() and not target.is_symlink():  # a checkpoint directory's copy
+            shutil.rmtree(target, ignore_errors=True)
+        else:
+            target.unlink(missing_ok=True)
 
     # --- each rank's output on the head ---
     def _log_path(self, run_id: str, attempt: int, rank: int) -> Path:

@@ -27,12 +27,13 @@ from shared.agent_api.ranks import (
     PrepareRankReply,
     RankStatusReply,
     RemoveCheckpointsReply,
+    StartRankReply,
     StopRankReply,
 )
 
 if TYPE_CHECKING:
     from coordinator.jobs.metric_point import MetricPoint
-    from coordinator.jobs.spec import JobSpecFields
+    from coordinator.jobs.spec import JobSpec, JobSpecFields
     from coordinator.readiness.preflight import PreflightReport
     from coordinator.readiness.sync import SyncReport
 
@@ -94,6 +95,9 @@ class JobEffects(Protocol):
     async def call(self, node: str, method: Literal["prepare_rank"], params: Mapping[str, object], *,
                    timeout: float) -> PrepareRankReply: ...
     @overload
+    async def call(self, node: str, method: Literal["start_rank"], params: Mapping[str, object], *,
+                   timeout: float) -> StartRankReply: ...
+    @overload
     async def call(self, node: str, method: Literal["rank_status"], params: Mapping[str, object], *,
                    timeout: float) -> RankStatusReply: ...
     @overload
@@ -133,8 +137,9 @@ class JobEffects(Protocol):
         """Pre-flight on the job's nodes; a torch-based ``launcher`` gets the PyTorch checks."""
 
     # --- launching ---
-    async def plan_launch(self, nodes: list[str], backend: str | None, launcher: str) -> LaunchPlan:
-        """The named launcher's plan for ``nodes``; LaunchError when there is none."""
+    async def plan_launch(self, nodes: list[str], job: JobSpec) -> LaunchPlan:
+        """The job's launcher's plan for ``nodes`` (with its backend, if it names one); LaunchError when
+        there is none."""
 
     def start_launcher(self, run_id: str, attempt: int, plan: LaunchPlan) -> int:
         """Write the launch files and start the plan's launcher; its pid. LaunchError when it cannot start."""

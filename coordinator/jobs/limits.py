@@ -19,6 +19,9 @@ WHOLE: dict[str, tuple[int, int]] = {
     "min_nodes": (1, 10**4),
     "total_steps": (1, 10**12),
     "priority": (-(10**6), 10**6),
+    "procs_per_node": (1, 1024),
+    "global_batch": (1, 1 << 30),
+    "micro_batch": (1, 1 << 20),
 }
 
 #: Fields in seconds: each greater than 0 and at most MAX_SECONDS.

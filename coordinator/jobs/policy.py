@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import NotRequired, TypedDict
 
@@ -117,6 +118,38 @@ def last_line(output: str) -> str:
     (cleaned before it is cut, so that they take no room), at most EXCERPT_CHARS long."""
     lines = [line for line in map(clean_excerpt, output.splitlines()) if line]
     return lines[-1][:EXCERPT_CHARS] if lines else ""
+
+
+def clean_line(text: str) -> str:
+    """One line of text from a rank (its first), as an excerpt: cleaned, at most EXCERPT_CHARS long."""
+    return last_line(text.strip().splitlines()[0] if text.strip() else "")
+
+
+_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):\n(?P<block>.*?)(?:\n=+|\Z)", re.S)
+
+
+def launcher_root_cause(output: str) -> str | None:
+    """The first failure a torch launcher names in its summary (torchrun's ``ChildFailedError``: the
+    worker's rank, its exit code and the last line of its traceback), as one line; None without one.
+    The launcher's own last line is its separator, which says nothing."""
+    found = _ROOT_CAUSE.findall(output)
+    if not found:
+        return None
+    block = found[-1]
+    fields: dict[str, str] = {}
+    key = None
+    for line in block.splitlines():
+        name, sep, value = line.partition(":")
+        if sep and name.strip() in ("rank", "exitcode", "error_file", "traceback", "host", "time"):
+            key = name.strip()
+            fields[key] = value.strip()
+        elif key == "traceback" and line.strip():
+            fields["traceback"] = line.strip()  # its last line: the exception
+    rank = fields.get("rank", "?").split(" (")[0]
+    said = fields.get("traceback") or f"exitcode {fields.get('exitcode', '?')}"
+    if said.startswith("Traceback") or said.startswith("To enable traceback"):
+        said = f"exitcode {fields.get('exitcode', '?')}"
+    return clean_line(f"worker rank {rank} failed: {said}")
 
 
 def root_cause(failures: list[RankFailure]) -> RankFailure:

@@ -29,7 +29,9 @@ from coordinator.jobs.policy import (
     RANK_FAILED,
     Outcome,
     RankFailure,
+    clean_line,
     last_line,
+    launcher_root_cause,
     root_cause,
 )
 from coordinator.jobs.progress import read_record
@@ -133,7 +135,9 @@ class RankWatcher:
         detected = None
         if status["state"] == "exited" and (exited_at := status.get("exited_at")):  # both on the node's clock
             detected = max(0.0, status["time"] - exited_at)
-        return core.RankReport(rank, name, status["state"], status.get("exit"), detected)
+        errors = status.get("worker_errors") or []
+        said = f"worker {errors[0]['local_rank']} on {name}: {errors[0]['message']}" if errors else None
+        return core.RankReport(rank, name, status["state"], status.get("exit"), detected, said)
 
     async def _ask(self, attempt: Attempt,
                    wait_s: float) -> tuple[dict[int, RankStatusReply], dict[int, tuple[str, str]]]:
@@ -188,7 +192,8 @@ class RankWatcher:
         if not verdict.failures:
             return self._verdict(attempt, verdict)
         cause = root_cause([RankFailure(r.rank, r.node, r.exit if r.exit is not None else -1,
-                                        await self._log_tail(attempt, r.rank)) for r in verdict.failures])
+                                        clean_line(r.worker_error) if r.worker_error
+                                        else await self._log_tail(attempt, r.rank)) for r in verdict.failures])
         code, tail = cause.status, cause.last_line
         return self.ended(attempt, RANK_FAILED, f"rank {cause.rank} on {cause.node} exited with status {code}"
                           + (f" ({_signal_name(code)})" if _signal_name(code) else "")
@@ -381,7 +386,8 @@ class RankWatcher:
         name = attempt.order[rank]
         if self.fx.node(name).up:
             await self.pull_log(attempt, rank, name, 1 << 62)
-        return last_line(self.fx.log_tail(self.ctx.run_id, attempt.number, rank, 2000).decode("utf-8", "replace"))
+        tail = self.fx.log_tail(self.ctx.run_id, attempt.number, rank, 8000).decode("utf-8", "replace")
+        return launcher_root_cause(tail) or last_line(tail[-2000:])
 
     async def _capture_stacks(self, attempt: Attempt) -> None:
         for rank, name in enumerate(attempt.order):

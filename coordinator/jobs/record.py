@@ -39,6 +39,7 @@ class JobRecord:
     peak_memory_gb: float | None = None
     history: list[OutcomeEntry] = field(default_factory=list)  # each attempt's Outcome, oldest first
     order: list[str] = field(default_factory=list)  # the nodes of the current attempt, rank by rank
+    world_size: int | None = None  # the current attempt's processes (a torch launcher runs several per node)
     backend: LaunchLinks | None = None  # the current attempt's backend, transport and links
     start_step: int = 0
     launcher_pid: int | None = None

@@ -23,6 +23,8 @@ from coordinator.jobs.limits import MAX_SECONDS, NODE_WAIT_S, WHOLE
 from coordinator.launch.mlx_backend import BACKENDS
 from coordinator.launch.mlx_lm_command import CommandError, is_mlx_lm, mlx_lm_args, option_value
 from coordinator.launch.registry import DEFAULT_LAUNCHER, LAUNCHERS
+from coordinator.launch.torch_command import launcher_in, read_command
+from coordinator.launch.torch_env import is_torch_launcher
 from shared.text import unprintable
 
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -57,6 +59,9 @@ class JobSpecFields(TypedDict):
     follow_outside_links: bool
     node_wait: float
     first_step_timeout: float | None
+    procs_per_node: int | None
+    global_batch: int | None
+    micro_batch: int | None
 
 
 @dataclass
@@ -81,6 +86,11 @@ class JobSpec:
     follow_outside_links: bool = False  # the source's sync copies what links leading out of it point to
     node_wait: float = NODE_WAIT_S  # how long an attempt waits for its nodes to be up before the job fails
     first_step_timeout: float | None = None  # None: from the model, the disk and the previous attempt
+    # A torch launcher's processes per node (None: the command's own --nproc-per-node, else one per GPU,
+    # one on a CPU node).
+    procs_per_node: int | None = None
+    global_batch: int | None = None  # a torch job's examples per optimizer step, kept on a shrink
+    micro_batch: int | None = None  # a torch job's examples per process per micro-step (default 1)
 
     def as_dict(self) -> JobSpecFields:
         return cast(JobSpecFields, asdict(self))  # the fields above, in order (a test holds the two together)
@@ -201,7 +211,8 @@ _FIELD_CHECKS: dict[str, FieldCheck] = {
     "trainer": _choice(TRAINERS), "replica": _text, "min_nodes": _optional(_whole("min_nodes")),
     "node_timeout": _seconds, "total_steps": _optional(_whole("total_steps")), "nodes": _optional(_node_names),
     "priority": _whole("priority"), "launcher": _text, "node_wait": _seconds, "follow_outside_links": _flag,
-    "first_step_timeout": _optional(_seconds)}
+    "first_step_timeout": _optional(_seconds), "procs_per_node": _optional(_whole("procs_per_node")),
+    "global_batch": _optional(_whole("global_batch")), "micro_batch": _optional(_whole("micro_batch"))}
 
 
 def _check_name_and_command(spec: JobSpec) -> None:
@@ -252,8 +263,31 @@ def _check_node_list(spec: JobSpec) -> None:
 
 
 def _check_launcher(spec: JobSpec) -> None:
+    """The launcher a job names, or the one its command names itself (``-- torchrun ...``); a torch
+    launcher's command read as it will be run (coord's own options refused, the program found)."""
+    named = launcher_in(spec.command)
+    if named is not None and spec.launcher == DEFAULT_LAUNCHER:
+        spec.launcher = named
     if spec.launcher not in LAUNCHERS:
         raise JobSpecError(f"--launcher must be one of {', '.join(sorted(LAUNCHERS))}, got {spec.launcher!r}")
+    torch_only = [key for key in ("procs_per_node", "global_batch", "micro_batch") if getattr(spec, key) is not None]
+    if not is_torch_launcher(spec.launcher):
+        if torch_only:
+            raise JobSpecError(f"{option_label(torch_only[0])} is for a PyTorch job (--launcher torchrun, accelerate "
+                               "or deepspeed)")
+        return
+    if spec.trainer != "mlx_lm" or is_mlx_lm(spec.command):
+        raise JobSpecError(f"--launcher {spec.launcher} runs a PyTorch script: give it as -- python train.py ... "
+                           "(mlx_lm and --trainer coord run with --launcher mlx)")
+    if spec.backend is not None:
+        raise JobSpecError(f"--backend {spec.backend} is an MLX backend; a {spec.launcher} job's backend follows its "
+                           "nodes (NCCL on GPUs, Gloo on CPUs)")
+    if spec.micro_batch is not None and spec.global_batch is None:
+        raise JobSpecError("--micro-batch goes with --global-batch (the examples per optimizer step coord keeps)")
+    try:
+        read_command(spec.command, spec.launcher)
+    except CommandError as exc:
+        raise JobSpecError(str(exc)) from None
 
 
 def _check_mlx_lm_iters(spec: JobSpec) -> None:
@@ -285,22 +319,25 @@ def reports_progress(spec: JobSpec) -> bool:
 #: The one line a script of one's own adds to be watched for hangs (docs/script-contract.md).
 PROGRESS_LINE = ('open(os.environ["COORD_PROGRESS_FILE"], "a").write(json.dumps({"kind": "train", '
                  '"step": step}) + "\\n")')
+#: The same with coord's helper, which every rank finds on its path (coord_script).
+HELPER_LINE = "coord_script.report(step, loss=loss)"
 
 
 def progress_note(spec: JobSpec) -> str | None:
     """What coord says at submission of a job it cannot watch for hangs until its ranks report."""
     if reports_progress(spec):
         return None
-    return ("no hang watchdog until the script appends to $COORD_PROGRESS_FILE (a script that never does is "
-            f"never killed as hung); after each step add (with import json, os): {PROGRESS_LINE}")
+    return ("no hang watchdog until the script reports its steps (a script that never does is never killed as "
+            f"hung); after each step add (with import coord_script): {HELPER_LINE}, or (with import json, os): "
+            f"{PROGRESS_LINE}")
 
 
 def _whole_number(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-#: A job file's keys: the spec's fields but the launcher, which only the control socket sets.
-JOB_FILE_KEYS = tuple(key for key in JobSpecFields.__annotations__ if key != "launcher")
+#: A job file's keys: the spec's fields.
+JOB_FILE_KEYS = tuple(JobSpecFields.__annotations__)
 
 
 def load_job_file(path: Path) -> JobSpec:

@@ -24,7 +24,6 @@ the job's name: a name run again is a new run that cannot read an earlier one's 
 
 from __future__ import annotations
 
-import posixpath
 from typing import Any
 
 import anyio
@@ -47,6 +46,7 @@ from coordinator.jobs.policy import (
     outcome_entry,
     outcome_of,
 )
+from coordinator.jobs.rank_start import RankStarter
 from coordinator.jobs.rank_watch import HOLD_S, MAX_REREADS, POLL_S, READ_AGAIN, RankWatcher
 from coordinator.jobs.reboot_watch import RebootWatch
 from coordinator.jobs.record import JobRecord
@@ -56,7 +56,7 @@ from coordinator.jobs.spec import REPLICA_NONE, JobSpec
 from coordinator.jobs.states import ACTIVE, FINISHED, JobState
 from coordinator.jobs.view import RunView, run_view
 from coordinator.launch.batch import BatchSplit
-from coordinator.launch.launcher import LaunchPlan
+from coordinator.launch.launcher import LaunchPlan, RankSlot
 from coordinator.launch.registry import launcher_named
 from coordinator.store.state import CheckpointRow
 from shared.rpc import RemoteError
@@ -83,6 +83,7 @@ class JobRunner:
         self.ranks = RankWatcher(self.ctx, self.health, self.checkpoints)
         self.nodes = NodeWait(self.ctx, self.health, self.launcher)
         self.reboots = RebootWatch(self.ctx)
+        self.starter = RankStarter(self.ctx, self.launcher)
         self.attempt: Attempt | None = None  # the attempt being launched or watched
         self._planned: LaunchPlan | None = None  # from pre-flight, for attempt 0
         self.resize_requested: int | None = None  # the checkpoint step the resize waits to pass
@@ -370,7 +371,7 @@ class JobRunner:
         if self._planned is not None and len(nodes) == len(self.fx.node_names()) and self.spec.nodes is None:
             planned, self._planned = self._planned, None
             return planned
-        return await self.fx.plan_launch(nodes, self.spec.backend, self.spec.launcher)
+        return await self.fx.plan_launch(nodes, self.spec)
 
     def _say_resized(self, previous: list[str], order: list[str], batch: BatchSplit | None) -> None:
         left, back = sorted(set(previous) - set(order)), sorted(set(order) - set(previous))
@@ -400,6 +401,7 @@ class JobRunner:
         if previous and set(previous) != set(order):
             self._say_resized(previous, order, batch)
         self.record.order = attempt.order = list(order)
+        self.record.world_size = plan.world_size
         self.record.backend = core.launch_links(plan.choice)
         self.save()  # before any rank can start: a daemon restarted from here knows whom to stop
         choose_started = self.fx.monotonic()
@@ -419,8 +421,8 @@ class JobRunner:
             self.set_state(JobState.RUNNING)
             return self.ranks.ended(attempt, SUCCEEDED, f"the checkpoint of step {start_step} is the last step", "")
         if attempt.number == 0 or not self.record.diagnoses:
-            command = self.launcher.rank_command(self.spec, checkpoint_dir="", resume_file=None, start_step=0,
-                                                 batch=batch)
+            command = self.launcher.rank_command(self.spec, RankSlot(plan, 0, self.run_id, attempt.number),
+                                                 checkpoint_dir="", resume_file=None, start_step=0, batch=batch)
             self.ranks.diagnose_launch(order, plan.envs, command)
         # The history's curve goes on from start_step: what an earlier attempt reported past it is dropped.
         last = self.record.history[-1] if self.record.history else None
@@ -430,7 +432,7 @@ class JobRunner:
         async with anyio.create_task_group() as beside:
             beside.start_soon(self.reboots.baseline, attempt)  # each Mac's wired memory before the ranks
             try:
-                await self._prepare_ranks(plan, attempt.number, order, resume_files, start_step, batch)
+                await self.starter.prepare(plan, attempt.number, order, resume_files, start_step, batch)
             except LaunchError as exc:
                 refused.append(exc)
         if refused:
@@ -439,7 +441,10 @@ class JobRunner:
         # checkpoints from start_step (a file's name is its step within the attempt). Saved later,
         # a restart would read the previous attempt's start step and misnumber every checkpoint.
         self.save()
-        self.record.launcher_pid = self.fx.start_launcher(self.run_id, attempt.number, plan)
+        if self.launcher.runs_on == "nodes":
+            await self.starter.start(attempt.number, order)
+        else:
+            self.record.launcher_pid = self.fx.start_launcher(self.run_id, attempt.number, plan)
         self.record.last_progress = self.fx.now()
         self.set_state(JobState.RUNNING)
         hangs = self.ranks.hangs
@@ -448,42 +453,6 @@ class JobRunner:
                    f"({plan.backend}); hang watch: {watch}", attempt=attempt.number,
                    seconds=round(self.fx.monotonic() - started, 3))
         return None
-
-    async def _prepare_ranks(self, plan: LaunchPlan, attempt: int, order: list[str], resume_files: dict[str, str],
-                             start_step: int, batch: BatchSplit | None) -> None:
-        """Each rank's script on its node, all at once; a node that cannot take it is a LaunchError."""
-        errors: dict[str, RemoteError] = {}
-
-        async def prepare(rank: int, name: str) -> None:
-            node = self.fx.node(name)
-            adapter_path = posixpath.join(node.workdir, "checkpoints", self.run_id, f"attempt-{attempt}")
-            argv = self.launcher.rank_command(self.spec, checkpoint_dir=adapter_path,
-                                              resume_file=resume_files.get(name), start_step=start_step, batch=batch)
-            env = {"COORD_JOB": self.spec.name, "COORD_RUN": self.run_id, "COORD_ATTEMPT": str(attempt),
-                   "COORD_RANK": str(rank), "COORD_PROGRESS_FILE": "{rank_dir}/progress.jsonl",
-                   "COORD_STEP_OFFSET": str(start_step), "COORD_CHECKPOINT_DIR": adapter_path,
-                   "COORD_SAVE_EVERY": str(self.spec.save_every)}
-            if self.spec.total_steps is not None:
-                env["COORD_TOTAL_STEPS"] = str(self.spec.total_steps)
-            if resume_files.get(name):
-                env["COORD_RESUME_FILE"] = resume_files[name]
-                env["COORD_RESUME_STEP"] = str(start_step)
-            env.update(self.launcher.rank_env(plan, rank))
-            try:
-                await self.fx.call(name, "prepare_rank", {"job": self.run_id, "rank": rank, "attempt": attempt,
-                                                          "python": node.python, "argv": argv, "env": env,
-                                                          # coord reads the output from the node
-                                                          "pass_output": False}, timeout=60)
-            except RemoteError as exc:
-                errors[name] = exc
-
-        async with anyio.create_task_group() as tasks:
-            for rank, name in enumerate(order):
-                tasks.start_soon(prepare, rank, name)
-        if errors:
-            name, exc = sorted(errors.items())[0]
-            raise LaunchError(f"rank {order.index(name)} could not be prepared on {name}: {exc.message}",
-                              node=name if core.unreachable_error(exc.code) else None)
 
     async def _monitor(self, attempt: Attempt | None) -> Outcome:
         """Watch the attempt until it ends one way or another. Checkpoints are found and hashed

@@ -6,19 +6,17 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from agent.launch import rank_command
 from coordinator.launch.batch import BatchSplit
 from coordinator.launch.hostfile import Hostfile
-from coordinator.launch.launcher import LaunchPlan, PlanError, StartError
+from coordinator.launch.launcher import LaunchPlan, NodeReadings, PlanError, RankSlot, StartError
 from coordinator.launch.mlx_backend import BackendChoice
 from coordinator.launch.mlx_launch import launcher_argv, ring_starting_port
 from coordinator.launch.mlx_lm_command import JobCommand, attempt_command, batch_split, is_mlx_lm
 from coordinator.launch.plan import plan_backend, write_launch_files
-from coordinator.launch.topology import Topology
 
 if TYPE_CHECKING:
     from coordinator.config.cluster_file import ClusterConfig
@@ -27,9 +25,11 @@ if TYPE_CHECKING:
 
 class MlxLauncher:
     name = "mlx"
+    runs_on: Literal["head", "nodes"] = "head"
 
-    def plan(self, cluster: Cluster, topologies: Mapping[str, Topology], nodes: list[str],
-             backend: str | None) -> LaunchPlan:
+    def plan(self, cluster: Cluster, readings: NodeReadings, nodes: list[str], backend: str | None,
+             job: JobCommand) -> LaunchPlan:
+        topologies = readings.topologies
         missing = [n for n in nodes if n not in topologies]
         if missing:
             # A node whose session has not noticed yet that it is gone: blame it, so that the
@@ -44,13 +44,16 @@ class MlxLauncher:
         order = choice.get("order") or nodes
         return LaunchPlan(self.name, str(choice.get("backend") or hosts.get("backend")), tuple(order), choice, hosts)
 
-    def rank_command(self, job: JobCommand, *, checkpoint_dir: str, resume_file: str | None, start_step: int,
-                     batch: BatchSplit | None) -> list[str]:
+    def rank_command(self, job: JobCommand, slot: RankSlot, *, checkpoint_dir: str, resume_file: str | None,
+                     start_step: int, batch: BatchSplit | None) -> list[str]:
         return attempt_command(job, adapter_path=checkpoint_dir, resume_file=resume_file, start_step=start_step,
                                batch=batch)
 
-    def rank_env(self, plan: LaunchPlan, rank: int) -> dict[str, str]:
+    def rank_env(self, job: JobCommand, slot: RankSlot, batch: BatchSplit | None) -> dict[str, str]:
         return {}  # mlx.launch gives each rank MLX_RANK and its hostfile itself
+
+    def rank_files(self, job: JobCommand, slot: RankSlot) -> dict[str, str]:
+        return {}  # the hostfile is mlx.launch's, on the head
 
     def batch(self, job: JobCommand, ranks: int) -> BatchSplit | None:
         if not is_mlx_lm(list(job.command)):

@@ -32,6 +32,12 @@ class JobCommand(Protocol):
     def total_steps(self) -> int | None: ...
     @property
     def save_every(self) -> int: ...
+    @property
+    def procs_per_node(self) -> int | None: ...  # a torch launcher's processes per node (None: its own rule)
+    @property
+    def global_batch(self) -> int | None: ...  # examples per optimizer step, kept on a shrink (torch launchers)
+    @property
+    def micro_batch(self) -> int | None: ...  # examples per process per micro-step (torch launchers)
 
 
 def is_mlx_lm(command: list[str]) -> bool:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from coordinator.launch.launcher import Launcher
 from coordinator.launch.mlx import MlxLauncher
+from coordinator.launch.torch_launchers import AccelerateLauncher, DeepSpeedLauncher, TorchrunLauncher
 
 DEFAULT_LAUNCHER = "mlx"
-LAUNCHERS: dict[str, Launcher] = {launcher.name: launcher for launcher in (MlxLauncher(),)}
+LAUNCHERS: dict[str, Launcher] = {launcher.name: launcher for launcher in (
+    MlxLauncher(), TorchrunLauncher(), AccelerateLauncher(), DeepSpeedLauncher())}
 
 
 def launcher_named(name: str) -> Launcher:

@@ -144,7 +144,8 @@ def test_a_script_that_reports_nothing_is_never_killed_as_hung_and_is_told_so(cl
     daemon, root = cluster
     ran = _run(daemon, root, "silent", "--first-step-timeout", "2", "--hang-timeout", "2", "--",
                "python", "silent.py")
-    assert "no hang watchdog until the script appends to $COORD_PROGRESS_FILE" in ran["submitted"], ran
+    assert "no hang watchdog until the script reports its steps" in ran["submitted"], ran
+    assert "coord_script.report(step, loss=loss)" in ran["submitted"]
     assert 'open(os.environ["COORD_PROGRESS_FILE"], "a")' in ran["submitted"]
     final = ran["final"]
     assert final["state"] == "succeeded" and final["restarts"] == 0, final

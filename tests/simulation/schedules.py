@@ -38,6 +38,7 @@ from tests.simulation.world import World
 __all__ = ["STOP_BOUND_S", "InvariantBroken", "JobPlan", "Schedule", "make_schedule", "run_schedule"]
 
 MULTI_JOB_SHARE = 0.25  # of the schedules, those that run several jobs at once
+TORCH_SHARE = 0.5  # of the schedules of a script of its own, those run by a torch launcher
 
 
 def command_for(trainer: str, total: int) -> list[str]:
@@ -161,6 +162,10 @@ def make_schedule(seed: int) -> Schedule:
     spec["trainer"] = "coord" if trainer == "coord" else "mlx_lm"
     if trainer == "script":
         _report_before_hanging(schedule)
+        # Drawn apart too: a PyTorch job, whose ranks each node's agent starts (torchrun, Accelerate).
+        launchers = random.Random(f"launcher:{seed}")
+        if launchers.random() < TORCH_SHARE:
+            spec["launcher"] = launchers.choice(["torchrun", "accelerate"])
     if more.random() < 0.4:
         schedule.head_machine = (nodes[0],)
     # Drawn apart too: whether this schedule runs several jobs at once.
@@ -210,6 +215,8 @@ def _more_jobs(schedule: Schedule, rng: random.Random, trainer: str, horizon: fl
                 "min_nodes": rng.choice([None, None, 1]), "node_timeout": rng.choice([5.0, 20.0, 60.0]),
                 "hang_timeout": rng.choice([None, 15.0, 30.0]), "nodes": some_nodes(first["nodes"]),
                 "priority": rng.choice([-1, 0, 0, 1, 2])}
+        if "launcher" in first:
+            spec["launcher"] = first["launcher"]
         fit(spec)
         job = JobPlan(spec, submit_at=rng.uniform(0, horizon))
         if rng.random() < 0.3:

@@ -444,7 +444,7 @@ class SimEffects:
 
     # --- the agent's methods ---
     def _agent_prepare_rank(self, node: SimNode, *, job: str, rank: int, attempt: int, python: str, argv: list,
-                            env: dict, pass_output: bool = True) -> dict[str, Any]:
+                            env: dict, pass_output: bool = True, files: dict | None = None) -> dict[str, Any]:
         if node.disk_full:
             raise RemoteError("internal", "OSError: [Errno 28] No space left on device")
         world = self.world
@@ -463,6 +463,29 @@ class SimEffects:
         sim.fingerprint_every = world.fingerprint_every
         world.prepared.setdefault((job, attempt), {})[rank] = sim
         return {"script": f"/home/{node.name}/.coord/jobs/{job}/rank-{rank}.sh"}
+
+    def _agent_start_rank(self, node: SimNode, *, job: str, rank: int, attempt: int) -> dict[str, Any]:
+        """A torch launcher's rank, started by its node's agent: the launcher runs there, or (a launch
+        fault) is missing from the node's Python and exits at once, or dies before its workers start."""
+        world = self.world
+        prepared = world.prepared.get((job, attempt), {})
+        sim = prepared.get(rank)
+        if sim is None or sim.node != node.name:
+            raise RemoteError("refused", f"rank {rank} of attempt {attempt} of {job} was not prepared here")
+        if (job, attempt, rank) in world.ranks:
+            raise RemoteError("refused", f"rank {rank} of attempt {attempt} of {job} was started already")
+        if not any((run, number) == (job, attempt) for run, number, _ in world.ranks):
+            world.launch_log.append({"run": job, "attempt": attempt, "time": world.now(),
+                                     "ranks": {r: (s.node, s.start_step, s.resume_file) for r, s in prepared.items()}})
+        world.ranks[(job, attempt, rank)] = sim
+        sim.launched_at = world.now()
+        fault = world.fault_for(world.launch_faults, world.job_of(job), attempt)
+        if fault == "missing":
+            sim.exit, sim.exited_at, sim.last_line = 1, world.now(), "No module named torch.distributed.run"
+        elif fault == "dies":
+            world._exit_later(sim, world.now() + sim.startup_s / 2)
+        world.check()
+        return {"pid": world.next_pid}
 
     def _rank(self, job: str, attempt: int, rank: int) -> SimRank | None:
         return self.world.ranks.get((job, attempt, rank))
@@ -569,14 +592,18 @@ class SimEffects:
         return {"status": "pass", "checks": [], "seconds": 1.0, "hostfile": None, "backend": None}
 
     # --- launching ---
-    async def plan_launch(self, nodes: list[str], backend: str | None, launcher: str) -> LaunchPlan:
+    async def plan_launch(self, nodes: list[str], job: Any) -> LaunchPlan:
         self._effect()
         await anyio.sleep(0.2)
         for name in nodes:
             node = self.world.nodes[name]
             if not node.reachable or not node.session_up:
                 raise LaunchError(f"no link information from {name} (is it up?)", node=name)
-        return LaunchPlan(launcher, "ring", tuple(nodes), {"backend": "ring", "order": list(nodes)},
+        if job.launcher != "mlx":  # a torch launcher: one per node, started by each node's agent
+            return LaunchPlan(job.launcher, "gloo", tuple(nodes), {"backend": "gloo", "order": list(nodes)}, {},
+                              node_envs={name: {"COORD_TORCH_BACKEND": "gloo"} for name in nodes},
+                              master_address="10.0.0.1", procs_per_node=1)
+        return LaunchPlan(job.launcher, "ring", tuple(nodes), {"backend": "ring", "order": list(nodes)},
                           {"backend": "ring", "hosts": list(nodes), "envs": []})
 
     def start_launcher(self, run_id: str, attempt: int, plan: LaunchPlan) -> int:

@@ -12,7 +12,7 @@ import pytest
 
 from coordinator.jobs.spec import JobSpec, JobSpecError, validate
 from coordinator.launch.batch import BatchSplit
-from coordinator.launch.launcher import LaunchPlan
+from coordinator.launch.launcher import LaunchPlan, RankSlot
 from coordinator.launch.registry import LAUNCHERS, launcher_named
 
 MLX_LM = ["python", "-m", "mlx_lm", "lora", "--model", "m", "--train", "--data", "d", "--iters", "40"]
@@ -41,7 +41,8 @@ def test_the_mlx_plan_keeps_the_measured_order_and_the_hostfile_environment():
     assert plan == LaunchPlan("mlx", "jaccl-ring", ("b", "a"), choice, hosts)
     assert plan.envs == {"MLX_METAL_FAST_SYNCH": "1"}
     assert mlx.adopt({"backend": "ring"}, {"backend": "ring"}, ["a", "b"]).order == ("a", "b")
-    assert mlx.rank_env(plan, 0) == {}  # mlx.launch gives each rank its own MLX_RANK
+    job = JobSpec(name="j", command=["python", "train.py"])
+    assert mlx.rank_env(job, RankSlot(plan, 0, "run", 0), None) == {}  # mlx.launch gives each rank its own MLX_RANK
 
 
 def test_mlx_lm_jobs_state_their_batch_and_scripts_of_ones_own_do_not():
@@ -50,9 +51,10 @@ def test_mlx_lm_jobs_state_their_batch_and_scripts_of_ones_own_do_not():
     assert mlx.batch(fine_tune, 2) == BatchSplit(8, 1, 2)
     script = validate(JobSpec(name="j", command=["python", "train.py"]))
     assert mlx.batch(script, 2) is None
-    assert mlx.rank_command(script, checkpoint_dir="/c", resume_file=None, start_step=0, batch=None) == \
+    slot = RankSlot(mlx.adopt({"backend": "ring"}, {"backend": "ring"}, ["a"]), 0, "run", 0)
+    assert mlx.rank_command(script, slot, checkpoint_dir="/c", resume_file=None, start_step=0, batch=None) == \
         ["python", "train.py"]
-    rewritten = mlx.rank_command(fine_tune, checkpoint_dir="/c", resume_file="/r.safetensors", start_step=10,
+    rewritten = mlx.rank_command(fine_tune, slot, checkpoint_dir="/c", resume_file="/r.safetensors", start_step=10,
                                  batch=BatchSplit(8, 2, 1))
     assert rewritten[:3] == ["python", "-m", "agent.mlx_lm_train"]
     assert "--adapter-path" in rewritten and rewritten[rewritten.index("--iters") + 1] == "30"

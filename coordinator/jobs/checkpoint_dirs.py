@@ -1,0 +1,155 @@
+"""Checkpoint directories spread over an attempt's nodes, joined and completed on every node.
+
+A PyTorch job writes a checkpoint directory (``0000040/``) on every node at once, each rank its own
+part: Accelerate's ``random_states_R.pkl`` on rank R's node, a torch.distributed.checkpoint shard per
+rank, the model and optimizer on rank 0's node. No node's part is a checkpoint by itself; a resume on
+any set of nodes needs every part (accelerate#3010: resuming FSDP fails because ``.metadata`` is on
+one node's disk only). So once the nodes' parts joined make a whole (its format judged by
+:mod:`coordinator.jobs.checkpoint_formats`) and nothing is still being written, every node of the
+attempt that lacks a file is sent it (through the relay, each file checked on arrival), and every
+node's copy is catalogued as a whole, under one digest: from then on it is a checkpoint like any
+other (a resume uses each node's own copy, replicas and retention work on it).
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Mapping
+
+from coordinator.jobs import catalog
+from coordinator.jobs.checkpoint_formats import Joined, Verdict, join_parts, judge
+from coordinator.jobs.effects import Placement
+from coordinator.jobs.node_health import NodeHealth
+from coordinator.jobs.run_context import RunContext
+from coordinator.jobs.transfer import CheckpointDamaged
+from coordinator.store.state import CheckpointEntry, CheckpointRow
+from shared.agent_api.ranks import CheckpointInfo
+from shared.rpc import RemoteError
+
+#: node -> what it listed of one attempt's checkpoint directories
+Listings = Mapping[str, list[CheckpointInfo]]
+
+
+def settled(joined: Joined, verdict: Verdict, *, seen_before: str | None, newer_exists: bool,
+            attempt_over: bool) -> bool:
+    """Whether the verdict on a joined directory is final: its writers are done. A whole is final once
+    the same bytes were seen at two polls in a row (a format's last file may be written before the
+    others are flushed), or a later step was written, or the ranks are stopped; a part is final only
+    when nothing can still write it."""
+    if attempt_over or newer_exists:
+        return True
+    return verdict.valid and seen_before == joined.digest
+
+
+class DirKeeper:
+    """One run's checkpoint directories: joined across the attempt's nodes, completed on each, catalogued."""
+
+    def __init__(self, ctx: RunContext, health: NodeHealth):
+        self.ctx = ctx
+        self.fx = ctx.fx
+        self.health = health
+
+    async def settle(self, attempt: int, start_step: int, order: list[str], listings: Listings,
+                     known: dict[str, set[str]], seen: dict[str, str], *, attempt_over: bool,
+                     world_size: int | None, current: bool) -> bool:
+        """Judge each directory the nodes listed (not yet catalogued); complete and catalogue those
+        settled. ``known`` (node -> names catalogued there) and ``seen`` (name -> digest at the last
+        poll) are the attempt's own. True when one was catalogued valid."""
+        by_name: dict[str, dict[str, CheckpointInfo]] = {}
+        for node, entries in listings.items():
+            for entry in entries:
+                if entry.get("kind") == "dir":
+                    by_name.setdefault(entry["name"], {})[node] = entry
+        newest = max((int(name) for name in by_name), default=-1)
+        validated = False
+        for name in sorted(by_name):
+            parts = by_name[name]
+            joined = join_parts(parts)
+            verdict = judge(joined, world_size)
+            if not settled(joined, verdict, seen_before=seen.get(name), newer_exists=int(name) < newest,
+                           attempt_over=attempt_over):
+                seen[name] = joined.digest
+                continue
+            seen.pop(name, None)
+            step = start_step + int(name)
+            complete: dict[str, str] = {}
+            if verdict.valid:
+                complete = await self._complete(attempt, step, name, order, joined, parts)
+                self._catalogue(attempt, step, order, complete, joined, verdict, parts)
+                validated = validated or bool(complete)
+                self._announce(step, name, order, complete, joined, verdict, current)
+            else:
+                self._catalogue(attempt, step, order, {}, joined, verdict, parts)
+                self.ctx.event("checkpoint_invalid", f"checkpoint of step {step} is not valid: {verdict.detail}",
+                               step=step)
+            for node in {*parts, *complete}:  # catalogued there: not listed (nor hashed) again
+                known.setdefault(node, set()).add(name)
+        return validated
+
+    async def _complete(self, attempt: int, step: int, name: str, order: list[str], joined: Joined,
+                        parts: Mapping[str, CheckpointInfo]) -> dict[str, str]:
+        """Send every node of ``order`` that is up the files it lacks; node -> its directory, for the
+        nodes that hold the whole now."""
+        complete: dict[str, str] = {}
+        for node in order:
+            view = self.fx.node(node)
+            path = posixpath.join(view.workdir, "checkpoints", self.ctx.run_id, f"attempt-{attempt}", name)
+            missing = joined.missing_on(node)
+            if not missing:
+                complete[node] = path
+                continue
+            if not self.health.usable(node):
+                continue
+            try:
+                for rel in missing:
+                    await self._send(attempt, step, name, node, rel, joined, parts)
+            except (RemoteError, CheckpointDamaged, OSError) as exc:
+                reason = exc.message if isinstance(exc, RemoteError) else str(exc)
+                self.ctx.log.warning("checkpoint part not sent", node=node, step=step, reason=reason)
+                continue
+            complete[node] = path
+        return complete
+
+    async def _send(self, attempt: int, step: int, name: str, node: str, rel: str, joined: Joined,
+                    parts: Mapping[str, CheckpointInfo]) -> None:
+        entry = joined.files[rel]
+        holder = next(n for n in joined.holders[rel] if self.health.reachable(n))
+        source: CheckpointRow = {
+            "step": step, "attempt": attempt, "node": holder, "path": posixpath.join(parts[holder]["path"], rel),
+            "sha256": entry["sha256"], "size": entry["size"], "valid": True, "detail": None,
+            "created": self.fx.now(), "role": catalog.PRIMARY}
+        target = f"checkpoints/{self.ctx.run_id}/attempt-{attempt}/{name}/{rel}"
+        await self.fx.copy_checkpoint(source, [Placement(node, target)])
+
+    def _catalogue(self, attempt: int, step: int, order: list[str], complete: Mapping[str, str], joined: Joined,
+                   verdict: Verdict, parts: Mapping[str, CheckpointInfo]) -> None:
+        """Each whole copy as valid, under the joined digest; each node's part that is not whole as not
+        valid (so that retention removes it with its step)."""
+        for node in sorted(set(complete) | set(parts)):
+            role = catalog.PRIMARY if order and node == order[0] else catalog.LOCAL
+            whole = node in complete
+            entry: CheckpointEntry = {
+                "step": step, "attempt": attempt, "node": node, "path": complete.get(node) or parts[node]["path"],
+                "sha256": joined.digest if whole else None, "size": joined.size if whole else parts[node]["size"],
+                "valid": whole, "detail": verdict.detail if whole else f"a part only: {verdict.detail}"
+                if not verdict.valid else "a part only: the rest could not be sent here",
+                "created": self.fx.now(), "role": role}
+            self.fx.add_checkpoint(self.ctx.run_id, entry)
+
+    def _announce(self, step: int, name: str, order: list[str], complete: Mapping[str, str], joined: Joined,
+                  verdict: Verdict, current: bool) -> None:
+        if not complete:
+            self.ctx.event("checkpoint_invalid", f"checkpoint of step {step} is whole, but no node could be sent "
+                           "its parts", step=step)
+            return
+        last = self.ctx.record.last_checkpoint
+        node = order[0] if order and order[0] in complete else sorted(complete)[0]
+        if last is None or step >= last["step"]:
+            self.ctx.record.last_checkpoint = {"step": step, "time": self.fx.now(), "node": node}
+        spread = sorted({n for holders in joined.holders.values() for n in holders})
+        self.ctx.event("checkpoint", f"checkpoint of step {step} validated ({verdict.detail}"
+                       + (f", joined from {', '.join(spread)}" if len(spread) > 1 else "")
+                       + f"; whole on {', '.join(sorted(complete))})"
+                       + ("" if current else ", written while its nodes were away"), step=step,
+                       nodes=sorted(complete))
+

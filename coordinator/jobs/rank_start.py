@@ -1,0 +1,82 @@
+"""An attempt's ranks on their nodes: each rank's script prepared by its node's agent (its command,
+environment and files from the job's launcher, coord's ``COORD_*`` contract), and, for a launcher that
+runs on every node, each rank started there."""
+
+from __future__ import annotations
+
+import posixpath
+
+import anyio
+
+from coordinator.jobs import core
+from coordinator.jobs.effects import LaunchError
+from coordinator.jobs.run_context import RunContext
+from coordinator.launch.batch import BatchSplit
+from coordinator.launch.launcher import Launcher, LaunchPlan, RankSlot
+from shared.rpc import RemoteError
+
+
+class RankStarter:
+    def __init__(self, ctx: RunContext, launcher: Launcher):
+        self.ctx = ctx
+        self.launcher = launcher
+
+    async def prepare(self, plan: LaunchPlan, attempt: int, order: list[str], resume_files: dict[str, str],
+                      start_step: int, batch: BatchSplit | None) -> None:
+        """Each rank's script on its node, all at once; a node that cannot take it is a LaunchError."""
+        errors: dict[str, RemoteError] = {}
+
+        async def prepare(rank: int, name: str) -> None:
+            node = self.ctx.fx.node(name)
+            adapter_path = posixpath.join(node.workdir, "checkpoints", self.ctx.run_id, f"attempt-{attempt}")
+            slot = RankSlot(plan, rank, self.ctx.run_id, attempt)
+            argv = self.launcher.rank_command(self.ctx.spec, slot, checkpoint_dir=adapter_path,
+                                              resume_file=resume_files.get(name), start_step=start_step, batch=batch)
+            env = {"COORD_JOB": self.ctx.spec.name, "COORD_RUN": self.ctx.run_id, "COORD_ATTEMPT": str(attempt),
+                   "COORD_RANK": str(rank), "COORD_PROGRESS_FILE": "{rank_dir}/progress.jsonl",
+                   "COORD_STEP_OFFSET": str(start_step), "COORD_CHECKPOINT_DIR": adapter_path,
+                   "COORD_SAVE_EVERY": str(self.ctx.spec.save_every)}
+            if self.ctx.spec.total_steps is not None:
+                env["COORD_TOTAL_STEPS"] = str(self.ctx.spec.total_steps)
+            if resume_files.get(name):
+                # A checkpoint directory (0000040/) or file, as the script wrote it (docs/script-contract.md).
+                is_dir = not posixpath.basename(resume_files[name]).endswith(".safetensors")
+                env["COORD_RESUME_DIR" if is_dir else "COORD_RESUME_FILE"] = resume_files[name]
+                env["COORD_RESUME_STEP"] = str(start_step)
+            env.update(self.launcher.rank_env(self.ctx.spec, slot, batch))
+            try:
+                await self.ctx.fx.call(name, "prepare_rank", {
+                    "job": self.ctx.run_id, "rank": rank, "attempt": attempt, "python": node.python, "argv": argv,
+                    "env": env, "files": self.launcher.rank_files(self.ctx.spec, slot),
+                    "pass_output": False},  # coord reads the output from the node
+                    timeout=60)
+            except RemoteError as exc:
+                errors[name] = exc
+
+        async with anyio.create_task_group() as tasks:
+            for rank, name in enumerate(order):
+                tasks.start_soon(prepare, rank, name)
+        if errors:
+            name, exc = sorted(errors.items())[0]
+            raise LaunchError(f"rank {order.index(name)} could not be prepared on {name}: {exc.message}",
+                              node=name if core.unreachable_error(exc.code) else None)
+
+    async def start(self, attempt: int, order: list[str]) -> None:
+        """A launcher that runs on every node: each node's agent starts its prepared rank, all at once;
+        a node that cannot is a LaunchError (the ranks started elsewhere are stopped with the attempt)."""
+        errors: dict[str, RemoteError] = {}
+
+        async def start(rank: int, name: str) -> None:
+            try:
+                await self.ctx.fx.call(name, "start_rank", {"job": self.ctx.run_id, "rank": rank,
+                                                            "attempt": attempt}, timeout=60)
+            except RemoteError as exc:
+                errors[name] = exc
+
+        async with anyio.create_task_group() as tasks:
+            for rank, name in enumerate(order):
+                tasks.start_soon(start, rank, name)
+        if errors:
+            name, exc = sorted(errors.items())[0]
+            raise LaunchError(f"rank {order.index(name)} could not be started on {name}: {exc.message}",
+                              node=name if core.unreachable_error(exc.code) else None)

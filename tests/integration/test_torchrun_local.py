@@ -1,0 +1,172 @@
+"""torchrun jobs under coord on a local cluster of two nodes: real torchrun, real DDP over Gloo, through
+the real daemon, agents and CLI. A worker SIGKILLed, a worker's exception, torchrun itself killed, a
+worker stopped (a hang), a stop: each ends as coord promises, and a resume is exact (the weights equal
+an uninterrupted run's)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir
+from tests.integration.test_jobs_local import CLUSTER, job_of
+from tests.torch_jobs import DDP, expected_weights
+
+HAS_TORCH = subprocess.run([sys.executable, "-c", "import torch.distributed.run"], capture_output=True).returncode == 0
+pytestmark = pytest.mark.skipif(not HAS_TORCH and os.environ.get("CI", "").lower() != "true",
+                                reason="torch is not installed in this Python (.ci/setup installs its CPU build)")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    root = short_tempdir()
+    (root / "project").mkdir()
+    (root / "project" / "ddp.py").write_text(DDP)
+    config = root / "cluster.toml"
+    config.write_text(CLUSTER.format(root=root))
+    daemon = DaemonProcess(config, env=environment()).start()
+    daemon.wait_for(all_up, 30, "all nodes up")
+    yield daemon, root
+    daemon.stop()
+    for pid in _workers(root):  # a worker a failed test left behind
+        os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _run(daemon, root, name: str, *args: str) -> None:
+    submitted = coord("run", "--config", str(daemon.config), "--name", name, "--source", str(root / "project"),
+                      "--save-every", "5", "--detach", *args, env=daemon.env)
+    assert submitted.returncode == 0, submitted.stderr
+
+
+def _wait(daemon, name: str) -> dict:
+    waited = coord("wait", "--quiet", "--json", "--config", str(daemon.config), name, env=daemon.env, timeout=300)
+    assert waited.stdout, waited.stderr
+    final = json.loads(waited.stdout)
+    final["story"] = "\n".join(f"{e['kind']}: {e['message']}" for e in _events(daemon, name))
+    return final
+
+
+def _events(daemon, name: str) -> list[dict]:
+    doc = json.loads(coord("status", "--json", "--events", "2000", "--config", str(daemon.config),
+                           env=daemon.env).stdout)
+    return [e for e in doc["events"] if e["message"].startswith(name + ":")]
+
+
+def _workers(root: Path, *, node: str | None = None, launcher: bool = False) -> list[int]:
+    """The job's workers (``ddp.py``), or torchrun itself, running in a node's workdir."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            words = (entry / "cmdline").read_bytes().split(b"\0")
+            cwd = os.readlink(entry / "cwd")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state == "Z" or not cwd.startswith(str(root)) or (node and cwd != str(root / node)):
+            continue
+        if words[1:3] == [b"-m", b"torch.distributed.run"] if launcher else (b"ddp.py" in words and b"-m" not in words[:3]):
+            found.append(int(entry.name))
+    return found
+
+
+def _at_step(daemon, root, name: str, step: int, timeout: float = 120) -> dict:
+    """The job once rank 0 of its attempt reported ``step`` (read from its progress file)."""
+    doc = daemon.wait_for(lambda d: job_of(d, name)["state"] == "running" and job_of(d, name)["nodes"], 120,
+                          f"{name} running")
+    job = job_of(doc, name)
+    progress = root / job["nodes"][0] / ".coord" / "jobs" / job["run_id"] / f"attempt-{job['attempt']}" / "rank-0" \
+        / "progress.jsonl"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = progress.read_text().splitlines() if progress.exists() else []
+        if lines and json.loads(lines[-1])["step"] >= step:
+            return job
+        time.sleep(0.02)
+    raise AssertionError(f"{name} did not reach step {step}")
+
+
+def _final_weights(root: Path, final: dict) -> list[float]:
+    import torch
+
+    path = root / final["nodes"][0] / "checkpoints" / final["run_id"] / f"attempt-{final['attempt']}" / "final.pt"
+    state = torch.load(path)
+    return [*state["weight"].flatten().tolist(), *state["bias"].tolist()]
+
+
+def test_a_killed_worker_is_named_and_the_job_resumes_exactly_from_its_checkpoint_directory(cluster):
+    daemon, root = cluster
+    _run(daemon, root, "ddp-kill", "--launcher", "torchrun", "--", "python", "ddp.py", "--steps", "40",
+         "--sleep", "0.05")
+    job = _at_step(daemon, root, "ddp-kill", 12)
+    (worker,) = _workers(root, node=job["nodes"][1])
+    os.kill(worker, signal.SIGKILL)
+    final = _wait(daemon, "ddp-kill")
+    story = final["story"]
+    assert final["state"] == "succeeded" and final["restarts"] == 1 and final["step"] == 40, story
+    assert "worker rank 1 failed: Signal 9 (SIGKILL)" in story, story  # from torchrun's own summary
+    resumed = [e for e in _events(daemon, "ddp-kill") if e["kind"] == "job.resume_from"]
+    assert resumed and resumed[0]["data"]["step"] >= 10, story
+    assert "every node from its own copy, nothing copied" in resumed[0]["message"]  # rank 0's copy was spread
+    assert "(complete: 2 files; whole on a, b)" in story  # a directory, judged by its COMPLETE file
+    assert _final_weights(root, final) == expected_weights(40, 2)
+    assert not _workers(root) and not _workers(root, launcher=True)
+
+
+def test_a_torchrun_command_runs_its_processes_per_node_and_a_workers_exception_is_named(cluster):
+    daemon, root = cluster
+    refused = coord("run", "--config", str(daemon.config), "--name", "bad", "--", "torchrun", "--nnodes", "2",
+                    "ddp.py", env=daemon.env)
+    assert refused.returncode == 2 and "--nnodes: coord gives the number of nodes" in refused.stderr, refused.stderr
+    _run(daemon, root, "ddp-four", "--max-restarts", "1", "--", "torchrun", "--nproc-per-node", "2", "ddp.py",
+         "--steps", "20", "--fail-at", "7")
+    final = _wait(daemon, "ddp-four")
+    story = final["story"]
+    assert final["state"] == "succeeded" and final["restarts"] == 1 and final["step"] == 20, story
+    # The worker's own exception, from its TORCHELASTIC_ERROR_FILE (the script's @record)
+    assert "worker 1 on a: RuntimeError: the data loader broke at step 7" in story, story
+    assert "gloo" in story
+    assert _final_weights(root, final) == pytest.approx(expected_weights(20, 4), abs=1e-6)
+
+
+def test_a_killed_torchrun_leaves_no_worker_and_a_stop_ends_every_process(cluster):
+    """On one node, so that no peer's loss ends the orphan for coord: a worker of a killed torchrun runs on
+    in a session of its own, unless the rank runner (its subreaper) ends it."""
+    daemon, root = cluster
+    _run(daemon, root, "ddp-orphans", "--launcher", "torchrun", "--nodes", "b", "--", "python", "ddp.py",
+         "--steps", "100000", "--sleep", "0.05")
+    job = _at_step(daemon, root, "ddp-orphans", 5)
+    (launcher,) = _workers(root, node="b", launcher=True)
+    (orphan,) = _workers(root, node="b")
+    os.kill(launcher, signal.SIGKILL)
+    deadline = time.monotonic() + 15
+    while Path(f"/proc/{orphan}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{orphan}").exists(), "torchrun's worker outlived it"
+    daemon.wait_for(lambda d: job_of(d, "ddp-orphans")["attempt"] == 1 and job_of(d, "ddp-orphans")["step"] >= 7,
+                    120, "attempt 1 training")
+    stopped = coord("stop", "--config", str(daemon.config), "ddp-orphans", env=daemon.env, timeout=120)
+    assert stopped.returncode == 0 and "ddp-orphans: stopped" in stopped.stdout, stopped.stderr
+    assert not _workers(root) and not _workers(root, launcher=True)
+
+
+def test_a_stopped_worker_is_caught_as_a_hang_named_and_resumed(cluster):
+    daemon, root = cluster
+    _run(daemon, root, "ddp-hang", "--launcher", "torchrun", "--hang-timeout", "4", "--", "python", "ddp.py",
+         "--steps", "30", "--sleep", "0.05", "--hang-at", "12")
+    final = _wait(daemon, "ddp-hang")
+    story = final["story"]
+    assert final["state"] == "succeeded" and final["restarts"] == 1 and final["step"] == 30, story
+    hangs = [e for e in _events(daemon, "ddp-hang") if e["kind"] == "job.hang"]
+    assert hangs and "rank 1" in hangs[0]["message"] and "stopped" in hangs[0]["message"], story
+    assert _final_weights(root, final) == expected_weights(30, 2)

@@ -1,0 +1,92 @@
+"""The PyTorch training scripts the tests run under coord (torchrun, Accelerate), and the exact
+arithmetic their uninterrupted run does, to prove a resume exact.
+
+Each is a real distributed job on the CPU (Gloo): a linear model, data drawn from the step and the
+rank alone (so an attempt that resumes at step S sees the examples an uninterrupted run sees there),
+checkpoints as directories through coord_script, progress through coord_script.report.
+"""
+
+from __future__ import annotations
+
+#: torch.distributed + DDP, launched by torchrun. Rank 0 saves ``state.pt`` and ``COMPLETE`` in the
+#: step's directory; every rank loads the resume directory. ``--fail-at S``: on the first attempt,
+#: global rank 1 raises at step S (torchrun's error file names it); ``--hang-at S``: it stops there.
+DDP = '''\
+import argparse, os, signal, time
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.nn.parallel import DistributedDataParallel
+import coord_script
+
+@record
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--sleep", type=float, default=0.0)
+    parser.add_argument("--fail-at", type=int)
+    parser.add_argument("--hang-at", type=int)
+    args = parser.parse_args()
+    dist.init_process_group(os.environ.get("COORD_TORCH_BACKEND", "gloo"))
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    start = coord_script.step_offset()
+    if coord_script.resume_dir():
+        state = torch.load(os.path.join(coord_script.resume_dir(), "state.pt"))
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+    ddp = DistributedDataParallel(model)
+    save_every = int(os.environ.get("COORD_SAVE_EVERY", "0"))
+    first = os.environ.get("COORD_ATTEMPT", "0") == "0"
+    for step in range(start + 1, args.steps + 1):
+        generator = torch.Generator().manual_seed(step * 1000 + rank)
+        x = torch.randn(8, 4, generator=generator)
+        loss = ((ddp(x) - x.sum(1, keepdim=True)) ** 2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if rank == 1 and first and args.fail_at == step:
+            raise RuntimeError(f"the data loader broke at step {step}")
+        if rank == 1 and first and args.hang_at == step:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        if rank == 0:
+            coord_script.report(step, loss=loss.item())
+            if save_every and step % save_every == 0:
+                directory = coord_script.checkpoint_dir(step - start)
+                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()},
+                           os.path.join(directory, "state.pt"))
+                open(os.path.join(directory, "COMPLETE"), "w").close()
+        time.sleep(args.sleep)
+    if rank == 0 and os.environ.get("COORD_CHECKPOINT_DIR"):
+        torch.save(model.state_dict(), os.path.join(os.environ["COORD_CHECKPOINT_DIR"], "final.pt"))
+    dist.destroy_process_group()
+
+main()
+'''
+
+
+def expected_weights(steps: int, world: int) -> list[float]:
+    """The weights and bias DDP reaches after ``steps`` uninterrupted steps on ``world`` ranks: the
+    same arithmetic in one process (DDP divides each rank's gradient by the world, then sums them)."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(1, steps + 1):
+        grads = []
+        for rank in range(world):
+            model.zero_grad()
+            generator = torch.Generator().manual_seed(step * 1000 + rank)
+            x = torch.randn(8, 4, generator=generator)
+            ((model(x) - x.sum(1, keepdim=True)) ** 2).mean().backward()
+            grads.append([p.grad.clone() / world for p in model.parameters()])
+        for index, param in enumerate(model.parameters()):
+            total = grads[0][index]
+            for other in grads[1:]:
+                total = total + other[index]
+            param.grad = total
+        optimizer.step()
+    return [*model.weight.detach().flatten().tolist(), *model.bias.detach().tolist()]
