@@ -90,3 +90,83 @@ def expected_weights(steps: int, world: int) -> list[float]:
             param.grad = total
         optimizer.step()
     return [*model.weight.detach().flatten().tolist(), *model.bias.detach().tolist()]
+
+
+#: Accelerate (MULTI_CPU): a data set read in order by a prepared DataLoader (each process its own
+#: batches), save_state/load_state into the step's directory on every process (the random states of
+#: each rank land on its own node: coord joins them), skip_first_batches on a resume.
+ACCELERATE = '''\
+import argparse, os, time
+import torch
+from accelerate import Accelerator
+import coord_script
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, required=True)
+parser.add_argument("--sleep", type=float, default=0.0)
+args = parser.parse_args()
+accelerator = Accelerator()
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+x = torch.randn(64, 4, generator=torch.Generator().manual_seed(1))
+data = torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True))
+loader = torch.utils.data.DataLoader(data, batch_size=4, shuffle=False)
+model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+start = coord_script.step_offset()
+if coord_script.resume_dir():
+    accelerator.load_state(coord_script.resume_dir())
+save_every = int(os.environ.get("COORD_SAVE_EVERY", "0"))
+step = start
+while step < args.steps:
+    epoch_loader = loader
+    if step == start and start % len(loader):
+        epoch_loader = accelerator.skip_first_batches(loader, start % len(loader))
+    for batch_x, batch_y in epoch_loader:
+        loss = ((model(batch_x) - batch_y) ** 2).mean()
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        step += 1
+        if accelerator.is_main_process:
+            coord_script.report(step, loss=loss.item())
+        if save_every and step % save_every == 0:
+            accelerator.save_state(coord_script.checkpoint_dir(step - start))
+        time.sleep(args.sleep)
+        if step >= args.steps:
+            break
+accelerator.wait_for_everyone()
+if accelerator.is_main_process and os.environ.get("COORD_CHECKPOINT_DIR"):
+    unwrapped = accelerator.unwrap_model(model)
+    torch.save(unwrapped.state_dict(), os.path.join(os.environ["COORD_CHECKPOINT_DIR"], "final.pt"))
+accelerator.end_training()
+'''
+
+
+def expected_accelerate_weights(steps: int, world: int) -> list[float]:
+    """What ACCELERATE reaches after ``steps`` uninterrupted steps on ``world`` processes: process p
+    takes batch p, p + world, ... of each epoch; DDP averages the gradients."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    x = torch.randn(64, 4, generator=torch.Generator().manual_seed(1))
+    y = x.sum(1, keepdim=True)
+    batches = [(x[i:i + 4], y[i:i + 4]) for i in range(0, 64, 4)]
+    per_step = len(batches) // world
+    for step in range(steps):
+        within = step % per_step
+        grads = []
+        for rank in range(world):
+            model.zero_grad()
+            bx, by = batches[within * world + rank]
+            ((model(bx) - by) ** 2).mean().backward()
+            grads.append([p.grad.clone() / world for p in model.parameters()])
+        for index, param in enumerate(model.parameters()):
+            total = grads[0][index]
+            for other in grads[1:]:
+                total = total + other[index]
+            param.grad = total
+        optimizer.step()
+    return [*model.weight.detach().flatten().tolist(), *model.bias.detach().tolist()]

@@ -95,7 +95,12 @@ def decide(outcome: Outcome, history: list[Outcome], *, max_restarts: int, resta
 #: What a rank prints when it fails only because a peer went away first: never the root cause
 #: while a rank that failed on its own is known.
 PEER_LOST_MARKERS = ("connection to a peer was lost", "was closed by the peer", "Connection reset by peer",
-                     "Broken pipe")
+                     "Broken pipe", "Connection closed by peer")  # the last: Gloo's
+
+
+def peer_lost(text: str) -> bool:
+    """Whether a rank's last words say it lost a peer (it did not fail on its own)."""
+    return any(marker in text for marker in PEER_LOST_MARKERS)
 #: Exit statuses of a rank stopped by the launcher or a hung-up ssh (SIGTERM, SIGHUP).
 STOPPED_FROM_OUTSIDE = (143, 129)
 
@@ -156,5 +161,5 @@ def root_cause(failures: list[RankFailure]) -> RankFailure:
     """The rank that died on its own, not the peers that lost it or that were stopped after it:
     a rank whose last words are a lost peer, or that was SIGTERMed/SIGHUPed, comes last; then
     the lowest rank."""
-    return min(failures, key=lambda f: (any(m in f.last_line for m in PEER_LOST_MARKERS),
+    return min(failures, key=lambda f: (peer_lost(f.last_line),
                                         f.status in STOPPED_FROM_OUTSIDE, f.rank))

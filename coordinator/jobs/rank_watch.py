@@ -32,6 +32,7 @@ from coordinator.jobs.policy import (
     clean_line,
     last_line,
     launcher_root_cause,
+    peer_lost,
     root_cause,
 )
 from coordinator.jobs.progress import read_record
@@ -135,7 +136,9 @@ class RankWatcher:
         detected = None
         if status["state"] == "exited" and (exited_at := status.get("exited_at")):  # both on the node's clock
             detected = max(0.0, status["time"] - exited_at)
-        errors = status.get("worker_errors") or []
+        # The worker that failed on its own, before those that only lost it (its peers on this node).
+        errors = sorted(status.get("worker_errors") or [],
+                        key=lambda e: (peer_lost(e["message"]), e["time"] or 0.0, e["local_rank"]))
         said = f"worker {errors[0]['local_rank']} on {name}: {errors[0]['message']}" if errors else None
         return core.RankReport(rank, name, status["state"], status.get("exit"), detected, said)
 

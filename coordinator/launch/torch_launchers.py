@@ -193,6 +193,12 @@ class AccelerateLauncher(TorchLauncher):
         return ["python", "-m", MODULES[self.name], "--config_file", "{rank_dir}/accelerate.yaml", *options,
                 *command.program]
 
+    def rank_env(self, job: JobCommand, slot: RankSlot, batch: BatchSplit | None) -> dict[str, str]:
+        env = super().rank_env(job, slot, batch)
+        if slot.plan.backend == "gloo":
+            env["ACCELERATE_USE_CPU"] = "true"  # its processes take the CPU and Gloo (MULTI_CPU), not "no GPU: alone"
+        return env
+
     def rank_files(self, job: JobCommand, slot: RankSlot) -> dict[str, str]:
         import yaml  # mlx-lm's own dependency, on the head
 
@@ -204,14 +210,16 @@ class AccelerateLauncher(TorchLauncher):
         command = read_command(job.command, self.name)
         nodes, procs, address, port = self._fixed(slot)
         config = user_config(job, command)
-        gpu = slot.plan.backend == "nccl"
         distributed = config.get("distributed_type")
         if distributed in (None, "NO", "MULTI_CPU", "MULTI_GPU"):
-            distributed = ("MULTI_GPU" if gpu else "MULTI_CPU") if nodes * procs > 1 else "NO"
+            # MULTI_GPU on CPU nodes too: it is the type Accelerate starts through torchrun (its MULTI_CPU
+            # type runs the script alone, with its ranks left to mpirun), and its processes find no GPU and
+            # take Gloo, as Accelerate's own MULTI_CPU processes do.
+            distributed = "MULTI_GPU" if nodes * procs > 1 else "NO"
         config.update({"compute_environment": "LOCAL_MACHINE", "distributed_type": distributed,
                        "num_machines": nodes, "machine_rank": slot.rank, "main_process_ip": address,
                        "main_process_port": port, "num_processes": nodes * procs, "rdzv_backend": "static",
-                       "same_network": False, "use_cpu": not gpu})
+                       "same_network": True, "use_cpu": False})
         config.setdefault("mixed_precision", "no")
         return config
 

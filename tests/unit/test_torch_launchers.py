@@ -178,7 +178,8 @@ def test_accelerate_gets_a_config_per_node_over_the_users_own(tmp_path):
     assert config["main_process_ip"] == "127.0.0.1" and config["main_process_port"] == master_port("run", 0)
     # the user's own keys are kept, a GPU type on CPU nodes is the CPU's
     assert config["mixed_precision"] == "bf16" and config["gradient_accumulation_steps"] == 4
-    assert config["distributed_type"] == "MULTI_CPU" and config["use_cpu"] is True
+    assert config["distributed_type"] == "MULTI_GPU" and config["use_cpu"] is False  # started through torchrun
+    assert accelerate.rank_env(job, slot, None)["ACCELERATE_USE_CPU"] == "true"  # its processes: MULTI_CPU, Gloo
 
 
 def test_deepspeed_runs_its_runner_without_ssh_with_a_hostfile_of_the_nodes():

@@ -1,7 +1,7 @@
-"""torchrun jobs under coord on a local cluster of two nodes: real torchrun, real DDP over Gloo, through
-the real daemon, agents and CLI. A worker SIGKILLed, a worker's exception, torchrun itself killed, a
-worker stopped (a hang), a stop: each ends as coord promises, and a resume is exact (the weights equal
-an uninterrupted run's)."""
+"""PyTorch jobs under coord on a local cluster of two nodes: real torchrun and Accelerate, real DDP over
+Gloo, through the real daemon, agents and CLI. A worker SIGKILLed, a worker's exception, torchrun
+itself killed, a worker stopped (a hang), a stop: each ends as coord promises, and a resume is exact
+(the weights equal an uninterrupted run's)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 
 from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir
 from tests.integration.test_jobs_local import CLUSTER, job_of
-from tests.torch_jobs import DDP, expected_weights
+from tests.torch_jobs import ACCELERATE, DDP, expected_accelerate_weights, expected_weights
 
 HAS_TORCH = subprocess.run([sys.executable, "-c", "import torch.distributed.run"], capture_output=True).returncode == 0
 pytestmark = pytest.mark.skipif(not HAS_TORCH and os.environ.get("CI", "").lower() != "true",
@@ -30,6 +30,8 @@ def cluster():
     root = short_tempdir()
     (root / "project").mkdir()
     (root / "project" / "ddp.py").write_text(DDP)
+    (root / "project" / "acc.py").write_text(ACCELERATE)
+    (root / "project" / "acc.yaml").write_text('mixed_precision: "no"\ndowncast_bf16: "no"\nnum_machines: 7\n')
     config = root / "cluster.toml"
     config.write_text(CLUSTER.format(root=root))
     daemon = DaemonProcess(config, env=environment()).start()
@@ -75,7 +77,8 @@ def _workers(root: Path, *, node: str | None = None, launcher: bool = False) -> 
             continue
         if state == "Z" or not cwd.startswith(str(root)) or (node and cwd != str(root / node)):
             continue
-        if words[1:3] == [b"-m", b"torch.distributed.run"] if launcher else (b"ddp.py" in words and b"-m" not in words[:3]):
+        script = b"ddp.py" in words or b"acc.py" in words
+        if words[1:3] == [b"-m", b"torch.distributed.run"] if launcher else (script and b"-m" not in words[:3]):
             found.append(int(entry.name))
     return found
 
@@ -170,3 +173,27 @@ def test_a_stopped_worker_is_caught_as_a_hang_named_and_resumed(cluster):
     hangs = [e for e in _events(daemon, "ddp-hang") if e["kind"] == "job.hang"]
     assert hangs and "rank 1" in hangs[0]["message"] and "stopped" in hangs[0]["message"], story
     assert _final_weights(root, final) == expected_weights(30, 2)
+
+
+def test_an_accelerate_job_joins_each_nodes_random_states_and_resumes_exactly_after_a_killed_worker(cluster):
+    daemon, root = cluster
+    _run(daemon, root, "acc-kill", "--", "accelerate", "launch", "--config_file", "acc.yaml", "acc.py", "--steps",
+         "40", "--sleep", "0.05")
+    job = _at_step(daemon, root, "acc-kill", 12)
+    (worker,) = _workers(root, node=job["nodes"][1])
+    os.kill(worker, signal.SIGKILL)
+    final = _wait(daemon, "acc-kill")
+    story = final["story"]
+    assert final["state"] == "succeeded" and final["restarts"] == 1 and final["step"] == 40, story
+    # save_state wrote random_states_1.pkl on b alone: the whole is joined and on both nodes
+    assert "(accelerate: 4 files, joined from a, b; whole on a, b)" in story, story
+    resumed = [e for e in _events(daemon, "acc-kill") if e["kind"] == "job.resume_from"]
+    assert resumed and resumed[0]["data"]["step"] >= 10 and "nothing copied" in resumed[0]["message"], story
+    newest = 40 - resumed[0]["data"]["step"]  # the last checkpoint, numbered within attempt 1
+    step_dir = root / "b" / "checkpoints" / final["run_id"] / "attempt-1" / f"{newest:07d}"
+    assert sorted(p.name for p in step_dir.iterdir()) == ["model.safetensors", "optimizer.bin", "random_states_0.pkl",
+                                                          "random_states_1.pkl"]
+    # coord's config for each node kept the user's own keys, its machines are coord's
+    config = (root / "a" / ".coord" / "jobs" / final["run_id"] / "attempt-1" / "rank-0" / "accelerate.yaml").read_text()
+    assert "downcast_bf16: 'no'" in config and "num_machines: 2" in config and "machine_rank: 0" in config
+    assert _final_weights(root, final) == expected_accelerate_weights(40, 2)
