@@ -105,6 +105,7 @@ def collect_torch_facts(python: str) -> TorchFactsReply:
     infiniband, ib_source = read_infiniband(detail)
     return {
         "hostname": socket.gethostname() or None,
+        "network_id": network_id(),
         "os": platform.system() or None,
         "python": python,
         "memory_bytes": read_physical_memory(),
@@ -215,6 +216,21 @@ def read_shm(path: str, detail: dict[str, str]) -> ShmFacts | None:
         detail["shm"] = f"cannot statvfs {path}: {error.strerror or error}"
         return None
     return torch_parsers.shm_from_statvfs(path, stat.f_frsize, stat.f_blocks, stat.f_bavail)
+
+
+def network_id() -> str | None:
+    """Which network stack this node's processes share: this boot of the machine and, on Linux, its
+    network namespace. Two nodes with the same id reach each other's listeners on loopback; a hostname
+    says nothing of that (two Macs are both "MacBook-Pro.local" out of the box, namespaces share one)."""
+    from agent.facts import read_boot_id
+
+    boot = read_boot_id()
+    if boot is None:
+        return None
+    try:
+        return f"{boot}/{os.readlink('/proc/self/ns/net')}"
+    except OSError:
+        return boot if platform.system() == "Darwin" else None
 
 
 def _bool_or_none(value: object) -> bool | None:

@@ -40,12 +40,18 @@ def main():
     ddp = DistributedDataParallel(model)
     save_every = int(os.environ.get("COORD_SAVE_EVERY", "0"))
     first = os.environ.get("COORD_ATTEMPT", "0") == "0"
+    accumulation = int(os.environ.get("COORD_GRAD_ACCUM", "0"))  # with --global-batch: kept on a shrink
+    micro = int(os.environ.get("COORD_MICRO_BATCH", "8"))
+    if rank == 0 and accumulation:
+        print(f"global batch {micro * dist.get_world_size() * accumulation} = {micro} x {dist.get_world_size()} "
+              f"x {accumulation}", flush=True)
     for step in range(start + 1, args.steps + 1):
-        generator = torch.Generator().manual_seed(step * 1000 + rank)
-        x = torch.randn(8, 4, generator=generator)
-        loss = ((ddp(x) - x.sum(1, keepdim=True)) ** 2).mean()
         optimizer.zero_grad()
-        loss.backward()
+        for part in range(max(1, accumulation)):
+            generator = torch.Generator().manual_seed(step * 1000 + rank + 100 * part)
+            x = torch.randn(micro, 4, generator=generator)
+            loss = ((ddp(x) - x.sum(1, keepdim=True)) ** 2).mean() / max(1, accumulation)
+            loss.backward()
         optimizer.step()
         if rank == 1 and first and args.fail_at == step:
             raise RuntimeError(f"the data loader broke at step {step}")
@@ -109,7 +115,7 @@ accelerator = Accelerator()
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-x = torch.randn(64, 4, generator=torch.Generator().manual_seed(1))
+x = torch.randn(48, 4, generator=torch.Generator().manual_seed(1))
 data = torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True))
 loader = torch.utils.data.DataLoader(data, batch_size=4, shuffle=False)
 model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
@@ -145,15 +151,16 @@ accelerator.end_training()
 
 def expected_accelerate_weights(steps: int, world: int) -> list[float]:
     """What ACCELERATE reaches after ``steps`` uninterrupted steps on ``world`` processes: process p
-    takes batch p, p + world, ... of each epoch; DDP averages the gradients."""
+    takes batch p, p + world, ... of each epoch (48 examples: 12 batches, even for 2, 3 or 4 processes);
+    DDP averages the gradients."""
     import torch
 
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    x = torch.randn(64, 4, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(48, 4, generator=torch.Generator().manual_seed(1))
     y = x.sum(1, keepdim=True)
-    batches = [(x[i:i + 4], y[i:i + 4]) for i in range(0, 64, 4)]
+    batches = [(x[i:i + 4], y[i:i + 4]) for i in range(0, 48, 4)]
     per_step = len(batches) // world
     for step in range(steps):
         within = step % per_step

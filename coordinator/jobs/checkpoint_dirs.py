@@ -30,15 +30,20 @@ from shared.rpc import RemoteError
 Listings = Mapping[str, list[CheckpointInfo]]
 
 
+#: Formats whose last file is written once every other is complete (the script's COMPLETE, DeepSpeed's
+#: ``latest``, torch.distributed.checkpoint's ``.metadata``): a whole of these is final when first seen.
+WRITTEN_LAST = ("complete", "deepspeed", "dcp")
+
+
 def settled(joined: Joined, verdict: Verdict, *, seen_before: str | None, newer_exists: bool,
             attempt_over: bool) -> bool:
-    """Whether the verdict on a joined directory is final: its writers are done. A whole is final once
-    the same bytes were seen at two polls in a row (a format's last file may be written before the
-    others are flushed), or a later step was written, or the ranks are stopped; a part is final only
-    when nothing can still write it."""
+    """Whether the verdict on a joined directory is final: its writers are done. A whole is final when
+    its format writes a last file after the rest, else once the same bytes were seen at two polls in a
+    row (Accelerate writes each file under its final name, a rank's random states last of its own), or a
+    later step was written, or the ranks are stopped; a part is final only when nothing can still write it."""
     if attempt_over or newer_exists:
         return True
-    return verdict.valid and seen_before == joined.digest
+    return verdict.valid and (verdict.format in WRITTEN_LAST or seen_before == joined.digest)
 
 
 class DirKeeper:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Literal, TypedDict
+from typing import Literal, Protocol, TypedDict
 
 from coordinator.launch.topology import LINK_KINDS, Matrix
 from shared.agent_api.torch import GpuDevice, TorchFactsReply
@@ -116,6 +116,23 @@ def _shared_addresses(matrix: Matrix | None,
             if address not in found or worst < found[address][0]:
                 found[address] = (worst, interfaces)
     return found
+
+
+class NodePlace(Protocol):
+    """What of a node's cluster-file entry says where it is."""
+
+    @property
+    def is_local(self) -> bool: ...
+
+
+def shares_network(node: NodePlace, other: NodePlace, facts: TorchFactsReply, other_facts: TorchFactsReply) -> bool:
+    """Whether two nodes' ranks reach each other on loopback: both this machine's (host "local"), or the
+    same network stack as their agents read it (a hostname is no proof: two Macs share a default one,
+    network namespaces share the machine's)."""
+    if node.is_local and other.is_local:
+        return True
+    mine, theirs = facts.get("network_id"), other_facts.get("network_id")
+    return mine is not None and mine == theirs
 
 
 def torch_backend(facts: Mapping[str, TorchFactsReply]) -> Backend:

@@ -28,7 +28,7 @@ from coordinator.launch.mlx_backend import BackendChoice
 from coordinator.launch.mlx_lm_command import CommandError, JobCommand
 from coordinator.launch.topology import connectivity_matrix
 from coordinator.launch.torch_command import MODULES, TorchCommand, option_value, read_command, without
-from coordinator.launch.torch_env import choose_rendezvous, torch_backend, torch_envs
+from coordinator.launch.torch_env import choose_rendezvous, shares_network, torch_backend, torch_envs
 
 if TYPE_CHECKING:
     from coordinator.config.cluster_file import ClusterConfig
@@ -64,8 +64,7 @@ def torch_plan(name: str, cluster: Cluster, readings: NodeReadings, nodes: list[
                         "with that node's python; coord preflight --torch says which build)")
     by_name = {n.name: n for n in cluster.config.nodes}
     master = by_name[nodes[0]]
-    hostnames = {facts[n]["hostname"] for n in nodes}
-    one_machine = all(by_name[n].is_local for n in nodes) or (len(hostnames) == 1 and None not in hostnames)
+    one_machine = all(shares_network(by_name[n], master, facts[n], facts[master.name]) for n in nodes)
     matrix = connectivity_matrix({n: readings.topologies.get(n) for n in nodes})
     choice = choose_rendezvous(matrix, nodes, configured=master.ips[0] if master.ips else None,
                                fallback=master.host, one_machine=one_machine)

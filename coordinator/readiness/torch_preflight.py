@@ -20,6 +20,7 @@ from coordinator.launch.torch_env import (
     DEFAULT_MASTER_PORT,
     RendezvousChoice,
     choose_rendezvous,
+    shares_network,
     torch_envs,
 )
 from coordinator.nodes.session import UP
@@ -72,8 +73,7 @@ async def torch_preflight(cluster: Cluster, nodes: Mapping[str, NodeAccess], top
                 "checks": torch_checks(facts, launcher=launcher, nodes=nodes, missing=missing)}
     master = by_name[up[0]]
     matrix = connectivity_matrix({name: topologies.get(name) for name in up})
-    colocated = [name for name in up if (by_name[name].is_local and master.is_local)
-                 or (facts[name]["hostname"] and facts[name]["hostname"] == facts[master.name]["hostname"])]
+    colocated = [name for name in up if shares_network(by_name[name], master, facts[name], facts[master.name])]
     one_machine = len(colocated) == len(up)
     choice = choose_rendezvous(matrix, up, configured=master.ips[0] if master.ips else None,
                                fallback=master.host, one_machine=one_machine)

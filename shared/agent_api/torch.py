@@ -44,6 +44,7 @@ class ShmFacts(TypedDict):
 
 class TorchFactsReply(TypedDict):
     hostname: str | None
+    network_id: str | None  # this boot and network namespace: nodes that share it meet on loopback
     os: str | None  # platform.system(): "Linux", "Darwin"
     python: str
     memory_bytes: int | None  # physical memory

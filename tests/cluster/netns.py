@@ -254,6 +254,17 @@ def _toml_value(value: Any) -> str:
     raise TypeError(f"cannot write {value!r} as TOML")
 
 
+def _pip_find_links() -> list[str]:
+    """The directories of wheels this Python's pip is pointed at (``pip config``'s find-links), that exist."""
+    found = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True)
+    links: list[str] = []
+    for line in found.stdout.splitlines():
+        key, _, value = line.partition("=")
+        if key.endswith("find-links"):
+            links += [link for link in value.strip().strip("'\"").split() if os.path.isdir(link)]
+    return list(dict.fromkeys(links))
+
+
 # --------------------------------------------------------------------------- stale cleanup
 
 
@@ -619,6 +630,35 @@ class NetnsCluster:
         if proc.returncode != 0:
             _run([*base, *packages], env=env, timeout=600)
         _run(["chown", "-R", f"{entry.pw_uid}:{entry.pw_gid}", str(venv)])
+
+    def add_torch(self) -> None:
+        """PyTorch (the version this Python has, its CPU build) and Accelerate in every node's venv, once.
+
+        Installed once into a directory every node user can read, which each venv takes on its path (a
+        ``.pth`` file): three copies of torch's 750 MB would cost the suite tens of seconds. The wheels
+        come from where this Python's pip finds them (its find-links), else from PyTorch's CPU index.
+        """
+        with self._lock:
+            if getattr(self, "_torch_site", None):
+                return
+            versions = [f"{name}=={importlib.metadata.version(name)}" for name in ("torch", "accelerate")]
+            site = Path(tempfile.mkdtemp(prefix=f"coord-netns-{self.prefix}-torch-", dir="/var/tmp"))
+            self._add_record("paths", str(site))
+            site.chmod(0o755)
+            env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "UV_PYTHON", "PYTHONPATH")}
+            links = _pip_find_links()
+            sources = [arg for link in links for arg in ("--find-links", link)] or [
+                "--extra-index-url", "https://download.pytorch.org/whl/cpu", "--index-strategy", "unsafe-best-match"]
+            _run(["uv", "pip", "install", "-q", "-p", SYSTEM_PYTHON, "--target", str(site), *sources, *versions],
+                 env=env, timeout=900)
+            _run(["chmod", "-R", "a+rX", str(site)])
+            for n in self.nodes:
+                py = str(Path(n.venv) / "bin" / "python")
+                purelib = _run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
+                pth = Path(purelib) / "coord-test-torch.pth"
+                pth.write_text(f"{site}\n")
+                pth.chmod(0o644)
+            self._torch_site = site
 
     # ----------------------------------------------------------------- network
 

@@ -79,9 +79,12 @@ def test_the_joined_digest_is_the_same_on_every_node_that_holds_the_whole():
     assert joined.digest == digest(whole["files"]) and joined.size == sum(f["size"] for f in whole["files"])
 
 
-def test_a_whole_is_settled_when_seen_twice_alike_or_when_nothing_can_write_it_any_more():
-    joined = join_parts({"a": _part("COMPLETE", "w.pt")})
+def test_a_whole_is_settled_by_its_last_file_or_when_seen_twice_alike_or_when_nothing_can_write_it():
+    marked = join_parts({"a": _part("COMPLETE", "w.pt")})
+    assert settled(marked, judge(marked, 1), seen_before=None, newer_exists=False, attempt_over=False)
+    joined = join_parts({"a": _part("model.safetensors", "optimizer.bin", "random_states_0.pkl")})
     verdict = judge(joined, 1)
+    assert verdict.valid and verdict.format == "accelerate"
     assert not settled(joined, verdict, seen_before=None, newer_exists=False, attempt_over=False)
     assert settled(joined, verdict, seen_before=joined.digest, newer_exists=False, attempt_over=False)
     part = join_parts({"a": _part("w.pt")})

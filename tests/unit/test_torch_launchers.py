@@ -213,3 +213,17 @@ def test_a_global_batch_is_kept_on_a_shrink_by_more_accumulation():
                               global_batch=10, micro_batch=4))
     with pytest.raises(CommandError, match="not a whole number of micro-steps"):
         torchrun.batch(uneven, 2)
+
+
+def test_nodes_that_share_a_hostname_but_not_a_network_do_not_meet_on_loopback():
+    """Two Macs are both "MacBook-Pro.local" out of the box, and network namespaces share the machine's
+    name: only the same network stack (boot and namespace, as each agent reads it) is one machine."""
+    job = validate(JobSpec(name="j", command=["python", "train.py"], launcher="torchrun"))
+    cluster = _cluster("a", "b", local=False)
+    apart = {"a": {**_facts(hostname="mac"), "network_id": "boot1/net:[1]"},
+             "b": {**_facts(hostname="mac"), "network_id": "boot1/net:[2]"}}
+    plan = torch_plan("torchrun", cluster, NodeReadings({}, apart), ["a", "b"], None, job)
+    assert plan.master_address == "a.lan"  # the cluster file's host for rank 0, resolved on each node
+    together = {n: {**f, "network_id": "boot1/net:[1]"} for n, f in apart.items()}
+    assert torch_plan("torchrun", cluster, NodeReadings({}, together), ["a", "b"], None, job).master_address == \
+        "127.0.0.1"

@@ -1,0 +1,180 @@
+"""PyTorch jobs on the multi-host cluster: torchrun and Accelerate across three nodes, each a namespace
+with its own sshd, user, home and venv (torch's CPU build on its path), reached over real SSH; DDP over
+Gloo between the namespaces. A worker SIGKILLed, the daemon SIGKILLed and started again, a worker
+stopped (a hang), rank 0's node cut for good (the job shrinks to two and keeps its global batch): each
+is recovered by coord, and the resumes are exact."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.jobs import events, job_of
+from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir
+from tests.torch_jobs import ACCELERATE, DDP, expected_accelerate_weights, expected_weights
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def torch_cluster(netns_cluster) -> Iterator[dict]:
+    """Every node with torch, the scripts in a project every node user can read, and a daemon in the head."""
+    pytest.importorskip("torch", reason="torch is not installed in this Python (.ci/setup installs its CPU build)")
+    netns_cluster.add_torch()
+    root = short_tempdir()
+    root.chmod(0o755)
+    project = root / "project"
+    project.mkdir(mode=0o755)
+    for name, text in (("ddp.py", DDP), ("acc.py", ACCELERATE)):
+        (project / name).write_text(text)
+        (project / name).chmod(0o644)
+    config = netns_cluster.write_cluster_toml(root / "cluster.toml", state_dir=root / "state")
+    holder = {"root": root, "project": project, "config": config,
+              "daemon": DaemonProcess(config, env=environment(), prefix=["ip", "netns", "exec", netns_cluster.head_ns])}
+    holder["daemon"].start()
+    try:
+        holder["daemon"].wait_for(all_up, 60, "all nodes up")
+        yield holder
+    finally:
+        holder["daemon"].stop()
+        for spec in netns_cluster.nodes:  # nothing of these jobs is left running on any node
+            netns_cluster.exec_in(spec.name, ["pkill", "-KILL", "-u", spec.user, "-f", "ddp.py|acc.py"])
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _submit(holder: dict, name: str, *args: str) -> None:
+    daemon = holder["daemon"]
+    done = coord("run", "--config", str(daemon.config), "--name", name, "--source", str(holder["project"]),
+                 "--save-every", "5", "--detach", *args, env=daemon.env)
+    assert done.returncode == 0, done.stderr
+
+
+def _finish(daemon: DaemonProcess, name: str, steps: int) -> dict:
+    waited = coord("wait", "--quiet", "--json", "--config", str(daemon.config), name, env=daemon.env, timeout=600)
+    final = json.loads(waited.stdout)
+    final["story"] = "\n".join(f"{e['kind']}: {e['message']}" for e in events(daemon, name))
+    assert waited.returncode == 0 and final["state"] == "succeeded" and final["step"] == steps, final["story"]
+    return final
+
+
+def _progress(netns_cluster, job: dict) -> Path:
+    node = netns_cluster.node(job["nodes"][0])
+    return Path(node.workdir) / ".coord" / "jobs" / job["run_id"] / f"attempt-{job['attempt']}" / "rank-0" / \
+        "progress.jsonl"
+
+
+def _at_step(netns_cluster, daemon: DaemonProcess, name: str, step: int, attempt: int = 0) -> dict:
+    def story() -> str:
+        return "\n".join(f"{e['kind']}: {e['message']}" for e in events(daemon, name))
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        job = job_of(daemon.status(), name)
+        if job["state"] == "running" and job["attempt"] == attempt and job["nodes"]:
+            break
+        assert job["state"] not in ("failed", "succeeded", "stopped"), story()
+        time.sleep(0.2)
+    else:
+        raise AssertionError(f"{name} attempt {attempt} not running:\n{story()}")
+    while time.monotonic() < deadline:
+        lines = _progress(netns_cluster, job).read_text().splitlines() if _progress(netns_cluster, job).exists() else []
+        if lines and json.loads(lines[-1])["step"] >= step:
+            return job
+        time.sleep(0.02)
+    raise AssertionError(f"{name} did not reach step {step}:\n{story()}")
+
+
+def _worker(netns_cluster, node: str, script: str) -> int:
+    """The pid of the training worker on ``node`` (namespaces share the pid space)."""
+    spec = netns_cluster.node(node)
+    found = netns_cluster.exec_in(node, ["pgrep", "-u", spec.user, "-f", f"python[0-9.]* -u {script}"])
+    pids = [int(p) for p in found.stdout.split()]
+    assert len(pids) == 1, f"{script} on {node}: {pids}"
+    return pids[0]
+
+
+def _weights(netns_cluster, final: dict) -> list[float]:
+    import torch
+
+    node = netns_cluster.node(final["nodes"][0])
+    path = Path(node.workdir) / "checkpoints" / final["run_id"] / f"attempt-{final['attempt']}" / "final.pt"
+    state = torch.load(path)
+    return [*state["weight"].flatten().tolist(), *state["bias"].tolist()]
+
+
+def test_torchrun_across_three_nodes_survives_a_killed_worker_and_a_killed_daemon_exactly(netns_cluster,
+                                                                                         torch_cluster):
+    daemon = torch_cluster["daemon"]
+    _submit(torch_cluster, "mh-ddp", "--launcher", "torchrun", "--", "python", "ddp.py", "--steps", "50", "--sleep",
+            "0.1")
+    job = _at_step(netns_cluster, daemon, "mh-ddp", 12)
+    assert job["nodes"] == ["n1", "n2", "n3"], job
+    os.kill(_worker(netns_cluster, "n2", "ddp.py"), signal.SIGKILL)
+    # The restart runs; then the daemon is killed and started again under it.
+    _at_step(netns_cluster, daemon, "mh-ddp", 30, attempt=1)
+    daemon.stop(signal.SIGKILL)
+    daemon.start()
+    daemon.wait_for(all_up, 60, "all nodes up under the next daemon")
+    final = _finish(daemon, "mh-ddp", 50)
+    story = final["story"]
+    assert final["restarts"] == 1 and final["attempt"] == 1, story
+    assert "worker rank 1 failed: Signal 9 (SIGKILL)" in story and "supervising attempt 1 again" in story, story
+    assert "(complete: 2 files; whole on n1, n2, n3)" in story, story  # rank 0's directory, on every node
+    launched = [e for e in events(daemon, "mh-ddp") if e["kind"] == "job.launched"][0]
+    assert "(gloo)" in launched["message"], launched
+    # Three ranks sum their gradients in an order of Gloo's own: equal to the last bits.
+    assert _weights(netns_cluster, final) == pytest.approx(expected_weights(50, 3), abs=1e-6)
+
+
+def test_accelerate_across_three_nodes_resumes_a_stopped_worker_from_every_nodes_part_exactly(netns_cluster,
+                                                                                              torch_cluster):
+    daemon = torch_cluster["daemon"]
+    _submit(torch_cluster, "mh-acc", "--hang-timeout", "6", "--", "accelerate", "launch", "acc.py", "--steps", "48",
+            "--sleep", "0.05")
+    _at_step(netns_cluster, daemon, "mh-acc", 12)
+    os.kill(_worker(netns_cluster, "n3", "acc.py"), signal.SIGSTOP)
+    final = _finish(daemon, "mh-acc", 48)
+    story = final["story"]
+    assert final["restarts"] == 1, story
+    hangs = [e for e in events(daemon, "mh-acc") if e["kind"] == "job.hang"]
+    assert hangs and "rank 2" in hangs[0]["message"] and "stopped" in hangs[0]["message"], story
+    # save_state wrote each rank's random states on its own node: joined, and whole on every node
+    assert "(accelerate: 5 files, joined from n1, n2, n3; whole on n1, n2, n3)" in story, story
+    assert "every node from its own copy, nothing copied" in story, story
+    assert _weights(netns_cluster, final) == pytest.approx(expected_accelerate_weights(48, 3), abs=1e-6)
+
+
+def test_rank0s_node_cut_for_good_the_torchrun_job_finishes_on_two_with_its_global_batch(netns_cluster,
+                                                                                         torch_cluster):
+    daemon = torch_cluster["daemon"]
+    _submit(torch_cluster, "mh-shrink", "--launcher", "torchrun", "--min-nodes", "2", "--node-timeout", "5",
+            "--global-batch", "24", "--micro-batch", "4", "--procs-per-node", "1", "--", "python", "ddp.py",
+            "--steps", "40", "--sleep", "0.1")
+    _at_step(netns_cluster, daemon, "mh-shrink", 12)
+    # Cut once the checkpoint of step 10 is whole on every node (rank 0 wrote it on n1 alone).
+    deadline = time.monotonic() + 60
+    while not any(e["kind"] == "job.checkpoint" and e["data"]["step"] == 10 for e in events(daemon, "mh-shrink")):
+        assert time.monotonic() < deadline, "the checkpoint of step 10 was not validated"
+        time.sleep(0.1)
+    netns_cluster.cut_link("n1")
+    try:
+        final = _finish(daemon, "mh-shrink", 40)
+    finally:
+        netns_cluster.restore_link("n1")
+    story = final["story"]
+    assert final["nodes"] == ["n2", "n3"] and final["restarts"] >= 1, story
+    assert "3 → 2 ranks; left out n1" in story and "global batch 24" in story, story
+    # n2 and n3 held rank 0's checkpoint directories already: nothing was copied for the resume
+    resumed = [e for e in events(daemon, "mh-shrink") if e["kind"] == "job.resume_from"]
+    assert resumed and "every node from its own copy, nothing copied" in resumed[-1]["message"], story
+    node = netns_cluster.node("n2")
+    logs = sorted((Path(node.workdir) / ".coord" / "jobs" / final["run_id"]).glob("attempt-*/rank-0/output.log"))
+    said = [line for line in logs[-1].read_text().splitlines() if line.startswith("global batch")]
+    assert said == ["global batch 24 = 4 x 2 x 3"], said  # 3 nodes × 4 × 2 before; 2 nodes × 4 × 3 now
