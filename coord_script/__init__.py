@@ -24,8 +24,9 @@ import json
 import math
 import os
 import time
+from typing import Any
 
-__all__ = ["checkpoint_dir", "report", "resume_dir", "step_offset"]
+__all__ = ["accelerate_tracker", "checkpoint_dir", "hf_callback", "report", "resume_dir", "step_offset"]
 
 #: Checkpoint names carry the step in seven digits (docs/script-contract.md).
 STEP_DIGITS = 7
@@ -96,3 +97,59 @@ def _whole(value: object) -> bool:
 
 def _number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def hf_callback() -> Any:
+    """A ``transformers.TrainerCallback`` that reports Hugging Face Trainer's steps to coord: every
+    optimizer step (so the hang watch sees the training move) and, at each of its logging steps, the
+    loss and learning rate it logs. ``Trainer(..., callbacks=[coord_script.hf_callback()])``; only the
+    main process reports. Imports transformers when called (this module itself imports nothing)."""
+    from transformers import TrainerCallback
+
+    class CoordCallback(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.is_world_process_zero:
+                report(int(state.global_step))
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+                   **kwargs: Any) -> None:
+            if state.is_world_process_zero and logs:
+                report(int(state.global_step), **_numbers(logs, {"loss": "loss", "learning_rate": "learning_rate",
+                                                                 "eval_loss": "val_loss"}))
+
+    return CoordCallback()
+
+
+def accelerate_tracker() -> Any:
+    """An Accelerate tracker that reports what the script logs to coord: ``Accelerator(log_with=
+    [coord_script.accelerate_tracker()])`` and ``accelerator.init_trackers("name")``, then
+    ``accelerator.log({"loss": loss}, step=step)`` reports that step with its loss (and any other
+    number). Only the main process reports. Imports accelerate when called."""
+    from accelerate.tracking import GeneralTracker
+
+    class CoordTracker(GeneralTracker):
+        name = "coord"
+        requires_logging_directory = False
+
+        def __init__(self) -> None:
+            super().__init__()
+
+        @property
+        def tracker(self) -> None:
+            return None
+
+        def store_init_configuration(self, values: dict[str, Any]) -> None:
+            return None
+
+        def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+            if step is None or os.environ.get("RANK", "0") != "0":
+                return
+            report(int(step), **_numbers(values, {name: name for name in values}))
+
+    return CoordTracker()
+
+
+def _numbers(values: dict[str, Any], names: dict[str, str]) -> dict[str, float]:
+    """The values that are numbers, under coord's names for them (``loss`` is report's own argument)."""
+    return {ours: float(values[theirs]) for theirs, ours in names.items()
+            if theirs in values and _number(values[theirs])}

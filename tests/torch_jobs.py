@@ -111,7 +111,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, required=True)
 parser.add_argument("--sleep", type=float, default=0.0)
 args = parser.parse_args()
-accelerator = Accelerator()
+accelerator = Accelerator(log_with=[coord_script.accelerate_tracker()])  # its log() is coord's progress
+accelerator.init_trackers("acc")
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -134,8 +135,7 @@ while step < args.steps:
         optimizer.step()
         optimizer.zero_grad()
         step += 1
-        if accelerator.is_main_process:
-            coord_script.report(step, loss=loss.item())
+        accelerator.log({"loss": loss.item()}, step=step)
         if save_every and step % save_every == 0:
             accelerator.save_state(coord_script.checkpoint_dir(step - start))
         time.sleep(args.sleep)
@@ -177,3 +177,35 @@ def expected_accelerate_weights(steps: int, world: int) -> list[float]:
             param.grad = total
         optimizer.step()
     return [*model.weight.detach().flatten().tolist(), *model.bias.detach().tolist()]
+
+
+#: Hugging Face Trainer under torchrun (DDP over Gloo on CPUs), its steps and logged loss reported to coord
+#: by coord_script's callback.
+HF_TRAINER = '''\
+import os, sys, torch
+from transformers import Trainer, TrainingArguments
+import coord_script
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 1)
+
+    def forward(self, x, y):
+        return {"loss": ((self.linear(x) - y) ** 2).mean()}
+
+class Data(torch.utils.data.Dataset):
+    def __init__(self):
+        self.x = torch.randn(64, 4, generator=torch.Generator().manual_seed(1))
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return {"x": self.x[i], "y": self.x[i].sum(0, keepdim=True)}
+
+args = TrainingArguments(output_dir=os.path.join(os.environ.get("COORD_CHECKPOINT_DIR", "."), "hf"),
+                         max_steps=int(sys.argv[1]), per_device_train_batch_size=4, logging_steps=5,
+                         save_strategy="no", report_to=[], use_cpu=True, ddp_backend="gloo", disable_tqdm=True)
+Trainer(model=Model(), args=args, train_dataset=Data(), callbacks=[coord_script.hf_callback()]).train()
+'''

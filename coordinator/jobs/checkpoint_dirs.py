@@ -17,13 +17,14 @@ import posixpath
 from collections.abc import Mapping
 
 from coordinator.jobs import catalog
-from coordinator.jobs.checkpoint_formats import Joined, Verdict, join_parts, judge
+from coordinator.jobs.checkpoint_formats import Joined, Verdict, join_parts, judge, written_last
 from coordinator.jobs.effects import Placement
 from coordinator.jobs.node_health import NodeHealth
 from coordinator.jobs.run_context import RunContext
 from coordinator.jobs.transfer import CheckpointDamaged
 from coordinator.store.state import CheckpointEntry, CheckpointRow
 from shared.agent_api.ranks import CheckpointInfo
+from shared.checkpoint_dirs import DIR_NAME
 from shared.rpc import RemoteError
 
 #: node -> what it listed of one attempt's checkpoint directories
@@ -66,9 +67,17 @@ class DirKeeper:
                 if entry.get("kind") == "dir":
                     by_name.setdefault(entry["name"], {})[node] = entry
         newest = max((int(name) for name in by_name), default=-1)
+        judged = self._judged(attempt)
         validated = False
         for name in sorted(by_name):
             parts = by_name[name]
+            if name in judged:
+                # Judged already (with every node's part): what a node shows of it now is its own copy,
+                # whole when its bytes are the whole's, else what an interrupted copy left.
+                self._late_parts(attempt, start_step + int(name), order, parts, judged[name])
+                for node in parts:
+                    known.setdefault(node, set()).add(name)
+                continue
             joined = join_parts(parts)
             verdict = judge(joined, world_size)
             if not settled(joined, verdict, seen_before=seen.get(name), newer_exists=int(name) < newest,
@@ -91,6 +100,30 @@ class DirKeeper:
                 known.setdefault(node, set()).add(name)
         return validated
 
+    def _judged(self, attempt: int) -> dict[str, str | None]:
+        """The attempt's directories already catalogued (name -> the whole's digest, None when it was not
+        valid), from each node's own copy (not coord's replicas)."""
+        judged: dict[str, str | None] = {}
+        for copy in self.fx.checkpoints(self.ctx.run_id):
+            name = posixpath.basename(copy["path"])
+            if copy["attempt"] != attempt or catalog.role(copy) == catalog.REPLICA or not DIR_NAME.match(name):
+                continue
+            if copy["valid"]:
+                judged[name] = copy["sha256"]
+            else:
+                judged.setdefault(name, None)
+        return judged
+
+    def _late_parts(self, attempt: int, step: int, order: list[str], parts: Mapping[str, CheckpointInfo],
+                    whole: str | None) -> None:
+        for node, part in parts.items():
+            same = whole is not None and part["valid"] and part["sha256"] == whole
+            self.fx.add_checkpoint(self.ctx.run_id, {
+                "step": step, "attempt": attempt, "node": node, "path": part["path"],
+                "sha256": whole if same else None, "size": part["size"], "valid": same,
+                "detail": "the whole, as catalogued" if same else "a part left when its copy here was cut short",
+                "created": self.fx.now(), "role": catalog.PRIMARY if order and node == order[0] else catalog.LOCAL})
+
     async def _complete(self, attempt: int, step: int, name: str, order: list[str], joined: Joined,
                         parts: Mapping[str, CheckpointInfo]) -> dict[str, str]:
         """Send every node of ``order`` that is up the files it lacks; node -> its directory, for the
@@ -106,7 +139,8 @@ class DirKeeper:
             if not self.health.usable(node):
                 continue
             try:
-                for rel in missing:
+                # A format's last file goes last here too: a copy cut short never looks whole.
+                for rel in sorted(missing, key=lambda path: (written_last(path), path)):
                     await self._send(attempt, step, name, node, rel, joined, parts)
             except (RemoteError, CheckpointDamaged, OSError) as exc:
                 reason = exc.message if isinstance(exc, RemoteError) else str(exc)

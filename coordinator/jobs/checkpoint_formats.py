@@ -68,6 +68,12 @@ class Joined:
         return sorted(path for path, nodes in self.holders.items() if node not in nodes)
 
 
+def written_last(path: str) -> bool:
+    """Whether a file is the one its format writes after all the others (the script's COMPLETE,
+    DeepSpeed's ``latest``, a ``.metadata``): whoever copies a directory copies it last."""
+    return path.rsplit("/", 1)[-1] in (COMPLETE, "latest", ".metadata")
+
+
 def join_parts(parts: Mapping[str, CheckpointInfo]) -> Joined:
     """The nodes' parts of one directory (node -> what it listed) as one: every file any node holds."""
     joined = Joined()

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import anyio
 import structlog
 
+from coordinator.jobs.checkpoint_formats import written_last
 from coordinator.jobs.effects import HEAD, LaunchError, NodeView, Placement, Task
 from coordinator.jobs.head_paths import attempt_dir
 from coordinator.jobs.spec import JobSpec, JobSpecFields
@@ -277,7 +278,8 @@ class DaemonEffects:
             raise CheckpointDamaged(f"{source['node']}:{source['path']} no longer holds the files recorded when it "
                                     "was validated")
         written: list[str] = []
-        for entry in files:
+        # A format's last file goes last: a copy cut short never looks whole.
+        for entry in sorted(files, key=lambda f: (written_last(f["path"]), f["path"])):
             row: CheckpointRow = {**source, "path": posixpath.join(source["path"], entry["path"]),
                                   "size": entry["size"], "sha256": entry["sha256"]}
             targets = [Placement(p.node, posixpath.join(p.path, entry["path"])) for p in placements]

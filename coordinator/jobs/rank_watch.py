@@ -329,9 +329,14 @@ class RankWatcher:
         if last is not None and step > last[0] and now > last[1]:
             record.step_seconds = (now - last[1]) / (step - last[0])
         attempt.last_train = (step, now)
-        record.loss = progress.get("loss")
-        record.tokens_per_second = progress.get("tokens_per_second")
-        record.peak_memory_gb = progress.get("peak_memory_gb")
+        # A value a record leaves out keeps the last one given: a script may report its loss only every
+        # so many steps (Hugging Face Trainer's logging steps), and every step for the hang watch.
+        if "loss" in progress:
+            record.loss = progress["loss"]
+        if "tokens_per_second" in progress:
+            record.tokens_per_second = progress["tokens_per_second"]
+        if "peak_memory_gb" in progress:
+            record.peak_memory_gb = progress["peak_memory_gb"]
         peak = progress.get("peak_memory_gb")
         self._points.append(("train", {
             "step": step, "attempt": record.attempt, "time": now, "loss": progress.get("loss"),

@@ -133,12 +133,13 @@ class Run:
         assert code == 0 and (self.adapters / "adapters.safetensors").exists(), self.output()[-4000:]
         return self
 
-    def kill_at(self, step: int) -> "Run":
-        """SIGKILL every process of the run once it reports train step `step` or later."""
+    def kill_at(self, step: int, saved: int = 0) -> "Run":
+        """SIGKILL every process of the run once it reports train step `step` or later and its checkpoint
+        of step `saved` is on disk (written off the training thread: on a busy machine a few steps later)."""
         proc = self._start()
         deadline = time.monotonic() + HANG_GUARD_S
         try:
-            while max(self.records("train"), default=0) < step:
+            while max(self.records("train"), default=0) < step or max(self.checkpoints(), default=0) < saved:
                 assert proc.poll() is None, f"the run ended before it was killed:\n{self.output()[-4000:]}"
                 assert time.monotonic() < deadline, f"no train step {step} in time:\n{self.output()[-4000:]}"
                 time.sleep(0.01)
@@ -207,7 +208,7 @@ def test_one_rank_killed_and_resumed_matches_the_uninterrupted_run(project, kind
     args = [*args, "--save-every", "5", "--steps-per-eval", "10"]
     reference = Run(project, f"one-{kind}-reference", 1, [*args, "--iters", "30"]).complete()
     # The killed run is told a longer job, so it is surely still training when the kill comes.
-    killed = Run(project, f"one-{kind}-killed", 1, [*args, "--iters", "1000"]).kill_at(13)
+    killed = Run(project, f"one-{kind}-killed", 1, [*args, "--iters", "1000"]).kill_at(13, saved=10)
     resumed, start = _resume_from_newest(project, killed, f"one-{kind}-resumed", 1, args, iters=30)
 
     assert 10 <= start < 30
@@ -300,7 +301,7 @@ def two_rank_run(project, three_rank_reference) -> Run:
 
 
 def test_three_ranks_killed_and_resumed_match_the_uninterrupted_run(project, three_rank_reference):
-    killed = Run(project, "three-killed", 3, [*THREE_RANKS, "--iters", "1000"]).kill_at(6)
+    killed = Run(project, "three-killed", 3, [*THREE_RANKS, "--iters", "1000"]).kill_at(6, saved=4)
     resumed, start = _resume_from_newest(project, killed, "three-resumed", 3, THREE_RANKS, iters=ITERS)
     assert 4 <= start < ITERS
     got = resumed.records("train")

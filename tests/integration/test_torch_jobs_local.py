@@ -18,7 +18,7 @@ import pytest
 
 from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir
 from tests.integration.test_jobs_local import CLUSTER, job_of
-from tests.torch_jobs import ACCELERATE, DDP, expected_accelerate_weights, expected_weights
+from tests.torch_jobs import ACCELERATE, DDP, HF_TRAINER, expected_accelerate_weights, expected_weights
 
 HAS_TORCH = subprocess.run([sys.executable, "-c", "import torch.distributed.run"], capture_output=True).returncode == 0
 pytestmark = pytest.mark.skipif(not HAS_TORCH and os.environ.get("CI", "").lower() != "true",
@@ -31,6 +31,7 @@ def cluster():
     (root / "project").mkdir()
     (root / "project" / "ddp.py").write_text(DDP)
     (root / "project" / "acc.py").write_text(ACCELERATE)
+    (root / "project" / "hf.py").write_text(HF_TRAINER)
     (root / "project" / "acc.yaml").write_text('mixed_precision: "no"\ndowncast_bf16: "no"\nnum_machines: 7\n')
     config = root / "cluster.toml"
     config.write_text(CLUSTER.format(root=root))
@@ -197,3 +198,16 @@ def test_an_accelerate_job_joins_each_nodes_random_states_and_resumes_exactly_af
     config = (root / "a" / ".coord" / "jobs" / final["run_id"] / "attempt-1" / "rank-0" / "accelerate.yaml").read_text()
     assert "downcast_bf16: 'no'" in config and "num_machines: 2" in config and "machine_rank: 0" in config
     assert _final_weights(root, final) == expected_accelerate_weights(40, 2)
+
+
+def test_hugging_face_trainers_steps_and_logged_loss_are_coords_progress(cluster):
+    daemon, root = cluster
+    _run(daemon, root, "hf", "--total-steps", "20", "--launcher", "torchrun", "--", "python", "hf.py", "20")
+    final = _wait(daemon, "hf")
+    assert final["state"] == "succeeded" and final["step"] == 20 and final["restarts"] == 0, final["story"]
+    assert final["loss"] is not None  # logged every 5 steps, kept between
+    assert "rank 0 reports its progress: watched for hangs" in final["story"]
+    progress = root / "a" / ".coord" / "jobs" / final["run_id"] / "attempt-0" / "rank-0" / "progress.jsonl"
+    records = [json.loads(line) for line in progress.read_text().splitlines()]
+    assert sorted({r["step"] for r in records}) == list(range(1, 21))  # every step, from the main process only
+    assert [r["step"] for r in records if "loss" in r] == [5, 10, 15, 20]

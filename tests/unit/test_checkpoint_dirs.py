@@ -1,0 +1,117 @@
+"""Checkpoint directories joined from every node's part and completed on each (coordinator/jobs/checkpoint_dirs.py),
+driven through a small stand-in for the effects it uses: what is copied where, in which order, and what is
+catalogued, including a copy cut short by a node's loss and the parts that show up after a step was judged."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import anyio
+
+from coordinator.jobs.checkpoint_dirs import DirKeeper
+from coordinator.jobs.effects import NodeView
+from coordinator.jobs.run_context import RunContext
+from coordinator.jobs.spec import JobSpec
+from shared.checkpoint_dirs import digest
+from shared.rpc import RemoteError
+
+
+class Effects:
+    """Nodes a, b, c; copies recorded (and refused to ``unreachable`` once ``cut_after`` copies landed)."""
+
+    def __init__(self, cut_after: int | None = None, unreachable: str = "c"):
+        self.copies: list[tuple[str, str]] = []  # (node, target path)
+        self.catalog: list[dict] = []
+        self.events: list[tuple[str, str]] = []
+        self.cut_after, self.unreachable = cut_after, unreachable
+
+    def now(self) -> float:
+        return 1.0
+
+    def monotonic(self) -> float:
+        return 1.0
+
+    def node(self, name: str) -> NodeView:
+        return NodeView(name, True, f"/w/{name}", "/p")
+
+    def node_names(self) -> list[str]:
+        return ["a", "b", "c"]
+
+    async def copy_checkpoint(self, source, placements):
+        (placement,) = placements
+        if self.cut_after is not None and placement.node == self.unreachable and \
+                len([c for c in self.copies if c[0] == self.unreachable]) >= self.cut_after:
+            raise RemoteError("connection_lost", f"{placement.node} is gone")
+        self.copies.append((placement.node, placement.path))
+        return [f"/w/{placement.node}/{placement.path}"]
+
+    def add_checkpoint(self, run_id, entry):
+        self.catalog = [c for c in self.catalog if (c["node"], c["path"]) != (entry["node"], entry["path"])]
+        self.catalog.append(entry)
+
+    def checkpoints(self, run_id):
+        return [{"sha256": None, "size": None, "detail": None, "created": 0.0, "role": "primary", **c}
+                for c in self.catalog]
+
+    def save_run(self, *args) -> None:
+        pass
+
+    def event(self, kind, message, data) -> None:
+        self.events.append((kind, message))
+
+
+def _keeper(fx: Effects) -> DirKeeper:
+    ctx = RunContext(fx, JobSpec(name="j", command=["python", "t.py"], launcher="torchrun"), run_id="r",  # type: ignore[arg-type]
+                     record=None, state="running")
+    health = SimpleNamespace(usable=lambda node: True, reachable=lambda node: True)
+    return DirKeeper(ctx, health)  # type: ignore[arg-type]
+
+
+def _part(node: str, *paths: str) -> dict:
+    files = [{"path": p, "size": 10, "sha256": f"h-{p}"} for p in paths]
+    return {"name": "0000010", "iteration": 10, "path": f"/w/{node}/checkpoints/r/attempt-0/0000010", "valid": True,
+            "detail": "", "size": 10 * len(files), "sha256": digest(files), "kind": "dir", "files": files,
+            "notes": {}, "references": {}}
+
+
+def _settle(keeper: DirKeeper, listings: dict, known: dict, *, over: bool = False) -> bool:
+    return anyio.run(lambda: keeper.settle(0, 0, ["a", "b", "c"], listings, known, {}, attempt_over=over,
+                                           world_size=3, current=True))
+
+
+def test_rank_0s_directory_is_sent_to_every_node_its_last_file_last_and_catalogued_whole_on_each():
+    fx = Effects()
+    known: dict[str, set[str]] = {}
+    assert _settle(_keeper(fx), {"a": [_part("a", "state.pt", "COMPLETE", "extra.bin")], "b": [], "c": []}, known)
+    assert fx.copies == [(node, f"checkpoints/r/attempt-0/0000010/{name}") for node in ("b", "c")
+                         for name in ("extra.bin", "state.pt", "COMPLETE")]
+    whole = digest(_part("a", "state.pt", "COMPLETE", "extra.bin")["files"])
+    assert sorted((c["node"], c["valid"], c["sha256"] == whole) for c in fx.catalog) == [
+        ("a", True, True), ("b", True, True), ("c", True, True)]
+    assert known == {"a": {"0000010"}, "b": {"0000010"}, "c": {"0000010"}}
+
+
+def test_a_copy_cut_short_is_no_copy_and_what_it_left_is_never_taken_for_the_whole():
+    fx = Effects(cut_after=1)  # c takes one file, then is gone
+    keeper = _keeper(fx)
+    known: dict[str, set[str]] = {}
+    _settle(keeper, {"a": [_part("a", "state.pt", "COMPLETE")], "b": [], "c": []}, known)
+    assert ("c", "checkpoints/r/attempt-0/0000010/COMPLETE") not in fx.copies  # the marker never went alone
+    assert {c["node"] for c in fx.catalog if c["valid"]} == {"a", "b"} and "c" not in known
+    # The attempt ends with a away: c shows what the cut copy left, b knows its whole already. Judged
+    # once, the step is not judged again from what c holds: c's leftovers are a part, not a whole.
+    _settle(keeper, {"b": [], "c": [_part("c", "state.pt")]}, known, over=True)
+    c_copy = next(c for c in fx.catalog if c["node"] == "c")
+    assert not c_copy["valid"] and "cut short" in c_copy["detail"]
+    b_copy = next(c for c in fx.catalog if c["node"] == "b")
+    assert b_copy["valid"] and b_copy["sha256"] == digest(_part("a", "state.pt", "COMPLETE")["files"])
+
+
+def test_a_node_back_with_the_very_bytes_of_the_whole_keeps_its_copy():
+    fx = Effects()
+    keeper = _keeper(fx)
+    known: dict[str, set[str]] = {}
+    _settle(keeper, {"b": [_part("b", "state.pt", "COMPLETE")], "c": []}, known)
+    _settle(keeper, {"a": [_part("a", "state.pt", "COMPLETE")]}, known, over=True)  # a was away, is back
+    a_copy = next(c for c in fx.catalog if c["node"] == "a")
+    assert a_copy["valid"] and a_copy["detail"] == "the whole, as catalogued"
