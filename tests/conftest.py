@@ -52,29 +52,78 @@ def netns_cluster():
 # --- end netns cluster ---------------------------------------------------------------
 
 
+# --- two workers, the multi-host tests together ---------------------------------------
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """With pytest-xdist (the suite runs on two workers: pyproject.toml): the multi-host tests go to one
+    worker together, since they share one cluster (one set of Unix users and namespaces, made once);
+    they come first in the collection, so that worker starts them at once while the other takes the
+    rest. An integration module runs on one worker (its daemon and cluster are made once, and its tests
+    may follow each other); every other test is scheduled on its own."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ClusterTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.startswith("tests/cluster/"):
+                return "tests/cluster"
+            if nodeid.startswith("tests/integration/"):
+                return nodeid.split("::", 1)[0]
+            return nodeid
+
+    return ClusterTogether(config, log)
+
+
 # --- the fault schedules in the background -------------------------------------------
 
 _SCHEDULES_TEST = "test_thousands_of_fault_schedules_keep_every_invariant"
+_RESULT_ENV = "COORD_SCHEDULES_RESULT"  # where the background batch writes its result, for every worker
 
 
-def pytest_collection_modifyitems(session, config, items):
-    """When the schedules test is among many, its batch starts now at the lowest priority and
-    runs beside the real-process tests, on the cycles they leave idle; the test reads the result."""
-    if os.environ.get("COORD_SIM_BACKGROUND", "1") == "0" or len(items) < 50:
-        return
-    if not any(item.name == _SCHEDULES_TEST for item in items):
-        return
+def _start_batch(config, out: str) -> None:
+    """Start the schedules batch at the lowest priority; its result goes to ``out``."""
     import subprocess
-    import tempfile
 
     from tests.simulation.test_fault_schedules import FIRST_SEED, SCHEDULES
 
-    out = os.path.join(tempfile.mkdtemp(prefix="coord-schedules-"), "result.json")
     process = subprocess.Popen(["nice", "-n", "19", sys.executable, "-m", "tests.simulation.batch", "--first",
                                 str(FIRST_SEED), "--count", str(SCHEDULES), "--out", out],
                                cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     config._coord_schedules = (process, out)
+    with open(out + ".started", "w", encoding="utf-8"):
+        pass
+
+
+def _wanted(ids: list[str]) -> bool:
+    """Whether a run of these tests starts the batch in the background: many tests, the schedules one among them."""
+    return (os.environ.get("COORD_SIM_BACKGROUND", "1") != "0" and len(ids) >= 50
+            and any(i.endswith("::" + _SCHEDULES_TEST) for i in ids))
+
+
+def pytest_configure(config):
+    """Under pytest-xdist, the controller names the batch's result file for every worker it starts (it
+    starts the batch itself once the workers have collected)."""
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        import tempfile
+
+        os.environ[_RESULT_ENV] = os.path.join(tempfile.mkdtemp(prefix="coord-schedules-"), "result.json")
+
+
+def pytest_xdist_node_collection_finished(node, ids):
+    config = node.config
+    if getattr(config, "_coord_schedules", None) is None and os.environ.get(_RESULT_ENV) and _wanted(ids):
+        _start_batch(config, os.environ[_RESULT_ENV])
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Without pytest-xdist: when the schedules test is among many, its batch starts now at the lowest
+    priority and runs beside the real-process tests, on the cycles they leave idle; the test reads the result."""
+    if hasattr(config, "workerinput") or os.environ.get(_RESULT_ENV) or not _wanted([i.nodeid for i in items]):
+        return
+    import tempfile
+
+    _start_batch(config, os.path.join(tempfile.mkdtemp(prefix="coord-schedules-"), "result.json"))
 
 
 def pytest_unconfigure(config):
@@ -86,18 +135,25 @@ def pytest_unconfigure(config):
 
 @pytest.fixture
 def background_schedules(request):
-    """A function that waits for the background batch and returns its result; None when the
-    batch was not started in the background (the test then runs it itself)."""
+    """A function that waits for the background batch and returns its result; None when no batch was
+    started in the background (the test then runs it itself)."""
+    import json
+    import time
+
     started = getattr(request.config, "_coord_schedules", None)
-    if started is None:
+    out = started[1] if started is not None else os.environ.get(_RESULT_ENV)
+    if out is None or not os.path.exists(out + ".started"):
         return None
 
     def result():
-        import json
-
-        process, out = started
-        output, _ = process.communicate(timeout=1800)
-        assert process.returncode == 0, f"the schedules batch failed:\n{output.decode(errors='replace')[-4000:]}"
+        if started is not None:  # started by this process: its output says why it failed
+            process = started[0]
+            output, _ = process.communicate(timeout=1800)
+            assert process.returncode == 0, f"the schedules batch failed:\n{output.decode(errors='replace')[-4000:]}"
+        deadline = time.monotonic() + 1800
+        while not os.path.exists(out):  # started by pytest-xdist's controller: its file is the news
+            assert time.monotonic() < deadline, "the background schedules batch wrote no result in 30 minutes"
+            time.sleep(1.0)
         with open(out, encoding="utf-8") as handle:
             return json.load(handle)
 

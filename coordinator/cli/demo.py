@@ -52,7 +52,7 @@ host = "local"
 workdir = "{root}/node-b"
 """
 
-ITERS, SAVE_EVERY, KILL_AT = 60, 10, 25
+ITERS, SAVE_EVERY, KILL_AT = 100, 10, 25  # room after the kill: a busy machine may read step 25 late
 TRAIN = ["python", "-m", "mlx_lm", "lora", "--model", "model", "--train", "--data", "data",
          "--fine-tune-type", "full", "--batch-size", "4", "--iters", str(ITERS), "--learning-rate", "1e-4"]
 

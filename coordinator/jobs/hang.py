@@ -57,6 +57,9 @@ LOAD_FIXED_S = 60.0  # imports, tokenizer and data set, beside the weights
 LOAD_READ_MULTIPLE = 4.0  # the weights read at a quarter of the measured rate, at the worst
 ASSUMED_READ_BYTES_PER_S = 200e6  # a slow external disk, when the node's rate was not measured
 SLOW_FLOOR_S = 300.0  # a checkpoint save or an evaluation
+# Once a rank has exited 0, the others are past their last step: a final save, a barrier, a process
+# group torn down, a launcher waiting on its workers. No step comes, and none is owed: this long.
+FINISHING_S = 60.0
 SLOW_GAP_MULTIPLE = 30.0
 STOPPED_GRACE_S = 3.0  # a stopped process (SIGSTOP) for this long is a hang, whatever its phase
 SILENT_S = 10.0  # a heartbeat this old (they come every 2 s) names a rank that went silent
@@ -169,6 +172,7 @@ class JobSeen:
     watched: bool  # its ranks report progress (coord's trainers, or a script seen writing records)
     first_step_done: bool
     quiet_s: float  # since the last new step of any rank; before the first one, since the launch
+    finishing: bool = False  # a rank has exited 0: the others are past their last step, tearing down
 
 
 @dataclass(frozen=True)
@@ -197,6 +201,8 @@ def hang_verdict(ranks: Sequence[RankSeen], job: JobSeen, limits: HangLimits) ->
         # waits are that phase's too. So every rank gets the longest allowance of the phases now.
         pacing = max(phased, key=lambda r: limits.allowance(r.phase, first_step_done=job.first_step_done))
         limit = limits.allowance(pacing.phase, first_step_done=job.first_step_done)
+        if job.finishing:
+            limit = max(limit, FINISHING_S)
         over = [r for r in phased if (r.stuck_s or 0.0) > limit]
         if not over:
             return None
@@ -209,9 +215,12 @@ def hang_verdict(ranks: Sequence[RankSeen], job: JobSeen, limits: HangLimits) ->
         if job.quiet_s <= limits.first_step:
             return None
         return _named(f"no first step within {limits.first_step:g} s of the launch ({limits.source})", ranks, [])
-    if job.quiet_s <= limits.training:
+    limit = max(limits.training, FINISHING_S) if job.finishing else limits.training
+    if job.quiet_s <= limit:
         return None
-    return _named(f"no progress for {job.quiet_s:.0f} s (hang timeout {limits.training:g} s)", ranks, [])
+    if job.finishing:
+        return _named(f"no end for {job.quiet_s:.0f} s after a rank finished (allowance {limit:g} s)", ranks, [])
+    return _named(f"no progress for {job.quiet_s:.0f} s (hang timeout {limit:g} s)", ranks, [])
 
 
 def _before(job: JobSeen) -> str:

@@ -70,7 +70,8 @@ class HangWatch:
     def verdict(self, attempt: Attempt) -> hang.Hang | None:
         record, now = self.ctx.record, self.fx.now()
         job = hang.JobSeen(watched=self.watched(), first_step_done=record.first_step_at is not None,
-                           quiet_s=now - (record.last_progress if record.last_progress is not None else now))
+                           quiet_s=now - (record.last_progress if record.last_progress is not None else now),
+                           finishing=bool(attempt.exited))
         ranks = [self._rank_seen(attempt, rank, name, now) for rank, name in enumerate(attempt.order)]
         return hang.hang_verdict(ranks, job, self.limits())
 

@@ -84,8 +84,7 @@ def at_step(netns_cluster, daemon: DaemonProcess, name: str, step: int, act, tim
 
 
 def events(daemon: DaemonProcess, name: str | None = None) -> list[dict]:
-    doc = json.loads(coord("status", "--json", "--events", "5000", "--config", str(daemon.config),
-                           env=daemon.env).stdout)
+    doc = daemon.status(events=5000)  # asked from this process: it is polled
     return [e for e in doc["events"] if name is None or e["message"].startswith(name + ":")]
 
 

@@ -72,7 +72,7 @@ def test_init_finds_every_nodes_venv_and_its_file_brings_all_three_up(netns_clus
 
         daemon = DaemonProcess(output, env=env, prefix=["ip", "netns", "exec", netns_cluster.head_ns]).start()
         try:
-            doc = daemon.wait_for(all_up, 30, "all nodes up from the file coord init wrote")
+            doc = daemon.wait_for(all_up, 60, "all nodes up from the file coord init wrote")
         finally:
             daemon.stop()
         for spec in netns_cluster.nodes:

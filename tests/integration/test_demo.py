@@ -20,7 +20,7 @@ def test_the_demo_resumes_a_killed_rank_from_its_checkpoint_and_finishes():
         assert "resuming from the checkpoint of step" in out
         seen = re.search(r"SIGKILL\) \(seen (\d+\.\d+) s after\)", out)
         assert seen and float(seen.group(1)) < 3, out  # polled every 0.5 s; a generous bound, against hangs
-        assert "succeeded, step 60/60" in out and "restarts 1/3" in out
+        assert "succeeded, step 100/100" in out and "restarts 1/3" in out
         # no rank is left running anywhere
         left = subprocess.run(["pgrep", "-f", f"rank_runner --dir {root}"], capture_output=True, text=True)
         assert left.stdout.strip() == ""

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -261,23 +260,38 @@ def test_a_failed_preflight_blocks_the_launch_and_a_job_file_with_force_launches
     assert sorted(p.name for p in replicas.glob("*_adapters.safetensors")) == ["0000012_adapters.safetensors"]
 
 
-@pytest.mark.xfail(strict=False, reason="open defect, under investigation: after the module's replication "
-                   "tests, about one run in two ends with 1 restart but no 'supervising attempt 0 again' event "
-                   "from the second daemon")
 def test_a_daemon_killed_mid_run_and_again_mid_recovery_carries_the_job_to_the_end(cluster):
+    daemon, root = cluster
+    try:
+        _phoenix(daemon, root)
+    finally:  # the module's other tests need a daemon, whatever happened here
+        if daemon.proc is None or daemon.proc.poll() is not None:
+            daemon.start()
+            daemon.wait_for(all_up, 60, "all nodes up again")
+
+
+def _phoenix(daemon, root) -> None:
     from coordinator.store.state import StateStore
 
-    daemon, root = cluster
-    name = "phoenix"
+    name, total = "phoenix", 100
     submitted = coord("run", "--config", str(daemon.config), "--name", name, "--source", str(root / "project"),
-                      "--save-every", "5", "--detach", "--", "python", "plain.py", "--steps", "60", "--sleep", "0.1",
-                      env=daemon.env)
+                      "--save-every", "5", "--detach", "--", "python", "plain.py", "--steps", str(total), "--sleep",
+                      "0.1", env=daemon.env)
     assert submitted.returncode == 0, submitted.stderr
     daemon.wait_for(lambda d: job_of(d, name)["step"] >= 8, 300, "step 8")
     daemon.stop(signal.SIGKILL)  # the ranks run on without it
     daemon.start()
     daemon.wait_for(all_up, 30, "all nodes up under the second daemon")
-    daemon.wait_for(lambda d: job_of(d, name)["step"] >= 22, 300, "step 22 under the second daemon")
+    # The second daemon's own word that it supervises the attempt again, and a step it read itself: the
+    # status shows the first daemon's last step from the store at once, which on a busy machine was
+    # already past any fixed step (and the daemon was killed again before it had re-attached at all).
+    deadline = time.monotonic() + 120
+    while not any(e["kind"] == "job.reattached" for e in _events(daemon, name)):
+        assert time.monotonic() < deadline, "the second daemon did not re-attach within 120 s"
+        time.sleep(0.2)
+    at_restart = job_of(daemon.status(), name)["step"]
+    assert at_restart < total - 20, f"the job was at step {at_restart} of {total}: no room left to test the rest"
+    daemon.wait_for(lambda d: job_of(d, name)["step"] >= at_restart + 3, 300, "a step read by the second daemon")
     job = job_of(daemon.status(), name)
     assert job["attempt"] == 0 and job["restarts"] == 0, job
 
@@ -287,7 +301,8 @@ def test_a_daemon_killed_mid_run_and_again_mid_recovery_carries_the_job_to_the_e
     for rank in (0, 1):
         pid = int((root / job["nodes"][rank] / ".coord" / "jobs" / job["run_id"] / "attempt-0" / f"rank-{rank}" / "pid")
                   .read_text())
-        os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # gone already: as the test wants them
+            os.killpg(pid, signal.SIGKILL)
     store = StateStore(root / "state" / "coord.db")
     row = next(r for r in store.runs() if r["name"] == name)
     store.save_run(row["run_id"], name, row["spec"], "recovering", {**row["record"], "restarts": 1})
@@ -299,14 +314,15 @@ def test_a_daemon_killed_mid_run_and_again_mid_recovery_carries_the_job_to_the_e
     final = json.loads(waited.stdout)
     story = "\n".join(e["message"] for e in _events(daemon, name))
     assert waited.returncode == 0 and final["state"] == "succeeded", story
-    assert final["attempt"] == 1 and final["restarts"] == 1 and final["step"] == 60, story
+    assert final["attempt"] == 1 and final["restarts"] == 1 and final["step"] == total, story
     assert "supervising attempt 0 again" in story and "finishing the recovery after attempt 0" in story
     resumed = [e for e in _events(daemon, name) if e["kind"] == "job.resume_from"]
     assert resumed and resumed[-1]["data"]["step"] >= 20, story  # checkpoints of both daemons were catalogued
-    # Two ranks add 1 each per step: the weights of step 60 are 120 only if the resume was exact.
+    # Two ranks add 1 each per step: the weights of the last step are 2 x total only if the resume was exact.
     import mlx.core as mx
-    newest = sorted((root / final["nodes"][0] / "checkpoints" / job["run_id"] / "attempt-1").glob("*_adapters.safetensors"))
-    assert mx.load(str(newest[-1]))["w"].tolist() == [120.0] * 4
+    newest = sorted((root / final["nodes"][0] / "checkpoints" / job["run_id"] / "attempt-1")
+                    .glob("*_adapters.safetensors"))
+    assert mx.load(str(newest[-1]))["w"].tolist() == [2.0 * total] * 4
     # The head's copy of rank 0's log was not fetched twice by the second daemon.
     lines = (root / "state" / "jobs" / job["run_id"] / "attempt-0" / "rank-0.log").read_text().splitlines()
     steps = [line for line in lines if line.startswith("step ")]

@@ -137,3 +137,19 @@ def test_a_stopped_process_waits_out_the_hang_timeout_when_one_is_given():
     ranks[1] = RankSeen(1, "n1", process="stopped", stopped_s=300.0)
     verdict = hang_verdict(ranks, BEFORE, limits)
     assert isinstance(verdict, Hang) and verdict.ranks == (1,)
+
+
+def test_ranks_tearing_down_after_another_finished_get_a_finishing_allowance_not_the_hang_timeout():
+    """A rank exited 0: the others are past their last step (a final save, a barrier, a process group torn
+    down), and no step is owed. A short --hang-timeout called that a hang on a busy machine."""
+    limits = hang_limits(configured_hang=6)
+    tearing = JobSeen(watched=True, first_step_done=True, quiet_s=20.0, finishing=True)
+    assert hang_verdict([RankSeen(1, "n1")], tearing, limits) is None
+    assert hang_verdict([beating(1, stuck=20.0)], tearing, limits) is None
+    late = JobSeen(watched=True, first_step_done=True, quiet_s=hang.FINISHING_S + 1, finishing=True)
+    verdict = hang_verdict([RankSeen(1, "n1")], late, limits)
+    assert isinstance(verdict, Hang) and "after a rank finished" in verdict.reason
+    # A stopped process is named as before, finishing or not.
+    stopped = [RankSeen(1, "n1", process="stopped", stopped_s=10.0)]
+    assert hang_verdict(stopped, tearing, limits) is not None
+    assert hang_verdict([RankSeen(1, "n1")], JobSeen(watched=True, first_step_done=True, quiet_s=20.0), limits)

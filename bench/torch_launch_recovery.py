@@ -1,0 +1,306 @@
+"""Benchmark: a PyTorch job under coord against bare torchrun, side by side, on the multi-host cluster.
+
+On the multi-host test cluster (network namespaces, one sshd, user and venv per node, torch's CPU
+build in each; root on Linux), a small DDP job over Gloo (a 256-wide MLP on random data, a checkpoint
+directory every 20 steps), at 2 and 3 nodes:
+
+1. launch to first step: `coord run --launcher torchrun` (daemon warm, pre-flight included) vs bare
+   torchrun started on every node by hand with a c10d rendezvous (what a user writes: one command per
+   node, in its namespace, as its user, with its own venv's Python);
+2. training speed: steps/s between the first and the last step;
+3. a worker SIGKILLed: to the first step after it, coord's restart from its newest checkpoint vs
+   torchrun's own `--max-restarts 3` (c10d rendezvous again, every node's workers restarted, the
+   script resuming from its own newest checkpoint);
+4. a node lost for good (its link cut): torchrun alone (fixed --nnodes) waits for it and trains no
+   further step within the bench's bound; coord (`--min-nodes`, `--node-timeout 5`) goes on with
+   the others: the time from the cut to its first step on the smaller world.
+
+Each step's time is the worker's own time stamp (coord_script.report writes it, under coord and
+under bare torchrun alike: the bare runs get a progress file of their own).
+
+    sudo python bench/torch_launch_recovery.py [--nodes 2 3] [--runs 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.cluster.netns import DEFAULT_NODES, NetnsCluster  # noqa: E402
+from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir  # noqa: E402
+
+STEPS = 300
+SAVE_EVERY = 20
+PORT = 29400
+
+#: The job: under coord it resumes from COORD_RESUME_DIR; under bare torchrun from the newest directory
+#: in its own checkpoint directory (what a torchrun user writes for --max-restarts).
+SCRIPT = textwrap.dedent('''
+    import os, sys, time, torch, torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    import coord_script
+    steps = int(sys.argv[1])
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    root = os.environ.get("COORD_CHECKPOINT_DIR") or os.environ["BARE_CHECKPOINTS"]
+    resume = coord_script.resume_dir()
+    if resume is None and not os.environ.get("COORD_RUN") and os.path.isdir(root):
+        done = sorted(d for d in os.listdir(root) if os.path.exists(os.path.join(root, d, "COMPLETE")))
+        resume = os.path.join(root, done[-1]) if done else None
+    start = 0
+    if resume:
+        state = torch.load(os.path.join(resume, "state.pt"))
+        model.load_state_dict(state["model"]); optimizer.load_state_dict(state["optimizer"]); start = state["step"]
+    ddp = DistributedDataParallel(model)
+    for step in range(start + 1, steps + 1):
+        x = torch.randn(32, 256, generator=torch.Generator().manual_seed(step * 100 + rank))
+        loss = (ddp(x) ** 2).mean()
+        optimizer.zero_grad(); loss.backward(); optimizer.step()
+        if rank == 0:
+            coord_script.report(step, loss=loss.item())
+            if step % 20 == 0:
+                offset = coord_script.step_offset()
+                directory = os.path.join(root, f"{step - offset:07d}")
+                os.makedirs(directory, exist_ok=True)
+                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
+                           os.path.join(directory, "state.pt"))
+                open(os.path.join(directory, "COMPLETE"), "w").close()
+    dist.destroy_process_group()
+''')
+
+
+def records(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        if line.endswith("}") and '"train"' in line:
+            out.append(json.loads(line))
+    return out
+
+
+def wait_until(check, timeout: float, what: str):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.01)
+    raise RuntimeError(f"no {what} within {timeout:g} s")
+
+
+# --- bare torchrun ------------------------------------------------------------------------
+
+
+class Bare:
+    """torchrun on every node by hand: one command each, in its namespace, as its user."""
+
+    def __init__(self, cluster: NetnsCluster, nodes: list[str], tag: str, *, nnodes: str | None = None,
+                 max_restarts: int = 0):
+        self.cluster, self.nodes, self.tag = cluster, nodes, tag
+        self.procs: list[subprocess.Popen] = []
+        self.nnodes = nnodes or str(len(nodes))
+        self.max_restarts = max_restarts
+        first = cluster.node(nodes[0])
+        self.progress = Path(first.workdir) / f"bench-{tag}.jsonl"
+        self.progress.unlink(missing_ok=True)
+
+    def start(self) -> float:
+        endpoint = f"{self.cluster.node_ip(self.nodes[0])}:{PORT}"
+        started = time.time()
+        for rank, name in enumerate(self.nodes):
+            spec = self.cluster.node(name)
+            checkpoints = Path(spec.workdir) / f"bench-{self.tag}-ckpt"
+            env = (f"PYTHONPATH={REPO} COORD_PROGRESS_FILE={self.progress if rank == 0 else '/dev/null'} "
+                   f"BARE_CHECKPOINTS={checkpoints} OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=eth0")
+            command = (f"cd {spec.workdir} && rm -rf {checkpoints} && env {env} {spec.python} -m torch.distributed.run "
+                       f"--nnodes {self.nnodes} --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint {endpoint} "
+                       f"--rdzv-id bench-{self.tag} --max-restarts {self.max_restarts} "
+                       f"bench_ddp.py {STEPS}")
+            self.procs.append(self.cluster.popen_in(name, ["sh", "-c", command], user=spec.user,
+                                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                                     start_new_session=True))
+        return started
+
+    def worker(self, name: str) -> int:
+        spec = self.cluster.node(name)
+        found = self.cluster.exec_in(name, ["pgrep", "-u", spec.user, "-f", "python[0-9.]* -u bench_ddp.py"]).stdout
+        return int(found.split()[0])
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        for name in self.nodes:
+            spec = self.cluster.node(name)
+            self.cluster.exec_in(name, ["pkill", "-KILL", "-u", spec.user, "-f", "bench_ddp.py|torch.distributed.run"])
+
+
+def bare_run(cluster: NetnsCluster, nodes: list[str], tag: str, *, kill: bool) -> dict:
+    bare = Bare(cluster, nodes, tag, max_restarts=3 if kill else 0)
+    try:
+        started = bare.start()
+        first = wait_until(lambda: records(bare.progress), 300, "first bare step")[0]
+        out = {"first_step_s": first["time"] - started}
+        if kill:
+            wait_until(lambda: records(bare.progress) and records(bare.progress)[-1]["step"] >= 110, 300, "step 110")
+            killed = time.time()
+            os.kill(bare.worker(nodes[1]), signal.SIGKILL)
+            after = wait_until(lambda: [r for r in records(bare.progress) if r["time"] > killed + 0.05 and
+                                        r["step"] <= 110], 300, "a resumed bare step")
+            out["recovery_s"] = after[0]["time"] - killed
+        done = wait_until(lambda: records(bare.progress) and records(bare.progress)[-1]["step"] >= STEPS, 900,
+                          "the last bare step")
+        tail = [r for r in done if r["time"] >= (after[-1]["time"] if kill else 0)]
+        out["steps_per_s"] = (tail[-1]["step"] - tail[0]["step"]) / (tail[-1]["time"] - tail[0]["time"])
+        return out
+    finally:
+        bare.stop()
+
+
+def bare_node_loss(cluster: NetnsCluster, nodes: list[str], bound: float) -> dict:
+    bare = Bare(cluster, nodes, "loss", max_restarts=3)
+    try:
+        bare.start()
+        wait_until(lambda: records(bare.progress) and records(bare.progress)[-1]["step"] >= 110, 300, "step 110")
+        cut = time.time()
+        cluster.cut_link(nodes[-1])
+        time.sleep(bound)
+        later = [r for r in records(bare.progress) if r["time"] > cut + 5]
+        return {"steps_after_cut": len(later), "bound_s": bound}
+    finally:
+        cluster.restore_link(nodes[-1])
+        bare.stop()
+
+
+# --- coord ------------------------------------------------------------------------------------
+
+
+def job_progress(cluster: NetnsCluster, daemon: DaemonProcess, name: str, attempt: int) -> Path:
+    job = next(j for j in daemon.status()["jobs"] if j["name"] == name)
+    node = cluster.node(job["nodes"][0])
+    return Path(node.workdir) / ".coord" / "jobs" / job["run_id"] / f"attempt-{attempt}" / "rank-0" / "progress.jsonl"
+
+
+def coord_run(cluster: NetnsCluster, daemon: DaemonProcess, project: Path, name: str, nodes: list[str], *,
+              kill: bool = False, cut: bool = False) -> dict:
+    extra = ["--min-nodes", str(len(nodes) - 1), "--node-timeout", "5"] if cut else []
+    started = time.time()
+    done = coord("run", "--config", str(daemon.config), "--name", name, "--source", str(project), "--detach",
+                 "--nodes", ",".join(nodes), "--save-every", str(SAVE_EVERY), "--launcher", "torchrun", *extra, "--",
+                 "python", "bench_ddp.py", str(STEPS), env=daemon.env)
+    assert done.returncode == 0, done.stderr
+    daemon.wait_for(lambda d: any(j["name"] == name and j["state"] == "running" for j in d["jobs"]), 300, "running")
+    first = wait_until(lambda: records(job_progress(cluster, daemon, name, 0)), 300, "first step")[0]
+    out = {"first_step_s": first["time"] - started}
+    if kill or cut:
+        progress = job_progress(cluster, daemon, name, 0)
+        wait_until(lambda: records(progress) and records(progress)[-1]["step"] >= 110, 300, "step 110")
+        at = time.time()
+        if kill:
+            victim = cluster.node(nodes[1])
+            pid = int(cluster.exec_in(nodes[1], ["pgrep", "-u", victim.user, "-f", "python[0-9.]* -u bench_ddp.py"])
+                      .stdout.split()[0])
+            os.kill(pid, signal.SIGKILL)
+        else:
+            cluster.cut_link(nodes[-1])
+        try:
+            daemon.wait_for(lambda d: any(j["name"] == name and j["attempt"] >= 1 and j["state"] == "running"
+                                          for j in d["jobs"]), 300, "attempt 1")
+            after = wait_until(lambda: records(job_progress(cluster, daemon, name, 1)), 300, "a resumed step")[0]
+            out["recovery_s"] = after["time"] - at
+        finally:
+            if cut:
+                cluster.restore_link(nodes[-1])
+    waited = coord("wait", "--quiet", "--json", "--config", str(daemon.config), name, env=daemon.env, timeout=900)
+    final = json.loads(waited.stdout)
+    assert final["state"] == "succeeded", final
+    last = records(job_progress(cluster, daemon, name, final["attempt"]))
+    out["steps_per_s"] = (last[-1]["step"] - last[0]["step"]) / (last[-1]["time"] - last[0]["time"])
+    return out
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[2, 3])
+    parser.add_argument("--runs", type=int, default=2, help="cold runs of each, interleaved (medians reported)")
+    parser.add_argument("--loss-bound", type=float, default=60.0, help="how long bare torchrun is given after a cut")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        print("needs root (network namespaces)", file=sys.stderr)
+        return 2
+    root = short_tempdir()
+    root.chmod(0o755)
+    project = root / "project"
+    project.mkdir(mode=0o755)
+    (project / "bench_ddp.py").write_text(SCRIPT)
+    (project / "bench_ddp.py").chmod(0o644)
+    rows: list[tuple[str, str, str, str]] = []
+    with NetnsCluster(DEFAULT_NODES[:max(args.nodes)]) as cluster:
+        cluster.add_torch()
+        for spec in cluster.nodes:  # the bare runs read the script from each node's own workdir
+            target = Path(spec.workdir) / "bench_ddp.py"
+            shutil.copy(project / "bench_ddp.py", target)
+            target.chmod(0o644)
+        config = cluster.write_cluster_toml(root / "cluster.toml", state_dir=root / "state")
+        daemon = DaemonProcess(config, env=environment(), prefix=["ip", "netns", "exec", cluster.head_ns]).start()
+        try:
+            daemon.wait_for(all_up, 60, "all nodes up")
+            for size in args.nodes:
+                nodes = [spec.name for spec in cluster.nodes][:size]
+                coord_run(cluster, daemon, project, f"warm-{size}", nodes)  # each node imports torch once, cold
+                ours, theirs = [], []
+                for run in range(args.runs):
+                    ours.append(coord_run(cluster, daemon, project, f"launch-{size}-{run}", nodes))
+                    theirs.append(bare_run(cluster, nodes, f"launch-{size}-{run}", kill=False))
+                killed = coord_run(cluster, daemon, project, f"kill-{size}", nodes, kill=True)
+                bare_killed = bare_run(cluster, nodes, f"kill-{size}", kill=True)
+                launch = median([r["first_step_s"] for r in ours]), median([r["first_step_s"] for r in theirs])
+                speed = median([r["steps_per_s"] for r in ours]), median([r["steps_per_s"] for r in theirs])
+                rows.append((f"launch to first step, {size} nodes (s)", f"{launch[0]:.2f}",
+                             f"bare torchrun {launch[1]:.2f}", f"{launch[0] / launch[1]:.2f}x"))
+                rows.append((f"training speed, {size} nodes (steps/s)", f"{speed[0]:.1f}",
+                             f"bare torchrun {speed[1]:.1f}", f"{speed[0] / speed[1]:.2f}x"))
+                rows.append((f"worker SIGKILL to first resumed step, {size} nodes (s)", f"{killed['recovery_s']:.2f}",
+                             f"torchrun --max-restarts 3 {bare_killed['recovery_s']:.2f}",
+                             f"{killed['recovery_s'] / bare_killed['recovery_s']:.2f}x"))
+                if size >= 3:
+                    lost = coord_run(cluster, daemon, project, f"cut-{size}", nodes, cut=True)
+                    bare_lost = bare_node_loss(cluster, nodes, args.loss_bound)
+                    rows.append((f"a node cut for good, {size} nodes: to the first step on {size - 1} (s)",
+                                 f"{lost['recovery_s']:.2f}",
+                                 f"torchrun: {bare_lost['steps_after_cut']} steps in {bare_lost['bound_s']:.0f} s",
+                                 "-" if bare_lost["steps_after_cut"] == 0 else "?"))
+                print(json.dumps({"nodes": size, "coord": ours, "bare": theirs, "killed": killed,
+                                  "bare_killed": bare_killed}), flush=True)
+        finally:
+            daemon.stop()
+    print("\n| measure | coord | compared with | ratio |\n|---|---:|---:|---:|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
