@@ -25,7 +25,7 @@ from coordinator.jobs.transfer import CheckpointDamaged
 from coordinator.store.state import CheckpointEntry, CheckpointRow
 from shared.agent_api.ranks import CheckpointInfo
 from shared.checkpoint_dirs import DIR_NAME
-from shared.rpc import RemoteError
+from shared.rpc import ConnectionLost, RemoteError
 
 #: node -> what it listed of one attempt's checkpoint directories
 Listings = Mapping[str, list[CheckpointInfo]]
@@ -152,7 +152,9 @@ class DirKeeper:
     async def _send(self, attempt: int, step: int, name: str, node: str, rel: str, joined: Joined,
                     parts: Mapping[str, CheckpointInfo]) -> None:
         entry = joined.files[rel]
-        holder = next(n for n in joined.holders[rel] if self.health.reachable(n))
+        holder = next((n for n in joined.holders[rel] if self.health.reachable(n)), None)
+        if holder is None:  # its holders went away after they listed it: this node stays a part for now
+            raise ConnectionLost(f"no node holding {rel} is reachable ({', '.join(joined.holders[rel])})")
         source: CheckpointRow = {
             "step": step, "attempt": attempt, "node": holder, "path": posixpath.join(parts[holder]["path"], rel),
             "sha256": entry["sha256"], "size": entry["size"], "valid": True, "detail": None,

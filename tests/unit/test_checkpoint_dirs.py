@@ -115,3 +115,15 @@ def test_a_node_back_with_the_very_bytes_of_the_whole_keeps_its_copy():
     _settle(keeper, {"a": [_part("a", "state.pt", "COMPLETE")]}, known, over=True)  # a was away, is back
     a_copy = next(c for c in fx.catalog if c["node"] == "a")
     assert a_copy["valid"] and a_copy["detail"] == "the whole, as catalogued"
+
+
+def test_a_whole_whose_only_holder_went_away_after_listing_stays_whole_there_and_a_part_elsewhere():
+    # Found on the multi-host cluster: rank 0's node listed the step's files, then was cut before they
+    # could be sent on; the supervisor must not stop on it (it did, with a StopIteration).
+    fx = Effects()
+    ctx_keeper = _keeper(fx)
+    ctx_keeper.health = SimpleNamespace(usable=lambda node: node != "a", reachable=lambda node: node != "a")  # type: ignore[assignment]
+    known: dict[str, set[str]] = {}
+    assert _settle(ctx_keeper, {"a": [_part("a", "state.pt", "COMPLETE")], "b": [], "c": []}, known)
+    assert fx.copies == []
+    assert [(c["node"], c["valid"]) for c in sorted(fx.catalog, key=lambda c: c["node"])] == [("a", True)]
