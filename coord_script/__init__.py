@@ -36,7 +36,9 @@ def report(step: int, loss: float | None = None, **metrics: float) -> bool:
     """Append a ``train`` progress record for global ``step`` to ``$COORD_PROGRESS_FILE``.
 
     ``metrics`` are numbers coord shows beside the loss: ``tokens_per_second``, ``learning_rate``,
-    ``peak_memory_gb`` (bytes / 1e9); others are kept in the line and ignored by coord. A value that
+    ``peak_memory_gb`` (bytes / 1e9), and for ``coord bench scaling`` ``samples_per_second`` and
+    ``comm_seconds`` (the step's time waiting on the other ranks: its all-reduce); others are kept
+    in the line and ignored by coord. A value that
     is not finite (a NaN loss) is left out of the record, as coord would skip it. The record is one
     JSON line written whole with one ``write`` to a file opened for appending, so ranks that share
     the file never interleave. Returns False when there is no progress file (not run by coord).

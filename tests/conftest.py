@@ -60,14 +60,15 @@ def pytest_xdist_make_scheduler(config, log):
     worker together, since they share one cluster (one set of Unix users and namespaces, made once);
     they come first in the collection, so that worker starts them at once while the other takes the
     rest. An integration module runs on one worker (its daemon and cluster are made once, and its tests
-    may follow each other); every other test is scheduled on its own."""
+    may follow each other), and so does a fuzz module; every other test is scheduled on its own."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ClusterTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             if nodeid.startswith("tests/cluster/"):
                 return "tests/cluster"
-            if nodeid.startswith("tests/integration/"):
+            if nodeid.startswith(("tests/integration/", "tests/unit/test_bad_input_")):
+                # the fuzz modules too: their last test counts the inputs all of the module's tests tried
                 return nodeid.split("::", 1)[0]
             return nodeid
 

@@ -134,11 +134,13 @@ class Window:
         self.losses: list[float] = []
         self.tokens = 0
         self.seconds = 0.0
+        self.comm_seconds = 0.0  # in the gradient exchange and update, after the micro-batches were computed
 
-    def add(self, loss: float, tokens: int, seconds: float) -> None:
+    def add(self, loss: float, tokens: int, seconds: float, comm_seconds: float = 0.0) -> None:
         self.losses.append(loss)
         self.tokens += tokens
         self.seconds += seconds
+        self.comm_seconds += comm_seconds
 
 
 class Trainer:
@@ -168,6 +170,7 @@ class Trainer:
         self.trained_tokens = trained_tokens
         self.heartbeat = heartbeat or silent()  # what this rank does, for coord's watch of hangs
         self._truncation_warned = False
+        self.last_comm_seconds = 0.0  # the last step's gradient exchange and update (see train_step)
         self.compiled_state, self.micro_step, self.update = make_step_functions(model, optimizer, group)
 
     def run(self, start_step: int) -> None:
@@ -182,7 +185,7 @@ class Trainer:
             loss, tokens = self.train_step(step)
             self.heartbeat.step(step)
             self.heartbeat.phase("training")
-            window.add(loss, tokens, time.perf_counter() - started)
+            window.add(loss, tokens, time.perf_counter() - started, self.last_comm_seconds)
             self.trained_tokens += tokens
             last = step == opts.iters
             if step % opts.steps_per_report == 0 or last:
@@ -207,6 +210,7 @@ class Trainer:
             mx.eval(totals)
         if totals is None:  # pragma: no cover - Split makes at least one micro-batch
             raise ValueError(f"step {step} has no micro-batches")
+        exchange = time.perf_counter()
         with self.heartbeat.collective():  # the update adds the gradients across ranks
             if step == self.options.hang_step:
                 # --debug-hang: stuck inside the collective, as a JACCL rank spinning on a lost peer
@@ -214,6 +218,9 @@ class Trainer:
                 threading.Event().wait()
             loss, tokens = self.update(*totals)
             mx.eval(self.compiled_state, loss, tokens)
+        # The micro-batches were evaluated above, so this is the wait on the other ranks' gradients, their
+        # sum and the optimizer's update: what `coord bench scaling` calls the step's communication.
+        self.last_comm_seconds = time.perf_counter() - exchange
         if mx.get_cache_memory() > self.options.clear_cache_threshold:
             mx.clear_cache()  # mlx-lm's --clear-cache-threshold, same rule (0 clears every step)
         return loss.item(), int(tokens.item())
@@ -232,7 +239,9 @@ class Trainer:
                             learning_rate=self.optimizer.learning_rate.item(),
                             steps_per_second=len(window.losses) / seconds,
                             tokens_per_second=window.tokens / seconds, trained_tokens=self.trained_tokens,
-                            peak_memory_gb=mx.get_peak_memory() / 1e9)
+                            peak_memory_gb=mx.get_peak_memory() / 1e9,
+                            samples_per_second=len(window.losses) * self.split.global_batch / seconds,
+                            comm_seconds=window.comm_seconds / len(window.losses))
 
     def validate(self, step: int) -> None:
         if self.val_set is None:  # too small for one global batch: no evaluation

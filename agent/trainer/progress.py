@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from mlx_lm.tuner.callbacks import TrainingCallback
 
-    from shared.agent_api.progress import ProgressRecord
+    from shared.agent_api.progress import ProgressRecord, TrainRecord
 
 
 def append_record(path: str | None, record: ProgressRecord) -> None:
@@ -47,15 +47,21 @@ class Reporter:
             print(text, flush=True)
 
     def train(self, *, step: int, loss: float, learning_rate: float, steps_per_second: float,
-              tokens_per_second: float, trained_tokens: int, peak_memory_gb: float) -> None:
+              tokens_per_second: float, trained_tokens: int, peak_memory_gb: float,
+              samples_per_second: float | None = None, comm_seconds: float | None = None) -> None:
         if not self.active:
             return
         self.say(f"Iter {step}: Train loss {loss:.3f}, Learning Rate {learning_rate:.3e}, "
                  f"It/sec {steps_per_second:.3f}, Tokens/sec {tokens_per_second:.3f}, "
                  f"Trained Tokens {trained_tokens}, Peak mem {peak_memory_gb:.3f} GB")
-        append_record(self.progress_file, {"kind": "train", "step": step, "loss": loss,
-                                           "tokens_per_second": tokens_per_second, "learning_rate": learning_rate,
-                                           "peak_memory_gb": peak_memory_gb})
+        record: TrainRecord = {"kind": "train", "step": step, "loss": loss,
+                                     "tokens_per_second": tokens_per_second, "learning_rate": learning_rate,
+                                     "peak_memory_gb": peak_memory_gb}
+        if samples_per_second is not None:
+            record["samples_per_second"] = samples_per_second
+        if comm_seconds is not None:
+            record["comm_seconds"] = comm_seconds
+        append_record(self.progress_file, record)
         if self.callback is not None:
             self.callback.on_train_loss_report({
                 "iteration": step, "train_loss": loss, "learning_rate": learning_rate,

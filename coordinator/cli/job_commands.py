@@ -22,7 +22,7 @@ TERMINAL = ("succeeded", "failed", "stopped")
 WAIT_SHOWN_EVERY_S = 15.0
 
 
-def _follow_job(socket: Path, name: str, hint: str | None, *, quiet: bool = False) -> RunView:
+def follow_job(socket: Path, name: str, hint: str | None, *, quiet: bool = False) -> RunView:
     """Poll the job until it ends, printing each change of state, step or what it waits for (and
     a wait again every WAIT_SHOWN_EVERY_S, with how long so far)."""
     from coordinator.commands.jobs import render_job
@@ -96,7 +96,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.detach:
         print(f"follow it with: coord status   coord logs -f {job['name']}   coord wait {job['name']}")
         return EXIT_OK
-    final = _follow_job(socket, job["run_id"], hint)
+    final = follow_job(socket, job["run_id"], hint)
     return EXIT_OK if final["state"] == "succeeded" else EXIT_FAILED
 
 
@@ -111,7 +111,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def cmd_wait(args: argparse.Namespace) -> int:
     socket = resolve_socket(args)
     hint = args.config or os.environ.get("COORD_CONFIG")
-    final = _follow_job(socket, args.job, hint, quiet=args.quiet)
+    final = follow_job(socket, args.job, hint, quiet=args.quiet)
     if args.json:
         json.dump(final, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
@@ -122,7 +122,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
     socket = resolve_socket(args)
     hint = args.config or os.environ.get("COORD_CONFIG")
     ask_daemon(socket, "stop", {"name": args.job}, config_hint=hint)
-    final = _follow_job(socket, args.job, hint, quiet=True)
+    final = follow_job(socket, args.job, hint, quiet=True)
     print(f"{args.job}: {final['state']}")
     return EXIT_OK
 

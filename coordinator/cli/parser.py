@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from coordinator.cli.bench_commands import cmd_bench_scaling
 from coordinator.cli.cluster_commands import (
     cmd_calibrate,
     cmd_hostfile,
@@ -29,6 +30,7 @@ from coordinator.config.option_values import (
     SocketPath,
     Text,
     Whole,
+    Wholes,
 )
 from coordinator.jobs.limits import MAX_SECONDS, NODE_WAIT_S, WHOLE
 
@@ -66,7 +68,7 @@ def job_whole(key: str) -> Whole:
 
 
 def parse_command_line(argv: list[str] | None = None) -> argparse.Namespace:
-    """The command line read. `coord run`'s words after the first ``--`` are the job's command
+    """The command line read. `coord run`'s (and `coord bench`'s) words after the first ``--`` are the job's command
     (``args.command``, None without ``--``): everything before it is coord's, options in any order
     with at most a job file among them, so that an option is understood wherever it sits, never
     passed to the command by mistake."""
@@ -74,12 +76,12 @@ def parse_command_line(argv: list[str] | None = None) -> argparse.Namespace:
 
     words = list(sys.argv[1:] if argv is None else argv)
     command = None
-    if words[:1] == ["run"] and "--" in words:
+    if words[:1] in (["run"], ["bench"]) and "--" in words:
         cut = words.index("--")
         words, command = words[:cut], words[cut + 1:]
     parser = build_parser()
     args = parser.parse_args(words)
-    if getattr(args, "command_name", None) == "run":
+    if getattr(args, "command_name", None) in ("run", "bench"):
         args.command = command
     if getattr(args, "command_name", None):
         _refuse_swallowed_values(parser, args)
@@ -310,6 +312,48 @@ def build_parser() -> argparse.ArgumentParser:
                    type=ExistingFile(".toml", other="a command goes after --: coord run [options] -- python train.py"),
                    help="a job file (name, command and the options as fields); a command goes after --")
     p.set_defaults(func=cmd_run, command=None)
+
+    p = sub.add_parser("bench", help="measure how a job scales over 1, 2, ... N of the cluster's nodes",
+                       description="coord bench scaling -- COMMAND: run the same short job (no checkpoints, no "
+                                   "restarts) on the first 1, 2, ... N of the nodes, one after the other, and give "
+                                   "for each size its steps/s, its throughput (samples/s the job reports, or steps/s "
+                                   "times --samples-per-step), its speedup and scaling efficiency (speedup / nodes, "
+                                   "against the smallest size) and the share of a step spent in its gradient "
+                                   "exchange (comm_seconds, which coord's trainer reports and a script may with "
+                                   "coord_script.report). The first fifth of each run's steps is left out as "
+                                   "warm-up. Use a job that keeps its global batch whatever the number of nodes.",
+                       usage="coord bench scaling [options] -- COMMAND...")
+    client_options(p)
+    p.add_argument("kind", choices=["scaling"], help="what to measure")
+    p.add_argument("--nodes", type=Names(), metavar="N1,N2", help="the nodes, in the order they are added (default: "
+                   "every node, in the cluster file's order)")
+    p.add_argument("--sizes", type=Wholes(1, 4096), metavar="1,2,4", help="the numbers of nodes to run on (default: "
+                   "1, 2, ... all)")
+    p.add_argument("--samples-per-step", type=Whole(1, 1 << 30), help="examples per optimizer step, for a job that "
+                   "does not report samples_per_second (default: --global-batch when given)")
+    p.add_argument("--svg", type=FileToWrite(), metavar="FILE", help="also draw throughput and efficiency per size "
+                   "as an SVG chart")
+    p.add_argument("--json", action="store_true", help="print the runs and the rows as JSON")
+    p.add_argument("--source", type=ExistingDir(), help="sync this project directory to every node first")
+    p.add_argument("--follow-outside-links", action="store_true", default=None,
+                   help="with --source: copy what a symlink leading out of it points to")
+    p.add_argument("--save-every", type=job_whole("save_every"), help="checkpoint every N steps (default: none)")
+    p.add_argument("--total-steps", type=job_whole("total_steps"), help="for a script of your own: its length "
+                   "in steps")
+    p.add_argument("--launcher", choices=["mlx", "torchrun", "accelerate", "deepspeed"],
+                   help="what starts the ranks, as for coord run")
+    p.add_argument("--backend", choices=BACKENDS, help="force a backend (MLX)")
+    p.add_argument("--trainer", choices=["mlx_lm", "coord"], help="for `python -m mlx_lm lora ...`, as for coord "
+                   "run (coord's trainer reports samples/s and its gradient exchange's time)")
+    p.add_argument("--procs-per-node", type=job_whole("procs_per_node"), help="a PyTorch job's processes per node")
+    p.add_argument("--global-batch", type=job_whole("global_batch"), help="a PyTorch job's examples per optimizer "
+                   "step, the same at every size (COORD_GRAD_ACCUM makes it up)")
+    p.add_argument("--micro-batch", type=job_whole("micro_batch"), help="with --global-batch: examples per process "
+                   "per micro-step")
+    p.add_argument("--hang-timeout", type=SECONDS, help="as for coord run")
+    p.add_argument("--first-step-timeout", type=SECONDS, help="as for coord run")
+    p.add_argument("--node-wait", type=SECONDS, help="as for coord run")
+    p.set_defaults(func=cmd_bench_scaling, command=None)
 
     p = sub.add_parser("wait", help="block until a job ends; exit 0 only if it succeeded",
                        description="Follow a job until it succeeds, fails or is stopped.")

@@ -166,6 +166,24 @@ class Names(OptionValue):
         return names
 
 
+class Wholes(OptionValue):
+    """Comma-separated whole numbers from ``low`` to ``high``, each once; returned in increasing order."""
+
+    kind = "wholes"
+
+    def __init__(self, low: int, high: int):
+        self.low, self.high = low, high
+
+    def __call__(self, text: str) -> list[int]:
+        _printable(text, "the value")
+        one = Whole(self.low, self.high)
+        values = [one(part) for part in text.split(",")]
+        twice = sorted({value for value in values if values.count(value) > 1})
+        if twice:
+            raise _refuse(f"{', '.join(map(str, twice))} given more than once")
+        return sorted(values)
+
+
 class ExistingDir(OptionValue):
     """A directory on this machine that exists; returned absolute."""
 

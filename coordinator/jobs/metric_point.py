@@ -15,5 +15,7 @@ class MetricPoint(TypedDict, total=False):
     loss: float | None
     learning_rate: float | None
     tokens_per_second: float | None
+    samples_per_second: float | None
+    comm_seconds: float | None  # a step's mean time in its gradient exchange, as the rank measured it
     peak_memory_bytes: int | None  # rank 0's MLX peak
     rank_memory_bytes: dict[str, int]  # rank -> its largest RSS since the point before

@@ -17,7 +17,8 @@ from shared.agent_api.common import JsonObject
 from shared.agent_api.progress import CheckpointRecord, HeartbeatRecord, ProgressRecord, TrainRecord, ValRecord
 
 # What a train record may carry beside its step, each shown as it was written when it is a number.
-_TRAIN_VALUES = ("loss", "tokens_per_second", "learning_rate", "peak_memory_gb")
+_TRAIN_VALUES = ("loss", "tokens_per_second", "learning_rate", "peak_memory_gb", "samples_per_second",
+                 "comm_seconds")
 _PHASE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz_-")
 
 

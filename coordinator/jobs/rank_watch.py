@@ -341,6 +341,7 @@ class RankWatcher:
         self._points.append(("train", {
             "step": step, "attempt": record.attempt, "time": now, "loss": progress.get("loss"),
             "learning_rate": progress.get("learning_rate"), "tokens_per_second": progress.get("tokens_per_second"),
+            "samples_per_second": progress.get("samples_per_second"), "comm_seconds": progress.get("comm_seconds"),
             # mlx-lm's peak memory is bytes / 1e9
             "peak_memory_bytes": int(peak * 1e9) if isinstance(peak, (int, float)) else None,
             "rank_memory_bytes": dict(attempt.rank_peaks)}))

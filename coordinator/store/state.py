@@ -16,7 +16,7 @@ from typing import Any, NotRequired, TypedDict
 from shared.agent_api.calibration import CalibrationReply
 from shared.agent_api.common import JsonObject
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -82,6 +82,8 @@ CREATE TABLE IF NOT EXISTS metric_points (
     learning_rate REAL,
     tokens_per_second REAL,
     peak_memory_bytes INTEGER,      -- rank 0's MLX peak memory
+    samples_per_second REAL,        -- schema 5: what `coord bench scaling` reads
+    comm_seconds REAL,              -- schema 5: a step's mean time in its gradient exchange
     rank_memory TEXT,               -- JSON {rank: bytes}: each rank's largest RSS since the point before
     PRIMARY KEY (run_id, series, step)
 ) WITHOUT ROWID;
@@ -260,7 +262,14 @@ class StateStore:
                     COMMIT;
                 """)
         if version < 4:
-            self._db.executescript(_METRICS_SCHEMA)
+            self._db.executescript(_METRICS_SCHEMA)  # made with schema 5's columns already
+        elif version < 5:
+            self._db.executescript("""
+                BEGIN;
+                ALTER TABLE metric_points ADD COLUMN samples_per_second REAL;
+                ALTER TABLE metric_points ADD COLUMN comm_seconds REAL;
+                COMMIT;
+            """)
         self._db.execute("UPDATE meta SET value=? WHERE key='schema'", (str(SCHEMA_VERSION),))
 
     @property

@@ -9,7 +9,12 @@ class _Timed(TypedDict, total=False):
     time: float  # seconds since the epoch, when it was written
 
 
-class TrainRecord(_Timed):
+class _TrainExtras(_Timed, total=False):
+    samples_per_second: float  # examples (the global batch) trained per second, when the trainer knows it
+    comm_seconds: float  # the mean time of a step's gradient exchange (``coord bench scaling``'s wait share)
+
+
+class TrainRecord(_TrainExtras):
     kind: Literal["train"]
     step: int
     loss: float

@@ -4,6 +4,7 @@ caught by their fingerprints, and the job resumes from a checkpoint taken before
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -75,3 +76,31 @@ def test_a_rank_whose_weights_diverge_is_named_and_the_job_resumes_from_before(c
     assert training["steps_compared"] >= 8  # 4 before the divergence, the divergent step, 5 after the resume
     assert training["divergences"] == [f"attempt 0: rank 1 diverged from the majority's weights at step 8 "
                                        f"({final['nodes'][1]})"], training
+
+
+def test_bench_scaling_runs_the_job_on_one_then_two_nodes_and_measures_each(cluster):
+    daemon, root = cluster
+    svg = root / "scaling.svg"
+    done = coord("bench", "scaling", "--config", str(daemon.config), "--nodes", "b,a", "--json", "--svg", str(svg),
+                 "--source", str(root / "project"), "--trainer", "coord", "--hang-timeout", "300", "--",
+                 "python", "-m", "mlx_lm", "lora", "--model", "model", "--train", "--data", "data",
+                 "--fine-tune-type", "full", "--batch-size", "4", "--iters", "30", "--steps-per-report", "2",
+                 "--learning-rate", "1e-4", env=daemon.env, timeout=600)
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    rows = {row["nodes"]: row for row in answer["rows"]}
+    assert sorted(rows) == [1, 2] and sorted(answer["runs"]) == ["1", "2"]
+    for row in rows.values():
+        # coord's trainer reports its samples (4 a step, whatever the number of ranks) and its exchange's time
+        assert row["unit"] == "samples/s" and row["throughput"] > 0 and row["steps_per_second"] > 0, row
+        assert row["throughput"] == pytest.approx(4 * row["steps_per_second"], rel=0.35), row
+        assert 0 < row["comm_share"] < 1, row
+    assert rows[1]["speedup"] == 1.0 and rows[1]["efficiency"] == 1.0
+    assert rows[2]["efficiency"] == pytest.approx(rows[2]["speedup"] / 2)
+    # each size ran as a job of its own, on the nodes in the order given, and trained to the end
+    doc = json.loads(coord("status", "--json", "--all", "--config", str(daemon.config), env=daemon.env).stdout)
+    jobs = {job["run_id"]: job for job in doc["jobs"]}
+    assert jobs[answer["runs"]["1"]]["nodes"] == ["b"] and jobs[answer["runs"]["2"]]["nodes"] == ["b", "a"]
+    assert all(jobs[run]["state"] == "succeeded" and jobs[run]["step"] == 30 for run in answer["runs"].values())
+    chart = svg.read_text()
+    assert chart.startswith("<svg") and len(re.findall(r'<rect [^>]*fill="#3366aa"', chart)) == 2  # a bar a size

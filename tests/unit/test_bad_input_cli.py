@@ -185,6 +185,9 @@ def must_refuse(action: argparse.Action, value: str) -> bool:
             return True
         low_open = getattr(checker, "low_open", False)
         return number <= checker.low if low_open else number < checker.low
+    if isinstance(checker, ov.Wholes):
+        parts = [_number(part, True) for part in value.split(",")]
+        return any(n is None or not checker.low <= n <= checker.high for n in parts) or len(set(parts)) != len(parts)
     if isinstance(checker, ov.Names):
         names = [n.strip() for n in value.split(",")]
         return not all(re.match(NODE_NAME.pattern, n) for n in names) or len(set(names)) != len(names)
@@ -213,7 +216,7 @@ def _samples(paths: dict[str, str]) -> dict[tuple[str, str], list[str]]:
     """A valid value for each argument a command needs before another one can be tried."""
     return {("daemon", "config"): ["--config", paths["cluster"]], ("trust", "host"): ["n1"],
             ("wait", "job"): ["j1"], ("stop", "job"): ["j1"], ("cancel", "job"): ["j1"],
-            ("resize", "job"): ["j1"], ("logs", "job"): ["j1"]}
+            ("resize", "job"): ["j1"], ("logs", "job"): ["j1"], ("bench", "kind"): ["scaling"]}
 
 
 def command_line(command: str, action: argparse.Action, value: str, paths: dict[str, str]) -> list[str]:
@@ -226,9 +229,10 @@ def command_line(command: str, action: argparse.Action, value: str, paths: dict[
         if needed and other.dest != action.dest and not isinstance(other, argparse._HelpAction):
             argv += _samples(paths)[(command, other.dest)]
     flag = _flag(action)
+    job = ["--", "python", "train.py"] if command in ("run", "bench") else []  # their words after -- are the job's
     if flag is not None:
-        return argv + [f"{flag}={value}"] + (["--", "python", "train.py"] if command == "run" else [])
-    return argv + ([value] if command == "run" else ["--", value])
+        return argv + [f"{flag}={value}"] + job
+    return argv + ([value, *job] if job else ["--", value])
 
 
 def test_every_option_that_takes_a_value_declares_what_it_takes():
@@ -307,6 +311,11 @@ def test_options_are_coords_wherever_they_sit_before_the_separator_and_the_comma
     (["run", "--", "python", "-m", "mlx_lm", "lora", "--train", "--iters", "nan"], ["--iters must be a whole"]),
     (["run", "--", "python", "-m", "mlx_lm", "lora", "--train", "--iters", "-5"], ["--iters must be a whole"]),
     (["run", "--total-steps", "7", "--", "python", "-m", "mlx_lm", "lora", "--iters", "5"], ["differs from"]),
+    (["bench", "scaling"], ["give the job after --"]),
+    (["bench", "scaling", "--", "python", "-m", "mlx_lm", "lora", "--iters", "nan"], ["--iters must be a whole"]),
+    (["bench", "scaling", "--nodes", "a,b", "--sizes", "1,3", "--", "python", "t.py"], ["--sizes 3 is more than"]),
+    (["bench", "scaling", "--sizes", "2,2", "--", "python", "t.py"], ["--sizes", "more than once"]),
+    (["bench", "--", "python", "t.py"], ["the following arguments are required: kind"]),
     (["status", "--interval", "2"], ["--interval applies only with --watch"]),
     (["status", "--since", "60"], ["--since applies only with --history"]),
     (["status", "--run", "j1"], ["--run applies only with --history"]),

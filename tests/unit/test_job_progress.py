@@ -13,7 +13,7 @@ from coordinator.jobs.spec import JobSpec
 
 def test_coords_own_records_are_kept_as_written():
     train = {"kind": "train", "step": 12, "loss": 1.25, "tokens_per_second": 900, "learning_rate": 1e-5,
-             "peak_memory_gb": 3.5, "time": 1700000000.5}
+             "peak_memory_gb": 3.5, "samples_per_second": 48.0, "comm_seconds": 0.02, "time": 1700000000.5}
     assert read_record(train) == train
     assert read_record({"kind": "val", "step": 10, "val_loss": 2.0}) == {"kind": "val", "step": 10, "val_loss": 2.0}
     fingerprint = {"kind": "fingerprint", "step": 8, "rank": 1, "sha256": "a" * 64}

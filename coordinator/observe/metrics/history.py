@@ -12,6 +12,7 @@ going); with one, that run (a job name means its newest run)::
      "runs": [{"run_id", "name",
                "train": {"step": [...], "attempt": [...], "time": [...], "loss": [...],
                          "learning_rate": [...], "tokens_per_second": [...], "peak_memory_bytes": [...],
+                         "samples_per_second": [...], "comm_seconds": [...],
                          "rank_memory_bytes": {"0": [...], "1": [...]}},
                "val": {"step": [...], "attempt": [...], "time": [...], "loss": [...]},
                "attempts": [{"attempt", "start_step", "time", "nodes", "detail"}, ...]}],
@@ -36,7 +37,8 @@ from typing import Any, Required, TypedDict
 from coordinator.jobs.metric_point import MetricPoint
 from coordinator.observe.metrics import thinning
 
-TRAIN_FIELDS = ("loss", "learning_rate", "tokens_per_second", "peak_memory_bytes")
+TRAIN_FIELDS = ("loss", "learning_rate", "tokens_per_second", "peak_memory_bytes", "samples_per_second",
+                "comm_seconds")
 NODE_FIELDS = ("memory_used_bytes", "memory_total_bytes", "gpu_utilization", "gpu_memory_bytes", "power_watts",
                "temperature_c")
 
@@ -75,6 +77,8 @@ class TrainSeries(TypedDict):
     learning_rate: list[float | None]
     tokens_per_second: list[float | None]
     peak_memory_bytes: list[int | None]
+    samples_per_second: list[float | None]
+    comm_seconds: list[float | None]  # a step's mean time in its gradient exchange, where the rank says
     rank_memory_bytes: dict[str, list[int | None]]  # rank -> a value per point
 
 
@@ -160,7 +164,8 @@ class MetricsHistory:
         ranks = point.get("rank_memory_bytes")
         cursor = self._db.execute(
             "INSERT OR IGNORE INTO metric_points (run_id, series, step, attempt, ts, loss, learning_rate, "
-            "tokens_per_second, peak_memory_bytes, rank_memory) VALUES (?,?,?,?,?,?,?,?,?,?)",
+            "tokens_per_second, peak_memory_bytes, samples_per_second, comm_seconds, rank_memory) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
             (run_id, series, int(point["step"]), int(point["attempt"]), float(point["time"]),
              *(_number(point.get(f)) for f in TRAIN_FIELDS), json.dumps(ranks) if ranks else None))
         return cursor.rowcount == 1
@@ -239,7 +244,8 @@ class MetricsHistory:
             "step": [r[0] for r in rows], "attempt": [r[1] for r in rows], "time": [r[2] for r in rows],
             "loss": [r[3] for r in rows], "learning_rate": [r[4] for r in rows],
             "tokens_per_second": [r[5] for r in rows], "peak_memory_bytes": [_int(r[6]) for r in rows],
-            "rank_memory_bytes": _rank_columns([json.loads(r[7]) if r[7] else {} for r in rows])}
+            "samples_per_second": [r[7] for r in rows], "comm_seconds": [r[8] for r in rows],
+            "rank_memory_bytes": _rank_columns([json.loads(r[9]) if r[9] else {} for r in rows])}
         rows = self._points(run_id, "val", since)
         val: ValSeries = {"step": [r[0] for r in rows], "attempt": [r[1] for r in rows],
                           "time": [r[2] for r in rows], "loss": [r[3] for r in rows]}
@@ -253,7 +259,8 @@ class MetricsHistory:
     def _points(self, run_id: str, series: str, since: float | None) -> list[tuple[Any, ...]]:
         """A series' rows newer than ``since``, by step: step, attempt, time, the TRAIN_FIELDS, rank memory."""
         return self._db.execute(
-            "SELECT step, attempt, ts, loss, learning_rate, tokens_per_second, peak_memory_bytes, rank_memory "
+            "SELECT step, attempt, ts, loss, learning_rate, tokens_per_second, peak_memory_bytes, "
+            "samples_per_second, comm_seconds, rank_memory "
             "FROM metric_points WHERE run_id=? AND series=? AND ts>? ORDER BY step",
             (run_id, series, since if since is not None else float("-inf"))).fetchall()
 
