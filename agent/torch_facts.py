@@ -13,6 +13,8 @@ GPUs), with the reason in ``detail``.
 
 from __future__ import annotations
 
+import contextlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -35,7 +37,8 @@ VERSIONS_TIMEOUT_S = 30.0
 TORCH_PROBE_TIMEOUT_S = 120.0
 SHM_PATH = "/dev/shm"
 
-# Run in the node's Python when it is not the agent's own: versions without importing anything.
+# Run in the node's Python when it is not the agent's own: versions without importing anything, and
+# where torch's distribution lies (its stamp: a reinstall makes a new one), for the probe's cache.
 _VERSIONS_PROBE = """\
 import json, sys
 from importlib import metadata
@@ -44,7 +47,12 @@ def version(name):
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return None
-print(json.dumps({name: version(name) for name in sys.argv[1:]}))
+answer = {name: version(name) for name in sys.argv[1:]}
+try:
+    answer["_torch_at"] = str(metadata.distribution("torch")._path)
+except Exception:
+    pass
+print(json.dumps(answer))
 """
 
 # Run in the node's Python only when torch is installed. With the argument "gpus" it lists the
@@ -90,14 +98,51 @@ print(json.dumps(answer))
 """
 
 
+#: The torch probe's answers, by what they depend on (see probe_key): importing torch takes seconds,
+#: and a job's pre-flight asks again at every launch.
+_PROBES: dict[tuple[object, ...], JsonObject] = {}
+
+
+def probe_key(python: str, versions: TorchVersions, torch_at: str | None, want_gpus: bool) -> tuple[object, ...] | None:
+    """What the torch probe's answer depends on: the interpreter, torch's version and its installed
+    files (their directory's inode and time: a reinstall changes them), the GPU driver (its version
+    file), and whether GPUs are listed; None when that cannot be told (no stamp): asked every time."""
+    if torch_at is None:
+        return None
+    try:
+        stamp = os.stat(torch_at)
+    except OSError:
+        return None
+    try:
+        with open("/proc/driver/nvidia/version", encoding="utf-8", errors="replace") as file:
+            driver: str | None = file.read(4096)
+    except OSError:
+        driver = None
+    return (os.path.realpath(python), versions["torch"], stamp.st_ino, stamp.st_mtime_ns, driver, want_gpus)
+
+
+def cached_torch_probe(python: str, key: tuple[object, ...] | None, *, want_gpus: bool,
+                       detail: dict[str, str]) -> JsonObject:
+    """The probe's answer, asked once per ``key``: a failed probe is asked again next time, and so is
+    one that listed GPUs through torch (their memory in use changes)."""
+    if key is not None and key in _PROBES:
+        return _PROBES[key]
+    answer = run_torch_probe(python, want_gpus=want_gpus, detail=detail)
+    if key is not None and answer and not answer.get("gpus"):
+        _PROBES[key] = answer
+    return answer
+
+
 def collect_torch_facts(python: str) -> TorchFactsReply:
     """This node as a PyTorch job sees it, with ``python`` the interpreter its ranks run."""
     detail: dict[str, str] = {}
-    versions = read_versions(python, detail)
+    located: dict[str, str] = {}
+    versions = read_versions(python, detail, located)
     probe: JsonObject = {}
     gpus, gpu_source = read_nvidia_smi(detail)
     if versions["torch"] is not None:
-        probe = run_torch_probe(python, want_gpus=gpus is None, detail=detail)
+        key = probe_key(python, versions, located.get("torch"), gpus is None)
+        probe = cached_torch_probe(python, key, want_gpus=gpus is None, detail=detail)
         versions["cuda"] = probe.get("cuda") if isinstance(probe.get("cuda"), str) else None
         versions["nccl"] = torch_parsers.nccl_version_text(probe.get("nccl"))
     if gpus is None:
@@ -123,11 +168,16 @@ def collect_torch_facts(python: str) -> TorchFactsReply:
     }
 
 
-def read_versions(python: str, detail: dict[str, str]) -> TorchVersions:
-    """torch, Accelerate and DeepSpeed from their distributions' metadata (nothing is imported)."""
+def read_versions(python: str, detail: dict[str, str], located: dict[str, str] | None = None) -> TorchVersions:
+    """torch, Accelerate and DeepSpeed from their distributions' metadata (nothing is imported);
+    ``located`` gets where torch's distribution lies, when it is installed."""
     found: dict[str, str | None]
+    located = {} if located is None else located
     if os.path.abspath(python) == os.path.abspath(sys.executable):
         found = {key: read_package_version(dist) for key, dist in PACKAGES.items()}
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError, AttributeError):
+            # a PathDistribution's directory: what _VERSIONS_PROBE gives for another interpreter
+            located["torch"] = str(importlib.metadata.distribution("torch")._path)  # type: ignore[attr-defined]
     else:
         result = run_command([python, "-c", _VERSIONS_PROBE, *PACKAGES.values()], VERSIONS_TIMEOUT_S)
         answer = _last_json_line(result.stdout) if result.stdout is not None else None
@@ -136,6 +186,8 @@ def read_versions(python: str, detail: dict[str, str]) -> TorchVersions:
             answer = {}
         found = {key: value if isinstance(value := answer.get(dist), str) and value else None
                  for key, dist in PACKAGES.items()}
+        if isinstance(answer.get("_torch_at"), str):
+            located["torch"] = answer["_torch_at"]
     return {"torch": found["torch"], "cuda": None, "nccl": None, "accelerate": found["accelerate"],
             "deepspeed": found["deepspeed"]}
 

@@ -1,8 +1,8 @@
 """Benchmark: a PyTorch job under coord against bare torchrun, side by side, on the multi-host cluster.
 
 On the multi-host test cluster (network namespaces, one sshd, user and venv per node, torch's CPU
-build in each; root on Linux), a small DDP job over Gloo (a 256-wide MLP on random data, a checkpoint
-directory every 20 steps), at 2 and 3 nodes:
+build in each; root on Linux), a small DDP job over Gloo (an MLP of --width on random data, one torch
+thread per process on both sides, a checkpoint directory every --save-every steps), at 2 and 3 nodes:
 
 1. launch to first step: `coord run --launcher torchrun` (daemon warm, pre-flight included) vs bare
    torchrun started on every node by hand with a c10d rendezvous (what a user writes: one command per
@@ -42,8 +42,23 @@ sys.path.insert(0, str(REPO))
 from tests.cluster.netns import DEFAULT_NODES, NetnsCluster  # noqa: E402
 from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir  # noqa: E402
 
-STEPS = 300
-SAVE_EVERY = 20
+
+class Job:
+    """The job's size, set from the command line: its steps, checkpoint interval and width."""
+
+    steps = 300
+    save_every = 100
+    width = 1024
+
+    @classmethod
+    def argv(cls) -> list[str]:
+        return [str(cls.steps), str(cls.save_every), str(cls.width)]
+
+    @classmethod
+    def kill_at(cls) -> int:
+        """Half an interval after the first checkpoint: both sides resume from it and redo as much."""
+        return cls.save_every + cls.save_every // 2
+
 PORT = 29400
 
 #: The job: under coord it resumes from COORD_RESUME_DIR; under bare torchrun from the newest directory
@@ -52,11 +67,12 @@ SCRIPT = textwrap.dedent('''
     import os, sys, time, torch, torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
     import coord_script
-    steps = int(sys.argv[1])
+    steps, save_every, width = (int(word) for word in sys.argv[1:4])
+    torch.set_num_threads(1)  # the nodes share the machine's cores: one thread per process, on both sides
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     root = os.environ.get("COORD_CHECKPOINT_DIR") or os.environ["BARE_CHECKPOINTS"]
     resume = coord_script.resume_dir()
@@ -69,18 +85,19 @@ SCRIPT = textwrap.dedent('''
         model.load_state_dict(state["model"]); optimizer.load_state_dict(state["optimizer"]); start = state["step"]
     ddp = DistributedDataParallel(model)
     for step in range(start + 1, steps + 1):
-        x = torch.randn(32, 256, generator=torch.Generator().manual_seed(step * 100 + rank))
+        x = torch.randn(32, width, generator=torch.Generator().manual_seed(step * 100 + rank))
         loss = (ddp(x) ** 2).mean()
         optimizer.zero_grad(); loss.backward(); optimizer.step()
         if rank == 0:
             coord_script.report(step, loss=loss.item())
-            if step % 20 == 0:
+            if step % save_every == 0:
                 offset = coord_script.step_offset()
                 directory = os.path.join(root, f"{step - offset:07d}")
                 os.makedirs(directory, exist_ok=True)
                 torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
                            os.path.join(directory, "state.pt"))
                 open(os.path.join(directory, "COMPLETE"), "w").close()
+    dist.barrier()  # rank 0 may still be saving: Gloo aborts a peer that leaves before the others
     dist.destroy_process_group()
 ''')
 
@@ -109,12 +126,17 @@ def wait_until(check, timeout: float, what: str):
 
 
 class Bare:
-    """torchrun on every node by hand: one command each, in its namespace, as its user."""
+    """torchrun on every node by hand: one command each, in its namespace, as its user. The first node
+    hosts the c10d store (``is_host``): torchrun finds that by matching the endpoint against its
+    hostname's addresses, which the namespaces share with the machine (pytorch#150532's case), and
+    each node gives its own address (``--local-addr``) for the same reason: what a user of torchrun
+    writes where hostnames do not resolve to the address the nodes reach each other on."""
 
     def __init__(self, cluster: NetnsCluster, nodes: list[str], tag: str, *, nnodes: str | None = None,
                  max_restarts: int = 0):
         self.cluster, self.nodes, self.tag = cluster, nodes, tag
         self.procs: list[subprocess.Popen] = []
+        self.logs: list[Path] = []
         self.nnodes = nnodes or str(len(nodes))
         self.max_restarts = max_restarts
         first = cluster.node(nodes[0])
@@ -128,15 +150,29 @@ class Bare:
             spec = self.cluster.node(name)
             checkpoints = Path(spec.workdir) / f"bench-{self.tag}-ckpt"
             env = (f"PYTHONPATH={REPO} COORD_PROGRESS_FILE={self.progress if rank == 0 else '/dev/null'} "
-                   f"BARE_CHECKPOINTS={checkpoints} OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=eth0")
+                   f"BARE_CHECKPOINTS={checkpoints} GLOO_SOCKET_IFNAME=eth0")
             command = (f"cd {spec.workdir} && rm -rf {checkpoints} && env {env} {spec.python} -m torch.distributed.run "
                        f"--nnodes {self.nnodes} --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint {endpoint} "
-                       f"--rdzv-id bench-{self.tag} --max-restarts {self.max_restarts} "
-                       f"bench_ddp.py {STEPS}")
-            self.procs.append(self.cluster.popen_in(name, ["sh", "-c", command], user=spec.user,
+                       f"--rdzv-id bench-{self.tag} --rdzv-conf is_host={'true' if rank == 0 else 'false'} "
+                       f"--local-addr {self.cluster.node_ip(name)} "
+                       f"--max-restarts {self.max_restarts} "
+                       f"bench_ddp.py {' '.join(Job.argv())}")
+            log = Path(spec.workdir) / f"bench-{self.tag}-{name}.log"  # kept: what went wrong, if anything did
+            self.logs.append(log)
+            self.procs.append(self.cluster.popen_in(name, ["sh", "-c", f"{command} > {log} 2>&1"], user=spec.user,
                                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                                      start_new_session=True))
         return started
+
+    def tails(self) -> str:
+        """The end of each node's output, torch's C++ stack frames left out."""
+        out = []
+        for log in self.logs:
+            if log.exists():
+                text = log.read_text(errors="replace")
+                lines = [line for line in text.splitlines() if not line.startswith("frame #")]
+                out.append(f"--- {log}:\n" + "\n".join(lines[-25:]))
+        return "\n".join(out)
 
     def worker(self, name: str) -> int:
         spec = self.cluster.node(name)
@@ -155,30 +191,39 @@ class Bare:
 def bare_run(cluster: NetnsCluster, nodes: list[str], tag: str, *, kill: bool) -> dict:
     bare = Bare(cluster, nodes, tag, max_restarts=3 if kill else 0)
     try:
-        started = bare.start()
-        first = wait_until(lambda: records(bare.progress), 300, "first bare step")[0]
-        out = {"first_step_s": first["time"] - started}
-        if kill:
-            wait_until(lambda: records(bare.progress) and records(bare.progress)[-1]["step"] >= 110, 300, "step 110")
-            killed = time.time()
-            os.kill(bare.worker(nodes[1]), signal.SIGKILL)
-            after = wait_until(lambda: [r for r in records(bare.progress) if r["time"] > killed + 0.05 and
-                                        r["step"] <= 110], 300, "a resumed bare step")
-            out["recovery_s"] = after[0]["time"] - killed
-        done = wait_until(lambda: records(bare.progress) and records(bare.progress)[-1]["step"] >= STEPS, 900,
-                          "the last bare step")
-        tail = [r for r in done if r["time"] >= (after[-1]["time"] if kill else 0)]
-        out["steps_per_s"] = (tail[-1]["step"] - tail[0]["step"]) / (tail[-1]["time"] - tail[0]["time"])
-        return out
+        return _bare_run(bare, nodes, kill=kill)
+    except RuntimeError as exc:
+        raise RuntimeError(f"{exc}; bare torchrun's output:\n{bare.tails()}") from None
     finally:
         bare.stop()
+
+
+def _bare_run(bare: Bare, nodes: list[str], *, kill: bool) -> dict:
+    started = bare.start()
+    first = wait_until(lambda: records(bare.progress), 300, "first bare step")[0]
+    out = {"first_step_s": first["time"] - started}
+    after: list[dict] = []
+    if kill:
+        wait_until(lambda: records(bare.progress) and records(bare.progress)[-1]["step"] >= Job.kill_at(), 300,
+                   "the step to kill at")
+        killed = time.time()
+        os.kill(bare.worker(nodes[1]), signal.SIGKILL)
+        after = wait_until(lambda: [r for r in records(bare.progress) if r["time"] > killed + 0.05 and
+                                    r["step"] <= Job.kill_at()], 300, "a resumed bare step")
+        out["recovery_s"] = after[0]["time"] - killed
+    wait_until(lambda: records(bare.progress) and records(bare.progress)[-1]["step"] >= Job.steps, 900,
+               "the last bare step")
+    tail = [r for r in records(bare.progress) if r["time"] >= (after[-1]["time"] if after else 0)]
+    out["steps_per_s"] = (tail[-1]["step"] - tail[0]["step"]) / (tail[-1]["time"] - tail[0]["time"])
+    return out
 
 
 def bare_node_loss(cluster: NetnsCluster, nodes: list[str], bound: float) -> dict:
     bare = Bare(cluster, nodes, "loss", max_restarts=3)
     try:
         bare.start()
-        wait_until(lambda: records(bare.progress) and records(bare.progress)[-1]["step"] >= 110, 300, "step 110")
+        wait_until(lambda: records(bare.progress) and records(bare.progress)[-1]["step"] >= Job.kill_at(), 300,
+                   "the step to cut at")
         cut = time.time()
         cluster.cut_link(nodes[-1])
         time.sleep(bound)
@@ -203,15 +248,16 @@ def coord_run(cluster: NetnsCluster, daemon: DaemonProcess, project: Path, name:
     extra = ["--min-nodes", str(len(nodes) - 1), "--node-timeout", "5"] if cut else []
     started = time.time()
     done = coord("run", "--config", str(daemon.config), "--name", name, "--source", str(project), "--detach",
-                 "--nodes", ",".join(nodes), "--save-every", str(SAVE_EVERY), "--launcher", "torchrun", *extra, "--",
-                 "python", "bench_ddp.py", str(STEPS), env=daemon.env)
+                 "--nodes", ",".join(nodes), "--save-every", str(Job.save_every), "--launcher", "torchrun", *extra,
+                 "--", "python", "bench_ddp.py", *Job.argv(), env=daemon.env)
     assert done.returncode == 0, done.stderr
     daemon.wait_for(lambda d: any(j["name"] == name and j["state"] == "running" for j in d["jobs"]), 300, "running")
     first = wait_until(lambda: records(job_progress(cluster, daemon, name, 0)), 300, "first step")[0]
     out = {"first_step_s": first["time"] - started}
     if kill or cut:
         progress = job_progress(cluster, daemon, name, 0)
-        wait_until(lambda: records(progress) and records(progress)[-1]["step"] >= 110, 300, "step 110")
+        wait_until(lambda: records(progress) and records(progress)[-1]["step"] >= Job.kill_at(), 300,
+                   "the step to kill at")
         at = time.time()
         if kill:
             victim = cluster.node(nodes[1])
@@ -230,10 +276,19 @@ def coord_run(cluster: NetnsCluster, daemon: DaemonProcess, project: Path, name:
                 cluster.restore_link(nodes[-1])
     waited = coord("wait", "--quiet", "--json", "--config", str(daemon.config), name, env=daemon.env, timeout=900)
     final = json.loads(waited.stdout)
-    assert final["state"] == "succeeded", final
     last = records(job_progress(cluster, daemon, name, final["attempt"]))
+    if final["state"] != "succeeded" or len(last) < 2:
+        raise RuntimeError(f"{name}: {final['state']} at attempt {final['attempt']} with {len(last)} steps in its "
+                           f"progress file:\n{story(daemon, name)}")
     out["steps_per_s"] = (last[-1]["step"] - last[0]["step"]) / (last[-1]["time"] - last[0]["time"])
     return out
+
+
+def story(daemon: DaemonProcess, name: str) -> str:
+    """The job's events, for a run that went wrong."""
+    shown = coord("status", "--json", "--events", "500", "--config", str(daemon.config), env=daemon.env)
+    doc = json.loads(shown.stdout)
+    return "\n".join(f"{e['kind']}: {e['message']}" for e in doc["events"] if e["message"].startswith(f"{name}:"))
 
 
 def median(values: list[float]) -> float:
@@ -245,7 +300,11 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, nargs="+", default=[2, 3])
     parser.add_argument("--runs", type=int, default=2, help="cold runs of each, interleaved (medians reported)")
     parser.add_argument("--loss-bound", type=float, default=60.0, help="how long bare torchrun is given after a cut")
+    parser.add_argument("--steps", type=int, default=Job.steps)
+    parser.add_argument("--save-every", type=int, default=Job.save_every)
+    parser.add_argument("--width", type=int, default=Job.width, help="the MLP's width (its step time)")
     args = parser.parse_args()
+    Job.steps, Job.save_every, Job.width = args.steps, args.save_every, args.width
     if os.geteuid() != 0:
         print("needs root (network namespaces)", file=sys.stderr)
         return 2

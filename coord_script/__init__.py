@@ -26,7 +26,8 @@ import os
 import time
 from typing import Any
 
-__all__ = ["accelerate_tracker", "checkpoint_dir", "hf_callback", "report", "resume_dir", "step_offset"]
+__all__ = ["accelerate_tracker", "checkpoint_dir", "deepspeed_config", "hf_callback", "report", "resume_dir",
+           "step_offset"]
 
 #: Checkpoint names carry the step in seven digits (docs/script-contract.md).
 STEP_DIGITS = 7
@@ -67,6 +68,13 @@ def resume_dir() -> str | None:
     """The checkpoint directory this attempt resumes from (``$COORD_RESUME_DIR``), or None on a
     first attempt or outside coord."""
     return os.environ.get("COORD_RESUME_DIR") or None
+
+
+def deepspeed_config() -> str | None:
+    """The DeepSpeed JSON of ``coord run --plan DIR`` for this attempt (``$COORD_DEEPSPEED_CONFIG``: the
+    plan's ZeRO stage, precision and offload, with this attempt's batch, which a shrink changes), or None
+    without a plan: ``deepspeed.initialize(..., config=coord_script.deepspeed_config() or "ds.json")``."""
+    return os.environ.get("COORD_DEEPSPEED_CONFIG") or None
 
 
 def step_offset() -> int:

@@ -67,6 +67,7 @@ def main():
         time.sleep(args.sleep)
     if rank == 0 and os.environ.get("COORD_CHECKPOINT_DIR"):
         torch.save(model.state_dict(), os.path.join(os.environ["COORD_CHECKPOINT_DIR"], "final.pt"))
+    dist.barrier()  # rank 0 may still be saving: Gloo aborts a peer that leaves before the others
     dist.destroy_process_group()
 
 main()
@@ -113,6 +114,8 @@ parser.add_argument("--sleep", type=float, default=0.0)
 args = parser.parse_args()
 accelerator = Accelerator(log_with=[coord_script.accelerate_tracker()])  # its log() is coord's progress
 accelerator.init_trackers("acc")
+if accelerator.is_main_process and os.environ.get("COORD_GRAD_ACCUM"):  # the batch coord keeps (--global-batch, a plan)
+    print(f"batch: global {os.environ['COORD_GLOBAL_BATCH']}, accumulation {os.environ['COORD_GRAD_ACCUM']}", flush=True)
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05)

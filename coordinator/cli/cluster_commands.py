@@ -150,7 +150,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     document = streamed(args, "plan", call, render_plan, NodeProgress)
     torch_section = document.get("pytorch") if args.launcher else None
     if isinstance(torch_section, dict) and torch_section.get("files"):
-        write_launcher_files(torch_section["files"], Path(args.config_dir or f"coord-{args.launcher}"),
+        # The launcher's files, and the plan itself for `coord run --plan DIR`.
+        plan = {key: value for key, value in torch_section.items() if key != "files"}
+        files = {**torch_section["files"], "plan.json": json.dumps(plan, indent=2, sort_keys=True) + "\n"}
+        write_launcher_files(files, Path(args.config_dir or f"coord-{args.launcher}"),
                              sys.stderr if args.json else sys.stdout)
     return EXIT_OK
 

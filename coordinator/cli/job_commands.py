@@ -56,6 +56,14 @@ def run_request(args: argparse.Namespace) -> dict[str, object]:
     from coordinator.jobs.spec import JobSpec, JobSpecError, check_fields, load_job_file, validate
 
     given = {key: value for key in SPEC_OPTIONS if (value := getattr(args, key)) is not None}
+    if args.plan:
+        from coordinator.cli.plan_file import plan_fields
+
+        planned = plan_fields(args.plan)
+        if given.get("launcher", planned["launcher"]) != planned["launcher"]:
+            raise CliError(f"--launcher {given['launcher']} and the plan's launcher, {planned['launcher']}: give one",
+                           EXIT_USAGE)
+        given = {**planned, **given}  # an option given on the line wins over the plan's value
     command = args.command  # the words after --; None without --
     if args.resume and given.get("name", args.resume) != args.resume:
         raise CliError("--resume NAME names the job; --name is not needed with it", EXIT_USAGE)

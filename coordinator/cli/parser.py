@@ -281,6 +281,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "step, kept when a node is left out: each worker gets COORD_GRAD_ACCUM and COORD_MICRO_BATCH")
     p.add_argument("--micro-batch", type=job_whole("micro_batch"), help="with --global-batch: examples per process "
                    "per micro-step (default 1)")
+    p.add_argument("--plan", type=ExistingDir(), metavar="DIR", help="run with a PyTorch plan: the directory "
+                   "`coord plan --launcher accelerate|deepspeed` wrote (its launcher, nodes, processes per node, "
+                   "global and micro-batch, and its Accelerate config or DeepSpeed JSON, edited or not); options "
+                   "given too win over the plan's")
     p.add_argument("--trainer", choices=["mlx_lm", "coord"],
                    help="for `python -m mlx_lm lora ...`: mlx-lm's own trainer (default; a resume restores the "
                         "weights only) or coord's (agent.train: same options, and a resume restores the optimizer, "

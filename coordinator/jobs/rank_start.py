@@ -47,7 +47,7 @@ class RankStarter:
             try:
                 await self.ctx.fx.call(name, "prepare_rank", {
                     "job": self.ctx.run_id, "rank": rank, "attempt": attempt, "python": node.python, "argv": argv,
-                    "env": env, "files": self.launcher.rank_files(self.ctx.spec, slot),
+                    "env": env, "files": self.launcher.rank_files(self.ctx.spec, slot, batch),
                     "pass_output": False},  # coord reads the output from the node
                     timeout=60)
             except RemoteError as exc:

@@ -11,6 +11,7 @@ contract of ``COORD_*`` variables (see docs/script-contract.md).
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from collections.abc import Callable, Mapping
@@ -30,6 +31,7 @@ from shared.text import unprintable
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 TRAINERS = ("mlx_lm", "coord")
 REPLICA_HEAD, REPLICA_NONE = "head", "none"
+CONFIGURED_LAUNCHERS = ("accelerate", "deepspeed")  # those a PyTorch plan writes settings for
 
 
 class JobSpecError(CommandError):
@@ -62,6 +64,7 @@ class JobSpecFields(TypedDict):
     procs_per_node: int | None
     global_batch: int | None
     micro_batch: int | None
+    launcher_config: dict[str, Any] | None  # free-form: a launcher's own settings, from a plan (see JobSpec)
 
 
 @dataclass
@@ -91,6 +94,9 @@ class JobSpec:
     procs_per_node: int | None = None
     global_batch: int | None = None  # a torch job's examples per optimizer step, kept on a shrink
     micro_batch: int | None = None  # a torch job's examples per process per micro-step (default 1)
+    # The launcher's own settings from a PyTorch plan (coord run --plan): Accelerate's config keys, or
+    # DeepSpeed's JSON; free-form, as the launcher reads it, under coord's own keys (docs/pytorch.md).
+    launcher_config: dict[str, Any] | None = None
 
     def as_dict(self) -> JobSpecFields:
         return cast(JobSpecFields, asdict(self))  # the fields above, in order (a test holds the two together)
@@ -204,6 +210,48 @@ def _node_names(value: object) -> str | None:
     return None
 
 
+#: A launcher's config from a plan: what it may hold (it comes over the control socket, and is written
+#: on every node as the launcher's YAML or JSON).
+MAX_LAUNCHER_CONFIG_BYTES = 64 * 1024
+MAX_LAUNCHER_CONFIG_DEPTH = 8
+
+
+def _launcher_config(value: object) -> str | None:
+    if not isinstance(value, dict):
+        return f"must be a mapping of the launcher's settings, got {type(value).__name__}"
+    problem = _json_problem(value, 0)
+    if problem:
+        return problem
+    import json
+
+    if len(json.dumps(value)) > MAX_LAUNCHER_CONFIG_BYTES:
+        return f"is larger than {MAX_LAUNCHER_CONFIG_BYTES // 1024} KiB"
+    return None
+
+
+def _json_problem(value: object, depth: int) -> str | None:
+    """What in ``value`` is not plain JSON (strings without control characters, finite numbers)."""
+    if depth > MAX_LAUNCHER_CONFIG_DEPTH:
+        return f"is nested deeper than {MAX_LAUNCHER_CONFIG_DEPTH} levels"
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str) or not key or unprintable(key):
+                return f"has a key that is not a plain name: {key!r}"
+            problem = _json_problem(item, depth + 1)
+            if problem:
+                return problem
+        return None
+    if isinstance(value, list):
+        return next((p for item in value if (p := _json_problem(item, depth + 1))), None)
+    if isinstance(value, str):
+        return f"holds the control character {bad} in {value!r}" if (bad := unprintable(value)) else None
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"holds a number that is not finite: {value!r}"
+    if value is None or isinstance(value, (bool, int, float)):
+        return None
+    return f"holds a {type(value).__name__}, which is not JSON"
+
+
 _FIELD_CHECKS: dict[str, FieldCheck] = {
     "name": _text, "command": _command, "save_every": _whole("save_every"),
     "max_restarts": _whole("max_restarts"), "hang_timeout": _optional(_seconds), "keep": _whole("keep"),
@@ -212,7 +260,8 @@ _FIELD_CHECKS: dict[str, FieldCheck] = {
     "node_timeout": _seconds, "total_steps": _optional(_whole("total_steps")), "nodes": _optional(_node_names),
     "priority": _whole("priority"), "launcher": _text, "node_wait": _seconds, "follow_outside_links": _flag,
     "first_step_timeout": _optional(_seconds), "procs_per_node": _optional(_whole("procs_per_node")),
-    "global_batch": _optional(_whole("global_batch")), "micro_batch": _optional(_whole("micro_batch"))}
+    "global_batch": _optional(_whole("global_batch")), "micro_batch": _optional(_whole("micro_batch")),
+    "launcher_config": _optional(_launcher_config)}
 
 
 def _check_name_and_command(spec: JobSpec) -> None:
@@ -270,7 +319,8 @@ def _check_launcher(spec: JobSpec) -> None:
         spec.launcher = named
     if spec.launcher not in LAUNCHERS:
         raise JobSpecError(f"--launcher must be one of {', '.join(sorted(LAUNCHERS))}, got {spec.launcher!r}")
-    torch_only = [key for key in ("procs_per_node", "global_batch", "micro_batch") if getattr(spec, key) is not None]
+    torch_only = [key for key in ("procs_per_node", "global_batch", "micro_batch", "launcher_config")
+                  if getattr(spec, key) is not None]
     if not is_torch_launcher(spec.launcher):
         if torch_only:
             raise JobSpecError(f"{option_label(torch_only[0])} is for a PyTorch job (--launcher torchrun, accelerate "
@@ -282,6 +332,9 @@ def _check_launcher(spec: JobSpec) -> None:
     if spec.backend is not None:
         raise JobSpecError(f"--backend {spec.backend} is an MLX backend; a {spec.launcher} job's backend follows its "
                            "nodes (NCCL on GPUs, Gloo on CPUs)")
+    if spec.launcher_config is not None and spec.launcher not in CONFIGURED_LAUNCHERS:
+        raise JobSpecError(f"a plan's launcher settings are for {' or '.join(CONFIGURED_LAUNCHERS)}, not "
+                           f"{spec.launcher}")
     if spec.micro_batch is not None and spec.global_batch is None:
         raise JobSpecError("--micro-batch goes with --global-batch (the examples per optimizer step coord keeps)")
     try:

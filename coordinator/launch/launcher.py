@@ -120,8 +120,9 @@ class Launcher(Protocol):
     def rank_env(self, job: JobCommand, slot: RankSlot, batch: BatchSplit | None) -> dict[str, str]:
         """What one rank's environment gets from this launcher, beyond coord's own COORD_* contract."""
 
-    def rank_files(self, job: JobCommand, slot: RankSlot) -> dict[str, str]:
-        """Files the rank's launcher reads ({name: text}), written in the rank's directory on its node."""
+    def rank_files(self, job: JobCommand, slot: RankSlot, batch: BatchSplit | None) -> dict[str, str]:
+        """Files the rank's launcher reads ({name: text}), written in the rank's directory on its node
+        (``batch``: this attempt's split, None for the job's own)."""
 
     def batch(self, job: JobCommand, ranks: int) -> BatchSplit | None:
         """The job's own global batch on ``ranks`` ranks (None: the launcher cannot tell, and the

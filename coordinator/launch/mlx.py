@@ -52,7 +52,7 @@ class MlxLauncher:
     def rank_env(self, job: JobCommand, slot: RankSlot, batch: BatchSplit | None) -> dict[str, str]:
         return {}  # mlx.launch gives each rank MLX_RANK and its hostfile itself
 
-    def rank_files(self, job: JobCommand, slot: RankSlot) -> dict[str, str]:
+    def rank_files(self, job: JobCommand, slot: RankSlot, batch: BatchSplit | None) -> dict[str, str]:
         return {}  # the hostfile is mlx.launch's, on the head
 
     def batch(self, job: JobCommand, ranks: int) -> BatchSplit | None:

@@ -38,6 +38,8 @@ class JobCommand(Protocol):
     def global_batch(self) -> int | None: ...  # examples per optimizer step, kept on a shrink (torch launchers)
     @property
     def micro_batch(self) -> int | None: ...  # examples per process per micro-step (torch launchers)
+    @property
+    def launcher_config(self) -> dict[str, Any] | None: ...  # a plan's settings for the launcher (free-form)
 
 
 def is_mlx_lm(command: list[str]) -> bool:

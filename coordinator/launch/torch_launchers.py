@@ -16,6 +16,7 @@ node's progress file and checkpoint directory.
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
@@ -134,7 +135,7 @@ class TorchLauncher:
                         "COORD_MICRO_BATCH": str(split.per_rank // plan.procs_per_node)})
         return env
 
-    def rank_files(self, job: JobCommand, slot: RankSlot) -> dict[str, str]:
+    def rank_files(self, job: JobCommand, slot: RankSlot, batch: BatchSplit | None) -> dict[str, str]:
         return {}
 
     def batch(self, job: JobCommand, ranks: int) -> BatchSplit | None:
@@ -179,6 +180,14 @@ class TorchrunLauncher(TorchLauncher):
                 "--max-restarts", "0", "--log-dir", "{rank_dir}/torchrun", *command.options, *command.program]
 
 
+#: The keys of an Accelerate config that make a node one machine of the job: coord's, whatever a plan or
+#: the user's file says.
+MACHINE_KEYS = frozenset({"compute_environment", "num_machines", "machine_rank", "main_process_ip",
+                          "main_process_port", "num_processes", "rdzv_backend", "same_network", "use_cpu"})
+#: The plan's DeepSpeed JSON with the attempt's batch, in each rank's directory ($COORD_DEEPSPEED_CONFIG).
+DEEPSPEED_CONFIG = "ds_config.json"
+
+
 class AccelerateLauncher(TorchLauncher):
     """``accelerate launch`` on every node with a config coord writes for that node (its rank, rank 0's
     address and port, the machines and processes), laid over the user's own ``--config_file``."""
@@ -198,17 +207,19 @@ class AccelerateLauncher(TorchLauncher):
             env["ACCELERATE_USE_CPU"] = "true"  # its processes take the CPU and Gloo (MULTI_CPU), not "no GPU: alone"
         return env
 
-    def rank_files(self, job: JobCommand, slot: RankSlot) -> dict[str, str]:
+    def rank_files(self, job: JobCommand, slot: RankSlot, batch: BatchSplit | None) -> dict[str, str]:
         import yaml  # mlx-lm's own dependency, on the head
 
         return {"accelerate.yaml": yaml.safe_dump(self.node_config(job, slot), sort_keys=True)}
 
     def node_config(self, job: JobCommand, slot: RankSlot) -> dict[str, Any]:
-        """The user's config (their ``--config_file``, read from the job's source on the head), with the
-        keys that make this node one machine of the job set by coord."""
+        """The user's config (their ``--config_file``, read from the job's source on the head), under the
+        plan's settings (``coord run --plan``: strategy, precision, FSDP), with the keys that make this
+        node one machine of the job set by coord."""
         command = read_command(job.command, self.name)
         nodes, procs, address, port = self._fixed(slot)
         config = user_config(job, command)
+        config.update({key: value for key, value in (job.launcher_config or {}).items() if key not in MACHINE_KEYS})
         distributed = config.get("distributed_type")
         if distributed in (None, "NO", "MULTI_CPU", "MULTI_GPU"):
             # MULTI_GPU on CPU nodes too: it is the type Accelerate starts through torchrun (its MULTI_CPU
@@ -237,9 +248,29 @@ class DeepSpeedLauncher(TorchLauncher):
                 str(nodes), "--node_rank", str(slot.rank), "--num_gpus", str(procs), "--master_addr", address,
                 "--master_port", str(port), *command.options, *command.program]
 
-    def rank_files(self, job: JobCommand, slot: RankSlot) -> dict[str, str]:
-        return {"hostfile": "".join(f"node{rank} slots={slot.plan.procs_per_node}\n"
-                                    for rank in range(len(slot.plan.order)))}
+    def rank_files(self, job: JobCommand, slot: RankSlot, batch: BatchSplit | None) -> dict[str, str]:
+        files = {"hostfile": "".join(f"node{rank} slots={slot.plan.procs_per_node}\n"
+                                     for rank in range(len(slot.plan.order)))}
+        if job.launcher_config is not None:
+            files[DEEPSPEED_CONFIG] = json.dumps(self.attempt_config(job, slot, batch), indent=2, sort_keys=True) + "\n"
+        return files
+
+    def rank_env(self, job: JobCommand, slot: RankSlot, batch: BatchSplit | None) -> dict[str, str]:
+        env = super().rank_env(job, slot, batch)
+        if job.launcher_config is not None:
+            env["COORD_DEEPSPEED_CONFIG"] = "{rank_dir}/" + DEEPSPEED_CONFIG
+        return env
+
+    def attempt_config(self, job: JobCommand, slot: RankSlot, batch: BatchSplit | None) -> dict[str, Any]:
+        """The plan's DeepSpeed JSON with this attempt's batch: DeepSpeed checks train_batch_size = micro ×
+        accumulation × world, and a shrink keeps the global batch with more accumulation (and no larger a
+        micro-batch), so all three are this attempt's."""
+        config = dict(job.launcher_config or {})
+        split = batch if batch is not None else self.batch(job, len(slot.plan.order))
+        if split is not None:
+            config.update(train_batch_size=split.global_batch, gradient_accumulation_steps=split.accumulation,
+                          train_micro_batch_size_per_gpu=split.per_rank // slot.plan.procs_per_node)
+        return config
 
 
 def user_config(job: JobCommand, command: TorchCommand) -> dict[str, Any]:

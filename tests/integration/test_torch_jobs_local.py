@@ -211,3 +211,35 @@ def test_hugging_face_trainers_steps_and_logged_loss_are_coords_progress(cluster
     records = [json.loads(line) for line in progress.read_text().splitlines()]
     assert sorted({r["step"] for r in records}) == list(range(1, 21))  # every step, from the main process only
     assert [r["step"] for r in records if "loss" in r] == [5, 10, 15, 20]
+
+
+def test_a_plan_written_by_coord_plan_and_edited_is_what_the_run_uses(cluster):
+    import yaml
+
+    from coordinator.cli.tinymodel import write_model
+
+    daemon, root = cluster
+    model = write_model(root / "plan-model")
+    out = root / "coord-accelerate"
+    planned = coord("plan", "--config", str(daemon.config), "--launcher", "accelerate", "--model", str(model),
+                    "--batch-size", "4", "--global-batch-size", "8", "--config-dir", str(out), env=daemon.env,
+                    timeout=300)
+    assert planned.returncode == 0, planned.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["accelerate-a.yaml", "accelerate-b.yaml", "plan.json"]
+    first = out / "accelerate-a.yaml"
+    first.write_text(first.read_text() + 'dynamo_backend: "NO"\n')  # the user's own edit, kept
+    _run(daemon, root, "acc-plan", "--plan", str(out), "--", "python", "acc.py", "--steps", "12")
+    final = _wait(daemon, "acc-plan")
+    assert final["state"] == "succeeded" and final["step"] == 12 and final["nodes"] == ["a", "b"], final["story"]
+    rank_dir = root / "b" / ".coord" / "jobs" / final["run_id"] / "attempt-0" / "rank-1"
+    config = yaml.safe_load((rank_dir / "accelerate.yaml").read_text())
+    assert config["dynamo_backend"] == "NO" and config["main_training_function"] == "main"  # edited, and the plan's
+    assert config["num_machines"] == 2 and config["machine_rank"] == 1 and config["main_process_ip"] == "127.0.0.1"
+    # the plan's batch: 4 per process × 1 process × 2 nodes × 1 accumulation = 8
+    logs = coord("logs", "--config", str(daemon.config), "acc-plan", env=daemon.env)
+    assert "batch: global 8, accumulation 1" in logs.stdout, logs.stdout[-2000:]
+    assert _final_weights(root, final) == expected_accelerate_weights(12, 2)
+    # a launcher that is not the plan's is refused before anything is submitted
+    refused = coord("run", "--config", str(daemon.config), "--plan", str(out), "--launcher", "torchrun", "--",
+                    "python", "acc.py", env=daemon.env)
+    assert refused.returncode == 2 and "the plan's launcher, accelerate" in refused.stderr

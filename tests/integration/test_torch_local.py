@@ -145,8 +145,10 @@ def test_a_pytorch_plan_shows_each_strategys_memory_and_writes_the_launchers_fil
     assert torch["batch"]["global_batch"] == 8 and torch["learning_rate"]["scaled"] == pytest.approx(
         1e-4 * 8 / torch["batch"]["micro_batch"])
     assert doc["memory_sizing"]["enabled"] is False  # MLX's sizing gives way to the PyTorch plan's
-    configs = {path.name: yaml.safe_load(path.read_text()) for path in out.iterdir()}
+    configs = {path.name: yaml.safe_load(path.read_text()) for path in out.glob("*.yaml")}
     assert sorted(configs) == ["accelerate-a.yaml", "accelerate-b.yaml"]
+    # and the plan itself, for coord run --plan
+    assert json.loads((out / "plan.json").read_text()) == {k: v for k, v in torch.items() if k != "files"}
     assert [configs[f"accelerate-{n}.yaml"]["machine_rank"] for n in "ab"] == [0, 1]
     assert configs["accelerate-a.yaml"]["main_process_ip"] == "127.0.0.1"
     assert configs["accelerate-a.yaml"]["main_process_port"] == port

@@ -79,6 +79,14 @@ def test_a_resume_is_read_from_the_environment(contract):
         coord_script.step_offset()
 
 
+def test_a_plans_deepspeed_json_is_found_from_the_environment(contract):
+    _, env = contract
+    env.delenv("COORD_DEEPSPEED_CONFIG", raising=False)
+    assert coord_script.deepspeed_config() is None
+    env.setenv("COORD_DEEPSPEED_CONFIG", "/w/.coord/jobs/r/attempt-1/rank-0/ds_config.json")
+    assert coord_script.deepspeed_config() == "/w/.coord/jobs/r/attempt-1/rank-0/ds_config.json"
+
+
 def test_it_ships_in_the_agent_bundle():
     names = zipfile.ZipFile(io.BytesIO(build_bundle().data)).namelist()
     assert "coord_script/__init__.py" in names

@@ -128,6 +128,61 @@ def test_another_pythons_versions_are_read_without_importing_torch(tmp_path):
     assert answer == {} and detail["torch"] == "import torch failed: ImportError: a broken build"
 
 
+FAKE_TORCH = """\
+import os
+with open(os.environ["PROBED"], "a") as count:
+    count.write("imported\\n")
+class version:
+    cuda = None
+class cuda:
+    is_available = staticmethod(lambda: False)
+    class nccl:
+        @staticmethod
+        def version():
+            raise RuntimeError("no NCCL in a CPU build")
+"""
+
+
+def _fake_torch_python(tmp_path: Path, version: str = "2.13.0+cpu") -> tuple[Path, Path, Path]:
+    """An interpreter whose torch counts its imports: (python, its site directory, the count file)."""
+    site = tmp_path / "site"
+    (site / "torch" / "distributed").mkdir(parents=True, exist_ok=True)
+    (site / "torch" / "__init__.py").write_text(FAKE_TORCH)
+    (site / "torch" / "distributed" / "__init__.py").write_text(
+        "is_available = lambda: True\nis_gloo_available = lambda: True\nis_nccl_available = lambda: False\n")
+    info = site / f"torch-{version}.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n")
+    probed = tmp_path / "probed"
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nPROBED={probed} PYTHONPATH={site} exec {sys.executable} -S \"$@\"\n")
+    python.chmod(0o755)
+    return python, site, probed
+
+
+def test_the_torch_probe_is_asked_once_until_torch_or_the_driver_changes(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch_facts, "_PROBES", {})
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no nvidia-smi: a CPU node
+    monkeypatch.setattr(torch_facts, "read_shm", lambda path, detail: None)
+    python, site, probed = _fake_torch_python(tmp_path)
+    first = torch_facts.collect_torch_facts(str(python))
+    assert first["versions"]["torch"] == "2.13.0+cpu" and first["gloo"] is True and first["cuda_available"] is False
+    again = torch_facts.collect_torch_facts(str(python))
+    assert probed.read_text().count("imported") == 1 and again["gloo"] is True  # the second launch: no import
+    # torch installed again (pip makes a new dist-info directory): asked again
+    (site / "torch-2.13.0+cpu.dist-info").rename(tmp_path / "old-info")
+    _fake_torch_python(tmp_path)
+    torch_facts.collect_torch_facts(str(python))
+    assert probed.read_text().count("imported") == 2
+    # a probe that failed is not kept: a torch mended since is seen at once (an agent started afresh)
+    monkeypatch.setattr(torch_facts, "_PROBES", {})
+    (site / "torch" / "__init__.py").write_text("raise ImportError('half installed')\n")
+    broken = torch_facts.collect_torch_facts(str(python))
+    assert broken["gloo"] is None and "half installed" in broken["detail"]["torch"]
+    (site / "torch" / "__init__.py").write_text(FAKE_TORCH)
+    assert torch_facts.collect_torch_facts(str(python))["gloo"] is True
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

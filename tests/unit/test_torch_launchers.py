@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -173,7 +174,7 @@ def test_accelerate_gets_a_config_per_node_over_the_users_own(tmp_path):
     command = accelerate.rank_command(job, slot, checkpoint_dir="/c", resume_file=None, start_step=0, batch=None)
     assert command == ["python", "-m", "accelerate.commands.launch", "--config_file", "{rank_dir}/accelerate.yaml",
                        "--mixed_precision", "fp16", "train.py"]
-    config = yaml.safe_load(accelerate.rank_files(job, slot)["accelerate.yaml"])
+    config = yaml.safe_load(accelerate.rank_files(job, slot, None)["accelerate.yaml"])
     assert config["machine_rank"] == 2 and config["num_machines"] == 3 and config["num_processes"] == 3
     assert config["main_process_ip"] == "127.0.0.1" and config["main_process_port"] == master_port("run", 0)
     # the user's own keys are kept, a GPU type on CPU nodes is the CPU's
@@ -191,7 +192,7 @@ def test_deepspeed_runs_its_runner_without_ssh_with_a_hostfile_of_the_nodes():
     assert command[:5] == ["python", "-m", "deepspeed.launcher.runner", "--no_ssh", "--hostfile"]
     assert command[command.index("--node_rank") + 1] == "0" and command[command.index("--num_gpus") + 1] == "4"
     assert command[-3:] == ["train.py", "--deepspeed_config", "ds.json"]
-    assert deepspeed.rank_files(job, slot) == {"hostfile": "node0 slots=4\nnode1 slots=4\n"}
+    assert deepspeed.rank_files(job, slot, None) == {"hostfile": "node0 slots=4\nnode1 slots=4\n"}
 
 
 def test_a_global_batch_is_kept_on_a_shrink_by_more_accumulation():
@@ -227,3 +228,58 @@ def test_nodes_that_share_a_hostname_but_not_a_network_do_not_meet_on_loopback()
     together = {n: {**f, "network_id": "boot1/net:[1]"} for n, f in apart.items()}
     assert torch_plan("torchrun", cluster, NodeReadings({}, together), ["a", "b"], None, job).master_address == \
         "127.0.0.1"
+
+
+# --- a plan's settings (coord run --plan) ---------------------------------------------------
+
+
+def test_a_plans_accelerate_settings_lie_over_the_users_file_and_under_coords_machine_keys(tmp_path):
+    (tmp_path / "acc.yaml").write_text("mixed_precision: fp16\ndynamo_backend: 'NO'\n")
+    planned = {"distributed_type": "FSDP", "mixed_precision": "bf16", "num_machines": 7, "main_process_ip": "10.9.9.9",
+               "fsdp_config": {"fsdp_sharding_strategy": "SHARD_GRAD_OP", "fsdp_offload_params": False}}
+    job = validate(JobSpec(name="j", source=str(tmp_path), command=["accelerate", "launch", "--config_file",
+                                                                    "acc.yaml", "train.py"], launcher_config=planned))
+    plan = _plan("accelerate", job, nodes=("a", "b"), gpus=2)
+    accelerate = launcher_named("accelerate")
+    config = yaml.safe_load(accelerate.rank_files(job, RankSlot(plan, 1, "run", 0), None)["accelerate.yaml"])
+    assert config["distributed_type"] == "FSDP" and config["fsdp_config"]["fsdp_sharding_strategy"] == "SHARD_GRAD_OP"
+    assert config["mixed_precision"] == "bf16" and config["dynamo_backend"] == "NO"  # the plan's, then the file's
+    assert config["num_machines"] == 2 and config["machine_rank"] == 1 and config["main_process_ip"] == "127.0.0.1"
+
+
+def test_a_plans_deepspeed_json_is_written_for_each_attempt_with_that_attempts_batch():
+    planned = {"train_batch_size": 24, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+               "zero_optimization": {"stage": 2}, "bf16": {"enabled": True}}
+    job = validate(JobSpec(name="j", command=["python", "train.py"], launcher="deepspeed", procs_per_node=1,
+                           global_batch=24, micro_batch=4, launcher_config=planned))
+    deepspeed = launcher_named("deepspeed")
+    slot = RankSlot(_plan("deepspeed", job, nodes=("a", "b", "c")), 0, "run", 0)
+    first = json.loads(deepspeed.rank_files(job, slot, None)["ds_config.json"])
+    assert first == planned  # three nodes: the plan's own batch
+    assert deepspeed.rank_env(job, slot, None)["COORD_DEEPSPEED_CONFIG"] == "{rank_dir}/ds_config.json"
+    # a node left out: the global batch kept, with more accumulation, and DeepSpeed's identity holds
+    shrunk = rebatch(deepspeed.batch(job, 3), 2)
+    second = json.loads(deepspeed.rank_files(job, RankSlot(_plan("deepspeed", job), 0, "run", 1), shrunk)
+                        ["ds_config.json"])
+    assert second["train_batch_size"] == 24 and second["zero_optimization"] == {"stage": 2}
+    assert second["train_micro_batch_size_per_gpu"] * second["gradient_accumulation_steps"] * 2 == 24
+    # without a plan, nothing of it
+    bare = validate(JobSpec(name="j", command=["python", "train.py"], launcher="deepspeed"))
+    assert "ds_config.json" not in deepspeed.rank_files(bare, slot, None)
+    assert "COORD_DEEPSPEED_CONFIG" not in deepspeed.rank_env(bare, slot, None)
+
+
+@pytest.mark.parametrize(("fields", "words"), [
+    ({"launcher": "mlx", "command": ["python", "t.py"], "launcher_config": {"a": 1}}, "is for a PyTorch job"),
+    ({"launcher": "torchrun", "launcher_config": {"a": 1}}, "for accelerate or deepspeed, not torchrun"),
+    ({"launcher": "deepspeed", "launcher_config": [1]}, "must be a mapping"),
+    ({"launcher": "deepspeed", "launcher_config": {"a": float("nan")}}, "not finite"),
+    ({"launcher": "deepspeed", "launcher_config": {"a": "x\x1b[31m"}}, "control character"),
+    ({"launcher": "deepspeed", "launcher_config": {"": 1}}, "not a plain name"),
+    ({"launcher": "deepspeed", "launcher_config": {"a": {"b": b"bytes"}}}, "not JSON"),
+    ({"launcher": "deepspeed", "launcher_config": {"a": "x" * 70000}}, "larger than 64 KiB"),
+    ({"launcher": "deepspeed", "launcher_config": {"a": [[[[[[[[[[1]]]]]]]]]]}}, "nested deeper"),
+])
+def test_a_launcher_config_off_the_wire_is_plain_json_for_a_launcher_that_reads_one(fields, words):
+    with pytest.raises(JobSpecError, match=words):
+        spec_from_fields({"name": "j", "command": ["python", "t.py"], **fields})
