@@ -61,8 +61,9 @@ class Job:
 
 PORT = 29400
 
-#: The job: under coord it resumes from COORD_RESUME_DIR; under bare torchrun from the newest directory
-#: in its own checkpoint directory (what a torchrun user writes for --max-restarts).
+#: The job: under coord it resumes from COORD_RESUME_DIR (on every node); under bare torchrun from the
+#: newest directory in rank 0's own checkpoint directory, its step sent to the others (what a torchrun
+#: user writes for --max-restarts without a shared file system).
 SCRIPT = textwrap.dedent('''
     import os, sys, time, torch, torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -83,6 +84,12 @@ SCRIPT = textwrap.dedent('''
     if resume:
         state = torch.load(os.path.join(resume, "state.pt"))
         model.load_state_dict(state["model"]); optimizer.load_state_dict(state["optimizer"]); start = state["step"]
+    # Bare torchrun: only rank 0's node holds the checkpoints, so rank 0's step is everyone's (DDP sends
+    # rank 0's weights to the others as it starts; SGD without momentum has no other state). Under coord
+    # every node holds the same checkpoint, and this changes nothing.
+    agreed = torch.tensor([start])
+    dist.broadcast(agreed, 0)
+    start = int(agreed.item())
     ddp = DistributedDataParallel(model)
     for step in range(start + 1, steps + 1):
         x = torch.randn(32, width, generator=torch.Generator().manual_seed(step * 100 + rank))
@@ -291,6 +298,60 @@ def story(daemon: DaemonProcess, name: str) -> str:
     return "\n".join(f"{e['kind']}: {e['message']}" for e in doc["events"] if e["message"].startswith(f"{name}:"))
 
 
+def attempts(what: str, tries: int, run):
+    """``run()``'s result, tried up to ``tries`` times: (result or None, the failures' reasons)."""
+    failures = []
+    for _ in range(tries):
+        try:
+            return run(), failures
+        except RuntimeError as exc:
+            failures.append(str(exc).split(";", 1)[0])
+            print(f"{what}: failed: {exc}", file=sys.stderr, flush=True)
+    return None, failures
+
+
+def measure_size(cluster: NetnsCluster, daemon: DaemonProcess, project: Path, size: int, runs: int,
+                 loss_bound: float) -> list[tuple[str, str, str, str]]:
+    """One size's rows, each printed as soon as it is measured (a later failure keeps them)."""
+    rows: list[tuple[str, str, str, str]] = []
+
+    def row(*cells: str) -> None:
+        rows.append(cells)  # type: ignore[arg-type]
+        print("| " + " | ".join(cells) + " |", flush=True)
+
+    nodes = [spec.name for spec in cluster.nodes][:size]
+    coord_run(cluster, daemon, project, f"warm-{size}", nodes)  # each node imports torch once, cold
+    ours, theirs = [], []
+    for run in range(runs):
+        ours.append(coord_run(cluster, daemon, project, f"launch-{size}-{run}", nodes))
+        theirs.append(bare_run(cluster, nodes, f"launch-{size}-{run}", kill=False))
+    print(json.dumps({"nodes": size, "coord": ours, "bare": theirs}), flush=True)
+    launch = median([r["first_step_s"] for r in ours]), median([r["first_step_s"] for r in theirs])
+    speed = median([r["steps_per_s"] for r in ours]), median([r["steps_per_s"] for r in theirs])
+    row(f"launch to first step, {size} nodes (s)", f"{launch[0]:.2f}", f"bare torchrun {launch[1]:.2f}",
+        f"{launch[0] / launch[1]:.2f}x")
+    row(f"training speed, {size} nodes (steps/s)", f"{speed[0]:.1f}", f"bare torchrun {speed[1]:.1f}",
+        f"{speed[0] / speed[1]:.2f}x")
+    killed, ours_failed = attempts("coord kill", 2, lambda: coord_run(
+        cluster, daemon, project, f"kill-{size}-{len(rows)}", nodes, kill=True))
+    bare_killed, bare_failed = attempts("bare kill", 2, lambda: bare_run(cluster, nodes, f"kill-{size}", kill=True))
+    print(json.dumps({"nodes": size, "killed": killed, "bare_killed": bare_killed, "coord_failures": ours_failed,
+                      "bare_failures": bare_failed}), flush=True)
+    theirs_text = (f"torchrun --max-restarts 3 {bare_killed['recovery_s']:.2f}" if bare_killed else "torchrun: none")
+    theirs_text += f" ({len(bare_failed)} of {len(bare_failed) + bool(bare_killed)} tries did not recover)" \
+        if bare_failed else ""
+    ratio = f"{killed['recovery_s'] / bare_killed['recovery_s']:.2f}x" if killed and bare_killed else "-"
+    row(f"worker SIGKILL to first resumed step, {size} nodes (s)",
+        f"{killed['recovery_s']:.2f}" if killed else f"failed: {ours_failed}", theirs_text, ratio)
+    if size >= 3:
+        lost = coord_run(cluster, daemon, project, f"cut-{size}", nodes, cut=True)
+        bare_lost = bare_node_loss(cluster, nodes, loss_bound)
+        row(f"a node cut for good, {size} nodes: to the first step on {size - 1} (s)", f"{lost['recovery_s']:.2f}",
+            f"torchrun: {bare_lost['steps_after_cut']} steps in {bare_lost['bound_s']:.0f} s",
+            "-" if bare_lost["steps_after_cut"] == 0 else "?")
+    return rows
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
@@ -326,32 +387,7 @@ def main() -> int:
         try:
             daemon.wait_for(all_up, 60, "all nodes up")
             for size in args.nodes:
-                nodes = [spec.name for spec in cluster.nodes][:size]
-                coord_run(cluster, daemon, project, f"warm-{size}", nodes)  # each node imports torch once, cold
-                ours, theirs = [], []
-                for run in range(args.runs):
-                    ours.append(coord_run(cluster, daemon, project, f"launch-{size}-{run}", nodes))
-                    theirs.append(bare_run(cluster, nodes, f"launch-{size}-{run}", kill=False))
-                killed = coord_run(cluster, daemon, project, f"kill-{size}", nodes, kill=True)
-                bare_killed = bare_run(cluster, nodes, f"kill-{size}", kill=True)
-                launch = median([r["first_step_s"] for r in ours]), median([r["first_step_s"] for r in theirs])
-                speed = median([r["steps_per_s"] for r in ours]), median([r["steps_per_s"] for r in theirs])
-                rows.append((f"launch to first step, {size} nodes (s)", f"{launch[0]:.2f}",
-                             f"bare torchrun {launch[1]:.2f}", f"{launch[0] / launch[1]:.2f}x"))
-                rows.append((f"training speed, {size} nodes (steps/s)", f"{speed[0]:.1f}",
-                             f"bare torchrun {speed[1]:.1f}", f"{speed[0] / speed[1]:.2f}x"))
-                rows.append((f"worker SIGKILL to first resumed step, {size} nodes (s)", f"{killed['recovery_s']:.2f}",
-                             f"torchrun --max-restarts 3 {bare_killed['recovery_s']:.2f}",
-                             f"{killed['recovery_s'] / bare_killed['recovery_s']:.2f}x"))
-                if size >= 3:
-                    lost = coord_run(cluster, daemon, project, f"cut-{size}", nodes, cut=True)
-                    bare_lost = bare_node_loss(cluster, nodes, args.loss_bound)
-                    rows.append((f"a node cut for good, {size} nodes: to the first step on {size - 1} (s)",
-                                 f"{lost['recovery_s']:.2f}",
-                                 f"torchrun: {bare_lost['steps_after_cut']} steps in {bare_lost['bound_s']:.0f} s",
-                                 "-" if bare_lost["steps_after_cut"] == 0 else "?"))
-                print(json.dumps({"nodes": size, "coord": ours, "bare": theirs, "killed": killed,
-                                  "bare_killed": bare_killed}), flush=True)
+                rows += measure_size(cluster, daemon, project, size, args.runs, args.loss_bound)
         finally:
             daemon.stop()
     print("\n| measure | coord | compared with | ratio |\n|---|---:|---:|---:|")

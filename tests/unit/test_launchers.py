@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,6 +26,23 @@ def test_a_job_names_a_registered_launcher_and_mlx_launch_is_the_default():
         validate(JobSpec(name="j", command=["python", "train.py"], launcher="nope"))
     with pytest.raises(KeyError, match="unknown launcher 'nope'"):
         launcher_named("nope")
+
+
+def test_every_registered_launcher_is_made_once_under_its_own_name():
+    for name in LAUNCHERS:
+        assert launcher_named(name).name == name and launcher_named(name) is launcher_named(name)
+
+
+def test_checking_a_jobs_spec_loads_no_launcher_module():
+    # `coord run` checks its job before it asks the daemon: the launchers (and asyncssh, structlog under
+    # them) would be a third of a second of its start.
+    code = ("import sys; from coordinator.jobs.spec import JobSpec, validate; "
+            "validate(JobSpec(name='j', command=['python', 't.py'], launcher='torchrun')); "
+            "print(sorted(m for m in sys.modules if m in ('asyncssh', 'structlog', 'coordinator.launch.mlx', "
+            "'coordinator.launch.torch_launchers')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
 
 
 def test_a_stored_spec_from_before_launchers_reads_back_as_an_mlx_job():
