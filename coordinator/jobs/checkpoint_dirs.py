@@ -31,9 +31,13 @@ from shared.rpc import ConnectionLost, RemoteError
 Listings = Mapping[str, list[CheckpointInfo]]
 
 
-#: Formats whose last file is written once every other is complete (the script's COMPLETE, DeepSpeed's
-#: ``latest``, torch.distributed.checkpoint's ``.metadata``): a whole of these is final when first seen.
-WRITTEN_LAST = ("complete", "deepspeed", "dcp")
+#: Formats whose last file is written once every other is complete (the script's COMPLETE, written after
+#: its own saves; torch.distributed.checkpoint's ``.metadata``, written by its coordinator once every rank's
+#: writes returned): a whole of these is final when first seen. Not DeepSpeed's ``latest``: rank 0 writes it
+#: after its own files, with no barrier before it, while the other ranks may still be writing their ZeRO
+#: states (DeepSpeed 0.19, ``save_checkpoint``): a shard half written has its final name, so a DeepSpeed
+#: whole counts once seen twice alike, as Accelerate's does.
+WRITTEN_LAST = ("complete", "dcp")
 
 
 def settled(joined: Joined, verdict: Verdict, *, seen_before: str | None, newer_exists: bool,

@@ -59,6 +59,10 @@ def test_deepspeed_needs_the_tag_latest_names_with_every_ranks_zero_state():
     assert judge(join_parts({"a": node0, "b": node1}), 2).valid
     wrong = judge(join_parts({"a": _part(*tag, notes={"latest": "global_step30"})}), 1)
     assert not wrong.valid and "tag global_step30 has no model states" in wrong.detail
+    # latest comes from rank 0 while rank 1 may still be writing its shard: whole, but not final at once
+    both = join_parts({"a": node0, "b": node1})
+    assert not settled(both, judge(both, 2), seen_before=None, newer_exists=False, attempt_over=False)
+    assert settled(both, judge(both, 2), seen_before=both.digest, newer_exists=False, attempt_over=False)
 
 
 def test_a_dcp_checkpoint_alone_and_nodes_that_disagree():
