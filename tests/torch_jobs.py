@@ -1,4 +1,4 @@
-"""The PyTorch training scripts the tests run under coord (torchrun, Accelerate), and the exact
+"""The PyTorch training scripts the tests run under coord (torchrun, Accelerate, DeepSpeed), and the exact
 arithmetic their uninterrupted run does, to prove a resume exact.
 
 Each is a real distributed job on the CPU (Gloo): a linear model, data drawn from the step and the
@@ -99,6 +99,59 @@ def expected_weights(steps: int, world: int) -> list[float]:
     return [*model.weight.detach().flatten().tolist(), *model.bias.detach().tolist()]
 
 
+#: DeepSpeed ZeRO-2 on the CPU (its CPU accelerator takes Gloo), started by DeepSpeed's runner on every node:
+#: the data and model of DDP (so ``expected_weights`` is its uninterrupted result), the config from
+#: ``coord run --plan`` ($COORD_DEEPSPEED_CONFIG) or the project's ds.json, save_checkpoint into the step's
+#: directory on every process (rank 0 writes the model states and ``latest``, each rank its own ZeRO
+#: states, on its own node: coord joins them) and load_checkpoint from the resume directory.
+DEEPSPEED = '''\
+import argparse, json, os, time
+import torch
+import deepspeed
+import coord_script
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, required=True)
+parser.add_argument("--sleep", type=float, default=0.0)
+parser.add_argument("--local_rank", type=int, default=0)  # DeepSpeed's launcher gives each process its own
+args = parser.parse_args()
+deepspeed.init_distributed(dist_backend="gloo")
+rank = torch.distributed.get_rank()
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+with open(coord_script.deepspeed_config() or "ds.json") as file:
+    config = json.load(file)
+if rank == 0:
+    print(f"ds config: stage {config['zero_optimization']['stage']}, batch {config['train_batch_size']}", flush=True)
+engine, _, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+                                       config=config)
+start = coord_script.step_offset()
+if coord_script.resume_dir():
+    engine.load_checkpoint(coord_script.resume_dir())
+micro = config["train_micro_batch_size_per_gpu"]
+save_every = int(os.environ.get("COORD_SAVE_EVERY", "0"))
+for step in range(start + 1, args.steps + 1):
+    generator = torch.Generator().manual_seed(step * 1000 + rank)
+    x = torch.randn(micro, 4, generator=generator)
+    loss = ((engine(x) - x.sum(1, keepdim=True)) ** 2).mean()
+    engine.backward(loss)
+    engine.step()
+    if rank == 0:
+        coord_script.report(step, loss=loss.item())
+    if save_every and step % save_every == 0:
+        engine.save_checkpoint(coord_script.checkpoint_dir(step - start), tag=f"global_step{step}")
+    time.sleep(args.sleep)
+if rank == 0 and os.environ.get("COORD_CHECKPOINT_DIR"):
+    torch.save(engine.module.state_dict(), os.path.join(os.environ["COORD_CHECKPOINT_DIR"], "final.pt"))
+torch.distributed.barrier()
+'''
+
+#: The project's own DeepSpeed config for DEEPSPEED: ZeRO-2 over two processes of 8 examples each, no
+#: gradient clipping (DeepSpeed 0.19 clips to a norm of 1.0 unless told otherwise: DDP's arithmetic has none).
+DEEPSPEED_CONFIG = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1,
+                    "zero_optimization": {"stage": 2}, "zero_allow_untested_optimizer": True, "gradient_clipping": 0.0}
+
+
 #: Accelerate (MULTI_CPU): a data set read in order by a prepared DataLoader (each process its own
 #: batches), save_state/load_state into the step's directory on every process (the random states of
 #: each rank land on its own node: coord joins them), skip_first_batches on a resume.
@@ -114,8 +167,9 @@ parser.add_argument("--sleep", type=float, default=0.0)
 args = parser.parse_args()
 accelerator = Accelerator(log_with=[coord_script.accelerate_tracker()])  # its log() is coord's progress
 accelerator.init_trackers("acc")
-if accelerator.is_main_process and os.environ.get("COORD_GRAD_ACCUM"):  # the batch coord keeps (--global-batch, a plan)
-    print(f"batch: global {os.environ['COORD_GLOBAL_BATCH']}, accumulation {os.environ['COORD_GRAD_ACCUM']}", flush=True)
+if accelerator.is_main_process and os.environ.get("COORD_GRAD_ACCUM"):  # the batch coord keeps (a plan's)
+    print(f"batch: global {os.environ['COORD_GLOBAL_BATCH']}, accumulation {os.environ['COORD_GRAD_ACCUM']}",
+          flush=True)
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05)

@@ -18,7 +18,15 @@ import pytest
 
 from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir
 from tests.integration.test_jobs_local import CLUSTER, job_of
-from tests.torch_jobs import ACCELERATE, DDP, HF_TRAINER, expected_accelerate_weights, expected_weights
+from tests.torch_jobs import (
+    ACCELERATE,
+    DDP,
+    DEEPSPEED,
+    DEEPSPEED_CONFIG,
+    HF_TRAINER,
+    expected_accelerate_weights,
+    expected_weights,
+)
 
 HAS_TORCH = subprocess.run([sys.executable, "-c", "import torch.distributed.run"], capture_output=True).returncode == 0
 pytestmark = pytest.mark.skipif(not HAS_TORCH and os.environ.get("CI", "").lower() != "true",
@@ -32,6 +40,8 @@ def cluster():
     (root / "project" / "ddp.py").write_text(DDP)
     (root / "project" / "acc.py").write_text(ACCELERATE)
     (root / "project" / "hf.py").write_text(HF_TRAINER)
+    (root / "project" / "ds_train.py").write_text(DEEPSPEED)
+    (root / "project" / "ds.json").write_text(json.dumps(DEEPSPEED_CONFIG))
     (root / "project" / "acc.yaml").write_text('mixed_precision: "no"\ndowncast_bf16: "no"\nnum_machines: 7\n')
     config = root / "cluster.toml"
     config.write_text(CLUSTER.format(root=root))
@@ -78,7 +88,7 @@ def _workers(root: Path, *, node: str | None = None, launcher: bool = False) -> 
             continue
         if state == "Z" or not cwd.startswith(str(root)) or (node and cwd != str(root / node)):
             continue
-        script = b"ddp.py" in words or b"acc.py" in words
+        script = b"ddp.py" in words or b"acc.py" in words or b"ds_train.py" in words
         if words[1:3] == [b"-m", b"torch.distributed.run"] if launcher else (script and b"-m" not in words[:3]):
             found.append(int(entry.name))
     return found
@@ -149,7 +159,7 @@ def test_a_killed_torchrun_leaves_no_worker_and_a_stop_ends_every_process(cluste
     daemon, root = cluster
     _run(daemon, root, "ddp-orphans", "--launcher", "torchrun", "--nodes", "b", "--", "python", "ddp.py",
          "--steps", "100000", "--sleep", "0.05")
-    job = _at_step(daemon, root, "ddp-orphans", 5)
+    _at_step(daemon, root, "ddp-orphans", 5)
     (launcher,) = _workers(root, node="b", launcher=True)
     (orphan,) = _workers(root, node="b")
     os.kill(launcher, signal.SIGKILL)
@@ -243,3 +253,62 @@ def test_a_plan_written_by_coord_plan_and_edited_is_what_the_run_uses(cluster):
     refused = coord("run", "--config", str(daemon.config), "--plan", str(out), "--launcher", "torchrun", "--",
                     "python", "acc.py", env=daemon.env)
     assert refused.returncode == 2 and "the plan's launcher, accelerate" in refused.stderr
+
+
+HAS_DEEPSPEED = subprocess.run([sys.executable, "-c", "import importlib.metadata as m; m.version('deepspeed')"],
+                               capture_output=True).returncode == 0
+needs_deepspeed = pytest.mark.skipif(not HAS_DEEPSPEED and os.environ.get("CI", "").lower() != "true",
+                                     reason="deepspeed is not installed in this Python (.ci/setup installs it)")
+
+
+@needs_deepspeed
+def test_a_deepspeed_zero2_job_joins_each_ranks_zero_states_and_resumes_after_a_killed_worker(cluster):
+    daemon, root = cluster
+    _run(daemon, root, "ds-kill", "--launcher", "deepspeed", "--keep", "10", "--", "python", "ds_train.py", "--steps",
+         "30", "--sleep", "0.05")
+    job = _at_step(daemon, root, "ds-kill", 12, timeout=240)
+    (worker,) = _workers(root, node=job["nodes"][1])
+    os.kill(worker, signal.SIGKILL)
+    final = _wait(daemon, "ds-kill")
+    story = final["story"]
+    assert final["state"] == "succeeded" and final["restarts"] == 1 and final["step"] == 30, story
+    # rank 0 wrote the model states and latest on a, rank 1 its ZeRO states on b: joined, and whole on both
+    assert "(deepspeed:" in story and "joined from a, b; whole on a, b)" in story, story
+    resumed = [e for e in _events(daemon, "ds-kill") if e["kind"] == "job.resume_from"]
+    assert resumed and resumed[0]["data"]["step"] >= 10, story
+    step_dir = root / "b" / "checkpoints" / final["run_id"] / "attempt-0" / "0000010"
+    tag = (step_dir / "latest").read_text().strip()
+    assert sorted(p.name for p in (step_dir / tag).iterdir()) == [
+        "mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+    # the uninterrupted run's weights (ZeRO-2 sums the ranks' gradients in its own order: float32 rounding)
+    assert _final_weights(root, final) == pytest.approx(expected_weights(30, 2), rel=1e-5, abs=1e-6)
+
+
+@needs_deepspeed
+def test_a_deepspeed_plan_is_written_for_each_attempt_with_its_batch(cluster):
+    from coordinator.cli.tinymodel import write_model
+
+    daemon, root = cluster
+    model = write_model(root / "ds-plan-model")
+    out = root / "coord-deepspeed"
+    planned = coord("plan", "--config", str(daemon.config), "--launcher", "deepspeed", "--model", str(model),
+                    "--batch-size", "8", "--global-batch-size", "16", "--config-dir", str(out), env=daemon.env,
+                    timeout=300)
+    assert planned.returncode == 0, planned.stderr
+    config = json.loads((out / "ds_config.json").read_text())
+    assert config["zero_optimization"] == {"stage": 0}  # CPU nodes: a replica fits, DDP is ZeRO stage 0
+    config["zero_optimization"] = {"stage": 2}  # the user's edit: ZeRO-2 all the same
+    config.update(zero_allow_untested_optimizer=True, gradient_clipping=0.0)
+    (out / "ds_config.json").write_text(json.dumps(config))
+    _run(daemon, root, "ds-plan", "--plan", str(out), "--", "python", "ds_train.py", "--steps", "10")
+    final = _wait(daemon, "ds-plan")
+    assert final["state"] == "succeeded" and final["step"] == 10, final["story"]
+    written = root / "b" / ".coord" / "jobs" / final["run_id"] / "attempt-0" / "rank-1" / "ds_config.json"
+    used = json.loads(written.read_text())
+    assert used["zero_optimization"] == {"stage": 2} and (used["train_batch_size"],
+                                                           used["train_micro_batch_size_per_gpu"],
+                                                           used["gradient_accumulation_steps"]) == (16, 8, 1)
+    logs = coord("logs", "--config", str(daemon.config), "ds-plan", env=daemon.env)
+    assert "ds config: stage 2, batch 16" in logs.stdout, logs.stdout[-2000:]
+    assert _final_weights(root, final) == pytest.approx(expected_weights(10, 2), rel=1e-5, abs=1e-6)
