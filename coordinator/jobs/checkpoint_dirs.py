@@ -92,10 +92,11 @@ class DirKeeper:
             step = start_step + int(name)
             complete: dict[str, str] = {}
             if verdict.valid:
+                writers = sorted({n for holders in joined.holders.values() for n in holders})  # before any copy
                 complete = await self._complete(attempt, step, name, order, joined, parts)
                 self._catalogue(attempt, step, order, complete, joined, verdict, parts)
                 validated = validated or bool(complete)
-                self._announce(step, name, order, complete, joined, verdict, current)
+                self._announce(step, order, complete, writers, verdict, current)
             else:
                 self._catalogue(attempt, step, order, {}, joined, verdict, parts)
                 self.ctx.event("checkpoint_invalid", f"checkpoint of step {step} is not valid: {verdict.detail}",
@@ -133,6 +134,7 @@ class DirKeeper:
         """Send every node of ``order`` that is up the files it lacks; node -> its directory, for the
         nodes that hold the whole now."""
         complete: dict[str, str] = {}
+        dirs = {node: part["path"] for node, part in parts.items()}  # node -> its directory, where it holds files
         for node in order:
             view = self.fx.node(node)
             path = posixpath.join(view.workdir, "checkpoints", self.ctx.run_id, f"attempt-{attempt}", name)
@@ -142,10 +144,14 @@ class DirKeeper:
                 continue
             if not self.health.usable(node):
                 continue
+            dirs.setdefault(node, path)
             try:
                 # A format's last file goes last here too: a copy cut short never looks whole.
                 for rel in sorted(missing, key=lambda path: (written_last(path), path)):
-                    await self._send(attempt, step, name, node, rel, joined, parts)
+                    await self._send(attempt, step, name, node, rel, joined, dirs)
+                    # A node that has a file now is a holder of it for the nodes after it: one whose
+                    # writer went away after it listed its files is still completed from the others.
+                    joined.holders[rel].append(node)
             except (RemoteError, CheckpointDamaged, OSError) as exc:
                 reason = exc.message if isinstance(exc, RemoteError) else str(exc)
                 self.ctx.log.warning("checkpoint part not sent", node=node, step=step, reason=reason)
@@ -154,13 +160,13 @@ class DirKeeper:
         return complete
 
     async def _send(self, attempt: int, step: int, name: str, node: str, rel: str, joined: Joined,
-                    parts: Mapping[str, CheckpointInfo]) -> None:
+                    dirs: Mapping[str, str]) -> None:
         entry = joined.files[rel]
         holder = next((n for n in joined.holders[rel] if self.health.reachable(n)), None)
         if holder is None:  # its holders went away after they listed it: this node stays a part for now
             raise ConnectionLost(f"no node holding {rel} is reachable ({', '.join(joined.holders[rel])})")
         source: CheckpointRow = {
-            "step": step, "attempt": attempt, "node": holder, "path": posixpath.join(parts[holder]["path"], rel),
+            "step": step, "attempt": attempt, "node": holder, "path": posixpath.join(dirs[holder], rel),
             "sha256": entry["sha256"], "size": entry["size"], "valid": True, "detail": None,
             "created": self.fx.now(), "role": catalog.PRIMARY}
         target = f"checkpoints/{self.ctx.run_id}/attempt-{attempt}/{name}/{rel}"
@@ -181,7 +187,7 @@ class DirKeeper:
                 "created": self.fx.now(), "role": role}
             self.fx.add_checkpoint(self.ctx.run_id, entry)
 
-    def _announce(self, step: int, name: str, order: list[str], complete: Mapping[str, str], joined: Joined,
+    def _announce(self, step: int, order: list[str], complete: Mapping[str, str], writers: list[str],
                   verdict: Verdict, current: bool) -> None:
         if not complete:
             self.ctx.event("checkpoint_invalid", f"checkpoint of step {step} is whole, but no node could be sent "
@@ -191,9 +197,8 @@ class DirKeeper:
         node = order[0] if order and order[0] in complete else sorted(complete)[0]
         if last is None or step >= last["step"]:
             self.ctx.record.last_checkpoint = {"step": step, "time": self.fx.now(), "node": node}
-        spread = sorted({n for holders in joined.holders.values() for n in holders})
         self.ctx.event("checkpoint", f"checkpoint of step {step} validated ({verdict.detail}"
-                       + (f", joined from {', '.join(spread)}" if len(spread) > 1 else "")
+                       + (f", joined from {', '.join(writers)}" if len(writers) > 1 else "")
                        + f"; whole on {', '.join(sorted(complete))})"
                        + ("" if current else ", written while its nodes were away"), step=step,
                        nodes=sorted(complete))

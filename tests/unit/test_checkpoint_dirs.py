@@ -127,3 +127,35 @@ def test_a_whole_whose_only_holder_went_away_after_listing_stays_whole_there_and
     assert _settle(ctx_keeper, {"a": [_part("a", "state.pt", "COMPLETE")], "b": [], "c": []}, known)
     assert fx.copies == []
     assert [(c["node"], c["valid"]) for c in sorted(fx.catalog, key=lambda c: c["node"])] == [("a", True)]
+
+
+def test_a_node_sent_the_files_completes_the_next_when_their_writer_goes_away_meanwhile():
+    # The torchrun shrink case on the multi-host cluster: rank 0's node listed the step, b took its files,
+    # and a was cut before c's turn. c is sent them from b, and the step is whole on b and c.
+    class GoneAfterB(Effects):
+        async def copy_checkpoint(self, source, placements):
+            (placement,) = placements
+            self.copies.append((placement.node, source["node"], source["path"]))
+            return [f"/w/{placement.node}/{placement.path}"]
+
+    fx = GoneAfterB()
+    keeper = _keeper(fx)
+    gone: set[str] = set()
+    keeper.health = SimpleNamespace(usable=lambda node: node not in gone,  # type: ignore[assignment]
+                                    reachable=lambda node: node not in gone)
+    sent_to_b = fx.copy_checkpoint
+
+    async def copy(source, placements):
+        result = await sent_to_b(source, placements)
+        if placements[0].node == "b" and len([c for c in fx.copies if c[0] == "b"]) == 2:
+            gone.add("a")  # b has both files: a is cut now
+        return result
+
+    fx.copy_checkpoint = copy  # type: ignore[method-assign]
+    known: dict[str, set[str]] = {}
+    assert _settle(keeper, {"a": [_part("a", "state.pt", "COMPLETE")], "b": [], "c": []}, known)
+    assert [(node, source) for node, source, _ in fx.copies] == [("b", "a"), ("b", "a"), ("c", "b"), ("c", "b")]
+    assert all(path.startswith("/w/b/checkpoints/r/attempt-0/0000010/") for node, source, path in fx.copies
+               if source == "b")
+    assert {c["node"] for c in fx.catalog if c["valid"]} == {"a", "b", "c"}
+    assert "whole on a, b, c" in fx.events[-1][1] and "joined from" not in fx.events[-1][1]  # a wrote it alone
