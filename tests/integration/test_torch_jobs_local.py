@@ -262,10 +262,23 @@ needs_deepspeed = pytest.mark.skipif(not HAS_DEEPSPEED and os.environ.get("CI", 
 
 
 @needs_deepspeed
-def test_a_deepspeed_zero2_job_joins_each_ranks_zero_states_and_resumes_after_a_killed_worker(cluster):
+def test_a_deepspeed_plan_edited_to_zero2_joins_each_ranks_states_and_resumes_a_killed_worker(cluster):
+    from coordinator.cli.tinymodel import write_model
+
     daemon, root = cluster
-    _run(daemon, root, "ds-kill", "--launcher", "deepspeed", "--keep", "10", "--", "python", "ds_train.py", "--steps",
-         "30", "--sleep", "0.05")
+    model = write_model(root / "ds-plan-model")
+    out = root / "coord-deepspeed"
+    planned = coord("plan", "--config", str(daemon.config), "--launcher", "deepspeed", "--model", str(model),
+                    "--batch-size", "8", "--global-batch-size", "16", "--config-dir", str(out), env=daemon.env,
+                    timeout=300)
+    assert planned.returncode == 0, planned.stderr
+    config = json.loads((out / "ds_config.json").read_text())
+    assert config["zero_optimization"] == {"stage": 0}  # CPU nodes: a replica fits, DDP is ZeRO stage 0
+    config["zero_optimization"] = {"stage": 2}  # the user's edit: ZeRO-2 all the same
+    config.update(zero_allow_untested_optimizer=True, gradient_clipping=0.0)
+    (out / "ds_config.json").write_text(json.dumps(config))
+    _run(daemon, root, "ds-kill", "--plan", str(out), "--keep", "10", "--", "python", "ds_train.py", "--steps", "30",
+         "--sleep", "0.05")
     job = _at_step(daemon, root, "ds-kill", 12, timeout=240)
     (worker,) = _workers(root, node=job["nodes"][1])
     os.kill(worker, signal.SIGKILL)
@@ -281,34 +294,13 @@ def test_a_deepspeed_zero2_job_joins_each_ranks_zero_states_and_resumes_after_a_
     assert sorted(p.name for p in (step_dir / tag).iterdir()) == [
         "mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
         "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
-    # the uninterrupted run's weights (ZeRO-2 sums the ranks' gradients in its own order: float32 rounding)
-    assert _final_weights(root, final) == pytest.approx(expected_weights(30, 2), rel=1e-5, abs=1e-6)
-
-
-@needs_deepspeed
-def test_a_deepspeed_plan_is_written_for_each_attempt_with_its_batch(cluster):
-    from coordinator.cli.tinymodel import write_model
-
-    daemon, root = cluster
-    model = write_model(root / "ds-plan-model")
-    out = root / "coord-deepspeed"
-    planned = coord("plan", "--config", str(daemon.config), "--launcher", "deepspeed", "--model", str(model),
-                    "--batch-size", "8", "--global-batch-size", "16", "--config-dir", str(out), env=daemon.env,
-                    timeout=300)
-    assert planned.returncode == 0, planned.stderr
-    config = json.loads((out / "ds_config.json").read_text())
-    assert config["zero_optimization"] == {"stage": 0}  # CPU nodes: a replica fits, DDP is ZeRO stage 0
-    config["zero_optimization"] = {"stage": 2}  # the user's edit: ZeRO-2 all the same
-    config.update(zero_allow_untested_optimizer=True, gradient_clipping=0.0)
-    (out / "ds_config.json").write_text(json.dumps(config))
-    _run(daemon, root, "ds-plan", "--plan", str(out), "--", "python", "ds_train.py", "--steps", "10")
-    final = _wait(daemon, "ds-plan")
-    assert final["state"] == "succeeded" and final["step"] == 10, final["story"]
-    written = root / "b" / ".coord" / "jobs" / final["run_id"] / "attempt-0" / "rank-1" / "ds_config.json"
+    # each attempt ran with the plan's JSON as edited, its batch the attempt's
+    written = root / "b" / ".coord" / "jobs" / final["run_id"] / "attempt-1" / "rank-1" / "ds_config.json"
     used = json.loads(written.read_text())
     assert used["zero_optimization"] == {"stage": 2} and (used["train_batch_size"],
                                                            used["train_micro_batch_size_per_gpu"],
                                                            used["gradient_accumulation_steps"]) == (16, 8, 1)
-    logs = coord("logs", "--config", str(daemon.config), "ds-plan", env=daemon.env)
+    logs = coord("logs", "--config", str(daemon.config), "ds-kill", env=daemon.env)
     assert "ds config: stage 2, batch 16" in logs.stdout, logs.stdout[-2000:]
-    assert _final_weights(root, final) == pytest.approx(expected_weights(10, 2), rel=1e-5, abs=1e-6)
+    # the uninterrupted run's weights (ZeRO-2 sums the ranks' gradients in its own order: float32 rounding)
+    assert _final_weights(root, final) == pytest.approx(expected_weights(30, 2), rel=1e-5, abs=1e-6)

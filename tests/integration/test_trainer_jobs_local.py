@@ -84,7 +84,7 @@ def test_bench_scaling_runs_the_job_on_one_then_two_nodes_and_measures_each(clus
     done = coord("bench", "scaling", "--config", str(daemon.config), "--nodes", "b,a", "--json", "--svg", str(svg),
                  "--source", str(root / "project"), "--trainer", "coord", "--hang-timeout", "300", "--",
                  "python", "-m", "mlx_lm", "lora", "--model", "model", "--train", "--data", "data",
-                 "--fine-tune-type", "full", "--batch-size", "4", "--iters", "30", "--steps-per-report", "2",
+                 "--fine-tune-type", "full", "--batch-size", "4", "--iters", "20", "--steps-per-report", "2",
                  "--learning-rate", "1e-4", env=daemon.env, timeout=600)
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout)
@@ -101,6 +101,6 @@ def test_bench_scaling_runs_the_job_on_one_then_two_nodes_and_measures_each(clus
     doc = json.loads(coord("status", "--json", "--all", "--config", str(daemon.config), env=daemon.env).stdout)
     jobs = {job["run_id"]: job for job in doc["jobs"]}
     assert jobs[answer["runs"]["1"]]["nodes"] == ["b"] and jobs[answer["runs"]["2"]]["nodes"] == ["b", "a"]
-    assert all(jobs[run]["state"] == "succeeded" and jobs[run]["step"] == 30 for run in answer["runs"].values())
+    assert all(jobs[run]["state"] == "succeeded" and jobs[run]["step"] == 20 for run in answer["runs"].values())
     chart = svg.read_text()
     assert chart.startswith("<svg") and len(re.findall(r'<rect [^>]*fill="#3366aa"', chart)) == 2  # a bar a size
