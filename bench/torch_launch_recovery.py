@@ -119,14 +119,35 @@ def records(path: Path) -> list[dict]:
     return out
 
 
-def wait_until(check, timeout: float, what: str):
+def last_record(path: Path) -> dict | None:
+    """The newest train record, from the file's tail: cheap enough to ask every 10 ms while the ranks
+    train (reading the whole file that often took CPU from the ranks under watch)."""
+    try:
+        with open(path, "rb") as file:
+            start = max(0, file.seek(0, os.SEEK_END) - 4096)
+            file.seek(start)
+            lines = file.read().decode(errors="replace").splitlines()
+    except FileNotFoundError:
+        return None
+    whole = lines[1:] if start else lines  # the first line of a tail may be cut
+    found = [json.loads(line) for line in whole if line.endswith("}") and '"train"' in line]
+    return found[-1] if found else None
+
+
+def wait_until(check, timeout: float, what: str, every: float = 0.01):
+    """``check()`` once it is true; every 10 ms where the moment is measured, less often otherwise."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         found = check()
         if found:
             return found
-        time.sleep(0.01)
+        time.sleep(every)
     raise RuntimeError(f"no {what} within {timeout:g} s")
+
+
+def step_at_least(path: Path, step: int) -> bool:
+    last = last_record(path)
+    return last is not None and last["step"] >= step
 
 
 # --- bare torchrun ------------------------------------------------------------------------
@@ -207,19 +228,19 @@ def bare_run(cluster: NetnsCluster, nodes: list[str], tag: str, *, kill: bool) -
 
 def _bare_run(bare: Bare, nodes: list[str], *, kill: bool) -> dict:
     started = bare.start()
-    first = wait_until(lambda: records(bare.progress), 300, "first bare step")[0]
+    wait_until(lambda: last_record(bare.progress), 300, "first bare step")
+    first = records(bare.progress)[0]
     out = {"first_step_s": first["time"] - started}
     after: list[dict] = []
     if kill:
-        wait_until(lambda: records(bare.progress) and records(bare.progress)[-1]["step"] >= Job.kill_at(), 300,
-                   "the step to kill at")
+        wait_until(lambda: step_at_least(bare.progress, Job.kill_at()), 300, "the step to kill at")
         killed = time.time()
         os.kill(bare.worker(nodes[1]), signal.SIGKILL)
-        after = wait_until(lambda: [r for r in records(bare.progress) if r["time"] > killed + 0.05 and
-                                    r["step"] <= Job.kill_at()], 300, "a resumed bare step")
+        wait_until(lambda: (last := last_record(bare.progress)) and last["time"] > killed + 0.05
+                   and last["step"] <= Job.kill_at(), 300, "a resumed bare step")
+        after = [r for r in records(bare.progress) if r["time"] > killed + 0.05 and r["step"] <= Job.kill_at()]
         out["recovery_s"] = after[0]["time"] - killed
-    wait_until(lambda: records(bare.progress) and records(bare.progress)[-1]["step"] >= Job.steps, 900,
-               "the last bare step")
+    wait_until(lambda: step_at_least(bare.progress, Job.steps), 900, "the last bare step", every=0.5)
     tail = [r for r in records(bare.progress) if r["time"] >= (after[-1]["time"] if after else 0)]
     out["steps_per_s"] = (tail[-1]["step"] - tail[0]["step"]) / (tail[-1]["time"] - tail[0]["time"])
     return out
@@ -229,8 +250,7 @@ def bare_node_loss(cluster: NetnsCluster, nodes: list[str], bound: float) -> dic
     bare = Bare(cluster, nodes, "loss", max_restarts=3)
     try:
         bare.start()
-        wait_until(lambda: records(bare.progress) and records(bare.progress)[-1]["step"] >= Job.kill_at(), 300,
-                   "the step to cut at")
+        wait_until(lambda: step_at_least(bare.progress, Job.kill_at()), 300, "the step to cut at")
         cut = time.time()
         cluster.cut_link(nodes[-1])
         time.sleep(bound)
@@ -245,6 +265,7 @@ def bare_node_loss(cluster: NetnsCluster, nodes: list[str], bound: float) -> dic
 
 
 def job_progress(cluster: NetnsCluster, daemon: DaemonProcess, name: str, attempt: int) -> Path:
+    """Where rank 0 of the job's attempt writes its progress (asked of the daemon: call it once)."""
     job = next(j for j in daemon.status()["jobs"] if j["name"] == name)
     node = cluster.node(job["nodes"][0])
     return Path(node.workdir) / ".coord" / "jobs" / job["run_id"] / f"attempt-{attempt}" / "rank-0" / "progress.jsonl"
@@ -259,12 +280,14 @@ def coord_run(cluster: NetnsCluster, daemon: DaemonProcess, project: Path, name:
                  "--", "python", "bench_ddp.py", *Job.argv(), env=daemon.env)
     assert done.returncode == 0, done.stderr
     daemon.wait_for(lambda d: any(j["name"] == name and j["state"] == "running" for j in d["jobs"]), 300, "running")
-    first = wait_until(lambda: records(job_progress(cluster, daemon, name, 0)), 300, "first step")[0]
+    # The progress file's path once (asking the daemon every 10 ms for it was CPU the ranks lacked).
+    first_progress = job_progress(cluster, daemon, name, 0)
+    wait_until(lambda: last_record(first_progress), 300, "first step")
+    first = records(first_progress)[0]
     out = {"first_step_s": first["time"] - started}
     if kill or cut:
-        progress = job_progress(cluster, daemon, name, 0)
-        wait_until(lambda: records(progress) and records(progress)[-1]["step"] >= Job.kill_at(), 300,
-                   "the step to kill at")
+        progress = first_progress
+        wait_until(lambda: step_at_least(progress, Job.kill_at()), 300, "the step to kill at")
         at = time.time()
         if kill:
             victim = cluster.node(nodes[1])
@@ -276,7 +299,9 @@ def coord_run(cluster: NetnsCluster, daemon: DaemonProcess, project: Path, name:
         try:
             daemon.wait_for(lambda d: any(j["name"] == name and j["attempt"] >= 1 and j["state"] == "running"
                                           for j in d["jobs"]), 300, "attempt 1")
-            after = wait_until(lambda: records(job_progress(cluster, daemon, name, 1)), 300, "a resumed step")[0]
+            resumed = job_progress(cluster, daemon, name, 1)
+            wait_until(lambda: last_record(resumed), 300, "a resumed step")
+            after = records(resumed)[0]
             out["recovery_s"] = after["time"] - at
         finally:
             if cut:

@@ -20,6 +20,9 @@ TERMINAL = ("succeeded", "failed", "stopped")
 
 #: While a run waits for its nodes, how often the wait is shown again with its time so far.
 WAIT_SHOWN_EVERY_S = 15.0
+#: How often a followed job is asked again: the daemon answers from memory (well under a millisecond), and
+#: `coord wait` in a script returns this much sooner after the end.
+FOLLOW_EVERY_S = 0.5
 
 
 def follow_job(socket: Path, name: str, hint: str | None, *, quiet: bool = False) -> RunView:
@@ -39,7 +42,7 @@ def follow_job(socket: Path, name: str, hint: str | None, *, quiet: bool = False
             shown, shown_at = key, time.monotonic()
         if job["state"] in TERMINAL:
             return job
-        time.sleep(1.0)
+        time.sleep(FOLLOW_EVERY_S)
 
 
 #: `coord run`'s options that are fields of the job (JobSpec), each None unless given.
