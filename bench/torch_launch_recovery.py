@@ -18,7 +18,7 @@ thread per process on both sides, a checkpoint directory every --save-every step
 Each step's time is the worker's own time stamp (coord_script.report writes it, under coord and
 under bare torchrun alike: the bare runs get a progress file of their own).
 
-    sudo python bench/torch_launch_recovery.py [--nodes 2 3] [--runs 2]
+    sudo python bench/torch_launch_recovery.py [--nodes 2 3] [--runs 2] [--kills 2] [--steps N] [--save-every N]
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ from tests.integration.daemon_harness import DaemonProcess, all_up, coord, envir
 class Job:
     """The job's size, set from the command line: its steps, checkpoint interval and width."""
 
-    steps = 300
-    save_every = 100
+    steps = 1500
+    save_every = 500  # a checkpoint every few seconds here: still far more often than a user's job saves
     width = 1024
 
     @classmethod
@@ -335,7 +335,7 @@ def attempts(what: str, tries: int, run):
     return None, failures
 
 
-def measure_size(cluster: NetnsCluster, daemon: DaemonProcess, project: Path, size: int, runs: int,
+def measure_size(cluster: NetnsCluster, daemon: DaemonProcess, project: Path, size: int, runs: int, kills: int,
                  loss_bound: float) -> list[tuple[str, str, str, str]]:
     """One size's rows, each printed as soon as it is measured (a later failure keeps them)."""
     rows: list[tuple[str, str, str, str]] = []
@@ -357,17 +357,28 @@ def measure_size(cluster: NetnsCluster, daemon: DaemonProcess, project: Path, si
         f"{launch[0] / launch[1]:.2f}x")
     row(f"training speed, {size} nodes (steps/s)", f"{speed[0]:.1f}", f"bare torchrun {speed[1]:.1f}",
         f"{speed[0] / speed[1]:.2f}x")
-    killed, ours_failed = attempts("coord kill", 2, lambda: coord_run(
-        cluster, daemon, project, f"kill-{size}-{len(rows)}", nodes, kill=True))
-    bare_killed, bare_failed = attempts("bare kill", 2, lambda: bare_run(cluster, nodes, f"kill-{size}", kill=True))
-    print(json.dumps({"nodes": size, "killed": killed, "bare_killed": bare_killed, "coord_failures": ours_failed,
-                      "bare_failures": bare_failed}), flush=True)
-    theirs_text = (f"torchrun --max-restarts 3 {bare_killed['recovery_s']:.2f}" if bare_killed else "torchrun: none")
-    theirs_text += f" ({len(bare_failed)} of {len(bare_failed) + bool(bare_killed)} tries did not recover)" \
+    # Each side's worker is killed `kills` times, interleaved (medians); a run that does not recover is
+    # tried once more and counted.
+    ours_killed, theirs_killed, ours_failed, bare_failed = [], [], [], []
+    for kill in range(kills):
+        tag = f"{size}-{kill}"
+        done, failed = attempts("coord kill", 2, lambda tag=tag: coord_run(
+            cluster, daemon, project, f"kill-{tag}-{time.monotonic_ns()}", nodes, kill=True))
+        ours_killed += [done] if done else []
+        ours_failed += failed
+        done, failed = attempts("bare kill", 2, lambda tag=tag: bare_run(cluster, nodes, f"kill-{tag}", kill=True))
+        theirs_killed += [done] if done else []
+        bare_failed += failed
+    print(json.dumps({"nodes": size, "killed": ours_killed, "bare_killed": theirs_killed,
+                      "coord_failures": ours_failed, "bare_failures": bare_failed}), flush=True)
+    ours_s = median([r["recovery_s"] for r in ours_killed])
+    theirs_s = median([r["recovery_s"] for r in theirs_killed])
+    theirs_text = f"torchrun --max-restarts 3 {theirs_s:.2f}" if theirs_killed else "torchrun: none"
+    theirs_text += f" ({len(bare_failed)} of {len(bare_failed) + len(theirs_killed)} tries did not recover)" \
         if bare_failed else ""
-    ratio = f"{killed['recovery_s'] / bare_killed['recovery_s']:.2f}x" if killed and bare_killed else "-"
     row(f"worker SIGKILL to first resumed step, {size} nodes (s)",
-        f"{killed['recovery_s']:.2f}" if killed else f"failed: {ours_failed}", theirs_text, ratio)
+        f"{ours_s:.2f}" + (f" ({len(ours_failed)} tries did not recover)" if ours_failed else ""), theirs_text,
+        f"{ours_s / theirs_s:.2f}x" if ours_killed and theirs_killed else "-")
     if size >= 3:
         lost = coord_run(cluster, daemon, project, f"cut-{size}", nodes, cut=True)
         bare_lost = bare_node_loss(cluster, nodes, loss_bound)
@@ -385,6 +396,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[2, 3])
     parser.add_argument("--runs", type=int, default=2, help="cold runs of each, interleaved (medians reported)")
+    parser.add_argument("--kills", type=int, default=2, help="killed runs of each, interleaved (medians reported)")
     parser.add_argument("--loss-bound", type=float, default=60.0, help="how long bare torchrun is given after a cut")
     parser.add_argument("--steps", type=int, default=Job.steps)
     parser.add_argument("--save-every", type=int, default=Job.save_every)
@@ -412,7 +424,7 @@ def main() -> int:
         try:
             daemon.wait_for(all_up, 60, "all nodes up")
             for size in args.nodes:
-                rows += measure_size(cluster, daemon, project, size, args.runs, args.loss_bound)
+                rows += measure_size(cluster, daemon, project, size, args.runs, args.kills, args.loss_bound)
         finally:
             daemon.stop()
     print("\n| measure | coord | compared with | ratio |\n|---|---:|---:|---:|")
