@@ -33,6 +33,7 @@ from coordinator.config.option_values import (
     Wholes,
 )
 from coordinator.jobs.limits import MAX_SECONDS, NODE_WAIT_S, WHOLE
+from coordinator.launch.registry import LAUNCHERS
 
 # The values options take (coordinator/config/option_values.py): each refused at once, naming the option.
 JOB = Text(JOB_NAME, "a job name (letters, digits, '.', '_' or '-', at most 64)")
@@ -271,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", type=job_whole("keep"), help="checkpoints to keep (default 3)")
     p.add_argument("--force", action="store_true", default=None, help="launch even if pre-flight fails")
     p.add_argument("--backend", choices=BACKENDS, help="force a backend")
-    p.add_argument("--launcher", choices=["mlx", "torchrun", "accelerate", "deepspeed"],
+    p.add_argument("--launcher", choices=list(LAUNCHERS),
                    help="what starts the ranks: mlx.launch from the head (default), or on every node torchrun, "
                         "Accelerate or DeepSpeed with the NCCL/Gloo environment coord chose (a command that starts "
                         "with torchrun, accelerate launch or deepspeed names its own); coord owns their restarts")
@@ -344,7 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-every", type=job_whole("save_every"), help="checkpoint every N steps (default: none)")
     p.add_argument("--total-steps", type=job_whole("total_steps"), help="for a script of your own: its length "
                    "in steps")
-    p.add_argument("--launcher", choices=["mlx", "torchrun", "accelerate", "deepspeed"],
+    p.add_argument("--launcher", choices=list(LAUNCHERS),
                    help="what starts the ranks, as for coord run")
     p.add_argument("--backend", choices=BACKENDS, help="force a backend (MLX)")
     p.add_argument("--trainer", choices=["mlx_lm", "coord"], help="for `python -m mlx_lm lora ...`, as for coord "

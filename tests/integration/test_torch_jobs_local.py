@@ -223,18 +223,24 @@ def test_hugging_face_trainers_steps_and_logged_loss_are_coords_progress(cluster
     assert [r["step"] for r in records if "loss" in r] == [5, 10, 15, 20]
 
 
+def _plan(daemon, root: Path, launcher: str, batch: int, global_batch: int) -> Path:
+    """What `coord plan --launcher L` writes for the tiny model on this cluster, and where."""
+    from coordinator.cli.tinymodel import write_model
+
+    model = write_model(root / f"{launcher}-plan-model")
+    out = root / f"coord-{launcher}"
+    planned = coord("plan", "--config", str(daemon.config), "--launcher", launcher, "--model", str(model),
+                    "--batch-size", str(batch), "--global-batch-size", str(global_batch), "--config-dir", str(out),
+                    env=daemon.env, timeout=300)
+    assert planned.returncode == 0, planned.stderr
+    return out
+
+
 def test_a_plan_written_by_coord_plan_and_edited_is_what_the_run_uses(cluster):
     import yaml
 
-    from coordinator.cli.tinymodel import write_model
-
     daemon, root = cluster
-    model = write_model(root / "plan-model")
-    out = root / "coord-accelerate"
-    planned = coord("plan", "--config", str(daemon.config), "--launcher", "accelerate", "--model", str(model),
-                    "--batch-size", "4", "--global-batch-size", "8", "--config-dir", str(out), env=daemon.env,
-                    timeout=300)
-    assert planned.returncode == 0, planned.stderr
+    out = _plan(daemon, root, "accelerate", 4, 8)
     assert sorted(p.name for p in out.iterdir()) == ["accelerate-a.yaml", "accelerate-b.yaml", "plan.json"]
     first = out / "accelerate-a.yaml"
     first.write_text(first.read_text() + 'dynamo_backend: "NO"\n')  # the user's own edit, kept
@@ -263,15 +269,8 @@ needs_deepspeed = pytest.mark.skipif(not HAS_DEEPSPEED and os.environ.get("CI", 
 
 @needs_deepspeed
 def test_a_deepspeed_plan_edited_to_zero2_joins_each_ranks_states_and_resumes_a_killed_worker(cluster):
-    from coordinator.cli.tinymodel import write_model
-
     daemon, root = cluster
-    model = write_model(root / "ds-plan-model")
-    out = root / "coord-deepspeed"
-    planned = coord("plan", "--config", str(daemon.config), "--launcher", "deepspeed", "--model", str(model),
-                    "--batch-size", "8", "--global-batch-size", "16", "--config-dir", str(out), env=daemon.env,
-                    timeout=300)
-    assert planned.returncode == 0, planned.stderr
+    out = _plan(daemon, root, "deepspeed", 8, 16)
     config = json.loads((out / "ds_config.json").read_text())
     assert config["zero_optimization"] == {"stage": 0}  # CPU nodes: a replica fits, DDP is ZeRO stage 0
     config["zero_optimization"] = {"stage": 2}  # the user's edit: ZeRO-2 all the same
