@@ -35,6 +35,8 @@ class Attempt:
     node_time: dict[int, float] = field(default_factory=dict)  # rank -> its node's clock at the last poll
     process: dict[int, str | None] = field(default_factory=dict)  # rank -> its processes' state
     stopped_since: dict[int, float] = field(default_factory=dict)  # rank -> when it was first seen stopped
+    # When a rank held stopped was last seen let go (head time): the hold is not time without progress.
+    released_at: float | None = None
     rank_steps: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> its newest step, when (its clock)
     exited: set[int] = field(default_factory=set)  # ranks seen ended: their silence is no hang
     last_train: tuple[int, float] | None = None  # the newest train record's step and its own time

@@ -191,10 +191,16 @@ def hang_verdict(ranks: Sequence[RankSeen], job: JobSeen, limits: HangLimits) ->
     """The attempt's hang, or None while it may still be making progress."""
     if not job.watched:
         return None
-    stopped = [r for r in ranks if r.process == "stopped" and r.stopped_s >= limits.stopped]
+    held = [r for r in ranks if r.process == "stopped"]
+    stopped = [r for r in held if r.stopped_s >= limits.stopped]
     if stopped:
         return _named(f"{_plural(stopped)} stopped (process state T) for {max(r.stopped_s for r in stopped):.0f} s",
                       ranks, stopped)
+    if held:
+        # A rank stopped on purpose (SIGSTOP, to lend its machine a while) holds the others in their
+        # collectives, and holds back the first step: the stopped allowance alone says how long. The
+        # first-step limit of a relaunch (30 s) called a rank held for a minute after its launch hung.
+        return None
     phased = [r for r in ranks if r.phase is not None and r.stuck_s is not None]
     if phased:
         # The ranks wait for each other in their collectives: while one loads or saves, the others'

@@ -29,8 +29,8 @@ class HangWatch:
             attempt.exited.add(rank)
         if process == "stopped":
             attempt.stopped_since.setdefault(rank, self.fx.now())
-        else:
-            attempt.stopped_since.pop(rank, None)
+        elif attempt.stopped_since.pop(rank, None) is not None:
+            attempt.released_at = self.fx.now()
 
     def heartbeat(self, attempt: Attempt, rank: int, beat: HeartbeatRecord) -> None:
         attempt.beats[rank] = beat
@@ -69,9 +69,9 @@ class HangWatch:
 
     def verdict(self, attempt: Attempt) -> hang.Hang | None:
         record, now = self.ctx.record, self.fx.now()
+        quiet = now - (record.last_progress if record.last_progress is not None else now)
         job = hang.JobSeen(watched=self.watched(), first_step_done=record.first_step_at is not None,
-                           quiet_s=now - (record.last_progress if record.last_progress is not None else now),
-                           finishing=bool(attempt.exited))
+                           quiet_s=self._since_released(attempt, quiet, now), finishing=bool(attempt.exited))
         ranks = [self._rank_seen(attempt, rank, name, now) for rank, name in enumerate(attempt.order)]
         return hang.hang_verdict(ranks, job, self.limits())
 
@@ -85,5 +85,14 @@ class HangWatch:
         idle = beat.get("idle_s")
         # Without its own idle time, a rank's progress is a new phase or step as the head saw it.
         stuck = idle + silent if idle is not None else now - attempt.beat_changed[rank][2]
+        stuck = self._since_released(attempt, stuck, now)
         return hang.RankSeen(rank, name, phase=beat["phase"], step=beat.get("step"), stuck_s=stuck, silent_s=silent,
                              collective=bool(beat.get("collective")), process=process, stopped_s=stopped)
+
+    @staticmethod
+    def _since_released(attempt: Attempt, quiet: float, now: float) -> float:
+        """``quiet`` less the time a rank was held stopped (a hold ends when every rank is seen let go:
+        the others waited for it in their collectives), which the stopped allowance alone judges."""
+        if attempt.stopped_since:
+            return quiet
+        return quiet if attempt.released_at is None else min(quiet, now - attempt.released_at)

@@ -132,7 +132,8 @@ def test_a_node_left_out_is_brought_back_by_resize_and_replicas_go_to_another_no
             os.killpg(pid, signal.SIGCONT)
         deadline = time.monotonic() + 120
         while rank_step(netns_cluster, shrunk_job) < 15:
-            assert time.monotonic() < deadline, "the two-node attempt did not reach step 15"
+            assert time.monotonic() < deadline, ("the two-node attempt did not reach step 15",
+                                                 [e["message"] for e in events(daemon, "grow")][-8:])
             time.sleep(0.01)
         for pid in frozen:
             os.killpg(pid, signal.SIGSTOP)

@@ -139,6 +139,24 @@ def test_a_stopped_process_waits_out_the_hang_timeout_when_one_is_given():
     assert isinstance(verdict, Hang) and verdict.ranks == (1,)
 
 
+def test_a_rank_held_stopped_is_judged_by_the_stopped_allowance_alone_not_the_first_step_limit():
+    # A relaunch whose ranks were stopped as they started: a minute past the launch, no first step,
+    # yet the user's --hang-timeout 300 says they may be held five minutes.
+    limits = hang_limits(configured_hang=300, previous_first_step_s=5.0)
+    assert limits.first_step == hang.FIRST_STEP_FLOOR_S
+    held_a_minute = JobSeen(watched=True, first_step_done=False, quiet_s=60.0)
+    ranks = [RankSeen(0, "n0", process="stopped", stopped_s=59.0), RankSeen(1, "n1", process="stopped", stopped_s=59.0)]
+    assert hang_verdict(ranks, held_a_minute, limits) is None
+    # Let go, the first-step limit counts again.
+    running = [RankSeen(0, "n0", process="running"), RankSeen(1, "n1", process="running")]
+    verdict = hang_verdict(running, held_a_minute, limits)
+    assert isinstance(verdict, Hang) and "no first step within 30 s" in verdict.reason
+    # Without --hang-timeout a stopped rank is a hang within seconds, as before.
+    grace = hang_limits(configured_hang=None, previous_first_step_s=5.0)
+    assert hang_verdict([RankSeen(0, "n0", process="stopped", stopped_s=hang.STOPPED_GRACE_S)], held_a_minute,
+                        grace) is not None
+
+
 def test_ranks_tearing_down_after_another_finished_get_a_finishing_allowance_not_the_hang_timeout():
     """A rank exited 0: the others are past their last step (a final save, a barrier, a process group torn
     down), and no step is owed. A short --hang-timeout called that a hang on a busy machine."""
@@ -153,3 +171,42 @@ def test_ranks_tearing_down_after_another_finished_get_a_finishing_allowance_not
     stopped = [RankSeen(1, "n1", process="stopped", stopped_s=10.0)]
     assert hang_verdict(stopped, tearing, limits) is not None
     assert hang_verdict([RankSeen(1, "n1")], JobSeen(watched=True, first_step_done=True, quiet_s=20.0), limits)
+
+
+def test_the_time_ranks_were_held_stopped_is_not_counted_as_time_without_progress_once_they_are_let_go():
+    """A relaunch's ranks stopped as they started and let go a minute later: the first-step limit
+    (30 s) counts from when they were let go, not from the launch."""
+    from coordinator.jobs.attempt import Attempt
+    from coordinator.jobs.fingerprints import ReplicaCheck
+    from coordinator.jobs.hang_watch import HangWatch
+    from coordinator.jobs.run_context import RunContext
+    from coordinator.jobs.spec import JobSpec
+
+    class Clock:
+        t = 1000.0
+
+        def now(self) -> float:
+            return self.t
+
+    clock = Clock()
+    ctx = RunContext(clock, JobSpec(name="j", command=["python", "-m", "coord_trainer"], hang_timeout=300),  # type: ignore[arg-type]
+                     run_id="j-00000000", record=None, state="running")
+    ctx.record.first_step_seconds, ctx.record.last_progress = 5.0, clock.t  # launched now
+    ctx.record.progress_seen = True
+    watch = HangWatch(ctx)
+    attempt = Attempt(1, ["n1", "n2"], replica_check=ReplicaCheck(2))
+
+    def poll(process: str) -> Hang | None:
+        for rank in (0, 1):
+            watch.seen(attempt, rank, {"state": "running", "time": clock.t, "process": process})  # type: ignore[typeddict-item]
+        return watch.verdict(attempt)
+
+    assert poll("stopped") is None
+    clock.t += 60
+    assert poll("stopped") is None  # held, within --hang-timeout
+    assert poll("running") is None  # let go: the hold is not counted
+    clock.t += 20
+    assert poll("running") is None
+    clock.t += 11
+    verdict = poll("running")
+    assert isinstance(verdict, Hang) and "no first step within 30 s" in verdict.reason
