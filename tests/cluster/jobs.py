@@ -80,7 +80,9 @@ def at_step(netns_cluster, daemon: DaemonProcess, name: str, step: int, act, tim
             act(job)
             return job, seen
         time.sleep(0.01)
-    raise AssertionError(f"{name} did not reach step {step} within {timeout} s")
+    story = "\n".join(f"{e['kind']}: {e['message']}" for e in events(daemon, name))
+    raise AssertionError(f"{name} did not reach step {step} within {timeout} s (rank 0's file: step "
+                         f"{rank_step(netns_cluster, job)});\n{story}")
 
 
 def events(daemon: DaemonProcess, name: str | None = None) -> list[dict]:
