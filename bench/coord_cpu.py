@@ -13,7 +13,7 @@ middle of training, over a window of ``--window`` seconds, the CPU time (user + 
 
 Each figure is a percentage of one core. The goal: coord's own cost at most 1% of a core per node.
 
-    sudo python bench/coord_cpu.py [--nodes 2 3] [--window 20]
+    sudo python bench/coord_cpu.py [--nodes 2 3] [--window 20] [--save-every 100]
 """
 
 from __future__ import annotations
@@ -104,7 +104,14 @@ def classify(procs: dict[int, Proc], daemon_pid: int, users: dict[int, str]) -> 
     return kinds
 
 
-def measure(count: int, cluster: NetnsCluster, root: Path, project: Path, window: float) -> dict[str, dict[str, float]]:
+def job_step(config: Path, env: dict, name: str) -> tuple[str, int]:
+    doc = json.loads(coord("status", "--json", "--config", str(config), env=env).stdout)
+    job = next(j for j in doc["jobs"] if j["name"] == name)
+    return job["state"], int(job["step"] or 0)
+
+
+def measure(count: int, cluster: NetnsCluster, root: Path, project: Path, window: float,
+            save_every: int) -> dict[str, dict[str, float]]:
     names = [n.name for n in cluster.nodes][:count]
     config = cluster.write_cluster_toml(root / f"cluster{count}.toml", state_dir=root / f"state{count}", nodes=names)
     daemon = DaemonProcess(config, env=environment(), prefix=["ip", "netns", "exec", cluster.head_ns]).start()
@@ -116,26 +123,29 @@ def measure(count: int, cluster: NetnsCluster, root: Path, project: Path, window
         train = [*TRAIN[:-4], "--iters", str(ITERS), *TRAIN[-2:]]
         name = f"cpu{count}"
         submitted = coord("run", "--config", str(config), "--name", name, "--source", str(project), "--detach",
-                          "--save-every", "100", "--", "python", "-m", "mlx_lm", "lora", *train, env=daemon.env)
+                          "--save-every", str(save_every), "--", "python", "-m", "mlx_lm", "lora", *train,
+                          env=daemon.env)
         assert submitted.returncode == 0, submitted.stderr
         wait_event(daemon, name, "job.first_step")
         time.sleep(5.0)  # past the first steps' compilation
         daemon_pid = daemon.proc.pid
+        _, first = job_step(config, daemon.env, name)
         before = processes()
         started = time.monotonic()
         time.sleep(window)
         after = processes()
         seconds = time.monotonic() - started
+        state, last = job_step(config, daemon.env, name)
         kinds = classify(after, daemon_pid, users)
         totals: dict[str, dict[str, float]] = {}
         for pid, (where, what) in kinds.items():
             used = after[pid].cpu_s - (before[pid].cpu_s if pid in before else 0.0)
             totals.setdefault(where, {}).setdefault(what, 0.0)
             totals[where][what] += 100.0 * used / seconds
-        doc = json.loads(coord("status", "--json", "--config", str(config), env=daemon.env).stdout)
-        job = next(j for j in doc["jobs"] if j["name"] == name)
         coord("stop", "--config", str(config), name, env=daemon.env)
-        totals["job"] = {"state_at_end": 1.0 if job["state"] == "running" else 0.0, "step": float(job["step"])}
+        # The steps are the daemon's view (a poll behind the ranks at both ends): the rate is the window's.
+        totals["job"] = {"state_at_end": 1.0 if state == "running" else 0.0, "step": float(last),
+                         "steps_per_s": (last - first) / seconds}
         return totals
     finally:
         daemon.stop()
@@ -145,6 +155,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[2, 3], choices=[2, 3])
     parser.add_argument("--window", type=float, default=20.0, help="seconds of training measured")
+    parser.add_argument("--save-every", type=int, default=100,
+                        help="steps between checkpoints (100: one every few seconds here, each catalogued, hashed "
+                             f"and copied to the head; {ITERS} or more: none in the window, which leaves polling, "
+                             "sampling and progress reading alone)")
     args = parser.parse_args()
     root = short_tempdir("coord-bench-cpu-")
     root.chmod(0o755)
@@ -153,8 +167,9 @@ def main() -> None:
         path.chmod(0o755 if path.is_dir() else 0o644)
     with NetnsCluster() as cluster:
         for count in args.nodes:
-            totals = measure(count, cluster, root, project, args.window)
-            print(f"\n{count} nodes, % of one core over {args.window:g} s of training:")
+            totals = measure(count, cluster, root, project, args.window, args.save_every)
+            print(f"\n{count} nodes, a checkpoint every {args.save_every} steps, % of one core over "
+                  f"{args.window:g} s of training:")
             head = totals.pop("head", {})
             job = totals.pop("job", {})
             share = sum(head.values()) / count
@@ -164,7 +179,8 @@ def main() -> None:
                       + f"; head's share {share:.2f}% -> coord {sum(own.values()) + share:.2f}% per node"
                       + f" (rank {totals[where].get('rank', 0.0):.0f}%)")
             print("  head: " + ", ".join(f"{k} {v:.2f}%" for k, v in sorted(head.items()))
-                  + f"; job still running: {bool(job.get('state_at_end'))}, at step {job.get('step', 0):.0f}")
+                  + f"; job still running: {bool(job.get('state_at_end'))}, at step {job.get('step', 0):.0f}, "
+                  + f"{job.get('steps_per_s', 0.0):.1f} steps/s in the window")
 
 
 if __name__ == "__main__":
