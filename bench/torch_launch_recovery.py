@@ -336,7 +336,7 @@ def attempts(what: str, tries: int, run):
 
 
 def measure_size(cluster: NetnsCluster, daemon: DaemonProcess, project: Path, size: int, runs: int, kills: int,
-                 loss_bound: float) -> list[tuple[str, str, str, str]]:
+                 loss_bound: float, cut: bool = True) -> list[tuple[str, str, str, str]]:
     """One size's rows, each printed as soon as it is measured (a later failure keeps them)."""
     rows: list[tuple[str, str, str, str]] = []
 
@@ -368,6 +368,20 @@ def measure_size(cluster: NetnsCluster, daemon: DaemonProcess, project: Path, si
         f"{speed[0] / speed[1]:.2f}x")
     # Each side's worker is killed `kills` times, interleaved (medians); a run that does not recover is
     # tried once more and counted.
+    if kills > 0:
+        rows += _kill_rows(cluster, daemon, project, size, nodes, kills, row)
+    if size >= 3 and cut:
+        lost = coord_run(cluster, daemon, project, f"cut-{size}", nodes, cut=True)
+        bare_lost = bare_node_loss(cluster, nodes, loss_bound)
+        row(f"a node cut for good, {size} nodes: to the first step on {size - 1} (s)", f"{lost['recovery_s']:.2f}",
+            f"torchrun: {bare_lost['steps_after_cut']} steps in {bare_lost['bound_s']:.0f} s",
+            "-" if bare_lost["steps_after_cut"] == 0 else "?")
+    return rows
+
+
+def _kill_rows(cluster: NetnsCluster, daemon: DaemonProcess, project: Path, size: int, nodes: list[str], kills: int,
+               row) -> list[tuple[str, str, str, str]]:
+    """Each side's worker killed ``kills`` times, interleaved: the recovery row (printed by ``row``)."""
     ours_killed, theirs_killed, ours_failed, bare_failed = [], [], [], []
     for kill in range(kills):
         tag = f"{size}-{kill}"
@@ -388,13 +402,7 @@ def measure_size(cluster: NetnsCluster, daemon: DaemonProcess, project: Path, si
     row(f"worker SIGKILL to first resumed step, {size} nodes (s)",
         f"{ours_s:.2f}" + (f" ({len(ours_failed)} tries did not recover)" if ours_failed else ""), theirs_text,
         f"{ours_s / theirs_s:.2f}x" if ours_killed and theirs_killed else "-")
-    if size >= 3:
-        lost = coord_run(cluster, daemon, project, f"cut-{size}", nodes, cut=True)
-        bare_lost = bare_node_loss(cluster, nodes, loss_bound)
-        row(f"a node cut for good, {size} nodes: to the first step on {size - 1} (s)", f"{lost['recovery_s']:.2f}",
-            f"torchrun: {bare_lost['steps_after_cut']} steps in {bare_lost['bound_s']:.0f} s",
-            "-" if bare_lost["steps_after_cut"] == 0 else "?")
-    return rows
+    return []  # printed and kept by row()
 
 
 def median(values: list[float]) -> float:
@@ -407,6 +415,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=2, help="cold runs of each, interleaved (medians reported)")
     parser.add_argument("--kills", type=int, default=2, help="killed runs of each, interleaved (medians reported)")
     parser.add_argument("--loss-bound", type=float, default=60.0, help="how long bare torchrun is given after a cut")
+    parser.add_argument("--no-cut", action="store_true", help="leave out the node cut for good (3 nodes or more)")
     parser.add_argument("--steps", type=int, default=Job.steps)
     parser.add_argument("--save-every", type=int, default=Job.save_every)
     parser.add_argument("--width", type=int, default=Job.width, help="the MLP's width (its step time)")
@@ -433,7 +442,8 @@ def main() -> int:
         try:
             daemon.wait_for(all_up, 60, "all nodes up")
             for size in args.nodes:
-                rows += measure_size(cluster, daemon, project, size, args.runs, args.kills, args.loss_bound)
+                rows += measure_size(cluster, daemon, project, size, args.runs, args.kills, args.loss_bound,
+                                     cut=not args.no_cut)
         finally:
             daemon.stop()
     print("\n| measure | coord | compared with | ratio |\n|---|---:|---:|---:|")
