@@ -649,8 +649,12 @@ class NetnsCluster:
             links = _pip_find_links()
             sources = [arg for link in links for arg in ("--find-links", link)] or [
                 "--extra-index-url", "https://download.pytorch.org/whl/cpu", "--index-strategy", "unsafe-best-match"]
-            _run(["uv", "pip", "install", "-q", "-p", SYSTEM_PYTHON, "--target", str(site), *sources, *versions],
-                 env=env, timeout=900)
+            # Compiled to bytecode as pip does on a user's machine: the directory is root's, so no node
+            # user could write torch's .pyc files, and every torch import (a torchrun agent, each
+            # worker, each relaunch) compiled some thousand modules from source: 9 s where 4 s is a
+            # user's cost, on both sides of the bench and in every multi-host torch test.
+            _run(["uv", "pip", "install", "-q", "--compile-bytecode", "-p", SYSTEM_PYTHON, "--target", str(site),
+                  *sources, *versions], env=env, timeout=900)
             _run(["chmod", "-R", "a+rX", str(site)])
             for n in self.nodes:
                 py = str(Path(n.venv) / "bin" / "python")

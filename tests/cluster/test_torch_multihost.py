@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import time
@@ -171,9 +172,14 @@ def test_rank0s_node_cut_for_good_the_torchrun_job_finishes_on_two_with_its_glob
     story = final["story"]
     assert final["nodes"] == ["n2", "n3"] and final["restarts"] >= 1, story
     assert "3 → 2 ranks; left out n1" in story and "global batch 24" in story, story
-    # n2 and n3 held rank 0's checkpoint directories already: nothing was copied for the resume
+    # n2 and n3 held rank 0's checkpoint directories: the resume needs nothing from the cut node. A
+    # newer checkpoint that reached only one of them before the cut (the job trains on while the
+    # link goes) is completed from that one.
     resumed = [e for e in events(daemon, "mh-shrink") if e["kind"] == "job.resume_from"]
-    assert resumed and "every node from its own copy, nothing copied" in resumed[-1]["message"], story
+    assert resumed, story
+    said = resumed[-1]["message"]
+    assert "every node from its own copy, nothing copied" in said or re.search(r"copied from n[23]:", said), story
+    assert resumed[-1]["data"]["step"] >= 10, story
     node = netns_cluster.node("n2")
     logs = sorted((Path(node.workdir) / ".coord" / "jobs" / final["run_id"]).glob("attempt-*/rank-0/output.log"))
     said = [line for line in logs[-1].read_text().splitlines() if line.startswith("global batch")]
