@@ -18,7 +18,8 @@ thread per process on both sides, a checkpoint directory every --save-every step
 Each step's time is the worker's own time stamp (coord_script.report writes it, under coord and
 under bare torchrun alike: the bare runs get a progress file of their own).
 
-    sudo python bench/torch_launch_recovery.py [--nodes 2 3] [--runs 2] [--kills 2] [--steps N] [--save-every N]
+    sudo python bench/torch_launch_recovery.py [--nodes 2 3] [--runs 2] [--kills 2] [--no-cut] [--steps N]
+        [--save-every N] [--width N]
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ sys.path.insert(0, str(REPO))
 
 from tests.cluster.netns import DEFAULT_NODES, NetnsCluster  # noqa: E402
 from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir  # noqa: E402
+
+TERMINAL = ("succeeded", "failed", "stopped")
 
 
 class Job:
@@ -134,13 +137,18 @@ def last_record(path: Path) -> dict | None:
     return found[-1] if found else None
 
 
-def wait_until(check, timeout: float, what: str, every: float = 0.01):
-    """``check()`` once it is true; every 10 ms where the moment is measured, less often otherwise."""
+def wait_until(check, timeout: float, what: str, every: float = 0.01, ended=lambda: False):
+    """``check()`` once it is true; every 10 ms where the moment is measured, less often otherwise.
+    ``ended()`` true says nothing more can come (every process gone): no use waiting out the timeout."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         found = check()
         if found:
             return found
+        if ended():
+            if found := check():  # the last record may have landed as the processes ended
+                return found
+            raise RuntimeError(f"no {what}: every process had ended")
         time.sleep(every)
     raise RuntimeError(f"no {what} within {timeout:g} s")
 
@@ -192,6 +200,10 @@ class Bare:
                                                      start_new_session=True))
         return started
 
+    def ended(self) -> bool:
+        """Whether torchrun has exited on every node (its restarts spent, or the job done)."""
+        return all(proc.poll() is not None for proc in self.procs)
+
     def tails(self) -> str:
         """The end of each node's output, torch's C++ stack frames left out."""
         out = []
@@ -228,19 +240,20 @@ def bare_run(cluster: NetnsCluster, nodes: list[str], tag: str, *, kill: bool) -
 
 def _bare_run(bare: Bare, nodes: list[str], *, kill: bool) -> dict:
     started = bare.start()
-    wait_until(lambda: last_record(bare.progress), 300, "first bare step")
+    wait_until(lambda: last_record(bare.progress), 300, "first bare step", ended=bare.ended)
     first = records(bare.progress)[0]
     out = {"first_step_s": first["time"] - started}
     after: list[dict] = []
     if kill:
-        wait_until(lambda: step_at_least(bare.progress, Job.kill_at()), 300, "the step to kill at")
+        wait_until(lambda: step_at_least(bare.progress, Job.kill_at()), 300, "the step to kill at", ended=bare.ended)
         killed = time.time()
         os.kill(bare.worker(nodes[1]), signal.SIGKILL)
         wait_until(lambda: (last := last_record(bare.progress)) and last["time"] > killed + 0.05
-                   and last["step"] <= Job.kill_at(), 300, "resumed bare step")
+                   and last["step"] <= Job.kill_at(), 300, "resumed bare step", ended=bare.ended)
         after = [r for r in records(bare.progress) if r["time"] > killed + 0.05 and r["step"] <= Job.kill_at()]
         out["recovery_s"] = after[0]["time"] - killed
-    wait_until(lambda: step_at_least(bare.progress, Job.steps), 900, "the last bare step", every=0.5)
+    wait_until(lambda: step_at_least(bare.progress, Job.steps), 900, "the last bare step", every=0.5,
+               ended=bare.ended)
     tail = [r for r in records(bare.progress) if r["time"] >= (after[-1]["time"] if after else 0)]
     out["steps_per_s"] = (tail[-1]["step"] - tail[0]["step"]) / (tail[-1]["time"] - tail[0]["time"])
     return out
@@ -297,8 +310,13 @@ def coord_run(cluster: NetnsCluster, daemon: DaemonProcess, project: Path, name:
         else:
             cluster.cut_link(nodes[-1])
         try:
-            daemon.wait_for(lambda d: any(j["name"] == name and j["attempt"] >= 1 and j["state"] == "running"
-                                          for j in d["jobs"]), 300, "attempt 1")
+            def resumed_or_ended(job: dict) -> bool:
+                return job["attempt"] >= 1 and job["state"] == "running" or job["state"] in TERMINAL
+
+            doc = daemon.wait_for(lambda d: any(j["name"] == name and resumed_or_ended(j) for j in d["jobs"]), 300,
+                                  "attempt 1")
+            if next(j for j in doc["jobs"] if j["name"] == name)["state"] != "running":
+                raise RuntimeError(f"{name} ended before it resumed:\n{story(daemon, name)}")
             resumed = job_progress(cluster, daemon, name, 1)
             wait_until(lambda: last_record(resumed), 300, "a resumed step")
             after = records(resumed)[0]
@@ -369,7 +387,7 @@ def measure_size(cluster: NetnsCluster, daemon: DaemonProcess, project: Path, si
     # Each side's worker is killed `kills` times, interleaved (medians); a run that does not recover is
     # tried once more and counted.
     if kills > 0:
-        rows += _kill_rows(cluster, daemon, project, size, nodes, kills, row)
+        _kill_rows(cluster, daemon, project, size, nodes, kills, row)
     if size >= 3 and cut:
         lost = coord_run(cluster, daemon, project, f"cut-{size}", nodes, cut=True)
         bare_lost = bare_node_loss(cluster, nodes, loss_bound)
@@ -380,8 +398,8 @@ def measure_size(cluster: NetnsCluster, daemon: DaemonProcess, project: Path, si
 
 
 def _kill_rows(cluster: NetnsCluster, daemon: DaemonProcess, project: Path, size: int, nodes: list[str], kills: int,
-               row) -> list[tuple[str, str, str, str]]:
-    """Each side's worker killed ``kills`` times, interleaved: the recovery row (printed by ``row``)."""
+               row) -> None:
+    """Each side's worker killed ``kills`` times, interleaved: the recovery row, given to ``row``."""
     ours_killed, theirs_killed, ours_failed, bare_failed = [], [], [], []
     for kill in range(kills):
         tag = f"{size}-{kill}"
@@ -402,7 +420,6 @@ def _kill_rows(cluster: NetnsCluster, daemon: DaemonProcess, project: Path, size
     row(f"worker SIGKILL to first resumed step, {size} nodes (s)",
         f"{ours_s:.2f}" + (f" ({len(ours_failed)} tries did not recover)" if ours_failed else ""), theirs_text,
         f"{ours_s / theirs_s:.2f}x" if ours_killed and theirs_killed else "-")
-    return []  # printed and kept by row()
 
 
 def median(values: list[float]) -> float:

@@ -24,7 +24,9 @@ watchdog at all: coord cannot tell such a script's steady work from a hang, so i
 as hung (``watched`` False).
 
 A rank whose process is stopped (state T: SIGSTOP, a terminal's Ctrl-Z) is hung after
-``STOPPED_GRACE_S`` (or ``--hang-timeout``, when given), whatever its phase. The ranks named
+``STOPPED_GRACE_S`` (or ``--hang-timeout``, when given), whatever its phase; until then no other
+allowance runs (the others wait for it), and the time it was held is not counted once it is let
+go (``HangWatch``). The ranks named
 as the ones that stopped are, in this order: stopped processes; ranks whose heartbeat went
 silent while others' did not; ranks outside a collective their peers wait in; the ranks at the
 lowest step while others are ahead; else every rank over its allowance.
