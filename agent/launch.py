@@ -10,6 +10,8 @@ execs the command with the node's Python.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import shlex
@@ -17,13 +19,15 @@ import shutil
 import subprocess
 import threading
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from agent import standby as node_standby
 from shared import protocol as p
 from shared.rpc import RemoteError
 
 if TYPE_CHECKING:
-    from shared.agent_api.ranks import PrepareRankReply, StartRankReply
+    from shared.agent_api.ranks import PrepareRankReply, RetireStandbysReply, StartRankReply
 
 # A run id: the job's name (at most 64) and a suffix of its own. Letters, digits, '.', '_', '-' only:
 # it becomes a directory name on every node.
@@ -46,10 +50,14 @@ def bundle_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def node_command(python: str, argv: list[str]) -> list[str]:
+    """A leading "python" means this node's Python."""
+    return [python, *argv[1:]] if argv and argv[0] in ("python", "python3") else list(argv)
+
+
 def render_rank_script(*, workdir: str, python: str, argv: list[str], env: dict[str, str], tmpdir: str,
                        rank_dir: str, pass_output: bool = True) -> str:
-    # A leading "python" means this node's Python.
-    command = [python, *argv[1:]] if argv and argv[0] in ("python", "python3") else list(argv)
+    command = node_command(python, argv)
     root = shlex.quote(bundle_root())
     lines = ["#!/bin/sh", "# Written by the coord agent: one rank of a job on this node.",
              f"cd {shlex.quote(workdir)} || exit 97",
@@ -101,12 +109,20 @@ def prepare_rank(job: str, rank: int, workdir: str, python: str, argv: list[str]
     shutil.rmtree(rank_dir, ignore_errors=True)
     os.makedirs(rank_dir, exist_ok=True)
     env = {key: value.replace("{rank_dir}", rank_dir) for key, value in env.items()}
+    _make_checkpoint_dir(workdir, env.get("COORD_CHECKPOINT_DIR"))
     argv = [word.replace("{rank_dir}", rank_dir) for word in argv]
     for name, text in (files or {}).items():
         with open(os.path.join(rank_dir, name), "w", encoding="utf-8") as handle:
             handle.write(text)
     script = render_rank_script(workdir=workdir, python=python, argv=list(argv), env=dict(env), tmpdir=tmpdir,
                                 rank_dir=rank_dir, pass_output=pass_output)
+    # What the script runs, for a warm launcher to run it the same way (agent.standby); beside the
+    # script, in the agent's own directory (the environment may hold a user's secrets).
+    launch = os.path.join(directory, f"rank-{rank}.json")
+    with open(f"{launch}.{os.getpid()}.tmp", "w", encoding="utf-8") as handle:
+        json.dump({"rank_dir": rank_dir, "python": python, "command": node_command(python, argv), "env": env,
+                   "workdir": workdir, "tmpdir": tmpdir}, handle)
+    os.replace(f"{launch}.{os.getpid()}.tmp", launch)
     path = os.path.join(directory, f"rank-{rank}.sh")
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as handle:
@@ -116,7 +132,21 @@ def prepare_rank(job: str, rank: int, workdir: str, python: str, argv: list[str]
     return {"script": path, "tmpdir": tmpdir, "rank_dir": rank_dir}
 
 
-def start_rank(workdir: str, job: str, attempt: int, rank: int) -> StartRankReply:
+def _make_checkpoint_dir(workdir: str, path: str | None) -> None:
+    """The attempt's checkpoint directory, there when the rank starts: a script may write a file in it
+    before any checkpoint (or without one, as a run resumed at its last step does)."""
+    if not path:
+        return
+    from shared.paths import UnsafePath, resolve_under
+
+    try:
+        full = resolve_under(workdir, os.path.relpath(path, workdir) if os.path.isabs(path) else path)
+    except (UnsafePath, ValueError) as exc:
+        raise RemoteError(p.BAD_ARGS, f"COORD_CHECKPOINT_DIR {path!r} is not under the workdir: {exc}") from None
+    os.makedirs(full, exist_ok=True)
+
+
+def start_rank(workdir: str, job: str, attempt: int, rank: int, standby: bool = False) -> StartRankReply:
     """Start the rank's script, prepared for this attempt, on this node: for a launcher that runs on every
     node (torchrun, Accelerate, DeepSpeed) rather than from the head over SSH (mlx.launch).
 
@@ -140,9 +170,67 @@ def start_rank(workdir: str, job: str, attempt: int, rank: int) -> StartRankRepl
         raise RemoteError(p.REFUSED, f"rank {rank} of attempt {attempt} of {job} was started already")
     with open(os.path.join(directory, "started"), "w", encoding="utf-8") as marker:
         marker.write(f"{time.time()}\n")
-    with open(os.path.join(directory, "start.log"), "ab") as errors:
-        proc = subprocess.Popen(["/bin/sh", script], stdin=subprocess.DEVNULL, stdout=errors, stderr=errors,
-                                cwd=workdir, start_new_session=True, close_fds=True)
-    # Reaped here while this agent lives (its end is read from the rank's own files, not from here).
-    threading.Thread(target=proc.wait, name=f"rank-{job}-{rank}", daemon=True).start()
-    return {"pid": proc.pid}
+    launch = _launch_of(os.path.join(jobs_dir(), job, f"rank-{rank}.json"), directory) if standby else None
+    pid = _start_warm(job, directory, launch) if launch else None
+    warm = pid is not None
+    if pid is None:
+        with open(os.path.join(directory, "start.log"), "ab") as errors:
+            proc = subprocess.Popen(["/bin/sh", script], stdin=subprocess.DEVNULL, stdout=errors, stderr=errors,
+                                    cwd=workdir, start_new_session=True, close_fds=True)
+        # Reaped here while this agent lives (its end is read from the rank's own files, not from here).
+        threading.Thread(target=proc.wait, name=f"rank-{job}-{rank}", daemon=True).start()
+        pid = proc.pid
+    if launch:
+        # The next attempt's rank on this node, warm, started after this reply (it is not this
+        # launch's business). The shell of a cold start execs the runner: ``pid`` is the rank's runner.
+        threading.Thread(target=_start_standby, args=(job, f"{attempt}-{rank}", launch, pid),
+                         name=f"standby-{job}-{rank}", daemon=True).start()
+    return {"pid": pid, "warm": warm}
+
+
+def _start_standby(job: str, name: str, launch: _Launch, watch: int) -> None:
+    with contextlib.suppress(OSError):
+        node_standby.start(os.path.join(jobs_dir(), job), name, python=launch.python, module=launch.module,
+                           workdir=launch.workdir, env=launch.env, watch=watch)
+
+
+@dataclass(frozen=True)
+class _Launch:
+    python: str
+    module: str
+    args: list[str]
+    workdir: str
+    env: dict[str, str]  # the launcher's whole environment, as the rank script gives it
+
+
+def _launch_of(path: str, directory: str) -> _Launch | None:
+    """The rank prepared in ``directory`` as a warm launcher would run it; None when it is not
+    ``python -m MODULE``."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+        if data["rank_dir"] != directory:
+            return None  # prepared for another attempt
+        python, workdir, command = data["python"], data["workdir"], list(data["command"])
+        env = node_standby.launcher_env(os.environ, tmpdir=data["tmpdir"], root=bundle_root(), env=data["env"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    found = node_standby.launcher_module(command, python)
+    if found is None or "MLX_HOSTFILE" in env or bundle_root() not in env["PYTHONPATH"].split(":"):
+        return None  # not a module; an MLX rank; a PYTHONPATH of the job's own that leaves out coord's runner
+    return _Launch(python, found[0], found[1], workdir, env)
+
+
+def _start_warm(job: str, directory: str, launch: _Launch) -> int | None:
+    """The rank run by a standby of this job, when one fits: its runner's pid, or None."""
+    os.makedirs(launch.env["TMPDIR"], exist_ok=True)
+    key = node_standby.import_key(launch.python, launch.module, launch.workdir, launch.env)
+    go = {"rank_dir": directory, "cwd": launch.workdir, "env": launch.env, "args": launch.args}
+    return node_standby.claim(os.path.join(jobs_dir(), job), key, go)
+
+
+def retire_standbys(workdir: str, job: str) -> RetireStandbysReply:
+    """The job ended: its standbys for this node's workdir go."""
+    if not JOB_NAME.match(job):
+        raise RemoteError(p.BAD_ARGS, f"job name {job!r} must be letters, digits, '.', '_' or '-'")
+    return {"retired": node_standby.retire_all(os.path.join(jobs_dir(), job), workdir)}

@@ -158,6 +158,15 @@ def run_rank(command: list[str], directory: str, log: BinaryIO, pass_output: boo
         log.write(f"coord: cannot start {command[0]}: {exc}\n".encode())
         write_atomically(os.path.join(directory, "exit"), "127\n")
         return 127
+    return watch_rank(child, directory, log, pass_output=pass_output, adopting=adopting)
+
+
+def watch_rank(child: subprocess.Popen[bytes], directory: str, log: BinaryIO, *, pass_output: bool,
+               adopting: bool, earlier: bytes = b"") -> int:
+    """The rank's process ``child`` (in a process group of its own, its output on a pipe) from here
+    to its end: its pid and exit status in ``directory``, its output (``earlier`` first) in ``log``."""
+    if earlier:
+        log.write(earlier)
     write_atomically(os.path.join(directory, "pid"), f"{child.pid}\n")
     write_atomically(os.path.join(directory, "runner.pid"), f"{os.getpid()}\n")
     awake = keep_awake.hold_awake(child.pid, log)

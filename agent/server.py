@@ -140,7 +140,8 @@ def build_dispatcher(relay: node_relay.Relay | None = None, uploads: node_sync.U
               required={"job": str, "rank": int, "workdir": str, "python": str, "argv": list, "env": dict},
               optional={"attempt": int, "pass_output": bool, "files": dict})
     rank: dict[str, ArgType] = {"workdir": str, "job": str, "attempt": int, "rank": int}
-    table.add("start_rank", _in_thread(node_launch.start_rank), required=rank)
+    table.add("start_rank", _in_thread(node_launch.start_rank), required=rank, optional={"standby": bool})
+    table.add("retire_standbys", _in_thread(node_launch.retire_standbys), required={"workdir": str, "job": str})
     table.add("rank_status", rank_status, required=rank,
               optional={"progress_offset": int, "log_offset": int, "wait_s": (int, float)})
     table.add("read_log", _in_thread(node_ranks.read_log), required=rank, optional={"offset": int})

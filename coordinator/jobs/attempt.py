@@ -40,6 +40,8 @@ class Attempt:
     rank_steps: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> its newest step, when (its clock)
     exited: set[int] = field(default_factory=set)  # ranks seen ended: their silence is no hang
     last_train: tuple[int, float] | None = None  # the newest train record's step and its own time
+    # When the ranks that had failed were first seen to say only that they lost a peer (head clock).
+    peer_lost_seen_at: float | None = None
     wired_baseline: dict[str, int] = field(default_factory=dict)  # Mac -> its wired memory before the ranks
 
     @classmethod

@@ -27,6 +27,7 @@ from shared.agent_api.ranks import (
     PrepareRankReply,
     RankStatusReply,
     RemoveCheckpointsReply,
+    RetireStandbysReply,
     StartRankReply,
     StopRankReply,
 )
@@ -97,6 +98,9 @@ class JobEffects(Protocol):
     @overload
     async def call(self, node: str, method: Literal["start_rank"], params: Mapping[str, object], *,
                    timeout: float) -> StartRankReply: ...
+    @overload
+    async def call(self, node: str, method: Literal["retire_standbys"], params: Mapping[str, object], *,
+                   timeout: float) -> RetireStandbysReply: ...
     @overload
     async def call(self, node: str, method: Literal["rank_status"], params: Mapping[str, object], *,
                    timeout: float) -> RankStatusReply: ...

@@ -101,6 +101,17 @@ PEER_LOST_MARKERS = ("connection to a peer was lost", "was closed by the peer", 
 def peer_lost(text: str) -> bool:
     """Whether a rank's last words say it lost a peer (it did not fail on its own)."""
     return any(marker in text for marker in PEER_LOST_MARKERS)
+
+
+#: How long the ranks that failed only because they lost a peer wait for the rank that failed on its
+#: own to end and say why: its launcher may still be taking its other workers down.
+PEER_LOST_GRACE_S = 3.0
+
+
+def awaits_root_cause(cause: str, others_running: bool, waited_s: float) -> bool:
+    """Whether an attempt whose failed ranks (``cause``: the best of their last words) only lost a peer
+    waits a moment longer for a rank still running to fail with its own error."""
+    return others_running and peer_lost(cause) and waited_s < PEER_LOST_GRACE_S
 #: Exit statuses of a rank stopped by the launcher or a hung-up ssh (SIGTERM, SIGHUP).
 STOPPED_FROM_OUTSIDE = (143, 129)
 

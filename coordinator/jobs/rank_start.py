@@ -15,6 +15,8 @@ from coordinator.launch.batch import BatchSplit
 from coordinator.launch.launcher import Launcher, LaunchPlan, RankSlot
 from shared.rpc import RemoteError
 
+STANDBY_START_TIMEOUT_S = 180.0  # a start_rank that waits on a standby still importing (agent.standby: 120 s)
+
 
 class RankStarter:
     def __init__(self, ctx: RunContext, launcher: Launcher):
@@ -61,17 +63,25 @@ class RankStarter:
             raise LaunchError(f"rank {order.index(name)} could not be prepared on {name}: {exc.message}",
                               node=name if core.unreachable_error(exc.code) else None)
 
-    async def start(self, attempt: int, order: list[str]) -> None:
+    async def start(self, attempt: int, order: list[str]) -> list[str]:
         """A launcher that runs on every node: each node's agent starts its prepared rank, all at once;
-        a node that cannot is a LaunchError (the ranks started elsewhere are stopped with the attempt)."""
+        a node that cannot is a LaunchError (the ranks started elsewhere are stopped with the attempt).
+        The nodes whose rank a warm standby took (its launcher imported already: agent.standby), in order."""
         errors: dict[str, RemoteError] = {}
+        warm: set[str] = set()
 
         async def start(rank: int, name: str) -> None:
             try:
-                await self.ctx.fx.call(name, "start_rank", {"job": self.ctx.run_id, "rank": rank,
-                                                            "attempt": attempt}, timeout=60)
+                # A standby still importing finishes first; at worst it gives up after two minutes and
+                # the rank starts cold.
+                answer = await self.ctx.fx.call(name, "start_rank", {"job": self.ctx.run_id, "rank": rank,
+                                                                     "attempt": attempt, "standby": True},
+                                                timeout=STANDBY_START_TIMEOUT_S)
             except RemoteError as exc:
                 errors[name] = exc
+                return
+            if answer.get("warm"):
+                warm.add(name)
 
         async with anyio.create_task_group() as tasks:
             for rank, name in enumerate(order):
@@ -80,3 +90,19 @@ class RankStarter:
             name, exc = sorted(errors.items())[0]
             raise LaunchError(f"rank {order.index(name)} could not be started on {name}: {exc.message}",
                               node=name if core.unreachable_error(exc.code) else None)
+        return [name for name in order if name in warm]
+
+    async def retire_standbys(self, nodes: list[str]) -> None:
+        """The job is over: its warm standbys go from every node that is up (one left on a node away
+        goes by itself once the job's rank there has been gone a while)."""
+        async def retire(name: str) -> None:
+            if not self.ctx.fx.node(name).up:
+                return
+            try:
+                await self.ctx.fx.call(name, "retire_standbys", {"job": self.ctx.run_id}, timeout=10)
+            except RemoteError as exc:  # it goes by itself a while after the job's rank there
+                self.ctx.log.warning("standbys not retired", node=name, error=exc.message)
+
+        async with anyio.create_task_group() as tasks:
+            for name in nodes:
+                tasks.start_soon(retire, name)

@@ -29,6 +29,7 @@ from coordinator.jobs.policy import (
     RANK_FAILED,
     Outcome,
     RankFailure,
+    awaits_root_cause,
     clean_line,
     last_line,
     launcher_root_cause,
@@ -114,7 +115,7 @@ class RankWatcher:
         if verdict is not None:
             if read_any and may_read_again and all(r.state == "exited" for r in reports):
                 return READ_AGAIN  # every rank is done: what they wrote last (a read is capped) is judged too
-            return await self._ended(attempt, verdict)
+            return await self._ended(attempt, verdict, reports)
         hung = self.hangs.verdict(attempt)
         if hung:
             # Named before the stacks are asked for: a stopped rank is woken by nothing but SIGCONT.
@@ -191,12 +192,25 @@ class RankWatcher:
         return self.ended(attempt, DIVERGED, f"the replicas diverged after step {self.ctx.record.diverged_after} "
                           "(found before the daemon restarted)", f"diverged:{self.ctx.record.diverged_after}")
 
-    async def _ended(self, attempt: Attempt, verdict: core.Verdict) -> Outcome:
+    async def _ended(self, attempt: Attempt, verdict: core.Verdict, reports: list[core.RankReport]) -> Outcome | None:
+        """The attempt's outcome from its verdict; None while the ranks that failed only lost a peer
+        wait a moment for a rank still running to end with the cause."""
         if not verdict.failures:
             return self._verdict(attempt, verdict)
-        cause = root_cause([RankFailure(r.rank, r.node, r.exit if r.exit is not None else -1,
-                                        clean_line(r.worker_error) if r.worker_error
-                                        else await self._log_tail(attempt, r.rank)) for r in verdict.failures])
+        cause = await self._root_cause(attempt, verdict)
+        if attempt.peer_lost_seen_at is None and peer_lost(cause.last_line):
+            attempt.peer_lost_seen_at = self.fx.monotonic()
+        if awaits_root_cause(cause.last_line, any(r.state in ("running", "starting") for r in reports),
+                             self.fx.monotonic() - (attempt.peer_lost_seen_at or 0.0)):
+            return None
+        return self._failed(attempt, cause, verdict)
+
+    async def _root_cause(self, attempt: Attempt, verdict: core.Verdict) -> RankFailure:
+        return root_cause([RankFailure(r.rank, r.node, r.exit if r.exit is not None else -1,
+                                       clean_line(r.worker_error) if r.worker_error
+                                       else await self._log_tail(attempt, r.rank)) for r in verdict.failures])
+
+    def _failed(self, attempt: Attempt, cause: RankFailure, verdict: core.Verdict) -> Outcome:
         code, tail = cause.status, cause.last_line
         return self.ended(attempt, RANK_FAILED, f"rank {cause.rank} on {cause.node} exited with status {code}"
                           + (f" ({_signal_name(code)})" if _signal_name(code) else "")

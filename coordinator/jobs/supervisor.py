@@ -137,6 +137,9 @@ class JobRunner:
             self.done.set()
             if self.record.unstopped:
                 self.fx.spawn(self.reap_when_back, name=f"job:{self.run_id}:reap")
+            if self.launcher.runs_on == "nodes" and self.state in FINISHED:
+                nodes = sorted(set(self.job_nodes()) | set(self.record.order))
+                self.fx.spawn(lambda: self.starter.retire_standbys(nodes), name=f"job:{self.run_id}:standbys")
 
     async def _fail_resumable(self, exc: BaseException) -> None:
         """A failure nobody foresaw: said in words, every rank stopped, the catalog kept, so that
@@ -441,8 +444,9 @@ class JobRunner:
         # checkpoints from start_step (a file's name is its step within the attempt). Saved later,
         # a restart would read the previous attempt's start step and misnumber every checkpoint.
         self.save()
+        warm: list[str] = []
         if self.launcher.runs_on == "nodes":
-            await self.starter.start(attempt.number, order)
+            warm = await self.starter.start(attempt.number, order)
         else:
             self.record.launcher_pid = self.fx.start_launcher(self.run_id, attempt.number, plan)
         self.record.last_progress = self.fx.now()
@@ -450,8 +454,8 @@ class JobRunner:
         hangs = self.ranks.hangs
         watch = hangs.limits().describe() if hangs.watched() else "none until its ranks report progress"
         self.event("launched", f"attempt {attempt.number} launched on {', '.join(order)} from step {start_step} "
-                   f"({plan.backend}); hang watch: {watch}", attempt=attempt.number,
-                   seconds=round(self.fx.monotonic() - started, 3))
+                   f"({plan.backend}){'; launcher warm on ' + ', '.join(warm) if warm else ''}; hang watch: {watch}",
+                   attempt=attempt.number, seconds=round(self.fx.monotonic() - started, 3), warm=warm)
         return None
 
     async def _monitor(self, attempt: Attempt | None) -> Outcome:

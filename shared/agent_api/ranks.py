@@ -30,15 +30,34 @@ class PrepareRankReply(TypedDict):
     rank_dir: str
 
 
-class StartRankReply(TypedDict):
-    pid: int  # the rank's runner, in a session of its own
-
-
 class RankRequest(TypedDict):
     workdir: str
     job: str
     attempt: int
     rank: int
+
+
+class StartRankRequest(RankRequest, total=False):
+    # A launcher run as ``python -m MODULE``: run it in a warm standby of the job when one fits, and
+    # start one beside it for the job's next rank here (agent.standby)
+    standby: bool
+
+
+class _StartRankReply(TypedDict):
+    pid: int  # the rank's runner, in a session of its own
+
+
+class StartRankReply(_StartRankReply, total=False):
+    warm: bool  # run by a standby whose launcher was imported already
+
+
+class RetireStandbysRequest(TypedDict):
+    workdir: str
+    job: str
+
+
+class RetireStandbysReply(TypedDict):
+    retired: int
 
 
 class RankStatusRequest(RankRequest, total=False):

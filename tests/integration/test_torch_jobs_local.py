@@ -94,6 +94,28 @@ def _workers(root: Path, *, node: str | None = None, launcher: bool = False) -> 
     return found
 
 
+def _standbys(root: Path) -> list[int]:
+    """Warm launchers (agent.standby) still running in a node's workdir under ``root``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            words = (entry / "cmdline").read_bytes().split(b"\0")
+            cwd = os.readlink(entry / "cwd")
+        except OSError:
+            continue
+        if cwd.startswith(str(root)) and (b"agent.standby_runner" in words or b"agent.preload" in words):
+            found.append(int(entry.name))
+    return found
+
+
+def _no_standby_left(root: Path) -> None:
+    """Once a job has ended its standbys go (retired by the daemon, gone within a second)."""
+    deadline = time.monotonic() + 15
+    while _standbys(root):
+        assert time.monotonic() < deadline, f"standbys left: {_standbys(root)}"
+        time.sleep(0.1)
+
+
 def _at_step(daemon, root, name: str, step: int, timeout: float = 120) -> dict:
     """The job once rank 0 of its attempt reported ``step`` (read from its progress file)."""
     doc = daemon.wait_for(lambda d: job_of(d, name)["state"] == "running" and job_of(d, name)["nodes"], 120,
@@ -135,6 +157,10 @@ def test_a_killed_worker_is_named_and_the_job_resumes_exactly_from_its_checkpoin
     assert "(complete: 2 files; whole on a, b)" in story  # a directory, judged by its COMPLETE file
     assert _final_weights(root, final) == expected_weights(40, 2)
     assert not _workers(root) and not _workers(root, launcher=True)
+    # The relaunch ran in each node's standby, its torchrun imported while attempt 0 trained.
+    launched = [e for e in _events(daemon, "ddp-kill") if e["kind"] == "job.launched"]
+    assert launched[0]["data"]["warm"] == [] and launched[1]["data"]["warm"] == job["nodes"], story
+    _no_standby_left(root)
 
 
 def test_a_torchrun_command_runs_its_processes_per_node_and_a_workers_exception_is_named(cluster):
@@ -172,6 +198,7 @@ def test_a_killed_torchrun_leaves_no_worker_and_a_stop_ends_every_process(cluste
     stopped = coord("stop", "--config", str(daemon.config), "ddp-orphans", env=daemon.env, timeout=120)
     assert stopped.returncode == 0 and "ddp-orphans: stopped" in stopped.stdout, stopped.stderr
     assert not _workers(root) and not _workers(root, launcher=True)
+    _no_standby_left(root)
 
 
 def test_a_stopped_worker_is_caught_as_a_hang_named_and_resumed(cluster):

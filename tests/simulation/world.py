@@ -17,8 +17,9 @@ import copy
 import hashlib
 import json
 import math
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import anyio
 import trio
@@ -464,7 +465,11 @@ class SimEffects:
         world.prepared.setdefault((job, attempt), {})[rank] = sim
         return {"script": f"/home/{node.name}/.coord/jobs/{job}/rank-{rank}.sh"}
 
-    def _agent_start_rank(self, node: SimNode, *, job: str, rank: int, attempt: int) -> dict[str, Any]:
+    def _agent_retire_standbys(self, node: SimNode, *, job: str) -> dict[str, Any]:
+        return {"retired": 0}
+
+    def _agent_start_rank(self, node: SimNode, *, job: str, rank: int, attempt: int,
+                          standby: bool = False) -> dict[str, Any]:
         """A torch launcher's rank, started by its node's agent: the launcher runs there, or (a launch
         fault) is missing from the node's Python and exits at once, or dies before its workers start."""
         world = self.world

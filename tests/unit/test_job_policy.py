@@ -8,11 +8,13 @@ from coordinator.jobs import catalog
 from coordinator.jobs.policy import (
     HUNG,
     NODE_LOST,
+    PEER_LOST_GRACE_S,
     RANK_FAILED,
     STOPPED,
     SUCCEEDED,
     Outcome,
     RankFailure,
+    awaits_root_cause,
     backoff,
     decide,
     restart_delay,
@@ -274,3 +276,12 @@ def test_backoff_is_two_to_the_n_capped_at_30_s_for_every_n():
     assert all(backoff(n) == 30.0 for n in (5, 63, 64, 1023, 1024, 10**6))
     assert all(isinstance(backoff(n), float) for n in range(10))
     assert [restart_delay(n) for n in range(-1, 8)] == [0.0, 0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+
+
+def test_ranks_that_only_lost_a_peer_wait_a_moment_for_the_one_that_failed_on_its_own():
+    gloo = "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:1447"
+    assert awaits_root_cause(gloo, others_running=True, waited_s=0.0)
+    assert awaits_root_cause(gloo, others_running=True, waited_s=PEER_LOST_GRACE_S - 0.1)
+    assert not awaits_root_cause(gloo, others_running=True, waited_s=PEER_LOST_GRACE_S)  # then it is said as seen
+    assert not awaits_root_cause(gloo, others_running=False, waited_s=0.0)  # every rank has said its word
+    assert not awaits_root_cause("RuntimeError: the data loader broke at step 7", others_running=True, waited_s=0.0)
