@@ -183,15 +183,16 @@ def start_rank(workdir: str, job: str, attempt: int, rank: int, standby: bool = 
     if launch:
         # The next attempt's rank on this node, warm, started after this reply (it is not this
         # launch's business). The shell of a cold start execs the runner: ``pid`` is the rank's runner.
-        threading.Thread(target=_start_standby, args=(job, f"{attempt}-{rank}", launch, pid),
+        threading.Thread(target=_start_standby, args=(job, f"{attempt}-{rank}", launch, pid, directory),
                          name=f"standby-{job}-{rank}", daemon=True).start()
     return {"pid": pid, "warm": warm}
 
 
-def _start_standby(job: str, name: str, launch: _Launch, watch: int) -> None:
+def _start_standby(job: str, name: str, launch: _Launch, watch: int, directory: str) -> None:
     with contextlib.suppress(OSError):
         node_standby.start(os.path.join(jobs_dir(), job), name, python=launch.python, module=launch.module,
-                           workdir=launch.workdir, env=launch.env, watch=watch)
+                           workdir=launch.workdir, env=launch.env, watch=watch,
+                           after=os.path.join(directory, "progress.jsonl"))
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,7 @@ def _alive(pid: int) -> bool:
 
 
 def start(job_dir: str, name: str, *, python: str, module: str, workdir: str, env: Mapping[str, str],
-          watch: int) -> None:
+          watch: int, after: str | None = None) -> None:
     """A standby beside the rank whose runner is ``watch``, for the job's next rank on this node."""
     directory = os.path.join(job_dir, STANDBY_PREFIX + name)
     shutil.rmtree(directory, ignore_errors=True)
@@ -97,7 +97,8 @@ def start(job_dir: str, name: str, *, python: str, module: str, workdir: str, en
         json.dump(import_key(python, module, workdir, env), handle)
     with open(os.path.join(directory, "runner.log"), "ab") as log:
         proc = subprocess.Popen([python, "-m", "agent.standby_runner", "--dir", directory, "--module", module,
-                                 "--watch", str(watch)], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                 "--watch", str(watch), *(["--after", after] if after else [])],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                 cwd=workdir, env=dict(env),
                                 start_new_session=True, close_fds=True)
     # Reaped by a thread of its own while this agent lives; it outlives the agent otherwise.
@@ -145,7 +146,7 @@ def _hand_over(directory: str, go: Mapping[str, object], limit: float) -> int | 
             break
         time.sleep(0.02)
     # Not taken in time (or it went): it must never run the rank beside the cold start that follows.
-    _end(pids)
+    _end(directory, pids)
     shutil.rmtree(directory, ignore_errors=True)
     for name in ("pid", "runner.pid", "exit"):  # taken just as it was ended: not this rank's now
         with contextlib.suppress(FileNotFoundError):
@@ -153,14 +154,18 @@ def _hand_over(directory: str, go: Mapping[str, object], limit: float) -> int | 
     return None
 
 
-def _end(pids: tuple[int, int] | None) -> None:
-    """The standby's runner, its child's group and whatever that child started, killed."""
+def _end(directory: str, pids: tuple[int, int] | None) -> None:
+    """The standby's runner, then its child's group and whatever that child started, killed (the child
+    read after the runner is gone: a runner may start it late)."""
     if pids is None:
         return
-    runner, child = pids
+    with contextlib.suppress(OSError):
+        os.kill(pids[0], signal.SIGKILL)
+    child = (_pids(directory) or pids)[1]
+    if not child:
+        return
     table = proc_state.process_table()
-    below = proc_state.descendants_in(table, child)
-    for pid in (runner, *below):
+    for pid in (child, *proc_state.descendants_in(table, child)):
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(OSError):

@@ -37,6 +37,7 @@ TICK_S = 0.5  # how often it looks for a go without being woken (the agent wakes
 WATCH_EVERY_S = 2.0  # how often it asks whether the rank it stands beside still runs
 LINGER_S = 300.0  # how long it waits for a claim once that rank is gone (a relaunch may back off, up to 30 s)
 GO_WAIT_S = 10.0  # a claim is followed by its go at once; without one this long, the claim was abandoned
+AFTER_AT_MOST_S = 60.0  # the import starts once the rank reported progress, or after this long without
 EARLY_OUTPUT_MAX = 64 << 10  # what the child prints before its go (an import's warnings), kept for the rank's log
 
 
@@ -51,11 +52,14 @@ def _alive(pid: int) -> bool:
 
 
 class Standby:
-    def __init__(self, directory: str, module: str, watch: int, linger: float = LINGER_S):
+    def __init__(self, directory: str, module: str, watch: int, linger: float = LINGER_S,
+                 after: str | None = None):
         self.directory = directory
         self.module = module
         self.watch = watch
         self.linger = linger
+        self.after = after
+        self.started = time.monotonic()
         self.early = bytearray()
         self.child: subprocess.Popen[bytes] | None = None
         self.ack_r = -1
@@ -72,6 +76,12 @@ class Standby:
         os.set_blocking(wake_w, False)
         signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
         signal.signal(signal.SIGUSR1, lambda _signum, _frame: None)
+        write_atomically(self.path("standby.pid"), f"{os.getpid()} 0\n")
+        write_atomically(self.path("open"), "")
+
+    def spawn(self) -> None:
+        """The child that imports the launcher's module, once its rank is past its launch (or this one is
+        claimed): a launch's own imports come first."""
         ack_r, ack_w = os.pipe()
         self.child = subprocess.Popen(
             [sys.executable, "-m", "agent.preload", "--module", self.module, "--ack-fd", str(ack_w)],
@@ -80,15 +90,22 @@ class Standby:
         os.close(ack_w)
         self.ack_r = ack_r
         write_atomically(self.path("standby.pid"), f"{os.getpid()} {self.child.pid}\n")
-        write_atomically(self.path("open"), "")
+
+    def _spawn_due(self, now: float, claimed: bool) -> bool:
+        """Whether to start importing: the rank trains (or has ended already: a relaunch follows), this
+        standby was claimed, or the rank says nothing of its progress for a minute."""
+        if self.child is not None:
+            return False
+        return claimed or now - self.started >= AFTER_AT_MOST_S or not _alive(self.watch) or \
+            (self.after is not None and os.path.exists(self.after) and os.path.getsize(self.after) > 0)
 
     def wait_for_go(self) -> dict[str, object] | None:
         """The go once claimed; None when it is to go away instead."""
-        assert self.child is not None and self.child.stdout is not None
-        out = self.child.stdout.fileno()
         claimed_at: float | None = None
+        self.started = time.monotonic()
         while True:
-            self._take_reads(select.select([self.ack_r, out, self.wake_r], [], [], TICK_S)[0], out)
+            waits = [self.wake_r] + ([self.ack_r, self._out()] if self.child is not None else [])
+            self._take_reads(select.select(waits, [], [], TICK_S)[0])
             if not os.path.isdir(self.directory) or os.path.exists(self.path("retired")):
                 return None
             if os.path.exists(self.path("go.json")):
@@ -97,26 +114,31 @@ class Standby:
             now = time.monotonic()
             if claimed_at is None and not os.path.exists(self.path("open")):
                 claimed_at = now
+            if self._spawn_due(now, claimed_at is not None):
+                self.spawn()
             if claimed_at is not None:
                 if now - claimed_at > GO_WAIT_S:
                     return None  # the claim was abandoned
             elif self._unwanted(now) and self._retire():
                 return None
 
-    def _take_reads(self, ready: list[int], out: int) -> None:
+    def _out(self) -> int:
+        assert self.child is not None and self.child.stdout is not None
+        return self.child.stdout.fileno()
+
+    def _take_reads(self, ready: list[int]) -> None:
         if self.wake_r in ready:
             with contextlib.suppress(OSError):
                 os.read(self.wake_r, 512)
-        if out in ready:
-            self._read_early(out)
+        if self.child is not None and self._out() in ready:
+            self._read_early(self._out())
         if self.ack_r in ready and "ready" in self._read_acks():
             write_atomically(self.path("ready"), "")
 
     def _unwanted(self, now: float) -> bool:
         """Whether no rank can want this standby any more: its child is gone, or the rank it stands
         beside has been gone LINGER_S."""
-        assert self.child is not None
-        if self.child.poll() is not None:
+        if self.child is not None and self.child.poll() is not None:
             return True
         if now >= self.next_watch:
             self.next_watch = now + WATCH_EVERY_S
@@ -149,6 +171,8 @@ class Standby:
 
     def ack_after_go(self, go: dict[str, object]) -> bool:
         """The go to the child; True once it says it runs it."""
+        if self.child is None:
+            self.spawn()
         assert self.child is not None and self.child.stdin is not None and self.child.stdout is not None
         try:
             self.child.stdin.write(json.dumps({key: go[key] for key in ("cwd", "env", "args")}).encode() + b"\n")
@@ -183,9 +207,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--watch", type=int, required=True, help="the runner of the rank this one stands beside")
     parser.add_argument("--linger", type=float, default=LINGER_S,
                         help="seconds it waits for a claim once that rank is gone")
+    parser.add_argument("--after", help="a file the rank writes once it trains (its progress): the import waits for "
+                        "it, so that it never slows the launch")
     args = parser.parse_args(argv)
     adopting = become_subreaper()
-    standby = Standby(args.dir, args.module, args.watch, linger=args.linger)
+    standby = Standby(args.dir, args.module, args.watch, linger=args.linger, after=args.after)
 
     def leave(_signum: int, _frame: FrameType | None) -> None:
         raise SystemExit(0)

@@ -23,6 +23,9 @@ import json, os, sys, time
 time.sleep(float(os.environ.get("IMPORT_S", "0")))
 print("imported in", os.getpid(), flush=True)
 def main():
+    time.sleep(float(os.environ.get("PROGRESS_AFTER_S", "0")))
+    with open(os.environ["COORD_PROGRESS_FILE"], "a") as progress:
+        progress.write('{"kind": "train", "step": 1}\\n')
     print("ran", json.dumps({"args": sys.argv[1:], "cwd": os.getcwd(), "x": os.environ.get("X"),
                              "attempt": os.environ.get("COORD_ATTEMPT"), "tmpdir": os.environ.get("TMPDIR"),
                              "gone": os.environ.get("ONLY_FIRST"), "name": __name__, "pid": os.getpid()}), flush=True)
@@ -65,7 +68,7 @@ def _standby_processes(root: Path) -> list[int]:
 
 def _start(work: Path, attempt: int, *, sleep: str = "0.2", code: str = "3", env: dict | None = None,
            module: str = "fakelaunch") -> dict:
-    base = {"COORD_ATTEMPT": str(attempt), "X": f"x{attempt}"}
+    base = {"COORD_ATTEMPT": str(attempt), "X": f"x{attempt}", "COORD_PROGRESS_FILE": "{rank_dir}/progress.jsonl"}
     launch.prepare_rank("job-0a1b2c3d", 0, str(work), sys.executable, ["python", "-m", module, sleep, code],
                         {**base, **(env or {})}, attempt=attempt, pass_output=False)
     return launch.start_rank(str(work), "job-0a1b2c3d", attempt, 0, standby=True)
@@ -180,6 +183,21 @@ def test_a_warm_rank_is_stopped_whole_and_retired_standbys_leave_nothing(node, t
         assert time.monotonic() < deadline, f"left: {_standby_processes(tmp_path)}"
         time.sleep(0.05)
     assert not list((Path(os.environ["HOME"]) / ".coord" / "jobs" / "job-0a1b2c3d").glob("standby-*"))
+
+
+def test_the_import_waits_until_the_rank_trains(node):
+    """A launch's own imports come first: the standby's child starts once its rank reports progress."""
+    _start(node, 0, sleep="600", env={"PROGRESS_AFTER_S": "3"})
+    jobs = Path(os.environ["HOME"]) / ".coord" / "jobs" / "job-0a1b2c3d"
+    deadline = time.monotonic() + 10
+    while not list(jobs.glob("standby-*/standby.pid")):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    (pid_file,) = jobs.glob("standby-*/standby.pid")
+    time.sleep(1.0)
+    assert pid_file.read_text().split()[1] == "0"  # no child yet: the rank has not reported a step
+    _ready()
+    ranks.stop_rank(str(node), "job-0a1b2c3d", 0, 0, grace=2)
 
 
 def test_a_standby_goes_by_itself_once_its_rank_has_been_gone_a_while(node, tmp_path):
