@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tests import mlx_kernels
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -58,6 +60,8 @@ class DaemonProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> DaemonProcess:
+        for workdir in mlx_kernels.local_workdirs(self.config):
+            mlx_kernels.seed(workdir)  # as a node that ran a job before: MLX's kernels compiled already
         argv = self.prefix + [sys.executable, "-m", "coordinator.cli.main", "daemon", "--config", str(self.config),
                               "--log-file", str(self.log_file)]
         self.proc = subprocess.Popen(argv, cwd=REPO, env=self.env, stdout=subprocess.DEVNULL,
@@ -122,6 +126,8 @@ class DaemonProcess:
             return "(no daemon log)"
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int | None:
+        for workdir in mlx_kernels.local_workdirs(self.config):
+            mlx_kernels.harvest(workdir)
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else None
         self.proc.send_signal(sig)

@@ -1,0 +1,76 @@
+"""MLX's compiled CPU kernels, kept across the tests' local clusters.
+
+MLX's CPU backend compiles each fused kernel with the system's C++ compiler into
+``$TMPDIR/mlx/<version>/cpu`` and keeps it there; coord gives every node one TMPDIR
+(``<workdir>/.coord/tmp``), so a user's node compiles them once. Each test module's local cluster has
+fresh workdirs, so without this every module's nodes compiled the same fifty-odd kernels again (a
+minute of CPU per node on the suite's two cores). A node here starts with the kernels the tests'
+earlier nodes compiled, as a user's node does after its first job; whatever it compiles that is new is
+kept for the next. The multi-host cluster and the demo are left as fresh machines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import struct
+import tempfile
+import tomllib
+from pathlib import Path
+
+CACHE = Path(tempfile.gettempdir()) / "coord-test-mlx-kernels"
+
+
+def local_workdirs(config: Path) -> list[Path]:
+    """The workdirs of a cluster file's nodes that run on this machine's local transport."""
+    try:
+        nodes = tomllib.loads(config.read_text()).get("nodes", [])
+    except (OSError, tomllib.TOMLDecodeError):
+        return []
+    return [Path(node["workdir"]) for node in nodes
+            if node.get("host") == "local" and str(node.get("workdir", "")).startswith("/")]
+
+
+def seed(workdir: Path) -> None:
+    """The kernels kept so far, linked into the node's TMPDIR (read only there: MLX never rewrites one)."""
+    target = workdir / ".coord" / "tmp" / "mlx"
+    for source in CACHE.rglob("lib*.so") if CACHE.is_dir() else ():
+        destination = target / source.relative_to(CACHE)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            try:
+                os.link(source, destination)
+            except OSError:
+                shutil.copy2(source, destination)
+
+
+def harvest(workdir: Path) -> None:
+    """What the node compiled that is not kept yet, kept (whole files only: a rank killed while its
+    compiler ran may leave one cut short)."""
+    source_root = workdir / ".coord" / "tmp" / "mlx"
+    for source in source_root.rglob("lib*.so") if source_root.is_dir() else ():
+        destination = CACHE / source.relative_to(source_root)
+        if destination.exists() or not whole_elf(source):
+            continue
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        partial = destination.with_name(f".{destination.name}.{os.getpid()}")
+        try:
+            shutil.copy2(source, partial)
+            os.replace(partial, destination)  # whole or absent, for the other test worker too
+        except OSError:
+            partial.unlink(missing_ok=True)
+
+
+def whole_elf(path: Path) -> bool:
+    """A 64-bit little-endian ELF file whose section header table (the linker writes it last) ends where
+    the file does."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return False
+    if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        return False
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
+    entsize, count = struct.unpack_from("<HH", data, 0x3A)
+    return shoff > 0 and shoff + entsize * count == len(data)
