@@ -27,6 +27,7 @@ from agent import proc_state
 HANDOVER_READY_S = 15.0  # a standby whose import is done takes its go within a tick
 HANDOVER_IMPORTING_S = 120.0  # one still importing finishes it first (faster than a cold start would)
 STANDBY_PREFIX = "standby-"
+IDLE_CORES = 1.0  # the standby imports beside a training rank only where it has a core to itself
 
 
 def launcher_module(command: list[str], python: str) -> tuple[str, list[str]] | None:
@@ -97,7 +98,8 @@ def start(job_dir: str, name: str, *, python: str, module: str, workdir: str, en
         json.dump(import_key(python, module, workdir, env), handle)
     with open(os.path.join(directory, "runner.log"), "ab") as log:
         proc = subprocess.Popen([python, "-m", "agent.standby_runner", "--dir", directory, "--module", module,
-                                 "--watch", str(watch), *(["--after", after] if after else [])],
+                                 "--watch", str(watch), *(["--after", after] if after else []),
+                                 "--idle-cores", str(IDLE_CORES)],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                 cwd=workdir, env=dict(env),
                                 start_new_session=True, close_fds=True)

@@ -37,8 +37,17 @@ TICK_S = 0.5  # how often it looks for a go without being woken (the agent wakes
 WATCH_EVERY_S = 2.0  # how often it asks whether the rank it stands beside still runs
 LINGER_S = 300.0  # how long it waits for a claim once that rank is gone (a relaunch may back off, up to 30 s)
 GO_WAIT_S = 10.0  # a claim is followed by its go at once; without one this long, the claim was abandoned
+IDLE_CORES = 1.0  # a core the ranks leave idle, for the import beside them
 AFTER_AT_MOST_S = 60.0  # the import starts once the rank reported progress, or after this long without
 EARLY_OUTPUT_MAX = 64 << 10  # what the child prints before its go (an import's warnings), kept for the rank's log
+
+
+def idle_cores() -> float:
+    """Cores the node leaves idle, by its load over the last minute (runnable processes)."""
+    try:
+        return (os.cpu_count() or 1) - os.getloadavg()[0]
+    except OSError:
+        return 0.0
 
 
 def _alive(pid: int) -> bool:
@@ -53,12 +62,13 @@ def _alive(pid: int) -> bool:
 
 class Standby:
     def __init__(self, directory: str, module: str, watch: int, linger: float = LINGER_S,
-                 after: str | None = None):
+                 after: str | None = None, idle: float = IDLE_CORES):
         self.directory = directory
         self.module = module
         self.watch = watch
         self.linger = linger
         self.after = after
+        self.idle_cores = idle
         self.started = time.monotonic()
         self.early = bytearray()
         self.child: subprocess.Popen[bytes] | None = None
@@ -92,12 +102,17 @@ class Standby:
         write_atomically(self.path("standby.pid"), f"{os.getpid()} {self.child.pid}\n")
 
     def _spawn_due(self, now: float, claimed: bool) -> bool:
-        """Whether to start importing: the rank trains (or has ended already: a relaunch follows), this
-        standby was claimed, or the rank says nothing of its progress for a minute."""
+        """Whether to start importing: this standby was claimed; or its rank trains (it reported
+        progress, or said nothing for a minute) and the node has a core to spare. Nodes whose ranks
+        train on every core (CPU training) import only when the relaunch needs it: an import beside
+        such ranks, even at the lowest priority, slowed them by 3-5% while it ran (bench/README.md)."""
         if self.child is not None:
             return False
-        return claimed or now - self.started >= AFTER_AT_MOST_S or not _alive(self.watch) or \
+        if claimed:
+            return True  # the import is on a relaunch's critical path now: at once, whatever the load
+        trains = now - self.started >= AFTER_AT_MOST_S or \
             (self.after is not None and os.path.exists(self.after) and os.path.getsize(self.after) > 0)
+        return trains and idle_cores() >= self.idle_cores
 
     def wait_for_go(self) -> dict[str, object] | None:
         """The go once claimed; None when it is to go away instead."""
@@ -209,9 +224,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds it waits for a claim once that rank is gone")
     parser.add_argument("--after", help="a file the rank writes once it trains (its progress): the import waits for "
                         "it, so that it never slows the launch")
+    parser.add_argument("--idle-cores", type=float, default=IDLE_CORES,
+                        help="cores the node must leave idle for the import to run beside its training")
     args = parser.parse_args(argv)
     adopting = become_subreaper()
-    standby = Standby(args.dir, args.module, args.watch, linger=args.linger, after=args.after)
+    standby = Standby(args.dir, args.module, args.watch, linger=args.linger, after=args.after,
+                      idle=args.idle_cores)
 
     def leave(_signum: int, _frame: FrameType | None) -> None:
         raise SystemExit(0)

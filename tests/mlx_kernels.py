@@ -17,6 +17,7 @@ import shutil
 import struct
 import tempfile
 import tomllib
+import uuid
 from pathlib import Path
 
 CACHE = Path(tempfile.gettempdir()) / "coord-test-mlx-kernels"
@@ -37,11 +38,15 @@ def seed(workdir: Path) -> None:
     target = workdir / ".coord" / "tmp" / "mlx"
     for source in CACHE.rglob("lib*.so") if CACHE.is_dir() else ():
         destination = target / source.relative_to(CACHE)
+        if destination.exists():
+            continue
         destination.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileExistsError):
-            try:
-                os.link(source, destination)
-            except OSError:
+        try:
+            os.link(source, destination)
+        except FileExistsError:
+            continue
+        except OSError:  # another filesystem
+            with contextlib.suppress(OSError):
                 shutil.copy2(source, destination)
 
 
@@ -54,7 +59,7 @@ def harvest(workdir: Path) -> None:
         if destination.exists() or not whole_elf(source):
             continue
         destination.parent.mkdir(parents=True, exist_ok=True)
-        partial = destination.with_name(f".{destination.name}.{os.getpid()}")
+        partial = destination.with_name(f".partial-{os.getpid()}-{uuid.uuid4().hex}")  # the name may be 250 long
         try:
             shutil.copy2(source, partial)
             os.replace(partial, destination)  # whole or absent, for the other test worker too

@@ -38,6 +38,7 @@ if __name__ == "__main__":
 
 @pytest.fixture
 def node(tmp_path, monkeypatch):
+    monkeypatch.setattr(standby, "IDLE_CORES", -1e9)  # whatever the load of the machine running the tests
     home = tmp_path / "home"
     work = tmp_path / "work"
     home.mkdir()
@@ -198,6 +199,22 @@ def test_the_import_waits_until_the_rank_trains(node):
     assert pid_file.read_text().split()[1] == "0"  # no child yet: the rank has not reported a step
     _ready()
     ranks.stop_rank(str(node), "job-0a1b2c3d", 0, 0, grace=2)
+
+
+def test_beside_ranks_that_use_every_core_the_import_waits_for_the_relaunch(node, monkeypatch):
+    """Where the node has no core to spare (its ranks train on its CPUs), the import starts only once
+    the relaunch claims the standby."""
+    monkeypatch.setattr(standby, "IDLE_CORES", 1e9)
+    _start(node, 0, sleep="3")
+    jobs = Path(os.environ["HOME"]) / ".coord" / "jobs" / "job-0a1b2c3d"
+    time.sleep(1.5)  # the rank has reported its progress
+    (pid_file,) = jobs.glob("standby-*/standby.pid")
+    assert pid_file.read_text().split()[1] == "0"
+    _ended(node, 0)
+    time.sleep(1.0)
+    assert pid_file.read_text().split()[1] == "0"  # a job that ended here costs no import
+    assert _start(node, 1)["warm"] is True  # claimed: it imports now, whatever the load, and runs the rank
+    assert _ran(_ended(node, 1))[0]["x"] == "x1"
 
 
 def test_a_standby_goes_by_itself_once_its_rank_has_been_gone_a_while(node, tmp_path):
