@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from agent import mlx_kernels
 from agent import standby as node_standby
 from shared import protocol as p
 from shared.rpc import RemoteError
@@ -102,6 +103,8 @@ def prepare_rank(job: str, rank: int, workdir: str, python: str, argv: list[str]
     # One TMPDIR per node, shared by its jobs: MLX's compiled CPU kernels are kept there, so a
     # new job does not compile them again (that costs tens of seconds on a small CPU).
     tmpdir = os.path.join(workdir, ".coord", "tmp")
+    with contextlib.suppress(OSError):
+        mlx_kernels.remove_cut_kernels(tmpdir)  # a kernel an earlier rank's kill cut short breaks every job
     rank_dir = os.path.join(workdir, ".coord", "jobs", job, f"attempt-{attempt}", f"rank-{rank}")
     # A rank directory that already exists here is not this attempt's (it is prepared once, before
     # its rank starts): whatever it holds (progress, an exit status, a pid) must never be read as
