@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from typing import TypeGuard
 
 STOPPED, UNINTERRUPTIBLE, RUNNING = "stopped", "uninterruptible", "running"
 
@@ -128,3 +129,20 @@ def process_state(pid: int) -> str | None:
         return None
     text = out.stdout.strip()
     return text[0] if out.returncode == 0 and text else None
+
+
+def alive(pid: int | None) -> TypeGuard[int]:
+    """Whether ``pid`` names a live process (not a zombie, where /proc says); never for no pid."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's, and there
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as handle:
+            return parse_proc_stat(handle.read()) != "Z"
+    except OSError:
+        return True  # no /proc (macOS): kill(0) is the answer

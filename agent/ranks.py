@@ -16,7 +16,7 @@ import signal
 import struct
 import subprocess
 import time
-from typing import TYPE_CHECKING, TypeGuard
+from typing import TYPE_CHECKING
 
 from agent import proc_state
 from agent.launch import JOB_NAME
@@ -75,27 +75,6 @@ def _read_int(path: str) -> int | None:
         return None
 
 
-def _alive(pid: int | None) -> TypeGuard[int]:
-    """Whether ``pid`` names a live process (not a zombie); never for no pid."""
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return not _is_zombie(pid)
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return False
-
-
 def _rss_bytes(pid: int | None) -> int | None:
     if not pid:
         return None
@@ -119,7 +98,7 @@ def _rank_members(pgid: int, runner: int | None) -> list[int]:
     """Live processes of a rank: its process group, and whatever lives below its runner (a launcher
     such as torchrun puts each worker in a session of its own; the runner adopts them when that
     launcher dies). Zombies and the runner itself are left out."""
-    procs = proc_state.rank_processes(pgid, runner if _alive(runner) else None)
+    procs = proc_state.rank_processes(pgid, runner if proc_state.alive(runner) else None)
     return [pid for pid, state in procs.items() if state not in ("Z", "X") and pid != runner]
 
 
@@ -141,7 +120,8 @@ def rank_ended(workdir: str, job: str, attempt: int, rank: int) -> bool:
     if os.path.exists(os.path.join(directory, "exit")):
         return True
     pid = _read_int(os.path.join(directory, "pid"))
-    return pid is not None and not _alive(pid) and not _alive(_read_int(os.path.join(directory, "runner.pid")))
+    runner = _read_int(os.path.join(directory, "runner.pid"))
+    return pid is not None and not proc_state.alive(pid) and not proc_state.alive(runner)
 
 
 def runner_pid(workdir: str, job: str, attempt: int, rank: int) -> int | None:
@@ -156,8 +136,8 @@ def rank_status(workdir: str, job: str, attempt: int, rank: int, progress_offset
     directory = rank_dir(workdir, job, attempt, rank)
     pid = _read_int(os.path.join(directory, "pid"))
     runner = _read_int(os.path.join(directory, "runner.pid"))
-    alive = _alive(pid)
-    runner_alive = _alive(runner)
+    alive = proc_state.alive(pid)
+    runner_alive = proc_state.alive(runner)
     # Read the exit status after the liveness checks: the runner writes it just after its
     # child ends, so a dead child with a live runner is a rank that is finishing, not lost.
     code = _read_int(os.path.join(directory, "exit"))
@@ -255,7 +235,7 @@ def read_log(workdir: str, job: str, attempt: int, rank: int, offset: int = 0,
 def dump_stacks(workdir: str, job: str, attempt: int, rank: int) -> DumpStacksReply:
     """Ask a hung rank to print its Python stacks (coord's trainers register SIGUSR1 for it)."""
     pid = _read_int(os.path.join(rank_dir(workdir, job, attempt, rank), "pid"))
-    if pid is None or not _alive(pid):
+    if pid is None or not proc_state.alive(pid):
         return {"sent": False, "detail": "rank is not running"}
     try:
         os.kill(pid, signal.SIGUSR1)
@@ -285,20 +265,20 @@ def stop_rank(workdir: str, job: str, attempt: int, rank: int, grace: float = 5.
     # The runner records the rank's exit status just after its child ends: give it that moment
     # before killing it, or the status is lost (it was in about 1 stop in 20 here).
     deadline = time.monotonic() + RUNNER_GRACE_S
-    while runner and _alive(runner) and time.monotonic() < deadline:
+    while runner and proc_state.alive(runner) and time.monotonic() < deadline:
         time.sleep(0.02)
     left_below = _rank_members(pgid, runner)  # read before the runner goes: its orphans would be init's
-    if runner and _alive(runner):
+    if runner and proc_state.alive(runner):
         with contextlib.suppress(ProcessLookupError):
             os.kill(runner, signal.SIGKILL)
     if left_below:
         _signal_all(pgid, left_below, signal.SIGKILL)
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and (_rank_members(pgid, None) + [p for p in left_below if _alive(p)]
-                                           or _alive(runner)):
+    while time.monotonic() < deadline and (_rank_members(pgid, None) + [p for p in left_below if proc_state.alive(p)]
+                                           or proc_state.alive(runner)):
         time.sleep(0.05)
-    left = sorted(set(_rank_members(pgid, None) + [p for p in left_below if _alive(p)])) + \
-        ([runner] if _alive(runner) else [])
+    left = sorted(set(_rank_members(pgid, None) + [p for p in left_below if proc_state.alive(p)])) + \
+        ([runner] if proc_state.alive(runner) else [])
     if not left:
         return {"stopped": True, "left": [], "detail": "stopped"}
     named = [proc_state.process_state(pid) or "?" for pid in left]

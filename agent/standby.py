@@ -78,16 +78,6 @@ def _pids(directory: str) -> tuple[int, int] | None:
     return runner, child
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return proc_state.process_state(pid) not in ("Z", "X")
-
-
 def start(job_dir: str, name: str, *, python: str, module: str, workdir: str, env: Mapping[str, str],
           watch: int, after: str | None = None) -> None:
     """A standby beside the rank whose runner is ``watch``, for the job's next rank on this node."""
@@ -144,7 +134,7 @@ def _hand_over(directory: str, go: Mapping[str, object], limit: float) -> int | 
     while time.monotonic() < deadline:
         if os.path.exists(runner_file):
             return pids[0] if pids else None
-        if not os.path.isdir(directory) or pids is None or not _alive(pids[0]):
+        if not os.path.isdir(directory) or pids is None or not proc_state.alive(pids[0]):
             break
         time.sleep(0.02)
     # Not taken in time (or it went): it must never run the rank beside the cold start that follows.

@@ -31,6 +31,7 @@ import sys
 import time
 from types import FrameType
 
+from agent import proc_state
 from agent.rank_runner import become_subreaper, stop_group, watch_rank, write_atomically
 
 TICK_S = 0.5  # how often it looks for a go without being woken (the agent wakes it with SIGUSR1)
@@ -48,16 +49,6 @@ def idle_cores() -> float:
         return (os.cpu_count() or 1) - os.getloadavg()[0]
     except OSError:
         return 0.0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class Standby:
@@ -157,7 +148,7 @@ class Standby:
             return True
         if now >= self.next_watch:
             self.next_watch = now + WATCH_EVERY_S
-            if _alive(self.watch):
+            if proc_state.alive(self.watch):
                 self.watched_gone_at = None
             elif self.watched_gone_at is None:
                 self.watched_gone_at = now

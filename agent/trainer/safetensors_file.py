@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
 if TYPE_CHECKING:
     from shared.agent_api.common import JsonObject
 
+from agent import proc_state
 from shared import safetensors_header
 
 #: The dtype codes of the safetensors format.
@@ -114,23 +115,13 @@ def remove_stale_temps(directory: str) -> list[str]:
         return removed
     for name in names:
         match = _TEMP_NAME.match(name)
-        if match and not _pid_alive(int(match.group("pid"))):
+        if match and not proc_state.alive(int(match.group("pid"))):
             try:
                 os.unlink(os.path.join(directory, name))
                 removed.append(name)
             except FileNotFoundError:
                 pass
     return removed
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def read_header(path: str) -> JsonObject:

@@ -18,6 +18,7 @@ import pytest
 
 from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir
 from tests.integration.test_jobs_local import CLUSTER, job_of
+from tests.processes import running_under
 from tests.torch_jobs import (
     ACCELERATE,
     DDP,
@@ -77,35 +78,20 @@ def _events(daemon, name: str) -> list[dict]:
 def _workers(root: Path, *, node: str | None = None, launcher: bool = False) -> list[int]:
     """The job's workers (``ddp.py``), or torchrun itself, running in a node's workdir."""
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            words = (entry / "cmdline").read_bytes().split(b"\0")
-            cwd = os.readlink(entry / "cwd")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state == "Z" or not cwd.startswith(str(root)) or (node and cwd != str(root / node)):
+    for process in running_under(root):
+        words = process.words
+        if node and process.cwd != str(root / node):
             continue
         script = b"ddp.py" in words or b"acc.py" in words or b"ds_train.py" in words
         if words[1:3] == [b"-m", b"torch.distributed.run"] if launcher else (script and b"-m" not in words[:3]):
-            found.append(int(entry.name))
+            found.append(process.pid)
     return found
 
 
 def _standbys(root: Path) -> list[int]:
     """Warm launchers (agent.standby) still running in a node's workdir under ``root``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            words = (entry / "cmdline").read_bytes().split(b"\0")
-            cwd = os.readlink(entry / "cwd")
-        except OSError:
-            continue
-        if cwd.startswith(str(root)) and (b"agent.standby_runner" in words or b"agent.preload" in words):
-            found.append(int(entry.name))
-    return found
+    return [p.pid for p in running_under(root)
+            if b"agent.standby_runner" in p.words or b"agent.preload" in p.words]
 
 
 def _no_standby_left(root: Path) -> None:

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from agent import ranks
+from agent import proc_state, ranks
 from tests.integration.daemon_harness import REPO
 
 
@@ -144,7 +144,7 @@ def test_without_proc_the_rank_is_stopped_and_confirmed_through_ps(tmp_path, mon
     assert result["stopped"] and result["left"] == []
     monkeypatch.setattr(ranks.proc_state.os, "listdir", real_listdir)
     for pid in members:  # the rank and the child it started, both gone
-        assert not ranks._alive(pid)
+        assert not proc_state.alive(pid)
     proc.wait(10)
 
 

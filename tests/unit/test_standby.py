@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from agent import launch, ranks, standby
+from tests.processes import running_under
 
 # The launcher stands for torchrun: its import is slow and says so, its run prints what it was given.
 LAUNCHER = """\
@@ -51,20 +52,8 @@ def node(tmp_path, monkeypatch):
 
 
 def _standby_processes(root: Path) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            words = (entry / "cmdline").read_bytes().split(b"\0")
-            cwd = os.readlink(entry / "cwd")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and cwd.startswith(str(root)) and \
-                (b"agent.standby_runner" in words or b"agent.preload" in words or b"fakelaunch" in words):
-            found.append(int(entry.name))
-    return found
+    names = (b"agent.standby_runner", b"agent.preload", b"fakelaunch")
+    return [p.pid for p in running_under(root) if any(name in p.words for name in names)]
 
 
 def _start(work: Path, attempt: int, *, sleep: str = "0.2", code: str = "3", env: dict | None = None,

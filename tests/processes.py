@@ -1,0 +1,30 @@
+"""The live processes a test's nodes run, read from /proc (Linux)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import NamedTuple
+
+
+class Process(NamedTuple):
+    pid: int
+    words: list[bytes]  # its command line
+    cwd: str
+
+
+def running_under(root: Path) -> list[Process]:
+    """Every live (not zombie) process whose working directory is under ``root``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            words = (entry / "cmdline").read_bytes().split(b"\0")
+            cwd = os.readlink(entry / "cwd")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z" and cwd.startswith(str(root)):
+            found.append(Process(int(entry.name), words, cwd))
+    return found
