@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,7 +39,8 @@ def torch_cluster(netns_cluster) -> Iterator[dict]:
         (project / name).chmod(0o644)
     config = netns_cluster.write_cluster_toml(root / "cluster.toml", state_dir=root / "state")
     holder = {"root": root, "project": project, "config": config,
-              "daemon": DaemonProcess(config, env=environment(), prefix=["ip", "netns", "exec", netns_cluster.head_ns])}
+              "daemon": DaemonProcess(config, env=environment(), prefix=["ip", "netns", "exec", netns_cluster.head_ns],
+                                      python=sys.executable)}
     holder["daemon"].start()
     try:
         holder["daemon"].wait_for(all_up, 60, "all nodes up")

@@ -14,14 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from tests import mlx_kernels
+from tests.node_python import mlx_python
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def coord(*args: str, env: dict[str, str] | None = None, timeout: float = 60, prefix: list[str] | None = None,
-          check: bool = False) -> subprocess.CompletedProcess:
-    """Run the coord CLI as a user would (optionally through a prefix such as `ip netns exec`)."""
-    argv = (prefix or []) + [sys.executable, "-m", "coordinator.cli.main", *args]
+          check: bool = False, python: str | None = None) -> subprocess.CompletedProcess:
+    """Run the coord CLI as a user would (optionally through a prefix such as `ip netns exec`), with
+    this Python or ``python`` (the demo's nodes run the Python that runs coord)."""
+    argv = (prefix or []) + [python or sys.executable, "-m", "coordinator.cli.main", *args]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
     if check and result.returncode != 0:
         raise AssertionError(f"coord {' '.join(args)} exited {result.returncode}: {result.stderr}")
@@ -30,13 +32,13 @@ def coord(*args: str, env: dict[str, str] | None = None, timeout: float = 60, pr
 
 def write_local_cluster(root: Path, nodes: tuple[str, ...] | list[str], *, name: str = "local-test",
                         keepalive_s: float | None = None) -> Path:
-    """A cluster file of local nodes (agents over the local transport, this Python), each with a
-    workdir of its own under root; returns its path."""
+    """A cluster file of local nodes (agents over the local transport, this environment's Python
+    without PyTorch: tests/node_python.py), each with a workdir of its own under root; returns its path."""
     text = f'[cluster]\nname = "{name}"\nstate_dir = "{root}/state"\n'
     if keepalive_s is not None:
         text += f"\n[ssh]\nkeepalive_s = {keepalive_s}\n"
     for node in nodes:
-        text += (f'\n[[nodes]]\nname = "{node}"\nhost = "local"\npython = "{sys.executable}"\n'
+        text += (f'\n[[nodes]]\nname = "{node}"\nhost = "local"\npython = "{mlx_python()}"\n'
                  f'workdir = "{root}/{node}"\n')
     config = root / "cluster.toml"
     config.write_text(text)
@@ -50,8 +52,11 @@ def short_tempdir(prefix: str = "coord-") -> Path:
 
 class DaemonProcess:
     def __init__(self, config: Path, *, env: dict[str, str] | None = None, prefix: list[str] | None = None,
-                 log_file: Path | None = None, own_session: bool = False):
+                 log_file: Path | None = None, own_session: bool = False, python: str | None = None):
         self.config = config
+        # The daemon's Python, which local nodes that name none run too: by default this environment
+        # without PyTorch (tests/node_python.py); the PyTorch job tests pass their own.
+        self.python = python or mlx_python()
         self.env = env
         self.prefix = prefix or []
         # As a service manager starts it: the leader of a session (and process group) of its own.
@@ -62,7 +67,7 @@ class DaemonProcess:
     def start(self) -> DaemonProcess:
         for workdir in mlx_kernels.local_workdirs(self.config):
             mlx_kernels.seed(workdir)  # as a node that ran a job before: MLX's kernels compiled already
-        argv = self.prefix + [sys.executable, "-m", "coordinator.cli.main", "daemon", "--config", str(self.config),
+        argv = self.prefix + [self.python, "-m", "coordinator.cli.main", "daemon", "--config", str(self.config),
                               "--log-file", str(self.log_file)]
         self.proc = subprocess.Popen(argv, cwd=REPO, env=self.env, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, text=True, start_new_session=self.own_session)

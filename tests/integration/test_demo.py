@@ -7,12 +7,14 @@ import shutil
 import subprocess
 
 from tests.integration.daemon_harness import coord, environment, short_tempdir
+from tests.node_python import mlx_python
 
 
 def test_the_demo_resumes_a_killed_rank_from_its_checkpoint_and_finishes():
     root = short_tempdir("coord-demo-test-")
     try:
-        result = coord("demo", "--dir", str(root), env=environment(), timeout=900)
+        # coord run from an MLX environment, as on a Mac (its nodes run the Python that runs coord)
+        result = coord("demo", "--dir", str(root), env=environment(), timeout=900, python=mlx_python())
         out = result.stdout
         assert result.returncode == 0, out + result.stderr
         assert "killing rank 1" in out

@@ -15,7 +15,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from agent.trainer import state as trainer_state
 from agent.trainer.safetensors_file import read_metadata
 from coordinator.cli.tinymodel import write_data, write_model
 from tests.integration.daemon_harness import REPO
+from tests.node_python import mlx_python
 
 HANG_GUARD_S = 300  # per trainer run; only a guard against hangs
 pytestmark = pytest.mark.timeout(3 * HANG_GUARD_S)  # a test with its fixtures runs up to three trainers
@@ -83,7 +83,7 @@ def _free_port_block(count: int) -> int:
 
 
 def _command(ranks: int, args: list[str]) -> list[str]:
-    train = [sys.executable, "-m", "agent.train", *args]
+    train = [mlx_python(), "-m", "agent.train", *args]  # as coord's ranks: an MLX environment without torch
     if ranks == 1:
         return train
     launcher = shutil.which("mlx.launch")

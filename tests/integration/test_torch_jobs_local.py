@@ -46,7 +46,7 @@ def cluster():
     (root / "project" / "acc.yaml").write_text('mixed_precision: "no"\ndowncast_bf16: "no"\nnum_machines: 7\n')
     config = root / "cluster.toml"
     config.write_text(CLUSTER.format(root=root))
-    daemon = DaemonProcess(config, env=environment()).start()
+    daemon = DaemonProcess(config, env=environment(), python=sys.executable).start()  # its nodes need torch
     daemon.wait_for(all_up, 30, "all nodes up")
     yield daemon, root
     daemon.stop()
@@ -189,7 +189,10 @@ def test_a_killed_torchrun_leaves_no_worker_and_a_stop_ends_every_process(cluste
 
 def test_a_stopped_worker_is_caught_as_a_hang_named_and_resumed(cluster):
     daemon, root = cluster
-    _run(daemon, root, "ddp-hang", "--launcher", "torchrun", "--hang-timeout", "4", "--", "python", "ddp.py",
+    # 8 s: after its last step the script saves, meets its peer at a barrier, tears the process group
+    # down and exits with torch loaded, then torchrun exits: no step comes meanwhile, and on a loaded
+    # 2-core machine that took over 4 s (a second, needless restart)
+    _run(daemon, root, "ddp-hang", "--launcher", "torchrun", "--hang-timeout", "8", "--", "python", "ddp.py",
          "--steps", "30", "--sleep", "0.05", "--hang-at", "12")
     final = _wait(daemon, "ddp-hang")
     story = final["story"]

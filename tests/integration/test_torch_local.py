@@ -47,7 +47,7 @@ def cluster():
     root = short_tempdir()
     config = root / "cluster.toml"
     config.write_text(CLUSTER.format(root=root, python=NODE_PYTHON))
-    daemon = DaemonProcess(config, env=environment()).start()
+    daemon = DaemonProcess(config, env=environment(), python=sys.executable).start()  # its nodes need torch
     daemon.wait_for(all_up, 30, "all nodes up")
     yield daemon, root
     daemon.stop()

@@ -1,0 +1,82 @@
+"""The Python the tests' MLX nodes run: this environment's packages without PyTorch.
+
+.ci/setup installs PyTorch's CPU build, Accelerate and DeepSpeed into .venv for the PyTorch job
+tests. transformers, which mlx-lm imports (its tokenizers), imports torch whenever torch is
+installed beside it, so every MLX rank, and every reference run of coord's trainer, imported
+torch too: about 2 s of CPU each, more than half of what the MLX tests cost on a 2-core machine
+(test_exact_resume: 139 CPU-seconds with torch beside mlx-lm, 65 without). A Mac user's MLX
+environment has no torch, and no test of an MLX job needs it.
+
+``mlx_python()`` is a virtual environment whose site-packages takes in every entry of this
+environment's, as symlinks, except the PyTorch family (``site.addsitedir``, so that their ``.pth``
+files, coord's editable install among them, apply as in .venv). It is made once per set of
+installed packages and shared by every test process; the PyTorch job tests run this Python
+(``sys.executable``) itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+import sysconfig
+import tempfile
+import venv
+from pathlib import Path
+
+#: Distributions left out (their import packages and dist-info), lower-case: torch and what imports it
+#: whenever it is installed, so that transformers finds none of them.
+TORCH_FAMILY = frozenset({"torch", "torchgen", "functorch", "accelerate", "deepspeed", "triton"})
+
+_made: str | None = None
+
+
+def _left_out(entry: str) -> bool:
+    name = entry.split("-", 1)[0] if entry.endswith((".dist-info", ".egg-info")) else entry.split(".", 1)[0]
+    return name.lower() in TORCH_FAMILY
+
+
+def mlx_python() -> str:
+    """The path of the view's Python (made on first use); this Python where there is nothing to leave out."""
+    global _made
+    if _made is not None:
+        return _made
+    site = Path(sysconfig.get_paths()["purelib"])
+    entries = sorted(os.listdir(site))
+    if not any(_left_out(e) for e in entries) or sys.prefix == sys.base_prefix:
+        _made = sys.executable  # no torch beside mlx-lm here (or no venv to mirror): nothing to hide
+        return _made
+    key = hashlib.sha256("\n".join([sys.executable, str(site), *entries]).encode()).hexdigest()[:12]
+    root = Path(tempfile.gettempdir()) / f"coord-test-mlx-python-{os.getuid()}-{key}"
+    python = root / "venv" / "bin" / "python"
+    if not python.exists():
+        _build(site, entries, root)
+    _made = str(python)
+    return _made
+
+
+def _build(site: Path, entries: list[str], root: Path) -> None:
+    """Made beside its final place and renamed into it, so that two test processes at once each see a whole one."""
+    work = Path(tempfile.mkdtemp(prefix=root.name + ".", dir=root.parent))
+    try:
+        view = root / "view"  # the final path: the .pth line names it
+        (work / "view").mkdir()
+        for entry in entries:
+            if not _left_out(entry) and entry != "__pycache__":
+                (work / "view" / entry).symlink_to(site / entry)
+        venv.EnvBuilder(with_pip=False, symlinks=True).create(work / "venv")
+        made = str(work / "venv")
+        own_site = Path(sysconfig.get_paths(vars={"base": made, "platbase": made})["purelib"])
+        (own_site / "coord-test-mlx-view.pth").write_text(f"import site; site.addsitedir({str(view)!r})\n")
+        # The activate scripts name the directory the venv was made in; nothing here uses them: the
+        # interpreter finds its environment by the pyvenv.cfg beside its bin/, wherever that lies.
+        os.chmod(work, 0o755)
+        try:
+            os.rename(work, root)
+        except OSError:  # another test process made it first
+            if not (root / "venv" / "bin" / "python").exists():
+                raise
+    finally:
+        if work.exists():
+            shutil.rmtree(work, ignore_errors=True)
