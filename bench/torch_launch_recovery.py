@@ -40,6 +40,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.coord_cpu import descendants, processes  # noqa: E402
 from tests.cluster.netns import DEFAULT_NODES, NetnsCluster  # noqa: E402
 from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir  # noqa: E402
 
@@ -284,6 +285,46 @@ def job_progress(cluster: NetnsCluster, daemon: DaemonProcess, name: str, attemp
     return Path(node.workdir) / ".coord" / "jobs" / job["run_id"] / f"attempt-{attempt}" / "rank-0" / "progress.jsonl"
 
 
+def _coord_process(cmdline: str) -> str | None:
+    """What a node user's process is to coord: one of its own (agent, rank runner, standby, the agent's
+    sshd session), or None for the job's (torchrun and its workers)."""
+    if "rank_runner" in cmdline:  # its argv names the launcher it runs
+        return "rank runner"
+    if "standby_runner" in cmdline:
+        return "standby"
+    if "agent.preload" in cmdline:  # measured in runs with no relaunch, where no standby is claimed (runs torchrun)
+        return "standby"
+    if "bench_ddp.py" in cmdline or "torch.distributed.run" in cmdline:
+        return None
+    if "sshd" in cmdline.split(" ")[0]:
+        return "sshd"
+    return "agent" if ".coord/agent" in cmdline or "-m agent" in cmdline else "other"
+
+
+def coord_cpu(before: dict, after: dict, daemon_pid: int, users: dict[int, str], seconds: float) -> dict:
+    """coord's own CPU (% of one core) between two snapshots of /proc: per node (its agent, rank runners,
+    standbys, sshd session) and the head's coordd with its children, shared out over the nodes."""
+    def used(pid: int) -> float:
+        return 100.0 * (after[pid].cpu_s - (before[pid].cpu_s if pid in before else 0.0)) / seconds
+
+    per_node: dict[str, dict[str, float]] = {name: {} for name in users.values()}
+    ranks: dict[str, float] = {name: 0.0 for name in users.values()}
+    for pid, proc in after.items():
+        node = users.get(proc.uid)
+        if node is None:
+            continue
+        kind = _coord_process(proc.cmdline)
+        if kind is None:
+            ranks[node] += used(pid)
+        else:
+            per_node[node][kind] = per_node[node].get(kind, 0.0) + used(pid)
+    head = sum(used(pid) for pid in descendants(after, daemon_pid))
+    share = head / max(1, len(per_node))
+    return {"coordd": round(head, 2),
+            "nodes": {name: {**{k: round(v, 2) for k, v in kinds.items()}, "rank": round(ranks[name], 1),
+                             "coord": round(sum(kinds.values()) + share, 2)} for name, kinds in per_node.items()}}
+
+
 def coord_run(cluster: NetnsCluster, daemon: DaemonProcess, project: Path, name: str, nodes: list[str], *,
               kill: bool = False, cut: bool = False) -> dict:
     extra = ["--min-nodes", str(len(nodes) - 1), "--node-timeout", "5"] if cut else []
@@ -298,6 +339,12 @@ def coord_run(cluster: NetnsCluster, daemon: DaemonProcess, project: Path, name:
     wait_until(lambda: last_record(first_progress), 300, "first step")
     first = records(first_progress)[0]
     out = {"first_step_s": first["time"] - started}
+    if not (kill or cut):  # coord's own CPU while it trains: from its first step to near its last
+        users = {os.stat(cluster.node(n).home).st_uid: n for n in nodes}
+        before, at = processes(), time.monotonic()
+        wait_until(lambda: step_at_least(first_progress, Job.steps - Job.steps // 20), 900, "the end of training",
+                   every=0.5)
+        out["cpu"] = coord_cpu(before, processes(), daemon.proc.pid, users, time.monotonic() - at)
     if kill or cut:
         progress = first_progress
         wait_until(lambda: step_at_least(progress, Job.kill_at()), 300, "the step to kill at")
@@ -384,6 +431,12 @@ def measure_size(cluster: NetnsCluster, daemon: DaemonProcess, project: Path, si
         f"{launch[0] / launch[1]:.2f}x")
     row(f"training speed, {size} nodes (steps/s)", f"{speed[0]:.1f}", f"bare torchrun {speed[1]:.1f}",
         f"{speed[0] / speed[1]:.2f}x")
+    cpu = [r["cpu"] for r in ours if "cpu" in r]
+    if cpu:
+        per_node = median([max(n["coord"] for n in c["nodes"].values()) for c in cpu])
+        rank = median([statistics.mean(n["rank"] for n in c["nodes"].values()) for c in cpu])
+        row(f"coord's own CPU while training, {size} nodes (% of a core, the busiest node)", f"{per_node:.2f}",
+            f"each node's ranks {rank:.0f}", "-")
     # Each side's worker is killed `kills` times, interleaved (medians); a run that does not recover is
     # tried once more and counted.
     if kills > 0:
@@ -455,7 +508,8 @@ def main() -> int:
             shutil.copy(project / "bench_ddp.py", target)
             target.chmod(0o644)
         config = cluster.write_cluster_toml(root / "cluster.toml", state_dir=root / "state")
-        daemon = DaemonProcess(config, env=environment(), prefix=["ip", "netns", "exec", cluster.head_ns]).start()
+        daemon = DaemonProcess(config, env=environment(), prefix=["ip", "netns", "exec", cluster.head_ns],
+                               python=sys.executable).start()
         try:
             daemon.wait_for(all_up, 60, "all nodes up")
             for size in args.nodes:
