@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent import ranks as node_ranks
 from agent import sync as node_sync
+from agent import upkeep
 from agent.write_errors import write_failed
 from shared import protocol as p
 from shared import relay as wire
@@ -197,7 +198,7 @@ class Relay:
                                              write_fd=write_fd)
         if plan.count == 0:
             self._transfers[transfer].committing = True
-            await asyncio.to_thread(self._commit, self._transfers[transfer])
+            await upkeep.run(self._commit, self._transfers[transfer])
         return {"port": await self._listen()}
 
     async def open_source(self, transfer: str, token: str, workdir: str, path: str, size: int, sha256: str,
@@ -209,7 +210,7 @@ class Relay:
             raise RemoteError(p.BAD_ARGS, f"chunk size {chunk_bytes} out of range")
         self._check_new(transfer)
         try:
-            hashes, whole = await asyncio.to_thread(wire.chunk_hashes, full, size, chunk_bytes)
+            hashes, whole = await upkeep.run(wire.chunk_hashes, full, size, chunk_bytes)
         except (OSError, wire.RelayError) as exc:
             raise RemoteError(p.NOT_FOUND, f"cannot read {full}: {exc}") from None
         if whole != sha256:
@@ -414,8 +415,7 @@ class Relay:
 
     async def _receive_chunks(self, state: Transfer, conn: socket.socket, peer: str) -> None:
         """Chunks straight into one of two buffers: while one is checked and written (in a thread),
-        the next arrives in the other."""
-        loop = asyncio.get_running_loop()
+        the next arrives in the other (upkeep threads: agent/upkeep.py)."""
         buffers = [bytearray(state.plan.chunk_bytes), bytearray(state.plan.chunk_bytes)]
         header = bytearray(wire.CHUNK_HEADER.size)
         pending: tuple[int, asyncio.Future] | None = None
@@ -429,7 +429,7 @@ class Relay:
                                       f"{state.plan.length(expected)} bytes was expected")
             view = memoryview(buffers[which])[:length]
             await asyncio.wait_for(wire.recv_into(conn, view), wire.STALL_TIMEOUT_S)
-            work = loop.run_in_executor(None, self._verify_and_write, state, index, view, peer)
+            work = upkeep.run(self._verify_and_write, state, index, view, peer)
             if pending is not None:
                 try:
                     await self._settle(state, *pending)
@@ -454,7 +454,7 @@ class Relay:
         state.have = max(state.have, index + 1)
         if state.have == state.plan.count and not state.committing:
             state.committing = True
-            await asyncio.to_thread(self._commit, state)
+            await upkeep.run(self._commit, state)
         await self._notify(state)
 
     @staticmethod

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent import facts as node_facts
 from agent import launch as node_launch
-from agent import process_end
+from agent import process_end, upkeep
 from agent import ranks as node_ranks
 from agent import relay as node_relay
 from agent import rendezvous as node_rendezvous
@@ -147,13 +147,14 @@ def build_dispatcher(relay: node_relay.Relay | None = None, uploads: node_sync.U
     table.add("read_log", _in_thread(node_ranks.read_log), required=rank, optional={"offset": int})
     table.add("dump_stacks", _in_thread(node_ranks.dump_stacks), required=rank)
     table.add("stop_rank", _in_thread(node_ranks.stop_rank), required=rank, optional={"grace": (int, float)})
-    table.add("list_checkpoints", _in_thread(node_ranks.list_checkpoints),
+    # The checkpoint upkeep of a training job, at the lower priority of agent/upkeep.py.
+    table.add("list_checkpoints", upkeep.in_upkeep(node_ranks.list_checkpoints),
               required={"workdir": str, "job": str, "attempt": int}, optional={"known": list})
-    table.add("remove_checkpoints", _in_thread(node_ranks.remove_checkpoints),
+    table.add("remove_checkpoints", upkeep.in_upkeep(node_ranks.remove_checkpoints),
               required={"workdir": str, "job": str, "attempt": int, "names": list}, optional={"replica": bool})
     table.add("hash_file", _in_thread(node_ranks.hash_file), required={"workdir": str, "path": str})
-    table.add("checkpoint_files", _in_thread(node_ranks.checkpoint_files), required={"workdir": str, "path": str})
-    table.add("read_file", _in_thread(node_ranks.read_file), required={"workdir": str, "path": str},
+    table.add("checkpoint_files", upkeep.in_upkeep(node_ranks.checkpoint_files), required={"workdir": str, "path": str})
+    table.add("read_file", upkeep.in_upkeep(node_ranks.read_file), required={"workdir": str, "path": str},
               optional={"offset": int})
     table.add("torch_facts", torch_facts, required={"python": str})
     table.add("rendezvous_listen", rendezvous.listen, required={"port": int, "token": str},
