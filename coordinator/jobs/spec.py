@@ -201,6 +201,8 @@ def _command(value: object) -> str | None:
     if not isinstance(value, list) or not all(isinstance(word, str) and word and "\0" not in word
                                               for word in value):
         return f"must be a list of non-empty strings without NUL, got {value!r}"
+    if value and value[0].startswith("-"):  # `coord run -- -- python train.py`: no program is named "--"
+        return f"must start with the program to run, got {value[0]!r} first (one -- goes before the command)"
     return None
 
 

@@ -128,6 +128,7 @@ def test_any_value_of_any_field_from_the_wire_is_taken_or_refused_naming_the_fie
     ({"name": "j", "command": ["x"], "priority": 10**9}, "--priority must be a whole number from -1000000"),
     ({"name": "j", "command": ["x"], "backend": "tcp"}, "--backend must be one of"),
     ({"name": "j", "command": ["x", "a\x00b"]}, "--command must be a list of non-empty strings without NUL"),
+    ({"name": "j", "command": ["--", "python", "train.py"]}, "--command must start with the program to run, got '--'"),
     ({"name": "j", "command": ["x"], "nodes": ["a", "a"]}, "--nodes names a node twice"),
     ({"name": "j", "command": ["x"], "source": "relative/dir"}, "--source must be an absolute path"),
 ])
