@@ -33,7 +33,8 @@ from typing import Any, TypeVar
 
 #: The upkeep threads' nice value on Linux: CFS gives a nice-0 rank about nine times their share of a busy core.
 NICE = 10
-THREADS = 2
+#: Enough that a relay transfer's chunks are written while a large checkpoint is hashed beside it.
+THREADS = 4
 
 Result = TypeVar("Result")
 
