@@ -38,7 +38,6 @@ TICK_S = 0.5  # how often it looks for a go without being woken (the agent wakes
 WATCH_EVERY_S = 2.0  # how often it asks whether the rank it stands beside still runs
 LINGER_S = 300.0  # how long it waits for a claim once that rank is gone (a relaunch may back off, up to 30 s)
 GO_WAIT_S = 10.0  # a claim is followed by its go at once; without one this long, the claim was abandoned
-IDLE_CORES = 1.0  # a core the ranks leave idle, for the import beside them
 AFTER_AT_MOST_S = 60.0  # the import starts once the rank reported progress, or after this long without
 EARLY_OUTPUT_MAX = 64 << 10  # what the child prints before its go (an import's warnings), kept for the rank's log
 
@@ -53,7 +52,7 @@ def idle_cores() -> float:
 
 class Standby:
     def __init__(self, directory: str, module: str, watch: int, linger: float = LINGER_S,
-                 after: str | None = None, idle: float = IDLE_CORES):
+                 after: str | None = None, *, idle: float):
         self.directory = directory
         self.module = module
         self.watch = watch
@@ -215,8 +214,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds it waits for a claim once that rank is gone")
     parser.add_argument("--after", help="a file the rank writes once it trains (its progress): the import waits for "
                         "it, so that it never slows the launch")
-    parser.add_argument("--idle-cores", type=float, default=IDLE_CORES,
-                        help="cores the node must leave idle for the import to run beside its training")
+    parser.add_argument("--idle-cores", type=float, default=1.0,
+                        help="cores the node must leave idle for the import to run beside its training (the agent "
+                        "passes agent.standby.IDLE_CORES)")
     args = parser.parse_args(argv)
     adopting = become_subreaper()
     standby = Standby(args.dir, args.module, args.watch, linger=args.linger, after=args.after,

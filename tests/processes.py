@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 from typing import NamedTuple
 
+from agent.proc_state import parse_proc_stat
+
 
 class Process(NamedTuple):
     pid: int
@@ -22,8 +24,8 @@ def running_under(root: Path) -> list[Process]:
         try:
             words = (entry / "cmdline").read_bytes().split(b"\0")
             cwd = os.readlink(entry / "cwd")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
+            state = parse_proc_stat((entry / "stat").read_text())
+        except OSError:
             continue
         if state != "Z" and cwd.startswith(str(root)):
             found.append(Process(int(entry.name), words, cwd))
