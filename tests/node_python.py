@@ -50,21 +50,39 @@ def mlx_python() -> str:
     key = hashlib.sha256("\n".join([sys.executable, str(site), *entries]).encode()).hexdigest()[:12]
     root = Path(tempfile.gettempdir()) / f"coord-test-mlx-python-{os.getuid()}-{key}"
     python = root / "venv" / "bin" / "python"
+    kept = [e for e in entries if not _left_out(e) and e != "__pycache__"]
+    if python.exists() and not _whole(root, kept):
+        _set_aside(root)  # one made on an earlier day, partly cleared since by the temp dir's cleaner
     if not python.exists():
-        _build(site, entries, root)
+        _build(kept, site, root)
     _made = str(python)
     return _made
 
 
-def _build(site: Path, entries: list[str], root: Path) -> None:
+def _whole(root: Path, kept: list[str]) -> bool:
+    try:
+        return sorted(os.listdir(root / "view")) == kept and (root / "venv" / "pyvenv.cfg").is_file()
+    except OSError:
+        return False
+
+
+def _set_aside(root: Path) -> None:
+    aside = root.with_name(f"{root.name}.old-{os.getpid()}")
+    try:
+        os.rename(root, aside)  # atomic: another test process that saw it too finds it gone
+    except OSError:
+        return
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _build(kept: list[str], site: Path, root: Path) -> None:
     """Made beside its final place and renamed into it, so that two test processes at once each see a whole one."""
     work = Path(tempfile.mkdtemp(prefix=root.name + ".", dir=root.parent))
     try:
         view = root / "view"  # the final path: the .pth line names it
         (work / "view").mkdir()
-        for entry in entries:
-            if not _left_out(entry) and entry != "__pycache__":
-                (work / "view" / entry).symlink_to(site / entry)
+        for entry in kept:
+            (work / "view" / entry).symlink_to(site / entry)
         venv.EnvBuilder(with_pip=False, symlinks=True).create(work / "venv")
         made = str(work / "venv")
         own_site = Path(sysconfig.get_paths(vars={"base": made, "platbase": made})["purelib"])
