@@ -91,9 +91,11 @@ class CheckpointKeeper:
         group = [c for c in self.fx.checkpoints(self.ctx.run_id)
                  if c["valid"] and (c["step"], c["attempt"]) == (newest["step"], newest["attempt"])]
         if not catalog.off_machine(group, self.health.same_machine):
-            self.ctx.record.warning = (f"the final checkpoint (step {newest['step']}) has no replica: its copy to "
-                                          f"{self.ctx.spec.replica} did not land; it is only on {newest['node']}")
-            self.ctx.event("replica_missing", self.ctx.record.warning, step=newest["step"])
+            missing = (f"the final checkpoint (step {newest['step']}) has no replica: its copy to "
+                       f"{self.ctx.spec.replica} did not land; it is only on {newest['node']}")
+            before = self.ctx.record.warning
+            self.ctx.record.warning = f"{before}; {missing}" if before else missing
+            self.ctx.event("replica_missing", missing, step=newest["step"])
 
     async def choose_resume(self, order: list[str]) -> tuple[CheckpointRow | None, dict[str, str]]:
         """The newest valid checkpoint of this run that can be reached, and node -> the file each

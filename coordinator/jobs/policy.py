@@ -92,6 +92,25 @@ def decide(outcome: Outcome, history: list[Outcome], *, max_restarts: int, resta
     return Decision("restart", outcome.detail, restart_delay(restarts_used))
 
 
+def after_the_last_step(outcome: Outcome, *, total_steps: int | None, step: int,
+                        final_checkpoint: int | None) -> Outcome:
+    """A rank that failed or hung only after the work was done counts as the work done.
+
+    Gloo can abort a worker at interpreter exit ("terminate called without an active exception",
+    SIGABRT) after its last step and the final save; a restart would only find that the newest valid
+    checkpoint is the last step and succeed at once, one restart later. So when every step ran
+    (``step``: the run's reported progress) and a checkpoint of the last step is valid (written by
+    every rank it needs, validated where it lies), the attempt succeeded, and its detail says what
+    failed after. Without such a checkpoint the restart stands: what the script does after its last
+    step (the final save) may be what failed, and only a rerun redoes it."""
+    if (outcome.kind not in (RANK_FAILED, HUNG) or total_steps is None or step < total_steps
+            or final_checkpoint is None or final_checkpoint < total_steps):
+        return outcome
+    return Outcome(SUCCEEDED, f"every step ran ({total_steps} of {total_steps}) and the checkpoint of step "
+                   f"{final_checkpoint} is valid; then {outcome.detail}", outcome.reached_first_step,
+                   outcome.signature)
+
+
 #: What a rank prints when it fails only because a peer went away first: never the root cause
 #: while a rank that failed on its own is known.
 PEER_LOST_MARKERS = ("connection to a peer was lost", "was closed by the peer", "Connection reset by peer",

@@ -29,7 +29,7 @@ from typing import Any
 import anyio
 import structlog
 
-from coordinator.jobs import core
+from coordinator.jobs import catalog, core
 from coordinator.jobs.attempt import Attempt
 from coordinator.jobs.checkpoints import CHECKPOINT_POLL_S, CheckpointKeeper
 from coordinator.jobs.effects import JobEffects, LaunchError
@@ -42,6 +42,7 @@ from coordinator.jobs.policy import (
     SUCCEEDED,
     Decision,
     Outcome,
+    after_the_last_step,
     decide,
     outcome_entry,
     outcome_of,
@@ -246,12 +247,24 @@ class JobRunner:
         # Checkpoints written up to the end count; with the ranks stopped nothing is still
         # being written, so a damaged one is judged now.
         await self.checkpoints.poll(attempt, attempt_over=True)
+        outcome = self._after_the_last_step(outcome)
         history = [outcome_of(h) for h in self.record.history]
         decision = decide(outcome, history, max_restarts=self.spec.max_restarts,
                           restarts_used=self.record.restarts)
         self.record.history.append(outcome_entry(outcome, attempt=self.record.attempt,
                                                  counted=decision.action == "restart" and decision.counts))
         return decision
+
+    def _after_the_last_step(self, outcome: Outcome) -> Outcome:
+        """A failure after every step ran and the final checkpoint was validated ends the job, said."""
+        newest = catalog.newest_valid(self.fx.checkpoints(self.run_id))
+        done = after_the_last_step(outcome, total_steps=self.spec.total_steps, step=self.record.step,
+                                   final_checkpoint=newest["step"] if newest else None)
+        if done is not outcome:
+            warning = f"after its last step: {outcome.detail}; nothing rerun (its final checkpoint is valid)"
+            self.record.warning = f"{self.record.warning}; {warning}" if self.record.warning else warning
+            self.event("failed_after_last_step", f"attempt {self.record.attempt} {warning}", outcome=outcome.kind)
+        return done
 
     def _last_attempt(self) -> Attempt | None:
         """The attempt launched last (read back from the record when this runner did not launch it:

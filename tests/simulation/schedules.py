@@ -168,6 +168,11 @@ def make_schedule(seed: int) -> Schedule:
             spec["launcher"] = launchers.choice(["torchrun", "accelerate"])
     if more.random() < 0.4:
         schedule.head_machine = (nodes[0],)
+    # Drawn apart too: a rank that aborts after its last step and final save (Gloo at interpreter exit).
+    teardown = random.Random(f"teardown:{seed}")
+    if teardown.random() < 0.1:
+        schedule.faults.append({"kind": "teardown", "attempt": teardown.randint(0, 2),
+                                "rank": teardown.randrange(count), "status": teardown.choice([134, 1])})
     # Drawn apart too: whether this schedule runs several jobs at once.
     jobs = random.Random(f"jobs:{seed}")
     if jobs.random() < MULTI_JOB_SHARE:
@@ -232,7 +237,7 @@ def _more_jobs(schedule: Schedule, rng: random.Random, trainer: str, horizon: fl
     for fault in list(schedule.faults):
         if fault["kind"] == "diverge" and not wide:
             schedule.faults.remove(fault)
-        elif fault["kind"] in ("kill", "hang", "early", "launch", "diverge"):
+        elif fault["kind"] in ("kill", "hang", "early", "launch", "diverge", "teardown"):
             fault["job"] = rng.choice(wide if fault["kind"] == "diverge" else names)
 
 
@@ -240,7 +245,7 @@ async def _apply_faults(schedule: Schedule, world: World) -> None:
     for fault in schedule.faults:
         kind = fault["kind"]
         job = fault.get("job")  # the job it is meant for (None: every job)
-        if kind in ("kill", "hang", "early"):
+        if kind in ("kill", "hang", "early", "teardown"):
             world.rank_faults[(job, fault["attempt"], fault["rank"] if kind != "early" else 0)] = fault
             if kind == "early":
                 for rank in range(len(schedule.nodes)):

@@ -371,3 +371,28 @@ def test_after_success_retention_keeps_only_the_newest_once_their_copies_landed(
     assert run["state"] == "succeeded", run
     steps = sorted({c["step"] for c in result["catalog"][run["run_id"]] if c["valid"]})
     assert steps == [60], steps
+
+
+@pytest.mark.parametrize("launcher", [None, "torchrun"])
+def test_a_rank_that_aborts_after_the_final_save_ends_the_run_succeeded_without_a_rerun(launcher):
+    # Gloo's abort at interpreter exit, after the last step and the final checkpoint: nothing is left
+    # to run, so no restart, and the success says what failed after.
+    spec = {"launcher": launcher} if launcher else {}
+    result = run_schedule(base(spec=spec, faults=[{"kind": "teardown", "attempt": 0, "rank": 1, "status": 134}]))
+    (run,) = result["runs"]
+    record = run["record"]
+    assert run["state"] == "succeeded" and record["restarts"] == 0 and record["attempt"] == 0, record
+    assert record["history"][-1]["detail"].startswith("every step ran (60 of 60) and the checkpoint of step 60 is "
+                                                      "valid; then rank 1 on n2 exited with status 134"), record
+    assert "after its last step: rank 1 on n2 exited with status 134" in record["warning"]
+
+
+def test_a_rank_that_fails_after_the_last_step_with_no_checkpoint_of_it_is_rerun():
+    # 63 steps saved every 10: the rank dies right after step 63, before any checkpoint of it; the
+    # steps after 60 are kept nowhere, so the run resumes from 60 and succeeds a restart later.
+    result = run_schedule(base(spec={"total_steps": 63},
+                               faults=[{"kind": "kill", "attempt": 0, "rank": 0, "after": 63, "status": 134}]))
+    (run,) = result["runs"]
+    record = run["record"]
+    assert run["state"] == "succeeded" and record["restarts"] == 1, record
+    assert record["history"][0]["kind"] == "rank_failed" and not record.get("warning"), record

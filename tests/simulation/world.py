@@ -72,6 +72,7 @@ class SimRank:
     vanished: bool = False  # its node lost power: no exit status will ever be written
     last_line: str = ""
     die_after: tuple[int, int] | None = None  # (steps after start, status)
+    teardown_status: int = 0  # its exit status once done (Gloo's abort at interpreter exit: 134)
     hang_after: int | None = None
     exit_early_after: int | None = None
     lost_peer_at: float | None = None  # a peer went away: this rank exits with status 1 then
@@ -116,7 +117,8 @@ class SimRank:
         ends = []
         if self.hang_after is None or self.start_step + self.hang_after >= self.total:
             # the last checkpoint is written before the rank exits
-            ends.append((self.time_of(self.total) + WRITE_S + 0.01, 0, "done"))
+            ends.append((self.time_of(self.total) + WRITE_S + 0.01, self.teardown_status,
+                         "terminate called without an active exception" if self.teardown_status else "done"))
         if self.die_after is not None:
             steps, status = self.die_after
             ends.append((self.time_of(self.start_step + steps) + 0.005, status, f"killed with status {status}"))
@@ -460,6 +462,8 @@ class SimEffects:
             sim.hang_after = fault["after"]
         elif fault.get("kind") == "early":
             sim.exit_early_after = fault["after"]
+        elif fault.get("kind") == "teardown":
+            sim.teardown_status = fault["status"]
         sim.diverge_at = world.fault_for(world.diverging, name, attempt, rank)
         sim.fingerprint_every = world.fingerprint_every
         world.prepared.setdefault((job, attempt), {})[rank] = sim

@@ -14,6 +14,7 @@ from coordinator.jobs.policy import (
     SUCCEEDED,
     Outcome,
     RankFailure,
+    after_the_last_step,
     awaits_root_cause,
     backoff,
     decide,
@@ -285,3 +286,34 @@ def test_ranks_that_only_lost_a_peer_wait_a_moment_for_the_one_that_failed_on_it
     assert not awaits_root_cause(gloo, others_running=True, waited_s=PEER_LOST_GRACE_S)  # then it is said as seen
     assert not awaits_root_cause(gloo, others_running=False, waited_s=0.0)  # every rank has said its word
     assert not awaits_root_cause("RuntimeError: the data loader broke at step 7", others_running=True, waited_s=0.0)
+
+
+TEARDOWN_ABORT = Outcome(RANK_FAILED, "rank 1 on n2 exited with status 1: worker rank 1 failed: Signal 6 (SIGABRT)",
+                         True, "exit:1:worker rank 1 failed")
+
+
+@pytest.mark.parametrize("kind", [RANK_FAILED, HUNG])
+def test_a_failure_after_the_last_step_with_its_checkpoint_valid_is_the_work_done(kind):
+    failed = Outcome(kind, TEARDOWN_ABORT.detail, True, TEARDOWN_ABORT.signature)
+    done = after_the_last_step(failed, total_steps=1500, step=1500, final_checkpoint=1500)
+    assert done.kind == SUCCEEDED and done.reached_first_step
+    assert done.detail == ("every step ran (1500 of 1500) and the checkpoint of step 1500 is valid; then "
+                           + TEARDOWN_ABORT.detail)
+    assert decide(done, [], max_restarts=0, restarts_used=0).action == "succeed"
+
+
+@pytest.mark.parametrize(("total", "step", "final"), [
+    (1500, 1500, None),   # no checkpoint at all: the final save may be what failed; only a rerun redoes it
+    (1500, 1500, 1000),   # the newest valid one is older: the steps after it are not kept anywhere
+    (1500, 1499, 1500),   # progress short of the total (a checkpoint named past it proves nothing alone)
+    (None, 1500, 1500),   # no total given: coord cannot tell the last step
+])
+def test_a_failure_without_the_whole_work_kept_restarts_as_before(total, step, final):
+    assert after_the_last_step(TEARDOWN_ABORT, total_steps=total, step=step, final_checkpoint=final) is TEARDOWN_ABORT
+
+
+@pytest.mark.parametrize("kind", [NODE_LOST, STOPPED, "launch_failed", "diverged", "resized"])
+def test_only_a_rank_failure_or_a_hang_after_the_last_step_counts_as_done(kind):
+    # a lost node may hold the only copy; a stop is the user's; diverged weights are not the work done
+    other = Outcome(kind, "x", True, "x")
+    assert after_the_last_step(other, total_steps=10, step=10, final_checkpoint=10) is other
