@@ -101,7 +101,7 @@ SCRIPT = textwrap.dedent('''
         optimizer.zero_grad(); loss.backward(); optimizer.step()
         if rank == 0:
             coord_script.report(step, loss=loss.item())
-            if step % save_every == 0:
+            if step % save_every == 0 or step == steps:
                 offset = coord_script.step_offset()
                 directory = os.path.join(root, f"{step - offset:07d}")
                 os.makedirs(directory, exist_ok=True)
@@ -330,7 +330,8 @@ def coord_run(cluster: NetnsCluster, daemon: DaemonProcess, project: Path, name:
     extra = ["--min-nodes", str(len(nodes) - 1), "--node-timeout", "5"] if cut else []
     started = time.time()
     done = coord("run", "--config", str(daemon.config), "--name", name, "--source", str(project), "--detach",
-                 "--nodes", ",".join(nodes), "--save-every", str(Job.save_every), "--launcher", "torchrun", *extra,
+                 "--nodes", ",".join(nodes), "--save-every", str(Job.save_every), "--launcher", "torchrun",
+                 "--total-steps", str(Job.steps), *extra,
                  "--", "python", "bench_ddp.py", *Job.argv(), env=daemon.env)
     assert done.returncode == 0, done.stderr
     daemon.wait_for(lambda d: any(j["name"] == name and j["state"] == "running" for j in d["jobs"]), 300, "running")

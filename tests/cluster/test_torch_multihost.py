@@ -115,8 +115,8 @@ def _weights(netns_cluster, final: dict) -> list[float]:
 def test_torchrun_across_three_nodes_survives_a_killed_worker_and_a_killed_daemon_exactly(netns_cluster,
                                                                                          torch_cluster):
     daemon = torch_cluster["daemon"]
-    _submit(torch_cluster, "mh-ddp", "--launcher", "torchrun", "--", "python", "ddp.py", "--steps", "50", "--sleep",
-            "0.1")
+    _submit(torch_cluster, "mh-ddp", "--launcher", "torchrun", "--total-steps", "50", "--", "python", "ddp.py",
+            "--steps", "50", "--sleep", "0.1")
     job = _at_step(netns_cluster, daemon, "mh-ddp", 12)
     assert job["nodes"] == ["n1", "n2", "n3"], job
     os.kill(_worker(netns_cluster, "n2", "ddp.py"), signal.SIGKILL)
@@ -139,7 +139,8 @@ def test_torchrun_across_three_nodes_survives_a_killed_worker_and_a_killed_daemo
 def test_accelerate_across_three_nodes_resumes_a_stopped_worker_from_every_nodes_part_exactly(netns_cluster,
                                                                                               torch_cluster):
     daemon = torch_cluster["daemon"]
-    _submit(torch_cluster, "mh-acc", "--hang-timeout", "6", "--", "accelerate", "launch", "acc.py", "--steps", "48",
+    _submit(torch_cluster, "mh-acc", "--hang-timeout", "6", "--total-steps", "48", "--", "accelerate", "launch",
+            "acc.py", "--steps", "48",
             "--sleep", "0.05")
     _at_step(netns_cluster, daemon, "mh-acc", 12)
     os.kill(_worker(netns_cluster, "n3", "acc.py"), signal.SIGSTOP)

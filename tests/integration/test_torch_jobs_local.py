@@ -128,8 +128,8 @@ def _final_weights(root: Path, final: dict) -> list[float]:
 
 def test_a_killed_worker_is_named_and_the_job_resumes_exactly_from_its_checkpoint_directory(cluster):
     daemon, root = cluster
-    _run(daemon, root, "ddp-kill", "--launcher", "torchrun", "--", "python", "ddp.py", "--steps", "40",
-         "--sleep", "0.05")
+    _run(daemon, root, "ddp-kill", "--launcher", "torchrun", "--total-steps", "40", "--", "python", "ddp.py",
+         "--steps", "40", "--sleep", "0.05")
     job = _at_step(daemon, root, "ddp-kill", 12)
     (worker,) = _workers(root, node=job["nodes"][1])
     os.kill(worker, signal.SIGKILL)
@@ -149,12 +149,32 @@ def test_a_killed_worker_is_named_and_the_job_resumes_exactly_from_its_checkpoin
     _no_standby_left(root)
 
 
+def test_a_worker_that_aborts_after_the_last_checkpoint_ends_the_job_succeeded_at_once_and_said(cluster):
+    daemon, root = cluster
+    _run(daemon, root, "ddp-abort", "--launcher", "torchrun", "--total-steps", "10", "--", "python", "ddp.py",
+         "--steps", "10", "--abort-at-exit")
+    final = _wait(daemon, "ddp-abort")
+    story = final["story"]
+    assert final["state"] == "succeeded" and final["restarts"] == 0 and final["attempt"] == 0, story
+    assert "checkpoint of step 10 validated" in story, story
+    said = [e for e in _events(daemon, "ddp-abort") if e["kind"] == "job.failed_after_last_step"]
+    assert len(said) == 1 and "rank 1 on" in said[0]["message"] and "SIGABRT" in said[0]["message"], story
+    assert "after its last step" in final["warning"] and "nothing rerun" in final["warning"], final
+    assert _final_weights(root, final) == expected_weights(10, 2)
+    # Without --total-steps coord cannot tell the last step: the same abort is a failure, and the job
+    # is run again from its newest checkpoint (the script finds nothing left to train and ends).
+    _run(daemon, root, "ddp-abort-open", "--launcher", "torchrun", "--", "python", "ddp.py", "--steps", "10",
+         "--abort-at-exit")
+    again = _wait(daemon, "ddp-abort-open")
+    assert again["state"] == "succeeded" and again["restarts"] == 1 and not again["warning"], again["story"]
+
+
 def test_a_torchrun_command_runs_its_processes_per_node_and_a_workers_exception_is_named(cluster):
     daemon, root = cluster
     refused = coord("run", "--config", str(daemon.config), "--name", "bad", "--", "torchrun", "--nnodes", "2",
                     "ddp.py", env=daemon.env)
     assert refused.returncode == 2 and "--nnodes: coord gives the number of nodes" in refused.stderr, refused.stderr
-    _run(daemon, root, "ddp-four", "--max-restarts", "1", "--", "torchrun", "--nproc-per-node", "2", "ddp.py",
+    _run(daemon, root, "ddp-four", "--max-restarts", "1", "--total-steps", "20", "--", "torchrun", "--nproc-per-node", "2", "ddp.py",
          "--steps", "20", "--fail-at", "7")
     final = _wait(daemon, "ddp-four")
     story = final["story"]
@@ -192,7 +212,8 @@ def test_a_stopped_worker_is_caught_as_a_hang_named_and_resumed(cluster):
     # 8 s: after its last step the script saves, meets its peer at a barrier, tears the process group
     # down and exits with torch loaded, then torchrun exits: no step comes meanwhile, and on a loaded
     # 2-core machine that took over 4 s (a second, needless restart)
-    _run(daemon, root, "ddp-hang", "--launcher", "torchrun", "--hang-timeout", "8", "--", "python", "ddp.py",
+    _run(daemon, root, "ddp-hang", "--launcher", "torchrun", "--hang-timeout", "8", "--total-steps", "30", "--",
+         "python", "ddp.py",
          "--steps", "30", "--sleep", "0.05", "--hang-at", "12")
     final = _wait(daemon, "ddp-hang")
     story = final["story"]
@@ -204,7 +225,7 @@ def test_a_stopped_worker_is_caught_as_a_hang_named_and_resumed(cluster):
 
 def test_an_accelerate_job_joins_each_nodes_random_states_and_resumes_exactly_after_a_killed_worker(cluster):
     daemon, root = cluster
-    _run(daemon, root, "acc-kill", "--", "accelerate", "launch", "--config_file", "acc.yaml", "acc.py", "--steps",
+    _run(daemon, root, "acc-kill", "--total-steps", "40", "--", "accelerate", "launch", "--config_file", "acc.yaml", "acc.py", "--steps",
          "40", "--sleep", "0.05")
     job = _at_step(daemon, root, "acc-kill", 12)
     (worker,) = _workers(root, node=job["nodes"][1])
@@ -292,7 +313,8 @@ def test_a_deepspeed_plan_edited_to_zero2_joins_each_ranks_states_and_resumes_a_
     config["zero_optimization"] = {"stage": 2}  # the user's edit: ZeRO-2 all the same
     config.update(zero_allow_untested_optimizer=True, gradient_clipping=0.0)
     (out / "ds_config.json").write_text(json.dumps(config))
-    _run(daemon, root, "ds-kill", "--plan", str(out), "--keep", "10", "--", "python", "ds_train.py", "--steps", "30",
+    _run(daemon, root, "ds-kill", "--plan", str(out), "--keep", "10", "--total-steps", "30", "--", "python",
+         "ds_train.py", "--steps", "30",
          "--sleep", "0.05")
     job = _at_step(daemon, root, "ds-kill", 12, timeout=240)
     (worker,) = _workers(root, node=job["nodes"][1])
