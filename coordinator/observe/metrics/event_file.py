@@ -22,8 +22,11 @@ the best of 7 runs of ``python -X importtime``, on a busy 2-core machine):
 - Speed and size: 10 runs of 100 points took 80-270 ms here and 270-520 ms through
   ``add_scalar`` (one event per tag, so a point is four events: 22.7 KB a file against
   14.0 KB).
-- CRC: without the optional native ``crc32c`` package tensorboardX computes CRC-32C with
-  the same pure-Python table as :func:`crc32c` (55 us for a 124-byte event, either way).
+- CRC: CRC-32C comes from ``google-crc32c`` (Google's, Apache-2.0, wheels for Linux and
+  macOS, the CPU's CRC instruction): 0.12 us for a 124-byte event, where the pure-Python table
+  this module had (and tensorboardX uses without its optional native package) took 12 us idle
+  and 55 us on a busy machine. Every train point is an event: at 90 steps/s the table was a
+  fifth of the daemon's CPU while a job trained (py-spy), CPU the ranks beside it lacked.
 - Compatibility: the files are the same TFRecords; its ``purge_step`` is the two events
   ``TensorBoardScalars.start_attempt`` writes.
 
@@ -36,29 +39,15 @@ from __future__ import annotations
 
 import struct
 
+import google_crc32c
+
 FILE_VERSION = "brain.Event:2"
 SESSION_START = 1
 
 
-def _crc32c_table() -> list[int]:
-    table = []
-    for byte in range(256):
-        crc = byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
-        table.append(crc)
-    return table
-
-
-_TABLE = _crc32c_table()
-
-
 def crc32c(data: bytes) -> int:
     """CRC-32C (Castagnoli), as TFRecord frames use it."""
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc = _TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
+    return int(google_crc32c.value(data))
 
 
 def masked_crc(data: bytes) -> int:
