@@ -358,7 +358,10 @@ class Checker:
         if state == "succeeded":
             ranks = [r for (r_run, number, _), r in self.world.ranks.items()
                      if r_run == run_id and number == record.get("attempt")]
-            finished = [r.exited_at for r in ranks if r.exit == 0 and r.exited_at is not None]
+            # finished: exited 0, or aborted on its way out after its last step (its work done)
+            finished = [r.exited_at for r in ranks if r.exited_at is not None and (
+                r.exit == 0 or (r.teardown_status and r.exit == r.teardown_status
+                                and r.step_at(r.exited_at) >= r.total))]
             if len(finished) < len(ranks) or max(finished, default=0.0) > asked + 2 * POLL_S:
                 self.fail("f", f"run {run_id} was stopped at t={asked:.2f}, and succeeded with attempt "
                                f"{record.get('attempt')}, whose ranks had not all finished by then")
