@@ -1,5 +1,6 @@
 """What a node offers a PyTorch job: torch, CUDA, NCCL, Accelerate and DeepSpeed versions, GPUs and
-their memory, InfiniBand/RoCE ports, ``/dev/shm`` and physical memory.
+their memory, InfiniBand/RoCE ports, ``/dev/shm``, physical memory and a C++ compiler (DeepSpeed
+compiles ops of its own when a job starts).
 
 The agent itself never imports torch (it stays standard library and msgpack): package versions
 are read with ``importlib.metadata`` (in the node's Python, through a small child process when that
@@ -18,6 +19,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import shutil
 import socket
 import sys
 from typing import TYPE_CHECKING
@@ -164,8 +166,18 @@ def collect_torch_facts(python: str) -> TorchFactsReply:
         "infiniband": infiniband,
         "infiniband_source": ib_source,
         "shm": read_shm(SHM_PATH, detail),
+        "compiler": find_compiler(python),
         "detail": detail,
     }
+
+
+def find_compiler(python: str) -> str | None:
+    """The C++ compiler torch's extension builder would run (``$CXX``, else ``c++``), found on the
+    PATH the ranks get (the agent's, after the directory of their Python): its path, or None.
+    DeepSpeed builds ops with it when a job starts (on CPU nodes its shared-memory op, in
+    ``deepspeed.comm``'s init)."""
+    path = os.pathsep.join([os.path.dirname(python), os.environ.get("PATH", os.defpath)])
+    return shutil.which(os.environ.get("CXX") or "c++", path=path)
 
 
 def read_versions(python: str, detail: dict[str, str], located: dict[str, str] | None = None) -> TorchVersions:

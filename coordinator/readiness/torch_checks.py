@@ -24,6 +24,11 @@ that fixes it. Their rules:
   is the known failure ("NCCL WARN Error while creating shared memory segment", a DataLoader "bus
   error"). A tenth of RAM leaves room for many workers with large batches; tmpfs takes half of RAM
   unless told otherwise.
+- **C++ compiler** (the DeepSpeed launcher only): DeepSpeed builds ops of its own with torch's
+  extension builder (``$CXX``, else ``c++``) when a job starts. On a node without GPUs its CPU
+  accelerator builds its shared-memory op in ``deepspeed.comm``'s init, so there a missing compiler
+  fails every rank before its first step; on GPU nodes the ops it builds on first use (FusedAdam and
+  others) need one unless DeepSpeed was installed with them built (``DS_BUILD_OPS=1``): a warning.
 """
 
 from __future__ import annotations
@@ -82,6 +87,8 @@ def torch_checks(facts_by_node: Mapping[str, TorchFactsReply], *, launcher: str 
     out.append(backend_check(facts_by_node, nodes=nodes))
     out.append(nccl_env_check(facts_by_node, interfaces or {}, one_machine=one_machine))
     out += shm_checks(facts_by_node, nodes=nodes)
+    if launcher == "deepspeed":
+        out += compiler_checks(facts_by_node, nodes=nodes)
     if rendezvous is not None:
         out += rendezvous_checks(rendezvous, nodes=nodes)
     return out
@@ -338,6 +345,29 @@ def shm_checks(facts: Mapping[str, TorchFactsReply], *,
         else:
             out.append(check(check_name, "hardware", PASS, text))
     return out
+
+
+def compiler_checks(facts: Mapping[str, TorchFactsReply], *,
+                    nodes: Mapping[str, NodeAccess] | None = None) -> list[CheckResult]:
+    """A C++ compiler on every node of a DeepSpeed job (its ops are built when a job starts)."""
+    asked = {name: fact for name, fact in facts.items() if "compiler" in fact}
+    lacking = sorted(name for name, fact in asked.items() if not fact.get("compiler"))
+    if not asked:
+        return []
+    if not lacking:
+        return [check("torch.compiler", "worker", PASS, "a C++ compiler on every node (DeepSpeed builds its ops "
+                      "with it)")]
+    cpu_only = [name for name in lacking if not facts[name]["gpus"]]
+    fix = "; ".join(_on(nodes, name, "sudo apt-get install g++") for name in lacking)
+    if cpu_only:
+        return [check("torch.compiler", "worker", FAIL,
+                      f"no C++ compiler (c++, or $CXX) on {', '.join(lacking)}: DeepSpeed's CPU accelerator "
+                      "builds its shared-memory op when the job starts, and every rank fails at init "
+                      "(\"c++: not found\")", fix)]
+    return [check("torch.compiler", "worker", WARN,
+                  f"no C++ compiler (c++, or $CXX) on {', '.join(lacking)}: DeepSpeed ops it builds on first use "
+                  "(FusedAdam and others) fail there, unless DeepSpeed was installed with them built "
+                  "(DS_BUILD_OPS=1)", fix)]
 
 
 # --- helpers ----------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ rendezvous probe is three calls: rank 0's node opens a listener on the master po
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 from shared.agent_api.topology import IbvDevice
 
@@ -58,6 +58,7 @@ class TorchFactsReply(TypedDict):
     infiniband: list[IbvDevice] | None  # ibv_devinfo (or /sys/class/infiniband); None: unknown
     infiniband_source: str
     shm: ShmFacts | None  # /dev/shm; None where there is none (macOS) or it cannot be read
+    compiler: NotRequired[str | None]  # the C++ compiler's path (DeepSpeed builds ops with it); absent: not asked
     detail: dict[str, str]  # what could not be read, by what
 
 

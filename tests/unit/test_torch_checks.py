@@ -276,3 +276,23 @@ def test_nodes_on_one_machine_meet_on_loopback_with_nothing_to_pin():
     check = by_name(torch_checks({"a": node(), "b": node()}, interfaces=choice["interfaces"],
                                  one_machine=True))["torch.nccl_env"]
     assert check["status"] == "pass", check
+
+
+def test_a_deepspeed_job_needs_a_cpp_compiler_on_every_node_and_fails_without_one_on_cpu_nodes():
+    # DeepSpeed's CPU accelerator builds its shared-memory op in deepspeed.comm's init: a fresh
+    # Debian without g++ failed every rank with "c++: not found"
+    cpu = {"torch": "2.13.0+cpu", "cuda": None, "nccl": None, "gpus": 0, "deepspeed": "0.19.8"}
+    both = {"a": node(compiler="/usr/bin/c++", **cpu), "b": node(compiler=None, **cpu)}
+    found = by_name(torch_checks(both, launcher="deepspeed"))["torch.compiler"]
+    assert found["status"] == "fail" and "no C++ compiler (c++, or $CXX) on b" in found["detail"], found
+    assert found["fix_command"] == "on b: sudo apt-get install g++"
+    # on GPU nodes only the ops built on first use need it: a warning
+    gpu = by_name(torch_checks({"a": node(compiler=None, deepspeed="0.19.8"), "b": node(compiler="/usr/bin/c++",
+                                                                                        deepspeed="0.19.8")},
+                               launcher="deepspeed"))["torch.compiler"]
+    assert gpu["status"] == "warn" and "DS_BUILD_OPS=1" in gpu["detail"], gpu
+    fine = by_name(torch_checks({"a": node(compiler="/usr/bin/c++", **cpu)}, launcher="deepspeed"))
+    assert fine["torch.compiler"]["status"] == "pass"
+    # the other launchers do not build ops: not asked
+    assert "torch.compiler" not in by_name(torch_checks(both, launcher="torchrun"))
+    assert "torch.compiler" not in by_name(torch_checks(both, launcher="accelerate"))

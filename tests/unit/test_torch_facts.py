@@ -252,3 +252,20 @@ def test_a_name_that_does_not_resolve_and_bad_arguments_are_said():
                 await call
 
     asyncio.run(scenario())
+
+
+def test_the_cpp_compiler_is_cxx_or_cpp_on_the_ranks_path_beside_their_python(tmp_path, monkeypatch):
+    from agent.torch_facts import find_compiler
+
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "c++").write_text("#!/bin/sh\n")
+    (venv / "c++").chmod(0o755)
+    (tmp_path / "clang++").write_text("#!/bin/sh\n")
+    (tmp_path / "clang++").chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.delenv("CXX", raising=False)
+    assert find_compiler(str(venv / "python")) == str(venv / "c++")  # beside the ranks' Python
+    assert find_compiler(str(tmp_path / "elsewhere" / "python")) is None  # none on the PATH
+    monkeypatch.setenv("CXX", str(tmp_path / "clang++"))
+    assert find_compiler(str(venv / "python")) == str(tmp_path / "clang++")  # $CXX, as torch's builder takes it
