@@ -22,6 +22,7 @@ import platform
 import shutil
 import socket
 import sys
+import sysconfig
 from typing import TYPE_CHECKING
 
 from agent import rdma_parsers, torch_parsers
@@ -42,7 +43,7 @@ SHM_PATH = "/dev/shm"
 # Run in the node's Python when it is not the agent's own: versions without importing anything, and
 # where torch's distribution lies (its stamp: a reinstall makes a new one), for the probe's cache.
 _VERSIONS_PROBE = """\
-import json, sys
+import json, sys, sysconfig
 from importlib import metadata
 def version(name):
     try:
@@ -50,6 +51,7 @@ def version(name):
     except metadata.PackageNotFoundError:
         return None
 answer = {name: version(name) for name in sys.argv[1:]}
+answer["_include"] = sysconfig.get_paths().get("include")
 try:
     answer["_torch_at"] = str(metadata.distribution("torch")._path)
 except Exception:
@@ -167,6 +169,7 @@ def collect_torch_facts(python: str) -> TorchFactsReply:
         "infiniband_source": ib_source,
         "shm": read_shm(SHM_PATH, detail),
         "compiler": find_compiler(python),
+        "python_headers": python_header(located.get("include")),
         "detail": detail,
     }
 
@@ -180,6 +183,13 @@ def find_compiler(python: str) -> str | None:
     return shutil.which(os.environ.get("CXX") or "c++", path=path)
 
 
+def python_header(include: str | None) -> str | None:
+    """``Python.h`` in the ranks' Python's include directory, which torch's extension builder
+    compiles against (Debian ships it apart, in python3-dev): its path, or None."""
+    header = os.path.join(include, "Python.h") if include else None
+    return header if header and os.path.isfile(header) else None
+
+
 def read_versions(python: str, detail: dict[str, str], located: dict[str, str] | None = None) -> TorchVersions:
     """torch, Accelerate and DeepSpeed from their distributions' metadata (nothing is imported);
     ``located`` gets where torch's distribution lies, when it is installed."""
@@ -190,6 +200,7 @@ def read_versions(python: str, detail: dict[str, str], located: dict[str, str] |
         with contextlib.suppress(importlib.metadata.PackageNotFoundError, AttributeError):
             # a PathDistribution's directory: what _VERSIONS_PROBE gives for another interpreter
             located["torch"] = str(importlib.metadata.distribution("torch")._path)  # type: ignore[attr-defined]
+        located["include"] = sysconfig.get_paths().get("include", "")
     else:
         result = run_command([python, "-c", _VERSIONS_PROBE, *PACKAGES.values()], VERSIONS_TIMEOUT_S)
         answer = _last_json_line(result.stdout) if result.stdout is not None else None
@@ -200,6 +211,8 @@ def read_versions(python: str, detail: dict[str, str], located: dict[str, str] |
                  for key, dist in PACKAGES.items()}
         if isinstance(answer.get("_torch_at"), str):
             located["torch"] = answer["_torch_at"]
+        if isinstance(answer.get("_include"), str):
+            located["include"] = answer["_include"]
     return {"torch": found["torch"], "cuda": None, "nccl": None, "accelerate": found["accelerate"],
             "deepspeed": found["deepspeed"]}
 

@@ -24,11 +24,12 @@ that fixes it. Their rules:
   is the known failure ("NCCL WARN Error while creating shared memory segment", a DataLoader "bus
   error"). A tenth of RAM leaves room for many workers with large batches; tmpfs takes half of RAM
   unless told otherwise.
-- **C++ compiler** (the DeepSpeed launcher only): DeepSpeed builds ops of its own with torch's
-  extension builder (``$CXX``, else ``c++``) when a job starts. On a node without GPUs its CPU
-  accelerator builds its shared-memory op in ``deepspeed.comm``'s init, so there a missing compiler
-  fails every rank before its first step; on GPU nodes the ops it builds on first use (FusedAdam and
-  others) need one unless DeepSpeed was installed with them built (``DS_BUILD_OPS=1``): a warning.
+- **C++ compiler and Python's headers** (the DeepSpeed launcher only): DeepSpeed builds ops of its
+  own with torch's extension builder (``$CXX``, else ``c++``, against ``Python.h``) when a job
+  starts. On a node without GPUs its CPU accelerator builds its shared-memory op in
+  ``deepspeed.comm``'s init, so there a missing compiler or header fails every rank before its first
+  step; on GPU nodes the ops it builds on first use (FusedAdam and others) need them unless
+  DeepSpeed was installed with them built (``DS_BUILD_OPS=1``): a warning.
 """
 
 from __future__ import annotations
@@ -351,23 +352,28 @@ def compiler_checks(facts: Mapping[str, TorchFactsReply], *,
                     nodes: Mapping[str, NodeAccess] | None = None) -> list[CheckResult]:
     """A C++ compiler on every node of a DeepSpeed job (its ops are built when a job starts)."""
     asked = {name: fact for name, fact in facts.items() if "compiler" in fact}
-    lacking = sorted(name for name, fact in asked.items() if not fact.get("compiler"))
     if not asked:
         return []
+    lacking: dict[str, list[str]] = {}  # node -> what it lacks
+    for name, fact in sorted(asked.items()):
+        what = (["a C++ compiler (c++, or $CXX)"] if not fact.get("compiler") else []) + (
+            ["Python's headers (Python.h)"] if "python_headers" in fact and not fact.get("python_headers") else [])
+        if what:
+            lacking[name] = what
     if not lacking:
-        return [check("torch.compiler", "worker", PASS, "a C++ compiler on every node (DeepSpeed builds its ops "
-                      "with it)")]
-    cpu_only = [name for name in lacking if not facts[name]["gpus"]]
-    fix = "; ".join(_on(nodes, name, "sudo apt-get install g++") for name in lacking)
-    if cpu_only:
+        return [check("torch.compiler", "worker", PASS, "a C++ compiler and Python's headers on every node "
+                      "(DeepSpeed builds its ops with them)")]
+    said = "; ".join(f"{name} lacks {' and '.join(what)}" for name, what in lacking.items())
+    fix = "; ".join(_on(nodes, name, "sudo apt-get install " + " ".join(
+        (["g++"] if "C++" in " ".join(what) else []) + (["python3-dev"] if "Python.h" in " ".join(what) else [])))
+        for name, what in lacking.items())
+    if any(not facts[name]["gpus"] for name in lacking):
         return [check("torch.compiler", "worker", FAIL,
-                      f"no C++ compiler (c++, or $CXX) on {', '.join(lacking)}: DeepSpeed's CPU accelerator "
-                      "builds its shared-memory op when the job starts, and every rank fails at init "
-                      "(\"c++: not found\")", fix)]
+                      f"{said}: DeepSpeed's CPU accelerator builds its shared-memory op with them when the job "
+                      "starts, and every rank fails at init (\"c++: not found\", \"Python.h: No such file\")", fix)]
     return [check("torch.compiler", "worker", WARN,
-                  f"no C++ compiler (c++, or $CXX) on {', '.join(lacking)}: DeepSpeed ops it builds on first use "
-                  "(FusedAdam and others) fail there, unless DeepSpeed was installed with them built "
-                  "(DS_BUILD_OPS=1)", fix)]
+                  f"{said}: DeepSpeed ops it builds on first use (FusedAdam and others) fail there, unless "
+                  "DeepSpeed was installed with them built (DS_BUILD_OPS=1)", fix)]
 
 
 # --- helpers ----------------------------------------------------------------------------------

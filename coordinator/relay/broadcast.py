@@ -36,6 +36,9 @@ HEAD = "head"
 POLL_S = 2.0
 #: A receiver that gains no chunk for this long has a sender that is gone or stuck.
 STALL_S = 15.0
+#: A link found broken is judged with the receiver's word a moment later: a receiver whose disk is full
+#: closes its link and says why, and under load its sender may see the link go before that word comes.
+LINK_RECHECK_S = 1.0
 MAX_REROUTES = 8  # per receiver: a bound, so a broadcast always ends
 CALL_TIMEOUT_S = 60.0
 
@@ -279,6 +282,7 @@ class Broadcast:
 
     async def _follow_one(self, name: str, receiver: _Receiver) -> None:
         session = self.sessions[name]
+        wait_s, rechecked = POLL_S, None  # the link problem asked about once more, before routing around it
         while receiver.outcome is None:
             if name in self.lost:
                 receiver.outcome = Outcome(name, detail=f"{name} was lost during the transfer",
@@ -286,8 +290,8 @@ class Broadcast:
                 return
             try:
                 state: ReceiverState = await session.call(
-                    "relay_wait", {"transfer": self.transfer, "timeout": POLL_S, "have": receiver.have},
-                    timeout=POLL_S + 10)
+                    "relay_wait", {"transfer": self.transfer, "timeout": wait_s, "have": receiver.have},
+                    timeout=wait_s + 10)
             except (RemoteError, TimeoutError) as exc:
                 await self._lose(name, _reason(exc))
                 continue
@@ -306,11 +310,14 @@ class Broadcast:
                 return
             await self._forwards_failed(name, state.get("forwards") or [])
             receiver.connections = max(receiver.connections, state["connections"])
-            problem = None
+            problem, wait_s = None, POLL_S
             if state["upstream_error"] and state["upstream_error_at"] > receiver.fed_after:
                 problem = state["upstream_error"]  # from the current sender, not one already replaced
             elif receiver.head_error and receiver.sender == HEAD:
                 problem = receiver.head_error
+                if rechecked != problem:  # the receiver may have closed the link itself: ask it again first
+                    wait_s, rechecked = LINK_RECHECK_S, problem
+                    continue
             elif time.monotonic() - receiver.since > self.stall_s and state["have"] < self.plan.count:
                 problem = f"nothing arrived from {receiver.sender} for {self.stall_s:.0f} s"
             elif receiver.sender != HEAD and receiver.sender in self.lost:

@@ -9,7 +9,7 @@ rendezvous probe is three calls: rank 0's node opens a listener on the master po
 
 from __future__ import annotations
 
-from typing import NotRequired, TypedDict
+from typing import TypedDict
 
 from shared.agent_api.topology import IbvDevice
 
@@ -42,7 +42,7 @@ class ShmFacts(TypedDict):
     free_bytes: int  # available to an unprivileged process (statvfs f_bavail)
 
 
-class TorchFactsReply(TypedDict):
+class _TorchFactsReply(TypedDict):
     hostname: str | None
     network_id: str | None  # this boot and network namespace: nodes that share it meet on loopback
     os: str | None  # platform.system(): "Linux", "Darwin"
@@ -58,8 +58,13 @@ class TorchFactsReply(TypedDict):
     infiniband: list[IbvDevice] | None  # ibv_devinfo (or /sys/class/infiniband); None: unknown
     infiniband_source: str
     shm: ShmFacts | None  # /dev/shm; None where there is none (macOS) or it cannot be read
-    compiler: NotRequired[str | None]  # the C++ compiler's path (DeepSpeed builds ops with it); absent: not asked
     detail: dict[str, str]  # what could not be read, by what
+
+
+class TorchFactsReply(_TorchFactsReply, total=False):
+    # What DeepSpeed's op builds need (absent: not asked, an agent before these were reported)
+    compiler: str | None  # the C++ compiler's path
+    python_headers: str | None  # Python.h of the ranks' Python
 
 
 class _RendezvousListenRequest(TypedDict):

@@ -284,8 +284,16 @@ def test_a_deepspeed_job_needs_a_cpp_compiler_on_every_node_and_fails_without_on
     cpu = {"torch": "2.13.0+cpu", "cuda": None, "nccl": None, "gpus": 0, "deepspeed": "0.19.8"}
     both = {"a": node(compiler="/usr/bin/c++", **cpu), "b": node(compiler=None, **cpu)}
     found = by_name(torch_checks(both, launcher="deepspeed"))["torch.compiler"]
-    assert found["status"] == "fail" and "no C++ compiler (c++, or $CXX) on b" in found["detail"], found
+    assert found["status"] == "fail" and "b lacks a C++ compiler (c++, or $CXX):" in found["detail"], found
     assert found["fix_command"] == "on b: sudo apt-get install g++"
+    # torch's extension builder compiles against Python.h: Debian ships it in python3-dev
+    headless = {"a": node(compiler="/usr/bin/c++", python_headers=None, **cpu),
+                "b": node(compiler=None, python_headers=None, **cpu)}
+    found = by_name(torch_checks(headless, launcher="deepspeed"))["torch.compiler"]
+    assert found["status"] == "fail" and "a lacks Python's headers (Python.h); b lacks a C++ compiler (c++, or $CXX) and Python's headers" in \
+        found["detail"], found
+    assert found["fix_command"] == ("on a: sudo apt-get install python3-dev; "
+                                    "on b: sudo apt-get install g++ python3-dev"), found
     # on GPU nodes only the ops built on first use need it: a warning
     gpu = by_name(torch_checks({"a": node(compiler=None, deepspeed="0.19.8"), "b": node(compiler="/usr/bin/c++",
                                                                                         deepspeed="0.19.8")},
