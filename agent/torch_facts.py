@@ -1,6 +1,6 @@
 """What a node offers a PyTorch job: torch, CUDA, NCCL, Accelerate and DeepSpeed versions, GPUs and
-their memory, InfiniBand/RoCE ports, ``/dev/shm``, physical memory and a C++ compiler (DeepSpeed
-compiles ops of its own when a job starts).
+their memory, InfiniBand/RoCE ports, ``/dev/shm``, physical memory, and the C++ compiler and
+``Python.h`` that DeepSpeed compiles its own ops with when a job starts.
 
 The agent itself never imports torch (it stays standard library and msgpack): package versions
 are read with ``importlib.metadata`` (in the node's Python, through a small child process when that

@@ -93,8 +93,7 @@ class CheckpointKeeper:
         if not catalog.off_machine(group, self.health.same_machine):
             missing = (f"the final checkpoint (step {newest['step']}) has no replica: its copy to "
                        f"{self.ctx.spec.replica} did not land; it is only on {newest['node']}")
-            before = self.ctx.record.warning
-            self.ctx.record.warning = f"{before}; {missing}" if before else missing
+            self.ctx.record.add_warning(missing)
             self.ctx.event("replica_missing", missing, step=newest["step"])
 
     async def choose_resume(self, order: list[str]) -> tuple[CheckpointRow | None, dict[str, str]]:

@@ -74,6 +74,10 @@ class JobRecord:
     model_bytes: int | None = None
     extra: JsonObject = field(default_factory=dict)  # keys of a newer coord, kept as they were
 
+    def add_warning(self, text: str) -> None:
+        """A warning beside any the run has already (a missing replica, a rank failed after its last step)."""
+        self.warning = f"{self.warning}; {text}" if self.warning else text
+
     def to_json(self) -> JsonObject:
         # Every field holds JSON data (TypedDicts, lists, numbers), so a copy of the containers is
         # all dataclasses.asdict would do, at a fraction of its cost: the record is saved on every poll.

@@ -262,7 +262,7 @@ class JobRunner:
                                    final_checkpoint=newest["step"] if newest else None)
         if done is not outcome:
             warning = f"after its last step: {outcome.detail}; nothing rerun (its final checkpoint is valid)"
-            self.record.warning = f"{self.record.warning}; {warning}" if self.record.warning else warning
+            self.record.add_warning(warning)
             self.event("failed_after_last_step", f"attempt {self.record.attempt} {warning}", outcome=outcome.kind)
         return done
 

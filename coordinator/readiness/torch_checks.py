@@ -354,19 +354,19 @@ def compiler_checks(facts: Mapping[str, TorchFactsReply], *,
     asked = {name: fact for name, fact in facts.items() if "compiler" in fact}
     if not asked:
         return []
-    lacking: dict[str, list[str]] = {}  # node -> what it lacks
+    lacking: dict[str, list[tuple[str, str]]] = {}  # node -> (what it lacks, the Debian package with it)
     for name, fact in sorted(asked.items()):
-        what = (["a C++ compiler (c++, or $CXX)"] if not fact.get("compiler") else []) + (
-            ["Python's headers (Python.h)"] if "python_headers" in fact and not fact.get("python_headers") else [])
-        if what:
-            lacking[name] = what
+        needs = [(what, package) for what, package, found in (
+            ("a C++ compiler (c++, or $CXX)", "g++", fact.get("compiler")),
+            ("Python's headers (Python.h)", "python3-dev", fact.get("python_headers", True))) if not found]
+        if needs:
+            lacking[name] = needs
     if not lacking:
         return [check("torch.compiler", "worker", PASS, "a C++ compiler and Python's headers on every node "
                       "(DeepSpeed builds its ops with them)")]
-    said = "; ".join(f"{name} lacks {' and '.join(what)}" for name, what in lacking.items())
-    fix = "; ".join(_on(nodes, name, "sudo apt-get install " + " ".join(
-        (["g++"] if "C++" in " ".join(what) else []) + (["python3-dev"] if "Python.h" in " ".join(what) else [])))
-        for name, what in lacking.items())
+    said = "; ".join(f"{name} lacks {' and '.join(what for what, _ in needs)}" for name, needs in lacking.items())
+    fix = "; ".join(_on(nodes, name, "sudo apt-get install " + " ".join(package for _, package in needs))
+                    for name, needs in lacking.items())
     if any(not facts[name]["gpus"] for name in lacking):
         return [check("torch.compiler", "worker", FAIL,
                       f"{said}: DeepSpeed's CPU accelerator builds its shared-memory op with them when the job "
