@@ -17,6 +17,7 @@ batch (the batch iterator passed to ``mlx_lm.tuner.trainer.train`` is wrapped).
 from __future__ import annotations
 
 import faulthandler
+import itertools
 import json
 import os
 import platform
@@ -62,16 +63,17 @@ class ProgressCallback:
 
 
 def beating_batches(iterate: Callable[..., Iterator[Any]], heartbeat: Heartbeat,
-                    step_offset: int) -> Callable[..., Iterator[Any]]:
+                    step_offset: int, skip: int = 0) -> Callable[..., Iterator[Any]]:
     """mlx-lm's batch iterator, telling the heartbeat of each training step done: the loop asks
     for batch N+1 once step N (and its report and save) is over. Evaluation batches (not looped)
-    pass through."""
+    pass through. ``skip``: the training batches passed over first (a rollback's
+    ``$COORD_SKIP_BATCHES``: the data where the loss went wrong)."""
 
     def batches(*args: Any, **kwargs: Any) -> Iterator[Any]:
         if not kwargs.get("loop"):
             yield from iterate(*args, **kwargs)
             return
-        for done, batch in enumerate(iterate(*args, **kwargs)):
+        for done, batch in enumerate(itertools.islice(iterate(*args, **kwargs), skip, None)):
             if done:
                 heartbeat.step(step_offset + done)
                 heartbeat.phase("training")
@@ -90,7 +92,7 @@ def during(phase: str, func: Callable[..., Any], heartbeat: Heartbeat) -> Callab
     return wrapped
 
 
-def with_heartbeats(heartbeat: Heartbeat, step_offset: int) -> None:
+def with_heartbeats(heartbeat: Heartbeat, step_offset: int, skip: int = 0) -> None:
     """mlx-lm's trainer with the phases in its heartbeats (mlx_lm.lora looks these names up when
     it calls them)."""
     import mlx.core as mx
@@ -100,7 +102,7 @@ def with_heartbeats(heartbeat: Heartbeat, step_offset: int) -> None:
     train = lora.train
 
     def train_beating(*args: Any, **kwargs: Any) -> Any:
-        kwargs.setdefault("iterate_batches", beating_batches(trainer.iterate_batches, heartbeat, step_offset))
+        kwargs.setdefault("iterate_batches", beating_batches(trainer.iterate_batches, heartbeat, step_offset, skip))
         heartbeat.phase("compiling")  # until the first step is done
         return train(*args, **kwargs)
 
@@ -125,8 +127,12 @@ def main() -> None:
     import mlx_lm.lora as lora
 
     progress = os.environ.get("COORD_PROGRESS_FILE")
-    if progress:
-        with_heartbeats(heartbeat, offset)
+    skip = int(os.environ.get("COORD_SKIP_BATCHES") or "0")
+    if skip:
+        print(f"coord: skipping {skip} training batches after the rollback (coord run --skip-on-rollback)",
+              file=sys.stderr, flush=True)
+    if progress or skip:
+        with_heartbeats(heartbeat, offset, skip)
     if progress and mx.distributed.init().rank() == 0:
         original = lora.get_reporting_callbacks
 

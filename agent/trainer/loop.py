@@ -283,7 +283,7 @@ class Trainer:
             global_step=step, optimizer_step=int(self.optimizer.step.item()), mlx_key=mlx_key(), epoch=epoch,
             index=index, batches_per_epoch=self.order.batches_per_epoch, world_size=self.split.world_size,
             batch_size=self.split.batch_size, grad_accumulation_steps=self.split.accumulation,
-            trained_tokens=self.trained_tokens, options=self.fixed_options)
+            trained_tokens=self.trained_tokens, options=self.fixed_options, skipped=self.order.skipped)
         arrays = {**trainable_arrays(self.model), **optimizer_arrays(self.optimizer)}
         with self.heartbeat.during("saving"):  # training is held while the arrays are copied
             blocking = self.writer.save(path, step, arrays, trainer_state.encode(state))

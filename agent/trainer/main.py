@@ -247,11 +247,17 @@ def prepare(args: types.SimpleNamespace, heartbeat: Heartbeat | None = None) -> 
     # load_dataset is annotated with the Hugging Face tokenizer, but mlx_lm lora itself passes this
     # TokenizerWrapper, which forwards every attribute to that tokenizer.
     train_set, valid_set, test_set = load_dataset(args, tokenizer)  # type: ignore[arg-type]
-    order = GlobalOrder(len(train_set), split.global_batch, args.seed)
+    order = GlobalOrder(len(train_set), split.global_batch, args.seed,
+                        skipped=state["data"].get("skipped", 0) if state is not None else 0)
     fixed = trainer_state.fixed_options(args, split.global_batch, len(train_set))
     if state is not None:
         trainer_state.check_compatible(state, fixed, args.resume_adapter_file)
         trainer_state.check_data_position(state, order.batches_per_epoch, args.resume_adapter_file)
+    skip = skip_after_rollback()
+    if skip:
+        order.skipped += skip
+        reporter.say(f"Skipping {skip} global batches after the rollback (coord run --skip-on-rollback): step "
+                     f"{start_step + 1} trains on the batch after them ({order.skipped} skipped in all)")
 
     mx.random.seed(args.seed)  # before the LoRA layers are made: their initial weights are random
     prepare_model(model, args)
@@ -275,6 +281,18 @@ def prepare(args: types.SimpleNamespace, heartbeat: Heartbeat | None = None) -> 
         fixed_options=fixed, reporter=reporter, writer=writer,
         trained_tokens=state["trained_tokens"] if state else 0, heartbeat=heartbeat)
     return Job(args=args, trainer=trainer, writer=writer, start_step=start_step, test_set=CacheDataset(test_set))
+
+
+def skip_after_rollback() -> int:
+    """``$COORD_SKIP_BATCHES``: the global batches after the resume's checkpoint to pass over (a rollback)."""
+    text = os.environ.get("COORD_SKIP_BATCHES") or "0"
+    try:
+        count = int(text)
+    except ValueError:
+        raise SetupError(f"COORD_SKIP_BATCHES must be a whole number, got {text!r}") from None
+    if count < 0:
+        raise SetupError(f"COORD_SKIP_BATCHES must be at least 0, got {count}")
+    return count
 
 
 def make_reporter(args: types.SimpleNamespace, rank: int) -> Reporter:

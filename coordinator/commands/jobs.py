@@ -48,7 +48,7 @@ def render_job(job: RunView) -> str:
     state = job["state"] + (f" (position {job['queue_position']})" if job.get("queue_position") else "")
     parts = [f"{job['name']}: {state}", f"step {step}"]
     if job.get("loss") is not None:
-        parts.append(f"loss {job['loss']:.4f}")
+        parts.append(f"loss {job['loss']:.4f}")  # a NaN is "loss nan": what it is, never an older value
     if job.get("tokens_per_second"):
         parts.append(f"{job['tokens_per_second']:,.0f} tok/s")
     if job.get("eta_s"):

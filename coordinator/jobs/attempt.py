@@ -13,6 +13,7 @@ from coordinator.jobs import catalog
 from coordinator.jobs.effects import JobEffects
 from coordinator.jobs.fingerprints import Divergence, ReplicaCheck
 from coordinator.jobs.record import JobRecord
+from coordinator.jobs.training_health import LossWindow, Unsound
 from shared.agent_api.progress import HeartbeatRecord
 
 
@@ -43,6 +44,11 @@ class Attempt:
     # When the ranks that had failed were first seen to say only that they lost a peer (head clock).
     peer_lost_seen_at: float | None = None
     wired_baseline: dict[str, int] = field(default_factory=dict)  # Mac -> its wired memory before the ranks
+    # The training's health: the first step whose values went wrong (the attempt is stopped for it),
+    # the recent losses a spike is measured against, and whether a finite loss was seen yet.
+    unsound: Unsound | None = None
+    losses: LossWindow = field(default_factory=LossWindow)
+    finite_loss_seen: bool = False
 
     @classmethod
     def fresh(cls, number: int, order: list[str], record: JobRecord) -> Attempt:
@@ -52,6 +58,7 @@ class Attempt:
         record.rank_memory = {}
         record.replica_state = None
         record.diverged_after = None
+        record.unsound = None
         return attempt
 
     @classmethod

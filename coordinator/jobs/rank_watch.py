@@ -13,7 +13,7 @@ import signal
 import anyio
 import anyio.abc
 
-from coordinator.jobs import core, diagnosis
+from coordinator.jobs import core, diagnosis, training_health
 from coordinator.jobs.attempt import Attempt
 from coordinator.jobs.checkpoints import CheckpointKeeper
 from coordinator.jobs.diagnosis import Diagnosis
@@ -25,6 +25,7 @@ from coordinator.jobs.policy import (
     DIVERGED,
     HUNG,
     LAUNCH_FAILED,
+    LOSS_SPIKE,
     NODE_LOST,
     RANK_FAILED,
     Outcome,
@@ -38,6 +39,7 @@ from coordinator.jobs.policy import (
 )
 from coordinator.jobs.progress import read_record
 from coordinator.jobs.run_context import RunContext
+from coordinator.jobs.training_health import Unsound
 from coordinator.nodes import versions as node_versions
 from shared.agent_api.common import JsonObject
 from shared.agent_api.progress import CheckpointRecord, FingerprintRecord, HeartbeatRecord, TrainRecord, ValRecord
@@ -108,8 +110,10 @@ class RankWatcher:
                                       total_steps=ctx.spec.total_steps,
                                       launcher_exit=self.fx.launcher_exit(pid) if pid else None,
                                       since_launch=self.fx.now() - (record.launched_at or 0))
-        # Before the verdict: fingerprints that disagree, read in the same poll that found every
-        # rank finished, make the run resume from before them, never a success.
+        # Before the verdict: fingerprints that disagree, or a loss that went NaN, read in the same poll
+        # that found every rank finished, make the run resume from before them, never a success.
+        if attempt.unsound is not None:
+            return await self._unsound(attempt, attempt.unsound)
         if attempt.divergence is not None:
             return await self._diverged(attempt, attempt.divergence)
         if verdict is not None:
@@ -186,11 +190,16 @@ class RankWatcher:
 
     async def diverged_before_restart(self, attempt: Attempt) -> Outcome | None:
         """A divergence a previous daemon saw and saved: the attempt ends as it was then."""
-        if self.ctx.record.diverged_after is None:
+        record = self.ctx.record
+        if record.diverged_after is None:
             return None
         await self.checkpoints.invalidate_after_divergence(attempt)
-        return self.ended(attempt, DIVERGED, f"the replicas diverged after step {self.ctx.record.diverged_after} "
-                          "(found before the daemon restarted)", f"diverged:{self.ctx.record.diverged_after}")
+        if record.unsound is not None:
+            unsound = record.unsound
+            return self.ended(attempt, unsound["kind"], f"{unsound['detail']} (found before the daemon restarted)",
+                              f"{unsound['kind']}:{unsound['step']}")
+        return self.ended(attempt, DIVERGED, f"the replicas diverged after step {record.diverged_after} "
+                          "(found before the daemon restarted)", f"diverged:{record.diverged_after}")
 
     async def _ended(self, attempt: Attempt, verdict: core.Verdict, reports: list[core.RankReport]) -> Outcome | None:
         """The attempt's outcome from its verdict; None while the ranks that failed only lost a peer
@@ -248,6 +257,47 @@ class RankWatcher:
         outcome = self.ended(attempt, DIVERGED, found.describe(), f"diverged:{found.step}")
         await self.checkpoints.invalidate_after_divergence(attempt)
         return outcome
+
+    async def _unsound(self, attempt: Attempt, found: Unsound) -> Outcome:
+        """A NaN or infinite loss (or a spike the job rolls back from): stop, and resume from the newest
+        checkpoint saved before that step. When the attempt never reported a finite loss, the checkpoint
+        it resumed from is suspect too (its weights or optimizer state may hold what made the first step
+        go wrong), and the resume goes further back."""
+        record = self.ctx.record
+        good_until = found.step - 1 if attempt.finite_loss_seen else attempt.start_step - 1
+        # Saved first: a daemon restarted from here on still rolls back, and still knows which
+        # checkpoints are not valid (the record that showed it is not read again).
+        record.unsound = {"kind": found.kind, "step": found.step, "metric": found.metric, "value": found.value,
+                          "detail": found.detail}
+        record.diverged_after = max(-1, good_until)
+        self.ctx.save()
+        outcome = self.ended(attempt, found.kind, found.detail, f"{found.kind}:{found.step}")
+        await self.checkpoints.invalidate_after_divergence(attempt)
+        return outcome
+
+    def _check_health(self, attempt: Attempt, step: int, values: dict[str, float]) -> None:
+        """A value that says the training went wrong stops the attempt (at the end of this poll); a loss
+        spike is said, and stops it only when the job asks (--on-spike rollback)."""
+        if attempt.unsound is not None:
+            return  # the first one is what the attempt is stopped for
+        found = training_health.non_finite(step, values, (*training_health.HEALTH_VALUES, "val_loss"))
+        if found is not None:
+            attempt.unsound = found
+            self.ctx.log.warning("non_finite", step=step, metric=found.metric, value=str(found.value))
+            return
+        loss = values.get("loss")
+        if loss is None:
+            return
+        attempt.finite_loss_seen = True
+        spike = attempt.losses.add(step, loss)
+        if spike is None:
+            return
+        rollback = self.ctx.spec.on_spike == "rollback"
+        self.ctx.event("loss_spike", spike.describe() + ("; rolling back (--on-spike rollback)" if rollback
+                                                         else "; training goes on (--on-spike warn)"),
+                       step=step, loss=loss, median=spike.median, threshold=spike.threshold)
+        if rollback:
+            attempt.unsound = Unsound(LOSS_SPIKE, step, "loss", loss, spike.describe())
 
     # --- known failures -----------------------------------------------------------------
 
@@ -346,7 +396,11 @@ class RankWatcher:
         # A value a record leaves out keeps the last one given: a script may report its loss only every
         # so many steps (Hugging Face Trainer's logging steps), and every step for the hang watch.
         if "loss" in progress:
-            record.loss = progress["loss"]
+            record.loss = progress["loss"]  # NaN too: shown as what it is, never as the last finite one
+        values = {"loss": progress["loss"]} if "loss" in progress else {}
+        if "grad_norm" in progress:
+            values["grad_norm"] = progress["grad_norm"]
+        self._check_health(attempt, step, values)
         if "tokens_per_second" in progress:
             record.tokens_per_second = progress["tokens_per_second"]
         if "peak_memory_gb" in progress:
@@ -363,6 +417,7 @@ class RankWatcher:
     def _on_val_loss(self, attempt: Attempt, progress: ValRecord) -> None:
         step, loss = progress["step"], progress["val_loss"]
         self.ctx.record.val_loss = loss
+        self._check_health(attempt, step, {"val_loss": loss})
         self._points.append(("val", {"step": step, "attempt": attempt.number,
                                      "time": float(progress.get("time") or self.fx.now()), "loss": loss}))
 

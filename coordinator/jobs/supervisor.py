@@ -42,6 +42,7 @@ from coordinator.jobs.policy import (
     SUCCEEDED,
     Decision,
     Outcome,
+    Rollbacks,
     after_the_last_step,
     decide,
     outcome_entry,
@@ -52,6 +53,7 @@ from coordinator.jobs.rank_watch import HOLD_S, MAX_REREADS, POLL_S, READ_AGAIN,
 from coordinator.jobs.reboot_watch import RebootWatch
 from coordinator.jobs.record import JobRecord
 from coordinator.jobs.replica import Replicator
+from coordinator.jobs.rollback import roll_back, take_skip, unsound_success
 from coordinator.jobs.run_context import RunContext
 from coordinator.jobs.spec import REPLICA_NONE, JobSpec
 from coordinator.jobs.states import ACTIVE, FINISHED, JobState
@@ -225,6 +227,8 @@ class JobRunner:
                 return
             if decision.counts:
                 self.record.restarts += 1
+            if decision.rollback:
+                roll_back(self.ctx, decision.reason)
             self.set_state(JobState.RECOVERING)  # the outcome, the restart and the state in one save
             if decision.counts:
                 when = f"in {decision.delay_s:g} s" if decision.delay_s else "now"
@@ -247,10 +251,11 @@ class JobRunner:
         # Checkpoints written up to the end count; with the ranks stopped nothing is still
         # being written, so a damaged one is judged now.
         await self.checkpoints.poll(attempt, attempt_over=True)
-        outcome = self._after_the_last_step(outcome)
+        outcome = self._after_the_last_step(unsound_success(self.record, outcome))
         history = [outcome_of(h) for h in self.record.history]
         decision = decide(outcome, history, max_restarts=self.spec.max_restarts,
-                          restarts_used=self.record.restarts)
+                          restarts_used=self.record.restarts,
+                          rollbacks=Rollbacks(self.spec.on_divergence, self.record.rollbacks, self.spec.max_rollbacks))
         self.record.history.append(outcome_entry(outcome, attempt=self.record.attempt,
                                                  counted=decision.action == "restart" and decision.counts))
         return decision
@@ -426,6 +431,7 @@ class JobRunner:
         resume, resume_files = await self.checkpoints.choose_resume(order)
         start_step = resume["step"] if resume else 0
         self.record.start_step = attempt.start_step = start_step
+        skip = take_skip(self.record, start_step)
         # This attempt's progress starts where it resumes: a step an earlier attempt reached is
         # not this one's (an attempt whose ranks all exit 0 must have reached the total itself).
         self.record.step = start_step
@@ -448,7 +454,8 @@ class JobRunner:
         async with anyio.create_task_group() as beside:
             beside.start_soon(self.reboots.baseline, attempt)  # each Mac's wired memory before the ranks
             try:
-                await self.starter.prepare(plan, attempt.number, order, resume_files, start_step, batch)
+                await self.starter.prepare(plan, attempt.number, order, resume_files, start_step, batch,
+                                           skip=skip)
             except LaunchError as exc:
                 refused.append(exc)
         if refused:

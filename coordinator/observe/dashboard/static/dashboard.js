@@ -44,7 +44,8 @@ function age(seconds) {
   return (seconds / 3600).toFixed(1) + " h";
 }
 
-function number(x, digits) { return x == null ? "-" : Number(x).toFixed(digits); }
+// A value JSON cannot hold (a diverged run's NaN loss) comes as the word "nan", "inf" or "-inf": shown as it is.
+function number(x, digits) { return x == null ? "-" : typeof x === "string" ? x : Number(x).toFixed(digits); }
 
 function fillBody(table, rows) {
   const body = document.querySelector(table + " tbody");
@@ -140,7 +141,9 @@ function renderJobs(doc) {
 function seriesOf(history, field) {
   const train = (history && history.train) || {};
   const steps = train.step || [], attemptOf = train.attempt || [], values = train[field] || [];
-  const rows = steps.map((step, i) => ({ step, attempt: attemptOf[i], value: values[i] })).filter(r => r.value != null);
+  // A NaN or infinite value (sent as a word) is a gap in the line; the job's row says "nan" beside it.
+  const rows = steps.map((step, i) => ({ step, attempt: attemptOf[i], value: values[i] }))
+    .filter(r => r.value != null && typeof r.value === "number");
   const attempts = [...new Set(rows.map(r => r.attempt))].sort((a, b) => a - b);
   const xs = [...new Set(rows.map(r => r.step))].sort((a, b) => a - b);
   const index = new Map(xs.map((s, i) => [s, i]));
