@@ -32,7 +32,7 @@ from coordinator.nodes.onboarding import (
 )
 from coordinator.nodes.onboarding_cluster_file import SshFileSettings, render_cluster
 from coordinator.nodes.onboarding_probes import facts_command, parse_facts, parse_probe, probe_command, propose_workdir
-from coordinator.nodes.ssh_settings import NodeUnreachable, UnknownHostKey
+from coordinator.nodes.ssh_settings import ChangedHostKey, NodeUnreachable, UnknownHostKey
 from coordinator.nodes.transport import SshTransport
 
 SURVEY_TIMEOUT_S = 120.0  # a node's answers, all candidate Pythons included
@@ -87,6 +87,9 @@ async def survey(names: list[str], specs: list[HostSpec], ssh: SshSettings, work
         except UnknownHostKey as exc:
             result.unknown_keys[name] = exc.key
             return NodeReport(name=name, spec=spec, problem=f"the host key of {spec.label} is not trusted yet")
+        except ChangedHostKey as exc:
+            return NodeReport(name=name, spec=spec, problem=exc.reason, fix=f"{exc.remove} (only if the node was "
+                                                                            "reinstalled)")
         except NodeUnreachable as exc:
             return NodeReport(name=name, spec=spec, problem=exc.reason)
         except OnboardingError as exc:
@@ -115,7 +118,7 @@ def settle_host_keys(found: Survey, specs: dict[str, HostSpec], ssh: SshSettings
         key = found.unknown_keys[report.name]
         node = as_node(report.name, specs[report.name])
         target: SshTarget = resolve_target(node, ssh)
-        command = trust_command_for(TrustRequest(node=node, ssh=ssh, known_hosts=path), target)
+        command = trust_command_for(TrustRequest(node=node, ssh=ssh, known_hosts=path))
         if key is None:
             report.problem = f"the host key of {report.spec.label} is not trusted, and fetching it failed"
             report.fix = command
