@@ -48,7 +48,8 @@ def test_accounts_compare_hosts_as_written_one_way():
 
 
 def test_the_same_host_and_user_twice_is_refused_naming_both_nodes_and_lines(tmp_path):
-    path = _write(tmp_path, 'host = "10.0.0.9"\nuser = "carol"', 'host = "10.0.0.3"', 'host = "10.0.0.9"\nuser = "carol"')
+    carol = 'host = "10.0.0.9"\nuser = "carol"'
+    path = _write(tmp_path, carol, 'host = "10.0.0.3"', carol)
     with pytest.raises(ConfigError) as refused:
         load_config(path)
     assert str(refused.value) == (
