@@ -65,3 +65,19 @@ def test_local_nodes_of_this_machine_with_their_own_workdirs_come_up():
     finally:
         daemon.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_init_refuses_two_hosts_of_one_account_before_connecting_to_either():
+    root = short_tempdir()
+    try:
+        (root / "ssh_config").write_text("Host mac-studio\n  HostName 10.0.0.2\n  User alice\n")
+        output = root / "cluster.toml"
+        # 10.0.0.2 is not reachable from here: the refusal comes before any connection is tried.
+        init = coord("init", "--hosts", "alice@10.0.0.2,mac-studio", "--ssh-config", str(root / "ssh_config"),
+                     "--timeout", "1", "-o", str(output), env=environment(), timeout=60)
+        assert init.returncode == 2, init.stderr
+        assert ("--hosts names alice@10.0.0.2 and mac-studio, which both log in as alice@10.0.0.2:22: give each "
+                "node its own machine or user") in init.stderr
+        assert not output.exists()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -191,3 +191,21 @@ def test_a_changed_host_key_is_said_first_and_its_fixes_work_as_printed(tmp_path
 
     fixture.trusted = False
     asyncio.run(_with_session(fixture, fixture.settings(), body))
+
+
+@pytest.mark.parametrize("setting", ["none", "{known_hosts}"])  # no checking, or a file that trusts the node
+def test_the_ssh_configs_known_hosts_settings_neither_move_nor_switch_off_the_check(tmp_path, monkeypatch, setting):
+    """Without [ssh] known_hosts coord checks ~/.ssh/known_hosts, whatever the ssh config says: asyncssh
+    would take `UserKnownHostsFile none` as no checking at all, and any other file as the one to check,
+    which `coord trust` (writing ~/.ssh/known_hosts) and the fixes coord prints would not match."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    fixture = SshFixture(tmp_path)
+    fixture.empty_config.write_text(f"UserKnownHostsFile {setting.format(known_hosts=fixture.known_hosts)}\n")
+
+    async def body(session: NodeSession):
+        await _until(lambda: session.state == DOWN, 20)
+        assert "is not trusted" in session.view.reason and "not in ~/.ssh/known_hosts" in session.view.reason
+        await asyncio.sleep(1)
+        assert fixture.agent_sessions == 0  # never logged in to with an unchecked key
+
+    asyncio.run(_with_session(fixture, fixture.settings(known_hosts=None), body))
