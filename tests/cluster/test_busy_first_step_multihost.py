@@ -92,7 +92,7 @@ def test_ranks_compiling_on_a_loaded_machine_past_their_allowance_are_not_killed
     busy = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(BUSY_PROCESSES)]
     try:
         submit(daemon, running["project"], "loaded", "--first-step-timeout", str(ALLOWANCE_S), "--max-restarts", "0",
-               command=["python", "busy_first_step.py", "loaded", "6", "2.0"])
+               command=["python", "busy_first_step.py", "loaded", "6", "3.0"])
         final = _wait(daemon, "loaded")
     finally:
         for process in busy:
