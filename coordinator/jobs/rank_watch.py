@@ -21,6 +21,7 @@ from coordinator.jobs.fingerprints import Divergence, comparison_summary
 from coordinator.jobs.hang_watch import HangWatch
 from coordinator.jobs.metric_point import MetricPoint
 from coordinator.jobs.node_health import NodeHealth
+from coordinator.jobs.outage_watch import OutageWatch
 from coordinator.jobs.policy import (
     DIVERGED,
     HUNG,
@@ -62,6 +63,7 @@ class RankWatcher:
         self.health = health
         self.checkpoints = checkpoints
         self.hangs = HangWatch(ctx)
+        self.outage = OutageWatch(ctx, health)
         self._points: list[tuple[str, MetricPoint]] = []  # the train and val points of the poll under way
 
     async def poll(self, attempt: Attempt, *, may_read_again: bool, wait_s: float = 0.0) -> Outcome | str | None:
@@ -71,11 +73,11 @@ class RankWatcher:
         seconds, so a steady attempt costs one call per rank every ``wait_s`` and an end is still
         seen at once."""
         ctx, record = self.ctx, self.ctx.record
-        for rank, name in enumerate(attempt.order):
-            view = self.fx.node(name)
-            if not view.up:
-                return self._verdict(attempt, core.node_lost(rank, name, view.reason))
-        replies, failed = await self._ask(attempt, wait_s)
+        # The nodes the head cannot reach are not asked: whether they are gone or only out of the
+        # head's reach is judged below, once what the others said is read (OutageWatch).
+        away = {rank: (name, self.fx.node(name).reason or "not up") for rank, name in enumerate(attempt.order)
+                if not self.health.up(name)}
+        replies, failed = await self._ask(attempt, wait_s, skip=set(away))
         reports: list[core.RankReport] = []
         read_any = False
         step_before, first_before = record.step, record.first_step_at
@@ -101,15 +103,17 @@ class RankWatcher:
                               or (first_before is None and record.first_step_at is not None))
         if read_any:
             ctx.save()  # the progress and the offsets it was read up to, together
-        if failed:
-            rank, (name, reason) = min(failed.items())
+        for rank, (name, reason) in failed.items():
             self.health.mark_unreachable(name)
-            return self._verdict(attempt, core.node_lost(rank, name, f"it did not answer: {reason}"))
+            away[rank] = (name, f"it did not answer: {reason}")
         pid = record.launcher_pid
         verdict = core.classify_ranks(reports, ranks=len(attempt.order), step=record.step,
                                       total_steps=ctx.spec.total_steps,
                                       launcher_exit=self.fx.launcher_exit(pid) if pid else None,
                                       since_launch=self.fx.now() - (record.launched_at or 0))
+        if away:
+            return await self._while_away(attempt, away, verdict, reports)
+        self.outage.back()
         # Before the verdict: fingerprints that disagree, or a loss that went NaN, read in the same poll
         # that found every rank finished, make the run resume from before them, never a success.
         if attempt.unsound is not None:
@@ -127,6 +131,21 @@ class RankWatcher:
             await self._capture_stacks(attempt)
             return self.ended(attempt, HUNG, hung.describe(), "hang")
         return None
+
+    async def _while_away(self, attempt: Attempt, away: dict[int, tuple[str, str]], verdict: core.Verdict | None,
+                          reports: list[core.RankReport]) -> Outcome | None:
+        """Some of the attempt's nodes cannot be reached. What the others' ranks said still counts (a
+        NaN, replicas that disagree, a rank that failed: its peers' deaths are a recovery as ever);
+        otherwise the attempt goes on while OutageWatch waits for the lost nodes, or ends as a node
+        loss once it must not. Neither a success nor a hang is judged on part of the ranks."""
+        if attempt.unsound is not None:
+            return await self._unsound(attempt, attempt.unsound)
+        if attempt.divergence is not None:
+            return await self._diverged(attempt, attempt.divergence)
+        if verdict is not None and verdict.kind == RANK_FAILED:
+            return await self._ended(attempt, verdict, reports)
+        lost = await self.outage.judge(attempt, away)
+        return self._verdict(attempt, lost) if lost is not None else None
 
     async def _read(self, attempt: Attempt, rank: int, name: str, status: RankStatusReply) -> core.RankReport:
         """One rank's reply taken in: its progress, its output on the head, and its report."""
@@ -147,14 +166,15 @@ class RankWatcher:
         said = f"worker {errors[0]['local_rank']} on {name}: {errors[0]['message']}" if errors else None
         return core.RankReport(rank, name, status["state"], status.get("exit"), detected, said)
 
-    async def _ask(self, attempt: Attempt,
-                   wait_s: float) -> tuple[dict[int, RankStatusReply], dict[int, tuple[str, str]]]:
-        """Every rank's status, asked of all nodes at once: rank -> reply, and rank -> (node, why)
-        for the nodes that did not answer. When a rank has ended, or a stop is asked for, the
-        others' waits are cut short and they are asked again at once, so that what follows sees
-        every rank as it is now."""
+    async def _ask(self, attempt: Attempt, wait_s: float, *,
+                   skip: set[int] = frozenset()) -> tuple[dict[int, RankStatusReply], dict[int, tuple[str, str]]]:  # type: ignore[assignment]
+        """Every rank's status but ``skip``'s, asked of all nodes at once: rank -> reply, and rank ->
+        (node, why) for the nodes that did not answer. When a rank has ended, or a stop is asked
+        for, the others' waits are cut short and they are asked again at once, so that what follows
+        sees every rank as it is now."""
         replies: dict[int, RankStatusReply] = {}
         failed: dict[int, tuple[str, str]] = {}
+        asked = [rank for rank in range(len(attempt.order)) if rank not in skip]
 
         async def ask(rank: int, wait: float, tasks: anyio.abc.TaskGroup, answered: anyio.Event) -> None:
             try:
@@ -169,13 +189,15 @@ class RankWatcher:
             replies[rank] = status
             if wait and status["state"] in ("exited", "vanished"):
                 tasks.cancel_scope.cancel()  # the others need not wait: the attempt is ending
-            if len(replies) + len(failed) == len(attempt.order):
+            if len(replies) + len(failed) == len(asked):
                 answered.set()
 
+        if not asked:
+            return replies, failed
         for wait in (wait_s, 0.0) if wait_s else (0.0,):
             answered = anyio.Event()
             async with anyio.create_task_group() as tasks:
-                for rank in range(len(attempt.order)):
+                for rank in asked:
                     if rank not in replies:
                         tasks.start_soon(ask, rank, wait, tasks, answered)
                 # Whichever comes first: every answer, or a stop (which need not wait for the holds).
@@ -184,7 +206,7 @@ class RankWatcher:
                     if wait:
                         first.start_soon(_set_when, self.ctx.stop_asked, first)
                 tasks.cancel_scope.cancel()
-            if failed or len(replies) == len(attempt.order):
+            if failed or len(replies) == len(asked):
                 break
         return replies, failed
 

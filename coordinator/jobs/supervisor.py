@@ -24,6 +24,7 @@ the job's name: a name run again is a new run that cannot read an earlier one's 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import anyio
@@ -68,6 +69,7 @@ __all__ = ["ACTIVE", "CHECKPOINT_POLL_S", "FINISHED", "NODE_WAIT_S", "POLL_S", "
 
 log = structlog.get_logger("job")
 
+OUTLIVE_MARGIN_S = 30.0  # beyond --node-timeout: the sessions' reconnect backoff, and a poll
 REATTACH_GRACE_S = 60.0  # a restarted daemon's sessions connect within this; a node still away is lost
 
 
@@ -468,6 +470,8 @@ class JobRunner:
         if self.launcher.runs_on == "nodes":
             warm = await self.starter.start(attempt.number, order)
         else:
+            # Its connections outlive a head cut off for --node-timeout (coordinator/jobs/outage.py).
+            plan = dataclasses.replace(plan, outlive_silence_s=self.spec.node_timeout + OUTLIVE_MARGIN_S)
             self.record.launcher_pid = self.fx.start_launcher(self.run_id, attempt.number, plan)
         self.record.last_progress = self.fx.now()
         self.set_state(JobState.RUNNING)
