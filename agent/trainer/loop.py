@@ -125,6 +125,7 @@ class LoopOptions:
     step_offset: int            # checkpoint names count from here ($COORD_STEP_OFFSET)
     corrupt_step: int | None    # --debug-corrupt: perturb this rank's weights after this step
     hang_step: int | None = None  # --debug-hang: this rank never leaves the collective of this step
+    nan_step: int | None = None  # --debug-nan: every rank's weights turn NaN after this step (a divergence)
 
 
 class Window:
@@ -201,6 +202,8 @@ class Trainer:
                 self.save(step)
             if step == opts.corrupt_step:
                 self.corrupt(step)
+            if step == opts.nan_step:
+                self.poison(step)
 
     def train_step(self, step: int) -> tuple[float, int]:
         totals = None
@@ -290,6 +293,14 @@ class Trainer:
         if self.split.rank == 0:
             self.reporter.say(f"Iter {step}: Saving adapter weights and trainer state to {path} "
                               f"(training held {blocking * 1000:.1f} ms).")
+
+    def poison(self, step: int) -> None:
+        """--debug-nan: every weight NaN from here on, as a run that diverged holds them: the next loss is
+        NaN, and so is every checkpoint after."""
+        self.model.update(tree_unflatten([(name, value * mx.array(float("nan"), dtype=value.dtype))
+                                          for name, value in trainable_arrays(self.model).items()]))
+        mx.eval(self.model.parameters())
+        print(f"[debug] rank {self.split.rank}: weights made NaN after step {step}", flush=True)
 
     def corrupt(self, step: int) -> None:
         """--debug-corrupt: make this rank's weights differ, so the replica check has something to find."""

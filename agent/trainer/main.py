@@ -80,6 +80,7 @@ def parse_args(argv: list[str] | None) -> types.SimpleNamespace:
                         help="Every N steps each rank records a SHA256 of its trainable weights (0: off).")
     parser.add_argument("--debug-corrupt", type=_rank_step, help=argparse.SUPPRESS)
     parser.add_argument("--debug-hang", type=_rank_step, help=argparse.SUPPRESS)  # bench/hang_recovery.py
+    parser.add_argument("--debug-nan", type=int, help=argparse.SUPPRESS)  # every rank's weights NaN after this step
     args = vars(parser.parse_args(argv))
     if args["config"]:
         with open(args["config"], encoding="utf-8") as handle:
@@ -334,4 +335,5 @@ def loop_options(args: types.SimpleNamespace, step_offset: int, rank: int) -> Lo
                        fingerprint_every=args.fingerprint_every, clear_cache_threshold=args.clear_cache_threshold,
                        adapter_path=args.adapter_path, step_offset=step_offset,
                        corrupt_step=corrupt[1] if corrupt and corrupt[0] == rank else None,
+                       nan_step=args.debug_nan if first else None,
                        hang_step=hang[1] if hang and hang[0] == rank else None)

@@ -309,8 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "N batches after its checkpoint (the data where the loss went wrong): mlx_lm lora and --trainer "
                    "coord do, a script reads COORD_SKIP_BATCHES or coord_script.skip_batches() (default 0)")
     p.add_argument("--on-spike", choices=["warn", "rollback"],
-                   help="a loss spike (above 1.5x the median of the last 50 losses and 6 median absolute deviations "
-                        "above it): an event and an alert (warn, default), or a rollback as after a NaN")
+                   help="a loss spike (above 1.5x the median of the last 50 losses, and above the highest of them): an "
+                        "event and an alert (warn, default), or a rollback as after a NaN")
     p.add_argument("--node-wait", type=SECONDS,
                    help=f"seconds an attempt waits for its nodes to be up (each one, or with --min-nodes enough of "
                         f"them) before the job fails (default {NODE_WAIT_S:g}); coord run shows what it waits for")

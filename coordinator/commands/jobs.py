@@ -56,6 +56,8 @@ def render_job(job: RunView) -> str:
     if job.get("last_checkpoint_step") is not None:
         parts.append(f"checkpoint {job['last_checkpoint_step']} ({job['last_checkpoint_age_s']:.0f}s ago)")
     parts.append(f"restarts {job['restarts']}/{job['max_restarts']}")
+    if job.get("rollbacks"):
+        parts.append(f"rollbacks {job['rollbacks']}/{job['max_rollbacks']}")
     if job.get("run_id") and job["run_id"] != job["name"]:
         parts.append(f"run {job['run_id']}")
     if job.get("priority"):
@@ -78,6 +80,8 @@ def render_job(job: RunView) -> str:
         line += f"\n  error: {job['error']}"
     if job.get("warning"):
         line += f"\n  warning: {job['warning']}"
+    if job.get("note"):
+        line += f"\n  note: {job['note']}"
     if job.get("hang_watch"):
         line += f"\n  note: {job['hang_watch']}"
     for found in job.get("diagnoses", []):

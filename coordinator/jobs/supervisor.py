@@ -58,6 +58,7 @@ from coordinator.jobs.rollback import roll_back, take_skip, unsound_success
 from coordinator.jobs.run_context import RunContext
 from coordinator.jobs.spec import REPLICA_NONE, JobSpec
 from coordinator.jobs.states import ACTIVE, FINISHED, JobState
+from coordinator.jobs.tree_check import restore_trees
 from coordinator.jobs.view import RunView, run_view
 from coordinator.launch.batch import BatchSplit
 from coordinator.launch.launcher import LaunchPlan, RankSlot
@@ -91,6 +92,7 @@ class JobRunner:
         self.starter = RankStarter(self.ctx, self.launcher)
         self.attempt: Attempt | None = None  # the attempt being launched or watched
         self._planned: LaunchPlan | None = None  # from pre-flight, for attempt 0
+        self._synced = False  # the source was synced just before the next launch (the run's first)
         self.resize_requested: int | None = None  # the checkpoint step the resize waits to pass
         self.queue_position: int | None = None  # set by the job manager's queue while the job waits
         self.done = anyio.Event()
@@ -311,6 +313,7 @@ class JobRunner:
                 return self._fail_early(f"sync failed: {report['detail']}")
             self.event("synced", f"code synced from {self.spec.source}",
                        seconds=round(self.fx.monotonic() - started, 3))
+            self._synced = True
         if await self._wait_for_nodes() is None:
             return False
         self.set_state("preflight")
@@ -419,6 +422,10 @@ class JobRunner:
         previous = list(self.record.order)
         plan = await self._plan(nodes)
         order = list(plan.order) or nodes
+        if self._synced:
+            self._synced = False  # pre-flight's sync just now is this attempt's
+        else:
+            await restore_trees(self.ctx, order)  # a relaunch: what a node lost is sent again, named
         batch = self.nodes.batch_for(order)
         self.record.batch = batch.describe() if batch else None
         if previous and set(previous) != set(order):

@@ -22,12 +22,12 @@ HEALTH_VALUES = ("loss", "grad_norm")
 
 #: The loss spike rule: over the last SPIKE_WINDOW finite losses of the attempt (at least
 #: SPIKE_MIN_POINTS of them), a loss is a spike when it is more than SPIKE_RATIO times their median
-#: and more than SPIKE_MADS median absolute deviations above it. The ratio keeps the noise of a
-#: flat, quiet curve from counting; the deviations keep a noisy curve's ordinary swings out.
+#: and higher than every one of them. The ratio keeps the noise of a flat, quiet curve from
+#: counting; the window's highest keeps a noisy curve's ordinary swings out (a loss that went as
+#: high within the last 50 is no news).
 SPIKE_WINDOW = 50
 SPIKE_MIN_POINTS = 10
 SPIKE_RATIO = 1.5
-SPIKE_MADS = 6.0
 
 ON_DIVERGENCE = ("rollback", "stop")
 ON_SPIKE = ("warn", "rollback")
@@ -63,8 +63,7 @@ class Spike:
     def describe(self) -> str:
         return (f"loss spike at step {self.step}: {value_text(self.loss)} against a median of "
                 f"{value_text(self.median)} over the last {SPIKE_WINDOW} losses (a spike is above "
-                f"{value_text(self.threshold)}: {SPIKE_RATIO:g}x the median and {SPIKE_MADS:g} median absolute "
-                "deviations above it)")
+                f"{value_text(self.threshold)}: {SPIKE_RATIO:g}x the median, and above the highest of them)")
 
 
 class LossWindow:
@@ -97,6 +96,5 @@ def spike_threshold(losses: list[float]) -> float | None:
     if len(losses) < SPIKE_MIN_POINTS:
         return None
     median = statistics.median(losses)
-    mad = statistics.median(abs(x - median) for x in losses)
     # The ratio taken of the median's size, so that a loss that is negative (some objectives) works too.
-    return max(median + abs(median) * (SPIKE_RATIO - 1), median + SPIKE_MADS * mad)
+    return max(median + abs(median) * (SPIKE_RATIO - 1), max(losses))

@@ -56,11 +56,13 @@ class SyncPlanDict(TypedDict):
     """``SyncPlan.as_dict``: counts, with the first paths of each list."""
 
     send: int
+    missing: int  # of those sent, the files the node lacked (the rest differed)
     bytes_to_send: int
     chmod: int
     delete: int
     extra_kept: int
     send_paths: list[str]
+    missing_paths: list[str]
     delete_paths: list[str]
     extra_paths: list[str]
 
@@ -78,6 +80,7 @@ class SendResult(TypedDict):
 @dataclass
 class SyncPlan:
     send: list[str] = field(default_factory=list)  # files and links
+    missing: list[str] = field(default_factory=list)  # of those, the ones the node lacks
     chmod: list[tuple[str, int]] = field(default_factory=list)
     delete: list[str] = field(default_factory=list)
     extra: list[str] = field(default_factory=list)  # on the node only, kept without --delete
@@ -90,9 +93,10 @@ class SyncPlan:
         return not (self.send or self.chmod or self.delete or self.unlink_first)
 
     def as_dict(self) -> SyncPlanDict:
-        return {"send": len(self.send), "bytes_to_send": self.bytes_to_send, "chmod": len(self.chmod),
-                "delete": len(self.delete), "extra_kept": len(self.extra),
-                "send_paths": self.send[:20], "delete_paths": self.delete[:20], "extra_paths": self.extra[:20]}
+        return {"send": len(self.send), "missing": len(self.missing), "bytes_to_send": self.bytes_to_send,
+                "chmod": len(self.chmod), "delete": len(self.delete), "extra_kept": len(self.extra),
+                "send_paths": self.send[:20], "missing_paths": self.missing[:20], "delete_paths": self.delete[:20],
+                "extra_paths": self.extra[:20]}
 
 
 def plan_sync(source: Manifest, remote: Manifest, *, delete: bool) -> SyncPlan:
@@ -102,6 +106,8 @@ def plan_sync(source: Manifest, remote: Manifest, *, delete: bool) -> SyncPlan:
         if have is None or have[2] != sha:
             plan.send.append(rel)
             plan.bytes_to_send += size
+            if have is None:
+                plan.missing.append(rel)
         elif have[1] != mode:
             plan.chmod.append((rel, mode))
     for rel in remote:

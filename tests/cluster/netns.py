@@ -939,6 +939,14 @@ class NetnsCluster:
         """Run command on node over SSH from the head namespace, as the node's user."""
         return self.exec_in("head", self.ssh_argv(node, command, options), timeout=timeout, **kw)
 
+    def cut_head(self) -> None:
+        """Take the head's own interface down, as a head whose Wi-Fi dropped: it reaches no node (its
+        route to them goes with it), while the nodes still reach each other."""
+        _run(["ip", "-n", self.head_ns, "link", "set", "eth0", "down"])
+
+    def restore_head(self) -> None:
+        _run(["ip", "-n", self.head_ns, "link", "set", "eth0", "up"])
+
     def cut_link(self, node: str) -> None:
         """Take the node's link to the bridge down: it becomes unreachable."""
         self.node(node)

@@ -123,8 +123,11 @@ function stepCell(job) {
 
 function renderJobs(doc) {
   fillBody("#jobs", doc.jobs.map(job => {
-    const state = job.state === "queued" && job.queue_position ? `queued #${job.queue_position}` : job.state;
-    const row = el("tr", { class: "job" + (job.run_id === selectedRun ? " selected" : ""), title: job.error || job.warning || job.run_id },
+    const queued = job.state === "queued" && job.queue_position ? `queued #${job.queue_position}` : job.state;
+    // A run that goes on while coord waits something out (the head cut off from its nodes) says so by its state.
+    const state = job.note ? queued + ", " + job.note.split(":")[0].replace("_", " ") : queued;
+    const row = el("tr", { class: "job" + (job.run_id === selectedRun ? " selected" : ""),
+                           title: job.note || job.error || job.warning || job.run_id },
       el("td", {}, job.name), el("td", { class: "state-" + job.state }, state), stepCell(job),
       el("td", {}, job.eta_s == null ? "-" : age(job.eta_s)), el("td", {}, number(job.loss, 4)),
       el("td", {}, job.tokens_per_second == null ? "-" : Math.round(job.tokens_per_second)),
