@@ -60,22 +60,23 @@ class Found:
     value: str
 
 
-def first_nonfinite(block: bytes, layout: FloatLayout) -> Found | None:
-    """The first element of ``block`` (a whole number of ``layout`` elements) that is NaN or infinite."""
+def first_nonfinite(block: bytes | bytearray, layout: FloatLayout, end: int | None = None) -> Found | None:
+    """The first element of ``block[:end]`` (a whole number of ``layout`` elements) that is NaN or infinite."""
     size = layout.size
-    top = block[size - 1::size] if size > 1 else block
+    end = len(block) if end is None else end
+    top = block[size - 1:end:size]
     if not any(value in top for value in layout.top_values):
         return None
     marked = top.translate(layout.top_table)
     if layout.next_mask:
-        second = block[size - 2::size].translate(layout.next_table)
+        second = block[size - 2:end:size].translate(layout.next_table)
         both = int.from_bytes(marked, "little") & int.from_bytes(second, "little")
         if not both:
             return None  # huge finite values, no more
         first = ((both & -both).bit_length() - 1) // 8
     else:
         first = marked.find(1)
-    return Found(first, _classify(block[first * size:(first + 1) * size], layout))
+    return Found(first, _classify(bytes(block[first * size:(first + 1) * size]), layout))
 
 
 def _classify(element: bytes, layout: FloatLayout) -> str:

@@ -30,13 +30,13 @@ from __future__ import annotations
 import ast
 import contextlib
 import hashlib
+import io
 import json
 import os
 import struct
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import BinaryIO
 
 from agent import nonfinite
 from agent.nonfinite import FloatLayout
@@ -80,16 +80,20 @@ class _Cut(Exception):
 
 
 class _Reader:
-    """The file read once, front to back: every byte that passes is hashed, and some are tested."""
+    """The file read once, front to back: every byte that passes is hashed, and some are tested. Bulk
+    bytes go through one buffer, reused (``readinto``, as ``hashlib.file_digest`` reads)."""
 
-    def __init__(self, handle: BinaryIO):
+    def __init__(self, handle: io.BufferedReader):
         self.handle = handle
         self.digest = hashlib.sha256()
         self.values_read = 0
         self.bad: Bad | None = None
         self.position = 0
+        self.buffer = bytearray(READ_CHUNK)
+        self.view = memoryview(self.buffer)
 
     def read(self, size: int) -> bytes:
+        """A few bytes of a structure (a header, a pickle)."""
         data = self.handle.read(size)
         self.digest.update(data)
         self.position += len(data)
@@ -101,16 +105,22 @@ class _Reader:
             raise _Cut
         return data
 
+    def _fill(self, size: int) -> int:
+        """Up to ``size`` bytes (at most a chunk) into the buffer, hashed; raises at the end of the file.
+        (A buffered file's ``readinto`` fills what it is given until the end of the file.)"""
+        count = self.handle.readinto(self.view[:size])
+        if not count:
+            raise _Cut
+        self.digest.update(self.view[:count])
+        self.position += count
+        return count
+
     def skip(self, size: int) -> None:
         while size > 0:
-            data = self.read(min(size, READ_CHUNK))
-            if not data:
-                raise _Cut
-            size -= len(data)
+            size -= self._fill(min(size, READ_CHUNK))
 
     def tensor(self, size: int, layout: FloatLayout | None, name: str) -> None:
-        """``size`` bytes of one tensor: tested when its type is a float one and nothing was found yet.
-        (A buffered file's ``read(n)`` returns ``n`` bytes until the end of the file.)"""
+        """``size`` bytes of one tensor: tested when its type is a float one and nothing was found yet."""
         if layout is None or self.bad is not None:
             self.skip(size)
             return
@@ -118,21 +128,20 @@ class _Reader:
         whole = size - size % layout.size
         seen = 0
         while seen < whole:
-            data = self.read(min(chunk, whole - seen))
-            found = nonfinite.first_nonfinite(data[:len(data) - len(data) % layout.size], layout)
+            count = self._fill(min(chunk, whole - seen))
+            found = nonfinite.first_nonfinite(self.buffer, layout, count - count % layout.size)
             if found is not None:
                 self.bad = Bad(name, found.value, seen // layout.size + found.index, layout.name)
-                self.skip(size - seen - len(data))
+                self.skip(size - seen - count)
                 return
-            if len(data) < min(chunk, whole - seen):
-                raise _Cut
-            seen += len(data)
+            seen += count
         self.skip(size - whole)
         self.values_read += 1
 
     def rest(self) -> str:
-        while self.read(READ_CHUNK):
-            pass
+        with contextlib.suppress(_Cut):
+            while True:
+                self._fill(READ_CHUNK)
         return self.digest.hexdigest()
 
 
