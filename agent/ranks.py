@@ -414,7 +414,8 @@ def describe_checkpoint_file(name: str, iteration: int, path: str) -> Checkpoint
         return {"name": name, "iteration": iteration, "path": path, "valid": False,
                 "detail": describe_nonfinite(bad), "size": size, "sha256": None, "nonfinite": bad}
     return {"name": name, "iteration": iteration, "path": path, "valid": True,
-            "detail": f"{detail}, {describe_values_read(scan.values_read)}", "size": size, "sha256": scan.sha256}
+            "detail": detail + (f", {describe_values_read(scan.values_read)}" if scan.values_read else ""),
+            "size": size, "sha256": scan.sha256}
 
 
 def describe_checkpoint_dir(name: str, path: str, *, values: bool = False) -> CheckpointInfo:
