@@ -18,7 +18,7 @@ import subprocess
 import time
 from typing import TYPE_CHECKING
 
-from agent import proc_state
+from agent import proc_cpu, proc_state
 from agent.launch import JOB_NAME
 from shared import checkpoint_dirs
 from shared import protocol as p
@@ -169,8 +169,11 @@ def rank_status(workdir: str, job: str, attempt: int, rank: int, progress_offset
         piece = read_log(workdir, job, attempt, rank, log_offset, limit=LOG_INLINE)
         reply["log"], reply["log_offset"] = piece["data"], piece["offset"]
     if alive and pid is not None:
-        # Read last: a rank stopped (SIGSTOP) or stuck in the kernel is named by the hang watch.
-        reply["process"] = proc_state.summarize(proc_state.rank_processes(pid, runner if runner_alive else None))
+        # Read last: a rank stopped (SIGSTOP) or stuck in the kernel is named by the hang watch, and
+        # one whose processes use CPU before its first step is working, not hung.
+        processes = proc_state.rank_processes(pid, runner if runner_alive else None)
+        reply["process"] = proc_state.summarize(processes)
+        reply["cpu_s"] = proc_cpu.cpu_seconds(processes)
     return reply
 
 

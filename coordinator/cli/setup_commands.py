@@ -52,6 +52,10 @@ def _init_from_hosts(args: argparse.Namespace, path: Path) -> int:
         raise CliError(str(exc), EXIT_USAGE) from None
     ssh = init.ssh_settings(known_hosts=args.known_hosts, identity_file=args.identity_file,
                             ssh_config=args.ssh_config, timeout=args.timeout)
+    try:
+        init.check_distinct_accounts(specs, ssh)
+    except OnboardingError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
     by_name = dict(zip(names, specs, strict=True))
     import asyncio
 

@@ -37,6 +37,9 @@ class Attempt:
     stopped_since: dict[int, float] = field(default_factory=dict)  # rank -> when it was first seen stopped
     # When a rank held stopped was last seen let go (head time): the hold is not time without progress.
     released_at: float | None = None
+    # rank -> (CPU seconds of its processes, its node's time) of the reading the next is compared with
+    cpu_read: dict[int, tuple[float, float]] = field(default_factory=dict)
+    worked_at: dict[int, float] = field(default_factory=dict)  # rank -> when it was last seen working (its clock)
     rank_steps: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> its newest step, when (its clock)
     exited: set[int] = field(default_factory=set)  # ranks seen ended: their silence is no hang
     last_train: tuple[int, float] | None = None  # the newest train record's step and its own time

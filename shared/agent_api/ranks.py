@@ -94,6 +94,9 @@ class RankStatusReply(_RankStatusReply, total=False):
     # Its processes while it runs: "stopped" (one is in state T), "uninterruptible" (one is in D,
     # or U on macOS), "running"; absent or None when not known.
     process: str | None
+    # The CPU time (user and system, seconds) its processes have used together while it runs, each
+    # with its children that ended; absent or None when not known. It grows while the rank works.
+    cpu_s: float | None
     worker_errors: list[WorkerError]  # once exited: what a torch launcher's workers died of, oldest first
 
 

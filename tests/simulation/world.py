@@ -110,6 +110,14 @@ class SimRank:
             return "compiling", now - self.begin
         return "training", now - self.time_of(step)
 
+    def cpu_at(self, now: float) -> float:
+        """The CPU seconds its processes used, as its agent reads them: a core's worth while it loads,
+        compiles and trains, none more once it hangs (a hung rank of the simulator waits, idle)."""
+        end = now if self.exited_at is None else min(now, self.exited_at)
+        if self.hang_after is not None:
+            end = min(end, self.time_of(self.start_step + self.hang_after))
+        return max(0.0, end - (self.launched_at or end))
+
     def natural_end(self) -> tuple[float, int, str] | None:
         """When and how the rank ends on its own (finish, planned death, early exit)."""
         if self.launched_at is None:
@@ -536,7 +544,7 @@ class SimEffects:
             return {**answer, "state": "vanished"}
         if sim.exit is not None:
             return {**answer, "state": "exited", "exit": sim.exit, "exited_at": EPOCH + sim.exited_at}
-        return {**answer, "state": "running", "rss_bytes": 100 << 20}
+        return {**answer, "state": "running", "rss_bytes": 100 << 20, "cpu_s": sim.cpu_at(now)}
 
     def _agent_read_log(self, node: SimNode, *, job: str, attempt: int, rank: int, offset: int = 0) -> dict[str, Any]:
         sim = self._rank(job, attempt, rank)
