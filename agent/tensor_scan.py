@@ -153,8 +153,8 @@ def scan_file(path: str) -> Scan:
         walker = _walker_for(head, path)
         if walker is not None:
             # Not the format it looked like, or cut short: the rest is hashed, and validation judges it.
-            with contextlib.suppress(_Cut, ValueError, TypeError, SyntaxError, RecursionError, MemoryError,
-                                     struct.error, zipfile.BadZipFile):
+            with contextlib.suppress(_Cut, ValueError, TypeError, SyntaxError, RecursionError, struct.error,
+                                     zipfile.BadZipFile):
                 walker(reader)
             handle.seek(reader.position)  # where the hashing stopped, whatever a failed walk moved
         return Scan(reader.rest(), reader.values_read, reader.bad)
