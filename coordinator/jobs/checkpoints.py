@@ -358,7 +358,8 @@ class CheckpointKeeper:
             else:
                 self.ctx.event("checkpoint_invalid",
                                f"checkpoint of step {step}{whose} is not valid: {entry['detail']}",
-                               step=step, node=name)
+                               step=step, node=name, **({"nonfinite": entry["nonfinite"]} if "nonfinite" in entry
+                                                        else {}))
         return found["checkpoints"]
 
     async def _retain(self) -> None:
