@@ -129,7 +129,9 @@ class _Reader:
         seen = 0
         while seen < whole:
             count = self._fill(min(chunk, whole - seen))
-            found = nonfinite.first_nonfinite(self.buffer, layout, count - count % layout.size)
+            # NaN only: an infinity alone is kept (a mask buffer of -inf is one by design, and a run that
+            # diverged holds NaN within a step of its first infinity, besides its loss saying so).
+            found = nonfinite.first_nan(self.buffer, layout, count - count % layout.size)
             if found is not None:
                 self.bad = Bad(name, found.value, seen // layout.size + found.index, layout.name)
                 self.skip(size - seen - count)

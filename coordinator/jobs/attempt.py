@@ -52,6 +52,7 @@ class Attempt:
     unsound: Unsound | None = None
     losses: LossWindow = field(default_factory=LossWindow)
     finite_loss_seen: bool = False
+    ended_unread: bool = False  # it ended while some of its nodes could not be reached: what they hold is unread
 
     @classmethod
     def fresh(cls, number: int, order: list[str], record: JobRecord) -> Attempt:

@@ -50,6 +50,7 @@ class OutageFacts:
     step_seconds: float | None  # the measured time per step; None before two steps
     first_step_done: bool
     node_timeout: float
+    judged: str | None = None  # what this outage was found to be already (HEAD or ALIVE): it holds until it ends
 
 
 @dataclass(frozen=True)
@@ -69,21 +70,25 @@ def judge_outage(facts: OutageFacts) -> OutageVerdict:
     """Whether the attempt waits for its lost nodes, and why (see the module's docstring)."""
     lost = ", ".join(facts.lost)
     head = _head_cut(facts)
+    if head is None and facts.judged == HEAD:
+        # The head's path is back, and its sessions are still reconnecting (with backoff): the same outage.
+        head = f"the head lost its path to {lost}, and its sessions are reconnecting"
     if head is not None:
         if facts.waited_s > facts.node_timeout:
             return OutageVerdict(HEAD, False, f"{head}; not reached again within --node-timeout "
                                  f"{facts.node_timeout:g} s")
         return OutageVerdict(HEAD, True, head)
-    if facts.steps_since >= ALIVE_STEPS:
+    if facts.steps_since >= ALIVE_STEPS or facts.judged == ALIVE:
         why = (f"the head cannot reach {lost}, but the ranks that answer finished {facts.steps_since} steps since, "
                "which they could not without its rank: it is alive, out of the head's reach")
         if facts.waited_s > facts.node_timeout:
             return OutageVerdict(ALIVE, False, f"{why}; not reached again within --node-timeout "
                                  f"{facts.node_timeout:g} s")
         return OutageVerdict(ALIVE, True, why)
+    others = " while the other nodes answer" if facts.reached else ""
     if not facts.first_step_done or facts.step_seconds is None:
-        return OutageVerdict(GONE, False, f"{lost} lost while the other nodes answer (before the job's steps could "
-                             "show whether its rank lives)")
+        return OutageVerdict(GONE, False, f"{lost} lost{others} (before the job's steps could show whether its rank "
+                             "lives)")
     stuck_after = max(STUCK_MIN_S, 3 * facts.step_seconds)
     if facts.stuck_s is not None and facts.stuck_s >= stuck_after:
         return OutageVerdict(GONE, False, f"{lost} lost, and the ranks that answer have waited {facts.stuck_s:.0f} s "

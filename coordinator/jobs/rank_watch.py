@@ -143,6 +143,8 @@ class RankWatcher:
         if attempt.divergence is not None:
             return await self._diverged(attempt, attempt.divergence)
         if verdict is not None and verdict.kind == RANK_FAILED:
+            # Not all of it was read (the away nodes' fingerprints, their last steps): never a success.
+            attempt.ended_unread = True
             return await self._ended(attempt, verdict, reports)
         lost = await self.outage.judge(attempt, away)
         return self._verdict(attempt, lost) if lost is not None else None

@@ -266,6 +266,8 @@ class JobRunner:
 
     def _after_the_last_step(self, outcome: Outcome) -> Outcome:
         """A failure after every step ran and the final checkpoint was validated ends the job, said."""
+        if self.attempt is not None and self.attempt.ended_unread:
+            return outcome  # some of its nodes could not be read: their ranks' last words may say otherwise
         newest = catalog.newest_valid(self.fx.checkpoints(self.run_id))
         done = after_the_last_step(outcome, total_steps=self.spec.total_steps, step=self.record.step,
                                    final_checkpoint=newest["step"] if newest else None)
@@ -447,9 +449,10 @@ class JobRunner:
         if resume:
             self._say_resume(resume, order, self.fx.monotonic() - choose_started)
         if self.spec.total_steps is not None and start_step >= self.spec.total_steps:
-            # The newest valid checkpoint of this run is the final step: there is nothing left to run.
+            # The newest valid checkpoint of this run is the final step: there is nothing left to run. The
+            # run stays starting (no rank runs): a daemon restarted before its end is saved finishes the
+            # recovery, which finds the same, instead of watching ranks that never started.
             self.record.step = max(self.record.step, start_step)
-            self.set_state(JobState.RUNNING)
             return self.ranks.ended(attempt, SUCCEEDED, f"the checkpoint of step {start_step} is the last step", "")
         if attempt.number == 0 or not self.record.diagnoses:
             command = self.launcher.rank_command(self.spec, RankSlot(plan, 0, self.run_id, attempt.number),

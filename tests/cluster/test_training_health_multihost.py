@@ -193,6 +193,7 @@ def test_a_workdir_deleted_mid_run_is_sent_again_before_the_relaunch_and_named(n
     lost = job["nodes"][1]
     restored = [e for e in events(daemon, "lostdir") if e["kind"] == "job.workdir_restored"]
     assert restored and restored[0]["data"]["node"] == lost, final["story"]
-    message = restored[0]["message"]
-    assert message.startswith(f"lostdir: {lost}'s workdir lost ") and "model/" in message, message
+    message, data = restored[0]["message"], restored[0]["data"]
+    assert message.startswith(f"lostdir: {lost}'s workdir lost {data['missing']} files (") and data["missing"] >= 9, message
+    assert {"model/config.json", "data/train.jsonl"} <= set(data["paths"]), data
     assert Path(netns_cluster.node(lost).workdir, "model", "config.json").is_file()

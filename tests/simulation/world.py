@@ -140,7 +140,9 @@ class SimRank:
 @dataclass
 class SimNode:
     name: str
-    reachable: bool = True  # from the head
+    # Why the head cannot reach it now: "link" (its own link cut, or powered off), "head" (the head's own
+    # network is down). Reachable from the head when there is no reason left.
+    blocked: set[str] = field(default_factory=set)
     powered: bool = True
     session_up: bool = True
     generation: int = 1
@@ -153,6 +155,17 @@ class SimNode:
     @property
     def workdir(self) -> str:
         return f"/w/{self.name}"
+
+    @property
+    def reachable(self) -> bool:
+        return not self.blocked
+
+    @reachable.setter
+    def reachable(self, value: bool) -> None:  # its own link, cut or restored
+        if value:
+            self.blocked.discard("link")
+        else:
+            self.blocked.add("link")
 
 
 class World:
@@ -340,17 +353,18 @@ class World:
         """The head's own network goes down for ``back_after`` s: every node on another machine is out
         of its reach at once while every rank trains on; then it reconnects to each."""
         self.head_cut = True
-        away = [node for name, node in self.nodes.items() if name not in self.head_machine and node.reachable]
+        away = [node for name, node in self.nodes.items() if name not in self.head_machine]
         for node in away:
-            node.reachable = False
+            node.blocked.add("head")
         async with anyio.create_task_group() as noticing:
             for node in away:
                 noticing.start_soon(self._session_notices, node, detect_s)
             await anyio.sleep(back_after)
             self.head_cut = False
             for node in away:
-                if node.powered:
-                    noticing.start_soon(self.restore, node.name)
+                node.blocked.discard("head")
+                if node.reachable and node.powered:  # a node cut on its own stays away until it is restored
+                    noticing.start_soon(self._reconnect, node, 1.0)
 
     async def restore(self, name: str, reconnect_s: float = 1.0) -> None:
         node = self.nodes[name]
@@ -361,8 +375,11 @@ class World:
                     rank.vanished = True
             node.needs_reboot = None
         node.powered = node.reachable = True
+        await self._reconnect(node, reconnect_s)
+
+    async def _reconnect(self, node: SimNode, reconnect_s: float) -> None:
         await anyio.sleep(reconnect_s)
-        if node.reachable and not self.head_cut:
+        if node.reachable and not node.session_up:
             node.generation += 1
             node.session_up = True
             node.down_since = None
@@ -441,7 +458,8 @@ class SimEffects:
     async def head_route_down(self, nodes: list[str]) -> str | None:
         self._effect()
         await anyio.sleep(CALL_S)
-        return "the head's interface eth0 is down (simulated)" if self.world.head_cut else None
+        remote = [name for name in nodes if name not in self.world.head_machine]
+        return "the head's interface eth0 is down (simulated)" if self.world.head_cut and remote else None
 
     def mark_needs_reboot(self, name: str, reason: str) -> None:
         self._effect()

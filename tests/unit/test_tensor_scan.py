@@ -15,7 +15,7 @@ import zipfile
 import pytest
 
 from agent import nonfinite, ranks
-from agent.nonfinite import first_nonfinite
+from agent.nonfinite import first_nan, first_nonfinite
 from agent.tensor_scan import READ_CHUNK, scan_file
 from agent.torch_storages import float_storages
 from agent.trainer.safetensors_file import HostTensor, write_safetensors
@@ -43,6 +43,8 @@ LAYOUTS = [
 
 @pytest.mark.parametrize(("layout", "pack", "largest"), LAYOUTS, ids=[entry[0].name for entry in LAYOUTS])
 def test_each_float_type_finds_its_first_nan_or_infinity_and_passes_its_largest_finite_value(layout, pack, largest):
+    assert first_nan(pack(0.5, -INF, INF, largest), layout) is None  # infinities alone: kept
+    assert first_nan(pack(0.5, -INF, NAN), layout) == nonfinite.Found(2, "NaN")
     assert first_nonfinite(pack(0.0, -1.5, largest, -largest, 1e-3), layout) is None
     found = first_nonfinite(pack(1.0, largest, 2.0, NAN, -INF), layout)  # a huge value first: the exact test
     assert found == nonfinite.Found(3, "NaN")
@@ -58,6 +60,8 @@ def test_the_8_bit_floats_find_their_non_finite_patterns():
     assert first_nonfinite(e5m2, nonfinite.F8_E5M2) == nonfinite.Found(2, "-inf")
     e4m3 = bytes([0x38, 0x7E, 0xFE, 0xFF])  # 1.0, 448, -448, NaN (e4m3fn has no infinity)
     assert first_nonfinite(e4m3, nonfinite.F8_E4M3) == nonfinite.Found(3, "NaN")
+    assert first_nan(e5m2[:3], nonfinite.F8_E5M2) is None and first_nan(e5m2, nonfinite.F8_E5M2).index == 3
+    assert first_nan(e4m3, nonfinite.F8_E4M3) == nonfinite.Found(3, "NaN")
 
 
 def _safetensors_file(path, tensors: dict[str, HostTensor]) -> str:
@@ -87,11 +91,21 @@ def test_a_safetensors_file_is_hashed_whole_and_its_float_tensors_read(tmp_path)
 def test_a_value_far_into_a_large_tensor_is_found_at_its_element(tmp_path):
     count = 3 * READ_CHUNK // 4 + 5  # three chunks and a bit
     values = bytearray(_f32(0.25) * count)
-    values[4 * (count - 2):4 * (count - 1)] = _f32(-INF)
+    values[4 * 5:4 * 6] = _f32(-INF)  # an infinity alone is kept: a mask buffer holds them by design
+    values[4 * (count - 2):4 * (count - 1)] = _f32(NAN)
     path = _safetensors_file(tmp_path / "big.safetensors", {"w": HostTensor("F32", (count,), bytes(values))})
     scan = scan_file(path)
     assert scan.sha256 == _sha256(path) and scan.bad is not None
-    assert (scan.bad.element, scan.bad.value) == (count - 2, "-inf")
+    assert (scan.bad.element, scan.bad.value) == (count - 2, "NaN")
+
+
+def test_a_tensor_of_infinities_alone_is_kept_and_a_nan_among_them_is_found(tmp_path):
+    mask = struct.pack("<6f", 0.0, -INF, -INF, 0.0, -INF, INF)  # a causal mask buffer saved with the weights
+    path = _safetensors_file(tmp_path / "mask.safetensors", {"mask": HostTensor("F32", (6,), mask),
+                                                             "w": HostTensor("BF16", (2,), _bf16(1, -INF))})
+    assert scan_file(path).bad is None and scan_file(path).values_read == 2
+    bad = _safetensors_file(tmp_path / "bad.safetensors", {"mask": HostTensor("F32", (3,), _f32(-INF, -INF, NAN))})
+    assert (scan_file(bad).bad.element, scan_file(bad).bad.value) == (2, "NaN")
 
 
 @pytest.mark.parametrize("damage", ["cut", "not json", "past the end", "zip magic, no zip", "npy magic, no npy"])
@@ -128,10 +142,10 @@ def test_a_torch_file_has_its_float_storages_read_and_a_nan_named_by_its_key(tmp
     torch.save({"model": model, "optimizer": optimizer}, tmp_path / "good.pt")
     scan = scan_file(str(tmp_path / "good.pt"))
     assert scan.sha256 == _sha256(tmp_path / "good.pt") and scan.bad is None and scan.values_read == 4
-    optimizer["state"][0]["exp_avg_sq"][3, 2] = INF
+    optimizer["state"][0]["exp_avg_sq"][3, 2] = NAN
     torch.save({"model": model, "optimizer": optimizer}, tmp_path / "bad.pt")
     bad = scan_file(str(tmp_path / "bad.pt")).bad
-    assert (bad.tensor, bad.value, bad.element, bad.dtype) == ("optimizer.state.0.exp_avg_sq", "inf", 26, "float64")
+    assert (bad.tensor, bad.value, bad.element, bad.dtype) == ("optimizer.state.0.exp_avg_sq", "NaN", 26, "float64")
     model["layers.0.scale"][5] = NAN
     torch.save(model, tmp_path / "model.bin", pickle_protocol=4)  # STACK_GLOBAL instead of GLOBAL
     bad = scan_file(str(tmp_path / "model.bin")).bad
@@ -143,9 +157,9 @@ def test_npy_and_npz_members_are_read_as_numpy_and_mlx_write_them(tmp_path):
     numpy.save(tmp_path / "a.npy", numpy.array([[0.0, 1.0], [NAN, 2.0]]))
     bad = scan_file(str(tmp_path / "a.npy")).bad
     assert (bad.value, bad.element, bad.dtype) == ("NaN", 2, "float64")
-    numpy.savez(tmp_path / "b.npz", ok=numpy.ones(5, dtype=numpy.float32), bad=numpy.array([1, -INF], numpy.float16))
+    numpy.savez(tmp_path / "b.npz", ok=numpy.ones(5, dtype=numpy.float32), bad=numpy.array([1, NAN], numpy.float16))
     scan = scan_file(str(tmp_path / "b.npz"))
-    assert scan.sha256 == _sha256(tmp_path / "b.npz") and (scan.bad.tensor, scan.bad.value) == ("bad", "-inf")
+    assert scan.sha256 == _sha256(tmp_path / "b.npz") and (scan.bad.tensor, scan.bad.value) == ("bad", "NaN")
     numpy.savez_compressed(tmp_path / "c.npz", bad=numpy.array([NAN]))
     assert scan_file(str(tmp_path / "c.npz")).bad is None  # compressed: not read (docs say so)
 
@@ -172,7 +186,7 @@ def test_a_checkpoint_with_a_nan_is_listed_invalid_naming_its_file_tensor_and_va
     _safetensors_file(directory / "0000020_adapters.safetensors", {"lora_a": HostTensor("F32", (2,), _f32(1, NAN))})
     parts = directory / "0000030"
     parts.mkdir()
-    _safetensors_file(parts / "model.safetensors", {"w": HostTensor("F16", (2,), struct.pack("<2e", INF, 0))})
+    _safetensors_file(parts / "model.safetensors", {"w": HostTensor("F16", (2,), struct.pack("<2e", NAN, 0))})
     (parts / "COMPLETE").write_text("")
     found = {c["iteration"]: c for c in ranks.list_checkpoints(str(tmp_path), "j1", 0)["checkpoints"]}
     assert found[10]["valid"] and found[10]["detail"] == "1 tensors, 1 float tensor read, every value finite"
@@ -180,7 +194,7 @@ def test_a_checkpoint_with_a_nan_is_listed_invalid_naming_its_file_tensor_and_va
     assert found[20]["detail"] == "0000020_adapters.safetensors: tensor 'lora_a' holds NaN (float32 element 1)"
     assert found[20]["nonfinite"]["value"] == "NaN"
     model = next(f for f in found[30]["files"] if f["path"] == "model.safetensors")
-    assert model["nonfinite"] == {"file": "model.safetensors", "tensor": "w", "value": "inf", "element": 0,
+    assert model["nonfinite"] == {"file": "model.safetensors", "tensor": "w", "value": "NaN", "element": 0,
                                   "dtype": "float16"}
 
 
