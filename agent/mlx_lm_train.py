@@ -21,10 +21,11 @@ import itertools
 import json
 import os
 import platform
+import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from agent.heartbeat import Heartbeat
@@ -142,7 +143,32 @@ def main() -> None:
         lora.get_reporting_callbacks = with_coord
     sys.argv = ["mlx_lm.lora", *sys.argv[1:]]
     lora.main()
+    if progress and mx.distributed.init().rank() == 0:
+        save_final_checkpoint(os.environ)
     heartbeat.stop()
+
+
+def save_final_checkpoint(env: Mapping[str, str]) -> str | None:
+    """The last step's checkpoint, under its step's name, when mlx-lm did not save one: it names a
+    checkpoint by its step only at multiples of --save-every, and writes the final weights to
+    ``adapters.safetensors`` alone, which coord does not take for a checkpoint (every save overwrites
+    it). Without this a run of 1500 steps saved every 200 ends with its newest checkpoint at 1400, and
+    a resume would redo the last 100 steps. Copied whole under a temporary name, then renamed."""
+    directory, total = env.get("COORD_CHECKPOINT_DIR"), env.get("COORD_TOTAL_STEPS")
+    if not directory or not total:
+        return None
+    iteration = int(total) - int(env.get("COORD_STEP_OFFSET") or "0")
+    final = os.path.join(directory, f"{iteration:07d}_adapters.safetensors")
+    adapters = os.path.join(directory, "adapters.safetensors")
+    if iteration <= 0 or os.path.exists(final) or not os.path.exists(adapters):
+        return None
+    temporary = f"{final}.{os.getpid()}.tmp"
+    shutil.copyfile(adapters, temporary)
+    with open(temporary, "rb") as handle:
+        os.fsync(handle.fileno())
+    os.replace(temporary, final)
+    print(f"coord: the final weights saved as the checkpoint of step {total} ({final})", file=sys.stderr, flush=True)
+    return final
 
 
 if __name__ == "__main__":

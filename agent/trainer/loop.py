@@ -196,9 +196,10 @@ class Trainer:
                 self.validate(step)
             if opts.fingerprint_every > 0 and step % opts.fingerprint_every == 0:
                 self.writer.fingerprint(step, trainable_arrays(self.model))
-            if opts.save_every > 0 and step % opts.save_every == 0:
+            if opts.save_every > 0 and (step % opts.save_every == 0 or last):
                 # Every rank saves, on its own node: data parallel ranks hold the same weights and
                 # optimizer state, so each node holds the checkpoint a resume needs (nothing is copied).
+                # The last step too, whatever the interval: the run's final checkpoint is its result.
                 self.save(step)
             if step == opts.corrupt_step:
                 self.corrupt(step)

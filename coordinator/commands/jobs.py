@@ -44,6 +44,30 @@ def job_logs(jobs: JobManager, name: str, rank: int = 0, attempt: int | None = N
     return jobs.read_log(name, rank=rank, attempt=attempt, offset=offset)
 
 def render_job(job: RunView) -> str:
+    line = ", ".join(_summary(job))
+    if job.get("state") == "queued" and job.get("job_nodes"):
+        line += f"\n  waits for {', '.join(job['job_nodes'])}"
+    if job.get("batch"):
+        line += f"\n  on {', '.join(job['nodes'])}: {job['batch']}"
+    memory = job.get("rank_memory_bytes") or {}
+    if memory:
+        line += "\n  memory: " + ", ".join(f"rank {rank} ({job['nodes'][int(rank)]}) {size / 2**30:.2f} GiB"
+                                           for rank, size in sorted(memory.items(), key=lambda kv: int(kv[0]))
+                                           if int(rank) < len(job["nodes"]))
+    waiting = job.get("waiting")
+    if waiting:
+        line += (f"\n  waiting for nodes, {waiting['waited_s']:.0f} s of at most {waiting['limit_s']:g} s "
+                 "(--node-wait): " + "; ".join(f"{node}: {reason}" for node, reason in waiting["reasons"].items()))
+    for label, key in (("error", "error"), ("warning", "warning"), ("note", "note"), ("note", "hang_watch")):
+        if job.get(key):
+            line += f"\n  {label}: {job[key]}"  # type: ignore[literal-required]
+    for found in job.get("diagnoses", []):
+        line += f"\n  known failure: {found['title']} ({found['detail']})\n    fix: {found['fix']}"
+    return line
+
+
+def _summary(job: RunView) -> list[str]:
+    """The job's one line: state, step, loss, speed, ETA, checkpoint, restarts, rollbacks, run, priority."""
     step = f"{job['step']}/{job['total_steps']}" if job.get("total_steps") else str(job["step"])
     state = job["state"] + (f" (position {job['queue_position']})" if job.get("queue_position") else "")
     parts = [f"{job['name']}: {state}", f"step {step}"]
@@ -62,28 +86,4 @@ def render_job(job: RunView) -> str:
         parts.append(f"run {job['run_id']}")
     if job.get("priority"):
         parts.append(f"priority {job['priority']}")
-    line = ", ".join(parts)
-    if job.get("state") == "queued" and job.get("job_nodes"):
-        line += f"\n  waits for {', '.join(job['job_nodes'])}"
-    if job.get("batch"):
-        line += f"\n  on {', '.join(job['nodes'])}: {job['batch']}"
-    memory = job.get("rank_memory_bytes") or {}
-    if memory:
-        line += "\n  memory: " + ", ".join(f"rank {rank} ({job['nodes'][int(rank)]}) {size / 2**30:.2f} GiB"
-                                           for rank, size in sorted(memory.items(), key=lambda kv: int(kv[0]))
-                                           if int(rank) < len(job["nodes"]))
-    waiting = job.get("waiting")
-    if waiting:
-        line += (f"\n  waiting for nodes, {waiting['waited_s']:.0f} s of at most {waiting['limit_s']:g} s "
-                 "(--node-wait): " + "; ".join(f"{node}: {reason}" for node, reason in waiting["reasons"].items()))
-    if job.get("error"):
-        line += f"\n  error: {job['error']}"
-    if job.get("warning"):
-        line += f"\n  warning: {job['warning']}"
-    if job.get("note"):
-        line += f"\n  note: {job['note']}"
-    if job.get("hang_watch"):
-        line += f"\n  note: {job['hang_watch']}"
-    for found in job.get("diagnoses", []):
-        line += f"\n  known failure: {found['title']} ({found['detail']})\n    fix: {found['fix']}"
-    return line
+    return parts

@@ -1,13 +1,10 @@
 """A run whose training went wrong (a NaN loss, a spike it rolls back from): the rollback counted and
-said, the batches it skips owed to the next launch, and success that needs finite values
-(docs/recovery.md). The decision itself is ``policy.decide_unsound``; finding it, ``RankWatcher``."""
+said, and the batches it skips owed to the next launch (docs/recovery.md). The decision itself is
+``policy.decide_unsound``; finding it, ``RankWatcher``; what success needs, ``coordinator.jobs.success``."""
 
 from __future__ import annotations
 
-import math
-
 from coordinator.jobs import catalog
-from coordinator.jobs.policy import NON_FINITE, SUCCEEDED, Outcome
 from coordinator.jobs.record import JobRecord
 from coordinator.jobs.run_context import RunContext
 from shared.json_values import value_text
@@ -41,14 +38,3 @@ def take_skip(record: JobRecord, start_step: int) -> int:
         record.skips[key] = record.skips.get(key, 0) + record.skip_owed
         record.skip_owed = 0
     return record.skips.get(key, 0)
-
-
-def unsound_success(record: JobRecord, outcome: Outcome) -> Outcome:
-    """Success needs finite values: a run whose last loss is NaN did not train, whatever its ranks'
-    exit statuses say (the poll that reads it ends the attempt first; this is the last guard)."""
-    loss = record.loss
-    if outcome.kind != SUCCEEDED or loss is None or math.isfinite(loss):
-        return outcome
-    detail = f"loss is {value_text(loss)} at step {record.step}"
-    record.unsound = {"kind": NON_FINITE, "step": record.step, "metric": "loss", "value": loss, "detail": detail}
-    return Outcome(NON_FINITE, detail, outcome.reached_first_step, f"{NON_FINITE}:{record.step}")

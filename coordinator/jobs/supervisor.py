@@ -30,7 +30,7 @@ from typing import Any
 import anyio
 import structlog
 
-from coordinator.jobs import catalog, core
+from coordinator.jobs import core
 from coordinator.jobs.attempt import Attempt
 from coordinator.jobs.checkpoints import CHECKPOINT_POLL_S, CheckpointKeeper
 from coordinator.jobs.effects import JobEffects, LaunchError
@@ -44,7 +44,6 @@ from coordinator.jobs.policy import (
     Decision,
     Outcome,
     Rollbacks,
-    after_the_last_step,
     decide,
     outcome_entry,
     outcome_of,
@@ -54,10 +53,11 @@ from coordinator.jobs.rank_watch import HOLD_S, MAX_REREADS, POLL_S, READ_AGAIN,
 from coordinator.jobs.reboot_watch import RebootWatch
 from coordinator.jobs.record import JobRecord
 from coordinator.jobs.replica import Replicator
-from coordinator.jobs.rollback import roll_back, take_skip, unsound_success
+from coordinator.jobs.rollback import roll_back, take_skip
 from coordinator.jobs.run_context import RunContext
 from coordinator.jobs.spec import REPLICA_NONE, JobSpec
 from coordinator.jobs.states import ACTIVE, FINISHED, JobState
+from coordinator.jobs.success import judge_success
 from coordinator.jobs.tree_check import restore_trees
 from coordinator.jobs.view import RunView, run_view
 from coordinator.launch.batch import BatchSplit
@@ -255,7 +255,7 @@ class JobRunner:
         # Checkpoints written up to the end count; with the ranks stopped nothing is still
         # being written, so a damaged one is judged now.
         await self.checkpoints.poll(attempt, attempt_over=True)
-        outcome = self._after_the_last_step(unsound_success(self.record, outcome))
+        outcome = judge_success(self.ctx, attempt, outcome)
         history = [outcome_of(h) for h in self.record.history]
         decision = decide(outcome, history, max_restarts=self.spec.max_restarts,
                           restarts_used=self.record.restarts,
@@ -263,19 +263,6 @@ class JobRunner:
         self.record.history.append(outcome_entry(outcome, attempt=self.record.attempt,
                                                  counted=decision.action == "restart" and decision.counts))
         return decision
-
-    def _after_the_last_step(self, outcome: Outcome) -> Outcome:
-        """A failure after every step ran and the final checkpoint was validated ends the job, said."""
-        if self.attempt is not None and self.attempt.ended_unread:
-            return outcome  # some of its nodes could not be read: their ranks' last words may say otherwise
-        newest = catalog.newest_valid(self.fx.checkpoints(self.run_id))
-        done = after_the_last_step(outcome, total_steps=self.spec.total_steps, step=self.record.step,
-                                   final_checkpoint=newest["step"] if newest else None)
-        if done is not outcome:
-            warning = f"after its last step: {outcome.detail}; nothing rerun (its final checkpoint is valid)"
-            self.record.add_warning(warning)
-            self.event("failed_after_last_step", f"attempt {self.record.attempt} {warning}", outcome=outcome.kind)
-        return done
 
     def _last_attempt(self) -> Attempt | None:
         """The attempt launched last (read back from the record when this runner did not launch it:

@@ -14,7 +14,8 @@ from coordinator.commands.status import sparkline
 from coordinator.jobs.policy import NON_FINITE, RANK_FAILED, SUCCEEDED, Outcome, Rollbacks, decide
 from coordinator.jobs.progress import read_record
 from coordinator.jobs.record import JobRecord
-from coordinator.jobs.rollback import take_skip, unsound_success
+from coordinator.jobs.rollback import take_skip
+from coordinator.jobs.success import final_checkpoint_outcome, unsound_success
 from coordinator.jobs.training_health import SPIKE_MIN_POINTS, LossWindow, non_finite, spike_threshold
 from shared.json_values import strict, value_text
 
@@ -117,3 +118,25 @@ def test_a_record_keeps_a_nan_loss_through_the_store():
                                                              "value": math.nan, "detail": "loss is nan at step 3"})
     again = JobRecord.from_json(json.loads(json.dumps(record.to_json())))  # the store's JSON, as Python writes it
     assert math.isnan(again.loss) and math.isnan(again.unsound["value"])
+
+
+def _copy(step: int, valid: bool = True, detail: str = "ok") -> dict:
+    return {"step": step, "attempt": 0, "node": "n1", "path": f"/w/{step:07d}_adapters.safetensors", "sha256": "a",
+            "size": 1, "valid": valid, "detail": detail, "created": 0.0, "role": "primary"}
+
+
+def test_success_needs_the_final_checkpoint_validated_when_the_trainer_saves_the_last_step():
+    done = Outcome(SUCCEEDED, "every rank finished", True)
+    assert final_checkpoint_outcome(done, [_copy(1400), _copy(1500)], total_steps=1500, saves_last_step=True) == (
+        done, None)
+    assert final_checkpoint_outcome(done, [], total_steps=1500, saves_last_step=True) == (done, None)  # none written
+    judged, warning = final_checkpoint_outcome(done, [_copy(1400), _copy(1500, False, "tensor 'w' holds NaN")],
+                                               total_steps=1500, saves_last_step=True)
+    assert judged.kind == RANK_FAILED and warning is None
+    assert judged.detail == ("every step ran, but the checkpoint of the last step (1500) is not valid: tensor 'w' "
+                             "holds NaN; the newest valid one is of step 1400: the steps after it are run again")
+    # a script of one's own that saves every 200 steps of 1500: done, and said
+    judged, warning = final_checkpoint_outcome(done, [_copy(1400)], total_steps=1500, saves_last_step=False)
+    assert judged is done and warning == ("its last step's checkpoint (1500) was not written; the newest valid one "
+                                          "is of step 1400: the weights of the last 100 steps are only where the "
+                                          "script kept them")
