@@ -58,7 +58,8 @@ def test_script_passes_shellcheck(script: Path) -> None:
 
 def test_setup_never_installs_into_the_python_it_found() -> None:
     text = (CI / "setup").read_text()
-    installs = [line.strip() for line in text.splitlines() if "pip install" in line and not line.lstrip().startswith("#")]
+    lines = [line.strip() for line in text.splitlines() if not line.lstrip().startswith("#")]
+    installs = [line for line in lines if "pip install" in line]
     assert installs and all(line.startswith((".venv/bin/python -m pip install",
                                              ".venv/bin/uv pip install -q --python .venv/bin/python "))
                             for line in installs), installs
@@ -70,8 +71,8 @@ def test_setup_refuses_an_unknown_mode_before_it_installs_anything() -> None:
     assert "installing" not in result.stderr
 
 
-# A stand-in for every command .ci/setup runs: it logs its name and arguments. A Python 3.13 on PATH
-# (found first by find-python) whose venv holds a Python with pip, unconfigured, and uv.
+# Stand-ins for apt-get, dpkg-query, id and the Python .ci/setup finds: each logs its name and arguments. A
+# python3.13 on PATH (find-python takes it first) whose venv holds a Python with pip, unconfigured, and uv.
 STAND_IN = """#!/bin/bash
 name="${0##*/}"
 echo "${name} $*" >> "${STAND_IN_LOG}"
