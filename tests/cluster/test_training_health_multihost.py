@@ -194,6 +194,35 @@ def test_a_workdir_deleted_mid_run_is_sent_again_before_the_relaunch_and_named(n
     restored = [e for e in events(daemon, "lostdir") if e["kind"] == "job.workdir_restored"]
     assert restored and restored[0]["data"]["node"] == lost, final["story"]
     message, data = restored[0]["message"], restored[0]["data"]
-    assert message.startswith(f"lostdir: {lost}'s workdir lost {data['missing']} files (") and data["missing"] >= 9, message
+    assert message.startswith(f"lostdir: {lost}'s workdir lost {data['missing']} files (") and data["missing"] >= 9, \
+        message
     assert {"model/config.json", "data/train.jsonl"} <= set(data["paths"]), data
     assert Path(netns_cluster.node(lost).workdir, "model", "config.json").is_file()
+
+
+def test_a_workdir_that_cannot_be_restored_fails_the_relaunch_with_that_reason_not_the_ranks_error(netns_cluster,
+                                                                                                    setup):
+    daemon = setup["daemon"]
+    submit(daemon, setup["project"], "nodir", "--max-restarts", "5")
+    held: dict[str, str] = {}
+
+    def lose_model_for_good(job: dict) -> None:
+        node = netns_cluster.node(job["nodes"][1])
+        held["workdir"], held["owner"] = node.workdir, node.user
+        pid = rank_pid(netns_cluster, job, 1)
+        shutil.rmtree(Path(node.workdir) / "model")
+        os.chown(node.workdir, 0, 0)  # its user may no longer create anything in it: model/ cannot come back
+        os.killpg(pid, signal.SIGKILL)
+
+    job, _ = at_step(netns_cluster, daemon, "nodir", 25, lose_model_for_good)
+    try:
+        waited = coord("wait", "--quiet", "--json", "--config", str(daemon.config), "nodir", env=daemon.env,
+                       timeout=600)
+    finally:
+        shutil.chown(held["workdir"], held["owner"], held["owner"])
+    final = json.loads(waited.stdout)
+    lost = job["nodes"][1]
+    assert final["state"] == "failed", final
+    assert f"{lost}'s workdir could not be restored from" in final["error"], final["error"]
+    assert "Permission denied" in final["error"] or "permission" in final["error"].lower(), final["error"]
+    assert "could not locate" not in final["error"] and "Hub" not in final["error"]
