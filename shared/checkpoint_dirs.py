@@ -45,7 +45,7 @@ def describe_nonfinite(bad: NonFinite) -> str:
 def describe_values_read(count: int) -> str:
     """What a valid checkpoint's detail says of its tensors' values (``count``: float tensors read whole, at
     least one: a file with none says nothing of them)."""
-    return f"{count} float tensor{'s' if count != 1 else ''} read, every value finite"
+    return f"{count} float tensor{'s' if count != 1 else ''} read, no NaN"
 
 
 class _DirFile(TypedDict):

@@ -10,7 +10,7 @@ import anyio
 from coordinator.jobs import core
 from coordinator.jobs.attempt import Attempt
 from coordinator.jobs.node_health import NodeHealth
-from coordinator.jobs.outage import ALIVE, HEAD, OutageFacts, OutageVerdict, judge_outage
+from coordinator.jobs.outage import ALIVE, HEAD, SETTLE_S, OutageFacts, OutageVerdict, judge_outage
 from coordinator.jobs.run_context import RunContext
 
 AT_ONCE_S = 5.0  # nodes whose sessions went down within this of each other were lost at once
@@ -24,6 +24,7 @@ class OutageWatch:
         self.health = health
         self.since: float | None = None  # wall clock: when the first node of this outage was lost
         self.step_at_loss = 0  # the job's step when it began
+        self.settled_step: int | None = None  # the job's step SETTLE_S after it began: steps count from there
         self.cause: str | None = None  # what the run waits on, once said (outage.HEAD or ALIVE)
         self._route: str | None = None
         self._route_asked: float | None = None  # monotonic
@@ -41,13 +42,16 @@ class OutageWatch:
         downs = [fx.node(name).down_since or now for name in lost]
         if self.since is None:
             self.since, self.step_at_loss = min(downs), record.step
+        if self.settled_step is None and now - self.since >= SETTLE_S:
+            self.settled_step = record.step
         reached = [name for name in attempt.order if name not in lost]
         remote = [name for name in fx.node_names() if not fx.on_head_machine(name)]
         facts = OutageFacts(
             lost=tuple(lost), reached=tuple(reached), remote_up=sum(1 for n in remote if self.health.up(n)),
             remote_nodes=len(remote), head_route=await self._head_route(lost),
             lost_at_once=max(downs) - min(downs) <= AT_ONCE_S, waited_s=max(0.0, now - self.since),
-            steps_since=record.step - self.step_at_loss, stuck_s=self._stuck(attempt, lost),
+            steps_since=record.step - self.settled_step if self.settled_step is not None else 0,
+            stuck_s=self._stuck(attempt, lost),
             step_seconds=record.step_gap or record.step_seconds, first_step_done=record.first_step_at is not None,
             node_timeout=self.ctx.spec.node_timeout)
         verdict = judge_outage(facts)
@@ -79,6 +83,7 @@ class OutageWatch:
 
     def _clear(self) -> None:
         self.since, self.cause, self._route, self._route_asked = None, None, None, None
+        self.settled_step = None
         self.ctx.record.note = None
 
     def _say(self, verdict: OutageVerdict, facts: OutageFacts) -> None:

@@ -184,9 +184,14 @@ def test_a_workdir_deleted_mid_run_is_sent_again_before_the_relaunch_and_named(n
     submit(daemon, setup["project"], "lostdir")
 
     def lose_workdir(job: dict) -> None:
-        pid = rank_pid(netns_cluster, job, 1)  # read before the workdir (which holds it) goes
-        shutil.rmtree(netns_cluster.node(job["nodes"][1]).workdir)
-        os.killpg(pid, signal.SIGKILL)
+        os.killpg(rank_pid(netns_cluster, job, 1), signal.SIGKILL)  # its pid file is in the workdir
+        workdir = Path(netns_cluster.node(job["nodes"][1]).workdir)
+        for _ in range(50):  # its runner may still write its exit status there as it goes
+            shutil.rmtree(workdir, ignore_errors=True)
+            if not workdir.exists():
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"{workdir} could not be removed")
 
     job, _ = at_step(netns_cluster, daemon, "lostdir", 25, lose_workdir)
     final = finish(daemon, "lostdir")

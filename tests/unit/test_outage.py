@@ -40,12 +40,15 @@ def test_every_node_on_another_machine_lost_at_once_is_the_heads_path():
     assert judge_outage(one).cause == GONE
 
 
-def test_a_node_whose_peers_step_on_is_alive_and_one_whose_peers_stop_is_gone():
-    alive = judge_outage(facts(steps_since=2))
+def test_a_node_whose_peers_step_on_is_alive_and_one_whose_peers_are_stuck_is_gone():
+    alive = judge_outage(facts(steps_since=2, waited_s=5.0))
     assert (alive.cause, alive.wait) == (ALIVE, True) and "it is alive" in alive.reason
     assert not judge_outage(facts(steps_since=5, waited_s=61.0)).wait
     stuck = judge_outage(facts(stuck_s=4.0))  # the ranks that answer wait in their collective
     assert (stuck.cause, stuck.wait) == (GONE, False)
+    # stuck wins over steps counted earlier, and over an earlier verdict: a rank alive then may die since
+    assert judge_outage(facts(stuck_s=4.0, steps_since=3, judged=ALIVE)).cause == GONE
+    assert judge_outage(facts(stuck_s=0.3, judged=ALIVE)).cause == ALIVE  # stepping on: still waited for
     watching = judge_outage(facts(waited_s=1.0, steps_since=1))
     assert (watching.cause, watching.wait) == (UNSURE, True)
     quiet = judge_outage(facts(waited_s=confirm_window(0.1, 60.0) + 0.1, steps_since=1))
@@ -57,9 +60,15 @@ def test_before_the_first_step_a_partial_loss_is_a_node_loss_at_once():
     assert (verdict.cause, verdict.wait) == (GONE, False)
 
 
-def test_the_window_to_see_steps_is_four_steps_at_least_three_seconds_at_most_the_node_timeout():
-    assert confirm_window(0.1, 60) == 3.0 and confirm_window(2.0, 60) == 8.0 and confirm_window(30.0, 60) == 60.0
-    assert confirm_window(None, 60) == 3.0
+def test_the_heads_path_once_judged_holds_while_its_sessions_reconnect():
+    back = judge_outage(facts(lost=("n3",), reached=("n1", "n2"), judged=HEAD, waited_s=30.0))
+    assert (back.cause, back.wait) == (HEAD, True) and "reconnecting" in back.reason
+    assert not judge_outage(facts(judged=HEAD, waited_s=61.0)).wait
+
+
+def test_the_window_to_see_steps_settles_first_then_four_steps_at_least_five_seconds():
+    assert confirm_window(0.1, 60) == 5.0 and confirm_window(2.0, 60) == 12.0 and confirm_window(30.0, 60) == 60.0
+    assert confirm_window(None, 60) == 5.0
 
 
 def test_the_kernels_route_answers_are_read():

@@ -189,7 +189,7 @@ def test_a_checkpoint_with_a_nan_is_listed_invalid_naming_its_file_tensor_and_va
     _safetensors_file(parts / "model.safetensors", {"w": HostTensor("F16", (2,), struct.pack("<2e", NAN, 0))})
     (parts / "COMPLETE").write_text("")
     found = {c["iteration"]: c for c in ranks.list_checkpoints(str(tmp_path), "j1", 0)["checkpoints"]}
-    assert found[10]["valid"] and found[10]["detail"] == "1 tensors, 1 float tensor read, every value finite"
+    assert found[10]["valid"] and found[10]["detail"] == "1 tensors, 1 float tensor read, no NaN"
     assert not found[20]["valid"] and found[20]["sha256"] is None
     assert found[20]["detail"] == "0000020_adapters.safetensors: tensor 'lora_a' holds NaN (float32 element 1)"
     assert found[20]["nonfinite"]["value"] == "NaN"
