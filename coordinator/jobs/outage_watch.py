@@ -52,7 +52,9 @@ class OutageWatch:
             lost_at_once=max(downs) - min(downs) <= AT_ONCE_S, waited_s=max(0.0, now - self.since),
             steps_since=record.step - self.settled_step if self.settled_step is not None else 0,
             stuck_s=self._stuck(attempt, lost),
-            step_seconds=record.step_gap or record.step_seconds, first_step_done=record.first_step_at is not None,
+            # The train records' own average first: the heartbeats' gap is measured at their 2 s grain and is
+            # raised at once by one slow step (the hang watch wants that; a judgement of seconds does not).
+            step_seconds=record.step_seconds or record.step_gap, first_step_done=record.first_step_at is not None,
             node_timeout=self.ctx.spec.node_timeout)
         verdict = judge_outage(facts)
         if not verdict.wait:
