@@ -23,7 +23,7 @@ async def restore_trees(ctx: RunContext, order: list[str]) -> None:
     report = await ctx.fx.sync(spec.source, order, follow_outside_links=spec.follow_outside_links)
     resent = 0
     for name, entry in sorted(report["nodes"].items()):
-        if entry["status"] == "failed":
+        if entry["status"] in ("failed", "skipped"):  # skipped: its tree could not even be read
             raise LaunchError(f"{name}'s workdir could not be restored from {spec.source} before the relaunch: "
                               f"{entry.get('detail') or report['detail']}")
         plan = entry.get("plan")
