@@ -184,14 +184,18 @@ def test_a_workdir_deleted_mid_run_is_sent_again_before_the_relaunch_and_named(n
     submit(daemon, setup["project"], "lostdir")
 
     def lose_workdir(job: dict) -> None:
-        os.killpg(rank_pid(netns_cluster, job, 1), signal.SIGKILL)  # its pid file is in the workdir
+        # Held still while its workdir goes (nothing of it writes there meanwhile), then killed: coord
+        # relaunches only once the whole workdir is gone.
+        group = rank_pid(netns_cluster, job, 1)  # its pid file is in the workdir
+        os.killpg(group, signal.SIGSTOP)
         workdir = Path(netns_cluster.node(job["nodes"][1]).workdir)
-        for _ in range(50):  # its runner may still write its exit status there as it goes
+        for _ in range(50):
             shutil.rmtree(workdir, ignore_errors=True)
             if not workdir.exists():
-                return
+                break
             time.sleep(0.05)
-        raise AssertionError(f"{workdir} could not be removed")
+        assert not workdir.exists(), f"{workdir} could not be removed"
+        os.killpg(group, signal.SIGKILL)
 
     job, _ = at_step(netns_cluster, daemon, "lostdir", 25, lose_workdir)
     final = finish(daemon, "lostdir")
