@@ -551,10 +551,14 @@ class _Sync:
     # --- the verdict ------------------------------------------------------------------------
 
     def consistency(self) -> ConsistencyReport:
+        """The nodes compared by the source's paths, as pre-flight compares them: what else a node keeps in
+        its workdir (outputs, a directory of its own) is not a divergence."""
         threshold = self.cluster.config.sync.threshold
         if len(self.hashes) >= 2 and len(set(self.hashes.values())) == 1:
             return _same_tree_report(self.hashes, threshold, "code")
-        return compare_nodes(self.remote, threshold=threshold, what="code")
+        source = self.source_files
+        return compare_nodes({name: {rel: entry for rel, entry in manifest.items() if rel in source}
+                              for name, manifest in self.remote.items()}, threshold=threshold, what="code")
 
     def versus_source(self) -> dict[str, VersusSource]:
         """A node matches the source when it holds every source file as is; files only the node
