@@ -27,6 +27,8 @@ import shutil
 import stat
 import sys
 import threading
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -202,6 +204,11 @@ def _make_durable(root: str, files: dict[str, _Written], dirs: set[str], devices
     return how
 
 
+def _timed(func: Callable[..., str], *args: Any) -> tuple[str, float]:
+    started = time.monotonic()
+    return func(*args), time.monotonic() - started
+
+
 def sync_state(root: str, patterns: list[str], known: list[str] | None = None) -> SyncStateReply:
     """Make everything written since the last call durable, and describe the tree by its hash from a
     stat-only scan (its directories included: an empty one, or one with another mode, is a difference).
@@ -219,19 +226,19 @@ def sync_state(root: str, patterns: list[str], known: list[str] | None = None) -
         taken = _take_pending(root)
         if taken is None:
             manifest, stats = scan_tree(root, rules, cache=cache, on_link=keep_links, directories=True)
-            flushed, how = 0, "nothing"
+            flushed, how, flush_seconds = 0, "nothing", 0.0
         else:
             files = taken[0]
             for rel, (_, info, digest) in files.items():
                 cache.store(rel, info, digest)  # in memory only: a file changed since is not matched by its stat
             with ThreadPoolExecutor(max_workers=1) as pool:
-                durable = pool.submit(_make_durable, root, *taken)
+                durable = pool.submit(_timed, _make_durable, root, *taken)
                 try:
                     manifest, stats = scan_tree(root, rules, cache=cache, save=False, on_link=keep_links,
                                                 directories=True)
                 finally:
                     try:
-                        how = durable.result()
+                        how, flush_seconds = durable.result()
                     except BaseException:
                         for rel in files:  # not durable: known again only by a read, after the next flush
                             cache.entries.pop(rel, None)
@@ -240,7 +247,7 @@ def sync_state(root: str, patterns: list[str], known: list[str] | None = None) -
             flushed = len(files)
     digest = tree_hash(manifest)
     answer: SyncStateReply = {"tree_hash": digest, "count": len(manifest), "flushed": flushed,
-                                  "flush": how, "stats": stats.as_dict()}
+                                  "flush": how, "flush_seconds": round(flush_seconds, 4), "stats": stats.as_dict()}
     if known is not None and digest not in known:
         answer["files"] = [[rel, *entry] for rel, entry in manifest.items()]
     return answer

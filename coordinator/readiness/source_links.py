@@ -132,8 +132,8 @@ def names_left_out(names: list[list[str]], count: int) -> str | None:
     if not count:
         return None
     listed = ", ".join(f"{rel} ({why})" for rel, why in names[:SAID])
-    return (f"{_count(count, 'name')} not sent: {listed}{_more(count)}; the rest of the tree was, and no check "
-            "counts these; rename them, or list them in .coordignore")
+    return (f"{_count(count, 'name')} not sent: {listed}{_more(count)}; rename them, or list them in .coordignore "
+            "(the rest of the tree was sent)")
 
 
 def refusal(outside: list[OutsideLink]) -> str | None:

@@ -75,7 +75,9 @@ class SyncNodeEntry(TypedDict, total=False):
     relay: RelayResult  # what the relay brought it
     fallback: SendResult  # the relay's misses, sent over its session
     landed: Landed  # absent when the node could not be asked afterwards
-    verify_seconds: float
+    verify_seconds: float  # its flush and re-check at the end, as the head waited for them
+    flush_seconds: float  # of which the flush (the re-check's scan ran meanwhile)
+    verify_scan_seconds: float
     unlisted: list[str]  # names in its workdir that are not UTF-8 (escaped): in no listing, never deleted
     unlisted_count: int
 
@@ -240,6 +242,7 @@ class NodeState(NamedTuple):
     tree_hash: str
     manifest: Manifest | None
     stats: ScanStats
+    flush_seconds: float  # its flush of what it was sent (0 when nothing was pending)
 
 
 async def node_state(session: NodeSession, patterns: list[str], known: list[str] | None,
@@ -256,7 +259,8 @@ async def node_state(session: NodeSession, patterns: list[str], known: list[str]
     files = answer.get("files")
     if files is not None and listings is not None:
         listings.append(session.node.name)
-    return NodeState(answer["tree_hash"], manifest_from_wire(files) if files is not None else None, stats)
+    return NodeState(answer["tree_hash"], manifest_from_wire(files) if files is not None else None, stats,
+                     answer.get("flush_seconds", 0.0))
 
 
 def _same_tree_report(hashes: dict[str, str], threshold: float, what: str) -> ConsistencyReport:
@@ -418,12 +422,12 @@ class _Sync:
 
     async def _resolve(self, name: str) -> None:
         """A node's tree file by file: known by its hash, else its listing asked for."""
-        digest, manifest, _ = self.states[name]
+        digest, manifest, _, _ = self.states[name]
         if manifest is None:
             manifest = self.source_files if digest == self.source_hash else _known_trees.get(digest)
         if manifest is None:  # a tree this daemon has not seen: ask for its listing
             try:
-                digest, manifest, _ = await node_state(self.sessions[name], self.patterns, [], self.listings)
+                digest, manifest, _, _ = await node_state(self.sessions[name], self.patterns, [], self.listings)
             except RemoteError as exc:
                 self.missing[name] = exc.message
                 return
@@ -525,8 +529,10 @@ class _Sync:
         """Written or half written: the node flushes what it holds, then proves it by its tree hash."""
         verify_started = time.monotonic()
         try:
-            digest, manifest, stats = await node_state(session, self.patterns, [self.source_hash], self.listings)
+            digest, manifest, stats, flush_seconds = await node_state(session, self.patterns, [self.source_hash],
+                                                                      self.listings)
             entry["verify_seconds"] = round(time.monotonic() - verify_started, 3)
+            entry["flush_seconds"], entry["verify_scan_seconds"] = flush_seconds, stats["seconds"]
             self._note_unlisted(name, stats)
         except RemoteError as exc:
             self.remote.pop(name, None)

@@ -72,6 +72,7 @@ class _SyncStateReply(TypedDict):
     count: int
     flushed: int  # files made durable by this call
     flush: str  # how: "nothing", "syncfs", "fsync" or "fsync+F_FULLFSYNC"
+    flush_seconds: float  # how long the flush took (the stat-only scan ran meanwhile: stats.seconds)
     stats: ScanStatsReport
 
 
