@@ -294,11 +294,13 @@ def _unlisted(entry: os.DirEntry[str], rel: str, matches: Callable[[str, bool, s
 
 def scan_tree(root: str, rules: IgnoreRules, *, cache: HashCache | None = None, threads: int | None = None,
               on_progress: Callable[[int, int], None] | None = None, save: bool = True,
-              on_link: OnLink | None = None, directories: bool = False) -> tuple[dict[str, list[Any]], ScanStats]:
+              on_link: OnLink | None = None, directories: bool = False,
+              contents: Contents | None = None) -> tuple[dict[str, list[Any]], ScanStats]:
     """Describe root: {rel: [size, mode, sha256]} and what it cost. ``save``: write the cache file
     at the end (a caller holding entries not yet durable saves it itself, once they are). ``on_link``:
     what to do with each symlink (``walk_tree``); a link kept is entered by ``link_entry``.
-    ``directories``: every directory is entered too (``dir_entry``), as a sync compares them."""
+    ``directories``: every directory is entered too (``dir_entry``), as a sync compares them. ``contents``:
+    the bytes of the small files hashed (the ones the cache did not know: new or changed) go in it."""
     started = time.monotonic()
     stats = ScanStats()
     cache = cache or HashCache(None)
@@ -320,7 +322,7 @@ def scan_tree(root: str, rules: IgnoreRules, *, cache: HashCache | None = None, 
     stats.files = len(files)
     stats.bytes = total
     if todo:
-        _hash_files(root, todo, cache, manifest, stats, threads, on_progress)
+        _hash_files(root, todo, cache, manifest, stats, threads, on_progress, contents)
     if len(entries) != len(manifest):  # every entry left is a file found: nothing stale to drop
         cache.prune(set(manifest))
     if save:
@@ -337,15 +339,53 @@ def scan_tree(root: str, rules: IgnoreRules, *, cache: HashCache | None = None, 
     return manifest, stats
 
 
+def read_file(path: str) -> bytes:
+    """A whole file's bytes, read raw (no buffered file object: most of a small file's cost is per call)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks: list[bytes] = []
+        while True:
+            block = os.read(fd, READ_CHUNK)
+            if not block:
+                return b"".join(chunks) if len(chunks) != 1 else chunks[0]
+            chunks.append(block)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class Contents:
+    """The bytes of the small files a scan hashes, kept (up to ``budget`` in all): a sync sends the bytes it
+    hashed, read once, and never bytes that changed since (the node would refuse them by their hash)."""
+
+    budget: int = 64 << 20
+    files: dict[str, bytes] = field(default_factory=dict)
+    size: int = 0
+
+    def digest(self, rel: str, path: str, size: int) -> str:
+        """``sha256_file``, keeping the bytes while the budget lasts."""
+        if size > PARALLEL_ABOVE or self.size + size > self.budget:
+            return sha256_file(path, size)
+        data = read_file(path)
+        self.files[rel] = data
+        self.size += len(data)
+        return hashlib.sha256(data).hexdigest()
+
+
 def _hash_files(root: str, todo: list[tuple[str, os.stat_result]], cache: HashCache, manifest: dict[str, list[Any]],
-                stats: ScanStats, threads: int | None, on_progress: Callable[[int, int], None] | None) -> None:
-    """Hash the files the cache did not know, into ``manifest`` and the cache."""
+                stats: ScanStats, threads: int | None, on_progress: Callable[[int, int], None] | None,
+                contents: Contents | None = None) -> None:
+    """Hash the files the cache did not know, into ``manifest`` and the cache (small ones' bytes into
+    ``contents``, when given)."""
     workers = max(1, min(threads or os.cpu_count() or 1, 8, len(todo)))
 
     def digest_one(item: tuple[str, os.stat_result]) -> tuple[str, os.stat_result, str | None]:
         rel, info = item
+        path = os.path.join(root, rel)
         try:
-            return rel, info, sha256_file(os.path.join(root, rel), info.st_size)
+            if contents is not None:
+                return rel, info, contents.digest(rel, path, info.st_size)
+            return rel, info, sha256_file(path, info.st_size)
         except OSError:
             return rel, info, None  # vanished or unreadable since the walk
 

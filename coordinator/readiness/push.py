@@ -22,7 +22,7 @@ import anyio
 
 from coordinator.nodes.session import NodeSession
 from coordinator.readiness.consistency import Manifest
-from shared.manifest import LINK_MODE, is_dir, is_link
+from shared.manifest import LINK_MODE, is_dir, is_link, read_file
 from shared.rpc import RemoteError
 
 SMALL_FILE = 1 << 20
@@ -228,19 +228,6 @@ def _first_remote_error(group: BaseExceptionGroup[BaseException]) -> BaseExcepti
     return first
 
 
-def _read(path: str) -> bytes:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        chunks: list[bytes] = []
-        while True:
-            block = os.read(fd, 1 << 20)
-            if not block:
-                return b"".join(chunks) if len(chunks) != 1 else chunks[0]
-            chunks.append(block)
-    finally:
-        os.close(fd)
-
-
 class SourceReader:
     """Batches of source files, each read from disk once for every node sent it at about the same time.
 
@@ -250,16 +237,19 @@ class SourceReader:
     first), so memory stays bounded however far apart the nodes run.
     """
 
-    def __init__(self, source_dir: str, source: Manifest, keep_bytes: int = 4 * BATCH_BYTES * IN_FLIGHT) -> None:
+    def __init__(self, source_dir: str, source: Manifest, keep_bytes: int = 4 * BATCH_BYTES * IN_FLIGHT,
+                 hashed: Mapping[str, bytes] | None = None) -> None:
         self.source_dir, self.source, self.keep_bytes = source_dir, source, keep_bytes
+        self.hashed = hashed or {}  # files the scan read to hash them (``shared.manifest.Contents``): not read again
         self._kept: OrderedDict[tuple[str, ...], tuple[list[PutFile], int]] = OrderedDict()
         self._kept_bytes = 0
         self._loading: dict[tuple[str, ...], anyio.Event] = {}
         self.reads = 0
 
     def _read_batch(self, batch: list[str]) -> list[PutFile]:
-        source, directory = self.source, self.source_dir
-        return [[rel, source[rel][1], source[rel][2], _read(os.path.join(directory, rel))] for rel in batch]
+        source, directory, hashed = self.source, self.source_dir, self.hashed
+        return [[rel, source[rel][1], source[rel][2], hashed.get(rel) or read_file(os.path.join(directory, rel))]
+                for rel in batch]
 
     async def batch(self, batch: list[str]) -> list[PutFile]:
         key = tuple(batch)

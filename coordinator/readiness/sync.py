@@ -42,7 +42,7 @@ from coordinator.readiness.source_links import (
 from shared import protocol as p
 from shared.agent_api.sync import ScanStatsReport as ScanStats  # what scanning a tree cost (the head's or a node's)
 from shared.ignore import DEFAULT_PATTERNS, IgnoreRules, read_ignore_file
-from shared.manifest import HashCache, is_dir, scan_tree, tree_hash
+from shared.manifest import Contents, HashCache, is_dir, scan_tree, tree_hash
 from shared.paths import UnsafePath, resolve_under
 from shared.rpc import Emit, RemoteError
 from shared.sizes import size_text
@@ -219,10 +219,11 @@ def remember_tree(digest: str, manifest: Manifest) -> None:
         _known_trees.popitem(last=False)
 
 
-def source_manifest(cluster: Cluster, source: Path, patterns: list[str],
-                    follow_outside: bool = False) -> tuple[Manifest, ScanStats, SourceLinks]:
+def source_manifest(cluster: Cluster, source: Path, patterns: list[str], follow_outside: bool = False,
+                    contents: Contents | None = None) -> tuple[Manifest, ScanStats, SourceLinks]:
     """The source's manifest (its links in it, each decided by ``SourceLinks``), what scanning it cost,
-    and the links: those sent as links, those leading outside (followed with ``follow_outside``)."""
+    and the links: those sent as links, those leading outside (followed with ``follow_outside``).
+    ``contents``: the bytes of the small files it had to hash (new or changed ones: those a sync sends)."""
     key = hashlib.sha256(str(source).encode()).hexdigest()[:16]
     # A scan that follows outside links has a cache of its own: one that does not would drop the entries of
     # the followed files (a model, say) from a shared one, and the next sync would hash them all again.
@@ -232,7 +233,8 @@ def source_manifest(cluster: Cluster, source: Path, patterns: list[str],
     cache, lock = _source_caches[path]
     links = SourceLinks(str(source), follow_outside)
     with lock:
-        manifest, stats = scan_tree(str(source), IgnoreRules(patterns), cache=cache, on_link=links, directories=True)
+        manifest, stats = scan_tree(str(source), IgnoreRules(patterns), cache=cache, on_link=links, directories=True,
+                                    contents=contents)
     return manifest, stats.as_dict(), links
 
 
@@ -332,6 +334,7 @@ class _Sync:
         self.relayed: dict[str, RelayResult] = {}
         self.relay_done = anyio.Event()
         self.unlisted: dict[str, tuple[list[str], int]] = {}  # node -> its names that are not UTF-8, and how many
+        self.contents = Contents()  # the small files the scan read to hash them: sent as read, not read again
 
     def lap(self, name: str) -> None:
         now = time.monotonic()
@@ -379,7 +382,7 @@ class _Sync:
 
     async def _scan_source(self) -> None:
         self.source_files, self.source_stats, self.source_links = await anyio.to_thread.run_sync(
-            source_manifest, self.cluster, self.source_dir, self.patterns, self.follow_outside)
+            source_manifest, self.cluster, self.source_dir, self.patterns, self.follow_outside, self.contents)
 
     def refused(self) -> SyncReport:
         """The report of a sync that sent nothing: its source has names or links it cannot send."""
@@ -439,7 +442,7 @@ class _Sync:
     # --- sending and verifying --------------------------------------------------------------
 
     async def send_and_verify(self) -> None:
-        self.reader = SourceReader(str(self.source_dir), self.source_files)
+        self.reader = SourceReader(str(self.source_dir), self.source_files, hashed=self.contents.files)
         # Large files go through the relay (once over the head's uplink, node to node), beside each
         # node's batches of small files; each node is verified once both are done.
         self.planned = {name: list(plan.send) for name, plan in self.plans.items()}
