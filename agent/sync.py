@@ -243,7 +243,7 @@ def sync_state(root: str, patterns: list[str], known: list[str] | None = None) -
     with _scan_lock(root):  # no other scan saves the cache meanwhile
         taken = _take_pending(root)
         if taken is None:
-            manifest, stats = scan_tree(root, rules, cache=cache, on_link=keep_links, directories=True)
+            manifest, stats = scan_tree(root, rules, cache=cache, on_link=keep_links, directories=True, ordered=False)
             flushed, how, flush_seconds = 0, "nothing", 0.0
         else:
             files = taken[0]
@@ -253,7 +253,7 @@ def sync_state(root: str, patterns: list[str], known: list[str] | None = None) -
                 durable = pool.submit(_timed, _make_durable, root, *taken)
                 try:
                     manifest, stats = scan_tree(root, rules, cache=cache, save=False, on_link=keep_links,
-                                                directories=True)
+                                                directories=True, ordered=False)
                 finally:
                     try:
                         how, flush_seconds = durable.result()
@@ -267,7 +267,7 @@ def sync_state(root: str, patterns: list[str], known: list[str] | None = None) -
     answer: SyncStateReply = {"tree_hash": digest, "count": len(manifest), "flushed": flushed,
                                   "flush": how, "flush_seconds": round(flush_seconds, 4), "stats": stats.as_dict()}
     if known is not None and digest not in known:
-        answer["files"] = [[rel, *entry] for rel, entry in manifest.items()]
+        answer["files"] = [[rel, *entry] for rel, entry in sorted(manifest.items())]
     return answer
 
 
