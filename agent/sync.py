@@ -322,7 +322,9 @@ def put_files(root: str, files: list[PutFileRow]) -> PutFilesReply:
             raise RemoteError(p.BAD_ARGS, "each file must be [path, mode, sha256, data]")
     guard = PathGuard(root)
     try:
-        targets = [guard.resolve(item[0]) for item in files]  # every path checked before any write
+        # Every path checked before any write: its directories (a file is renamed into place, never written
+        # through whatever stands at its name).
+        targets = [guard.resolve(item[0], replaced=True) for item in files]
     except UnsafePath as exc:
         raise RemoteError(p.REFUSED, str(exc)) from None
     sha256 = hashlib.sha256

@@ -190,7 +190,7 @@ def many_small(args, nodes, settle, link_rate: str) -> None:
     checkouts = [Checkout("coord (this checkout)", here)]
     if args.before:
         checkouts.append(Checkout(f"coord before ({args.before})", args.before))
-    results: dict[str, list[tuple[float, float, float]]] = {}
+    results: Runs = {}
     noops: dict[str, list[float]] = {}
     notes: list[str] = []
     with NetnsCluster(nodes) as cluster:
@@ -227,6 +227,14 @@ def many_small(args, nodes, settle, link_rate: str) -> None:
                 finally:
                     daemon.stop()
         rsync_noop = [meter.run(partial(rsync_each, cluster, source, "rsync-r0-seq", False))[0] for _ in range(NOOPS)]
+        _report(args, nodes, size, link_rate, tools, results, noops, rsync_noop, notes)  # before the clean-up: minutes
+
+
+Runs = dict[str, list[tuple[float, float, float]]]  # tool -> (wall, head CPU, nodes CPU) of each round
+
+
+def _report(args, nodes, size: int, link_rate: str, tools: list[str], results: Runs, noops: dict[str, list[float]],
+            rsync_noop: list[float], notes: list[str]) -> None:
     print(f"\n{args.files:,} files of {args.file_bytes} bytes ({size / 2**20:.1f} MiB) in 100 directories, "
           f"{len(nodes)} nodes, {os.cpu_count()} cores, links capped at {link_rate}/s each way; median of "
           f"{args.rounds} rounds (no-op: of {NOOPS} per round)\n")

@@ -152,12 +152,17 @@ class PathGuard:
         self._safe_dirs: set[str] = set()
         self._missing_dirs: set[str] = set()  # a new tree's directories, checked as far as they exist
 
-    def resolve(self, path: str, *, must_exist: bool = False) -> str:
+    def resolve(self, path: str, *, must_exist: bool = False, replaced: bool = False) -> str:
+        """``resolve_under`` for one path of the batch. ``replaced``: the caller puts a new entry at ``path``
+        by a rename, which never follows what stands there (a link or a FIFO is replaced, not written
+        through), so only the directories on the way are checked, not ``path`` itself: a sync's write of a
+        file in a directory already checked costs no system call here."""
         relative = check_relative(path)
         parent = relative.rpartition("/")[0]
         if not parent or parent in self._safe_dirs:
             full = f"{self._base}/{relative}"
-            _check_last(path, full, self.real_root, must_exist)
+            if not replaced:
+                _check_last(path, full, self.real_root, must_exist)
             return full
         if parent in self._missing_dirs:  # its existing part was checked; nothing in it exists yet
             if must_exist:

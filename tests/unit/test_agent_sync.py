@@ -362,3 +362,19 @@ def test_uploads_left_open_are_ended_with_the_session(tmp_path):
     finally:
         node_sync.Uploads = real
     assert uploads.open_count() == 0 and _temporaries(root) == []
+
+
+def test_a_file_replaces_a_link_or_fifo_at_its_name_and_never_writes_through_it(tmp_path):
+    """A file is renamed into place: what stood at its name (a link out of the workdir, a FIFO) is replaced,
+    not followed, so the write reaches nothing outside and no per-file check is needed to keep it so."""
+    root = tmp_path / "work"
+    root.mkdir()
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not the node's to change\n")
+    os.symlink(outside, root / "data.txt")
+    os.mkfifo(root / "pipe")
+    node_sync.put_files(str(root), [["data.txt", 0o644, _sha(b"synced\n"), b"synced\n"],
+                                    ["pipe", 0o644, _sha(b"p"), b"p"]])
+    assert not os.path.islink(root / "data.txt") and (root / "data.txt").read_bytes() == b"synced\n"
+    assert outside.read_text() == "not the node's to change\n"
+    assert (root / "pipe").read_bytes() == b"p"
