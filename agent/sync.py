@@ -11,9 +11,9 @@ end of a sync, and the start of the next) makes everything written since the
 last one durable at once (one ``syncfs`` on Linux; elsewhere an fsync per file
 written and per directory touched, then one ``F_FULLFSYNC`` on macOS) before it
 reports the tree's hash. On Linux a batch also starts that ``syncfs`` early, in
-the background (``_flush_early``), so the disk works while the rest arrives.
-Until the flush at the end the files written are not entered in the saved hash
-cache, so a crash before it costs a re-hash, never a wrong cache entry.
+the background (``_flush_early``), so the disk works while the rest arrives. Until then the files written are not entered in the
+saved hash cache, so a crash before that flush costs a re-hash, never a wrong
+cache entry.
 """
 
 from __future__ import annotations
