@@ -10,8 +10,7 @@ Small files are not flushed one by one or batch by batch: ``sync_state`` (the
 end of a sync, and the start of the next) makes everything written since the
 last one durable at once (one ``syncfs`` on Linux; elsewhere an fsync per file
 written and per directory touched, then one ``F_FULLFSYNC`` on macOS) before it
-reports the tree's hash. On Linux a batch also starts that ``syncfs`` early, in
-the background (``_flush_early``), so the disk works while the rest arrives. Until then the files written are not entered in the
+reports the tree's hash. Until then the files written are not entered in the
 saved hash cache, so a crash before that flush costs a re-hash, never a wrong
 cache entry.
 """
@@ -142,7 +141,6 @@ class _Unflushed:
         self.files: dict[str, _Written] = {}  # rel -> (path, stat when written, sha256)
         self.dirs: set[str] = set()
         self.devices: dict[int, str] = {}  # st_dev -> a directory on it (for syncfs)
-        self.early: threading.Thread | None = None  # the flush a batch started (``_flush_early``)
 
 
 _unflushed: dict[str, _Unflushed] = {}
@@ -160,22 +158,6 @@ def _pending(root: str) -> _Unflushed:
 #: Up to this many files, a flush fsyncs each of them and their directories rather than the whole
 #: filesystem (syncfs also waits for every other writer's dirty data on it, a training run's included).
 FSYNC_AT_MOST = 64
-
-
-def _flush_early(state: _Unflushed) -> None:
-    """Start the flush of what has landed so far, in the background, once there is more than a handful
-    (Linux: one ``syncfs`` per filesystem written to, one flush at a time): the disk writes while the rest
-    of the sync arrives, and the flush ``sync_state`` waits for at the end has only the tail left. It
-    proves nothing: only the flush at the end enters the files in the hash cache."""
-    if not sys.platform.startswith("linux"):
-        return
-    with state.lock:
-        if len(state.files) <= FSYNC_AT_MOST or (state.early is not None and state.early.is_alive()):
-            return
-        directories = list(state.devices.values())
-        state.early = threading.Thread(target=lambda: [_syncfs(directory) for directory in directories],
-                                       name="coord-early-flush", daemon=True)
-        state.early.start()
 
 
 def _take_pending(root: str) -> tuple[dict[str, _Written], set[str], dict[int, str]] | None:
@@ -354,7 +336,6 @@ def put_files(root: str, files: list[PutFileRow]) -> PutFilesReply:
                 written += len(data)
         finally:  # what landed is flushed by the next sync_state, a batch that failed halfway included
             _note_written(state, landed)
-    _flush_early(state)
     return {"files": len(files), "bytes": written}
 
 

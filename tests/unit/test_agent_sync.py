@@ -135,16 +135,12 @@ def test_batches_are_not_flushed_one_by_one_and_sync_state_makes_them_durable_on
     calls = _flush_calls(monkeypatch)
     for start in range(0, 600, 200):
         node_sync.put_files(root, _batch(start, 200))
-        early = node_sync._pending(root).early
-        if early is not None:
-            early.join()
-    linux = sys.platform.startswith("linux")
-    assert calls["fsync"] == 0  # three batches written, renamed, no file flushed on its own
-    assert calls["syncfs"] == (3 if linux else 0)  # Linux: each batch started the filesystem's flush, in the background
-    assert node_sync.cache_for(root).entries == {}  # not in the hash cache before the flush at the end
+    assert calls == {"fsync": 0, "syncfs": 0}  # three batches written, renamed, nothing flushed yet
+    assert node_sync.cache_for(root).entries == {}  # not in the hash cache before they are durable
     state = node_sync.sync_state(root, [], known=None)
-    if linux:
-        assert calls == {"syncfs": 4, "fsync": 0}, calls  # one syncfs at the end, which the cache waits for
+    expected = {"syncfs": 1, "fsync": 0} if sys.platform.startswith("linux") else None
+    if expected is not None:
+        assert calls == expected, calls  # one syncfs for the whole sync
     else:
         assert calls["fsync"] >= 600  # elsewhere an fsync per file (and per directory) at the end only
     assert state["flushed"] == 600 and "files" not in state
@@ -152,7 +148,7 @@ def test_batches_are_not_flushed_one_by_one_and_sync_state_makes_them_durable_on
     assert state["stats"]["hashed_files"] == 0  # the files it wrote are known: the check is a stat per file
     again = node_sync.sync_state(root, [], known=[state["tree_hash"]])
     assert again["flushed"] == 0 and again["tree_hash"] == state["tree_hash"] and "files" not in again
-    assert calls["syncfs"] == (4 if linux else 0)  # nothing pending: nothing flushed again
+    assert calls["syncfs"] == (1 if expected else 0)  # nothing pending: nothing flushed again
 
 
 def test_the_hash_cache_on_disk_names_a_written_file_only_once_it_is_durable(tmp_path, monkeypatch):
@@ -163,9 +159,6 @@ def test_the_hash_cache_on_disk_names_a_written_file_only_once_it_is_durable(tmp
     root = str(tmp_path / "work")
     cache_file = os.path.join(root, node_sync.CACHE_NAME)
     node_sync.put_files(root, _batch(0, 100))
-    early = node_sync._pending(root).early  # the background flush the batch started proves nothing: done with
-    if early is not None:
-        early.join()
 
     def cached_on_disk() -> bool:
         if not os.path.exists(cache_file):
@@ -201,7 +194,6 @@ def test_a_few_files_are_flushed_file_by_file_not_with_the_whole_filesystem(tmp_
     root = str(tmp_path / "work")
     calls = _flush_calls(monkeypatch)
     node_sync.put_files(root, _batch(0, 3))
-    assert node_sync._pending(root).early is None  # a handful starts no flush of the whole filesystem either
     node_sync.sync_state(root, [])
     assert calls["syncfs"] == 0 and calls["fsync"] == 3 + 3  # three files, their three directories
 
