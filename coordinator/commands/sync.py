@@ -15,7 +15,7 @@ def render_sync(report: SyncReport, console: Console) -> None:
     from rich.table import Table
 
     console.print(f"source {report['source']}: {report.get('source_files', 0)} files, "
-                  f"{_size(report.get('source_bytes', 0))}")
+                  f"{report.get('source_dirs', 0)} directories, {_size(report.get('source_bytes', 0))}")
     hook = report.get("hook")
     if hook:
         console.print(f"hook: {hook['detail']}")

@@ -231,7 +231,8 @@ class _Sync:
         self.states: dict[str, NodeState] = {}  # node -> its first answer
         self.listings: list[str] = []
         self.node_scans: dict[str, float | None] = {}
-        self.source_files: Manifest = {}
+        self.source_files: Manifest = {}  # files, links and directories
+        self.source_dirs = 0
         self.source_hash = ""
         self.source_stats: ScanStats
         self.hashes: dict[str, str] = {}  # node -> its tree hash, last known
@@ -288,6 +289,7 @@ class _Sync:
         self.refusal = refusal(self.source_links.outside)
         self.source_hash = tree_hash(self.source_files)
         remember_tree(self.source_hash, self.source_files)
+        self.source_dirs = sum(1 for entry in self.source_files.values() if is_dir(entry))
         self.lap("scan")
 
     async def _scan_source(self) -> None:
@@ -510,7 +512,8 @@ class _Sync:
         return {
             "source": str(self.source_dir), "dry_run": self.dry_run, "delete": self.delete, "nodes": self.entries,
             "timing": self.timing, "hook": self.hook, "listings_received": self.listings,
-            "node_scan_seconds": self.node_scans, "source_files": len(self.source_files),
+            "node_scan_seconds": self.node_scans, "source_files": len(self.source_files) - self.source_dirs,
+            "source_dirs": self.source_dirs,
             "source_bytes": sum(entry[0] for entry in self.source_files.values()),
             "source_tree_hash": self.source_hash, "source_scan": self.source_stats,
             "follow_outside_links": self.follow_outside, "links": len(self.source_links.kept),

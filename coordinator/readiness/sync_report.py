@@ -57,7 +57,8 @@ class SyncReport(TypedDict):
     hook: HookResult | None
     listings_received: NotRequired[list[str]]  # one name per node manifest received: none on an unchanged tree
     node_scan_seconds: NotRequired[dict[str, float | None]]  # each node's re-check of its tree, before sending
-    source_files: NotRequired[int]
+    source_files: NotRequired[int]  # files and links
+    source_dirs: NotRequired[int]
     source_bytes: NotRequired[int]
     source_tree_hash: NotRequired[str]
     source_scan: NotRequired[ScanStats]  # the head's scan of the source
@@ -86,6 +87,7 @@ class SyncSummary(TypedDict):
     listings_received: list[str]
     node_scan_seconds: dict[str, float | None]
     source_files: int
+    source_dirs: int
     source_bytes: int
     source_tree_hash: str
     source_scan: ScanStats

@@ -97,6 +97,7 @@ def test_empty_directories_and_every_directory_mode_arrive_as_rsync_a_gives_them
     _make_directories(source)
     report = _sync(daemon)
     assert report["status"] == "ok", report
+    assert report["source_files"] == 4 and report["source_dirs"] == 7
     expected = _shape(source)
     assert expected["empty"] == ("dir", 0o755) and expected["private"] == ("dir", 0o700)
     for node in netns_cluster.nodes:
