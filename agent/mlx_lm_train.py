@@ -17,13 +17,15 @@ batch (the batch iterator passed to ``mlx_lm.tuner.trainer.train`` is wrapped).
 from __future__ import annotations
 
 import faulthandler
+import itertools
 import json
 import os
 import platform
+import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from agent.heartbeat import Heartbeat
@@ -62,16 +64,17 @@ class ProgressCallback:
 
 
 def beating_batches(iterate: Callable[..., Iterator[Any]], heartbeat: Heartbeat,
-                    step_offset: int) -> Callable[..., Iterator[Any]]:
+                    step_offset: int, skip: int = 0) -> Callable[..., Iterator[Any]]:
     """mlx-lm's batch iterator, telling the heartbeat of each training step done: the loop asks
     for batch N+1 once step N (and its report and save) is over. Evaluation batches (not looped)
-    pass through."""
+    pass through. ``skip``: the training batches passed over first (a rollback's
+    ``$COORD_SKIP_BATCHES``: the data where the loss went wrong)."""
 
     def batches(*args: Any, **kwargs: Any) -> Iterator[Any]:
         if not kwargs.get("loop"):
             yield from iterate(*args, **kwargs)
             return
-        for done, batch in enumerate(iterate(*args, **kwargs)):
+        for done, batch in enumerate(itertools.islice(iterate(*args, **kwargs), skip, None)):
             if done:
                 heartbeat.step(step_offset + done)
                 heartbeat.phase("training")
@@ -90,7 +93,7 @@ def during(phase: str, func: Callable[..., Any], heartbeat: Heartbeat) -> Callab
     return wrapped
 
 
-def with_heartbeats(heartbeat: Heartbeat, step_offset: int) -> None:
+def with_heartbeats(heartbeat: Heartbeat, step_offset: int, skip: int = 0) -> None:
     """mlx-lm's trainer with the phases in its heartbeats (mlx_lm.lora looks these names up when
     it calls them)."""
     import mlx.core as mx
@@ -100,7 +103,7 @@ def with_heartbeats(heartbeat: Heartbeat, step_offset: int) -> None:
     train = lora.train
 
     def train_beating(*args: Any, **kwargs: Any) -> Any:
-        kwargs.setdefault("iterate_batches", beating_batches(trainer.iterate_batches, heartbeat, step_offset))
+        kwargs.setdefault("iterate_batches", beating_batches(trainer.iterate_batches, heartbeat, step_offset, skip))
         heartbeat.phase("compiling")  # until the first step is done
         return train(*args, **kwargs)
 
@@ -125,8 +128,12 @@ def main() -> None:
     import mlx_lm.lora as lora
 
     progress = os.environ.get("COORD_PROGRESS_FILE")
-    if progress:
-        with_heartbeats(heartbeat, offset)
+    skip = int(os.environ.get("COORD_SKIP_BATCHES") or "0")
+    if skip:
+        print(f"coord: skipping {skip} training batches after the rollback (coord run --skip-on-rollback)",
+              file=sys.stderr, flush=True)
+    if progress or skip:
+        with_heartbeats(heartbeat, offset, skip)
     if progress and mx.distributed.init().rank() == 0:
         original = lora.get_reporting_callbacks
 
@@ -136,7 +143,32 @@ def main() -> None:
         lora.get_reporting_callbacks = with_coord
     sys.argv = ["mlx_lm.lora", *sys.argv[1:]]
     lora.main()
+    if progress and mx.distributed.init().rank() == 0:
+        save_final_checkpoint(os.environ)
     heartbeat.stop()
+
+
+def save_final_checkpoint(env: Mapping[str, str]) -> str | None:
+    """The last step's checkpoint, under its step's name, when mlx-lm did not save one: it names a
+    checkpoint by its step only at multiples of --save-every, and writes the final weights to
+    ``adapters.safetensors`` alone, which coord does not take for a checkpoint (every save overwrites
+    it). Without this a run of 1500 steps saved every 200 ends with its newest checkpoint at 1400, and
+    a resume would redo the last 100 steps. Copied whole under a temporary name, then renamed."""
+    directory, total = env.get("COORD_CHECKPOINT_DIR"), env.get("COORD_TOTAL_STEPS")
+    if not directory or not total:
+        return None
+    iteration = int(total) - int(env.get("COORD_STEP_OFFSET") or "0")
+    final = os.path.join(directory, f"{iteration:07d}_adapters.safetensors")
+    adapters = os.path.join(directory, "adapters.safetensors")
+    if iteration <= 0 or os.path.exists(final) or not os.path.exists(adapters):
+        return None
+    temporary = f"{final}.{os.getpid()}.tmp"
+    shutil.copyfile(adapters, temporary)
+    with open(temporary, "rb") as handle:
+        os.fsync(handle.fileno())
+    os.replace(temporary, final)
+    print(f"coord: the final weights saved as the checkpoint of step {total} ({final})", file=sys.stderr, flush=True)
+    return final
 
 
 if __name__ == "__main__":

@@ -18,14 +18,16 @@ import subprocess
 import time
 from typing import TYPE_CHECKING
 
-from agent import proc_state
+from agent import proc_cpu, proc_state
 from agent.launch import JOB_NAME
 from shared import checkpoint_dirs
 from shared import protocol as p
+from shared.checkpoint_dirs import describe_nonfinite, describe_values_read
 from shared.manifest import sha256_file
 from shared.rpc import RemoteError
 
 if TYPE_CHECKING:
+    from agent.tensor_scan import Scan
     from shared.agent_api.common import JsonObject
     from shared.agent_api.ranks import (
         CheckpointFilesReply,
@@ -40,7 +42,7 @@ if TYPE_CHECKING:
         StopRankReply,
         WorkerError,
     )
-    from shared.checkpoint_dirs import DirFile
+    from shared.checkpoint_dirs import DirFile, NonFinite
 
 CHECKPOINT_NAME = re.compile(r"^(\d{7})_adapters\.safetensors$")
 MAX_READ = 4 << 20
@@ -167,8 +169,11 @@ def rank_status(workdir: str, job: str, attempt: int, rank: int, progress_offset
         piece = read_log(workdir, job, attempt, rank, log_offset, limit=LOG_INLINE)
         reply["log"], reply["log_offset"] = piece["data"], piece["offset"]
     if alive and pid is not None:
-        # Read last: a rank stopped (SIGSTOP) or stuck in the kernel is named by the hang watch.
-        reply["process"] = proc_state.summarize(proc_state.rank_processes(pid, runner if runner_alive else None))
+        # Read last: a rank stopped (SIGSTOP) or stuck in the kernel is named by the hang watch, and
+        # one whose processes use CPU before its first step is working, not hung.
+        processes = proc_state.rank_processes(pid, runner if runner_alive else None)
+        reply["process"] = proc_state.summarize(processes)
+        reply["cpu_s"] = proc_cpu.cpu_seconds(processes)
     return reply
 
 
@@ -316,9 +321,10 @@ def validate_safetensors(path: str) -> tuple[bool, str]:
 
 
 #: Checkpoints this agent hashed (or received whole, each chunk checked), by path: (size, mtime_ns,
-#: inode, sha256). A resume re-checks each copy where it lies; one unchanged since it was hashed
-#: (same size, mtime and inode, the rule of the sync's hash cache) is not read again.
-_hashed: dict[str, tuple[int, int, int, str]] = {}
+#: inode, sha256, what its tensors' values are: None when they were not read). A resume re-checks each
+#: copy where it lies; one unchanged since it was hashed (same size, mtime and inode, the rule of the
+#: sync's hash cache) is not read again.
+_hashed: dict[str, tuple[int, int, int, str, Scan | None]] = {}
 _HASHED_AT_MOST = 4096
 
 
@@ -326,10 +332,17 @@ def _stat_key(info: os.stat_result) -> tuple[int, int, int]:
     return info.st_size, info.st_mtime_ns, info.st_ino
 
 
-def remember_hash(path: str, sha256: str) -> None:
+def _remember(path: str, before: os.stat_result, sha256: str, scan: Scan | None) -> None:
+    if _stat_key(os.stat(path)) != _stat_key(before):
+        return  # being written while it was read
     if len(_hashed) >= _HASHED_AT_MOST:
         _hashed.clear()
-    _hashed[path] = (*_stat_key(os.stat(path)), sha256)
+    _hashed[path] = (*_stat_key(before), sha256, scan)
+
+
+def remember_hash(path: str, sha256: str) -> None:
+    info = os.stat(path)
+    _remember(path, info, sha256, None)
 
 
 def sha256_remembered(path: str) -> str:
@@ -339,11 +352,29 @@ def sha256_remembered(path: str) -> str:
     if known is not None and known[:3] == _stat_key(before):
         return known[3]
     digest = sha256_file(path, before.st_size)
-    if _stat_key(os.stat(path)) == _stat_key(before):  # not being written while it was read
-        if len(_hashed) >= _HASHED_AT_MOST:
-            _hashed.clear()
-        _hashed[path] = (*_stat_key(before), digest)
+    _remember(path, before, digest, None)
     return digest
+
+
+def scanned_remembered(path: str) -> Scan:
+    """The file's SHA256 and what its tensors' values are, from one read (agent/tensor_scan.py), read
+    again only when it changed since this agent last read it so."""
+    before = os.stat(path)
+    known = _hashed.get(path)
+    if known is not None and known[:3] == _stat_key(before) and known[4] is not None:
+        return known[4]
+    from agent.tensor_scan import scan_file  # imported when a checkpoint is first listed: zipfile, pickletools
+
+    scan = scan_file(path)
+    _remember(path, before, scan.sha256, scan)
+    return scan
+
+
+def nonfinite_of(name: str, scan: Scan) -> NonFinite | None:
+    bad = scan.bad
+    if bad is None:
+        return None
+    return {"file": name, "tensor": bad.tensor, "value": bad.value, "element": bad.element, "dtype": bad.dtype}
 
 
 def list_checkpoints(workdir: str, job: str, attempt: int,
@@ -363,26 +394,44 @@ def list_checkpoints(workdir: str, job: str, attempt: int,
             continue
         path = os.path.join(directory, name)
         if checkpoint_dirs.DIR_NAME.match(name) and os.path.isdir(path) and not os.path.islink(path):
-            found.append(describe_checkpoint_dir(name, path))
+            found.append(describe_checkpoint_dir(name, path, values=True))
             continue
         match = CHECKPOINT_NAME.match(name)
         if not match:
             continue
-        valid, detail = validate_safetensors(path)
-        found.append({"name": name, "iteration": int(match.group(1)), "path": path, "valid": valid,
-                      "detail": detail, "size": os.path.getsize(path),
-                      "sha256": sha256_remembered(path) if valid else None})
+        found.append(describe_checkpoint_file(name, int(match.group(1)), path))
     return {"dir": directory, "checkpoints": found}
 
 
-def describe_checkpoint_dir(name: str, path: str) -> CheckpointInfo:
+def describe_checkpoint_file(name: str, iteration: int, path: str) -> CheckpointInfo:
+    """One safetensors checkpoint: complete (its header and sizes), and every float value finite, read
+    in the same pass that hashes it."""
+    size = os.path.getsize(path)
+    valid, detail = validate_safetensors(path)
+    if not valid:
+        return {"name": name, "iteration": iteration, "path": path, "valid": False, "detail": detail, "size": size,
+                "sha256": None}
+    scan = scanned_remembered(path)
+    bad = nonfinite_of(name, scan)
+    if bad is not None:
+        return {"name": name, "iteration": iteration, "path": path, "valid": False,
+                "detail": describe_nonfinite(bad), "size": size, "sha256": None, "nonfinite": bad}
+    return {"name": name, "iteration": iteration, "path": path, "valid": True,
+            "detail": detail + (f", {describe_values_read(scan.values_read)}" if scan.values_read else ""),
+            "size": size, "sha256": scan.sha256}
+
+
+def describe_checkpoint_dir(name: str, path: str, *, values: bool = False) -> CheckpointInfo:
     """What this node holds of one checkpoint directory: each file with its SHA256 (hashed again only
-    when it changed), the notes its format names its parts in, and a digest over all of it."""
+    when it changed), the notes its format names its parts in, and a digest over all of it. ``values``:
+    its tensors' values are read too, in the same pass (whether they are finite is the head's to judge
+    with the other nodes' parts)."""
     entries, problem = checkpoint_dirs.walk(path)
     files: list[DirFile] = []
     for rel, full in entries:
         try:
-            files.append({"path": rel, "size": os.path.getsize(full), "sha256": sha256_remembered(full)})
+            files.append(_dir_file(rel, full) if values else
+                         {"path": rel, "size": os.path.getsize(full), "sha256": sha256_remembered(full)})
         except OSError as exc:  # removed or replaced while it was read: still being written
             problem = problem or f"{rel} could not be read: {exc.strerror or exc}"
     paths = dict(entries)
@@ -390,6 +439,18 @@ def describe_checkpoint_dir(name: str, path: str) -> CheckpointInfo:
             "detail": problem or f"{len(files)} files", "size": checkpoint_dirs.total_size(files),
             "sha256": checkpoint_dirs.digest(files) if problem is None else None, "kind": "dir", "files": files,
             "notes": checkpoint_dirs.notes_of(paths), "references": checkpoint_dirs.metadata_references(paths)}
+
+
+def _dir_file(rel: str, full: str) -> DirFile:
+    size = os.path.getsize(full)
+    scan = scanned_remembered(full)
+    entry: DirFile = {"path": rel, "size": size, "sha256": scan.sha256}
+    if scan.values_read:
+        entry["values_read"] = scan.values_read
+    bad = nonfinite_of(rel, scan)
+    if bad is not None:
+        entry["nonfinite"] = bad
+    return entry
 
 
 def checkpoint_files(workdir: str, path: str) -> CheckpointFilesReply:

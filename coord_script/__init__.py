@@ -6,9 +6,10 @@ supervised by coord, without knowing the file formats (docs/script-contract.md).
     start = coord_script.step_offset()            # the global step this attempt starts from
     if coord_script.resume_dir():                 # a resume: load what the previous attempt saved
         ...
+    batches = skip(batches, coord_script.skip_batches())  # after a rollback: the data that diverged
     for step in range(start + 1, total + 1):
         loss = train_one_step()
-        coord_script.report(step, loss=loss, tokens_per_second=tps)
+        coord_script.report(step, loss=loss, tokens_per_second=tps)  # a NaN loss is reported as NaN
         if step % save_every == 0:
             save_to(coord_script.checkpoint_dir(step - start))
 
@@ -27,22 +28,26 @@ import time
 from typing import Any
 
 __all__ = ["accelerate_tracker", "checkpoint_dir", "deepspeed_config", "hf_callback", "report", "resume_dir",
-           "step_offset"]
+           "skip_batches", "step_offset"]
 
 #: Checkpoint names carry the step in seven digits (docs/script-contract.md).
 STEP_DIGITS = 7
+#: The values written even when they are NaN or infinite: they say the run diverged.
+_HEALTH_VALUES = ("loss", "grad_norm")
 
 
 def report(step: int, loss: float | None = None, **metrics: float) -> bool:
     """Append a ``train`` progress record for global ``step`` to ``$COORD_PROGRESS_FILE``.
 
     ``metrics`` are numbers coord shows beside the loss: ``tokens_per_second``, ``learning_rate``,
-    ``peak_memory_gb`` (bytes / 1e9), and for ``coord bench scaling`` ``samples_per_second`` and
-    ``comm_seconds`` (the step's time waiting on the other ranks: its all-reduce); others are kept
-    in the line and ignored by coord. A value that
-    is not finite (a NaN loss) is left out of the record, as coord would skip it. The record is one
-    JSON line written whole with one ``write`` to a file opened for appending, so ranks that share
-    the file never interleave. Returns False when there is no progress file (not run by coord).
+    ``peak_memory_gb`` (bytes / 1e9), ``grad_norm`` (the gradients' global norm), and for ``coord
+    bench scaling`` ``samples_per_second`` and ``comm_seconds`` (the step's time waiting on the other
+    ranks: its all-reduce); others are kept in the line and ignored by coord. A loss or gradient norm
+    that is NaN or infinite is written as it is (``NaN``, ``Infinity``): coord takes it for a
+    divergence and, by default, rolls the run back to the checkpoint before it (docs/recovery.md).
+    Another value that is not finite is left out. The record is one JSON line written whole with one
+    ``write`` to a file opened for appending, so ranks that share the file never interleave. Returns
+    False when there is no progress file (not run by coord).
     """
     if not _whole(step) or step < 0:
         raise ValueError(f"coord_script.report: step must be a whole number of at least 0, got {step!r}")
@@ -54,7 +59,8 @@ def report(step: int, loss: float | None = None, **metrics: float) -> bool:
     if not path:
         return False
     record = {"kind": "train", "step": step, "time": time.time(),
-              **{name: float(value) for name, value in values.items() if math.isfinite(value)}}
+              **{name: float(value) for name, value in values.items()
+                 if math.isfinite(value) or name in _HEALTH_VALUES}}
     line = (json.dumps(record) + "\n").encode("utf-8")
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
@@ -75,6 +81,21 @@ def deepspeed_config() -> str | None:
     plan's ZeRO stage, precision and offload, with this attempt's batch, which a shrink changes), or None
     without a plan: ``deepspeed.initialize(..., config=coord_script.deepspeed_config() or "ds.json")``."""
     return os.environ.get("COORD_DEEPSPEED_CONFIG") or None
+
+
+def skip_batches() -> int:
+    """How many batches to skip before the first step of this attempt (``$COORD_SKIP_BATCHES``; 0
+    unless the run was rolled back after a divergence with ``--skip-on-rollback N``): the data that
+    followed the checkpoint, where the loss went NaN or spiked. Skip them where the data order is
+    resumed, e.g. ``itertools.islice(batches, coord_script.skip_batches(), None)``."""
+    text = os.environ.get("COORD_SKIP_BATCHES") or "0"
+    try:
+        count = int(text)
+    except ValueError:
+        raise ValueError(f"COORD_SKIP_BATCHES must be a whole number, got {text!r}") from None
+    if count < 0:
+        raise ValueError(f"COORD_SKIP_BATCHES must be at least 0, got {count}")
+    return count
 
 
 def step_offset() -> int:

@@ -27,10 +27,37 @@ NOTE_BYTES = 4096
 MAX_METADATA_BYTES = 64 << 20
 
 
-class DirFile(TypedDict):
+class NonFinite(TypedDict):
+    """The first NaN or infinity the agent found in a checkpoint's file, read as it hashed it."""
+
+    file: str  # the file's name (relative to a checkpoint directory)
+    tensor: str  # the tensor's name (a torch file's: the keys leading to it, dotted)
+    value: str  # "NaN", "inf" or "-inf"
+    element: int  # its index within the tensor's bytes, counted in elements
+    dtype: str  # "float32", "bfloat16", ...
+
+
+def describe_nonfinite(bad: NonFinite) -> str:
+    """What a checkpoint's event and catalog entry say of a non-finite value: which file, tensor and value."""
+    return f"{bad['file']}: tensor {bad['tensor']!r} holds {bad['value']} ({bad['dtype']} element {bad['element']})"
+
+
+def describe_values_read(count: int) -> str:
+    """What a valid checkpoint's detail says of its tensors' values (``count``: float tensors read whole, at
+    least one: a file with none says nothing of them)."""
+    return f"{count} float tensor{'s' if count != 1 else ''} read, no NaN"
+
+
+class _DirFile(TypedDict):
     path: str  # relative to the checkpoint directory, "/"-separated
     size: int
     sha256: str
+
+
+class DirFile(_DirFile, total=False):
+    # What the agent saw of the values of the file's tensors, in the read that hashed it (agent/tensor_scan.py):
+    values_read: int  # tensors of a floating type whose every value was read (absent: none)
+    nonfinite: NonFinite  # the first NaN or infinity among them (absent: none)
 
 
 def digest(files: Iterable[DirFile]) -> str:

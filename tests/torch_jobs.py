@@ -11,7 +11,10 @@ from __future__ import annotations
 #: torch.distributed + DDP, launched by torchrun. Rank 0 saves ``state.pt`` and ``COMPLETE`` in the
 #: step's directory; every rank loads the resume directory. ``--fail-at S``: on the first attempt,
 #: global rank 1 raises at step S (torchrun's error file names it); ``--hang-at S``: it stops there;
-#: ``--abort-at-exit``: it aborts (SIGABRT) after its last step and the process group's end.
+#: ``--abort-at-exit``: it aborts (SIGABRT) after its last step and the process group's end;
+#: ``--nan-at S``: on the first attempt every weight turns NaN at step S (the loss too, from there on),
+#: as a run that diverged. After a rollback it skips the batches coord_script.skip_batches() says
+#: (kept in each checkpoint, so that a later resume draws the same data).
 DDP = '''\
 import argparse, os, signal, time
 import torch
@@ -28,6 +31,7 @@ def main():
     parser.add_argument("--fail-at", type=int)
     parser.add_argument("--hang-at", type=int)
     parser.add_argument("--abort-at-exit", action="store_true")
+    parser.add_argument("--nan-at", type=int)
     args = parser.parse_args()
     dist.init_process_group(os.environ.get("COORD_TORCH_BACKEND", "gloo"))
     rank = dist.get_rank()
@@ -35,10 +39,16 @@ def main():
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     start = coord_script.step_offset()
+    skipped = 0
     if coord_script.resume_dir():
         state = torch.load(os.path.join(coord_script.resume_dir(), "state.pt"))
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
+        skipped = state.get("skipped", 0)
+    if coord_script.skip_batches():
+        skipped += coord_script.skip_batches()
+        if rank == 0:
+            print(f"skipping {coord_script.skip_batches()} batches after the rollback", flush=True)
     ddp = DistributedDataParallel(model)
     save_every = int(os.environ.get("COORD_SAVE_EVERY", "0"))
     first = os.environ.get("COORD_ATTEMPT", "0") == "0"
@@ -49,8 +59,12 @@ def main():
               f"x {accumulation}", flush=True)
     for step in range(start + 1, args.steps + 1):
         optimizer.zero_grad()
+        if first and args.nan_at == step:
+            with torch.no_grad():
+                for param in model.parameters():
+                    param.mul_(float("nan"))
         for part in range(max(1, accumulation)):
-            generator = torch.Generator().manual_seed(step * 1000 + rank + 100 * part)
+            generator = torch.Generator().manual_seed((step + skipped) * 1000 + rank + 100 * part)
             x = torch.randn(micro, 4, generator=generator)
             loss = ((ddp(x) - x.sum(1, keepdim=True)) ** 2).mean() / max(1, accumulation)
             loss.backward()
@@ -63,7 +77,7 @@ def main():
             coord_script.report(step, loss=loss.item())
             if save_every and (step % save_every == 0 or step == args.steps):
                 directory = coord_script.checkpoint_dir(step - start)
-                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()},
+                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "skipped": skipped},
                            os.path.join(directory, "state.pt"))
                 open(os.path.join(directory, "COMPLETE"), "w").close()
         time.sleep(args.sleep)

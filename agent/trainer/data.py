@@ -69,7 +69,7 @@ class Split:
 class GlobalOrder:
     """The examples of every optimizer step, for a data set size, a global batch and a seed."""
 
-    def __init__(self, size: int, global_batch: int, seed: int):
+    def __init__(self, size: int, global_batch: int, seed: int, skipped: int = 0):
         if size < global_batch:
             raise BatchError(f"the training set has {size} examples, fewer than one global batch "
                              f"({global_batch} = batch size × gradient accumulation steps)")
@@ -77,12 +77,15 @@ class GlobalOrder:
         self.global_batch = global_batch
         self.seed = seed
         self.batches_per_epoch = size // global_batch
+        # Global batches passed over without training on them: the data after a checkpoint that a run
+        # rolled back from skips (coord run --skip-on-rollback), kept in every later checkpoint.
+        self.skipped = skipped
         self._epoch: int | None = None
         self._order: list[int] = []
 
     def position(self, step: int) -> tuple[int, int]:
         """(epoch, index in epoch) of the global batch that step ``step`` + 1 consumes."""
-        return divmod(step, self.batches_per_epoch)
+        return divmod(step + self.skipped, self.batches_per_epoch)
 
     def examples(self, step: int) -> list[int]:
         """The example indices optimizer step ``step`` (counted from 1) consumes."""

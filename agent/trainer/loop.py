@@ -125,6 +125,7 @@ class LoopOptions:
     step_offset: int            # checkpoint names count from here ($COORD_STEP_OFFSET)
     corrupt_step: int | None    # --debug-corrupt: perturb this rank's weights after this step
     hang_step: int | None = None  # --debug-hang: this rank never leaves the collective of this step
+    nan_step: int | None = None  # --debug-nan: every rank's weights turn NaN after this step (a divergence)
 
 
 class Window:
@@ -195,12 +196,15 @@ class Trainer:
                 self.validate(step)
             if opts.fingerprint_every > 0 and step % opts.fingerprint_every == 0:
                 self.writer.fingerprint(step, trainable_arrays(self.model))
-            if opts.save_every > 0 and step % opts.save_every == 0:
+            if opts.save_every > 0 and (step % opts.save_every == 0 or last):
                 # Every rank saves, on its own node: data parallel ranks hold the same weights and
                 # optimizer state, so each node holds the checkpoint a resume needs (nothing is copied).
+                # The last step too, whatever the interval: the run's final checkpoint is its result.
                 self.save(step)
             if step == opts.corrupt_step:
                 self.corrupt(step)
+            if step == opts.nan_step:
+                self.poison(step)
 
     def train_step(self, step: int) -> tuple[float, int]:
         totals = None
@@ -283,13 +287,21 @@ class Trainer:
             global_step=step, optimizer_step=int(self.optimizer.step.item()), mlx_key=mlx_key(), epoch=epoch,
             index=index, batches_per_epoch=self.order.batches_per_epoch, world_size=self.split.world_size,
             batch_size=self.split.batch_size, grad_accumulation_steps=self.split.accumulation,
-            trained_tokens=self.trained_tokens, options=self.fixed_options)
+            trained_tokens=self.trained_tokens, options=self.fixed_options, skipped=self.order.skipped)
         arrays = {**trainable_arrays(self.model), **optimizer_arrays(self.optimizer)}
         with self.heartbeat.during("saving"):  # training is held while the arrays are copied
             blocking = self.writer.save(path, step, arrays, trainer_state.encode(state))
         if self.split.rank == 0:
             self.reporter.say(f"Iter {step}: Saving adapter weights and trainer state to {path} "
                               f"(training held {blocking * 1000:.1f} ms).")
+
+    def poison(self, step: int) -> None:
+        """--debug-nan: every weight NaN from here on, as a run that diverged holds them: the next loss is
+        NaN, and so is every checkpoint after."""
+        self.model.update(tree_unflatten([(name, value * mx.array(float("nan"), dtype=value.dtype))
+                                          for name, value in trainable_arrays(self.model).items()]))
+        mx.eval(self.model.parameters())
+        print(f"[debug] rank {self.split.rank}: weights made NaN after step {step}", flush=True)
 
     def corrupt(self, step: int) -> None:
         """--debug-corrupt: make this rank's weights differ, so the replica check has something to find."""

@@ -80,6 +80,7 @@ def parse_args(argv: list[str] | None) -> types.SimpleNamespace:
                         help="Every N steps each rank records a SHA256 of its trainable weights (0: off).")
     parser.add_argument("--debug-corrupt", type=_rank_step, help=argparse.SUPPRESS)
     parser.add_argument("--debug-hang", type=_rank_step, help=argparse.SUPPRESS)  # bench/hang_recovery.py
+    parser.add_argument("--debug-nan", type=int, help=argparse.SUPPRESS)  # every rank's weights NaN after this step
     args = vars(parser.parse_args(argv))
     if args["config"]:
         with open(args["config"], encoding="utf-8") as handle:
@@ -247,11 +248,17 @@ def prepare(args: types.SimpleNamespace, heartbeat: Heartbeat | None = None) -> 
     # load_dataset is annotated with the Hugging Face tokenizer, but mlx_lm lora itself passes this
     # TokenizerWrapper, which forwards every attribute to that tokenizer.
     train_set, valid_set, test_set = load_dataset(args, tokenizer)  # type: ignore[arg-type]
-    order = GlobalOrder(len(train_set), split.global_batch, args.seed)
+    order = GlobalOrder(len(train_set), split.global_batch, args.seed,
+                        skipped=state["data"].get("skipped", 0) if state is not None else 0)
     fixed = trainer_state.fixed_options(args, split.global_batch, len(train_set))
     if state is not None:
         trainer_state.check_compatible(state, fixed, args.resume_adapter_file)
         trainer_state.check_data_position(state, order.batches_per_epoch, args.resume_adapter_file)
+    skip = skip_after_rollback()
+    if skip:
+        order.skipped += skip
+        reporter.say(f"Skipping {skip} global batches after the rollback (coord run --skip-on-rollback): step "
+                     f"{start_step + 1} trains on the batch after them ({order.skipped} skipped in all)")
 
     mx.random.seed(args.seed)  # before the LoRA layers are made: their initial weights are random
     prepare_model(model, args)
@@ -275,6 +282,18 @@ def prepare(args: types.SimpleNamespace, heartbeat: Heartbeat | None = None) -> 
         fixed_options=fixed, reporter=reporter, writer=writer,
         trained_tokens=state["trained_tokens"] if state else 0, heartbeat=heartbeat)
     return Job(args=args, trainer=trainer, writer=writer, start_step=start_step, test_set=CacheDataset(test_set))
+
+
+def skip_after_rollback() -> int:
+    """``$COORD_SKIP_BATCHES``: the global batches after the resume's checkpoint to pass over (a rollback)."""
+    text = os.environ.get("COORD_SKIP_BATCHES") or "0"
+    try:
+        count = int(text)
+    except ValueError:
+        raise SetupError(f"COORD_SKIP_BATCHES must be a whole number, got {text!r}") from None
+    if count < 0:
+        raise SetupError(f"COORD_SKIP_BATCHES must be at least 0, got {count}")
+    return count
 
 
 def make_reporter(args: types.SimpleNamespace, rank: int) -> Reporter:
@@ -316,4 +335,5 @@ def loop_options(args: types.SimpleNamespace, step_offset: int, rank: int) -> Lo
                        fingerprint_every=args.fingerprint_every, clear_cache_threshold=args.clear_cache_threshold,
                        adapter_path=args.adapter_path, step_offset=step_offset,
                        corrupt_step=corrupt[1] if corrupt and corrupt[0] == rank else None,
+                       nan_step=args.debug_nan if first else None,
                        hang_step=hang[1] if hang and hang[0] == rank else None)

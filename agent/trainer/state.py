@@ -36,7 +36,11 @@ class RngState(TypedDict):
     mlx_key: list[int]  # two 32-bit halves
 
 
-class DataPosition(TypedDict):
+class _Skipped(TypedDict, total=False):  # (NotRequired is not in Python 3.10's typing, which nodes may run)
+    skipped: int  # global batches passed over after rollbacks (absent: none, as before rollbacks existed)
+
+
+class DataPosition(_Skipped):
     epoch: int
     index: int  # global batches of this epoch already consumed
     batches_per_epoch: int
@@ -81,7 +85,7 @@ def fixed_options(args: Any, global_batch: int, train_examples: int) -> JsonObje
 
 def build(*, global_step: int, optimizer_step: int, mlx_key: list[int], epoch: int, index: int,
           batches_per_epoch: int, world_size: int, batch_size: int, grad_accumulation_steps: int,
-          trained_tokens: int, options: JsonObject) -> TrainerState:
+          trained_tokens: int, options: JsonObject, skipped: int = 0) -> TrainerState:
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -89,7 +93,7 @@ def build(*, global_step: int, optimizer_step: int, mlx_key: list[int], epoch: i
         "optimizer_step": optimizer_step,
         "rng": {"mlx_key": [int(k) for k in mlx_key]},
         # The order itself is a pure function of (seed, epoch, global batch, data set): see data.py.
-        "data": {"epoch": epoch, "index": index, "batches_per_epoch": batches_per_epoch},
+        "data": {"epoch": epoch, "index": index, "batches_per_epoch": batches_per_epoch, "skipped": skipped},
         "world_size": world_size,
         "batch_size": batch_size,
         "grad_accumulation_steps": grad_accumulation_steps,
@@ -141,8 +145,11 @@ def check_compatible(state: TrainerState, options: JsonObject, path: str) -> Non
 
 def check_data_position(state: TrainerState, batches_per_epoch: int, path: str) -> None:
     """The saved data position must be where this run's order puts the saved step."""
-    expected = divmod(state["global_step"], batches_per_epoch)
     data = state["data"]
+    skipped = data.get("skipped", 0)
+    if not isinstance(skipped, int) or isinstance(skipped, bool) or skipped < 0:
+        raise StateError(f"{path}: data position has no valid count of skipped batches: {skipped!r}")
+    expected = divmod(state["global_step"] + skipped, batches_per_epoch)
     if (data.get("epoch"), data.get("index")) != expected or data.get("batches_per_epoch") != batches_per_epoch:
         raise StateError(f"{path}: data position epoch {data.get('epoch')}, index {data.get('index')} "
                          f"({data.get('batches_per_epoch')} batches per epoch) does not match step "

@@ -4,7 +4,6 @@ other through the daemon, and how it scales (the numbers: coordinator/observe/sc
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -13,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from coordinator.cli.client import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliError, ask_daemon, resolve_socket
 from coordinator.cli.job_commands import follow_job
+from coordinator.cli.json_output import print_json
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -93,8 +93,7 @@ def cmd_bench_scaling(args: argparse.Namespace) -> int:
         title = f"{' '.join(args.command)[:60]}: scaling over {len(nodes)} nodes"
         Path(args.svg).write_text(render_svg(rows, title), encoding="utf-8")
     if args.json:
-        json.dump({"runs": runs, "rows": [vars(row) for row in rows]}, sys.stdout, indent=2, sort_keys=True)
-        sys.stdout.write("\n")
+        print_json({"runs": runs, "rows": [vars(row) for row in rows]})
         return EXIT_OK
     print(render_rows(rows))
     if args.svg:

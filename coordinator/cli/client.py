@@ -7,14 +7,13 @@ Nothing heavy is imported here: asyncio, the rpc layer and rich are imported by 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from coordinator.cli.console import make_console
+from coordinator.cli.json_output import print_json
 
 # Not coordinator.config.cluster_file: its dataclasses and checks are a third of a start that every command pays
 # (each imports it where it needs the whole file).
@@ -167,8 +166,7 @@ def streamed(args: argparse.Namespace, method: str, request: Mapping[str, object
 
     if args.json:
         report = ask()
-        json.dump(report, sys.stdout, indent=2, sort_keys=True)
-        sys.stdout.write("\n")
+        print_json(report)
         return report
     console = make_console()
     with progress_class(console) as progress:

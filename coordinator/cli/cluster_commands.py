@@ -21,6 +21,7 @@ from coordinator.cli.client import (
     streamed,
 )
 from coordinator.cli.console import make_console
+from coordinator.cli.json_output import print_json
 
 if TYPE_CHECKING:
     from coordinator.commands.hostfile import HostfileAnswer
@@ -40,8 +41,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         request.update(history=True, run=args.run, since=time.time() - args.since if args.since else None)
     doc: StatusDocument = ask_daemon(socket, "status", request, config_hint=hint)
     if args.json:
-        json.dump(doc, sys.stdout, indent=2, sort_keys=True)
-        sys.stdout.write("\n")
+        print_json(doc)
     else:
         from coordinator.commands.status import render_history, render_status
         render_status(doc, make_console())
@@ -182,16 +182,14 @@ def cmd_hostfile(args: argparse.Namespace) -> int:
     result: HostfileAnswer = ask_daemon(socket, "hostfile", {"output": output, "backend": args.backend},
                                         config_hint=hint, timeout=300)
     if args.json:
-        json.dump(result, sys.stdout, indent=2, sort_keys=True)
-        sys.stdout.write("\n")
+        print_json(result)
         return EXIT_OK
     if output:
         document = result["hostfile"]
         print(f"wrote {output} ({document['backend']}, {len(document['hosts'])} hosts: "
               f"{', '.join(h['ssh'] for h in document['hosts'])})")
     else:
-        json.dump(result["hostfile"], sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json(result["hostfile"], sort_keys=False)
     # Without -o stdout is the hostfile itself: the advice goes to stderr.
     advice = sys.stdout if output else sys.stderr
     print(render_hostfile_ssh(result), file=advice)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -11,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from coordinator.cli.client import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliError, ask_daemon, resolve_socket
+from coordinator.cli.json_output import print_json
 
 if TYPE_CHECKING:
     from coordinator.jobs.view import RunView
@@ -49,7 +49,7 @@ def follow_job(socket: Path, name: str, hint: str | None, *, quiet: bool = False
 SPEC_OPTIONS = ("name", "source", "save_every", "max_restarts", "hang_timeout", "keep", "force", "backend", "trainer",
                 "replica", "min_nodes", "node_timeout", "node_wait", "total_steps", "nodes", "priority",
                 "follow_outside_links", "first_step_timeout", "launcher", "procs_per_node", "global_batch",
-                "micro_batch")
+                "micro_batch", "on_divergence", "max_rollbacks", "skip_on_rollback", "on_spike")
 
 
 def run_request(args: argparse.Namespace) -> dict[str, object]:
@@ -89,9 +89,6 @@ def run_request(args: argparse.Namespace) -> dict[str, object]:
             fields = dict(validate(JobSpec(name=name, command=command, **given)).as_dict())
     except JobSpecError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
-    if "node_timeout" in given and fields["min_nodes"] is None:
-        raise CliError("--node-timeout is how long a lost node is waited for before it is left out, which only "
-                       "--min-nodes allows: give --min-nodes too, or leave --node-timeout out", EXIT_USAGE)
     return {"spec": fields, "resume": bool(args.resume)}
 
 
@@ -124,8 +121,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
     hint = args.config or os.environ.get("COORD_CONFIG")
     final = follow_job(socket, args.job, hint, quiet=args.quiet)
     if args.json:
-        json.dump(final, sys.stdout, indent=2, sort_keys=True)
-        sys.stdout.write("\n")
+        print_json(final)
     return EXIT_OK if final["state"] == "succeeded" else EXIT_FAILED
 
 
@@ -143,8 +139,7 @@ def cmd_resize(args: argparse.Namespace) -> int:
     hint = args.config or os.environ.get("COORD_CONFIG")
     answer = ask_daemon(socket, "resize", {"name": args.job}, config_hint=hint)
     if args.json:
-        json.dump(answer, sys.stdout, indent=2, sort_keys=True)
-        sys.stdout.write("\n")
+        print_json(answer)
     else:
         print(f"{args.job}: {answer['detail']}")
     return EXIT_OK

@@ -297,7 +297,20 @@ def build_parser() -> argparse.ArgumentParser:
                    "nodes when one is down longer than --node-timeout (same global batch; default: wait for every "
                    "node)")
     p.add_argument("--node-timeout", type=SECONDS,
-                   help="with --min-nodes: seconds a lost node is waited for before it may be left out (default 60)")
+                   help="seconds coord waits for nodes it lost while their ranks may still train: a head whose own "
+                        "network blinked keeps the job running and re-attaches within it; with --min-nodes, a node "
+                        "down longer is left out (default 60)")
+    p.add_argument("--on-divergence", choices=["rollback", "stop"],
+                   help="when a reported loss or gradient norm is NaN or infinite: roll back to the newest checkpoint "
+                        "saved before that step (default), or stop the job failed")
+    p.add_argument("--max-rollbacks", type=job_whole("max_rollbacks"), help="rollbacks after a divergence before the "
+                   "job fails (default 3; they do not use up --max-restarts)")
+    p.add_argument("--skip-on-rollback", type=job_whole("skip_on_rollback"), metavar="N", help="a rollback skips the "
+                   "N batches after its checkpoint (the data where the loss went wrong): mlx_lm lora and --trainer "
+                   "coord do, a script reads COORD_SKIP_BATCHES or coord_script.skip_batches() (default 0)")
+    p.add_argument("--on-spike", choices=["warn", "rollback"],
+                   help="a loss spike (above 1.5x the median of the last 50 losses, and above the highest of them): an "
+                        "event and an alert (warn, default), or a rollback as after a NaN")
     p.add_argument("--node-wait", type=SECONDS,
                    help=f"seconds an attempt waits for its nodes to be up (each one, or with --min-nodes enough of "
                         f"them) before the job fails (default {NODE_WAIT_S:g}); coord run shows what it waits for")

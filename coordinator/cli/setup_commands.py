@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from coordinator.cli.client import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliError
+from coordinator.cli.json_output import print_json
 
 #: coord init's options that shape what --hosts finds, with their defaults (None in the parser, so that
 #: one given without --hosts is refused instead of ignored).
@@ -52,6 +53,10 @@ def _init_from_hosts(args: argparse.Namespace, path: Path) -> int:
         raise CliError(str(exc), EXIT_USAGE) from None
     ssh = init.ssh_settings(known_hosts=args.known_hosts, identity_file=args.identity_file,
                             ssh_config=args.ssh_config, timeout=args.timeout)
+    try:
+        init.check_distinct_accounts(specs, ssh)
+    except OnboardingError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
     by_name = dict(zip(names, specs, strict=True))
     import asyncio
 
@@ -74,8 +79,7 @@ def _init_from_hosts(args: argparse.Namespace, path: Path) -> int:
             raise CliError(f"{path} already exists; use --force to overwrite it", EXIT_USAGE) from None
         written = True
     if args.json:
-        json.dump(init.as_json(path, written, reports), sys.stdout, indent=2, sort_keys=True)
-        sys.stdout.write("\n")
+        print_json(init.as_json(path, written, reports))
     else:
         for report in reports:
             print("\n".join(init.summary(report)))

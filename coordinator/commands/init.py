@@ -19,7 +19,9 @@ from typing import TextIO, TypedDict
 import asyncssh
 
 from coordinator.commands.trust import TrustRequest, decide_and_add, trust_command_for
+from coordinator.config.accounts import shared_account
 from coordinator.config.cluster_file import NodeConfig, SshSettings
+from coordinator.config.ssh_destination import SshConfigUnreadable, resolve_account, ssh_config_files
 from coordinator.nodes.known_hosts import SshTarget, TrustRefused, known_hosts_path, resolve_target
 from coordinator.nodes.onboarding import (
     HostSpec,
@@ -32,7 +34,7 @@ from coordinator.nodes.onboarding import (
 )
 from coordinator.nodes.onboarding_cluster_file import SshFileSettings, render_cluster
 from coordinator.nodes.onboarding_probes import facts_command, parse_facts, parse_probe, probe_command, propose_workdir
-from coordinator.nodes.ssh_settings import NodeUnreachable, UnknownHostKey
+from coordinator.nodes.ssh_settings import ChangedHostKey, NodeUnreachable, UnknownHostKey
 from coordinator.nodes.transport import SshTransport
 
 SURVEY_TIMEOUT_S = 120.0  # a node's answers, all candidate Pythons included
@@ -51,6 +53,24 @@ def ssh_settings(*, known_hosts: str | None, identity_file: str | None, ssh_conf
                  timeout: float) -> SshSettings:
     return SshSettings(known_hosts=_absolute(known_hosts), identity_file=_absolute(identity_file),
                        config=_absolute(ssh_config), connect_timeout_s=timeout)
+
+
+def check_distinct_accounts(specs: list[HostSpec], ssh: SshSettings) -> None:
+    """No two hosts are one account on one machine as ssh reaches them (an alias and its address, say), which
+    the cluster file would be refused for; the same spelling twice is parse_hosts' to refuse."""
+    if len(specs) < 2:
+        return
+    files = ssh_config_files(ssh.config)
+    try:
+        accounts = [resolve_account(spec.host, spec.port, spec.user, files) for spec in specs]
+    except SshConfigUnreadable as exc:
+        raise OnboardingError(str(exc)) from None
+    pair = shared_account(accounts)
+    if pair is not None:
+        first, second = specs[pair[0]], specs[pair[1]]
+        raise OnboardingError(f"--hosts names {first.label} and {second.label}, which both log in as "
+                              f"{accounts[pair[0]]}: give each node its own machine or user (several ranks on one "
+                              "machine are one node with a PyTorch job's --procs-per-node)")
 
 
 def as_node(name: str, spec: HostSpec) -> NodeConfig:
@@ -87,6 +107,9 @@ async def survey(names: list[str], specs: list[HostSpec], ssh: SshSettings, work
         except UnknownHostKey as exc:
             result.unknown_keys[name] = exc.key
             return NodeReport(name=name, spec=spec, problem=f"the host key of {spec.label} is not trusted yet")
+        except ChangedHostKey as exc:
+            return NodeReport(name=name, spec=spec, problem=exc.reason, fix=f"{exc.remove} (only if the node was "
+                                                                            "reinstalled)")
         except NodeUnreachable as exc:
             return NodeReport(name=name, spec=spec, problem=exc.reason)
         except OnboardingError as exc:
@@ -115,7 +138,7 @@ def settle_host_keys(found: Survey, specs: dict[str, HostSpec], ssh: SshSettings
         key = found.unknown_keys[report.name]
         node = as_node(report.name, specs[report.name])
         target: SshTarget = resolve_target(node, ssh)
-        command = trust_command_for(TrustRequest(node=node, ssh=ssh, known_hosts=path), target)
+        command = trust_command_for(TrustRequest(node=node, ssh=ssh, known_hosts=path))
         if key is None:
             report.problem = f"the host key of {report.spec.label} is not trusted, and fetching it failed"
             report.fix = command

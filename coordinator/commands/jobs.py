@@ -44,23 +44,7 @@ def job_logs(jobs: JobManager, name: str, rank: int = 0, attempt: int | None = N
     return jobs.read_log(name, rank=rank, attempt=attempt, offset=offset)
 
 def render_job(job: RunView) -> str:
-    step = f"{job['step']}/{job['total_steps']}" if job.get("total_steps") else str(job["step"])
-    state = job["state"] + (f" (position {job['queue_position']})" if job.get("queue_position") else "")
-    parts = [f"{job['name']}: {state}", f"step {step}"]
-    if job.get("loss") is not None:
-        parts.append(f"loss {job['loss']:.4f}")
-    if job.get("tokens_per_second"):
-        parts.append(f"{job['tokens_per_second']:,.0f} tok/s")
-    if job.get("eta_s"):
-        parts.append(f"ETA {job['eta_s']:.0f}s")
-    if job.get("last_checkpoint_step") is not None:
-        parts.append(f"checkpoint {job['last_checkpoint_step']} ({job['last_checkpoint_age_s']:.0f}s ago)")
-    parts.append(f"restarts {job['restarts']}/{job['max_restarts']}")
-    if job.get("run_id") and job["run_id"] != job["name"]:
-        parts.append(f"run {job['run_id']}")
-    if job.get("priority"):
-        parts.append(f"priority {job['priority']}")
-    line = ", ".join(parts)
+    line = ", ".join(_summary(job))
     if job.get("state") == "queued" and job.get("job_nodes"):
         line += f"\n  waits for {', '.join(job['job_nodes'])}"
     if job.get("batch"):
@@ -74,12 +58,32 @@ def render_job(job: RunView) -> str:
     if waiting:
         line += (f"\n  waiting for nodes, {waiting['waited_s']:.0f} s of at most {waiting['limit_s']:g} s "
                  "(--node-wait): " + "; ".join(f"{node}: {reason}" for node, reason in waiting["reasons"].items()))
-    if job.get("error"):
-        line += f"\n  error: {job['error']}"
-    if job.get("warning"):
-        line += f"\n  warning: {job['warning']}"
-    if job.get("hang_watch"):
-        line += f"\n  note: {job['hang_watch']}"
+    for label, key in (("error", "error"), ("warning", "warning"), ("note", "note"), ("note", "hang_watch")):
+        if job.get(key):
+            line += f"\n  {label}: {job[key]}"  # type: ignore[literal-required]
     for found in job.get("diagnoses", []):
         line += f"\n  known failure: {found['title']} ({found['detail']})\n    fix: {found['fix']}"
     return line
+
+
+def _summary(job: RunView) -> list[str]:
+    """The job's one line: state, step, loss, speed, ETA, checkpoint, restarts, rollbacks, run, priority."""
+    step = f"{job['step']}/{job['total_steps']}" if job.get("total_steps") else str(job["step"])
+    state = job["state"] + (f" (position {job['queue_position']})" if job.get("queue_position") else "")
+    parts = [f"{job['name']}: {state}", f"step {step}"]
+    if job.get("loss") is not None:
+        parts.append(f"loss {job['loss']:.4f}")  # a NaN is "loss nan": what it is, never an older value
+    if job.get("tokens_per_second"):
+        parts.append(f"{job['tokens_per_second']:,.0f} tok/s")
+    if job.get("eta_s"):
+        parts.append(f"ETA {job['eta_s']:.0f}s")
+    if job.get("last_checkpoint_step") is not None:
+        parts.append(f"checkpoint {job['last_checkpoint_step']} ({job['last_checkpoint_age_s']:.0f}s ago)")
+    parts.append(f"restarts {job['restarts']}/{job['max_restarts']}")
+    if job.get("rollbacks"):
+        parts.append(f"rollbacks {job['rollbacks']}/{job['max_rollbacks']}")
+    if job.get("run_id") and job["run_id"] != job["name"]:
+        parts.append(f"run {job['run_id']}")
+    if job.get("priority"):
+        parts.append(f"priority {job['priority']}")
+    return parts

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NotRequired, Required, TypedDict
+
+from shared.json_values import value_text
 
 # Types named for the checker only: the CLI imports this module to draw status, and keeps its
 # start-up free of the daemon's modules.
@@ -189,11 +192,12 @@ def render_history(history: HistoryDocument, console: Console) -> None:
         line = (f"  {run['name']} ({run['run_id']}): {len(train['step'])} points, steps {train['step'][0]}-"
                 f"{train['step'][-1]}")
         if losses:
-            line += f", loss {losses[0]:.4g} → {losses[-1]:.4g} {sparkline(losses)}"
+            line += f", loss {value_text(losses[0])} → {value_text(losses[-1])} {sparkline(losses)}"
         if speeds:
             line += f", {speeds[-1]:.0f} tokens/s"
         if val["step"]:
-            line += f", val loss {val['loss'][-1]:.4g} at step {val['step'][-1]}"
+            line += f", val loss {value_text(val['loss'][-1]) if val['loss'][-1] is not None else '-'} at step " \
+                    f"{val['step'][-1]}"
         console.print(line, markup=False, highlight=False, soft_wrap=True)
         for attempt in run["attempts"][1:]:
             after = f" after {attempt['detail']}" if attempt["detail"] else ""
@@ -219,6 +223,11 @@ def sparkline(values: list[float], width: int = 24) -> str:
     if not values:
         return ""
     picked = [values[int(i * len(values) / width)] for i in range(min(width, len(values)))]
-    low, high = min(picked), max(picked)
+    finite = [v for v in picked if math.isfinite(v)]
+    if not finite:
+        return "!" * len(picked)
+    low, high = min(finite), max(finite)
     span = (high - low) or 1.0
-    return "".join(SPARK[min(len(SPARK) - 1, int((v - low) / span * len(SPARK)))] for v in picked)
+    # A value that is not finite (a diverged run's NaN loss) is drawn as "!", never as a bar.
+    return "".join(SPARK[min(len(SPARK) - 1, int((v - low) / span * len(SPARK)))] if math.isfinite(v) else "!"
+                   for v in picked)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import TextIO
 import asyncssh
 
 from coordinator.config.cluster_file import ClusterConfig, NodeConfig, SshSettings
+from coordinator.nodes.host_key_verdict import host_key_file_type
 from coordinator.nodes.known_hosts import (
     SshTarget,
     TrustRefused,
@@ -27,8 +27,10 @@ from coordinator.nodes.known_hosts import (
     fetch_host_key,
     fingerprint,
     fingerprint_matches,
+    known_entries,
     known_hosts_path,
     resolve_target,
+    trust_command,
 )
 from coordinator.nodes.onboarding import OnboardingError, parse_host_spec
 
@@ -79,16 +81,19 @@ def trust_host(request: TrustRequest, *, expected: str | None, interactive: bool
     Raises TrustRefused when nothing may be added, with the reason and what to do.
     """
     target = resolve_target(request.node, request.ssh)
-    key = asyncio.run(fetch_host_key(target, request.ssh))
+    # A key of the types already recorded for the host, as a connection would negotiate: a changed key
+    # is then compared with its own type's old one and refused as changed, as the daemon reports it.
+    recorded = [entry.key for entry in known_entries(request.known_hosts, target) if entry.marker is None]
+    key = asyncio.run(fetch_host_key(target, request.ssh, like=recorded))
     return decide_and_add(target, key, request.known_hosts, expected=expected, interactive=interactive,
-                          command=trust_command_for(request, target), out=out)
+                          command=trust_command_for(request), out=out)
 
 
 def decide_and_add(target: SshTarget, key: asyncssh.SSHKey, path: Path, *, expected: str | None,
                    interactive: bool, command: str, out: TextIO = sys.stderr) -> str:
     """The one place a host key is trusted: a matching --fingerprint, or a yes at a terminal."""
     shown = f"{target.known_hosts_name} {key.get_algorithm()} {fingerprint(key)}"
-    if not check_can_add(path, target, key):
+    if not check_can_add(path, target, key, trust_command=command):
         return f"{shown} is already trusted in {path}"
     if expected is not None:
         if not fingerprint_matches(expected, key):
@@ -98,7 +103,7 @@ def decide_and_add(target: SshTarget, key: asyncssh.SSHKey, path: Path, *, expec
         raise TrustRefused(
             f"host key of {target.host}:{target.port} is not known: {key.get_algorithm()} {fingerprint(key)}.\n"
             f"Not trusted: no terminal to ask on. Compare that fingerprint with the node's own (on the node: "
-            f"ssh-keygen -lf /etc/ssh/ssh_host_{_short_type(key)}_key.pub), then trust it with:\n"
+            f"ssh-keygen -lf /etc/ssh/ssh_host_{host_key_file_type(key)}_key.pub), then trust it with:\n"
             f"  {command} --fingerprint {fingerprint(key)}", fix=f"{command} --fingerprint {fingerprint(key)}")
     elif not ask_user(target, key, path, out=out):
         raise TrustRefused(f"not trusted: nothing added to {path}")
@@ -110,7 +115,7 @@ def ask_user(target: SshTarget, key: asyncssh.SSHKey, path: Path, *, out: TextIO
              answers: TextIO = sys.stdin) -> bool:
     """ssh's question: only "yes" or the fingerprint itself trusts the key."""
     out.write(f"The authenticity of host '{target.known_hosts_name}' can't be established.\n"
-              f"{_short_type(key).upper()} key fingerprint is {fingerprint(key)}.\n"
+              f"{host_key_file_type(key).upper()} key fingerprint is {fingerprint(key)}.\n"
               f"Trust it and add it to {path}? (yes/no/[fingerprint]) ")
     out.flush()
     while True:
@@ -130,24 +135,9 @@ def ask_user(target: SshTarget, key: asyncssh.SSHKey, path: Path, *, out: TextIO
         out.flush()
 
 
-def trust_command_for(request: TrustRequest, target: SshTarget) -> str:
+def trust_command_for(request: TrustRequest) -> str:
     """The `coord trust` command for this host, with the options needed to reach it the same way."""
-    if request.cluster_file is not None:
-        return shlex.join(["coord", "trust", request.node.name, "--config", str(request.cluster_file)])
-    words = ["coord", "trust", request.node.host]
-    if request.node.port:
-        words += ["--port", str(request.node.port)]
-    if request.ssh.known_hosts:
-        words += ["--known-hosts", request.ssh.known_hosts]
-    if request.ssh.config:
-        words += ["--ssh-config", request.ssh.config]
-    return shlex.join(words)
-
-
-def _short_type(key: asyncssh.SSHKey) -> str:
-    """ed25519, ecdsa, rsa: the names ssh-keygen and the host key files use."""
-    algorithm = key.get_algorithm()
-    return "ecdsa" if algorithm.startswith("ecdsa") else algorithm.removeprefix("ssh-")
+    return trust_command(request.node, request.ssh, str(request.cluster_file) if request.cluster_file else None)
 
 
 def _absolute(path: str | None) -> str | None:

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, TypedDict
 from urllib.parse import urlsplit
 
+from coordinator.config.accounts import Account, shared_account
+from coordinator.config.ssh_destination import SshConfigUnreadable, resolve_account, ssh_config_files
 from coordinator.config.toml_checks import ConfigError, Locator, Schema, TomlTable, check_table
 from coordinator.control.address import MAX_SOCKET_PATH, resolve_under, socket_of
 
@@ -96,9 +98,11 @@ MAX_SSH_SECONDS = 3600.0
 MAX_ALERT_MINUTES = 365 * 24 * 60.0
 
 
-ALERT_EVENTS = ("job_failed", "job_succeeded", "job_restarted", "job_stalled", "node_down")
+ALERT_EVENTS = ("job_failed", "job_succeeded", "job_restarted", "job_stalled", "node_down", "diverged", "loss_spike")
 ALERT_FORMATS = ("generic", "slack", "ntfy")
-DEFAULT_ALERT_EVENTS = ("job_failed",)  # a job that gives up is a failed job: job_failed covers it
+# A job that gives up is a failed job: job_failed covers it. A run whose training went wrong while its
+# processes were fine (a NaN rolled back from, a loss spike) is told by default too: nothing else says it.
+DEFAULT_ALERT_EVENTS = ("job_failed", "diverged", "loss_spike")
 
 
 @dataclass(frozen=True)
@@ -190,7 +194,8 @@ SCHEMAS: dict[str, Schema] = {"cluster": _CLUSTER_KEYS, "ssh": _SSH_KEYS, "nodes
 
 def load_config(path: str | os.PathLike[str]) -> ClusterConfig:
     """The cluster file read and checked: its form (``parse_config``), then the files and directories
-    it names on this machine (``check_local_paths``)."""
+    it names on this machine (``check_local_paths``), then that no two nodes are one account on one
+    machine as this machine's ssh config resolves them (``check_distinct_accounts``)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -200,8 +205,33 @@ def load_config(path: str | os.PathLike[str]) -> ClusterConfig:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read the cluster file: {exc}") from None
     config = parse_config(text, path)
-    check_local_paths(config, Locator(text, str(path)))
+    locate = Locator(text, str(path))
+    check_local_paths(config, locate)
+    check_distinct_accounts(config, locate)
     return config
+
+
+def check_distinct_accounts(config: ClusterConfig, locate: Locator,
+                            resolve: Callable[[NodeConfig], Account] | None = None) -> None:
+    """No two SSH nodes log in as the same user on the same machine (``accounts.py`` says why), each
+    node's host, port and user taken through the ssh config as ssh takes them, unless ``resolve``."""
+    if sum(not node.is_local for node in config.nodes) < 2:
+        return  # nothing to compare: the ssh config is not even read
+    files = ssh_config_files(config.ssh.config)
+    resolve = resolve or (lambda node: resolve_account(node.host, node.port, node.user, files))
+    try:
+        accounts = [None if node.is_local else resolve(node) for node in config.nodes]
+    except SshConfigUnreadable as exc:
+        raise ConfigError(f"{locate.where}: {exc}") from None
+    pair = shared_account(accounts)
+    if pair is not None:
+        first, second = config.nodes[pair[0]], config.nodes[pair[1]]
+        line = locate.line_of("nodes", pair[0], "host")
+        raise ConfigError(locate.message("nodes", pair[1], "host", (
+            f"nodes[{pair[1]}] {second.name!r} ({second.address}) and nodes[{pair[0]}] {first.name!r} "
+            f"({f'line {line}: ' if line else ''}{first.address}) both log in as {accounts[pair[0]]}: two nodes "
+            "must be two machines, or two users of one machine (several ranks on one machine are one node with "
+            "a PyTorch job's --procs-per-node)")))
 
 
 def check_local_paths(config: ClusterConfig, locate: Locator) -> None:

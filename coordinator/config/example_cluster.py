@@ -48,7 +48,8 @@ workdir = "/Users/bob/work"
 # name = "phone"
 # webhook = "https://ntfy.sh/my-secret-topic"   # or: command = ["/usr/local/bin/notify", "--urgent"]
 # format = "ntfy"                        # generic (JSON, the default), slack or ntfy
-# on = ["job_failed", "job_stalled", "node_down"]   # default: ["job_failed"]; also job_succeeded, job_restarted
+# on = ["job_failed", "job_stalled", "node_down"]   # default: job_failed, diverged, loss_spike; also job_succeeded,
+#                                                   # job_restarted
 # stalled_minutes = 30                   # job_stalled: no progress for this long
 # node_down_minutes = 5                  # node_down: down for longer than this
 '''

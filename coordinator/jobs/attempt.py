@@ -13,6 +13,7 @@ from coordinator.jobs import catalog
 from coordinator.jobs.effects import JobEffects
 from coordinator.jobs.fingerprints import Divergence, ReplicaCheck
 from coordinator.jobs.record import JobRecord
+from coordinator.jobs.training_health import LossWindow, Unsound
 from shared.agent_api.progress import HeartbeatRecord
 
 
@@ -37,12 +38,21 @@ class Attempt:
     stopped_since: dict[int, float] = field(default_factory=dict)  # rank -> when it was first seen stopped
     # When a rank held stopped was last seen let go (head time): the hold is not time without progress.
     released_at: float | None = None
+    # rank -> (CPU seconds of its processes, its node's time) of the reading the next is compared with
+    cpu_read: dict[int, tuple[float, float]] = field(default_factory=dict)
+    worked_at: dict[int, float] = field(default_factory=dict)  # rank -> when it was last seen working (its clock)
     rank_steps: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> its newest step, when (its clock)
     exited: set[int] = field(default_factory=set)  # ranks seen ended: their silence is no hang
     last_train: tuple[int, float] | None = None  # the newest train record's step and its own time
     # When the ranks that had failed were first seen to say only that they lost a peer (head clock).
     peer_lost_seen_at: float | None = None
     wired_baseline: dict[str, int] = field(default_factory=dict)  # Mac -> its wired memory before the ranks
+    # The training's health: the first step whose values went wrong (the attempt is stopped for it),
+    # the recent losses a spike is measured against, and whether a finite loss was seen yet.
+    unsound: Unsound | None = None
+    losses: LossWindow = field(default_factory=LossWindow)
+    finite_loss_seen: bool = False
+    ended_unread: bool = False  # it ended while some of its nodes could not be reached: what they hold is unread
 
     @classmethod
     def fresh(cls, number: int, order: list[str], record: JobRecord) -> Attempt:
@@ -52,6 +62,7 @@ class Attempt:
         record.rank_memory = {}
         record.replica_state = None
         record.diverged_after = None
+        record.unsound = None
         return attempt
 
     @classmethod

@@ -100,7 +100,7 @@ class DirKeeper:
             else:
                 self._catalogue(attempt, step, order, {}, joined, verdict, parts)
                 self.ctx.event("checkpoint_invalid", f"checkpoint of step {step} is not valid: {verdict.detail}",
-                               step=step)
+                               step=step, **({"nonfinite": verdict.nonfinite} if verdict.nonfinite else {}))
             for node in {*parts, *complete}:  # catalogued there: not listed (nor hashed) again
                 known.setdefault(node, set()).add(name)
         return validated

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from shared.agent_api.ranks import CheckpointInfo
-from shared.checkpoint_dirs import DirFile, digest, total_size
+from shared.checkpoint_dirs import DirFile, NonFinite, describe_nonfinite, describe_values_read, digest, total_size
 
 COMPLETE = "COMPLETE"
 _RANDOM_STATES = re.compile(r"^random_states_(\d+)\.pkl$")
@@ -42,6 +42,7 @@ class Verdict:
     valid: bool
     format: str  # complete, deepspeed, accelerate, dcp, or unknown
     detail: str
+    nonfinite: NonFinite | None = None  # what made it invalid, when a tensor's value did
 
 
 @dataclass
@@ -54,6 +55,9 @@ class Joined:
     references: dict[str, list[str] | None] = field(default_factory=dict)
     conflict: str | None = None  # two nodes hold one path with different bytes
     unreadable: dict[str, str] = field(default_factory=dict)  # node -> why its part could not be read
+    # relative path -> the first NaN or infinity in it, as any node that holds it read it (a copy received
+    # through the relay is hashed on arrival, its values not read again: its holder's word counts)
+    nonfinite: dict[str, NonFinite] = field(default_factory=dict)
 
     @property
     def digest(self) -> str:
@@ -62,6 +66,11 @@ class Joined:
     @property
     def size(self) -> int:
         return total_size(self.files.values())
+
+    @property
+    def values_read(self) -> int:
+        """Tensors whose every value was read (and found finite, when ``nonfinite`` is empty)."""
+        return sum(entry.get("values_read", 0) for entry in self.files.values())
 
     def missing_on(self, node: str) -> list[str]:
         """The paths ``node`` does not hold yet, in order."""
@@ -90,6 +99,8 @@ def join_parts(parts: Mapping[str, CheckpointInfo]) -> Joined:
                 continue
             joined.files.setdefault(entry["path"], entry)
             joined.holders.setdefault(entry["path"], []).append(node)
+            if "nonfinite" in entry:
+                joined.nonfinite.setdefault(entry["path"], entry["nonfinite"])
         joined.notes.update(part.get("notes") or {})
         for name, named in (part.get("references") or {}).items():
             joined.references.setdefault(name, named)
@@ -106,6 +117,9 @@ def judge(joined: Joined, world_size: int | None) -> Verdict:
         return Verdict(False, "unknown", joined.conflict)
     if not joined.files:
         return Verdict(False, "unknown", "empty")
+    if joined.nonfinite:
+        bad = joined.nonfinite[min(joined.nonfinite)]
+        return Verdict(False, "unknown", describe_nonfinite(bad), bad)
     names = set(joined.files)
     problem = _references_missing(joined, names)
     if COMPLETE in names:
@@ -123,7 +137,9 @@ def judge(joined: Joined, world_size: int | None) -> Verdict:
 def _verdict(form: str, problem: str | None, joined: Joined) -> Verdict:
     if problem:
         return Verdict(False, form, problem)
-    return Verdict(True, form, f"{form}: {len(joined.files)} files")
+    values = joined.values_read
+    return Verdict(True, form, f"{form}: {len(joined.files)} files"
+                   + (f", {describe_values_read(values)}" if values else ""))
 
 
 def _references_missing(joined: Joined, names: set[str]) -> str | None:

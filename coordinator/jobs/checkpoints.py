@@ -15,6 +15,7 @@ from coordinator.jobs.attempt import Attempt
 from coordinator.jobs.checkpoint_dirs import DirKeeper
 from coordinator.jobs.effects import HEAD, LaunchError, Placement
 from coordinator.jobs.node_health import NodeHealth
+from coordinator.jobs.record import JobRecord
 from coordinator.jobs.replica import Replicator, node_replica_rel
 from coordinator.jobs.run_context import RunContext
 from coordinator.jobs.transfer import CheckpointDamaged
@@ -35,8 +36,11 @@ class Placed(TypedDict):
     bytes_copied: int
 
 
-def _diverged_detail(last_agreed: int) -> str:
-    return f"taken after the replicas diverged (last agreed at step {last_agreed})"
+def _diverged_detail(record: JobRecord, good_until: int) -> str:
+    """Why a checkpoint after a divergence is not valid."""
+    if record.unsound is not None:
+        return f"taken after step {good_until}, where the training is no longer trusted: {record.unsound['detail']}"
+    return f"taken after the replicas diverged (last agreed at step {good_until})"
 
 
 class CheckpointKeeper:
@@ -212,15 +216,29 @@ class CheckpointKeeper:
                 self.ctx.log.warning("slow checkpoint poll", seconds=round(self.fx.monotonic() - started, 1))
 
     async def invalidate_after_divergence(self, attempt: Attempt) -> None:
-        """The attempt's checkpoints after its last agreed step, catalogued or still to be found, are not valid."""
-        good_until = attempt.diverged_after = self.ctx.record.diverged_after
+        """The attempt's checkpoints after its last agreed step, catalogued or still to be found, are not
+        valid. After a NaN or a spike, those of earlier attempts after that step are not either: the
+        checkpoint the attempt resumed from, when its very first loss went wrong."""
+        record = self.ctx.record
+        good_until = attempt.diverged_after = record.diverged_after
         if good_until is None:
             return
+        detail = _diverged_detail(record, good_until)
         async with self._lock:
             for copy in self.fx.checkpoints(self.ctx.run_id):
-                if copy["valid"] and copy["attempt"] == attempt.number and copy["step"] > good_until:
-                    self.fx.add_checkpoint(self.ctx.run_id, {**copy, "valid": False,
-                                                             "detail": _diverged_detail(good_until)})
+                ours = copy["attempt"] == attempt.number or record.unsound is not None
+                if copy["valid"] and ours and copy["step"] > good_until:
+                    self.fx.add_checkpoint(self.ctx.run_id, {**copy, "valid": False, "detail": detail})
+                    if record.unsound is not None and copy["attempt"] != attempt.number:
+                        self.ctx.event("checkpoint_invalid", f"checkpoint of step {copy['step']} ({copy['node']}) "
+                                       f"is not resumed from again: {record.unsound['detail']} in the first steps "
+                                       "after resuming from it", step=copy["step"], node=copy["node"])
+            newest = catalog.newest_valid(self.fx.checkpoints(self.ctx.run_id))
+            last = record.last_checkpoint
+            if last is not None and (newest is None or newest["step"] < last["step"]):
+                # coord status shows the newest checkpoint a resume can use, not one just found unfit.
+                record.last_checkpoint = ({"step": newest["step"], "time": newest["created"], "node": newest["node"]}
+                                          if newest else None)
 
     async def poll(self, attempt: Attempt | None, *, attempt_over: bool = False) -> None:
         """Find new checkpoints on the attempt's nodes (rank 0's, and with coord's trainer every
@@ -320,7 +338,7 @@ class CheckpointKeeper:
             known.add(entry["name"])
             step = start_step + entry["iteration"]
             if entry["valid"] and diverged_after is not None and step > diverged_after:
-                entry = {**entry, "valid": False, "detail": _diverged_detail(diverged_after)}
+                entry = {**entry, "valid": False, "detail": _diverged_detail(self.ctx.record, diverged_after)}
             self.fx.add_checkpoint(self.ctx.run_id, {
                 "step": step, "attempt": attempt, "node": name, "path": entry["path"], "sha256": entry["sha256"],
                 "size": entry["size"], "valid": entry["valid"], "detail": entry["detail"], "created": self.fx.now(),
@@ -340,7 +358,8 @@ class CheckpointKeeper:
             else:
                 self.ctx.event("checkpoint_invalid",
                                f"checkpoint of step {step}{whose} is not valid: {entry['detail']}",
-                               step=step, node=name)
+                               step=step, node=name, **({"nonfinite": entry["nonfinite"]} if "nonfinite" in entry
+                                                        else {}))
         return found["checkpoints"]
 
     async def _retain(self) -> None:

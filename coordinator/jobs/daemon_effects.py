@@ -92,10 +92,25 @@ class DaemonEffects:
         session = self.cluster.sessions[name]
         never_up = session.generation == 0 and session.state == DOWN
         mark = self.cluster.reboot_marks.get(name)
-        return NodeView(name, session.state == UP, session.node.workdir, session.node.python,
+        up = session.state == UP
+        return NodeView(name, up, session.node.workdir, session.node.python,
                         session.view.reason, session.view.facts, session.generation,
                         needs_reboot=f"{mark['reason']}; fix: {mark['fix']}" if mark else None,
-                        unreachable=(session.view.reason or "cannot connect") if never_up else None)
+                        unreachable=(session.view.reason or "cannot connect") if never_up else None,
+                        down_since=None if up else session.view.since)
+
+    async def head_route_down(self, nodes: list[str]) -> str | None:
+        from coordinator.nodes.head_route import route_down
+
+        for name in nodes:
+            if self.on_head_machine(name):
+                continue  # reached without a network
+            session = self.cluster.sessions[name]
+            address = session.peer_address or session.node.host
+            why = await anyio.to_thread.run_sync(route_down, address)
+            if why is not None:
+                return why
+        return None
 
     def mark_needs_reboot(self, node: str, reason: str) -> None:
         self.cluster.mark_needs_reboot(node, reason)

@@ -71,6 +71,7 @@ class NodeView:
     # Set when the node has not been up once since the daemon started and its last try to connect
     # failed: why. A job naming it is refused at submit instead of waiting for it in silence.
     unreachable: str | None = None
+    down_since: float | None = None  # while not up: since when (wall clock), as its session saw it go
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,11 @@ class JobEffects(Protocol):
     @overload
     async def call(self, node: str, method: Literal["usage"], params: Mapping[str, object], *,
                    timeout: float) -> UsageReply: ...
+
+    async def head_route_down(self, nodes: list[str]) -> str | None:
+        """Why the head's own path toward these nodes is down (no route to them, its interface down),
+        or None when it looks fine (coordinator/jobs/outage.py)."""
+        ...
 
     def mark_needs_reboot(self, node: str, reason: str) -> None:
         """The node leaves every job's placement until its agent comes back from a reboot."""

@@ -23,6 +23,17 @@ allowance from its last new step. A job whose ranks have never written a progres
 watchdog at all: coord cannot tell such a script's steady work from a hang, so it never kills it
 as hung (``watched`` False).
 
+Before the first step a rank that works is not hung, however long it takes (a loaded machine
+compiles slowly): the agent reads the CPU time of the rank's processes with each status, and a
+rank whose processes used at least ``BUSY_SHARE`` of a core since the last reading made progress
+then; wall time alone does not decide. A rank whose heartbeat says it waits in a collective works
+while a rank outside it does (MLX's ring and JACCL backends spin while they wait, so its own CPU
+says nothing of its peers), or by its own CPU when every rank is inside. A rank busy with no first
+step for ``busy_ceiling`` (ten times its allowance, at least 780 s) is hung all the same: one
+spinning on a peer that will never answer looks busy too. After the first step the CPU counts for
+nothing (a step is the progress there). Where the agent measured no CPU time, wall time decides, as
+before.
+
 A rank whose process is stopped (state T: SIGSTOP, a terminal's Ctrl-Z) is hung after
 ``STOPPED_GRACE_S`` (or ``--hang-timeout``, when given), whatever its phase; until then no other
 allowance runs (the others wait for it), and the time it was held is not counted once it is let
@@ -65,6 +76,16 @@ FINISHING_S = 60.0
 SLOW_GAP_MULTIPLE = 30.0
 STOPPED_GRACE_S = 3.0  # a stopped process (SIGSTOP) for this long is a hang, whatever its phase
 SILENT_S = 10.0  # a heartbeat this old (they come every 2 s) names a rank that went silent
+# Before the first step a rank whose processes used this share of one core since the last reading is
+# working. A rank idle in a blocking wait uses next to none (a heartbeat thread, a launcher's monitor
+# loop: well under 1 %); one compiling on a machine at a load of 8 over 2 cores still gets about 25 %.
+BUSY_SHARE = 0.05
+BUSY_WINDOW_S = 1.0  # readings closer than this are not compared: /proc counts CPU in 10 ms ticks
+# A rank busy this long before its first step is hung all the same (it may spin on a peer that is
+# gone): ten times its allowance, and never less than the most a first attempt waits with nothing
+# known (FIRST_STEP_UNKNOWN_S + COMPILE_S), so a loaded machine is never the reason.
+BUSY_CEILING_MULTIPLE = 10.0
+BUSY_CEILING_FLOOR_S = FIRST_STEP_UNKNOWN_S + COMPILE_S
 
 
 @dataclass(frozen=True)
@@ -140,9 +161,25 @@ def training_allowance(gap_s: float | None) -> float:
 
 def hang_bound(configured_hang: float | None, configured_first_step: float | None = None) -> float:
     """The longest an attempt can go without progress before it is called hung, whatever was
-    measured (for bounds, such as the simulator's on a run's length)."""
+    measured (for bounds, such as the simulator's on a run's length). A rank that keeps using CPU
+    before its first step is not without progress: it may go on to ``busy_ceiling``."""
     return max(FIRST_STEP_UNKNOWN_S + COMPILE_S, configured_first_step or 0.0, configured_hang or 0.0,
                SLOW_FLOOR_S, GAP_UNKNOWN_S) + STOPPED_GRACE_S
+
+
+def busy_ceiling(allowance: float) -> float:
+    """How long a rank that keeps using CPU may go without its first step (see BUSY_CEILING_MULTIPLE)."""
+    return max(BUSY_CEILING_FLOOR_S, BUSY_CEILING_MULTIPLE * allowance)
+
+
+def worked(before: tuple[float, float], after: tuple[float, float]) -> bool | None:
+    """Whether a rank's processes worked between two readings of (their CPU seconds, their node's
+    time): at least BUSY_SHARE of a core. None when the readings are too close to tell (or the
+    node's clock went back): the earlier one stays the one to compare with."""
+    (cpu_before, at_before), (cpu_after, at_after) = before, after
+    if at_after - at_before < BUSY_WINDOW_S:
+        return None
+    return cpu_after - cpu_before >= BUSY_SHARE * (at_after - at_before)
 
 
 def next_gap(previous: float | None, gap: float) -> float:
@@ -165,6 +202,9 @@ class RankSeen:
     collective: bool = False  # its latest heartbeat says it waits inside a collective
     process: str | None = None  # its processes: "stopped", "uninterruptible", "running", None (not known)
     stopped_s: float = 0.0  # how long its process has been seen stopped
+    # Since its processes were last seen working (using CPU, see ``worked``), on its node's clock;
+    # None: its agent measured no CPU time.
+    idle_cpu_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -205,30 +245,90 @@ def hang_verdict(ranks: Sequence[RankSeen], job: JobSeen, limits: HangLimits) ->
         return None
     phased = [r for r in ranks if r.phase is not None and r.stuck_s is not None]
     if phased:
-        # The ranks wait for each other in their collectives: while one loads or saves, the others'
-        # waits are that phase's too. So every rank gets the longest allowance of the phases now.
-        pacing = max(phased, key=lambda r: limits.allowance(r.phase, first_step_done=job.first_step_done))
-        limit = limits.allowance(pacing.phase, first_step_done=job.first_step_done)
-        if job.finishing:
-            limit = max(limit, FINISHING_S)
-        over = [r for r in phased if (r.stuck_s or 0.0) > limit]
-        if not over:
-            return None
-        worst = max(over, key=lambda r: r.stuck_s or 0.0)
-        paced = f"; rank {pacing.rank} is {pacing.phase}" if pacing.phase != worst.phase else ""
-        reason = (f"no progress for {worst.stuck_s:.0f} s while {worst.phase} "
-                  f"(allowance {limit:g} s{_before(job)}{paced})")
-        return _named(reason, ranks, over)
+        return _phase_verdict(phased, ranks, job, limits)
     if not job.first_step_done:
-        if job.quiet_s <= limits.first_step:
-            return None
-        return _named(f"no first step within {limits.first_step:g} s of the launch ({limits.source})", ranks, [])
+        return _first_step_verdict(ranks, job, limits)
     limit = max(limits.training, FINISHING_S) if job.finishing else limits.training
     if job.quiet_s <= limit:
         return None
     if job.finishing:
         return _named(f"no end for {job.quiet_s:.0f} s after a rank finished (allowance {limit:g} s)", ranks, [])
     return _named(f"no progress for {job.quiet_s:.0f} s (hang timeout {limit:g} s)", ranks, [])
+
+
+def _phase_verdict(phased: Sequence[RankSeen], ranks: Sequence[RankSeen], job: JobSeen,
+                   limits: HangLimits) -> Hang | None:
+    """Ranks that say their phase: each against the longest allowance of the phases now."""
+    # The ranks wait for each other in their collectives: while one loads or saves, the others'
+    # waits are that phase's too. So every rank gets the longest allowance of the phases now.
+    pacing = max(phased, key=lambda r: limits.allowance(r.phase, first_step_done=job.first_step_done))
+    limit = limits.allowance(pacing.phase, first_step_done=job.first_step_done)
+    if job.finishing:
+        limit = max(limit, FINISHING_S)
+    waited = {r.rank: since_progress(r, ranks, job, limit) for r in phased}
+    over = [r for r in phased if waited[r.rank] > limit]
+    if not over:
+        return None
+    worst = max(over, key=lambda r: waited[r.rank])
+    paced = f"; rank {pacing.rank} is {pacing.phase}" if pacing.phase != worst.phase else ""
+    stuck = worst.stuck_s or 0.0
+    if not job.first_step_done and idle_cpu(worst, ranks) is not None and stuck > busy_ceiling(limit):
+        return _named(f"no first step after {stuck:.0f} s while {worst.phase}, though its processes kept using CPU "
+                      f"(at most {busy_ceiling(limit):g} s busy before the first step{paced})", ranks, over)
+    reason = (f"no progress for {waited[worst.rank]:.0f} s while {worst.phase}{_idle_words(worst, ranks, job)} "
+              f"(allowance {limit:g} s{_before(job)}{paced})")
+    return _named(reason, ranks, over)
+
+
+def _first_step_verdict(ranks: Sequence[RankSeen], job: JobSeen, limits: HangLimits) -> Hang | None:
+    """Ranks that say nothing of their phase, before the first step: the first-step limit from the
+    launch, counted for each rank while its processes use no CPU, where the agent measured it."""
+    if job.quiet_s <= limits.first_step:
+        return None
+    limit = f"no first step within {limits.first_step:g} s of the launch ({limits.source})"
+    measured = [r for r in ranks if r.idle_cpu_s is not None]
+    if not measured:
+        return _named(limit, ranks, [])
+    ceiling = busy_ceiling(limits.first_step)
+    if job.quiet_s > ceiling:
+        return _named(f"no first step after {job.quiet_s:.0f} s, though its ranks kept using CPU "
+                      f"(at most {ceiling:g} s busy before the first step)", ranks, [])
+    idle = [r for r in measured if (r.idle_cpu_s or 0.0) > limits.first_step]
+    if not idle:
+        return None  # working: compiling or loading on a loaded machine
+    longest = max(r.idle_cpu_s or 0.0 for r in idle)
+    who = "a rank" if len(idle) == 1 else f"{len(idle)} ranks"
+    return _named(f"{limit}; {who} used no CPU for {longest:.0f} s", ranks, idle)
+
+
+def since_progress(rank: RankSeen, ranks: Sequence[RankSeen], job: JobSeen, allowance: float) -> float:
+    """How long ``rank`` has gone without progress: since its last step or new phase, and before
+    the first step, since it last worked (``idle_cpu``), unless it has been busy past the ceiling."""
+    stuck = rank.stuck_s or 0.0
+    idle = None if job.first_step_done else idle_cpu(rank, ranks)
+    if idle is None or stuck > busy_ceiling(allowance):
+        return stuck
+    return min(stuck, idle)
+
+
+def idle_cpu(rank: RankSeen, ranks: Sequence[RankSeen]) -> float | None:
+    """Since ``rank`` was last seen working. One that waits in a collective works while a rank
+    outside it does (the least idle of them: its own CPU may be a spin on its peers); when every
+    rank is inside, or none outside was measured, by its own CPU. None: not measured."""
+    if rank.collective:
+        outside = [r.idle_cpu_s for r in ranks if not r.collective and r.idle_cpu_s is not None]
+        if outside:
+            return min(outside)
+    return rank.idle_cpu_s
+
+
+def _idle_words(rank: RankSeen, ranks: Sequence[RankSeen], job: JobSeen) -> str:
+    """What the CPU said, before the first step: the rank's own processes, or the ranks it waits for."""
+    if job.first_step_done or idle_cpu(rank, ranks) is None:
+        return ""
+    if rank.collective and any(not r.collective and r.idle_cpu_s is not None for r in ranks):
+        return ", in a collective, the ranks outside it using no CPU"
+    return ", its processes using no CPU"
 
 
 def _before(job: JobSeen) -> str:
@@ -276,5 +376,13 @@ def stalled_ranks(ranks: Sequence[RankSeen], over: Sequence[RankSeen] = ()) -> l
     uninterruptible = [(r, "in uninterruptible sleep (state D)") for r in ranks if r.process == "uninterruptible"]
     if uninterruptible:
         return uninterruptible
-    return [(r, f"no progress for {r.stuck_s:.0f} s while {r.phase}" + (", in a collective" if r.collective else "")
-             if r.stuck_s is not None else "no word of its progress") for r in over]
+    return [(r, _over_words(r)) for r in over]
+
+
+def _over_words(rank: RankSeen) -> str:
+    if rank.stuck_s is not None:
+        inside = ", in a collective" if rank.collective else ""
+        return f"no progress for {rank.stuck_s:.0f} s while {rank.phase}{inside}"
+    if rank.idle_cpu_s is not None:
+        return f"its processes used no CPU for {rank.idle_cpu_s:.0f} s"
+    return "no word of its progress"

@@ -31,6 +31,30 @@ class HangWatch:
             attempt.stopped_since.setdefault(rank, self.fx.now())
         elif attempt.stopped_since.pop(rank, None) is not None:
             attempt.released_at = self.fx.now()
+        cpu = status.get("cpu_s") if status["state"] == "running" else None
+        if cpu is not None:
+            self._cpu(attempt, rank, float(cpu), status["time"])
+
+    @staticmethod
+    def _cpu(attempt: Attempt, rank: int, cpu: float, at: float) -> None:
+        """A reading of the CPU time of the rank's processes, at ``at`` on its node's clock: whether
+        it worked since the reading before (``hang.worked``) is what tells a rank that compiles on a
+        loaded machine from one that is stuck, before the first step."""
+        before = attempt.cpu_read.get(rank)
+        if before is None or at < before[1]:
+            # The first reading, or its node's clock set back: counted from now.
+            attempt.cpu_read[rank], attempt.worked_at[rank] = (cpu, at), at
+            return
+        if cpu < before[0]:
+            # A process gone with its time (reaped outside the rank): compared from here on.
+            attempt.cpu_read[rank] = (cpu, at)
+            return
+        busy = hang.worked(before, (cpu, at))
+        if busy is None:
+            return  # too soon after the last reading to tell
+        attempt.cpu_read[rank] = (cpu, at)
+        if busy:
+            attempt.worked_at[rank] = at
 
     def heartbeat(self, attempt: Attempt, rank: int, beat: HeartbeatRecord) -> None:
         attempt.beats[rank] = beat
@@ -78,16 +102,22 @@ class HangWatch:
     def _rank_seen(self, attempt: Attempt, rank: int, name: str, now: float) -> hang.RankSeen:
         process = attempt.process.get(rank)
         stopped = now - attempt.stopped_since[rank] if rank in attempt.stopped_since else 0.0
-        beat = attempt.beats.get(rank)
-        if beat is None or rank in attempt.exited:
+        if rank in attempt.exited:
             return hang.RankSeen(rank, name, process=process, stopped_s=stopped)
+        idle_cpu = None
+        if rank in attempt.worked_at:
+            idle_cpu = max(0.0, attempt.node_time.get(rank, attempt.worked_at[rank]) - attempt.worked_at[rank])
+        beat = attempt.beats.get(rank)
+        if beat is None:
+            return hang.RankSeen(rank, name, process=process, stopped_s=stopped, idle_cpu_s=idle_cpu)
         silent = max(0.0, attempt.node_time.get(rank, beat["time"]) - beat["time"])
         idle = beat.get("idle_s")
         # Without its own idle time, a rank's progress is a new phase or step as the head saw it.
         stuck = idle + silent if idle is not None else now - attempt.beat_changed[rank][2]
         stuck = self._since_released(attempt, stuck, now)
         return hang.RankSeen(rank, name, phase=beat["phase"], step=beat.get("step"), stuck_s=stuck, silent_s=silent,
-                             collective=bool(beat.get("collective")), process=process, stopped_s=stopped)
+                             collective=bool(beat.get("collective")), process=process, stopped_s=stopped,
+                             idle_cpu_s=idle_cpu)
 
     @staticmethod
     def _since_released(attempt: Attempt, quiet: float, now: float) -> float:

@@ -22,6 +22,8 @@ WHOLE: dict[str, tuple[int, int]] = {
     "procs_per_node": (1, 1024),
     "global_batch": (1, 1 << 30),
     "micro_batch": (1, 1 << 20),
+    "max_rollbacks": (0, 10**6),
+    "skip_on_rollback": (0, 10**9),
 }
 
 #: Fields in seconds: each greater than 0 and at most MAX_SECONDS.

@@ -18,6 +18,10 @@ _MAX_EXPONENT = 16
 
 SUCCEEDED, RANK_FAILED, NODE_LOST, HUNG, LAUNCH_FAILED, STOPPED, RESIZED, DIVERGED = (
     "succeeded", "rank_failed", "node_lost", "hung", "launch_failed", "stopped", "resized", "diverged")
+# The training itself went wrong (coordinator/jobs/training_health.py): a loss or gradient norm that is
+# NaN or infinite, or a loss spike the job asked to roll back from. Rolled back, not restarted.
+NON_FINITE, LOSS_SPIKE = "non_finite", "loss_spike"
+UNSOUND = (NON_FINITE, LOSS_SPIKE)
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,28 @@ class Decision:
     reason: str
     delay_s: float = 0.0
     counts: bool = True  # a restart the user asked for (coord resize) does not use up --max-restarts
+    rollback: bool = False  # a restart from before a divergence: it uses up one of --max-rollbacks instead
+
+
+@dataclass(frozen=True)
+class Rollbacks:
+    """A job's divergence policy and how much of it is used."""
+
+    on_divergence: str = "rollback"  # or "stop" (training_health.ON_DIVERGENCE)
+    used: int = 0
+    limit: int = 3  # --max-rollbacks
+
+
+def decide_unsound(outcome: Outcome, rollbacks: Rollbacks) -> Decision:
+    """A run whose training went wrong (NaN, a spike asked to roll back from): back to the checkpoint
+    before it, until --max-rollbacks are used; with --on-divergence stop, failed at once. Either way
+    the detail names the step and the value."""
+    if rollbacks.on_divergence == "stop":
+        return Decision("fail", f"{outcome.detail} (--on-divergence stop)")
+    if rollbacks.used >= rollbacks.limit:
+        return Decision("fail", f"{outcome.detail}; gave up after {rollbacks.used} rollbacks "
+                        f"(--max-rollbacks {rollbacks.limit})")
+    return Decision("restart", outcome.detail, 0.0, counts=False, rollback=True)
 
 
 def backoff(restarts_used: int) -> float:
@@ -72,8 +98,11 @@ def restart_delay(restarts_used: int) -> float:
     return 0.0 if restarts_used <= 0 else backoff(restarts_used - 1)
 
 
-def decide(outcome: Outcome, history: list[Outcome], *, max_restarts: int, restarts_used: int) -> Decision:
+def decide(outcome: Outcome, history: list[Outcome], *, max_restarts: int, restarts_used: int,
+           rollbacks: Rollbacks | None = None) -> Decision:
     """``history`` holds the earlier attempts' outcomes, oldest first (not this one)."""
+    if outcome.kind in UNSOUND:
+        return decide_unsound(outcome, rollbacks or Rollbacks())
     if outcome.kind == SUCCEEDED:
         return Decision("succeed", outcome.detail)
     if outcome.kind == STOPPED:

@@ -4,8 +4,11 @@ The lines come as the rank wrote them: coord's trainers write every field of the
 (``shared.agent_api.ProgressRecord``), a script of one's own may write anything. Each record of a
 kind coord reads is kept with the fields it needs, of the right type; one that lacks them is
 skipped, like a line that is not JSON, so that a script's mistake never ends its job's
-supervision. A value coord only shows (a loss, tokens per second) is kept when it is a number,
-and left out otherwise. Pure, tested without processes.
+supervision. A value coord only shows (tokens per second) is kept when it is a finite number, and
+left out otherwise. A value that says whether the training is sound (the loss, the gradient norm,
+the validation loss) is kept when it is NaN or infinite too, as what it is: JSON's ``NaN`` and
+``Infinity`` as Python writes them, or the strings ``"nan"``, ``"inf"`` and ``"-inf"`` that a
+strict JSON writer can send instead. Pure, tested without processes.
 """
 
 from __future__ import annotations
@@ -17,8 +20,11 @@ from shared.agent_api.common import JsonObject
 from shared.agent_api.progress import CheckpointRecord, HeartbeatRecord, ProgressRecord, TrainRecord, ValRecord
 
 # What a train record may carry beside its step, each shown as it was written when it is a number.
-_TRAIN_VALUES = ("loss", "tokens_per_second", "learning_rate", "peak_memory_gb", "samples_per_second",
-                 "comm_seconds")
+_TRAIN_VALUES = ("tokens_per_second", "learning_rate", "peak_memory_gb", "samples_per_second", "comm_seconds")
+# ... and those kept even when they are not finite: what they are is the news (training_health.py).
+_HEALTH_VALUES = ("loss", "grad_norm")
+_NON_FINITE_WORDS = {"nan": math.nan, "inf": math.inf, "+inf": math.inf, "infinity": math.inf,
+                     "-inf": -math.inf, "-infinity": -math.inf}
 _PHASE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz_-")
 
 
@@ -34,12 +40,14 @@ def read_record(raw: JsonObject) -> ProgressRecord | None:
     if kind == "train":
         # A script's own train record may carry only its step: the rest is read with get.
         train = cast(TrainRecord, {"kind": "train", "step": step,
-                                   **{key: raw[key] for key in _TRAIN_VALUES if _is_number(raw.get(key))}})
+                                   **{key: raw[key] for key in _TRAIN_VALUES if _is_number(raw.get(key))},
+                                   **{key: value for key in _HEALTH_VALUES
+                                      if (value := health_value(raw.get(key))) is not None}})
         if time is not None:
             train["time"] = time
         return train
     if kind == "val":
-        loss = _real(raw.get("val_loss"))
+        loss = health_value(raw.get("val_loss"))
         if loss is None:
             return None
         val: ValRecord = {"kind": "val", "step": step, "val_loss": loss}
@@ -74,6 +82,15 @@ def read_heartbeat(raw: JsonObject) -> HeartbeatRecord | None:
     if isinstance(raw.get("collective"), bool):
         beat["collective"] = raw["collective"]
     return beat
+
+
+def health_value(value: object) -> float | None:
+    """A loss or gradient norm as a float, NaN and infinities included; None when it is no number."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        return _NON_FINITE_WORDS.get(value.strip().lower())
+    return None
 
 
 def _is_number(value: object) -> bool:

@@ -24,8 +24,9 @@ class RankStarter:
         self.launcher = launcher
 
     async def prepare(self, plan: LaunchPlan, attempt: int, order: list[str], resume_files: dict[str, str],
-                      start_step: int, batch: BatchSplit | None) -> None:
-        """Each rank's script on its node, all at once; a node that cannot take it is a LaunchError."""
+                      start_step: int, batch: BatchSplit | None, *, skip: int = 0) -> None:
+        """Each rank's script on its node, all at once; a node that cannot take it is a LaunchError.
+        ``skip``: the batches after the resume's checkpoint the ranks pass over (a rollback's)."""
         errors: dict[str, RemoteError] = {}
 
         async def prepare(rank: int, name: str) -> None:
@@ -40,6 +41,8 @@ class RankStarter:
                    "COORD_SAVE_EVERY": str(self.ctx.spec.save_every)}
             if self.ctx.spec.total_steps is not None:
                 env["COORD_TOTAL_STEPS"] = str(self.ctx.spec.total_steps)
+            if skip:
+                env["COORD_SKIP_BATCHES"] = str(skip)
             if resume_files.get(name):
                 # A checkpoint directory (0000040/) or file, as the script wrote it (docs/script-contract.md).
                 is_dir = not posixpath.basename(resume_files[name]).endswith(".safetensors")

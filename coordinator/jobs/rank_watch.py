@@ -13,7 +13,7 @@ import signal
 import anyio
 import anyio.abc
 
-from coordinator.jobs import core, diagnosis
+from coordinator.jobs import core, diagnosis, training_health
 from coordinator.jobs.attempt import Attempt
 from coordinator.jobs.checkpoints import CheckpointKeeper
 from coordinator.jobs.diagnosis import Diagnosis
@@ -21,10 +21,12 @@ from coordinator.jobs.fingerprints import Divergence, comparison_summary
 from coordinator.jobs.hang_watch import HangWatch
 from coordinator.jobs.metric_point import MetricPoint
 from coordinator.jobs.node_health import NodeHealth
+from coordinator.jobs.outage_watch import OutageWatch
 from coordinator.jobs.policy import (
     DIVERGED,
     HUNG,
     LAUNCH_FAILED,
+    LOSS_SPIKE,
     NODE_LOST,
     RANK_FAILED,
     Outcome,
@@ -38,6 +40,7 @@ from coordinator.jobs.policy import (
 )
 from coordinator.jobs.progress import read_record
 from coordinator.jobs.run_context import RunContext
+from coordinator.jobs.training_health import Unsound
 from coordinator.nodes import versions as node_versions
 from shared.agent_api.common import JsonObject
 from shared.agent_api.progress import CheckpointRecord, FingerprintRecord, HeartbeatRecord, TrainRecord, ValRecord
@@ -60,6 +63,7 @@ class RankWatcher:
         self.health = health
         self.checkpoints = checkpoints
         self.hangs = HangWatch(ctx)
+        self.outage = OutageWatch(ctx, health)
         self._points: list[tuple[str, MetricPoint]] = []  # the train and val points of the poll under way
 
     async def poll(self, attempt: Attempt, *, may_read_again: bool, wait_s: float = 0.0) -> Outcome | str | None:
@@ -69,11 +73,11 @@ class RankWatcher:
         seconds, so a steady attempt costs one call per rank every ``wait_s`` and an end is still
         seen at once."""
         ctx, record = self.ctx, self.ctx.record
-        for rank, name in enumerate(attempt.order):
-            view = self.fx.node(name)
-            if not view.up:
-                return self._verdict(attempt, core.node_lost(rank, name, view.reason))
-        replies, failed = await self._ask(attempt, wait_s)
+        # The nodes the head cannot reach are not asked: whether they are gone or only out of the
+        # head's reach is judged below, once what the others said is read (OutageWatch).
+        away = {rank: (name, self.fx.node(name).reason or "not up") for rank, name in enumerate(attempt.order)
+                if not self.health.up(name)}
+        replies, failed = await self._ask(attempt, wait_s, skip=set(away))
         reports: list[core.RankReport] = []
         read_any = False
         step_before, first_before = record.step, record.first_step_at
@@ -99,17 +103,21 @@ class RankWatcher:
                               or (first_before is None and record.first_step_at is not None))
         if read_any:
             ctx.save()  # the progress and the offsets it was read up to, together
-        if failed:
-            rank, (name, reason) = min(failed.items())
+        for rank, (name, reason) in failed.items():
             self.health.mark_unreachable(name)
-            return self._verdict(attempt, core.node_lost(rank, name, f"it did not answer: {reason}"))
+            away[rank] = (name, f"it did not answer: {reason}")
         pid = record.launcher_pid
         verdict = core.classify_ranks(reports, ranks=len(attempt.order), step=record.step,
                                       total_steps=ctx.spec.total_steps,
                                       launcher_exit=self.fx.launcher_exit(pid) if pid else None,
                                       since_launch=self.fx.now() - (record.launched_at or 0))
-        # Before the verdict: fingerprints that disagree, read in the same poll that found every
-        # rank finished, make the run resume from before them, never a success.
+        if away:
+            return await self._while_away(attempt, away, verdict, reports)
+        self.outage.back()
+        # Before the verdict: fingerprints that disagree, or a loss that went NaN, read in the same poll
+        # that found every rank finished, make the run resume from before them, never a success.
+        if attempt.unsound is not None:
+            return await self._unsound(attempt, attempt.unsound)
         if attempt.divergence is not None:
             return await self._diverged(attempt, attempt.divergence)
         if verdict is not None:
@@ -123,6 +131,23 @@ class RankWatcher:
             await self._capture_stacks(attempt)
             return self.ended(attempt, HUNG, hung.describe(), "hang")
         return None
+
+    async def _while_away(self, attempt: Attempt, away: dict[int, tuple[str, str]], verdict: core.Verdict | None,
+                          reports: list[core.RankReport]) -> Outcome | None:
+        """Some of the attempt's nodes cannot be reached. What the others' ranks said still counts (a
+        NaN, replicas that disagree, a rank that failed: its peers' deaths are a recovery as ever);
+        otherwise the attempt goes on while OutageWatch waits for the lost nodes, or ends as a node
+        loss once it must not. Neither a success nor a hang is judged on part of the ranks."""
+        if attempt.unsound is not None:
+            return await self._unsound(attempt, attempt.unsound)
+        if attempt.divergence is not None:
+            return await self._diverged(attempt, attempt.divergence)
+        if verdict is not None and verdict.kind == RANK_FAILED:
+            # Not all of it was read (the away nodes' fingerprints, their last steps): never a success.
+            attempt.ended_unread = True
+            return await self._ended(attempt, verdict, reports)
+        lost = await self.outage.judge(attempt, away)
+        return self._verdict(attempt, lost) if lost is not None else None
 
     async def _read(self, attempt: Attempt, rank: int, name: str, status: RankStatusReply) -> core.RankReport:
         """One rank's reply taken in: its progress, its output on the head, and its report."""
@@ -143,14 +168,15 @@ class RankWatcher:
         said = f"worker {errors[0]['local_rank']} on {name}: {errors[0]['message']}" if errors else None
         return core.RankReport(rank, name, status["state"], status.get("exit"), detected, said)
 
-    async def _ask(self, attempt: Attempt,
-                   wait_s: float) -> tuple[dict[int, RankStatusReply], dict[int, tuple[str, str]]]:
-        """Every rank's status, asked of all nodes at once: rank -> reply, and rank -> (node, why)
-        for the nodes that did not answer. When a rank has ended, or a stop is asked for, the
-        others' waits are cut short and they are asked again at once, so that what follows sees
-        every rank as it is now."""
+    async def _ask(self, attempt: Attempt, wait_s: float, *,
+                   skip: set[int] = frozenset()) -> tuple[dict[int, RankStatusReply], dict[int, tuple[str, str]]]:  # type: ignore[assignment]
+        """Every rank's status but ``skip``'s, asked of all nodes at once: rank -> reply, and rank ->
+        (node, why) for the nodes that did not answer. When a rank has ended, or a stop is asked
+        for, the others' waits are cut short and they are asked again at once, so that what follows
+        sees every rank as it is now."""
         replies: dict[int, RankStatusReply] = {}
         failed: dict[int, tuple[str, str]] = {}
+        asked = [rank for rank in range(len(attempt.order)) if rank not in skip]
 
         async def ask(rank: int, wait: float, tasks: anyio.abc.TaskGroup, answered: anyio.Event) -> None:
             try:
@@ -165,13 +191,15 @@ class RankWatcher:
             replies[rank] = status
             if wait and status["state"] in ("exited", "vanished"):
                 tasks.cancel_scope.cancel()  # the others need not wait: the attempt is ending
-            if len(replies) + len(failed) == len(attempt.order):
+            if len(replies) + len(failed) == len(asked):
                 answered.set()
 
+        if not asked:
+            return replies, failed
         for wait in (wait_s, 0.0) if wait_s else (0.0,):
             answered = anyio.Event()
             async with anyio.create_task_group() as tasks:
-                for rank in range(len(attempt.order)):
+                for rank in asked:
                     if rank not in replies:
                         tasks.start_soon(ask, rank, wait, tasks, answered)
                 # Whichever comes first: every answer, or a stop (which need not wait for the holds).
@@ -180,17 +208,22 @@ class RankWatcher:
                     if wait:
                         first.start_soon(_set_when, self.ctx.stop_asked, first)
                 tasks.cancel_scope.cancel()
-            if failed or len(replies) == len(attempt.order):
+            if failed or len(replies) == len(asked):
                 break
         return replies, failed
 
     async def diverged_before_restart(self, attempt: Attempt) -> Outcome | None:
         """A divergence a previous daemon saw and saved: the attempt ends as it was then."""
-        if self.ctx.record.diverged_after is None:
+        record = self.ctx.record
+        if record.diverged_after is None:
             return None
         await self.checkpoints.invalidate_after_divergence(attempt)
-        return self.ended(attempt, DIVERGED, f"the replicas diverged after step {self.ctx.record.diverged_after} "
-                          "(found before the daemon restarted)", f"diverged:{self.ctx.record.diverged_after}")
+        if record.unsound is not None:
+            unsound = record.unsound
+            return self.ended(attempt, unsound["kind"], f"{unsound['detail']} (found before the daemon restarted)",
+                              f"{unsound['kind']}:{unsound['step']}")
+        return self.ended(attempt, DIVERGED, f"the replicas diverged after step {record.diverged_after} "
+                          "(found before the daemon restarted)", f"diverged:{record.diverged_after}")
 
     async def _ended(self, attempt: Attempt, verdict: core.Verdict, reports: list[core.RankReport]) -> Outcome | None:
         """The attempt's outcome from its verdict; None while the ranks that failed only lost a peer
@@ -248,6 +281,47 @@ class RankWatcher:
         outcome = self.ended(attempt, DIVERGED, found.describe(), f"diverged:{found.step}")
         await self.checkpoints.invalidate_after_divergence(attempt)
         return outcome
+
+    async def _unsound(self, attempt: Attempt, found: Unsound) -> Outcome:
+        """A NaN or infinite loss (or a spike the job rolls back from): stop, and resume from the newest
+        checkpoint saved before that step. When the attempt never reported a finite loss, the checkpoint
+        it resumed from is suspect too (its weights or optimizer state may hold what made the first step
+        go wrong), and the resume goes further back."""
+        record = self.ctx.record
+        good_until = found.step - 1 if attempt.finite_loss_seen else attempt.start_step - 1
+        # Saved first: a daemon restarted from here on still rolls back, and still knows which
+        # checkpoints are not valid (the record that showed it is not read again).
+        record.unsound = {"kind": found.kind, "step": found.step, "metric": found.metric, "value": found.value,
+                          "detail": found.detail}
+        record.diverged_after = max(-1, good_until)
+        self.ctx.save()
+        outcome = self.ended(attempt, found.kind, found.detail, f"{found.kind}:{found.step}")
+        await self.checkpoints.invalidate_after_divergence(attempt)
+        return outcome
+
+    def _check_health(self, attempt: Attempt, step: int, values: dict[str, float]) -> None:
+        """A value that says the training went wrong stops the attempt (at the end of this poll); a loss
+        spike is said, and stops it only when the job asks (--on-spike rollback)."""
+        if attempt.unsound is not None:
+            return  # the first one is what the attempt is stopped for
+        found = training_health.non_finite(step, values, (*training_health.HEALTH_VALUES, "val_loss"))
+        if found is not None:
+            attempt.unsound = found
+            self.ctx.log.warning("non_finite", step=step, metric=found.metric, value=str(found.value))
+            return
+        loss = values.get("loss")
+        if loss is None:
+            return
+        attempt.finite_loss_seen = True
+        spike = attempt.losses.add(step, loss)
+        if spike is None:
+            return
+        rollback = self.ctx.spec.on_spike == "rollback"
+        self.ctx.event("loss_spike", spike.describe() + ("; rolling back (--on-spike rollback)" if rollback
+                                                         else "; training goes on (--on-spike warn)"),
+                       step=step, loss=loss, median=spike.median, threshold=spike.threshold)
+        if rollback:
+            attempt.unsound = Unsound(LOSS_SPIKE, step, "loss", loss, spike.describe())
 
     # --- known failures -----------------------------------------------------------------
 
@@ -346,7 +420,11 @@ class RankWatcher:
         # A value a record leaves out keeps the last one given: a script may report its loss only every
         # so many steps (Hugging Face Trainer's logging steps), and every step for the hang watch.
         if "loss" in progress:
-            record.loss = progress["loss"]
+            record.loss = progress["loss"]  # NaN too: shown as what it is, never as the last finite one
+        values = {"loss": progress["loss"]} if "loss" in progress else {}
+        if "grad_norm" in progress:
+            values["grad_norm"] = progress["grad_norm"]
+        self._check_health(attempt, step, values)
         if "tokens_per_second" in progress:
             record.tokens_per_second = progress["tokens_per_second"]
         if "peak_memory_gb" in progress:
@@ -363,6 +441,7 @@ class RankWatcher:
     def _on_val_loss(self, attempt: Attempt, progress: ValRecord) -> None:
         step, loss = progress["step"], progress["val_loss"]
         self.ctx.record.val_loss = loss
+        self._check_health(attempt, step, {"val_loss": loss})
         self._points.append(("val", {"step": step, "attempt": attempt.number,
                                      "time": float(progress.get("time") or self.fx.now()), "loss": loss}))
 

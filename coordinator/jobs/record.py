@@ -18,6 +18,17 @@ from coordinator.jobs.policy import OutcomeEntry
 JsonObject = dict[str, Any]
 
 
+class UnsoundEntry(TypedDict):
+    """The step where the current attempt's training went wrong (training_health.Unsound), saved before
+    its ranks are stopped, so that a daemon restarted meanwhile still rolls back from it."""
+
+    kind: str  # policy.NON_FINITE or policy.LOSS_SPIKE
+    step: int
+    metric: str
+    value: float
+    detail: str
+
+
 class LastCheckpoint(TypedDict):
     """The newest valid checkpoint of the run, as coord status ages it."""
 
@@ -72,6 +83,15 @@ class JobRecord:
     first_step_seconds: float | None = None
     step_gap: float | None = None
     model_bytes: int | None = None
+    # The training's health (coordinator/jobs/training_health.py): the current attempt's divergence,
+    # the rollbacks used, batches to skip when resuming from a step (its checkpoint step -> batches,
+    # after rollbacks to it), and the skip the next launch owes.
+    unsound: UnsoundEntry | None = None
+    rollbacks: int = 0
+    skips: dict[str, int] = field(default_factory=dict)
+    skip_owed: int = 0
+    # What coord cannot see now but waits out, said beside the state (coord status): the head's lost path.
+    note: str | None = None
     extra: JsonObject = field(default_factory=dict)  # keys of a newer coord, kept as they were
 
     def add_warning(self, text: str) -> None:
@@ -96,6 +116,7 @@ class JobRecord:
         for key in ("unstopped", "uncatalogued", "history", "diagnoses", "recoveries", "order"):
             values[key] = list(data.get(key) or [])
         values["rank_memory"] = dict(data.get("rank_memory") or {})
+        values["skips"] = dict(data.get("skips") or {})
         return cls(**values, extra={key: value for key, value in data.items() if key not in known})
 
     def continued(self, total_steps: int | None) -> JobRecord:
@@ -108,7 +129,7 @@ class JobRecord:
                          diagnoses=list(self.diagnoses), order=list(self.order), unstopped=list(self.unstopped),
                          uncatalogued=list(self.uncatalogued), total_steps=total_steps, resumes=self.resumes + 1,
                          progress_seen=self.progress_seen, first_step_seconds=self.first_step_seconds,
-                         step_gap=self.step_gap, model_bytes=self.model_bytes)
+                         step_gap=self.step_gap, model_bytes=self.model_bytes, skips=dict(self.skips))
 
 
 _NULLABLE = {f.name for f in fields(JobRecord) if f.default is None}

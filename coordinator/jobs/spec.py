@@ -21,6 +21,7 @@ from typing import Any, TypedDict, cast
 
 from coordinator.config.cluster_file import NODE_NAME
 from coordinator.jobs.limits import MAX_SECONDS, NODE_WAIT_S, WHOLE
+from coordinator.jobs.training_health import ON_DIVERGENCE, ON_SPIKE
 from coordinator.launch.mlx_backend import BACKENDS
 from coordinator.launch.mlx_lm_command import CommandError, is_mlx_lm, mlx_lm_args, option_value
 from coordinator.launch.registry import DEFAULT_LAUNCHER, LAUNCHERS
@@ -65,6 +66,10 @@ class JobSpecFields(TypedDict):
     global_batch: int | None
     micro_batch: int | None
     launcher_config: dict[str, Any] | None  # free-form: a launcher's own settings, from a plan (see JobSpec)
+    on_divergence: str
+    max_rollbacks: int
+    skip_on_rollback: int
+    on_spike: str
 
 
 @dataclass
@@ -97,6 +102,13 @@ class JobSpec:
     # The launcher's own settings from a PyTorch plan (coord run --plan): Accelerate's config keys, or
     # DeepSpeed's JSON; free-form, as the launcher reads it, under coord's own keys (docs/pytorch.md).
     launcher_config: dict[str, Any] | None = None
+    # When the training diverges (a NaN or infinite loss or gradient norm; docs/recovery.md): roll back
+    # to the checkpoint before it, or stop; how many rollbacks before the run fails; how many batches
+    # after the checkpoint a rollback skips; and whether a loss spike is only said or rolled back from.
+    on_divergence: str = "rollback"
+    max_rollbacks: int = 3
+    skip_on_rollback: int = 0
+    on_spike: str = "warn"
 
     def as_dict(self) -> JobSpecFields:
         return cast(JobSpecFields, asdict(self))  # the fields above, in order (a test holds the two together)
@@ -263,7 +275,9 @@ _FIELD_CHECKS: dict[str, FieldCheck] = {
     "priority": _whole("priority"), "launcher": _text, "node_wait": _seconds, "follow_outside_links": _flag,
     "first_step_timeout": _optional(_seconds), "procs_per_node": _optional(_whole("procs_per_node")),
     "global_batch": _optional(_whole("global_batch")), "micro_batch": _optional(_whole("micro_batch")),
-    "launcher_config": _optional(_launcher_config)}
+    "launcher_config": _optional(_launcher_config), "on_divergence": _choice(ON_DIVERGENCE),
+    "max_rollbacks": _whole("max_rollbacks"), "skip_on_rollback": _whole("skip_on_rollback"),
+    "on_spike": _choice(ON_SPIKE)}
 
 
 def _check_name_and_command(spec: JobSpec) -> None:
@@ -417,9 +431,6 @@ def load_job_file(path: Path) -> JobSpec:
                            f"{', '.join(JOB_FILE_KEYS)})")
     if "name" not in job or "command" not in job:
         raise JobSpecError(f"job file {path}: name and command are needed")
-    if "node_timeout" in job and job.get("min_nodes") is None:
-        raise JobSpecError(f"job file {path}: node_timeout is how long a lost node is waited for before it is left "
-                           "out, which only min_nodes allows: set min_nodes too, or remove node_timeout")
     try:
         check_fields(job, label=lambda key: key)
         if isinstance(job.get("source"), str):  # relative to the job file

@@ -24,12 +24,13 @@ the job's name: a name run again is a new run that cannot read an earlier one's 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import anyio
 import structlog
 
-from coordinator.jobs import catalog, core
+from coordinator.jobs import core
 from coordinator.jobs.attempt import Attempt
 from coordinator.jobs.checkpoints import CHECKPOINT_POLL_S, CheckpointKeeper
 from coordinator.jobs.effects import JobEffects, LaunchError
@@ -42,7 +43,7 @@ from coordinator.jobs.policy import (
     SUCCEEDED,
     Decision,
     Outcome,
-    after_the_last_step,
+    Rollbacks,
     decide,
     outcome_entry,
     outcome_of,
@@ -52,9 +53,12 @@ from coordinator.jobs.rank_watch import HOLD_S, MAX_REREADS, POLL_S, READ_AGAIN,
 from coordinator.jobs.reboot_watch import RebootWatch
 from coordinator.jobs.record import JobRecord
 from coordinator.jobs.replica import Replicator
+from coordinator.jobs.rollback import roll_back, take_skip
 from coordinator.jobs.run_context import RunContext
 from coordinator.jobs.spec import REPLICA_NONE, JobSpec
 from coordinator.jobs.states import ACTIVE, FINISHED, JobState
+from coordinator.jobs.success import judge_success
+from coordinator.jobs.tree_check import restore_trees
 from coordinator.jobs.view import RunView, run_view
 from coordinator.launch.batch import BatchSplit
 from coordinator.launch.launcher import LaunchPlan, RankSlot
@@ -66,6 +70,7 @@ __all__ = ["ACTIVE", "CHECKPOINT_POLL_S", "FINISHED", "NODE_WAIT_S", "POLL_S", "
 
 log = structlog.get_logger("job")
 
+OUTLIVE_MARGIN_S = 30.0  # beyond --node-timeout: the sessions' reconnect backoff, and a poll
 REATTACH_GRACE_S = 60.0  # a restarted daemon's sessions connect within this; a node still away is lost
 
 
@@ -87,6 +92,7 @@ class JobRunner:
         self.starter = RankStarter(self.ctx, self.launcher)
         self.attempt: Attempt | None = None  # the attempt being launched or watched
         self._planned: LaunchPlan | None = None  # from pre-flight, for attempt 0
+        self._synced = False  # the source was synced just before the next launch (the run's first)
         self.resize_requested: int | None = None  # the checkpoint step the resize waits to pass
         self.queue_position: int | None = None  # set by the job manager's queue while the job waits
         self.done = anyio.Event()
@@ -225,6 +231,8 @@ class JobRunner:
                 return
             if decision.counts:
                 self.record.restarts += 1
+            if decision.rollback:
+                roll_back(self.ctx, decision.reason)
             self.set_state(JobState.RECOVERING)  # the outcome, the restart and the state in one save
             if decision.counts:
                 when = f"in {decision.delay_s:g} s" if decision.delay_s else "now"
@@ -247,24 +255,14 @@ class JobRunner:
         # Checkpoints written up to the end count; with the ranks stopped nothing is still
         # being written, so a damaged one is judged now.
         await self.checkpoints.poll(attempt, attempt_over=True)
-        outcome = self._after_the_last_step(outcome)
+        outcome = judge_success(self.ctx, attempt, outcome)
         history = [outcome_of(h) for h in self.record.history]
         decision = decide(outcome, history, max_restarts=self.spec.max_restarts,
-                          restarts_used=self.record.restarts)
+                          restarts_used=self.record.restarts,
+                          rollbacks=Rollbacks(self.spec.on_divergence, self.record.rollbacks, self.spec.max_rollbacks))
         self.record.history.append(outcome_entry(outcome, attempt=self.record.attempt,
                                                  counted=decision.action == "restart" and decision.counts))
         return decision
-
-    def _after_the_last_step(self, outcome: Outcome) -> Outcome:
-        """A failure after every step ran and the final checkpoint was validated ends the job, said."""
-        newest = catalog.newest_valid(self.fx.checkpoints(self.run_id))
-        done = after_the_last_step(outcome, total_steps=self.spec.total_steps, step=self.record.step,
-                                   final_checkpoint=newest["step"] if newest else None)
-        if done is not outcome:
-            warning = f"after its last step: {outcome.detail}; nothing rerun (its final checkpoint is valid)"
-            self.record.add_warning(warning)
-            self.event("failed_after_last_step", f"attempt {self.record.attempt} {warning}", outcome=outcome.kind)
-        return done
 
     def _last_attempt(self) -> Attempt | None:
         """The attempt launched last (read back from the record when this runner did not launch it:
@@ -304,6 +302,7 @@ class JobRunner:
                 return self._fail_early(f"sync failed: {report['detail']}")
             self.event("synced", f"code synced from {self.spec.source}",
                        seconds=round(self.fx.monotonic() - started, 3))
+            self._synced = True
         if await self._wait_for_nodes() is None:
             return False
         self.set_state("preflight")
@@ -412,6 +411,10 @@ class JobRunner:
         previous = list(self.record.order)
         plan = await self._plan(nodes)
         order = list(plan.order) or nodes
+        if self._synced:
+            self._synced = False  # pre-flight's sync just now is this attempt's
+        else:
+            await restore_trees(self.ctx, order)  # a relaunch: what a node lost is sent again, named
         batch = self.nodes.batch_for(order)
         self.record.batch = batch.describe() if batch else None
         if previous and set(previous) != set(order):
@@ -426,15 +429,17 @@ class JobRunner:
         resume, resume_files = await self.checkpoints.choose_resume(order)
         start_step = resume["step"] if resume else 0
         self.record.start_step = attempt.start_step = start_step
+        skip = take_skip(self.record, start_step)
         # This attempt's progress starts where it resumes: a step an earlier attempt reached is
         # not this one's (an attempt whose ranks all exit 0 must have reached the total itself).
         self.record.step = start_step
         if resume:
             self._say_resume(resume, order, self.fx.monotonic() - choose_started)
         if self.spec.total_steps is not None and start_step >= self.spec.total_steps:
-            # The newest valid checkpoint of this run is the final step: there is nothing left to run.
+            # The newest valid checkpoint of this run is the final step: there is nothing left to run. The
+            # run stays starting (no rank runs): a daemon restarted before its end is saved finishes the
+            # recovery, which finds the same, instead of watching ranks that never started.
             self.record.step = max(self.record.step, start_step)
-            self.set_state(JobState.RUNNING)
             return self.ranks.ended(attempt, SUCCEEDED, f"the checkpoint of step {start_step} is the last step", "")
         if attempt.number == 0 or not self.record.diagnoses:
             command = self.launcher.rank_command(self.spec, RankSlot(plan, 0, self.run_id, attempt.number),
@@ -448,7 +453,8 @@ class JobRunner:
         async with anyio.create_task_group() as beside:
             beside.start_soon(self.reboots.baseline, attempt)  # each Mac's wired memory before the ranks
             try:
-                await self.starter.prepare(plan, attempt.number, order, resume_files, start_step, batch)
+                await self.starter.prepare(plan, attempt.number, order, resume_files, start_step, batch,
+                                           skip=skip)
             except LaunchError as exc:
                 refused.append(exc)
         if refused:
@@ -461,6 +467,8 @@ class JobRunner:
         if self.launcher.runs_on == "nodes":
             warm = await self.starter.start(attempt.number, order)
         else:
+            # Its connections outlive a head cut off for --node-timeout (coordinator/jobs/outage.py).
+            plan = dataclasses.replace(plan, outlive_silence_s=self.spec.node_timeout + OUTLIVE_MARGIN_S)
             self.record.launcher_pid = self.fx.start_launcher(self.run_id, attempt.number, plan)
         self.record.last_progress = self.fx.now()
         self.set_state(JobState.RUNNING)

@@ -54,6 +54,9 @@ class RunView(TypedDict):
     queue_position: int | None  # while queued
     waiting: WaitingView | None  # while its nodes are waited for
     hang_watch: str | None  # why the run is not watched for hangs (its ranks never reported progress), and the fix
+    note: str | None  # what coord waits out while the run goes on (head_disconnected: the head lost its path)
+    rollbacks: int  # rollbacks after a divergence (NaN loss), beside restarts
+    max_rollbacks: int
 
 
 def run_view(ctx: RunContext, *, queue_position: int | None) -> RunView:
@@ -77,7 +80,9 @@ def run_view(ctx: RunContext, *, queue_position: int | None) -> RunView:
             "job_nodes": ctx.job_nodes(), "priority": spec.priority,
             "queue_position": queue_position if state == "queued" else None,
             "waiting": _waiting(ctx),
-            "hang_watch": progress_note(spec) if not record.progress_seen and state not in FINISHED else None}
+            "hang_watch": progress_note(spec) if not record.progress_seen and state not in FINISHED else None,
+            "note": record.note if state not in FINISHED else None,
+            "rollbacks": record.rollbacks, "max_rollbacks": spec.max_rollbacks}
 
 
 def _waiting(ctx: RunContext) -> WaitingView | None:

@@ -12,6 +12,7 @@ instead (coordinator.launch.user_hostfile).
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import shlex
 import shutil
@@ -49,8 +50,15 @@ def ssh_alias(node: NodeConfig) -> str:
     return LOCAL_ADDRESS if node.is_local else f"coord-{node.name}"
 
 
-def render_ssh_config(config: ClusterConfig) -> str:
-    """An OpenSSH client config with one alias per node; host keys are always checked."""
+def render_ssh_config(config: ClusterConfig, *, outlive_silence_s: float | None = None) -> str:
+    """An OpenSSH client config with one alias per node; host keys are always checked.
+
+    ``outlive_silence_s``: how long a connection outlives a silent node before ssh gives up on it
+    (keepalives every ``keepalive_s``). mlx.launch's connections carry its ranks: one that gives up
+    hangs up on its rank once the path is back, so a head whose network blinked would lose ranks
+    that trained through the blink. The supervisor, not ssh, decides when a node is lost."""
+    interval = max(1, int(config.ssh.keepalive_s))
+    count = max(3, math.ceil(outlive_silence_s / interval)) if outlive_silence_s else 3
     lines = ["# Written by coord for mlx.launch; regenerated on every launch.", ""]
     for node in config.nodes:
         if node.is_local:
@@ -64,13 +72,14 @@ def render_ssh_config(config: ClusterConfig) -> str:
         if config.ssh.identity_file:
             lines.append(f"  IdentityFile {_quote_config(config.ssh.identity_file)}")
             lines.append("  IdentitiesOnly yes")
-        if config.ssh.known_hosts:
-            lines.append(f"  UserKnownHostsFile {_quote_config(config.ssh.known_hosts)}")
+        # The one known_hosts coord checks (the cluster's, else ~/.ssh/known_hosts), whatever the
+        # user's ssh config says: the daemon's own sessions and coord trust use no other.
+        lines.append(f"  UserKnownHostsFile {_quote_config(config.ssh.known_hosts or '~/.ssh/known_hosts')}")
         lines.append("  StrictHostKeyChecking yes")
         lines.append("  BatchMode yes")
         lines.append("  PasswordAuthentication no")
-        lines.append(f"  ServerAliveInterval {max(1, int(config.ssh.keepalive_s))}")
-        lines.append("  ServerAliveCountMax 3")
+        lines.append(f"  ServerAliveInterval {interval}")
+        lines.append(f"  ServerAliveCountMax {count}")
         lines.append("")
     user_config = config.ssh.config or os.path.expanduser("~/.ssh/config")
     if os.path.exists(user_config):

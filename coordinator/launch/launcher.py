@@ -63,6 +63,9 @@ class LaunchPlan:
     node_envs: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     master_address: str | None = None  # where every node finds rank 0 (a torch launcher's rendezvous)
     procs_per_node: int = 1  # processes each node's launcher starts (one per GPU, or as the job says)
+    # How long a launcher's own connections to the nodes outlive silence (mlx.launch's ssh): the job's
+    # --node-timeout and a margin, so that a head cut off for a while finds its ranks alive when it is back.
+    outlive_silence_s: float = 90.0
 
     @property
     def envs(self) -> dict[str, str]:

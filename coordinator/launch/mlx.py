@@ -62,7 +62,7 @@ class MlxLauncher:
 
     def start(self, directory: Path, config: ClusterConfig, plan: LaunchPlan, run_id: str,
               attempt: int) -> subprocess.Popen[bytes]:
-        files = write_launch_files(directory, config, plan.hosts)
+        files = write_launch_files(directory, config, plan.hosts, outlive_silence_s=plan.outlive_silence_s)
         argv = [*launcher_argv(), "--hostfile", files["hostfile"], "--starting-port",
                 str(ring_starting_port(run_id, attempt)), "--", *rank_command(run_id)]
         env = dict(os.environ, PATH=files["path_prefix"] + os.pathsep + os.environ.get("PATH", "/usr/bin:/bin"))

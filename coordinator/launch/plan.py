@@ -90,13 +90,14 @@ def plan_backend(cluster: Cluster, topologies: dict[str, Topology], *, forced: s
     return choice, document, None
 
 
-def write_launch_files(directory: Path, config: ClusterConfig, document: Hostfile) -> dict[str, str]:
+def write_launch_files(directory: Path, config: ClusterConfig, document: Hostfile, *,
+                       outlive_silence_s: float | None = None) -> dict[str, str]:
     """hostfile.json, ssh_config and the ssh wrapper, in a private directory."""
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     hostfile = directory / "hostfile.json"
     hostfile.write_text(json.dumps(document, indent=2) + "\n")
     ssh_config = directory / "ssh_config"
-    ssh_config.write_text(render_ssh_config(config))
+    ssh_config.write_text(render_ssh_config(config, outlive_silence_s=outlive_silence_s))
     os.chmod(ssh_config, 0o600)
     wrapper = write_ssh_wrapper(directory / "bin", ssh_config)
     return {"hostfile": str(hostfile), "ssh_config": str(ssh_config), "path_prefix": str(wrapper.parent)}

@@ -13,7 +13,7 @@ import structlog
 from coordinator.config.cluster_file import ClusterConfig
 from coordinator.nodes.agent_bundle import AgentBundle
 from coordinator.nodes.reboot_marks import new_mark, rebooted
-from coordinator.nodes.session import UP, Connect, NodeSession, NodeViewDict, open_transport
+from coordinator.nodes.session import UP, Backoff, Connect, NodeSession, NodeViewDict, open_transport
 from coordinator.store.state import EventRecord, RebootMark, StateStore
 
 if TYPE_CHECKING:
@@ -39,8 +39,10 @@ class Cluster:
         self.config = config
         self.state = state
         self.bundle = bundle
+        self.backoff = Backoff()  # a node back wakes the others' reconnect tries
         self.sessions = {
-            node.name: NodeSession(node, config.ssh, bundle, on_change=self._node_changed, connect=connect)
+            node.name: NodeSession(node, config.ssh, bundle, on_change=self._node_changed, connect=connect,
+                                   backoff=self.backoff)
             for node in config.nodes
         }
         # Status is answered from memory so it never waits on SQLite or a node.
@@ -78,6 +80,8 @@ class Cluster:
                              view.last_seen)
         message = f"{view.name} is {state}" + (f": {reason}" if reason else "")
         self.record_event(f"node.{state}", message, node=view.name)
+        if state == UP:
+            self.backoff.node_back()
         mark = self.reboot_marks.get(view.name)
         if state == UP and mark is not None and rebooted(mark, (view.facts or {}).get("boot_id")):
             self.reboot_marks.pop(view.name)

@@ -1,5 +1,6 @@
-"""Host keys: which name ssh files a node's key under, what key the node presents, and adding it
-to known_hosts on the user's word only (never on our own).
+"""Host keys: which name ssh files a node's key under, what key the node presents, what known_hosts
+says of it (trusted, unknown, changed or revoked), and adding it on the user's word only (never on
+our own).
 
 The line written is OpenSSH's plain form, ``host keytype base64`` (``[host]:port`` for a port
 other than 22), which ssh, ssh-keygen and asyncssh all read.
@@ -9,16 +10,37 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import asyncssh
 
 from coordinator.config.cluster_file import NodeConfig, SshSettings
-from coordinator.nodes.ssh_settings import NodeUnreachable, UnknownHostKey, ssh_options
+from coordinator.config.ssh_destination import SshConfigUnreadable, resolve_destination, ssh_config_files
+from coordinator.nodes.host_key_verdict import (
+    CHANGED,
+    REVOKED,
+    TRUSTED,
+    KnownEntry,
+    changed_key_message,
+    judge_host_key,
+    removal_command,
+    revoked_key_message,
+)
+from coordinator.nodes.ssh_settings import (
+    DEFAULT_KNOWN_HOSTS,
+    ChangedHostKey,
+    NodeUnreachable,
+    UnknownHostKey,
+    known_hosts_path,
+    ssh_options,
+)
+
+__all__ = ["KnownEntry", "known_hosts_path"]  # what the trust command and the tests take from here too
 
 DEFAULT_PORT = 22
-DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 
 
 @dataclass(frozen=True)
@@ -68,31 +90,43 @@ def fingerprint_matches(given: str, key: asyncssh.SSHKey) -> bool:
     return bool(text) and text.rstrip("=") == fingerprint(key)[len("SHA256:"):]
 
 
-def known_hosts_path(ssh: SshSettings) -> Path:
-    """The known_hosts file a cluster uses: its [ssh] known_hosts, or the user's own."""
-    return Path(os.path.expanduser(ssh.known_hosts or DEFAULT_KNOWN_HOSTS))
-
-
 def resolve_target(node: NodeConfig, ssh: SshSettings) -> SshTarget:
     """Apply the ssh config (HostName, Port, HostKeyAlias) as asyncssh will when it connects."""
-    options = ssh_options(node, ssh)
     try:
-        resolved = asyncssh.SSHClientConnectionOptions(
-            host=node.host, port=node.port or (), config=options.get("config", ()))
-    except (OSError, ValueError, asyncssh.Error) as exc:
-        raise NodeUnreachable(f"cannot read the ssh config for {node.host}: {exc}") from None
-    return SshTarget(given=node.host, given_port=node.port, host=resolved.host, port=int(resolved.port),
-                     key_alias=resolved.host_key_alias)
+        found = resolve_destination(node.host, node.port, node.user, ssh_config_files(ssh.config))
+    except SshConfigUnreadable as exc:
+        raise NodeUnreachable(str(exc)) from None
+    return SshTarget(given=node.host, given_port=node.port, host=found.host, port=found.port,
+                     key_alias=found.key_alias)
 
 
-async def fetch_host_key(target: SshTarget, ssh: SshSettings) -> asyncssh.SSHKey:
-    """The host key the node presents (nothing is trusted or logged in to)."""
+async def fetch_host_key(target: SshTarget, ssh: SshSettings, *,
+                         like: Sequence[asyncssh.SSHKey] = ()) -> asyncssh.SSHKey:
+    """The host key the node presents (nothing is trusted or logged in to). With ``like`` (the keys
+    known_hosts holds for it), a key of their types, as a connection negotiates it, so that an old key
+    is compared with its own type's successor; any key when the node offers none of those types."""
+    algorithms = list(dict.fromkeys(alg.decode("ascii") for key in like for alg in key.sig_algorithms))
+    if algorithms:
+        try:
+            return await _server_host_key(target, ssh, algorithms)
+        except asyncssh.KeyExchangeFailed:
+            pass  # it no longer has a key of a type recorded: the one it offers is a new, unknown type
+    return await _server_host_key(target, ssh, ())
+
+
+async def _server_host_key(target: SshTarget, ssh: SshSettings, algorithms: Sequence[str]) -> asyncssh.SSHKey:
     options = ssh_options(NodeConfig(name="-", host=target.given, python="", workdir="", port=target.given_port),
                           ssh)
     try:
         key = await asyncio.wait_for(
-            asyncssh.get_server_host_key(target.given, target.given_port or (), config=options.get("config", ())),
+            asyncssh.get_server_host_key(target.given, target.given_port or (), config=options.get("config", ()),
+                                         server_host_key_algs=list(algorithms) or ()),
             ssh.connect_timeout_s)
+    except asyncssh.KeyExchangeFailed:
+        if algorithms:
+            raise
+        raise NodeUnreachable(f"cannot fetch the host key of {target.host}:{target.port}: the key exchange "
+                              "failed") from None
     except (TimeoutError, OSError, asyncssh.Error) as exc:
         raise NodeUnreachable(f"cannot fetch the host key of {target.host}:{target.port}: "
                               f"{str(exc) or exc.__class__.__name__}") from None
@@ -101,31 +135,47 @@ async def fetch_host_key(target: SshTarget, ssh: SshSettings) -> asyncssh.SSHKey
     return key
 
 
-def recorded_keys(path: Path, target: SshTarget) -> list[asyncssh.SSHKey]:
-    """The keys known_hosts already holds for this target (hashed entries included)."""
+def known_entries(path: Path, target: SshTarget) -> list[KnownEntry]:
+    """The lines of known_hosts that name this target, with their line numbers: under its own name
+    only (``[host]:port`` for a port other than 22; hashed lines included), not under the port-22 name
+    that asyncssh falls back to when a port has no line of its own, since a line for this port added by
+    `coord trust` ends that fallback, while removing the port-22 line would take another sshd's key."""
     if not path.is_file():
         return []
     try:
-        known = asyncssh.read_known_hosts(str(path))
-    except (OSError, ValueError, asyncssh.KeyImportError) as exc:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
         raise TrustRefused(f"{path}: cannot read it as known_hosts: {exc}") from None
-    port = target.port if target.port != DEFAULT_PORT else None
-    return list(known.match(target.key_alias or target.host, "", port)[0])
+    name = target.known_hosts_name
+    found = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        try:
+            # Matched through asyncssh itself, so a line counts exactly when it does for a connection.
+            keys, _, revoked = asyncssh.import_known_hosts(stripped).match(name, "", None)[:3]
+        except ValueError as exc:
+            raise TrustRefused(f"{path}:{number}: cannot read it as known_hosts: {exc}") from None
+        hosts = stripped.split()[1 if stripped.startswith("@") else 0]
+        found += [KnownEntry(path, number, hosts, key, None) for key in keys]
+        found += [KnownEntry(path, number, hosts, key, "revoked") for key in revoked]
+    return found
 
 
-def check_can_add(path: Path, target: SshTarget, key: asyncssh.SSHKey) -> bool:
-    """True when the key must be added, False when it is there already; refuses a changed key."""
-    present = recorded_keys(path, target)
-    if any(k.public_data == key.public_data for k in present):
+def check_can_add(path: Path, target: SshTarget, key: asyncssh.SSHKey, *, trust_command: str = "coord trust") -> bool:
+    """True when the key must be added, False when it is there already; refuses a changed or revoked key."""
+    entries = known_entries(path, target)
+    verdict = judge_host_key(entries, key)
+    if verdict.state == TRUSTED:
         return False
-    same_type = [k for k in present if k.get_algorithm() == key.get_algorithm()]
-    if same_type:
-        remove = f"ssh-keygen -R {_quote_arg(target.known_hosts_name)} -f {_quote_arg(str(path))}"
-        raise TrustRefused(
-            f"{path} already holds another {key.get_algorithm()} key for {target.known_hosts_name} "
-            f"({fingerprint(same_type[0])}); the node now presents {fingerprint(key)}. That is what a "
-            f"reinstalled node, or someone in the middle, looks like. If the node was reinstalled, remove the "
-            f"old key with: {remove}", fix=f"{remove} (only if the node was reinstalled)")
+    if verdict.state == CHANGED:
+        raise TrustRefused(changed_key_message(f"{target.host}:{target.port}", target.known_hosts_name, key,
+                                               verdict.offending, trust_command),
+                           fix=f"{removal_command(target.known_hosts_name, verdict.offending)} (only if the node "
+                               "was reinstalled)")
+    if verdict.state == REVOKED:
+        raise TrustRefused(revoked_key_message(f"{target.host}:{target.port}", key, verdict.offending))
     return True
 
 
@@ -142,27 +192,47 @@ def append_known_host(path: Path, target: SshTarget, key: asyncssh.SSHKey) -> st
     return line
 
 
-def _quote_arg(text: str) -> str:
-    import shlex
+def trust_command(node: NodeConfig, ssh: SshSettings, cluster_file: str | None) -> str:
+    """The `coord trust` command that reaches the node as coord does: by name with its cluster file, else
+    by host with the ssh files in use (coord init's hosts have no cluster file yet)."""
+    if cluster_file:
+        return shlex.join(["coord", "trust", node.name, "--config", cluster_file])
+    words = ["coord", "trust", node.host]
+    if node.port:
+        words += ["--port", str(node.port)]
+    if ssh.known_hosts:
+        words += ["--known-hosts", ssh.known_hosts]
+    if ssh.config:
+        words += ["--ssh-config", ssh.config]
+    return shlex.join(words)
 
-    return shlex.quote(text)
 
-
-async def unknown_host_key(node: NodeConfig, ssh: SshSettings, exc: Exception) -> UnknownHostKey:
-    """Say which key the node presented and the command that trusts it, never trust it ourselves."""
+async def refused_host_key(node: NodeConfig, ssh: SshSettings, exc: Exception) -> NodeUnreachable:
+    """Why a connection refused the node's host key, as OpenSSH would say it (changed, revoked or
+    unknown), with the key it presented and the command that fixes it; never trust it ourselves."""
     target = resolve_target(node, ssh)
-    port = target.port
-    known = ssh.known_hosts or "~/.ssh/known_hosts"
-    trust = f"coord trust {node.name}" + (f" --config {ssh.cluster_file}" if ssh.cluster_file else "")
+    where = f"{target.host}:{target.port}"
+    path = known_hosts_path(ssh)
+    shown = ssh.known_hosts or DEFAULT_KNOWN_HOSTS
+    trust = trust_command(node, ssh, ssh.cluster_file)
     try:
-        key = await fetch_host_key(target, ssh)
+        entries = known_entries(path, target)
+    except TrustRefused as unreadable:
+        return NodeUnreachable(f"host key of {where} cannot be checked: {unreadable}")
+    try:
+        key = await fetch_host_key(target, ssh, like=[entry.key for entry in entries if entry.marker is None])
     except NodeUnreachable:  # best effort: the reason is still shown without the fingerprint
-        key = None
-    if key is not None:
-        fingerprint = key.get_fingerprint("sha256")
-        return UnknownHostKey(
-            f"host key of {target.host}:{port} is not trusted ({key.get_algorithm()} {fingerprint}, "
-            f"not in {known}: {exc}); if that fingerprint is the node's, trust it with: "
-            f"{trust} --fingerprint {fingerprint}", key=key)
-    return UnknownHostKey(f"host key of {target.host}:{port} is not trusted ({exc}); check it, then trust it "
-                          f"with: {trust}", key=None)
+        return UnknownHostKey(f"host key of {where} is not trusted ({exc}); check it, then trust it with: {trust}",
+                              key=None)
+    verdict = judge_host_key(entries, key)
+    if verdict.state == CHANGED:
+        return ChangedHostKey(changed_key_message(where, target.known_hosts_name, key, verdict.offending, trust),
+                              key=key, remove=removal_command(target.known_hosts_name, verdict.offending))
+    if verdict.state == REVOKED:
+        return NodeUnreachable(revoked_key_message(where, key, verdict.offending))
+    if verdict.state == TRUSTED:  # added while this connection was under way: the next one takes it
+        return NodeUnreachable(f"host key of {where} was refused ({exc}), though {shown} holds it now; retrying")
+    fingerprint = key.get_fingerprint("sha256")
+    return UnknownHostKey(
+        f"host key of {where} is not trusted ({key.get_algorithm()} {fingerprint}, not in {shown}: {exc}); "
+        f"if that fingerprint is the node's, trust it with: {trust} --fingerprint {fingerprint}", key=key)

@@ -75,6 +75,28 @@ async def open_transport(node: NodeConfig, ssh: SshSettings) -> Transport:
     return await SshTransport.connect(node, ssh)
 
 
+class Backoff:
+    """The sleeps between reconnect tries, shared by a cluster's sessions: any of them cut short when
+    another node comes back. A head whose own network was down sees every session fail and back off
+    (up to 30 s); once one node is reached again the path is likely back for all, and the others try
+    at once instead of sleeping out their backoff (docs/recovery.md, a head that loses its path)."""
+
+    def __init__(self) -> None:
+        self._back: anyio.Event | None = None  # made in the event loop, by the first sleep
+
+    def node_back(self) -> None:
+        if self._back is not None:
+            self._back.set()
+            self._back = None
+
+    async def sleep(self, seconds: float) -> None:
+        if self._back is None:
+            self._back = anyio.Event()
+        back = self._back
+        with anyio.move_on_after(seconds):
+            await back.wait()
+
+
 class NodeDown(RemoteError):
     def __init__(self, node: str, reason: str | None):
         super().__init__(p.CONNECTION_LOST, f"node {node} is not up" + (f": {reason}" if reason else ""))
@@ -100,8 +122,10 @@ class NodeView:
 
 class NodeSession:
     def __init__(self, node: NodeConfig, ssh: SshSettings, bundle: AgentBundle, *,
-                 on_change: OnChange | None = None, connect: Connect = open_transport) -> None:
+                 on_change: OnChange | None = None, connect: Connect = open_transport,
+                 backoff: Backoff | None = None) -> None:
         self.node = node
+        self.backoff = backoff or Backoff()
         self.ssh = ssh
         self.bundle = bundle
         self.view = NodeView(node.name, node.address, CONNECTING)
@@ -135,6 +159,7 @@ class NodeSession:
                 retry=retry_if_exception_type(NodeUnreachable),
                 wait=wait_exponential(multiplier=0.5, min=0.5, max=MAX_BACKOFF_S),
                 before_sleep=self._log_retry,
+                sleep=self.backoff.sleep,  # cut short when another node comes back
                 reraise=True,
             )
             async for attempt in retrying:

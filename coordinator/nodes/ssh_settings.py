@@ -4,11 +4,15 @@ user's ssh config) and the errors that say why a node cannot be reached."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Required, TypedDict
 
 import asyncssh
 
 from coordinator.config.cluster_file import NodeConfig, SshSettings
+from coordinator.config.ssh_destination import ssh_config_files
+
+DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 
 
 class NodeUnreachable(Exception):
@@ -26,6 +30,24 @@ class UnknownHostKey(NodeUnreachable):
     def __init__(self, reason: str, *, key: asyncssh.SSHKey | None) -> None:
         super().__init__(reason)
         self.key = key
+
+
+class ChangedHostKey(NodeUnreachable):
+    """known_hosts holds another key of this type for the node: reinstalled, or someone in the middle.
+    ``remove`` is the command that removes the old key, for the user to run once they know which."""
+
+    def __init__(self, reason: str, *, key: asyncssh.SSHKey, remove: str) -> None:
+        super().__init__(reason)
+        self.key = key
+        self.remove = remove
+
+
+def known_hosts_path(ssh: SshSettings) -> Path:
+    """The one known_hosts file coord reads and adds to: the cluster's [ssh] known_hosts, else the
+    user's ~/.ssh/known_hosts. The ssh config's UserKnownHostsFile is not read, so that what coord
+    trusts, what it refuses and what its fixes name is always this file (and ``UserKnownHostsFile
+    none``, which asyncssh takes as no checking at all, cannot turn verification off)."""
+    return Path(os.path.expanduser(ssh.known_hosts or DEFAULT_KNOWN_HOSTS))
 
 
 class SshOptions(TypedDict, total=False):
@@ -54,18 +76,16 @@ def ssh_options(node: NodeConfig, ssh: SshSettings) -> SshOptions:
         "kbdint_auth": False,
         "agent_forwarding": False,
     }
-    # Leaving known_hosts unset means ~/.ssh/known_hosts; passing None would turn
-    # verification off, which coord never does.
-    if ssh.known_hosts:
-        # A file not made yet holds no keys, as for ssh: every host is unknown (and `coord trust` makes it).
-        exists = os.path.exists(os.path.expanduser(ssh.known_hosts))
-        options["known_hosts"] = ssh.known_hosts if exists else asyncssh.import_known_hosts("")
+    # Always given: left unset, asyncssh would take the ssh config's UserKnownHostsFile, and None
+    # (what `UserKnownHostsFile none` becomes) would turn verification off, which coord never does.
+    # A file not made yet holds no keys, as for ssh: every host is unknown (and `coord trust` makes it).
+    known = known_hosts_path(ssh)
+    options["known_hosts"] = str(known) if known.exists() else asyncssh.import_known_hosts("")
     if ssh.identity_file:
         options["client_keys"] = [ssh.identity_file]
-    if ssh.config:
-        options["config"] = [ssh.config]
-    elif os.path.exists(os.path.expanduser("~/.ssh/config")):
-        options["config"] = [os.path.expanduser("~/.ssh/config")]
+    files = ssh_config_files(ssh.config)
+    if files:
+        options["config"] = files
     if node.user:
         options["username"] = node.user
     if node.port:

@@ -16,7 +16,7 @@ from typing import Protocol
 import asyncssh
 
 from coordinator.config.cluster_file import NodeConfig, SshSettings
-from coordinator.nodes.known_hosts import unknown_host_key
+from coordinator.nodes.known_hosts import refused_host_key
 from coordinator.nodes.ssh_settings import NodeUnreachable, UnknownHostKey, ssh_options
 from shared.rpc import Reader, Writer
 
@@ -95,7 +95,7 @@ class SshTransport:
         try:
             conn = await asyncssh.connect(node.host, **options)
         except asyncssh.HostKeyNotVerifiable as exc:
-            raise await unknown_host_key(node, ssh, exc) from None
+            raise await refused_host_key(node, ssh, exc) from None
         except asyncssh.PermissionDenied:
             who = node.user or "the default user"
             key = ssh.identity_file or "the default keys"

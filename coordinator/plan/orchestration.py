@@ -489,11 +489,11 @@ def monitoring_setup() -> MonitoringSetup:
     section.put("metrics", ["step", "loss", "tokens_per_second", "peak_memory_gb", "restarts",
                             "last_checkpoint_step", "eta_s"],
                 "the progress each rank reports every step, and the job record (coord status --json)")
-    section.put("alerts", ["job.failed", "job.restart", "job.checkpoint_invalid", "job.checkpoint_rejected",
-                           "job.waiting_for_nodes", "job.stacks"],
+    section.put("alerts", ["job.failed", "job.restart", "job.diverged", "job.loss_spike", "job.checkpoint_invalid",
+                           "job.checkpoint_rejected", "job.waiting_for_nodes", "job.stacks"],
                 "coord's event log: recorded with their reason and shown by coord status; the cluster file's "
-                "[[alerts]] send job_failed, job_succeeded, job_restarted, job_stalled and node_down to a webhook "
-                "(JSON, Slack, ntfy) or a command")
+                "[[alerts]] send job_failed, diverged, loss_spike, job_succeeded, job_restarted, job_stalled and "
+                "node_down to a webhook (JSON, Slack, ntfy) or a command")
     section.put("statusCommand", "coord status --watch", "coord's CLI")
     section.lack("dashboardUrl", "coord has no web dashboard; coord status --watch is the live view")
     return section.done()

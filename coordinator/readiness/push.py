@@ -56,12 +56,14 @@ class SyncPlanDict(TypedDict):
     """``SyncPlan.as_dict``: counts, with the first paths of each list."""
 
     send: int  # files and links
+    missing: int  # of those sent, the files the node lacked (the rest differed)
     bytes_to_send: int
     chmod: int
     dirs: int  # directories to make, or to give the source's mode
     delete: int  # files, links and directories
     extra_kept: int
     send_paths: list[str]
+    missing_paths: list[str]
     dir_paths: list[str]
     delete_paths: list[str]
     extra_paths: list[str]
@@ -82,6 +84,7 @@ class SendResult(TypedDict):
 @dataclass
 class SyncPlan:
     send: list[str] = field(default_factory=list)  # files and links
+    missing: list[str] = field(default_factory=list)  # of those, the ones the node lacks
     chmod: list[tuple[str, int]] = field(default_factory=list)
     dirs: list[tuple[str, int]] = field(default_factory=list)  # directories to make or to give their mode
     delete: list[str] = field(default_factory=list)  # files and links
@@ -96,9 +99,9 @@ class SyncPlan:
         return not (self.send or self.chmod or self.dirs or self.delete or self.delete_dirs or self.unlink_first)
 
     def as_dict(self) -> SyncPlanDict:
-        return {"send": len(self.send), "bytes_to_send": self.bytes_to_send, "chmod": len(self.chmod),
-                "dirs": len(self.dirs), "delete": len(self.delete) + len(self.delete_dirs),
-                "extra_kept": len(self.extra), "send_paths": self.send[:20],
+        return {"send": len(self.send), "missing": len(self.missing), "bytes_to_send": self.bytes_to_send,
+                "chmod": len(self.chmod), "dirs": len(self.dirs), "delete": len(self.delete) + len(self.delete_dirs),
+                "extra_kept": len(self.extra), "send_paths": self.send[:20], "missing_paths": self.missing[:20],
                 "dir_paths": [rel for rel, _ in self.dirs[:20]],
                 "delete_paths": (self.delete + self.delete_dirs)[:20], "extra_paths": self.extra[:20]}
 
@@ -115,6 +118,7 @@ def plan_sync(source: Manifest, remote: Manifest, *, delete: bool) -> SyncPlan:
             else:
                 plan.send.append(rel)
                 plan.bytes_to_send += entry[0]
+        plan.missing = list(plan.send)
         return plan
     for rel, entry in source.items():
         have = remote.get(rel)
@@ -126,6 +130,8 @@ def plan_sync(source: Manifest, remote: Manifest, *, delete: bool) -> SyncPlan:
         elif have is None or have[2] != entry[2]:
             plan.send.append(rel)
             plan.bytes_to_send += entry[0]
+            if have is None:
+                plan.missing.append(rel)
         elif have[1] != entry[1]:
             plan.chmod.append((rel, entry[1]))
     for rel, entry in remote.items():

@@ -12,6 +12,7 @@ class _Timed(TypedDict, total=False):
 class _TrainExtras(_Timed, total=False):
     samples_per_second: float  # examples (the global batch) trained per second, when the trainer knows it
     comm_seconds: float  # the mean time of a step's gradient exchange (``coord bench scaling``'s wait share)
+    grad_norm: float  # the gradients' global norm, when the script reports it (NaN or inf: the run diverged)
 
 
 class TrainRecord(_TrainExtras):

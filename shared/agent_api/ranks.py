@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TypedDict
 
 from shared.agent_api.common import JsonObject
-from shared.checkpoint_dirs import DirFile
+from shared.checkpoint_dirs import DirFile, NonFinite
 
 
 class _PrepareRankRequest(TypedDict):
@@ -94,6 +94,9 @@ class RankStatusReply(_RankStatusReply, total=False):
     # Its processes while it runs: "stopped" (one is in state T), "uninterruptible" (one is in D,
     # or U on macOS), "running"; absent or None when not known.
     process: str | None
+    # The CPU time (user and system, seconds) its processes have used together while it runs, each
+    # with its children that ended; absent or None when not known. It grows while the rank works.
+    cpu_s: float | None
     worker_errors: list[WorkerError]  # once exited: what a torch launcher's workers died of, oldest first
 
 
@@ -146,6 +149,8 @@ class _CheckpointInfo(TypedDict):
 
 
 class CheckpointInfo(_CheckpointInfo, total=False):
+    # A file whose tensors hold a NaN or an infinity (``valid`` is False): the first one found.
+    nonfinite: NonFinite
     # A checkpoint directory (0000040/): what this node holds of it. ``valid`` says only that it could
     # be read; whether it is complete is the head's to judge, with the other nodes' parts.
     kind: str  # "dir"

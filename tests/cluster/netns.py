@@ -820,6 +820,32 @@ class NetnsCluster:
             time.sleep(0.02)
         raise NetnsClusterError(f"sshd for {node} did not start listening; log {log}:\n{_tail(log)}")
 
+    def host_key_pub(self, node: str) -> Path:
+        """The public half of the host key the node's sshd presents now."""
+        self.node(node)
+        return self.tmpdir / node / "ssh_host_ed25519_key.pub"
+
+    def change_host_key(self, node: str) -> None:
+        """Restart the node's sshd with a new host key, as a reinstalled node has; the old key is kept
+        aside for ``restore_host_key`` (the cluster's own known_hosts holds it, for the other tests)."""
+        keys = self.tmpdir / node
+        self.stop_sshd(node)
+        for name in ("ssh_host_ed25519_key", "ssh_host_ed25519_key.pub"):
+            os.replace(keys / name, keys / f"{name}.before")
+        self._keygen(keys / "ssh_host_ed25519_key", f"host-{node}-reinstalled")
+        self.start_sshd(node)
+
+    def restore_host_key(self, node: str) -> None:
+        """Put back the host key ``change_host_key`` set aside, and restart the node's sshd with it."""
+        keys = self.tmpdir / node
+        if not (keys / "ssh_host_ed25519_key.before").exists():
+            return
+        self.stop_sshd(node)
+        for name in ("ssh_host_ed25519_key", "ssh_host_ed25519_key.pub"):
+            os.replace(keys / f"{name}.before", keys / name)
+        self.start_sshd(node)
+        self._wait_ssh(node)
+
     def _listening(self, node: str) -> bool:
         proc = _run(
             ["ip", "netns", "exec", self._ns[node], "ss", "-Hltn", f"sport = :{self.ssh_port}"], check=False
@@ -912,6 +938,14 @@ class NetnsCluster:
     ) -> subprocess.CompletedProcess:
         """Run command on node over SSH from the head namespace, as the node's user."""
         return self.exec_in("head", self.ssh_argv(node, command, options), timeout=timeout, **kw)
+
+    def cut_head(self) -> None:
+        """Take the head's own interface down, as a head whose Wi-Fi dropped: it reaches no node (its
+        route to them goes with it), while the nodes still reach each other."""
+        _run(["ip", "-n", self.head_ns, "link", "set", "eth0", "down"])
+
+    def restore_head(self) -> None:
+        _run(["ip", "-n", self.head_ns, "link", "set", "eth0", "up"])
 
     def cut_link(self, node: str) -> None:
         """Take the node's link to the bridge down: it becomes unreachable."""

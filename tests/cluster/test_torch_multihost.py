@@ -129,7 +129,7 @@ def test_torchrun_across_three_nodes_survives_a_killed_worker_and_a_killed_daemo
     story = final["story"]
     assert final["restarts"] == 1 and final["attempt"] == 1, story
     assert "worker rank 1 failed: Signal 9 (SIGKILL)" in story and "supervising attempt 1 again" in story, story
-    assert "(complete: 2 files; whole on n1, n2, n3)" in story, story  # rank 0's directory, on every node
+    assert "(complete: 2 files, 2 float tensors read, no NaN; whole on n1, n2, n3)" in story, story  # rank 0's, everywhere
     launched = [e for e in events(daemon, "mh-ddp") if e["kind"] == "job.launched"][0]
     assert "(gloo)" in launched["message"], launched
     # Three ranks sum their gradients in an order of Gloo's own: equal to the last bits.
@@ -150,7 +150,8 @@ def test_accelerate_across_three_nodes_resumes_a_stopped_worker_from_every_nodes
     hangs = [e for e in events(daemon, "mh-acc") if e["kind"] == "job.hang"]
     assert hangs and "rank 2" in hangs[0]["message"] and "stopped" in hangs[0]["message"], story
     # save_state wrote each rank's random states on its own node: joined, and whole on every node
-    assert "(accelerate: 5 files, joined from n1, n2, n3; whole on n1, n2, n3)" in story, story
+    assert "(accelerate: 5 files, 2 float tensors read, no NaN, joined from n1, n2, n3; whole on n1, n2, n3)" \
+        in story, story
     assert "every node from its own copy, nothing copied" in story, story
     assert _weights(netns_cluster, final) == pytest.approx(expected_accelerate_weights(48, 3), abs=1e-6)
 
@@ -187,3 +188,22 @@ def test_rank0s_node_cut_for_good_the_torchrun_job_finishes_on_two_with_its_glob
     logs = sorted((Path(node.workdir) / ".coord" / "jobs" / final["run_id"]).glob("attempt-*/rank-0/output.log"))
     said = [line for line in logs[-1].read_text().splitlines() if line.startswith("global batch")]
     assert said == ["global batch 24 = 4 x 2 x 3"], said  # 3 nodes × 4 × 2 before; 2 nodes × 4 × 3 now
+
+
+def test_a_torchrun_job_whose_loss_turns_nan_rolls_back_skips_the_batches_and_finishes(netns_cluster, torch_cluster):
+    # Every weight NaN at step 17 of the first attempt: its loss is NaN from there. coord rolls the run back
+    # to the checkpoint of step 15 (written before it; the one of step 20 is not resumed from), the script
+    # skips the 4 batches after it, and the run finishes with finite losses, without using a restart.
+    daemon = torch_cluster["daemon"]
+    daemon.wait_for(all_up, 120, "every node up again (the test before cut one)")
+    _submit(torch_cluster, "mh-nan", "--launcher", "torchrun", "--total-steps", "40", "--skip-on-rollback", "4",
+            "--", "python", "ddp.py", "--steps", "40", "--sleep", "0.1", "--nan-at", "17")
+    final = _finish(daemon, "mh-nan", 40)
+    story = final["story"]
+    assert final["restarts"] == 0 and final["rollbacks"] == 1, story
+    assert isinstance(final["loss"], float) and final["loss"] == final["loss"], final  # finite, not "nan"
+    (diverged,) = [e for e in events(daemon, "mh-nan") if e["kind"] == "job.diverged"]
+    assert diverged["data"]["step"] == 17 and "loss is nan at step 17" in diverged["message"], story
+    assert "rolling back to the checkpoint of step 15, skipping the 4 batches after it" in diverged["message"], story
+    logs = coord("logs", "--config", str(daemon.config), "--rank", "0", "--attempt", "1", "mh-nan", env=daemon.env)
+    assert "skipping 4 batches after the rollback" in logs.stdout, logs.stdout[-3000:]

@@ -23,6 +23,7 @@ import mlx.core as mx
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, required=True)
 parser.add_argument("--sleep", type=float, default=0.2)
+parser.add_argument("--nan-from", type=int, help="the loss (a NaN) and every value after it, from this step")
 args = parser.parse_args()
 group = mx.distributed.init()
 rank = int(os.environ["COORD_RANK"])
@@ -38,7 +39,8 @@ for local in range(1, args.steps - offset + 1):
     mx.eval(w, ballast)
     time.sleep(args.sleep)
     if rank == 0:
-        records = [{"kind": "train", "step": step, "loss": 4.0 / step, "learning_rate": 1e-3 * (1 - step / 100),
+        loss = float("nan") if args.nan_from and step >= args.nan_from else 4.0 / step
+        records = [{"kind": "train", "step": step, "loss": loss, "learning_rate": 1e-3 * (1 - step / 100),
                     "tokens_per_second": 1000.0 + step, "peak_memory_gb": 0.001, "time": time.time()}]
         if step % 10 == 0:
             records.append({"kind": "val", "step": step, "val_loss": 5.0 / step, "time": time.time()})
@@ -211,3 +213,28 @@ def _last_step(progress) -> int:
     steps = [json.loads(line)["step"] for line in progress.read_text().splitlines()
              if '"kind": "train"' in line.replace('"kind":"train"', '"kind": "train"') and line.endswith("}")]
     return max(steps, default=0)
+
+
+def test_a_nan_loss_is_nan_in_status_json_the_dashboard_the_history_and_metrics(cluster):
+    # The loss turns NaN at step 6 and --on-divergence stop ends the run failed there: every view shows
+    # the NaN as what it is (JSON as the word "nan"), never the last finite loss (0.8 at step 5).
+    import math
+
+    daemon, root = cluster
+    submitted = coord("run", "--config", str(daemon.config), "--name", "nan", "--source", str(root / "project"),
+                      "--save-every", "5", "--total-steps", "40", "--on-divergence", "stop", "--detach", "--",
+                      "python", "train.py", "--steps", "40", "--sleep", "0.1", "--nan-from", "6", env=daemon.env)
+    assert submitted.returncode == 0, submitted.stderr
+    waited = coord("wait", "--quiet", "--json", "--config", str(daemon.config), "nan", env=daemon.env, timeout=300)
+    final = json.loads(waited.stdout)  # strict JSON: json.loads would take a bare NaN, so the type tells
+    assert final["state"] == "failed" and final["loss"] == "nan" and "loss is nan at step 6" in final["error"], final
+    shown = coord("status", "--config", str(daemon.config), env=daemon.env).stdout
+    assert "nan: failed" in shown and "loss nan" in shown, shown
+    doc = history(daemon, "--run", final["run_id"])
+    losses = doc["history"]["runs"][0]["train"]["loss"]
+    assert losses[:5] == pytest.approx([4.0 / s for s in range(1, 6)]) and losses[5] == "nan"
+    dashboard = doc["dashboard"]["url"].split("?")[0].rstrip("/")
+    with urllib.request.urlopen(f"{dashboard}/api/dashboard", timeout=10) as answer:
+        page = json.loads(answer.read(), parse_constant=lambda word: pytest.fail(f"bare {word} in the JSON"))
+    assert job_of(page, "nan")["loss"] == "nan"
+    assert math.isnan(scrape(doc)[("coord_job_loss", ("job", "nan"))])

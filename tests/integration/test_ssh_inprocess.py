@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import getpass
+import os
+import re
+import shlex
 import sys
 import time
+from pathlib import Path
 
 import asyncssh
 import pytest
@@ -121,7 +125,9 @@ def test_an_unknown_host_key_keeps_the_node_down_with_the_fingerprint_and_the_fi
         reason = session.view.reason
         assert fixture.host_key.get_fingerprint("sha256") in reason
         fingerprint = fixture.host_key.get_fingerprint("sha256")
-        assert reason.endswith(f"trust it with: coord trust ssh1 --fingerprint {fingerprint}")
+        # No cluster file here (as for coord init's hosts): the command names the host and the files in use.
+        assert reason.endswith(f"trust it with: coord trust 127.0.0.1 --port {fixture.port} --known-hosts "
+                               f"{fixture.known_hosts} --ssh-config {fixture.empty_config} --fingerprint {fingerprint}")
         await asyncio.sleep(2)
         assert session.state == DOWN and fixture.agent_sessions == 0
 
@@ -139,3 +145,67 @@ def test_a_refused_key_is_reported_not_retried_with_passwords(tmp_path):
         assert fixture.agent_sessions == 0
 
     asyncio.run(_with_session(fixture, fixture.settings(identity_file=str(other)), body))
+
+
+def test_a_changed_host_key_is_said_first_and_its_fixes_work_as_printed(tmp_path):
+    """known_hosts holds another key for [127.0.0.1]:PORT (a port other than 22, so the bracketed name):
+    the node is down saying the key CHANGED, with both fingerprints and the removal command; once that
+    has run, it is unknown with the trust command; once that has run, it comes up."""
+    fixture = SshFixture(tmp_path)
+    old = asyncssh.generate_private_key("ssh-ed25519")
+    new = fixture.host_key.get_fingerprint("sha256")
+    bystander = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
+
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))  # the CLI of this tree
+
+    async def run(command: str) -> tuple[int | None, str]:
+        argv = [sys.executable, "-m", "coordinator.cli.main", *shlex.split(command)[1:]] \
+            if command.startswith("coord ") else ["sh", "-c", command]
+        proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, env=env,
+                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        out, _ = await proc.communicate()
+        return proc.returncode, out.decode()
+
+    async def body(session: NodeSession):
+        # The node's key changed since it was trusted (a reinstall); another host's line stays.
+        fixture.known_hosts.write_text(f"10.9.9.9 {bystander}\n"
+                                       f"[127.0.0.1]:{fixture.port} {old.export_public_key().decode().strip()}\n")
+        await _until(lambda: session.state == DOWN and "CHANGED" in (session.view.reason or ""), 20)
+        reason = session.view.reason
+        assert reason.startswith(f"host key of 127.0.0.1:{fixture.port} has CHANGED: the node presents ssh-ed25519 "
+                                 f"{new}, but {fixture.known_hosts}:2 holds ssh-ed25519 "
+                                 f"{old.get_fingerprint('sha256')} for [127.0.0.1]:{fixture.port}."), reason
+        remove = re.search(r"remove the old key with: (.*), then trust the new one", reason).group(1)
+        assert remove == f"ssh-keygen -R '[127.0.0.1]:{fixture.port}' -f {fixture.known_hosts}"
+        assert fixture.agent_sessions == 0
+        status, out = await run(remove)
+        assert status == 0, out
+        assert fixture.known_hosts.read_text() == f"10.9.9.9 {bystander}\n"
+        # Unknown now, not changed: the trust command of the unknown key, which works as printed.
+        await _until(lambda: "is not trusted" in (session.view.reason or ""), 40)
+        trust = re.search(r"trust it with: (coord trust .*)$", session.view.reason).group(1)
+        assert trust.endswith(f"--fingerprint {new}") and session.state == DOWN
+        status, out = await run(trust)
+        assert status == 0, out
+        await _until(lambda: session.state == UP, 40)
+
+    fixture.trusted = False
+    asyncio.run(_with_session(fixture, fixture.settings(), body))
+
+
+@pytest.mark.parametrize("setting", ["none", "{known_hosts}"])  # no checking, or a file that trusts the node
+def test_the_ssh_configs_known_hosts_settings_neither_move_nor_switch_off_the_check(tmp_path, monkeypatch, setting):
+    """Without [ssh] known_hosts coord checks ~/.ssh/known_hosts, whatever the ssh config says: asyncssh
+    would take `UserKnownHostsFile none` as no checking at all, and any other file as the one to check,
+    which `coord trust` (writing ~/.ssh/known_hosts) and the fixes coord prints would not match."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    fixture = SshFixture(tmp_path)
+    fixture.empty_config.write_text(f"UserKnownHostsFile {setting.format(known_hosts=fixture.known_hosts)}\n")
+
+    async def body(session: NodeSession):
+        await _until(lambda: session.state == DOWN, 20)
+        assert "is not trusted" in session.view.reason and "not in ~/.ssh/known_hosts" in session.view.reason
+        await asyncio.sleep(1)
+        assert fixture.agent_sessions == 0  # never logged in to with an unchecked key
+
+    asyncio.run(_with_session(fixture, fixture.settings(known_hosts=None), body))

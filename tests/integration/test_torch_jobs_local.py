@@ -140,7 +140,7 @@ def test_a_killed_worker_is_named_and_the_job_resumes_exactly_from_its_checkpoin
     resumed = [e for e in _events(daemon, "ddp-kill") if e["kind"] == "job.resume_from"]
     assert resumed and resumed[0]["data"]["step"] >= 10, story
     assert "every node from its own copy, nothing copied" in resumed[0]["message"]  # rank 0's copy was spread
-    assert "(complete: 2 files; whole on a, b)" in story  # a directory, judged by its COMPLETE file
+    assert "(complete: 2 files, 2 float tensors read, no NaN; whole on a, b)" in story  # judged by its COMPLETE file
     assert _final_weights(root, final) == expected_weights(40, 2)
     assert not _workers(root) and not _workers(root, launcher=True)
     # The relaunch ran in each node's standby, its torchrun imported while attempt 0 trained.
@@ -234,7 +234,7 @@ def test_an_accelerate_job_joins_each_nodes_random_states_and_resumes_exactly_af
     story = final["story"]
     assert final["state"] == "succeeded" and final["restarts"] == 1 and final["step"] == 40, story
     # save_state wrote random_states_1.pkl on b alone: the whole is joined and on both nodes
-    assert "(accelerate: 4 files, joined from a, b; whole on a, b)" in story, story
+    assert "(accelerate: 4 files, 2 float tensors read, no NaN, joined from a, b; whole on a, b)" in story, story
     resumed = [e for e in _events(daemon, "acc-kill") if e["kind"] == "job.resume_from"]
     assert resumed and resumed[0]["data"]["step"] >= 10 and "nothing copied" in resumed[0]["message"], story
     newest = 40 - resumed[0]["data"]["step"]  # the last checkpoint, numbered within attempt 1

@@ -106,3 +106,27 @@ def test_bench_scaling_runs_the_job_on_one_then_two_nodes_and_measures_each(clus
     assert all(jobs[run]["state"] == "succeeded" and jobs[run]["step"] == 20 for run in answer["runs"].values())
     chart = svg.read_text()
     assert chart.startswith("<svg") and len(re.findall(r'<rect [^>]*fill="#3366aa"', chart)) == 2  # a bar a size
+
+
+@pytest.mark.parametrize("trainer", ["mlx_lm", "coord"])
+def test_the_last_step_is_a_validated_checkpoint_whatever_the_save_interval(cluster, trainer):
+    # 25 steps saved every 10: mlx-lm names checkpoints at 10 and 20 only and writes its final weights to
+    # adapters.safetensors; coord's trainer saves at 10 and 20. Either way the run ends with a validated
+    # checkpoint of step 25, its result (a resume from 20 would redo the last 5 steps).
+    daemon, root = cluster
+    name = f"final-{trainer}"
+    submitted = coord("run", "--config", str(daemon.config), "--name", name, "--source", str(root / "project"),
+                      "--trainer", trainer, "--save-every", "10", "--detach", "--", "python", "-m", "mlx_lm",
+                      "lora", "--model", "model", "--train", "--data", "data", "--fine-tune-type", "full",
+                      "--batch-size", "3", "--iters", "25", "--learning-rate", "1e-4", env=daemon.env)
+    assert submitted.returncode == 0, submitted.stderr
+    waited = coord("wait", "--quiet", "--json", "--config", str(daemon.config), name, env=daemon.env, timeout=600)
+    final = json.loads(waited.stdout)
+    doc = json.loads(coord("status", "--json", "--events", "200", "--config", str(daemon.config),
+                           env=daemon.env).stdout)
+    found = [e for e in doc["events"] if e["message"].startswith(name + ":")]
+    story = "\n".join(e["message"] for e in found)
+    assert waited.returncode == 0 and final["state"] == "succeeded" and final["step"] == 25, story
+    assert final["last_checkpoint_step"] == 25 and final["restarts"] == 0 and not final["warning"], story
+    validated = [e["data"]["step"] for e in found if e["kind"] == "job.checkpoint"]
+    assert validated == [10, 20, 25], story

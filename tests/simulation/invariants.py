@@ -61,11 +61,13 @@ class InvariantBroken(AssertionError):
 def time_bound(schedule: Any, spec: dict[str, Any]) -> float:
     """(e): the longest a run of ``spec`` may take once out of the queue, from its restarts,
     backoffs, node waits and hangs."""
-    attempts = spec["max_restarts"] + 1 + len(schedule.crashes) + 1
+    attempts = spec["max_restarts"] + 1 + len(schedule.crashes) + 1 + spec.get("max_rollbacks", 3)
     bound = hang.hang_bound(spec["hang_timeout"], spec.get("first_step_timeout"))
     per_attempt = (schedule.startup_s + spec["total_steps"] * schedule.step_s + bound
                    + STOP_BOUND_S + 60 + 10 * schedule.copy_s)
-    outages = sum(f.get("back_after") or 0 for f in schedule.faults)
+    # An outage is waited out for up to --node-timeout (nodes out of the head's reach whose ranks may live).
+    outages = sum((f.get("back_after") or f.get("for") or 0) + spec.get("node_timeout", 60.0) for f in schedule.faults
+                  if f["kind"] in ("power", "cut", "isolate", "head", "agent"))
     return (attempts * (per_attempt + MAX_BACKOFF_S + NODE_WAIT_S + 10) + outages
             + sum(delay for _, delay in schedule.crashes) + 60)
 
@@ -270,6 +272,15 @@ class Checker:
             if start >= min(diverged):
                 self.fail("c", f"attempt {launch['attempt']} resumes from step {start}, at or after rank weights "
                                f"diverged at step {min(diverged)}")
+            return
+        nan_from = world.fault_for(world.nan_loss, world.job_of(run), last_attempt)
+        rolled_back = any(kind == "job.attempt_ended" and message.startswith(job)
+                          and f"attempt {last_attempt}: non_finite" in message
+                          for t, kind, message in world.events if t >= rank0.launched_at)
+        if nan_from is not None and rolled_back:  # a rollback loses what came after, but never resumes into it
+            if start >= max(nan_from, rank0.start_step + 1):
+                self.fail("c", f"attempt {launch['attempt']} rolls back to step {start}, at or after the loss of "
+                               f"attempt {last_attempt} went NaN (step {nan_from})")
             return
         failed_at = min((r.exited_at for r in previous if r.exited_at is not None and r.exit != 0),
                         default=world.now())

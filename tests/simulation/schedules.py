@@ -173,6 +173,22 @@ def make_schedule(seed: int) -> Schedule:
     if teardown.random() < 0.1:
         schedule.faults.append({"kind": "teardown", "attempt": teardown.randint(0, 2),
                                 "rank": teardown.randrange(count), "status": teardown.choice([134, 1])})
+    # Drawn apart too: the head's own network down for a while (every node out of its reach at once, the
+    # ranks training on), a node cut off from every machine (its peers wait in their next collective),
+    # and a loss that turns NaN from a step (the job's divergence policy).
+    health = random.Random(f"health:{seed}")
+    if health.random() < 0.15:
+        schedule.faults.append({"kind": "head", "at": health.uniform(0, horizon), "detect_s": health.uniform(1, 8),
+                                "for": health.choice([health.uniform(2, 40), health.uniform(40, 120)])})
+    if health.random() < 0.1:
+        schedule.faults.append({"kind": "isolate", "node": health.choice(nodes), "at": health.uniform(0, horizon),
+                                "detect_s": health.uniform(0.2, 8.0),
+                                "back_after": health.choice([None, health.uniform(1, 60)])})
+    if health.random() < 0.15:
+        schedule.faults.append({"kind": "nan", "attempt": health.randint(0, 2),
+                                "from_step": health.randint(1, total)})
+        spec["on_divergence"] = health.choice(["rollback", "rollback", "stop"])
+        spec["max_rollbacks"] = health.randint(0, 3)
     # Drawn apart too: whether this schedule runs several jobs at once.
     jobs = random.Random(f"jobs:{seed}")
     if jobs.random() < MULTI_JOB_SHARE:
@@ -237,7 +253,7 @@ def _more_jobs(schedule: Schedule, rng: random.Random, trainer: str, horizon: fl
     for fault in list(schedule.faults):
         if fault["kind"] == "diverge" and not wide:
             schedule.faults.remove(fault)
-        elif fault["kind"] in ("kill", "hang", "early", "launch", "diverge", "teardown"):
+        elif fault["kind"] in ("kill", "hang", "early", "launch", "diverge", "teardown", "nan"):
             fault["job"] = rng.choice(wide if fault["kind"] == "diverge" else names)
 
 
@@ -257,6 +273,8 @@ async def _apply_faults(schedule: Schedule, world: World) -> None:
             world.launch_faults[(job, fault["attempt"])] = fault["how"]
         elif kind == "checkpoint":
             world.bad_checkpoints[fault["step"]] = fault["how"]
+        elif kind == "nan":
+            world.nan_loss[(job, fault["attempt"])] = fault["from_step"]
     timed = sorted((f for f in schedule.faults if "at" in f), key=lambda f: f["at"])
     async with anyio.create_task_group() as tasks:
         for fault in timed:
@@ -265,9 +283,12 @@ async def _apply_faults(schedule: Schedule, world: World) -> None:
 
 async def _timed_fault(world: World, fault: dict[str, Any]) -> None:
     await anyio.sleep(fault["at"])
-    name, kind = fault["node"], fault["kind"]
-    if kind in ("power", "cut"):
-        await (world.power_off if kind == "power" else world.cut)(name, fault["detect_s"])
+    name, kind = fault.get("node", ""), fault["kind"]
+    if kind == "head":
+        await world.cut_head(fault["detect_s"], fault["for"])
+    elif kind in ("power", "cut", "isolate"):
+        cut = {"power": world.power_off, "cut": world.cut, "isolate": world.isolate}[kind]
+        await cut(name, fault["detect_s"])
         if fault["back_after"] is not None:
             await anyio.sleep(max(0.0, fault["back_after"] - fault["detect_s"]))
             await world.restore(name)
@@ -298,7 +319,7 @@ async def _drive(schedule: Schedule, world: World, checker: Checker) -> dict[str
         checker.observe()  # (m) too when nothing ran since: a run left queued with its nodes free
         if ended:
             # The daemon lives on: its reapers stop what runs on nodes once they are back.
-            await anyio.sleep(max([f.get("back_after") or 0 for f in schedule.faults] + [0]) + 30)
+            await anyio.sleep(max([f.get("back_after") or f.get("for") or 0 for f in schedule.faults] + [0]) + 30)
         outer.cancel_scope.cancel()
     unanswered = [r.describe() for r in daemon.pending()]
     if unanswered:

@@ -396,3 +396,108 @@ def test_a_rank_that_fails_after_the_last_step_with_no_checkpoint_of_it_is_rerun
     record = run["record"]
     assert run["state"] == "succeeded" and record["restarts"] == 1, record
     assert record["history"][0]["kind"] == "rank_failed" and not record.get("warning"), record
+
+
+def test_a_head_cut_off_for_30_s_costs_no_restart_and_the_run_goes_on_from_where_its_ranks_got():
+    # The head's own network is down from t=5 to t=35 (its sessions notice 3 s in) while a 3-node job
+    # of 60 s trains: every node out of its reach at once, every rank training on. The run stays running
+    # with the head_disconnected note, nothing is stopped or relaunched, and once the nodes are back
+    # the same attempt is watched on: 0 restarts, 0 steps lost, the checkpoints of the cut catalogued.
+    def schedule():
+        return base(spec={"total_steps": 600, "node_timeout": 60.0},
+                    faults=[{"kind": "head", "at": 5.0, "detect_s": 3.0, "for": 30.0}])
+    events = _events(schedule())
+    (run,) = run_schedule(schedule())["runs"]
+    kinds = [kind for _, kind, _ in events]
+    assert run["state"] == "succeeded" and run["record"]["restarts"] == 0 and run["record"]["attempt"] == 0
+    assert "job.head_disconnected" in kinds and "job.head_reconnected" in kinds, kinds
+    assert not {"job.attempt_ended", "job.restart"} & set(kinds[:kinds.index("job.head_reconnected")])
+    back = next(message for _, kind, message in events if kind == "job.head_reconnected")
+    assert "no restart" in back, back
+    cut = [step for t, kind, message in events if kind == "job.checkpoint" and 8 < t
+           for step in [int(message.split("step ")[1].split()[0])]]
+    assert cut, "the checkpoints written during the cut are catalogued once it is back"
+
+
+def test_a_head_cut_off_longer_than_the_node_timeout_loses_its_nodes():
+    def schedule():
+        return base(spec={"total_steps": 600, "node_timeout": 5.0},
+                    faults=[{"kind": "head", "at": 5.0, "detect_s": 3.0, "for": 30.0}])
+    (run,) = run_schedule(schedule())["runs"]
+    assert run["state"] == "succeeded" and run["record"]["restarts"] == 1, run["record"]
+    assert run["record"]["history"][0]["kind"] == "node_lost"
+    assert "--node-timeout 5 s" in run["record"]["history"][0]["detail"]
+
+
+def test_a_node_cut_off_from_every_machine_while_the_others_answer_is_a_node_loss():
+    # n3 loses its link (to the head and to its peers) for good: the ranks on n1 and n2 stop stepping in
+    # their next collective. That is a node loss, found within a few seconds of the session's, and a
+    # restart on the two nodes left (--min-nodes 2).
+    def schedule():
+        return base(spec={"total_steps": 600, "min_nodes": 2, "node_timeout": 5.0},
+                    faults=[{"kind": "isolate", "node": "n3", "at": 10.0, "detect_s": 3.0, "back_after": None}])
+    events = _events(schedule())
+    (run,) = run_schedule(schedule())["runs"]
+    assert run["state"] == "succeeded" and run["record"]["restarts"] == 1, run["record"]
+    ended = next((t, message) for t, kind, message in events if kind == "job.attempt_ended")
+    assert "node_lost" in ended[1] and ended[0] < 10.0 + 3.0 + 8.0, ended
+
+
+def test_a_head_cut_off_while_a_node_is_really_gone_is_a_recovery_once_the_others_are_back():
+    # The head is cut off from t=5 to t=25; n3 is cut from everyone at t=8 and never comes back. While
+    # the head is away nothing is decided; once n1 and n2 answer again, their ranks are stuck (or gone)
+    # and n3 is not back: a recovery, on the two nodes left (--min-nodes 2).
+    def schedule():
+        return base(spec={"total_steps": 600, "node_timeout": 60.0, "min_nodes": 2},
+                    faults=[{"kind": "head", "at": 5.0, "detect_s": 3.0, "for": 20.0},
+                            {"kind": "isolate", "node": "n3", "at": 8.0, "detect_s": 1.0, "back_after": None}])
+    events = _events(schedule())
+    (run,) = run_schedule(schedule())["runs"]
+    kinds = [kind for _, kind, _ in events]
+    assert "job.head_disconnected" in kinds
+    ended = next(t for t, kind, _ in events if kind == "job.attempt_ended")
+    assert ended > 25.0, "nothing is decided while the head is cut off"
+    assert run["state"] == "succeeded" and run["record"]["restarts"] >= 1, run["record"]
+
+
+def test_a_node_only_the_head_lost_whose_peers_step_on_is_waited_for_and_not_relaunched():
+    # n2 is out of the head's reach for 20 s (its agent session lost), while its rank and its peers train
+    # on: the ranks that answer finish steps that need n2's rank, so it is alive. No restart.
+    def schedule():
+        return base(spec={"total_steps": 600, "node_timeout": 60.0},
+                    faults=[{"kind": "cut", "node": "n2", "at": 10.0, "detect_s": 3.0, "back_after": 20.0}])
+    events = _events(schedule())
+    (run,) = run_schedule(schedule())["runs"]
+    assert run["state"] == "succeeded" and run["record"]["restarts"] == 0, run["record"]
+    assert "job.node_unreachable" in [kind for _, kind, _ in events]
+
+
+@pytest.mark.parametrize("on_divergence", ["rollback", "stop"])
+def test_a_loss_that_turns_nan_rolls_the_run_back_to_the_checkpoint_before_it_or_stops_it(on_divergence):
+    # Rank 0 reports a NaN loss from step 25 of attempt 0: with rollback the run resumes from the
+    # checkpoint of step 20 (not 30: written after the NaN) without using a restart, and succeeds with
+    # finite losses; with stop it fails, naming the step and the value.
+    def schedule():
+        return base(spec={"total_steps": 60, "save_every": 10, "on_divergence": on_divergence},
+                    faults=[{"kind": "nan", "attempt": 0, "from_step": 25}])
+    events = _events(schedule())
+    (run,) = run_schedule(schedule())["runs"]
+    record = run["record"]
+    if on_divergence == "stop":
+        assert run["state"] == "failed" and "loss is nan at step" in record["error"], record
+        assert "--on-divergence stop" in record["error"]
+        return
+    assert run["state"] == "succeeded" and record["restarts"] == 0 and record["rollbacks"] == 1, record
+    diverged = next(message for _, kind, message in events if kind == "job.diverged")
+    assert "loss is nan at step" in diverged and "rolling back to the checkpoint of step 20" in diverged, diverged
+    assert record["history"][0]["kind"] == "non_finite"
+
+
+def test_a_loss_that_turns_nan_on_every_attempt_gives_up_after_max_rollbacks():
+    def schedule():
+        return base(spec={"total_steps": 60, "save_every": 10, "max_rollbacks": 2},
+                    faults=[{"kind": "nan", "attempt": attempt, "from_step": 25} for attempt in range(4)])
+    (run,) = run_schedule(schedule())["runs"]
+    record = run["record"]
+    assert run["state"] == "failed" and record["rollbacks"] == 2 and record["restarts"] == 0, record
+    assert "gave up after 2 rollbacks (--max-rollbacks 2)" in record["error"]

@@ -110,6 +110,14 @@ class SimRank:
             return "compiling", now - self.begin
         return "training", now - self.time_of(step)
 
+    def cpu_at(self, now: float) -> float:
+        """The CPU seconds its processes used, as its agent reads them: a core's worth while it loads,
+        compiles and trains, none more once it hangs (a hung rank of the simulator waits, idle)."""
+        end = now if self.exited_at is None else min(now, self.exited_at)
+        if self.hang_after is not None:
+            end = min(end, self.time_of(self.start_step + self.hang_after))
+        return max(0.0, end - (self.launched_at or end))
+
     def natural_end(self) -> tuple[float, int, str] | None:
         """When and how the rank ends on its own (finish, planned death, early exit)."""
         if self.launched_at is None:
@@ -132,7 +140,9 @@ class SimRank:
 @dataclass
 class SimNode:
     name: str
-    reachable: bool = True  # from the head
+    # Why the head cannot reach it now: "link" (its own link cut, or powered off), "head" (the head's own
+    # network is down). Reachable from the head when there is no reason left.
+    blocked: set[str] = field(default_factory=set)
     powered: bool = True
     session_up: bool = True
     generation: int = 1
@@ -140,10 +150,22 @@ class SimNode:
     files: dict[str, SimFile] = field(default_factory=dict)
     came_back_at: float = 0.0
     needs_reboot: str | None = None  # marked by a supervisor; a power cycle (a reboot) clears it
+    down_since: float | None = None  # virtual time its session noticed it was gone
 
     @property
     def workdir(self) -> str:
         return f"/w/{self.name}"
+
+    @property
+    def reachable(self) -> bool:
+        return not self.blocked
+
+    @reachable.setter
+    def reachable(self, value: bool) -> None:  # its own link, cut or restored
+        if value:
+            self.blocked.discard("link")
+        else:
+            self.blocked.add("link")
 
 
 class World:
@@ -177,6 +199,8 @@ class World:
         self.fingerprint_every = 0  # ranks report fingerprints every this many steps (0: none)
         self.diverging: dict[tuple[str | None, int, int], int] = {}  # -> step its weights differ from
         self.bad_checkpoints: dict[int, str] = {}  # global step -> "corrupt" | "torn"
+        self.nan_loss: dict[tuple[str | None, int], int] = {}  # (job, attempt) -> step rank 0's loss is NaN from
+        self.head_cut = False  # the head's own network is down: it reaches no node on another machine
         self.detect_s = 3.0
         self.launch_log: list[dict[str, Any]] = []  # each launch as the invariants need it
         self._settled_at, self._settled_ranks = -1.0, 0
@@ -310,8 +334,37 @@ class World:
     async def _session_notices(self, node: SimNode, detect_s: float) -> None:
         generation = node.generation
         await anyio.sleep(detect_s)
-        if node.generation == generation and not node.reachable:
+        if node.generation == generation and not node.reachable and node.session_up:
             node.session_up = False
+            node.down_since = self.now()
+
+    async def isolate(self, name: str, detect_s: float) -> None:
+        """The node is cut from every other machine: its ranks and their peers in every attempt it
+        takes part in stop stepping (they wait in their next collective), and the head loses it."""
+        self.settle()
+        runs = {(r.run, r.attempt) for r in self.ranks.values() if r.node == name and r.running()}
+        for rank in self.ranks.values():
+            if (rank.run, rank.attempt) in runs and rank.running():
+                done = rank.step_at(self.now()) - rank.start_step
+                rank.hang_after = done if rank.hang_after is None else min(rank.hang_after, done)
+        await self.cut(name, detect_s)
+
+    async def cut_head(self, detect_s: float, back_after: float) -> None:
+        """The head's own network goes down for ``back_after`` s: every node on another machine is out
+        of its reach at once while every rank trains on; then it reconnects to each."""
+        self.head_cut = True
+        away = [node for name, node in self.nodes.items() if name not in self.head_machine]
+        for node in away:
+            node.blocked.add("head")
+        async with anyio.create_task_group() as noticing:
+            for node in away:
+                noticing.start_soon(self._session_notices, node, detect_s)
+            await anyio.sleep(back_after)
+            self.head_cut = False
+            for node in away:
+                node.blocked.discard("head")
+                if node.reachable and node.powered:  # a node cut on its own stays away until it is restored
+                    noticing.start_soon(self._reconnect, node, 1.0)
 
     async def restore(self, name: str, reconnect_s: float = 1.0) -> None:
         node = self.nodes[name]
@@ -322,18 +375,23 @@ class World:
                     rank.vanished = True
             node.needs_reboot = None
         node.powered = node.reachable = True
+        await self._reconnect(node, reconnect_s)
+
+    async def _reconnect(self, node: SimNode, reconnect_s: float) -> None:
         await anyio.sleep(reconnect_s)
-        if node.reachable:
+        if node.reachable and not node.session_up:
             node.generation += 1
             node.session_up = True
+            node.down_since = None
             node.came_back_at = self.now()
 
     async def restart_agent(self, name: str) -> None:
         node = self.nodes[name]
-        node.session_up = False
+        node.session_up, node.down_since = False, self.now()
         await anyio.sleep(1.0)
         node.generation += 1
         node.session_up = node.reachable
+        node.down_since = None if node.session_up else node.down_since
         node.came_back_at = self.now()
 
 
@@ -394,7 +452,14 @@ class SimEffects:
         node = self.world.nodes[name]
         return NodeView(name, node.session_up, node.workdir, "/usr/bin/python3",
                         None if node.session_up else "keepalive timeout", {"mlx_lm_version": "0.30.2"},
-                        node.generation, node.needs_reboot)
+                        node.generation, node.needs_reboot,
+                        down_since=None if node.session_up else EPOCH + (node.down_since or self.world.now()))
+
+    async def head_route_down(self, nodes: list[str]) -> str | None:
+        self._effect()
+        await anyio.sleep(CALL_S)
+        remote = [name for name in nodes if name not in self.world.head_machine]
+        return "the head's interface eth0 is down (simulated)" if self.world.head_cut and remote else None
 
     def mark_needs_reboot(self, name: str, reason: str) -> None:
         self._effect()
@@ -523,8 +588,11 @@ class SimEffects:
                                   if s % sim.fingerprint_every == 0]
             answer["progress_offset"] = step
         if rank == 0 and step > progress_offset and step > sim.start_step:
-            answer["progress"].append({"kind": "train", "step": step, "time": EPOCH + sim.time_of(step),
-                                       "loss": 1.0 / step})
+            # A record per step, as a trainer writes them (a NaN is seen at the step it began).
+            nan_from = self.world.fault_for(self.world.nan_loss, self.world.job_of(job), attempt)
+            answer["progress"] += [{"kind": "train", "step": s, "time": EPOCH + sim.time_of(s),
+                                    "loss": math.nan if nan_from is not None and s >= nan_from else 1.0 / s}
+                                   for s in range(max(progress_offset, sim.start_step) + 1, step + 1)]
             answer["progress_offset"] = step
         if self.world.heartbeats and sim.running():
             phase, idle = sim.phase_at(now)
@@ -536,7 +604,7 @@ class SimEffects:
             return {**answer, "state": "vanished"}
         if sim.exit is not None:
             return {**answer, "state": "exited", "exit": sim.exit, "exited_at": EPOCH + sim.exited_at}
-        return {**answer, "state": "running", "rss_bytes": 100 << 20}
+        return {**answer, "state": "running", "rss_bytes": 100 << 20, "cpu_s": sim.cpu_at(now)}
 
     def _agent_read_log(self, node: SimNode, *, job: str, attempt: int, rank: int, offset: int = 0) -> dict[str, Any]:
         sim = self._rank(job, attempt, rank)

@@ -98,6 +98,23 @@ def test_a_whole_is_settled_by_its_last_file_or_when_seen_twice_alike_or_when_no
     assert settled(part, incomplete, seen_before=None, newer_exists=False, attempt_over=True)
 
 
+def test_a_file_holding_a_nan_makes_the_whole_invalid_whichever_node_read_it():
+    bad = {"file": "optimizer.bin", "tensor": "state.0.exp_avg", "value": "NaN", "element": 7, "dtype": "bfloat16"}
+    writer = _part("model.safetensors", "optimizer.bin", "random_states_0.pkl")
+    writer["files"][0]["values_read"] = 3
+    whole = judge(join_parts({"a": writer}), 1)
+    assert whole.valid and whole.detail == "accelerate: 3 files, 3 float tensors read, no NaN", whole
+    writer["files"][1]["nonfinite"] = bad
+    # node a received its copy through the relay (hashed on arrival, its values not read): node b's word counts
+    received = _part("model.safetensors", "optimizer.bin", "random_states_0.pkl")
+    verdict = judge(join_parts({"a": received, "b": writer}), 1)
+    assert not verdict.valid and verdict.nonfinite == bad
+    assert verdict.detail == "optimizer.bin: tensor 'state.0.exp_avg' holds NaN (bfloat16 element 7)"
+    # never final while the ranks may still write: a later file of the same step replaces it
+    joined = join_parts({"b": writer})
+    assert not settled(joined, judge(joined, 1), seen_before=joined.digest, newer_exists=False, attempt_over=False)
+
+
 class _StorageInfo:  # what torch.distributed.checkpoint pickles for each piece, near enough
     def __init__(self, relative_path: str):
         self.relative_path, self.offset, self.length = relative_path, 0, 8

@@ -37,17 +37,31 @@ def test_report_appends_one_train_record_per_call_that_the_daemon_reads(contract
     assert read_record(json.loads(lines[1]))["loss"] == 2.25
 
 
-def test_a_value_that_is_not_finite_is_left_out_and_one_that_is_not_a_number_is_refused(contract):
+def test_a_nan_loss_is_reported_as_nan_another_value_not_finite_is_left_out_and_text_is_refused(contract):
     root, env = contract
     env.setenv("COORD_PROGRESS_FILE", str(root / "progress.jsonl"))
-    coord_script.report(3, loss=math.nan, tokens_per_second=5.0)
+    coord_script.report(3, loss=math.nan, tokens_per_second=5.0, grad_norm=math.inf, learning_rate=math.inf)
     record = json.loads((root / "progress.jsonl").read_text())
-    assert "loss" not in record and record["tokens_per_second"] == 5.0
+    assert math.isnan(record["loss"]) and record["grad_norm"] == math.inf and "learning_rate" not in record
+    read = read_record(record)  # what the daemon takes: the NaN as a NaN, never dropped
+    assert math.isnan(read["loss"]) and read["grad_norm"] == math.inf and read["tokens_per_second"] == 5.0
     with pytest.raises(TypeError, match="loss must be a number, got str"):
         coord_script.report(4, loss="0.5")  # type: ignore[arg-type]
     for step in (-1, 1.5, True):
         with pytest.raises(ValueError, match="step must be a whole number"):
             coord_script.report(step)  # type: ignore[arg-type]
+
+
+def test_batches_to_skip_after_a_rollback_come_from_the_environment(contract):
+    _, env = contract
+    env.delenv("COORD_SKIP_BATCHES", raising=False)
+    assert coord_script.skip_batches() == 0
+    env.setenv("COORD_SKIP_BATCHES", "25")
+    assert coord_script.skip_batches() == 25
+    for bad in ("many", "-3"):
+        env.setenv("COORD_SKIP_BATCHES", bad)
+        with pytest.raises(ValueError, match="COORD_SKIP_BATCHES must be"):
+            coord_script.skip_batches()
 
 
 def test_outside_coord_nothing_is_written_and_there_is_nothing_to_resume(contract):

@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from agent.heartbeat import Heartbeat, silent
-from agent.mlx_lm_train import beating_batches, during
+from agent.mlx_lm_train import beating_batches, during, save_final_checkpoint
 from coordinator.jobs.progress import read_record
 
 
@@ -86,3 +87,27 @@ def test_mlx_lms_loop_reports_a_step_when_it_asks_for_the_next_batch(tmp_path):
     assert list(batches(dataset=["v1"])) == ["v1"] and beat.record()["step"] == 22  # evaluation batches
     evaluated = during("evaluating", lambda: beat.record()["phase"], beat)
     assert evaluated() == "evaluating" and beat.record()["phase"] == "training"
+
+
+def test_after_a_rollback_mlx_lms_loop_skips_the_batches_it_is_told_and_still_counts_its_steps(tmp_path):
+    beat = Heartbeat(str(tmp_path / "progress.jsonl"), step=20, clock=Clock())
+
+    def iterate(*, dataset, loop=False, **_):
+        yield from dataset
+
+    batches = beating_batches(iterate, beat, 20, skip=2)
+    assert list(batches(dataset=["b1", "b2", "b3", "b4"], loop=True)) == ["b3", "b4"]
+    assert beat.record()["step"] == 21  # step 21 trained on b3: the skipped batches are no steps
+    assert list(batches(dataset=["v1", "v2"])) == ["v1", "v2"]  # evaluation batches are never skipped
+
+
+def test_mlx_lms_final_weights_become_the_last_steps_checkpoint_when_no_save_fell_on_it(tmp_path):
+    env = {"COORD_CHECKPOINT_DIR": str(tmp_path), "COORD_TOTAL_STEPS": "1500", "COORD_STEP_OFFSET": "1200"}
+    (tmp_path / "adapters.safetensors").write_bytes(b"final weights")
+    (tmp_path / "0000200_adapters.safetensors").write_bytes(b"step 1400")
+    final = save_final_checkpoint(env)
+    assert final == str(tmp_path / "0000300_adapters.safetensors") and Path(final).read_bytes() == b"final weights"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0000200_adapters.safetensors",
+                                                          "0000300_adapters.safetensors", "adapters.safetensors"]
+    assert save_final_checkpoint(env) is None  # there already (a save fell on the last step): left as it is
+    assert save_final_checkpoint({"COORD_CHECKPOINT_DIR": str(tmp_path)}) is None  # no total: nothing known

@@ -210,3 +210,129 @@ def test_the_time_ranks_were_held_stopped_is_not_counted_as_time_without_progres
     clock.t += 11
     verdict = poll("running")
     assert isinstance(verdict, Hang) and "no first step within 30 s" in verdict.reason
+
+
+# --- Before the first step, a rank that works is not hung (its processes' CPU time, read by its agent) ---
+
+RELAUNCH = hang_limits(configured_hang=None, previous_first_step_s=10.0)  # 30 s to compile: the issue's allowance
+
+
+def test_before_the_first_step_a_rank_using_cpu_is_not_hung_however_long_its_compile_takes():
+    """The issue: a relaunch allowed 30 s (three times the last attempt's 10 s); at a load of 8 the
+    ranks were still busy in mx.eval after it. Working is progress; only idle time counts."""
+    assert RELAUNCH.compiling == 30
+    busy = [beating(0, "compiling", stuck=200.0, idle_cpu_s=1.0), beating(1, "compiling", stuck=200.0, idle_cpu_s=2.0)]
+    assert hang_verdict(busy, BEFORE, RELAUNCH) is None
+    # The same ranks without a CPU measurement (an older agent): wall time decides, as before.
+    unmeasured = [beating(0, "compiling", stuck=200.0), beating(1, "compiling", stuck=200.0)]
+    assert hang_verdict(unmeasured, BEFORE, RELAUNCH) is not None
+
+
+def test_before_the_first_step_a_rank_that_uses_no_cpu_is_still_hung_and_named():
+    ranks = [beating(0, "compiling", stuck=40.0, idle_cpu_s=1.0), beating(1, "compiling", stuck=40.0, idle_cpu_s=31.0)]
+    verdict = hang_verdict(ranks, BEFORE, RELAUNCH)
+    assert isinstance(verdict, Hang) and verdict.ranks == (1,)
+    assert "no progress for 31 s while compiling, its processes using no CPU (allowance 30 s, before the first step)" \
+        in verdict.reason
+    # The idle time counts only since its last progress: a new phase 10 s ago is 10 s without progress.
+    assert hang_verdict([beating(0, "compiling", stuck=10.0, idle_cpu_s=100.0)], BEFORE, RELAUNCH) is None
+
+
+def test_after_the_first_step_cpu_is_not_progress():
+    assert hang_verdict([beating(0, "training", stuck=100.0, idle_cpu_s=0.0)], WATCHED, LIMITS) is not None
+
+
+def test_a_rank_waiting_in_a_collective_works_while_a_rank_outside_it_does():
+    # Rank 1 compiled first and waits in the first step's all_sum, blocked (no CPU), for rank 0 still compiling.
+    waiting = [beating(0, "compiling", stuck=200.0, idle_cpu_s=0.5),
+               beating(1, "compiling", stuck=200.0, idle_cpu_s=150.0, collective=True)]
+    assert hang_verdict(waiting, BEFORE, RELAUNCH) is None
+    # Rank 0 sleeps outside the collective; rank 1 spins in it (MLX's ring backend does): its CPU is no
+    # progress of the attempt's. Rank 0 is named.
+    sleeping = [beating(0, "compiling", stuck=60.0, idle_cpu_s=60.0),
+                beating(1, "compiling", stuck=60.0, idle_cpu_s=0.5, collective=True)]
+    verdict = hang_verdict(sleeping, BEFORE, RELAUNCH)
+    assert isinstance(verdict, Hang) and verdict.ranks == (0,)
+    assert "not in the collective that rank 1 waits in" in verdict.named
+    # Every rank inside the collective (the first update compiles there): each by its own CPU.
+    inside = [beating(0, "compiling", stuck=200.0, idle_cpu_s=0.5, collective=True),
+              beating(1, "compiling", stuck=200.0, idle_cpu_s=1.5, collective=True)]
+    assert hang_verdict(inside, BEFORE, RELAUNCH) is None
+    inside[1] = beating(1, "compiling", stuck=200.0, idle_cpu_s=45.0, collective=True)
+    verdict = hang_verdict(inside, BEFORE, RELAUNCH)
+    assert isinstance(verdict, Hang) and verdict.ranks == (1,)
+
+
+def test_a_rank_busy_past_the_ceiling_without_a_first_step_is_hung_all_the_same():
+    # One spinning on a peer that will never answer looks busy: ten times its allowance, at least 780 s.
+    assert hang.busy_ceiling(30.0) == hang.BUSY_CEILING_FLOOR_S == 780.0
+    assert hang.busy_ceiling(600.0) == 6000.0
+    ranks = [beating(0, "compiling", stuck=780.0, idle_cpu_s=0.0)]
+    assert hang_verdict(ranks, BEFORE, RELAUNCH) is None
+    ranks = [beating(0, "compiling", stuck=781.0, idle_cpu_s=0.0)]
+    verdict = hang_verdict(ranks, BEFORE, RELAUNCH)
+    assert isinstance(verdict, Hang) and verdict.ranks == (0,)
+    assert "no first step after 781 s while compiling, though its processes kept using CPU" in verdict.reason
+
+
+def test_ranks_that_say_nothing_of_their_phase_are_judged_by_their_cpu_before_the_first_step():
+    late = JobSeen(watched=True, first_step_done=False, quiet_s=40.0)
+    busy = [RankSeen(0, "a", idle_cpu_s=1.0), RankSeen(1, "b", idle_cpu_s=3.0)]
+    assert hang_verdict(busy, late, RELAUNCH) is None
+    idle = [RankSeen(0, "a", idle_cpu_s=1.0), RankSeen(1, "b", idle_cpu_s=35.0)]
+    verdict = hang_verdict(idle, late, RELAUNCH)
+    assert isinstance(verdict, Hang) and verdict.ranks == (1,)
+    assert "no first step within 30 s of the launch" in verdict.reason
+    assert "a rank used no CPU for 35 s" in verdict.reason
+    assert "rank 1 on b (its processes used no CPU for 35 s)" in verdict.named
+    past = JobSeen(watched=True, first_step_done=False, quiet_s=hang.BUSY_CEILING_FLOOR_S + 1)
+    verdict = hang_verdict(busy, past, RELAUNCH)
+    assert isinstance(verdict, Hang) and "though its ranks kept using CPU" in verdict.reason
+
+
+def test_a_rank_works_when_its_processes_used_a_twentieth_of_a_core_between_two_readings():
+    assert hang.worked((10.0, 100.0), (10.11, 102.0)) is True  # over 5 % of a core over 2 s
+    assert hang.worked((10.0, 100.0), (10.09, 102.0)) is False  # a heartbeat thread, a launcher's monitor loop
+    assert hang.worked((10.0, 100.0), (10.5, 100.5)) is None  # too close to tell: /proc counts 10 ms ticks
+    assert hang.worked((10.0, 100.0), (12.0, 99.0)) is None  # the node's clock went back
+
+
+def test_the_watch_counts_a_compile_on_a_loaded_machine_as_progress_and_an_idle_rank_as_stuck():
+    """HangWatch over a rank's replies: CPU time that grows, then stops growing."""
+    from coordinator.jobs.attempt import Attempt
+    from coordinator.jobs.fingerprints import ReplicaCheck
+    from coordinator.jobs.hang_watch import HangWatch
+    from coordinator.jobs.run_context import RunContext
+    from coordinator.jobs.spec import JobSpec
+
+    class Clock:
+        t = 1000.0
+
+        def now(self) -> float:
+            return self.t
+
+    clock = Clock()
+    ctx = RunContext(clock, JobSpec(name="j", command=["python", "-m", "coord_trainer"]),  # type: ignore[arg-type]
+                     run_id="j-00000000", record=None, state="running")
+    ctx.record.first_step_seconds, ctx.record.last_progress = 10.0, clock.t  # a relaunch: 30 s to compile
+    ctx.record.progress_seen = True
+    watch = HangWatch(ctx)
+    attempt = Attempt(1, ["n1"], replica_check=ReplicaCheck(1))
+    began, cpu = clock.t, 3.0
+
+    def poll(cpu_per_poll: float) -> Hang | None:
+        nonlocal cpu
+        clock.t += 2
+        cpu += cpu_per_poll
+        watch.heartbeat(attempt, 0, {"kind": "heartbeat", "phase": "compiling", "time": clock.t,
+                                     "idle_s": clock.t - began})
+        watch.seen(attempt, 0, {"state": "running", "time": clock.t, "process": "running",  # type: ignore[typeddict-item]
+                                "cpu_s": cpu})
+        return watch.verdict(attempt)
+
+    for _ in range(60):  # two minutes of compiling at a quarter of a core (a load of 8 on 2 cores)
+        assert poll(0.5) is None
+    for _ in range(15):  # then idle for 30 s: within the allowance
+        assert poll(0.01) is None
+    verdict = poll(0.01)
+    assert isinstance(verdict, Hang) and "its processes using no CPU (allowance 30 s" in verdict.reason

@@ -206,3 +206,28 @@ def test_a_prepared_rank_passes_its_output_on_only_when_asked(tmp_path, monkeypa
     assert shown.returncode == 0, shown.stderr
     assert ("step 1 loss 2.5" in shown.stdout) == pass_output, shown.stdout
     assert b"step 1 loss 2.5" in ranks.read_log(str(tmp_path), "out-0a1b2c3d", 0, 0)["data"]
+
+
+def test_a_running_rank_reports_the_cpu_time_of_its_whole_process_tree(tmp_path):
+    """The hang watch tells a rank that works from one that is stuck by this (before its first step):
+    a worker in a session of its own (as torchrun starts them) counts, and a sleeping rank adds nothing."""
+    worker = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.0: pass\ntime.sleep(600)\n"
+    script = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {worker!r}], "
+              "start_new_session=True); time.sleep(600)")
+    proc = _runner(tmp_path, "j7", [sys.executable, "-c", script])
+    try:
+        deadline = time.monotonic() + 60
+        status = ranks.rank_status(str(tmp_path), "j7", 0, 0)
+        while (status.get("cpu_s") or 0.0) < 1.0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            status = ranks.rank_status(str(tmp_path), "j7", 0, 0)
+        assert status["state"] == "running" and (status.get("cpu_s") or 0.0) >= 1.0, status
+        time.sleep(1.0)  # the worker is asleep by now (its last tenth of a second aside): nothing more is used
+        status = ranks.rank_status(str(tmp_path), "j7", 0, 0)
+        time.sleep(1.0)
+        later = ranks.rank_status(str(tmp_path), "j7", 0, 0)
+        assert later["cpu_s"] is not None and later["cpu_s"] - status["cpu_s"] < 0.05, (status, later)
+    finally:
+        assert ranks.stop_rank(str(tmp_path), "j7", 0, 0, grace=1.0)["stopped"]
+        proc.wait(10)
+    assert "cpu_s" not in ranks.rank_status(str(tmp_path), "j7", 0, 0)  # ended: not measured

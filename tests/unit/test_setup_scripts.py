@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ def readme_commands() -> list[str]:
 
 def test_the_readme_has_a_demo_command_and_a_test_command_from_the_venv() -> None:
     demo, tests = readme_commands()
-    assert demo == "bash .ci/setup && .venv/bin/coord demo"
+    assert demo == "bash .ci/setup demo && .venv/bin/coord demo"
     assert tests == "bash .ci/setup && .venv/bin/python -m pytest -q"
 
 
@@ -57,8 +58,77 @@ def test_script_passes_shellcheck(script: Path) -> None:
 
 def test_setup_never_installs_into_the_python_it_found() -> None:
     text = (CI / "setup").read_text()
-    installs = [line for line in text.splitlines() if "pip install" in line and not line.lstrip().startswith("#")]
-    assert installs and all(line.lstrip().startswith(".venv/bin/python -m pip install") for line in installs)
+    lines = [line.strip() for line in text.splitlines() if not line.lstrip().startswith("#")]
+    installs = [line for line in lines if "pip install" in line]
+    assert installs and all(line.startswith((".venv/bin/python -m pip install",
+                                             ".venv/bin/uv pip install -q --python .venv/bin/python "))
+                            for line in installs), installs
+
+
+def test_setup_refuses_an_unknown_mode_before_it_installs_anything() -> None:
+    result = subprocess.run([BASH, str(CI / "setup"), "everything"], capture_output=True, text=True)
+    assert result.returncode == 2 and "usage: bash .ci/setup [demo]" in result.stderr
+    assert "installing" not in result.stderr
+
+
+# Stand-ins for apt-get, dpkg-query, id and the Python .ci/setup finds: each logs its name and arguments. A
+# python3.13 on PATH (find-python takes it first) whose venv holds a Python with pip, unconfigured, and uv.
+STAND_IN = """#!/bin/bash
+name="${0##*/}"
+echo "${name} $*" >> "${STAND_IN_LOG}"
+case "${name} $*" in
+  "id -u") echo 0 ;;
+  "dpkg-query "*) exit 1 ;;
+  "python3.13 -c "*) echo 3.13 ;;
+  "python3.13 --version") echo "Python 3.13.0" ;;
+  "python3.13 -m venv .venv") mkdir -p .venv/bin && ln -s "$0" .venv/bin/python && ln -s "$0" .venv/bin/uv ;;
+  "python -c import importlib.metadata"*) exit 1 ;;
+esac
+exit 0
+"""
+
+
+def run_setup_with_stand_ins(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    repo = tmp_path / "repo"
+    (repo / ".ci").mkdir(parents=True)
+    for name in ("setup", "find-python"):
+        shutil.copy(CI / name, repo / ".ci" / name)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_in = bin_dir / "stand-in"
+    stand_in.write_text(STAND_IN)
+    stand_in.chmod(0o755)
+    for name in ("apt-get", "dpkg-query", "id", "python3.13"):
+        (bin_dir / name).symlink_to(stand_in)
+    log = tmp_path / "log"
+    log.touch()
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "STAND_IN_LOG": str(log)}
+    result = subprocess.run([BASH, str(repo / ".ci" / "setup"), *args], capture_output=True, text=True, env=env)
+    return result, log.read_text().splitlines()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the apt-get path is Debian's")
+def test_the_demo_setup_installs_python_and_coord_only(tmp_path: Path) -> None:
+    result, log = run_setup_with_stand_ins(tmp_path, "demo")
+    assert result.returncode == 0, result.stderr
+    apt = [line for line in log if line.startswith("apt-get install")]
+    assert len(apt) == 1 and apt[0].endswith(" python3 python3-venv"), log
+    installs = [line for line in log if " install " in line and not line.startswith("apt-get")]
+    assert installs == ["python -m pip install -q --disable-pip-version-check uv",
+                        "uv pip install -q --python .venv/bin/python -e ."], log
+    assert "ready: .venv/bin/coord demo" in result.stderr
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the apt-get path is Debian's")
+def test_the_full_setup_installs_the_test_tools_and_pytorch_besides(tmp_path: Path) -> None:
+    result, log = run_setup_with_stand_ins(tmp_path)
+    assert result.returncode == 0, result.stderr
+    apt = [line for line in log if line.startswith("apt-get install")]
+    assert len(apt) == 1 and " python3 python3-venv python3-pip python3-dev" in apt[0], log
+    installs = [line for line in log if " install " in line and not line.startswith("apt-get")]
+    assert installs[:2] == ["python -m pip install -q --disable-pip-version-check uv",
+                            "uv pip install -q --python .venv/bin/python -e .[test]"], log
+    assert "python -m pip install -q --disable-pip-version-check -e .[test,torch]" in installs, log
 
 
 # --- .ci/find-python with stand-in interpreters -------------------------------------------

@@ -139,7 +139,7 @@ class Destination:
 
 def desktop_settings(entries: Sequence[AlertSettings], platform: str = sys.platform) -> AlertSettings | None:
     """On a Mac head, a notification as well, for every event some [[alerts]] entry wants (the
-    default, failures only, when there is none), with the shortest of their timers."""
+    defaults when there is none), with the shortest of their timers."""
     if platform != "darwin":
         return None
     on = sorted({kind for entry in entries for kind in entry.on}) or list(DEFAULT_ALERT_EVENTS)

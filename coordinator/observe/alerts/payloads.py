@@ -17,10 +17,12 @@ from dataclasses import dataclass
 from typing import TypedDict
 
 from coordinator.observe.alerts.rules import (
+    DIVERGED,
     JOB_FAILED,
     JOB_RESTARTED,
     JOB_STALLED,
     JOB_SUCCEEDED,
+    LOSS_SPIKE,
     NODE_DOWN,
     Alert,
     AlertDetails,
@@ -28,18 +30,20 @@ from coordinator.observe.alerts.rules import (
 
 # ntfy's priorities and emoji tags (https://docs.ntfy.sh/publish/)
 _NTFY_PRIORITY = {JOB_FAILED: "high", NODE_DOWN: "high", JOB_STALLED: "high", JOB_RESTARTED: "default",
-                  JOB_SUCCEEDED: "default"}
+                  JOB_SUCCEEDED: "default", DIVERGED: "high", LOSS_SPIKE: "default"}
 _NTFY_TAGS = {JOB_FAILED: "rotating_light", NODE_DOWN: "warning", JOB_STALLED: "hourglass",
-              JOB_RESTARTED: "arrows_counterclockwise", JOB_SUCCEEDED: "white_check_mark"}
+              JOB_RESTARTED: "arrows_counterclockwise", JOB_SUCCEEDED: "white_check_mark",
+              DIVERGED: "chart_with_downwards_trend", LOSS_SPIKE: "chart_with_upwards_trend"}
 _SLACK_EMOJI = {JOB_FAILED: ":rotating_light:", NODE_DOWN: ":warning:", JOB_STALLED: ":hourglass:",
-                JOB_RESTARTED: ":arrows_counterclockwise:", JOB_SUCCEEDED: ":white_check_mark:"}
+                JOB_RESTARTED: ":arrows_counterclockwise:", JOB_SUCCEEDED: ":white_check_mark:",
+                DIVERGED: ":chart_with_downwards_trend:", LOSS_SPIKE: ":chart_with_upwards_trend:"}
 
 
 class AlertDocument(TypedDict):
     """The generic form of an alert: a webhook's JSON body, a command's stdin."""
 
     source: str  # "coord"
-    event: str  # the alert's kind: job_failed, job_succeeded, job_restarted, job_stalled, node_down
+    event: str  # the alert's kind: one of coordinator.config.cluster_file.ALERT_EVENTS
     cluster: str
     title: str
     message: str

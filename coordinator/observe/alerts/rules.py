@@ -18,11 +18,15 @@ from coordinator.config.cluster_file import AlertSettings
 if TYPE_CHECKING:
     from coordinator.store.state import EventRecord
 
-JOB_FAILED, JOB_SUCCEEDED, JOB_RESTARTED, JOB_STALLED, NODE_DOWN = (
-    "job_failed", "job_succeeded", "job_restarted", "job_stalled", "node_down")
+JOB_FAILED, JOB_SUCCEEDED, JOB_RESTARTED, JOB_STALLED, NODE_DOWN, DIVERGED, LOSS_SPIKE = (
+    "job_failed", "job_succeeded", "job_restarted", "job_stalled", "node_down", "diverged", "loss_spike")
 # The daemon's event kinds that are alerts in themselves. A job that gives up (no restarts
 # left, or the same failure twice before its first step) records job.failed like any failed job.
-EVENT_ALERTS = {"job.failed": JOB_FAILED, "job.succeeded": JOB_SUCCEEDED, "job.restart": JOB_RESTARTED}
+# A rollback after a NaN (job.diverged) and a loss spike (job.loss_spike) say the training itself
+# went wrong while every process was fine.
+EVENT_ALERTS = {"job.failed": JOB_FAILED, "job.succeeded": JOB_SUCCEEDED, "job.restart": JOB_RESTARTED,
+                "job.diverged": DIVERGED, "job.loss_spike": LOSS_SPIKE}
+_TITLES = {JOB_RESTARTED: "restarted", DIVERGED: "diverged and rolled back", LOSS_SPIKE: "had a loss spike"}
 # States in which a run is expected to make progress; a queued or finished run is not stalled.
 PROGRESSING = ("starting", "running", "recovering")
 
@@ -99,7 +103,7 @@ def alert_for_event(event: EventRecord, run: RunFacts | None, cluster: str) -> A
     if kind == JOB_SUCCEEDED:
         return Alert(JOB_SUCCEEDED, f"{cluster}: job {job} succeeded", f"run {run_id} {said}", cluster, event["ts"],
                      name, run_id, reason=None, details=details)
-    return Alert(JOB_RESTARTED, f"{cluster}: job {job} restarted", f"run {run_id}: {said}", cluster, event["ts"],
+    return Alert(kind, f"{cluster}: job {job} {_TITLES[kind]}", f"run {run_id}: {said}", cluster, event["ts"],
                  name, run_id, reason=said, details=details)
 
 

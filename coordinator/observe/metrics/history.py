@@ -29,6 +29,7 @@ its points past S (the store already has).
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import time
 from collections.abc import Callable, Mapping
@@ -167,7 +168,8 @@ class MetricsHistory:
             "tokens_per_second, peak_memory_bytes, samples_per_second, comm_seconds, rank_memory) "
             "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
             (run_id, series, int(point["step"]), int(point["attempt"]), float(point["time"]),
-             *(_number(point.get(f)) for f in TRAIN_FIELDS), json.dumps(ranks) if ranks else None))
+             _loss(point.get("loss")), *(_number(point.get(f)) for f in TRAIN_FIELDS[1:]),
+             json.dumps(ranks) if ranks else None))
         return cursor.rowcount == 1
 
     def _counted(self, run_id: str, added: int) -> None:
@@ -242,13 +244,13 @@ class MetricsHistory:
         rows = self._points(run_id, "train", since)
         train: TrainSeries = {
             "step": [r[0] for r in rows], "attempt": [r[1] for r in rows], "time": [r[2] for r in rows],
-            "loss": [r[3] for r in rows], "learning_rate": [r[4] for r in rows],
+            "loss": [_read_loss(r[3]) for r in rows], "learning_rate": [r[4] for r in rows],
             "tokens_per_second": [r[5] for r in rows], "peak_memory_bytes": [_int(r[6]) for r in rows],
             "samples_per_second": [r[7] for r in rows], "comm_seconds": [r[8] for r in rows],
             "rank_memory_bytes": _rank_columns([json.loads(r[9]) if r[9] else {} for r in rows])}
         rows = self._points(run_id, "val", since)
         val: ValSeries = {"step": [r[0] for r in rows], "attempt": [r[1] for r in rows],
-                          "time": [r[2] for r in rows], "loss": [r[3] for r in rows]}
+                          "time": [r[2] for r in rows], "loss": [_read_loss(r[3]) for r in rows]}
         attempts: list[AttemptMark] = [
             {"attempt": a, "start_step": s, "time": ts, "nodes": json.loads(n), "detail": d}
             for a, s, ts, n, d in self._db.execute(
@@ -281,6 +283,17 @@ def _number(value: object) -> float | int | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return value
+
+
+def _loss(value: object) -> float | int | str | None:
+    """A loss as SQLite keeps it: a number, or ``"nan"`` (SQLite stores a NaN as NULL, and a diverged
+    run's NaN loss is news, not a gap; infinities it keeps as they are)."""
+    number = _number(value)
+    return "nan" if isinstance(number, float) and math.isnan(number) else number
+
+
+def _read_loss(value: Any) -> float | None:
+    return math.nan if value == "nan" else value
 
 
 def _int(value: Any) -> int | None:

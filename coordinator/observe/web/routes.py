@@ -21,6 +21,7 @@ import anyio
 from coordinator.observe.dashboard.assets import static_files
 from coordinator.observe.metrics.prometheus import metrics_text
 from coordinator.observe.web.server import Handler, Request, Response
+from shared.json_values import strict
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -61,7 +62,8 @@ def api_routes(*, status_document: Callable[[], Awaitable[Mapping[str, Any]]], h
         async def documents() -> AsyncIterator[bytes]:
             while True:
                 # One line: an event's data field ends at a newline.
-                yield b"data: " + json.dumps(dashboard_document(), separators=(",", ":"), default=str).encode() \
+                yield b"data: " + json.dumps(strict(dashboard_document()), separators=(",", ":"), allow_nan=False,
+                                             default=str).encode() \
                     + b"\n\n"
                 await anyio.sleep(STREAM_EVERY_S)
         return Response(content_type="text/event-stream", stream=documents())
@@ -85,4 +87,5 @@ def page_routes() -> dict[str, Handler]:
 
 
 def _json(document: Mapping[str, Any]) -> Response:
-    return Response(body=json.dumps(document, allow_nan=False, default=str).encode(), content_type=JSON)
+    # A diverged run's loss is NaN: sent as "nan", since JSON has no NaN (shared/json_values.py).
+    return Response(body=json.dumps(strict(document), allow_nan=False, default=str).encode(), content_type=JSON)

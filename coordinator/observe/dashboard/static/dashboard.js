@@ -44,7 +44,8 @@ function age(seconds) {
   return (seconds / 3600).toFixed(1) + " h";
 }
 
-function number(x, digits) { return x == null ? "-" : Number(x).toFixed(digits); }
+// A value JSON cannot hold (a diverged run's NaN loss) comes as the word "nan", "inf" or "-inf": shown as it is.
+function number(x, digits) { return x == null ? "-" : typeof x === "string" ? x : Number(x).toFixed(digits); }
 
 function fillBody(table, rows) {
   const body = document.querySelector(table + " tbody");
@@ -122,8 +123,11 @@ function stepCell(job) {
 
 function renderJobs(doc) {
   fillBody("#jobs", doc.jobs.map(job => {
-    const state = job.state === "queued" && job.queue_position ? `queued #${job.queue_position}` : job.state;
-    const row = el("tr", { class: "job" + (job.run_id === selectedRun ? " selected" : ""), title: job.error || job.warning || job.run_id },
+    const queued = job.state === "queued" && job.queue_position ? `queued #${job.queue_position}` : job.state;
+    // A run that goes on while coord waits something out (the head cut off from its nodes) says so by its state.
+    const state = job.note ? queued + ", " + job.note.split(":")[0].replace("_", " ") : queued;
+    const row = el("tr", { class: "job" + (job.run_id === selectedRun ? " selected" : ""),
+                           title: job.note || job.error || job.warning || job.run_id },
       el("td", {}, job.name), el("td", { class: "state-" + job.state }, state), stepCell(job),
       el("td", {}, job.eta_s == null ? "-" : age(job.eta_s)), el("td", {}, number(job.loss, 4)),
       el("td", {}, job.tokens_per_second == null ? "-" : Math.round(job.tokens_per_second)),
@@ -140,7 +144,9 @@ function renderJobs(doc) {
 function seriesOf(history, field) {
   const train = (history && history.train) || {};
   const steps = train.step || [], attemptOf = train.attempt || [], values = train[field] || [];
-  const rows = steps.map((step, i) => ({ step, attempt: attemptOf[i], value: values[i] })).filter(r => r.value != null);
+  // A NaN or infinite value (sent as a word) is a gap in the line; the job's row says "nan" beside it.
+  const rows = steps.map((step, i) => ({ step, attempt: attemptOf[i], value: values[i] }))
+    .filter(r => r.value != null && typeof r.value === "number");
   const attempts = [...new Set(rows.map(r => r.attempt))].sort((a, b) => a - b);
   const xs = [...new Set(rows.map(r => r.step))].sort((a, b) => a - b);
   const index = new Map(xs.map((s, i) => [s, i]));
