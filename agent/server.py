@@ -17,6 +17,7 @@ from agent import ranks as node_ranks
 from agent import relay as node_relay
 from agent import rendezvous as node_rendezvous
 from agent import sync as node_sync
+from agent import sync_dirs as node_dirs
 from agent import sync_links as node_links
 from agent.calibration_runner import run_calibration
 from agent.topology import collect_topology
@@ -123,6 +124,8 @@ def build_dispatcher(relay: node_relay.Relay | None = None, uploads: node_sync.U
     table.add("upload_abort", _in_thread(uploads.abort_reply), required={"upload": int})
     table.add("delete_files", _in_thread(node_sync.delete_files), required={"root": str, "paths": list})
     table.add("set_modes", _in_thread(node_sync.set_modes), required={"root": str, "modes": list})
+    table.add("make_dirs", _in_thread(node_dirs.make_dirs), required={"root": str, "dirs": list})
+    table.add("remove_dirs", _in_thread(node_dirs.remove_dirs), required={"root": str, "paths": list})
     table.add("inspect_files", _in_thread(node_sync.inspect_files), required={"root": str, "paths": list},
               optional={"count_lines": bool})
     table.add("relay_receive", relay.open_receiver,

@@ -27,6 +27,8 @@ import shutil
 import stat
 import sys
 import threading
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -202,9 +204,14 @@ def _make_durable(root: str, files: dict[str, _Written], dirs: set[str], devices
     return how
 
 
+def _timed(func: Callable[..., str], *args: Any) -> tuple[str, float]:
+    started = time.monotonic()
+    return func(*args), time.monotonic() - started
+
+
 def sync_state(root: str, patterns: list[str], known: list[str] | None = None) -> SyncStateReply:
     """Make everything written since the last call durable, and describe the tree by its hash from a
-    stat-only scan.
+    stat-only scan (its directories included: an empty one, or one with another mode, is a difference).
 
     The scan runs while the disk flushes: it reads no file data (the files just written are known
     by their stat and hash), and nothing it learns is saved to the hash cache until the flush has
@@ -218,19 +225,20 @@ def sync_state(root: str, patterns: list[str], known: list[str] | None = None) -
     with _scan_lock(root):  # no other scan saves the cache meanwhile
         taken = _take_pending(root)
         if taken is None:
-            manifest, stats = scan_tree(root, rules, cache=cache, on_link=keep_links)
-            flushed, how = 0, "nothing"
+            manifest, stats = scan_tree(root, rules, cache=cache, on_link=keep_links, directories=True, ordered=False)
+            flushed, how, flush_seconds = 0, "nothing", 0.0
         else:
             files = taken[0]
             for rel, (_, info, digest) in files.items():
                 cache.store(rel, info, digest)  # in memory only: a file changed since is not matched by its stat
             with ThreadPoolExecutor(max_workers=1) as pool:
-                durable = pool.submit(_make_durable, root, *taken)
+                durable = pool.submit(_timed, _make_durable, root, *taken)
                 try:
-                    manifest, stats = scan_tree(root, rules, cache=cache, save=False, on_link=keep_links)
+                    manifest, stats = scan_tree(root, rules, cache=cache, save=False, on_link=keep_links,
+                                                directories=True, ordered=False)
                 finally:
                     try:
-                        how = durable.result()
+                        how, flush_seconds = durable.result()
                     except BaseException:
                         for rel in files:  # not durable: known again only by a read, after the next flush
                             cache.entries.pop(rel, None)
@@ -239,10 +247,21 @@ def sync_state(root: str, patterns: list[str], known: list[str] | None = None) -
             flushed = len(files)
     digest = tree_hash(manifest)
     answer: SyncStateReply = {"tree_hash": digest, "count": len(manifest), "flushed": flushed,
-                                  "flush": how, "stats": stats.as_dict()}
+                                  "flush": how, "flush_seconds": round(flush_seconds, 4), "stats": stats.as_dict()}
     if known is not None and digest not in known:
-        answer["files"] = [[rel, *entry] for rel, entry in manifest.items()]
+        answer["files"] = [[rel, *entry] for rel, entry in sorted(manifest.items())]
     return answer
+
+
+def _current_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+#: The agent's umask, read once at start (before any thread writes): a file made with a mode the umask
+#: leaves whole needs no fchmod afterwards, which is one system call less per file of a sync.
+_UMASK = _current_umask()
 
 
 def _write_temporary(target: str, data: bytes, mode: int) -> tuple[str, os.stat_result]:
@@ -250,16 +269,18 @@ def _write_temporary(target: str, data: bytes, mode: int) -> tuple[str, os.stat_
     directory, _, name = target.rpartition("/")
     tmp = f"{directory}/.{name}.coord-{os.getpid()}-{next(_upload_ids)}"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    mode = _mode(mode)
     try:
-        fd = os.open(tmp, flags, 0o600)
+        fd = os.open(tmp, flags, mode)
     except FileNotFoundError:  # first file in a new directory
         os.makedirs(directory, exist_ok=True)
-        fd = os.open(tmp, flags, 0o600)
+        fd = os.open(tmp, flags, mode)
     try:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
-        os.fchmod(fd, _mode(mode))
+        if mode & _UMASK:
+            os.fchmod(fd, mode)
         info = os.fstat(fd)  # size, mtime and inode survive the rename: the cache entry, without a stat
     except BaseException:
         os.close(fd)
@@ -283,7 +304,9 @@ def put_files(root: str, files: list[PutFileRow]) -> PutFilesReply:
             raise RemoteError(p.BAD_ARGS, "each file must be [path, mode, sha256, data]")
     guard = PathGuard(root)
     try:
-        targets = [guard.resolve(item[0]) for item in files]  # every path checked before any write
+        # Every path checked before any write: its directories (a file is renamed into place, never written
+        # through whatever stands at its name).
+        targets = [guard.resolve(item[0], replaced=True) for item in files]
     except UnsafePath as exc:
         raise RemoteError(p.REFUSED, str(exc)) from None
     sha256 = hashlib.sha256
@@ -294,27 +317,36 @@ def put_files(root: str, files: list[PutFileRow]) -> PutFilesReply:
     state = _pending(root)
     written = 0
     total = sum(len(item[3]) for item in files)
+    landed: dict[str, _Written] = {}
     # One batch at a time per workdir (the next ones wait decoded in memory): a dozen threads creating
     # files on one filesystem contend in its inode allocator for no gain.
     with state.writing:
-        for (rel, mode, sha, data), target in zip(files, targets, strict=True):
-            try:
-                tmp, info = _write_temporary(target, data, mode)
-            except OSError as exc:  # the temporary is gone already; a full disk is said in words
-                raise write_failed(exc, target, total - written) or exc from None
-            try:
-                os.replace(tmp, target)
-            except BaseException:
-                os.unlink(tmp)
-                raise
-            directory = target.rpartition("/")[0]
-            with state.lock:
-                state.files[rel] = (target, info, sha)
-                if directory not in state.dirs:
-                    state.dirs.add(directory)
-                    state.devices.setdefault(info.st_dev, directory)
-            written += len(data)
+        try:
+            for (rel, mode, sha, data), target in zip(files, targets, strict=True):
+                try:
+                    tmp, info = _write_temporary(target, data, mode)
+                except OSError as exc:  # the temporary is gone already; a full disk is said in words
+                    raise write_failed(exc, target, total - written) or exc from None
+                try:
+                    os.replace(tmp, target)
+                except BaseException:
+                    os.unlink(tmp)
+                    raise
+                landed[rel] = (target, info, sha)
+                written += len(data)
+        finally:  # what landed is flushed by the next sync_state, a batch that failed halfway included
+            _note_written(state, landed)
     return {"files": len(files), "bytes": written}
+
+
+def _note_written(state: _Unflushed, landed: dict[str, _Written]) -> None:
+    with state.lock:
+        state.files.update(landed)
+        for target, info, _ in landed.values():
+            directory = target.rpartition("/")[0]
+            if directory not in state.dirs:
+                state.dirs.add(directory)
+                state.devices.setdefault(info.st_dev, directory)
 
 
 @dataclass

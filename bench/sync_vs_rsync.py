@@ -17,11 +17,24 @@ with tc (as a user's LAN is), with a generated tree of 10,000 files plus one
   data set of 60,000 JSONL lines (cold: hash cache empty, page cache warm).
 
     sudo python bench/sync_vs_rsync.py [--files 10000] [--model-mib 1024]
+
+``--many-small`` measures the other case instead: many small files (20,000 of 1 KiB by default),
+a cold sync to the three nodes (fresh workdirs, a fresh daemon: the head's hash cache cold too)
+against ``rsync -a`` to each node in turn, three in a row, and against them started in parallel;
+then the no-op sync of the same tree. Rounds alternate which goes first. ``--before CHECKOUT``
+adds another checkout's coord (its daemon, CLI and agent) to every round, measured beside this
+one, so a change is judged in one run, on the same machine state:
+
+    sudo python bench/sync_vs_rsync.py --many-small [--files 20000] [--before /path/to/old/checkout]
+
+COORD_NETNS_USER_SUFFIX (as the cluster tests take it) gives the cluster's users a suffix, so the
+bench runs beside another checkout's test cluster.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -36,7 +49,7 @@ sys.path.insert(0, str(REPO))
 
 from shared.ignore import IgnoreRules  # noqa: E402
 from shared.manifest import HashCache, scan_tree  # noqa: E402
-from tests.cluster.netns import NetnsCluster  # noqa: E402
+from tests.cluster.netns import DEFAULT_NODES, NetnsCluster  # noqa: E402
 from tests.integration.daemon_harness import DaemonProcess, all_up, coord, installed_environment, short_tempdir  # noqa: E402
 
 LINK_RATE = "1gbit"
@@ -111,21 +124,44 @@ def timed(fn) -> float:
     return time.perf_counter() - start
 
 
+def cluster_nodes():
+    """The default nodes, their users suffixed as the cluster tests do with COORD_NETNS_USER_SUFFIX."""
+    suffix = os.environ.get("COORD_NETNS_USER_SUFFIX", "")
+    if not suffix:
+        return DEFAULT_NODES
+    if not suffix.isalnum() or len(suffix) > 6:
+        sys.exit(f"COORD_NETNS_USER_SUFFIX must be up to 6 letters or digits, got {suffix!r}")
+    return tuple(dataclasses.replace(n, user=n.user + suffix, home=n.home + suffix,
+                                     venv=n.venv.replace(n.home, n.home + suffix)) for n in DEFAULT_NODES)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--files", type=int, default=10_000)
+    parser.add_argument("--many-small", action="store_true",
+                        help="the many-small-files case: cold and no-op sync vs rsync -a to each node in turn")
+    parser.add_argument("--file-bytes", type=int, default=1024, help="--many-small: each file's size")
+    parser.add_argument("--rounds", type=int, default=3, help="--many-small: rounds (the median is reported)")
+    parser.add_argument("--before", type=Path, help="--many-small: another checkout's coord, measured beside")
+    parser.add_argument("--files", type=int, default=None, help="files in the tree (10,000; 20,000 --many-small)")
     parser.add_argument("--model-mib", type=int, default=1024)
     parser.add_argument("--lines", type=int, default=60_000)
     parser.add_argument("--settle-s", type=float, default=SETTLE_S,
                         help="seconds to wait before the first sync (see SETTLE_S; 0 for a quick try)")
     args = parser.parse_args()
+    if args.many_small:
+        from bench.sync_many_small import many_small
+
+        args.files = args.files or 20_000
+        many_small(args, cluster_nodes(), settle, LINK_RATE)
+        return
+    args.files = args.files or 10_000
     root = short_tempdir("coord-bench-sync-")
     root.chmod(0o755)
     source = root / "project"
     size = make_tree(source, args.files)
     rows = []
     last_report: dict = {}
-    with NetnsCluster() as cluster:
+    with NetnsCluster(cluster_nodes()) as cluster:
         cluster.cap_links(LINK_RATE)
         config = cluster.write_cluster_toml(root / "cluster.toml", state_dir=root / "state")
         with config.open("a") as handle:

@@ -12,6 +12,8 @@ import os
 import stat
 
 MAX_PATH_BYTES = 4096
+#: The longest name (one part of a path) Linux and macOS filesystems take, in bytes.
+MAX_NAME_BYTES = 255
 
 
 class UnsafePath(ValueError):
@@ -53,23 +55,56 @@ def _check_relative_fully(path: object) -> str:
     return "/".join(clean)
 
 
+def is_utf8(name: str) -> bool:
+    """Whether ``name`` (as ``os`` functions return it: bytes that are not UTF-8 kept as lone surrogates)
+    is valid UTF-8, which the wire (msgpack strings) and a Mac's filesystem both need."""
+    if name.isascii():
+        return True
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def printable_name(path: str) -> str:
+    """``path`` in a form every terminal and the wire can carry: a byte that is not UTF-8 as ``\\xNN``, a
+    control character as Python writes it (``\\n``, ``\\x1b``) and a backslash doubled, so that the text
+    names exactly one path (``ls -b`` does the same)."""
+    if path.isprintable() and "\\" not in path:
+        return path
+    out = []
+    for char in path:
+        if "\udc80" <= char <= "\udcff":  # a byte the filesystem gave that is not UTF-8
+            out.append(f"\\x{ord(char) - 0xDC00:02x}")
+        elif char == "\\":
+            out.append("\\\\")
+        elif not char.isprintable():
+            out.append(repr(char)[1:-1] if ord(char) < 0x10000 else char.encode("unicode_escape").decode("ascii"))
+        else:
+            out.append(char)
+    return "".join(out)
+
+
 def name_problem(path: str) -> str | None:
     """Why a node would refuse ``path`` (a relative path as a scan of a tree found it), or None.
 
     The same rules as every path from the wire (``check_relative``), plus what the wire itself
-    cannot carry: a name that is not UTF-8. The head checks each source path with this before it
-    sends anything, so one bad name is reported by name, not as every node refusing the sync.
+    cannot carry (a name that is not UTF-8) and what no node's filesystem takes (a name longer than
+    255 bytes). The head checks each source path with this before it sends anything: such a file is
+    not sent, and the sync names it, instead of every node refusing the batch it would be in.
     """
-    try:
-        path.encode("utf-8")
-    except UnicodeEncodeError:
-        return "not valid UTF-8 (names cross the wire as UTF-8)"
+    if not path.isascii() and not is_utf8(path):  # the common case first: one call, in C
+        return "not valid UTF-8 (names cross the wire as UTF-8, and a Mac's disk takes no other)"
     try:
         normal = check_relative(path)
     except UnsafePath as exc:
         return exc.why
     if normal != path:
         return f"not in normal form (a node would write it as {normal!r})"
+    if len(path) > MAX_NAME_BYTES // 4 and any(len(part.encode("utf-8")) > MAX_NAME_BYTES
+                                                 for part in path.split("/")):
+        return f"a name longer than {MAX_NAME_BYTES} bytes (no filesystem takes it)"
     return None
 
 
@@ -117,12 +152,17 @@ class PathGuard:
         self._safe_dirs: set[str] = set()
         self._missing_dirs: set[str] = set()  # a new tree's directories, checked as far as they exist
 
-    def resolve(self, path: str, *, must_exist: bool = False) -> str:
+    def resolve(self, path: str, *, must_exist: bool = False, replaced: bool = False) -> str:
+        """``resolve_under`` for one path of the batch. ``replaced``: the caller puts a new entry at ``path``
+        by a rename, which never follows what stands there (a link or a FIFO is replaced, not written
+        through), so only the directories on the way are checked, not ``path`` itself: a sync's write of a
+        file in a directory already checked costs no system call here."""
         relative = check_relative(path)
         parent = relative.rpartition("/")[0]
         if not parent or parent in self._safe_dirs:
             full = f"{self._base}/{relative}"
-            _check_last(path, full, self.real_root, must_exist)
+            if not replaced:
+                _check_last(path, full, self.real_root, must_exist)
             return full
         if parent in self._missing_dirs:  # its existing part was checked; nothing in it exists yet
             if must_exist:

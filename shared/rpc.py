@@ -275,7 +275,9 @@ class Peer:
             self.log.info("reply not delivered: connection gone", method=request.method)
         except (TypeError, ValueError, RemoteError) as exc:  # msgpack cannot carry it, or it is too large
             self.log.error("result not serializable", method=request.method, error=str(exc))
-            await self._send_quietly(p.Error(request.id, p.INTERNAL, "result could not be encoded"))
+            # What msgpack said names the value (a str that is not UTF-8 says which character, and where).
+            await self._send_quietly(p.Error(request.id, p.INTERNAL,
+                                             f"the result of {request.method} could not be encoded: {exc}"))
         except Exception as exc:
             self.log.info("reply not delivered", method=request.method, error=str(exc))
 

@@ -15,14 +15,14 @@ def render_sync(report: SyncReport, console: Console) -> None:
     from rich.table import Table
 
     console.print(f"source {report['source']}: {report.get('source_files', 0)} files, "
-                  f"{_size(report.get('source_bytes', 0))}")
+                  f"{report.get('source_dirs', 0)} directories, {_size(report.get('source_bytes', 0))}")
     hook = report.get("hook")
     if hook:
         console.print(f"hook: {hook['detail']}")
         if hook.get("output") and hook["status"] != "pass":
             console.print(hook["output"], markup=False, highlight=False)
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in ("NODE", "STATUS", "SENT", "BYTES", "RELAYED", "MODES", "DELETED", "EXTRA KEPT", "TIME"):
+    for column in ("NODE", "STATUS", "SENT", "BYTES", "RELAYED", "DIRS", "MODES", "DELETED", "EXTRA KEPT", "TIME"):
         table.add_column(column)
     for name, entry in sorted(report["nodes"].items()):
         # Read defensively, as from any daemon: a skipped node has no plan, an unchanged one no result.
@@ -32,7 +32,8 @@ def render_sync(report: SyncReport, console: Console) -> None:
         seconds = max(result.get("seconds", 0), relay.get("seconds", 0))
         files, size = _sent(entry, plan, result)
         table.add_row(name, entry["status"], files, size,
-                      f"{relay['files']} ({_size(relay['bytes'])})" if relay else "-", str(plan.get("chmod", 0)),
+                      f"{relay['files']} ({_size(relay['bytes'])})" if relay else "-", str(plan.get("dirs", 0)),
+                      str(plan.get("chmod", 0)),
                       str(result.get("deleted", plan.get("delete", 0))), str(plan.get("extra_kept", 0)),
                       f"{seconds:.2f}s" if seconds else "-")
     console.print(table)
@@ -44,6 +45,15 @@ def render_sync(report: SyncReport, console: Console) -> None:
             how = "sent over its SSH session instead" if entry.get("fallback") else "not sent"
             console.print(f"{name}: {rel}: the relay could not bring it ({why}); {how}", soft_wrap=True,
                           markup=False)
+        sent: Mapping[str, Any] = entry.get("result") or {}
+        kept: list[str] = sent.get("dirs_kept", [])
+        if kept:
+            console.print(f"{name}: directories --delete left in place, they hold files the sync ignores: "
+                          f"{', '.join(kept)}", soft_wrap=True, markup=False, highlight=False)
+        if entry.get("unlisted_count"):
+            console.print(f"{name}: {entry['unlisted_count']} names in its workdir are not UTF-8, so in no listing "
+                          f"(never compared, never deleted): {', '.join(entry.get('unlisted', []))}",
+                          soft_wrap=True, markup=False, highlight=False)
     _render_source_checks(report, console)
     consistency = report.get("consistency")
     if consistency:
@@ -60,8 +70,11 @@ def _render_source_checks(report: SyncReport, console: Console) -> None:
         verb = "copied by content" if entry["action"] == "followed" else f"REFUSED: {entry['why']}"
         console.print(f"link {entry['path']} -> {entry['target']} (leads to {entry['leads_to']}): {verb}",
                       soft_wrap=True, markup=False, highlight=False)
-    for rel, why in report.get("refused_names", []):
-        console.print(f"name {rel!r} REFUSED: {why}", soft_wrap=True, markup=False, highlight=False)
+    for rel, why in report.get("names_not_sent", []):
+        console.print(f"name {rel} NOT SENT: {why}", soft_wrap=True, markup=False, highlight=False)
+    more = report.get("names_not_sent_count", 0) - len(report.get("names_not_sent", []))
+    if more > 0:
+        console.print(f"and {more} more names not sent", soft_wrap=True, markup=False)
     scan: Mapping[str, Any] = report.get("source_scan") or {}
     if scan.get("skipped_count"):
         console.print(f"not sent, neither files nor links ({scan['skipped_count']}): "

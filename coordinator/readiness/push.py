@@ -1,11 +1,11 @@
 """The head side of sync: compare manifests, send only what a node lacks.
 
 ``plan_sync`` is pure policy (tested with plain dicts); ``sync_node`` carries a
-plan out through one node's agent: small files go in batches, large ones in
-chunks (``send_large``, the one place a large file is sent), a few calls in
-flight at once so the link stays busy. Nodes sent the same files at the same
-time share one read of each batch (``SourceReader``). Nothing here flushes: the
-node's ``sync_state`` at the end does, once.
+plan out through one node's agent: the directories it lacks first, then small
+files in batches, large ones in chunks (``send_large``, the one place a large
+file is sent), a few calls in flight at once so the link stays busy. Nodes sent
+the same files at the same time share one read of each batch (``SourceReader``).
+Nothing here flushes: the node's ``sync_state`` at the end does, once.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import anyio
 
 from coordinator.nodes.session import NodeSession
 from coordinator.readiness.consistency import Manifest
-from shared.manifest import is_link
+from shared.manifest import LINK_MODE, is_dir, is_link, read_file
 from shared.rpc import RemoteError
 
 SMALL_FILE = 1 << 20
@@ -55,14 +55,16 @@ Progress = Callable[[SyncProgress], Awaitable[None] | None]
 class SyncPlanDict(TypedDict):
     """``SyncPlan.as_dict``: counts, with the first paths of each list."""
 
-    send: int
+    send: int  # files and links
     missing: int  # of those sent, the files the node lacked (the rest differed)
     bytes_to_send: int
     chmod: int
-    delete: int
+    dirs: int  # directories to make, or to give the source's mode
+    delete: int  # files, links and directories
     extra_kept: int
     send_paths: list[str]
     missing_paths: list[str]
+    dir_paths: list[str]
     delete_paths: list[str]
     extra_paths: list[str]
 
@@ -73,7 +75,9 @@ class SendResult(TypedDict):
     files_sent: int
     bytes_sent: int
     chmod: int
-    deleted: int
+    dirs_made: int  # directories that were missing (those whose mode was set are in the plan's dirs)
+    deleted: int  # files, links and directories
+    dirs_kept: list[str]  # directories --delete left in place: they hold files the sync ignores
     seconds: float
 
 
@@ -82,47 +86,76 @@ class SyncPlan:
     send: list[str] = field(default_factory=list)  # files and links
     missing: list[str] = field(default_factory=list)  # of those, the ones the node lacks
     chmod: list[tuple[str, int]] = field(default_factory=list)
-    delete: list[str] = field(default_factory=list)
+    dirs: list[tuple[str, int]] = field(default_factory=list)  # directories to make or to give their mode
+    delete: list[str] = field(default_factory=list)  # files and links
+    delete_dirs: list[str] = field(default_factory=list)
     extra: list[str] = field(default_factory=list)  # on the node only, kept without --delete
-    #: links on the node where the source has a directory: removed before anything is written through them
+    #: links or files on the node where the source has a directory: removed before anything is written there
     unlink_first: list[str] = field(default_factory=list)
     bytes_to_send: int = 0
 
     @property
     def empty(self) -> bool:
-        return not (self.send or self.chmod or self.delete or self.unlink_first)
+        return not (self.send or self.chmod or self.dirs or self.delete or self.delete_dirs or self.unlink_first)
 
     def as_dict(self) -> SyncPlanDict:
         return {"send": len(self.send), "missing": len(self.missing), "bytes_to_send": self.bytes_to_send,
-                "chmod": len(self.chmod), "delete": len(self.delete), "extra_kept": len(self.extra),
-                "send_paths": self.send[:20], "missing_paths": self.missing[:20], "delete_paths": self.delete[:20],
-                "extra_paths": self.extra[:20]}
+                "chmod": len(self.chmod), "dirs": len(self.dirs), "delete": len(self.delete) + len(self.delete_dirs),
+                "extra_kept": len(self.extra), "send_paths": self.send[:20], "missing_paths": self.missing[:20],
+                "dir_paths": [rel for rel, _ in self.dirs[:20]],
+                "delete_paths": (self.delete + self.delete_dirs)[:20], "extra_paths": self.extra[:20]}
 
 
 def plan_sync(source: Manifest, remote: Manifest, *, delete: bool) -> SyncPlan:
+    """What one node needs to hold the source: each file or link it lacks or holds with other content, each
+    file with another mode, each directory it lacks or holds with another mode, and (``delete``) what it has
+    that the source does not, else that is listed as kept."""
     plan = SyncPlan()
-    for rel, (size, mode, sha) in source.items():
+    if not remote:  # a node's first sync: everything, in one pass with no look-ups
+        for rel, entry in source.items():
+            if is_dir(entry):
+                plan.dirs.append((rel, entry[1]))
+            else:
+                plan.send.append(rel)
+                plan.bytes_to_send += entry[0]
+        plan.missing = list(plan.send)
+        return plan
+    for rel, entry in source.items():
         have = remote.get(rel)
-        if have is None or have[2] != sha:
+        if is_dir(entry):
+            if have is None or have[1] != entry[1]:
+                plan.dirs.append((rel, entry[1]))
+            if have is not None and not is_dir(have):
+                plan.unlink_first.append(rel)  # the node's file or link goes: the directory takes its place
+        elif have is None or have[2] != entry[2]:
             plan.send.append(rel)
-            plan.bytes_to_send += size
+            plan.bytes_to_send += entry[0]
             if have is None:
                 plan.missing.append(rel)
-        elif have[1] != mode:
-            plan.chmod.append((rel, mode))
-    for rel in remote:
+        elif have[1] != entry[1]:
+            plan.chmod.append((rel, entry[1]))
+    for rel, entry in remote.items():
         if rel not in source:
-            (plan.delete if delete else plan.extra).append(rel)
+            (plan.extra if not delete else plan.delete_dirs if is_dir(entry) else plan.delete).append(rel)
+    _unlink_links_in_the_way(plan, source, remote)
+    return plan
+
+
+def _unlink_links_in_the_way(plan: SyncPlan, source: Manifest, remote: Manifest) -> None:
+    """A link on the node where the source has files under that name (a directory the source's manifest may
+    not list itself) is removed first, whatever --delete says: it is never written through."""
     node_links = [rel for rel, entry in remote.items() if is_link(entry) and (rel not in source
                                                                               or not is_link(source[rel]))]
-    if node_links:  # rare: only then is the set of the source's directories worth making
-        directories = {rel[:i] for rel in source for i in range(len(rel)) if rel[i] == "/"}
-        plan.unlink_first = [rel for rel in node_links if rel in directories]
-        for rel in plan.unlink_first:  # removed first, whatever --delete says: the source's files go there
-            for kept in (plan.delete, plan.extra):
-                if rel in kept:
-                    kept.remove(rel)
-    return plan
+    if not node_links:  # rare: only then is the set of the source's directories worth making
+        return
+    directories = {rel[:i] for rel in source for i in range(len(rel)) if rel[i] == "/"}
+    for rel in node_links:
+        if rel in directories and rel not in plan.unlink_first:
+            plan.unlink_first.append(rel)
+    for rel in plan.unlink_first:
+        for kept in (plan.delete, plan.extra):
+            if rel in kept:
+                kept.remove(rel)
 
 
 class Landed(TypedDict):
@@ -201,19 +234,6 @@ def _first_remote_error(group: BaseExceptionGroup[BaseException]) -> BaseExcepti
     return first
 
 
-def _read(path: str) -> bytes:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        chunks: list[bytes] = []
-        while True:
-            block = os.read(fd, 1 << 20)
-            if not block:
-                return b"".join(chunks) if len(chunks) != 1 else chunks[0]
-            chunks.append(block)
-    finally:
-        os.close(fd)
-
-
 class SourceReader:
     """Batches of source files, each read from disk once for every node sent it at about the same time.
 
@@ -223,16 +243,19 @@ class SourceReader:
     first), so memory stays bounded however far apart the nodes run.
     """
 
-    def __init__(self, source_dir: str, source: Manifest, keep_bytes: int = 4 * BATCH_BYTES * IN_FLIGHT) -> None:
+    def __init__(self, source_dir: str, source: Manifest, keep_bytes: int = 4 * BATCH_BYTES * IN_FLIGHT,
+                 hashed: Mapping[str, bytes] | None = None) -> None:
         self.source_dir, self.source, self.keep_bytes = source_dir, source, keep_bytes
+        self.hashed = hashed or {}  # files the scan read to hash them (``shared.manifest.Contents``): not read again
         self._kept: OrderedDict[tuple[str, ...], tuple[list[PutFile], int]] = OrderedDict()
         self._kept_bytes = 0
         self._loading: dict[tuple[str, ...], anyio.Event] = {}
         self.reads = 0
 
     def _read_batch(self, batch: list[str]) -> list[PutFile]:
-        source, directory = self.source, self.source_dir
-        return [[rel, source[rel][1], source[rel][2], _read(os.path.join(directory, rel))] for rel in batch]
+        source, directory, hashed = self.source, self.source_dir, self.hashed
+        return [[rel, source[rel][1], source[rel][2], hashed.get(rel) or read_file(os.path.join(directory, rel))]
+                for rel in batch]
 
     async def batch(self, batch: list[str]) -> list[PutFile]:
         key = tuple(batch)
@@ -269,17 +292,55 @@ async def abort_upload(session: NodeSession, upload: int) -> None:
         await session.call("upload_abort", {"upload": upload}, timeout=ABORT_TIMEOUT_S)
 
 
+#: The permission bits the sync itself needs on a directory it writes into (its owner's: read, write, search).
+OWNER_BITS = 0o700
+
+
+def dirs_to_open(plan: SyncPlan, source: Manifest) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """The directories to make or set before anything is written, and those whose own mode waits for the end.
+
+    Each directory of the plan is made first (files then land in it with its mode already set), with its
+    owner's bits added where its mode lacks them, and so is every source directory of that kind that the plan
+    writes into (a file, link or deletion below it): the sync could not write there otherwise. Those get
+    their own mode back last (``close_dirs``), as ``rsync`` does with a directory of mode 0o500.
+    """
+    shut = {rel: entry[1] for rel, entry in source.items() if is_dir(entry) and entry[1] & OWNER_BITS != OWNER_BITS}
+    first = dict(plan.dirs)
+    if shut:  # rare: a read-only directory in the source
+        for rel in [*plan.send, *plan.delete, *(rel for rel, _ in plan.chmod), *first]:
+            parts = rel.split("/")
+            for depth in range(1, len(parts)):
+                parent = "/".join(parts[:depth])
+                if parent in shut:
+                    first.setdefault(parent, shut[parent])
+    opened = sorted((rel, mode | OWNER_BITS if rel in shut else mode) for rel, mode in first.items())
+    last = sorted((rel, mode) for rel, mode in first.items() if rel in shut)
+    return opened, last
+
+
+async def close_dirs(session: NodeSession, plan: SyncPlan, source: Manifest) -> None:
+    """The source's mode, last, on each directory ``dirs_to_open`` opened to its owner for the sync."""
+    _, last = dirs_to_open(plan, source)
+    if last:
+        await session.call("make_dirs", {"root": session.node.workdir, "dirs": [list(item) for item in last]})
+
+
 async def sync_node(session: NodeSession, source_dir: str, source: Manifest, plan: SyncPlan,
                     progress: Progress | None = None, *, reader: SourceReader | None = None,
-                    links: Mapping[str, str] | None = None) -> SendResult:
+                    links: Mapping[str, str] | None = None, close: bool = True) -> SendResult:
     """Carry out one node's plan; returns what was done. Nothing is flushed here (see ``sync_state``).
-    ``links``: the target of each link in the source (rel -> target), for the links the plan sends."""
+    ``links``: the target of each link in the source (rel -> target), for the links the plan sends.
+    ``close``: end with ``close_dirs`` (a caller that still has files to bring, by the relay, does it itself)."""
     root = session.node.workdir
     meter = Meter(session.node.name, len(plan.send), plan.bytes_to_send, progress)
     if plan.unlink_first:
         await session.call("delete_files", {"root": root, "paths": plan.unlink_first})
-    new_links = [rel for rel in plan.send if is_link(source[rel])]
-    small, large = _batches(source, [rel for rel in plan.send if not is_link(source[rel])] if new_links
+    opened, _ = dirs_to_open(plan, source)
+    made = 0
+    if opened:
+        made = (await session.call("make_dirs", {"root": root, "dirs": [list(item) for item in opened]}))["made"]
+    new_links = [rel for rel in plan.send if source[rel][1] == LINK_MODE]
+    small, large = _batches(source, [rel for rel in plan.send if source[rel][1] != LINK_MODE] if new_links
                             else plan.send)
     limiter = anyio.Semaphore(IN_FLIGHT)
     reader = reader or SourceReader(source_dir, source, keep_bytes=0)
@@ -325,10 +386,24 @@ async def sync_node(session: NodeSession, source_dir: str, source: Manifest, pla
         batch = new_links[start:start + BATCH_FILES]
         await session.call("put_links", {"root": root, "links": [[rel, (links or {})[rel]] for rel in batch]})
         await meter.add(len(batch), 0)
+    kept, kept_count = await _modes_and_deletions(session, plan)
+    if close:
+        await close_dirs(session, plan, source)
+    await meter.add(0, 0, final=True)
+    return {"files_sent": meter.files_done, "bytes_sent": meter.bytes_done, "chmod": len(plan.chmod),
+            "dirs_made": made, "deleted": len(plan.delete) + len(plan.delete_dirs) - kept_count, "dirs_kept": kept,
+            "seconds": round(time.monotonic() - meter.started, 3)}
+
+
+async def _modes_and_deletions(session: NodeSession, plan: SyncPlan) -> tuple[list[str], int]:
+    """The plan's last steps: file modes, then deletions (files and links, then directories, the deepest
+    first). Returns the directories left in place because they still hold something, and how many."""
+    root = session.node.workdir
     if plan.chmod:
         await session.call("set_modes", {"root": root, "modes": [[rel, mode] for rel, mode in plan.chmod]})
     if plan.delete:
         await session.call("delete_files", {"root": root, "paths": plan.delete})
-    await meter.add(0, 0, final=True)
-    return {"files_sent": meter.files_done, "bytes_sent": meter.bytes_done, "chmod": len(plan.chmod),
-            "deleted": len(plan.delete), "seconds": round(time.monotonic() - meter.started, 3)}
+    if not plan.delete_dirs:
+        return [], 0
+    removed = await session.call("remove_dirs", {"root": root, "paths": plan.delete_dirs})
+    return removed["kept"], removed["kept_count"]

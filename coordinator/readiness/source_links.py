@@ -8,11 +8,12 @@ itself gives the nodes a link to a place they may not have (rsync's default), an
 (rsync's ``--safe-links``) loses the model a project links to without a word. With
 ``--follow-outside-links`` (rsync's ``--copy-unsafe-links``) such a link is copied by content:
 the file or the directory it leads to arrives on the nodes under the link's name, listed in the
-report. A name that a node would refuse (``shared.paths.name_problem``) refuses the sync too,
-listed with why, before anything is sent. A dry run runs the same checks and says the same.
+report. A name that a node would refuse (``shared.paths.name_problem``; one that is not UTF-8 is
+not even in the manifest: ``shared.manifest``) is not sent, and named with why; the rest of the
+tree is. A dry run runs the same checks and says the same.
 
-``decide_link`` and ``refusal`` are pure; ``SourceLinks`` gathers each link's facts from the
-head's disk during the source's scan and keeps what was decided.
+``decide_link``, ``refusal`` and ``names_left_out`` are pure; ``SourceLinks`` gathers each link's
+facts from the head's disk during the source's scan and keeps what was decided.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
 from shared.manifest import LinkChoice
-from shared.paths import link_target_problem, name_problem
+from shared.paths import link_target_problem, name_problem, printable_name
 
 FLAG = "--follow-outside-links"
 LISTED = 200  # links and names kept in a report, each list
@@ -107,26 +108,42 @@ class SourceLinks:
         return choice
 
 
+#: Why a name the head's walk found is in no manifest (``ScanStats.unlisted``).
+NOT_UTF8 = "not valid UTF-8 (names cross the wire as UTF-8, and a Mac's disk takes no other)"
+NOT_UTF8_DIR = f"a directory whose name is {NOT_UTF8}: nothing in it was sent"
+
+
 def refused_names(paths: Mapping[str, Any]) -> list[list[str]]:
     """[path, why] of every path a node would refuse."""
     return [[rel, why] for rel in paths if (why := name_problem(rel)) is not None]
 
 
-def refusal(names: list[list[str]], outside: list[OutsideLink]) -> str | None:
-    """Why the sync sends nothing (each name and link said, up to SAID of each), or None when it may go on."""
-    links = [entry for entry in outside if entry["action"] == "refused"]
-    if not names and not links:
+def names_not_sent(refused: list[list[str]], unlisted: list[str], unlisted_count: int) -> tuple[list[list[str]], int]:
+    """The report's list of names the sync did not send, each as ``printable_name`` writes it with why (at most
+    LISTED), and how many there are: the names a node would refuse, then those the walk could not list
+    (``unlisted``: already printable, a directory's with a "/" after it)."""
+    listed = [[printable_name(rel), why] for rel, why in refused[:LISTED]]
+    listed += [[rel, NOT_UTF8_DIR if rel.endswith("/") else NOT_UTF8] for rel in unlisted[:LISTED - len(listed)]]
+    return listed, len(refused) + unlisted_count
+
+
+def names_left_out(names: list[list[str]], count: int) -> str | None:
+    """The words a sync's detail adds for the names it did not send (each said, up to SAID), or None."""
+    if not count:
         return None
-    parts = []
-    if names:
-        listed = ", ".join(f"{rel!r} ({why})" for rel, why in names[:SAID])
-        parts.append(f"{_count(len(names), 'name')} no node accepts: {listed}{_more(len(names))}; rename "
-                     "them, or list them in .coordignore")
-    if links:
-        listed = ", ".join(f"{e['path']} -> {e['target']} ({e['why']})" for e in links[:SAID])
-        parts.append(f"{_count(len(links), 'link')} the sync cannot send: {listed}{_more(len(links))}; "
-                     f"pass {FLAG} to copy what they point to, or list them in .coordignore")
-    return "nothing was sent: " + "; ".join(parts)
+    listed = ", ".join(f"{rel} ({why})" for rel, why in names[:SAID])
+    return (f"{_count(count, 'name')} not sent: {listed}{_more(count)}; rename them, or list them in .coordignore "
+            "(the rest of the tree was sent)")
+
+
+def refusal(outside: list[OutsideLink]) -> str | None:
+    """Why the sync sends nothing (each link said, up to SAID), or None when it may go on."""
+    links = [entry for entry in outside if entry["action"] == "refused"]
+    if not links:
+        return None
+    listed = ", ".join(f"{e['path']} -> {e['target']} ({e['why']})" for e in links[:SAID])
+    return (f"nothing was sent: {_count(len(links), 'link')} the sync cannot send: {listed}{_more(len(links))}; "
+            f"pass {FLAG} to copy what they point to, or list them in .coordignore")
 
 
 def _count(n: int, what: str) -> str:

@@ -11,29 +11,42 @@ import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, NotRequired, Required, TypedDict
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import anyio
 
 from coordinator.nodes.session import UP, NodeSession
-from coordinator.readiness.consistency import ConsistencyReport, Difference, Manifest, compare_nodes, diff_manifests
+from coordinator.readiness.consistency import ConsistencyReport, Manifest, compare_nodes, diff_manifests
 from coordinator.readiness.push import (
-    Landed,
-    SendResult,
     SourceReader,
     SyncPlan,
-    SyncPlanDict,
+    close_dirs,
     landed_count,
     manifest_from_wire,
     plan_sync,
     sync_node,
 )
 from coordinator.readiness.relay_sync import RelayResult, relay_files, take_large_files
-from coordinator.readiness.source_links import LISTED, OutsideLink, SourceLinks, refusal, refused_names
+from coordinator.readiness.source_links import (
+    LISTED,
+    SourceLinks,
+    names_left_out,
+    names_not_sent,
+    refusal,
+    refused_names,
+)
+from coordinator.readiness.sync_report import (
+    HookResult,
+    SyncNodeEntry,
+    SyncReport,
+    SyncSummary,
+    SyncVerdict,
+    VersusSource,
+)
 from shared import protocol as p
 from shared.agent_api.sync import ScanStatsReport as ScanStats  # what scanning a tree cost (the head's or a node's)
 from shared.ignore import DEFAULT_PATTERNS, IgnoreRules, read_ignore_file
-from shared.manifest import HashCache, scan_tree, tree_hash
+from shared.manifest import Contents, HashCache, is_dir, scan_tree, tree_hash
 from shared.paths import UnsafePath, resolve_under
 from shared.rpc import Emit, RemoteError
 from shared.sizes import size_text
@@ -43,94 +56,6 @@ if TYPE_CHECKING:
     from coordinator.relay.links import LinkBook
 
 HOOK_TIMEOUT_S = 600
-
-
-class HookResult(TypedDict):
-    """The pre-sync hook's run (``run_hook``)."""
-
-    status: Literal["pass", "warn", "fail"]
-    path: str
-    detail: str
-    exit_code: int | None  # None: it did not run, or did not finish
-    output: str  # the end of its stdout and stderr
-    seconds: NotRequired[float]  # when it ran
-
-
-class SyncNodeEntry(TypedDict, total=False):
-    """One node in a sync report."""
-
-    plan: SyncPlanDict  # absent for a node that was skipped
-    status: Required[Literal["skipped", "planned", "unchanged", "synced", "failed"]]
-    detail: str  # why skipped or failed
-    result: SendResult  # what its own session carried (absent when that failed: see landed)
-    relay: RelayResult  # what the relay brought it
-    fallback: SendResult  # the relay's misses, sent over its session
-    landed: Landed  # absent when the node could not be asked afterwards
-    verify_seconds: float
-
-
-class VersusSource(TypedDict):
-    matches: bool  # holds every source file as is (and nothing else, with --delete)
-    differences: list[Difference]  # the first 20
-
-
-class SyncReport(TypedDict):
-    """``serve_sync``'s answer. A failed hook ends a sync before the scan: its report stops at ``hook``
-    (then ``status`` and ``detail``)."""
-
-    source: str
-    dry_run: bool
-    delete: bool
-    nodes: dict[str, SyncNodeEntry]
-    timing: dict[str, float]  # seconds of each phase: hook, scan, compare, send_verify
-    hook: HookResult | None
-    listings_received: NotRequired[list[str]]  # one name per node manifest received: none on an unchanged tree
-    node_scan_seconds: NotRequired[dict[str, float | None]]  # each node's re-check of its tree, before sending
-    source_files: NotRequired[int]
-    source_bytes: NotRequired[int]
-    source_tree_hash: NotRequired[str]
-    source_scan: NotRequired[ScanStats]  # the head's scan of the source
-    follow_outside_links: NotRequired[bool]
-    links: NotRequired[int]  # links in the source sent as links (they point inside it)
-    outside_links: NotRequired[list[OutsideLink]]  # links leading out of it: followed or refused
-    refused_names: NotRequired[list[list[str]]]  # [path, why] of each name no node accepts
-    source_reads: NotRequired[int]  # batches read from the source disk, when anything was sent
-    consistency: NotRequired[ConsistencyReport]
-    versus_source: NotRequired[dict[str, VersusSource]]
-    status: Literal["ok", "failed"]
-    detail: str
-    seconds: NotRequired[float]
-
-
-class _SyncSummary(TypedDict):
-    """What a sync's report opens with: what was asked, and what the scans found."""
-
-    source: str
-    dry_run: bool
-    delete: bool
-    nodes: dict[str, SyncNodeEntry]
-    timing: dict[str, float]
-    hook: HookResult | None
-    listings_received: list[str]
-    node_scan_seconds: dict[str, float | None]
-    source_files: int
-    source_bytes: int
-    source_tree_hash: str
-    source_scan: ScanStats
-    follow_outside_links: bool
-    links: int
-    outside_links: list[OutsideLink]
-    refused_names: list[list[str]]
-
-
-class _SyncVerdict(TypedDict):
-    """What a sync's report closes with: the evidence, and what it means."""
-
-    consistency: ConsistencyReport
-    versus_source: dict[str, VersusSource]
-    status: Literal["ok", "failed"]
-    detail: str
-    seconds: float
 
 
 def resolve_source(cluster: Cluster, source: str | None) -> Path:
@@ -204,10 +129,11 @@ def remember_tree(digest: str, manifest: Manifest) -> None:
         _known_trees.popitem(last=False)
 
 
-def source_manifest(cluster: Cluster, source: Path, patterns: list[str],
-                    follow_outside: bool = False) -> tuple[Manifest, ScanStats, SourceLinks]:
+def source_manifest(cluster: Cluster, source: Path, patterns: list[str], follow_outside: bool = False,
+                    contents: Contents | None = None) -> tuple[Manifest, ScanStats, SourceLinks]:
     """The source's manifest (its links in it, each decided by ``SourceLinks``), what scanning it cost,
-    and the links: those sent as links, those leading outside (followed with ``follow_outside``)."""
+    and the links: those sent as links, those leading outside (followed with ``follow_outside``).
+    ``contents``: the bytes of the small files it had to hash (new or changed ones: those a sync sends)."""
     key = hashlib.sha256(str(source).encode()).hexdigest()[:16]
     # A scan that follows outside links has a cache of its own: one that does not would drop the entries of
     # the followed files (a model, say) from a shared one, and the next sync would hash them all again.
@@ -217,24 +143,36 @@ def source_manifest(cluster: Cluster, source: Path, patterns: list[str],
     cache, lock = _source_caches[path]
     links = SourceLinks(str(source), follow_outside)
     with lock:
-        manifest, stats = scan_tree(str(source), IgnoreRules(patterns), cache=cache, on_link=links)
+        manifest, stats = scan_tree(str(source), IgnoreRules(patterns), cache=cache, on_link=links, directories=True,
+                                    contents=contents)
     return manifest, stats.as_dict(), links
+
+
+class NodeState(NamedTuple):
+    """A node's tree as ``sync_state`` answered: its hash, its manifest (when asked for), its scan's stats."""
+
+    tree_hash: str
+    manifest: Manifest | None
+    stats: ScanStats
+    flush_seconds: float  # its flush of what it was sent (0 when nothing was pending)
 
 
 async def node_state(session: NodeSession, patterns: list[str], known: list[str] | None,
                      listings: list[str] | None = None,
-                     scans: dict[str, float | None] | None = None) -> tuple[str, Manifest | None]:
+                     scans: dict[str, float | None] | None = None) -> NodeState:
     """A node's tree hash after it flushed what it was sent, and its manifest when ``known`` lacks its hash
     (then its name is added to ``listings``: the nodes whose listing crossed the wire; and the seconds
     its own scan took to ``scans``)."""
     answer = await session.call("sync_state", {"root": session.node.workdir, "patterns": patterns,
                                                "known": known}, timeout=3600)
+    stats = answer["stats"]
     if scans is not None:
-        scans[session.node.name] = (answer.get("stats") or {}).get("seconds")
+        scans[session.node.name] = stats.get("seconds")
     files = answer.get("files")
     if files is not None and listings is not None:
         listings.append(session.node.name)
-    return answer["tree_hash"], (manifest_from_wire(files) if files is not None else None)
+    return NodeState(answer["tree_hash"], manifest_from_wire(files) if files is not None else None, stats,
+                     answer.get("flush_seconds", 0.0))
 
 
 def _same_tree_report(hashes: dict[str, str], threshold: float, what: str) -> ConsistencyReport:
@@ -278,7 +216,8 @@ class _Sync:
         self.started = started
         self.follow_outside = follow_outside
         self.source_links = SourceLinks(str(source_dir), follow_outside)
-        self.refused_names: list[list[str]] = []
+        self.names_not_sent: list[list[str]] = []  # [path (escaped), why], at most LISTED
+        self.names_not_sent_count = 0
         self.refusal: str | None = None
         self.cluster, self.links, self.emit = cluster, links, emit
         self.source_dir, self.delete, self.dry_run = source_dir, delete, dry_run
@@ -289,10 +228,11 @@ class _Sync:
         self.entries: dict[str, SyncNodeEntry] = {}  # the report's nodes
         self.hook: HookResult | None = None
         self.missing: dict[str, str] = {}  # node -> why it was not (or could not be) synced
-        self.states: dict[str, tuple[str, Manifest | None]] = {}  # node -> its first answer
+        self.states: dict[str, NodeState] = {}  # node -> its first answer
         self.listings: list[str] = []
         self.node_scans: dict[str, float | None] = {}
-        self.source_files: Manifest = {}
+        self.source_files: Manifest = {}  # files, links and directories
+        self.source_dirs = 0
         self.source_hash = ""
         self.source_stats: ScanStats
         self.hashes: dict[str, str] = {}  # node -> its tree hash, last known
@@ -304,6 +244,8 @@ class _Sync:
         self.no_space: set[str] = set()  # nodes whose disk was full: their detail says how much is left
         self.relayed: dict[str, RelayResult] = {}
         self.relay_done = anyio.Event()
+        self.unlisted: dict[str, tuple[list[str], int]] = {}  # node -> its names that are not UTF-8, and how many
+        self.contents = Contents()  # the small files the scan read to hash them: sent as read, not read again
 
     def lap(self, name: str) -> None:
         now = time.monotonic()
@@ -337,17 +279,22 @@ class _Sync:
             # The head's walk last: each ask has written its request by the time this task runs, so the nodes
             # start at once, not after the daemon's event loop wins the GIL back from the walk's thread.
             tasks.start_soon(self._scan_source)
+        # Before anything is sent, and the same for a dry run: every name a node would refuse is left out of
+        # the tree to send (and named), every link the sync cannot send as it is refuses the sync.
+        refused = refused_names(self.source_files)
+        for rel, _ in refused:
+            del self.source_files[rel]
+        self.names_not_sent, self.names_not_sent_count = names_not_sent(
+            refused, self.source_stats.get("unlisted", []), self.source_stats.get("unlisted_count", 0))
+        self.refusal = refusal(self.source_links.outside)
         self.source_hash = tree_hash(self.source_files)
         remember_tree(self.source_hash, self.source_files)
-        # Before anything is sent, and the same for a dry run: every name a node would refuse, every link
-        # the sync cannot send as it is.
-        self.refused_names = refused_names(self.source_files)
-        self.refusal = refusal(self.refused_names, self.source_links.outside)
+        self.source_dirs = sum(1 for entry in self.source_files.values() if is_dir(entry))
         self.lap("scan")
 
     async def _scan_source(self) -> None:
         self.source_files, self.source_stats, self.source_links = await anyio.to_thread.run_sync(
-            source_manifest, self.cluster, self.source_dir, self.patterns, self.follow_outside)
+            source_manifest, self.cluster, self.source_dir, self.patterns, self.follow_outside, self.contents)
 
     def refused(self) -> SyncReport:
         """The report of a sync that sent nothing: its source has names or links it cannot send."""
@@ -355,7 +302,9 @@ class _Sync:
         for name in self.sessions:
             self.entries[name] = {"status": "skipped", "detail": self.missing.get(name, "nothing was sent to it")}
         self.cluster.record_event("sync.failed", f"sync refused: {self.refusal}")
-        return {**self.summary(), "status": "failed", "detail": self.refusal,
+        left_out = names_left_out(self.names_not_sent, self.names_not_sent_count)
+        return {**self.summary(), "status": "failed",
+                "detail": self.refusal if left_out is None else f"{self.refusal}; {left_out}",
                 "seconds": round(time.monotonic() - self.started, 3)}
 
     async def _ask(self, name: str, session: NodeSession, known: list[str] | None) -> None:
@@ -367,6 +316,8 @@ class _Sync:
             self.states[name] = await node_state(session, self.patterns, known, self.listings, self.node_scans)
         except RemoteError as exc:
             self.missing[name] = exc.message
+            return
+        self._note_unlisted(name, self.states[name].stats)
 
     # --- comparing: each node's tree against the source's -----------------------------------
 
@@ -386,12 +337,12 @@ class _Sync:
 
     async def _resolve(self, name: str) -> None:
         """A node's tree file by file: known by its hash, else its listing asked for."""
-        digest, manifest = self.states[name]
+        digest, manifest, _, _ = self.states[name]
         if manifest is None:
             manifest = self.source_files if digest == self.source_hash else _known_trees.get(digest)
         if manifest is None:  # a tree this daemon has not seen: ask for its listing
             try:
-                digest, manifest = await node_state(self.sessions[name], self.patterns, [], self.listings)
+                digest, manifest, _, _ = await node_state(self.sessions[name], self.patterns, [], self.listings)
             except RemoteError as exc:
                 self.missing[name] = exc.message
                 return
@@ -403,7 +354,7 @@ class _Sync:
     # --- sending and verifying --------------------------------------------------------------
 
     async def send_and_verify(self) -> None:
-        self.reader = SourceReader(str(self.source_dir), self.source_files)
+        self.reader = SourceReader(str(self.source_dir), self.source_files, hashed=self.contents.files)
         # Large files go through the relay (once over the head's uplink, node to node), beside each
         # node's batches of small files; each node is verified once both are done.
         self.planned = {name: list(plan.send) for name, plan in self.plans.items()}
@@ -434,12 +385,17 @@ class _Sync:
             if not plan.empty:
                 entry["result"] = await sync_node(session, str(self.source_dir), self.source_files, plan,
                                                   progress=self.emit, reader=self.reader,
-                                                  links=self.source_links.kept)
+                                                  links=self.source_links.kept, close=False)
         except (RemoteError, BaseExceptionGroup) as exc:
             self._failed(name, entry, _remote_error(exc))
         if name in self.relay_for:
             await self.relay_done.wait()
             await self._relay_fallback(name, session, entry, self.relayed.get(name))
+        if entry["status"] != "failed":
+            try:  # a directory opened to its owner for the sync gets its own mode back, once all has landed
+                await close_dirs(session, plan, self.source_files)
+            except RemoteError as exc:
+                self._failed(name, entry, exc)
         await self._verify(name, session, entry)
         self._count_landed(name, entry)
 
@@ -480,7 +436,7 @@ class _Sync:
         retry.bytes_to_send = sum(self.source_files[rel][0] for rel in retry.send)
         try:
             entry["fallback"] = await sync_node(session, str(self.source_dir), self.source_files, retry,
-                                                progress=self.emit, reader=self.reader)
+                                                progress=self.emit, reader=self.reader, close=False)
         except (RemoteError, BaseExceptionGroup) as exc:
             self._failed(name, entry, _remote_error(exc), first=result["failed"][0][1])
 
@@ -488,8 +444,11 @@ class _Sync:
         """Written or half written: the node flushes what it holds, then proves it by its tree hash."""
         verify_started = time.monotonic()
         try:
-            digest, manifest = await node_state(session, self.patterns, [self.source_hash], self.listings)
+            digest, manifest, stats, flush_seconds = await node_state(session, self.patterns, [self.source_hash],
+                                                                      self.listings)
             entry["verify_seconds"] = round(time.monotonic() - verify_started, 3)
+            entry["flush_seconds"], entry["verify_scan_seconds"] = flush_seconds, stats["seconds"]
+            self._note_unlisted(name, stats)
         except RemoteError as exc:
             self.remote.pop(name, None)
             self.hashes.pop(name, None)
@@ -503,13 +462,24 @@ class _Sync:
             remember_tree(digest, manifest)
         self.hashes[name], self.remote[name] = digest, manifest
 
+    def _note_unlisted(self, name: str, stats: ScanStats) -> None:
+        """A node's own names that are not UTF-8: in no manifest (so never a difference), said in its entry."""
+        if stats.get("unlisted_count"):
+            self.unlisted[name] = (stats["unlisted"], stats["unlisted_count"])
+        else:
+            self.unlisted.pop(name, None)
+
     # --- the verdict ------------------------------------------------------------------------
 
     def consistency(self) -> ConsistencyReport:
+        """The nodes compared by the source's paths, as pre-flight compares them: what else a node keeps in
+        its workdir (outputs, a directory of its own) is not a divergence."""
         threshold = self.cluster.config.sync.threshold
         if len(self.hashes) >= 2 and len(set(self.hashes.values())) == 1:
             return _same_tree_report(self.hashes, threshold, "code")
-        return compare_nodes(self.remote, threshold=threshold, what="code")
+        source = self.source_files
+        return compare_nodes({name: {rel: entry for rel, entry in manifest.items() if rel in source}
+                              for name, manifest in self.remote.items()}, threshold=threshold, what="code")
 
     def versus_source(self) -> dict[str, VersusSource]:
         """A node matches the source when it holds every source file as is; files only the node
@@ -521,7 +491,9 @@ class _Sync:
                 continue
             differences = diff_manifests(self.source_files, manifest)
             missing_or_other = [d for d in differences if d["how"] != "extra"]
-            out[name] = {"matches": not missing_or_other if not self.delete else not differences,
+            # --delete leaves a directory that holds files the sync ignores (its report names it): not a mismatch.
+            extra_files = [d for d in differences if d["how"] == "extra" and not is_dir(manifest[d["path"]])]
+            out[name] = {"matches": not missing_or_other and not (self.delete and extra_files),
                          "differences": differences[:20]}
         return out
 
@@ -536,21 +508,29 @@ class _Sync:
             return "failed", f"differs from the source after sync: {', '.join(sorted(mismatched))}"
         return "ok", "dry run: nothing was changed" if self.dry_run else "every node matches the source"
 
-    def summary(self) -> _SyncSummary:
+    def summary(self) -> SyncSummary:
         return {
             "source": str(self.source_dir), "dry_run": self.dry_run, "delete": self.delete, "nodes": self.entries,
             "timing": self.timing, "hook": self.hook, "listings_received": self.listings,
-            "node_scan_seconds": self.node_scans, "source_files": len(self.source_files),
+            "node_scan_seconds": self.node_scans, "source_files": len(self.source_files) - self.source_dirs,
+            "source_dirs": self.source_dirs,
             "source_bytes": sum(entry[0] for entry in self.source_files.values()),
             "source_tree_hash": self.source_hash, "source_scan": self.source_stats,
             "follow_outside_links": self.follow_outside, "links": len(self.source_links.kept),
-            "outside_links": self.source_links.outside[:LISTED], "refused_names": self.refused_names[:LISTED]}
+            "outside_links": self.source_links.outside[:LISTED], "names_not_sent": self.names_not_sent,
+            "names_not_sent_count": self.names_not_sent_count}
 
     def finish(self) -> SyncReport:
+        for name, (names, count) in self.unlisted.items():
+            if name in self.entries:
+                self.entries[name]["unlisted"], self.entries[name]["unlisted_count"] = names, count
         summary = self.summary()
         versus = self.versus_source()
         status, detail = self.verdict(versus)
-        verdict: _SyncVerdict = {"consistency": self.consistency(), "versus_source": versus, "status": status,
+        left_out = names_left_out(self.names_not_sent, self.names_not_sent_count)
+        if left_out is not None:
+            detail = f"{detail}; {left_out}"
+        verdict: SyncVerdict = {"consistency": self.consistency(), "versus_source": versus, "status": status,
                                  "detail": detail, "seconds": round(time.monotonic() - self.started, 3)}
         report: SyncReport
         if any(entry["status"] in ("synced", "failed") for entry in self.entries.values()):

@@ -11,6 +11,8 @@ ManifestRow = list[Any]
 PutFileRow = list[Any]
 #: A mode to set: [path, mode].
 ModeRow = list[Any]
+#: A directory to make (or whose mode to set): [path, mode].
+DirRow = list[Any]
 
 
 class ScanStatsReport(TypedDict):
@@ -21,6 +23,9 @@ class ScanStatsReport(TypedDict):
     skipped: list[str]  # the first 50: special files, and links a walk was not told to keep
     skipped_count: int
     links: int  # symlinks kept as links (entries of their own, mode LINK_MODE)
+    directories: int  # directories entered (a sync's scans enter them: shared.manifest.dir_entry)
+    unlisted: list[str]  # the first 50 names that are not UTF-8, escaped (shared.paths.printable_name)
+    unlisted_count: int
     seconds: float
 
 
@@ -67,11 +72,28 @@ class _SyncStateReply(TypedDict):
     count: int
     flushed: int  # files made durable by this call
     flush: str  # how: "nothing", "syncfs", "fsync" or "fsync+F_FULLFSYNC"
+    flush_seconds: float  # how long the flush took (the stat-only scan ran meanwhile: stats.seconds)
     stats: ScanStatsReport
 
 
 class SyncStateReply(_SyncStateReply, total=False):
     files: list[ManifestRow]  # only when ``known`` was given and the tree's hash is not in it
+
+
+class MakeDirsRequest(TypedDict):
+    root: str
+    dirs: list[DirRow]
+
+
+class MakeDirsReply(TypedDict):
+    made: int  # directories that did not exist
+    modes: int  # directories whose mode was set
+
+
+class RemoveDirsReply(TypedDict):
+    removed: int
+    kept: list[str]  # the first 50 that still hold something (files the sync ignores): left in place
+    kept_count: int
 
 
 class UploadBeginRequest(TypedDict):

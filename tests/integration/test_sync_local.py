@@ -218,10 +218,10 @@ def _sync_with(daemon, source, *options: str) -> dict:
 
 
 def test_links_and_names_are_said_out_loud_and_in_tree_links_arrive_as_links(cluster):
-    """Through a real daemon and real agents: a link leading out of the source and a name the nodes
-    refuse stop the sync before anything is sent (a dry run says the same, in the same words); with the
-    bad name gone and --follow-outside-links, in-tree links arrive as links and the outside directory
-    by content, and every node's tree hash is the source's."""
+    """Through a real daemon and real agents: a link leading out of the source stops the sync before
+    anything is sent (a dry run says the same, in the same words), naming too the name no node takes;
+    with --follow-outside-links, in-tree links arrive as links and the outside directory by content,
+    the name no node takes is left out and named, and every node's tree hash is the source's."""
     daemon, root, source = cluster
     (source / "weights" / "v1").mkdir(parents=True)
     (source / "weights" / "v1" / "config.json").write_text("{}\n")
@@ -238,20 +238,19 @@ def test_links_and_names_are_said_out_loud_and_in_tree_links_arrive_as_links(clu
     real = _sync_with(daemon, source)
     for report in (dry, real):
         assert report["status"] == "failed", report
-        assert report["detail"].startswith("nothing was sent: 1 name no node accepts: 'odd\\\\name.txt' "
-                                           "(backslashes are not allowed)"), report["detail"]
-        assert "1 link the sync cannot send: data -> " in report["detail"]
+        assert report["detail"].startswith("nothing was sent: 1 link the sync cannot send: data -> "), report["detail"]
         assert "--follow-outside-links" in report["detail"]
-        assert report["refused_names"] == [["odd\\name.txt", "backslashes are not allowed"]]
+        assert "1 name not sent: odd\\\\name.txt (backslashes are not allowed)" in report["detail"]
+        assert report["names_not_sent"] == [["odd\\\\name.txt", "backslashes are not allowed"]]
         [link] = report["outside_links"]
         assert link["path"] == "data" and link["action"] == "refused" and link["leads_to"] == str(outside)
         assert {e["status"] for e in report["nodes"].values()} == {"skipped"}
     assert dry["detail"] == real["detail"] and dry["outside_links"] == real["outside_links"]
     assert all(_tree(root / n) == {} for n in NODES)  # nothing was sent, by either
 
-    (source / "odd\\name.txt").unlink()
     followed = _sync_with(daemon, source, "--follow-outside-links")
     assert followed["status"] == "ok", followed
+    assert "1 name not sent: odd\\\\name.txt (backslashes are not allowed)" in followed["detail"]
     assert followed["links"] == 3 and [e["action"] for e in followed["outside_links"]] == ["followed"]
     for n in NODES:
         node = root / n
@@ -259,6 +258,7 @@ def test_links_and_names_are_said_out_loud_and_in_tree_links_arrive_as_links(clu
         assert os.readlink(node / "pkg0" / "up.py") == "../pkg1/m001.py"
         assert (node / "model" / "config.json").read_text() == "{}\n"  # through the link, on the node
         assert not (node / "data").is_symlink() and (node / "data" / "train.jsonl").read_text() == '{"text": "hi"}\n'
+        assert not (node / "odd\\name.txt").exists()
     assert set(followed["consistency"]["hashes"].values()) == {followed["source_tree_hash"]}
 
     again = _sync_with(daemon, source, "--follow-outside-links")

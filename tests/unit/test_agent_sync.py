@@ -143,7 +143,8 @@ def test_batches_are_not_flushed_one_by_one_and_sync_state_makes_them_durable_on
         assert calls == expected, calls  # one syncfs for the whole sync
     else:
         assert calls["fsync"] >= 600  # elsewhere an fsync per file (and per directory) at the end only
-    assert state["flushed"] == 600 and state["count"] == 600 and "files" not in state
+    assert state["flushed"] == 600 and "files" not in state
+    assert state["count"] == 607 and state["stats"]["directories"] == 7  # its 600 files and their 7 directories
     assert state["stats"]["hashed_files"] == 0  # the files it wrote are known: the check is a stat per file
     again = node_sync.sync_state(root, [], known=[state["tree_hash"]])
     assert again["flushed"] == 0 and again["tree_hash"] == state["tree_hash"] and "files" not in again
@@ -185,7 +186,7 @@ def test_the_hash_cache_on_disk_names_a_written_file_only_once_it_is_durable(tmp
     if sys.platform.startswith("linux"):
         monkeypatch.setattr(node_sync, "_syncfs", slow_syncfs)
     state = node_sync.sync_state(root, [])
-    assert state["flushed"] == 100 and state["count"] == 100 and state["stats"]["hashed_files"] == 0
+    assert state["flushed"] == 100 and state["count"] == 107 and state["stats"]["hashed_files"] == 0  # 7 dirs
     assert seen in ([False], []) and cached_on_disk()  # not on disk while flushing; on disk after
 
 
@@ -201,11 +202,12 @@ def test_sync_state_sends_the_listing_only_for_a_tree_the_head_does_not_know(tmp
     root = tmp_path / "work"
     node_sync.put_files(str(root), _batch(0, 5))
     first = node_sync.sync_state(str(root), [], known=[])
-    assert [f[0] for f in first["files"]] == sorted(f"d{i % 7}/f{i}.py" for i in range(5))
+    assert [f[0] for f in first["files"]] == sorted([f"d{i % 7}/f{i}.py" for i in range(5)] +
+                                                    [f"d{i}" for i in range(5)])  # its directories too
     assert "files" not in node_sync.sync_state(str(root), [], known=[first["tree_hash"]])
     (root / "d1" / "f1.py").write_text("changed by hand\n")
     changed = node_sync.sync_state(str(root), [], known=[first["tree_hash"]])
-    assert changed["tree_hash"] != first["tree_hash"] and len(changed["files"]) == 5
+    assert changed["tree_hash"] != first["tree_hash"] and len(changed["files"]) == 10
 
 
 def test_a_batch_with_one_bad_hash_writes_nothing_and_a_failed_write_leaves_no_temporary(tmp_path):
@@ -352,3 +354,19 @@ def test_uploads_left_open_are_ended_with_the_session(tmp_path):
     finally:
         node_sync.Uploads = real
     assert uploads.open_count() == 0 and _temporaries(root) == []
+
+
+def test_a_file_replaces_a_link_or_fifo_at_its_name_and_never_writes_through_it(tmp_path):
+    """A file is renamed into place: what stood at its name (a link out of the workdir, a FIFO) is replaced,
+    not followed, so the write reaches nothing outside and no per-file check is needed to keep it so."""
+    root = tmp_path / "work"
+    root.mkdir()
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not the node's to change\n")
+    os.symlink(outside, root / "data.txt")
+    os.mkfifo(root / "pipe")
+    node_sync.put_files(str(root), [["data.txt", 0o644, _sha(b"synced\n"), b"synced\n"],
+                                    ["pipe", 0o644, _sha(b"p"), b"p"]])
+    assert not os.path.islink(root / "data.txt") and (root / "data.txt").read_bytes() == b"synced\n"
+    assert outside.read_text() == "not the node's to change\n"
+    assert (root / "pipe").read_bytes() == b"p"

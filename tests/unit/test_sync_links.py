@@ -12,17 +12,29 @@ import pytest
 from agent import sync as node_sync
 from agent.sync_links import put_links
 from coordinator.readiness import push
-from coordinator.readiness.source_links import LinkFacts, SourceLinks, decide_link, refusal, refused_names
+from coordinator.readiness.source_links import (
+    NOT_UTF8,
+    NOT_UTF8_DIR,
+    LinkFacts,
+    SourceLinks,
+    decide_link,
+    names_left_out,
+    names_not_sent,
+    refusal,
+    refused_names,
+)
 from shared.ignore import IgnoreRules
 from shared.manifest import LINK_MODE, is_link, keep_links, link_entry, scan_tree
-from shared.paths import link_target_problem, name_problem
+from shared.paths import link_target_problem, name_problem, printable_name
 from shared.rpc import RemoteError
 
 
 @pytest.mark.parametrize("path,why", [
     ("pkg/model.py", None), ("v1./x", None), ("dir with spaces/ünïcode.txt", None),
     ("a\\b.txt", "backslashes are not allowed"), ("c:drive.txt", "absolute paths are not allowed"),
-    ("bad-\udcff.txt", "not valid UTF-8 (names cross the wire as UTF-8)"), ("x" * 5000, "too long"),
+    ("bad-\udcff.txt", "not valid UTF-8 (names cross the wire as UTF-8, and a Mac's disk takes no other)"),
+    ("x" * 5000, "too long"), ("d/" + "é" * 128, "a name longer than 255 bytes (no filesystem takes it)"),
+    ("é" * 127 + "/x", None),
 ])
 def test_the_names_a_node_refuses_are_known_on_the_head(path, why):
     assert name_problem(path) == why
@@ -65,16 +77,30 @@ def test_a_link_leading_out_is_refused_by_default_and_copied_by_content_when_ask
     assert not choice.follow and said is not None and "never end" in said["why"]
 
 
-def test_the_refusal_names_every_name_and_link_with_what_to_do():
+def test_a_link_leading_out_refuses_the_sync_and_a_name_no_node_takes_is_left_out_named():
     outside = [{"path": "data", "target": "/d", "leads_to": "/d", "action": "refused", "why": "leads out"},
                {"path": "m", "target": "/m", "leads_to": "/m", "action": "followed", "why": "copied"}]
-    text = refusal([["a\\b", "backslashes are not allowed"]], outside)
-    assert text == ("nothing was sent: 1 name no node accepts: 'a\\\\b' (backslashes are not allowed); rename "
-                    "them, or list them in .coordignore; 1 link the sync cannot send: data -> /d (leads out); "
-                    "pass --follow-outside-links to copy what they point to, or list them in .coordignore")
-    assert refusal([], outside[1:]) is None
-    many = refusal([[f"n{i}\\", "backslashes are not allowed"] for i in range(12)], [])
-    assert many is not None and "12 names" in many and "and 2 more" in many
+    assert refusal(outside) == ("nothing was sent: 1 link the sync cannot send: data -> /d (leads out); pass "
+                                "--follow-outside-links to copy what they point to, or list them in .coordignore")
+    assert refusal(outside[1:]) is None
+    names, count = names_not_sent([["a\\b", "backslashes are not allowed"]], ["caf\\xe9.txt", "d\\xff/"], 2)
+    assert count == 3 and names == [["a\\\\b", "backslashes are not allowed"], ["caf\\xe9.txt", NOT_UTF8],
+                                    ["d\\xff/", NOT_UTF8_DIR]]
+    text = names_left_out(names, count)
+    assert text is not None and text.startswith("3 names not sent: a\\\\b (backslashes are not allowed), "
+                                                 "caf\\xe9.txt (not valid UTF-8")
+    assert text.endswith("rename them, or list them in .coordignore (the rest of the tree was sent)")
+    assert names_left_out([], 0) is None
+    many, count = names_not_sent([[f"n{i}\\", "backslashes are not allowed"] for i in range(12)], [], 0)
+    said = names_left_out(many, count)
+    assert said is not None and "12 names" in said and "and 2 more" in said
+
+
+def test_a_name_is_said_escaped_so_that_the_words_name_exactly_one_path():
+    assert printable_name("pkg/ünïcode model.py") == "pkg/ünïcode model.py"
+    assert printable_name("caf\udce9.txt") == "caf\\xe9.txt"  # the byte 0xe9, as os.fsdecode gives it
+    assert printable_name("a\\xe9") == "a\\\\xe9"  # a real backslash is doubled: never read as a byte
+    assert printable_name("line\nbreak\x1b") == "line\\nbreak\\x1b"
 
 
 def _tree(tmp_path):
@@ -201,7 +227,8 @@ def test_the_report_on_screen_names_every_link_name_and_special_file_not_sent_as
                                  "why": "leads out of the source tree"},
                                 {"path": "model", "target": "/m", "leads_to": "/big/m", "action": "followed",
                                  "why": "copied by content (--follow-outside-links)"}],
-              "refused_names": [["a\\b.txt", "backslashes are not allowed"]],
+              "names_not_sent": [["a\\\\b.txt", "backslashes are not allowed"], ["caf\\xe9", NOT_UTF8]],
+              "names_not_sent_count": 3,
               "source_scan": {"skipped": ["run/socket"], "skipped_count": 1}}
     out = io.StringIO()
     render_sync(report, Console(file=out, width=300))
@@ -209,7 +236,8 @@ def test_the_report_on_screen_names_every_link_name_and_special_file_not_sent_as
     assert "links inside the source, sent as links: 1" in text
     assert "link data -> /d (leads to /d): REFUSED: leads out of the source tree" in text
     assert "link model -> /m (leads to /big/m): copied by content" in text
-    assert "name 'a\\\\b.txt' REFUSED: backslashes are not allowed" in text
+    assert "name a\\\\b.txt NOT SENT: backslashes are not allowed" in text
+    assert "name caf\\xe9 NOT SENT: not valid UTF-8" in text and "and 1 more names not sent" in text
     assert "not sent, neither files nor links (1): run/socket" in text
 
 
@@ -220,13 +248,15 @@ def test_a_hash_cache_that_cannot_be_saved_fails_nothing_and_leaves_no_temporary
 
     cache = HashCache(str(tmp_path / ".coord" / "hashcache.json"))
     cache.store("a", os.stat(tmp_path), "h")
-    real_dump = __import__("json").dump
+    real_write = __import__("shared.manifest").manifest._write_file
 
-    def full(obj, handle, **kwargs):
+    def full(path, text):
+        with open(path, "w") as handle:  # the temporary is made, then the disk is full
+            handle.write(text[:1])
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("shared.manifest.json.dump", full)
+    monkeypatch.setattr("shared.manifest._write_file", full)
     assert cache.save() is False and cache.dirty
     assert os.listdir(tmp_path / ".coord") == []
-    monkeypatch.setattr("shared.manifest.json.dump", real_dump)
+    monkeypatch.setattr("shared.manifest._write_file", real_write)
     assert cache.save() is True and os.listdir(tmp_path / ".coord") == ["hashcache.json"]

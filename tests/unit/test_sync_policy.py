@@ -203,3 +203,32 @@ def test_a_large_file_is_pushed_in_chunks_read_off_the_event_loop(tmp_path):
     assert b"".join(a["data"] for m, a in calls if m == "upload_chunk") == data
     assert [a["offset"] for m, a in calls if m == "upload_chunk"] == [0, push.CHUNK_BYTES, 2 * push.CHUNK_BYTES]
     assert result["files_sent"] == 1 and result["bytes_sent"] == len(data)
+
+
+def test_a_sync_sends_the_bytes_its_scan_hashed_read_once_within_a_budget(tmp_path):
+    """The head reads a new or changed small file once: to hash it, and what it read is what it sends (a
+    file edited in between would otherwise reach the node with other bytes than its hash, and be refused)."""
+    import hashlib
+
+    import anyio
+
+    from coordinator.readiness.push import SourceReader
+    from shared.manifest import Contents
+
+    (tmp_path / "a.py").write_text("one\n")
+    (tmp_path / "big.bin").write_bytes(b"x" * 300_000)  # above the size kept: read again when sent
+    contents = Contents()
+    manifest, _ = scan_tree(str(tmp_path), IgnoreRules(), contents=contents)
+    assert list(contents.files) == ["a.py"] and contents.size == 4
+    (tmp_path / "a.py").write_text("two: edited after the scan\n")
+    reader = SourceReader(str(tmp_path), manifest, hashed=contents.files)
+    [[rel, _, sha, data], [_, _, _, big]] = anyio.run(reader.batch, ["a.py", "big.bin"])
+    assert (rel, data, sha) == ("a.py", b"one\n", hashlib.sha256(b"one\n").hexdigest()) and len(big) == 300_000
+    tight = Contents(budget=3)
+    again, _ = scan_tree(str(tmp_path), IgnoreRules(), contents=tight)
+    assert tight.files == {} and again["a.py"][2] == hashlib.sha256(b"two: edited after the scan\n").hexdigest()
+    cache = HashCache(None)
+    scan_tree(str(tmp_path), IgnoreRules(), cache=cache)
+    warm = Contents()
+    scan_tree(str(tmp_path), IgnoreRules(), cache=cache, contents=warm)
+    assert warm.files == {}  # an unchanged file is known by its stat: not read, not kept
