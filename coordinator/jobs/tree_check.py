@@ -27,15 +27,16 @@ async def restore_trees(ctx: RunContext, order: list[str]) -> None:
             raise LaunchError(f"{name}'s workdir could not be restored from {spec.source} before the relaunch: "
                               f"{entry.get('detail') or report['detail']}")
         plan = entry.get("plan")
-        if entry["status"] != "synced" or plan is None or not (plan["send"] or plan["chmod"]):
+        if entry["status"] != "synced" or plan is None or not (plan["send"] or plan["chmod"] or plan["dirs"]):
             continue
         resent += plan["send"]
         missing = plan["missing"]
         changed = plan["send"] - missing
-        what = (f"lost {missing} files" if missing else "") + (" and " if missing and changed else "") \
-            + (f"had {changed} files changed" if changed else "") \
-            + (f"{' and ' if plan['send'] else ''}{plan['chmod']} modes changed" if plan["chmod"] else "")
-        shown = plan["missing_paths"] or plan["send_paths"]
+        said = [f"lost {missing} files" if missing else "", f"had {changed} files changed" if changed else "",
+                f"had {plan['chmod']} modes changed" if plan["chmod"] else "",
+                f"lacked or changed {plan['dirs']} directories" if plan["dirs"] else ""]
+        what = " and ".join(part for part in said if part)
+        shown = plan["missing_paths"] or plan["send_paths"] or plan["dir_paths"]
         paths = ", ".join(shown[:SHOWN_PATHS]) + (", ..." if len(shown) > SHOWN_PATHS else "")
         ctx.event("workdir_restored", f"{name}'s workdir {what} ({paths}): sent again from {spec.source} before "
                   "the relaunch", node=name, files=plan["send"], missing=missing, paths=shown[:20])
