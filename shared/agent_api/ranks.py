@@ -128,6 +128,30 @@ class StopRankReply(_StopRankReply, total=False):
     states: list[str]  # the state of each process in ``left`` (D: uninterruptible), "?" when not known
 
 
+class SignalRankRequest(RankRequest):
+    fault: str  # "kill" (SIGKILL) or "stop" (SIGSTOP)
+
+
+class _RemoveRunRequest(TypedDict):
+    workdir: str
+    job: str  # the run id
+
+
+class RemoveRunRequest(_RemoveRunRequest, total=False):
+    tree: str  # a drill's own project directory in the workdir (coord-drill-STAMP)
+
+
+class SignalRankReply(TypedDict):
+    """coord drill's fault: the rank's process group and when the signal went."""
+
+    pid: int
+    time: float
+
+
+class RemoveRunReply(TypedDict):
+    removed: list[str]  # relative to the workdir
+
+
 class _CheckpointsRequest(TypedDict):
     workdir: str
     job: str
