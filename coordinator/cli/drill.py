@@ -33,10 +33,24 @@ STEPS_BEFORE_FAULT, SAVE_EVERY = 20, 10
 TERMINAL = ("succeeded", "failed", "stopped")
 
 
-def drill_command(tree: str, iters: int) -> list[str]:
+def batch_size(nodes: int) -> int:
+    """Two examples per rank: mlx_lm wants a batch every rank's share divides."""
+    return 2 * nodes
+
+
+def drill_command(tree: str, iters: int, nodes: int) -> list[str]:
     """The drill's job: a real full fine-tune of the tiny model in the drill's own directory."""
     return ["python", "-m", "mlx_lm", "lora", "--model", f"{tree}/model", "--train", "--data", f"{tree}/data",
-            "--fine-tune-type", "full", "--batch-size", "4", "--iters", str(iters), "--learning-rate", "1e-4"]
+            "--fine-tune-type", "full", "--batch-size", str(batch_size(nodes)), "--iters", str(iters),
+            "--learning-rate", "1e-4"]
+
+
+def write_drill_project(directory: Path, nodes: int) -> None:
+    """The demo's tiny model and data, with a validation set at least two batches long (mlx_lm needs one)."""
+    from coordinator.cli.tinymodel import write_data, write_model
+
+    write_model(directory / "model")
+    write_data(directory / "data", train=max(200, 8 * batch_size(nodes)), valid=max(20, 2 * batch_size(nodes)))
 
 
 class _Follow:
@@ -93,7 +107,6 @@ def _nodes(args: argparse.Namespace, socket: Path, hint: str | None) -> list[str
 
 def run_drill(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
     """The drill, start to end, its report as a document. The job is stopped and forgotten however it ends."""
-    from coordinator.cli.tinymodel import write_project
     from coordinator.observe.drill_report import drill_figures
 
     socket = resolve_socket(args)
@@ -105,8 +118,9 @@ def run_drill(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str,
     faults: list[Fault] = []
     with tempfile.TemporaryDirectory(prefix="coord-drill-") as source:
         say(f"making the tiny model and data set of the drill in {source}/{tree}")
-        write_project(Path(source) / tree)
-        spec = {"name": name, "command": drill_command(tree, args.iters), "source": source, "nodes": nodes,
+        write_drill_project(Path(source) / tree, len(nodes))
+        spec = {"name": name, "command": drill_command(tree, args.iters, len(nodes)), "source": source,
+                "nodes": nodes,
                 "save_every": SAVE_EVERY, "max_restarts": 3, "replica": "none", "keep": 2}
         job = ask_daemon(socket, "run", {"spec": spec, "resume": False}, config_hint=hint)
         run_id = report["run_id"] = job["run_id"]

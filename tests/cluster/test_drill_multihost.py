@@ -11,16 +11,17 @@ import pytest
 from tests.cluster.jobs import ranks_left, tiny_project_and_daemon
 from tests.integration.daemon_harness import coord
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 
 
 def tree(directory: Path) -> dict[str, tuple[str, int]]:
     """Every path under ``directory`` with its kind and mode; the node's own caches left out (MLX's
-    compiled kernels, the sync's hashes of the workdir's files): kept on purpose, as after any job."""
+    compiled kernels, the sync's hashes of the workdir's files, and .coord that holds them): kept on purpose,
+    as after any job."""
     found = {}
     for path in sorted(directory.rglob("*")):
         rel = str(path.relative_to(directory))
-        if rel.startswith(".coord/tmp") or rel == ".coord/hashcache.json":
+        if rel in (".coord", ".coord/hashcache.json") or rel.startswith(".coord/tmp"):
             continue
         found[rel] = ("dir" if path.is_dir() else path.read_bytes()[:32].hex(), path.stat().st_mode)
     return found
@@ -30,6 +31,10 @@ def test_a_drill_on_three_nodes_times_both_faults_and_leaves_the_cluster_as_it_w
     with tiny_project_and_daemon(netns_cluster) as setup:
         daemon = setup["daemon"]
         workdirs = {spec.name: Path(netns_cluster.node(spec.name).workdir) for spec in netns_cluster.nodes}
+        for name, workdir in workdirs.items():  # the user's own files, which a drill must leave as they are
+            (workdir / "model").mkdir(exist_ok=True)
+            (workdir / "model" / "config.json").write_text('{"mine": true}\n')
+            (workdir / "notes.txt").write_text(f"node {name}\n")
         before = {name: tree(workdir) for name, workdir in workdirs.items()}
         done = coord("drill", "--config", str(daemon.config), "--json", env=daemon.env, timeout=900)
         assert done.returncode == 0, done.stdout + done.stderr + daemon.log_tail()
