@@ -49,6 +49,7 @@ class _StartRankReply(TypedDict):
 
 class StartRankReply(_StartRankReply, total=False):
     warm: bool  # run by a standby whose launcher was imported already
+    cleared_locks: list[str]  # stale locks of torch's extension builds removed first (agent/torch_locks.py)
 
 
 class RetireStandbysRequest(TypedDict):
