@@ -55,7 +55,7 @@ class OutageWatch:
             # The train records' own average first: the heartbeats' gap is measured at their 2 s grain and is
             # raised at once by one slow step (the hang watch wants that; a judgement of seconds does not).
             step_seconds=record.step_seconds or record.step_gap, first_step_done=record.first_step_at is not None,
-            node_timeout=self.ctx.spec.node_timeout)
+            node_timeout=self.ctx.spec.node_timeout, judged=self.cause)
         verdict = judge_outage(facts)
         if not verdict.wait:
             self.ctx.log.info("outage_judged", cause=verdict.cause, reason=verdict.reason)

@@ -285,7 +285,7 @@ async def _timed_fault(world: World, fault: dict[str, Any]) -> None:
     await anyio.sleep(fault["at"])
     name, kind = fault.get("node", ""), fault["kind"]
     if kind == "head":
-        await world.cut_head(fault["detect_s"], fault["for"])
+        await world.cut_head(fault["detect_s"], fault["for"], late=fault.get("late"))
     elif kind in ("power", "cut", "isolate"):
         cut = {"power": world.power_off, "cut": world.cut, "isolate": world.isolate}[kind]
         await cut(name, fault["detect_s"])

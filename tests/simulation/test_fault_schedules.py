@@ -419,6 +419,21 @@ def test_a_head_cut_off_for_30_s_costs_no_restart_and_the_run_goes_on_from_where
     assert cut, "the checkpoints written during the cut are catalogued once it is back"
 
 
+def test_a_node_whose_session_comes_back_after_the_others_is_still_the_heads_outage():
+    # The same cut, but n1 (rank 0: the only rank that reports steps) reconnects 20 s after n2 and n3.
+    # Once the head's route is back, the ranks that answer cannot show steps (they report none), yet
+    # the outage was the head's: still waited for within --node-timeout, not judged a lost node.
+    def schedule():
+        return base(spec={"total_steps": 600, "node_timeout": 60.0},
+                    faults=[{"kind": "head", "at": 5.0, "detect_s": 3.0, "for": 30.0, "late": {"n1": 20.0}}])
+    events = _events(schedule())
+    (run,) = run_schedule(schedule())["runs"]
+    kinds = [kind for _, kind, _ in events]
+    assert run["state"] == "succeeded" and run["record"]["restarts"] == 0, run["record"]
+    assert "job.head_reconnected" in kinds, kinds
+    assert not {"job.attempt_ended", "job.restart"} & set(kinds[:kinds.index("job.head_reconnected")]), kinds
+
+
 def test_a_head_cut_off_longer_than_the_node_timeout_loses_its_nodes():
     def schedule():
         return base(spec={"total_steps": 600, "node_timeout": 5.0},

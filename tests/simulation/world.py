@@ -349,9 +349,10 @@ class World:
                 rank.hang_after = done if rank.hang_after is None else min(rank.hang_after, done)
         await self.cut(name, detect_s)
 
-    async def cut_head(self, detect_s: float, back_after: float) -> None:
+    async def cut_head(self, detect_s: float, back_after: float, late: dict[str, float] | None = None) -> None:
         """The head's own network goes down for ``back_after`` s: every node on another machine is out
-        of its reach at once while every rank trains on; then it reconnects to each."""
+        of its reach at once while every rank trains on; then it reconnects to each (``late``: node ->
+        seconds its session takes to come back, for one that reconnects after the others; else 1 s)."""
         self.head_cut = True
         away = [node for name, node in self.nodes.items() if name not in self.head_machine]
         for node in away:
@@ -364,7 +365,7 @@ class World:
             for node in away:
                 node.blocked.discard("head")
                 if node.reachable and node.powered:  # a node cut on its own stays away until it is restored
-                    noticing.start_soon(self._reconnect, node, 1.0)
+                    noticing.start_soon(self._reconnect, node, (late or {}).get(node.name, 1.0))
 
     async def restore(self, name: str, reconnect_s: float = 1.0) -> None:
         node = self.nodes[name]
