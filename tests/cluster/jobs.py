@@ -73,7 +73,15 @@ def at_step(netns_cluster, daemon: DaemonProcess, name: str, step: int, act, tim
     job = job_of(doc, name)
     assert job["state"] == "running", job
     deadline = time.monotonic() + timeout
+    asked = time.monotonic()
     while time.monotonic() < deadline:
+        if time.monotonic() - asked >= 1.0:
+            # An attempt that ended (on a loaded machine, a hang or a slow start) was followed by another:
+            # its rank 0's file keeps the steps it reached, and its ranks are gone. Act on the newest.
+            asked = time.monotonic()
+            newest = job_of(daemon.status(), name)
+            if newest["state"] == "running" and newest["nodes"] and newest["attempt"] != job["attempt"]:
+                job = newest
         seen = rank_step(netns_cluster, job)
         if seen >= step:
             assert seen < (job["total_steps"] or seen + 1), f"{name} had reached its last step before the test acted"
