@@ -370,6 +370,8 @@ class RankWatcher:
             self._on_checkpoint_written(progress)
         elif progress["kind"] == "val":
             self._on_val_loss(attempt, progress)
+        elif progress["kind"] == "compute":
+            self._advance(attempt, rank, progress["step"], float(progress.get("time") or self.fx.now()), first=False)
         else:
             self._on_train(attempt, rank, progress)
 
