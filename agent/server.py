@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from agent import facts as node_facts
 from agent import launch as node_launch
 from agent import process_end, upkeep
+from agent import rank_signals as node_rank_signals
 from agent import ranks as node_ranks
 from agent import relay as node_relay
 from agent import rendezvous as node_rendezvous
@@ -149,6 +150,8 @@ def build_dispatcher(relay: node_relay.Relay | None = None, uploads: node_sync.U
               optional={"progress_offset": int, "log_offset": int, "wait_s": (int, float)})
     table.add("read_log", _in_thread(node_ranks.read_log), required=rank, optional={"offset": int})
     table.add("dump_stacks", _in_thread(node_ranks.dump_stacks), required=rank)
+    table.add("rank_signals", _in_thread(node_rank_signals.rank_signals), required=rank,
+              optional={"seconds": (int, float)})
     table.add("stop_rank", _in_thread(node_ranks.stop_rank), required=rank, optional={"grace": (int, float)})
     # The checkpoint upkeep of a training job, at the lower priority of agent/upkeep.py.
     table.add("list_checkpoints", upkeep.in_upkeep(node_ranks.list_checkpoints),
