@@ -40,6 +40,7 @@ from coordinator.jobs.policy import (
 )
 from coordinator.jobs.progress import read_record
 from coordinator.jobs.run_context import RunContext
+from coordinator.jobs.straggler_watch import StragglerWatch
 from coordinator.jobs.training_health import Unsound
 from coordinator.nodes import versions as node_versions
 from shared.agent_api.common import JsonObject
@@ -64,6 +65,7 @@ class RankWatcher:
         self.checkpoints = checkpoints
         self.hangs = HangWatch(ctx)
         self.outage = OutageWatch(ctx, health)
+        self.stragglers = StragglerWatch(ctx)
         self._points: list[tuple[str, MetricPoint]] = []  # the train and val points of the poll under way
 
     async def poll(self, attempt: Attempt, *, may_read_again: bool, wait_s: float = 0.0) -> Outcome | str | None:
@@ -114,6 +116,8 @@ class RankWatcher:
         if away:
             return await self._while_away(attempt, away, verdict, reports)
         self.outage.back()
+        if verdict is None and read_any:
+            await self.stragglers.after_poll(attempt)  # every rank answered: they are compared
         # Before the verdict: fingerprints that disagree, or a loss that went NaN, read in the same poll
         # that found every rank finished, make the run resume from before them, never a success.
         if attempt.unsound is not None:
@@ -372,6 +376,7 @@ class RankWatcher:
             self._on_val_loss(attempt, progress)
         elif progress["kind"] == "compute":
             self._advance(attempt, rank, progress["step"], float(progress.get("time") or self.fx.now()), first=False)
+            self.stragglers.compute(attempt, rank, progress["compute_seconds"])
         else:
             self._on_train(attempt, rank, progress)
 
@@ -406,6 +411,8 @@ class RankWatcher:
 
     def _on_heartbeat(self, attempt: Attempt, rank: int, beat: HeartbeatRecord) -> None:
         self.hangs.heartbeat(attempt, rank, beat)
+        if "compute_s" in beat:
+            self.stragglers.compute(attempt, rank, beat["compute_s"])
         step = beat.get("step")
         if step is not None:
             self._advance(attempt, rank, step, beat["time"], first=False)
@@ -415,6 +422,8 @@ class RankWatcher:
         now = float(progress.get("time") or self.fx.now())  # the rank's own clock
         step = progress["step"]
         self._advance(attempt, rank, step, now, first=True)
+        if "compute_seconds" in progress:
+            self.stragglers.compute(attempt, rank, progress["compute_seconds"])
         last = attempt.last_train
         if last is not None and step > last[0] and now > last[1]:
             record.step_seconds = (now - last[1]) / (step - last[0])

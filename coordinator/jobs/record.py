@@ -13,6 +13,7 @@ from coordinator.jobs.core import LaunchLinks
 from coordinator.jobs.diagnosis import RunDiagnosis
 from coordinator.jobs.fingerprints import ReplicaState, ReplicaSummary
 from coordinator.jobs.policy import OutcomeEntry
+from coordinator.jobs.straggler import StragglerEntry
 
 # The record as the store keeps it: JSON, with whatever keys a newer coord added.
 JsonObject = dict[str, Any]
@@ -90,6 +91,12 @@ class JobRecord:
     rollbacks: int = 0
     skips: dict[str, int] = field(default_factory=dict)
     skip_owed: int = 0
+    # The watch of stragglers (coordinator/jobs/straggler.py): the ranks named now, and each rank's
+    # compute time per step over the window (rank -> seconds) and its score (over the ranks' median),
+    # for coord status and /metrics.
+    stragglers: list[StragglerEntry] = field(default_factory=list)
+    rank_compute: dict[str, float] = field(default_factory=dict)
+    rank_scores: dict[str, float] = field(default_factory=dict)
     # What coord cannot see now but waits out, said beside the state (coord status): the head's lost path.
     note: str | None = None
     extra: JsonObject = field(default_factory=dict)  # keys of a newer coord, kept as they were
@@ -116,6 +123,9 @@ class JobRecord:
         for key in ("unstopped", "uncatalogued", "history", "diagnoses", "recoveries", "order"):
             values[key] = list(data.get(key) or [])
         values["rank_memory"] = dict(data.get("rank_memory") or {})
+        values["stragglers"] = list(data.get("stragglers") or [])
+        values["rank_compute"] = dict(data.get("rank_compute") or {})
+        values["rank_scores"] = dict(data.get("rank_scores") or {})
         values["skips"] = dict(data.get("skips") or {})
         return cls(**values, extra={key: value for key, value in data.items() if key not in known})
 

@@ -32,6 +32,18 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TypedDict
+
+
+class StragglerEntry(TypedDict):
+    """A rank named a straggler, as ``coord status --json`` shows it (``jobs[].stragglers``)."""
+
+    rank: int
+    node: str
+    score: float  # its compute time over the ranks' median
+    cause: str  # the likely cause, in words (coordinator/jobs/straggler_cause.py)
+    cause_kind: str  # quota, thermal, memory, process, link or unknown
+    since: float  # when it was named (the head's wall clock)
 
 
 @dataclass(frozen=True)

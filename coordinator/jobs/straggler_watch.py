@@ -1,0 +1,81 @@
+"""One run's watch of stragglers: each rank's compute time fed to the rule
+(``coordinator/jobs/straggler.py``, pure) as its progress is read, and after each poll the ranks
+named or cleared. A rank named is asked of its node's agent for what may slow it
+(``rank_signals``: one second's sample), and its cause said (``straggler_cause.py``, pure) in a
+``straggler`` event, which is an alert too; its recovery is a ``straggler_cleared`` event.
+``coord status`` shows the ranks named now (``record.stragglers``), ``/metrics`` each rank's
+compute time and score (``record.rank_compute``).
+
+The rule times reports on the head's monotonic clock (when they were read), never a node's."""
+
+from __future__ import annotations
+
+from coordinator.jobs.attempt import Attempt
+from coordinator.jobs.run_context import RunContext
+from coordinator.jobs.straggler import Change, StragglerEntry
+from coordinator.jobs.straggler_cause import cause_kind, straggler_cause
+from shared.agent_api.ranks import RankSignalsReply
+from shared.rpc import RemoteError
+
+SIGNALS_TIMEOUT_S = 15.0
+
+
+class StragglerWatch:
+    def __init__(self, ctx: RunContext):
+        self.ctx = ctx
+        self.fx = ctx.fx
+
+    def compute(self, attempt: Attempt, rank: int, seconds: float) -> None:
+        """A compute time of ``rank`` read now (a step's, or the mean of a heartbeat's steps)."""
+        attempt.stragglers.add(rank, self.fx.monotonic(), seconds)
+
+    async def after_poll(self, attempt: Attempt) -> None:
+        detector, record = attempt.stragglers, self.ctx.record
+        now = self.fx.monotonic()
+        changes = detector.evaluate(now)
+        record.rank_compute = {str(rank): round(value, 6) for rank in range(len(attempt.order))
+                               if (value := detector.value(rank, now)) is not None}
+        record.rank_scores = {str(rank): round(score, 3) for rank, score in detector.scores.items()}
+        for change in changes:
+            if change.kind == "named":
+                await self._named(attempt, change)
+            else:
+                self._cleared(attempt, change)
+        for entry in record.stragglers:
+            entry["score"] = round(detector.scores.get(entry["rank"], entry["score"]), 2)
+
+    def link_cause(self, node: str) -> str | None:
+        """The hook for ``coord doctor``'s baselines: what they say of ``node``'s link when it is below
+        its baseline. None until the doctor keeps baselines (then: a lookup of the node's ring links)."""
+        return None
+
+    async def _named(self, attempt: Attempt, change: Change) -> None:
+        node = attempt.order[change.rank]
+        signals = await self._signals(attempt, change.rank, node)
+        link = self.link_cause(node)
+        cause, kind = straggler_cause(signals, link_cause=link), cause_kind(signals, link_cause=link)
+        entry: StragglerEntry = {"rank": change.rank, "node": node, "score": round(change.score, 2), "cause": cause,
+                                 "cause_kind": kind, "since": self.fx.now()}
+        record = self.ctx.record
+        record.stragglers = [e for e in record.stragglers if e["rank"] != change.rank] + [entry]
+        self.ctx.event("straggler", f"rank {change.rank} on {node} is a straggler: its compute time is "
+                       f"{change.score:.1f}x the ranks' median; likely cause: {cause}",
+                       rank=change.rank, node=node, score=round(change.score, 3), cause=cause, cause_kind=kind)
+
+    def _cleared(self, attempt: Attempt, change: Change) -> None:
+        node = attempt.order[change.rank]
+        record = self.ctx.record
+        record.stragglers = [e for e in record.stragglers if e["rank"] != change.rank]
+        self.ctx.event("straggler_cleared", f"rank {change.rank} on {node} is no longer a straggler: its compute "
+                       f"time is {change.score:.1f}x the ranks' median", rank=change.rank, node=node,
+                       score=round(change.score, 3))
+
+    async def _signals(self, attempt: Attempt, rank: int, node: str) -> RankSignalsReply | None:
+        if not self.fx.node(node).up:
+            return None
+        try:
+            return await self.fx.call(node, "rank_signals", {"job": self.ctx.run_id, "attempt": attempt.number,
+                                                             "rank": rank, "seconds": 1.0}, timeout=SIGNALS_TIMEOUT_S)
+        except RemoteError as exc:
+            self.ctx.log.warning("straggler_signals", node=node, rank=rank, error=exc.message)
+            return None
