@@ -62,7 +62,7 @@ class Attempt:
         attempt = cls(number, list(order), replica_check=ReplicaCheck(len(order)))
         record.progress_offsets = attempt.progress_offsets  # saved with the record
         record.rank_memory = {}
-        record.stragglers, record.rank_compute, record.rank_scores = [], {}, {}
+        record.stragglers, record.rank_compute, record.rank_scores, record.compute_heat = [], {}, {}, []
         record.replica_state = None
         record.diverged_after = None
         record.unsound = None

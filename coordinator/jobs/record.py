@@ -97,6 +97,8 @@ class JobRecord:
     stragglers: list[StragglerEntry] = field(default_factory=list)
     rank_compute: dict[str, float] = field(default_factory=dict)
     rank_scores: dict[str, float] = field(default_factory=dict)
+    # The dashboard's rank x step heatmap: [step, [each rank's compute time or None]], the newest last.
+    compute_heat: list[list[Any]] = field(default_factory=list)
     # What coord cannot see now but waits out, said beside the state (coord status): the head's lost path.
     note: str | None = None
     extra: JsonObject = field(default_factory=dict)  # keys of a newer coord, kept as they were
@@ -126,6 +128,7 @@ class JobRecord:
         values["stragglers"] = list(data.get("stragglers") or [])
         values["rank_compute"] = dict(data.get("rank_compute") or {})
         values["rank_scores"] = dict(data.get("rank_scores") or {})
+        values["compute_heat"] = list(data.get("compute_heat") or [])
         values["skips"] = dict(data.get("skips") or {})
         return cls(**values, extra={key: value for key, value in data.items() if key not in known})
 

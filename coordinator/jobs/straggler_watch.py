@@ -18,6 +18,7 @@ from shared.agent_api.ranks import RankSignalsReply
 from shared.rpc import RemoteError
 
 SIGNALS_TIMEOUT_S = 15.0
+HEAT_COLUMNS = 60  # the heatmap's steps: about two minutes of polls
 
 
 class StragglerWatch:
@@ -36,6 +37,7 @@ class StragglerWatch:
         record.rank_compute = {str(rank): round(value, 6) for rank in range(len(attempt.order))
                                if (value := detector.value(rank, now)) is not None}
         record.rank_scores = {str(rank): round(score, 3) for rank, score in detector.scores.items()}
+        self._heat(attempt, record.rank_compute)
         for change in changes:
             if change.kind == "named":
                 await self._named(attempt, change)
@@ -43,6 +45,14 @@ class StragglerWatch:
                 self._cleared(attempt, change)
         for entry in record.stragglers:
             entry["score"] = round(detector.scores.get(entry["rank"], entry["score"]), 2)
+
+    def _heat(self, attempt: Attempt, values: dict[str, float]) -> None:
+        """One column of the rank x step heatmap per new step seen, each rank's compute time in it."""
+        heat, step = self.ctx.record.compute_heat, self.ctx.record.step
+        if not values or (heat and heat[-1][0] >= step):
+            return
+        heat.append([step, [values.get(str(rank)) for rank in range(len(attempt.order))]])
+        del heat[:-HEAT_COLUMNS]
 
     def link_cause(self, node: str) -> str | None:
         """The hook for ``coord doctor``'s baselines: what they say of ``node``'s link when it is below
