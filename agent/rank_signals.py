@@ -78,7 +78,7 @@ def _all_ticks() -> dict[int, tuple[int, int]] | dict[int, tuple[str, float, str
             continue
         try:
             with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as handle:
-                value = proc_cpu.parse_stat_ticks(handle.read())
+                value = signal_parsers.parse_stat_own_ticks(handle.read())
             uid = os.stat(f"/proc/{entry}").st_uid
         except OSError:
             continue

@@ -95,6 +95,15 @@ def parse_vmstat_swapins(text: str) -> int | None:
     return None
 
 
+def parse_stat_own_ticks(text: str) -> int | None:
+    """utime + stime of a ``/proc/PID/stat`` line (clock ticks): the process's own CPU, without the
+    children it has reaped (whose time would land on it all at once when they end)."""
+    fields = text.rpartition(")")[2].split()
+    if len(fields) < 13 or not fields[11].isdigit() or not fields[12].isdigit():
+        return None
+    return int(fields[11]) + int(fields[12])
+
+
 def parse_ps_top(text: str) -> list[tuple[int, str, float, str]]:
     """(pid, user, CPU percent of one core, command) from macOS ``ps -A -o pid=,user=,%cpu=,command=``
     (``%cpu`` is ps's decaying average); lines that do not parse are left out."""

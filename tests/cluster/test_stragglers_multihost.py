@@ -61,6 +61,20 @@ def _rank_processes(pgid: int) -> list[int]:
     return found
 
 
+def _show_cgroups_to(pid: int, version: str) -> None:
+    """Mount the CPU controller where a Linux host has it, in the mount namespace of ``pid`` (a node's
+    rank, so its agent's too): ``ip netns exec`` mounts a sysfs of its own for each node, without
+    /sys/fs/cgroup, which a real node has."""
+    if version == "v2":
+        script = "mountpoint -q /sys/fs/cgroup || mount -t cgroup2 none /sys/fs/cgroup"
+    else:
+        script = ("mountpoint -q /sys/fs/cgroup/cpu || { mountpoint -q /sys/fs/cgroup || "
+                  "mount -t tmpfs cgroup_root /sys/fs/cgroup; mkdir -p /sys/fs/cgroup/cpu && "
+                  "mount -t cgroup -o cpu cgroup /sys/fs/cgroup/cpu; }")
+    done = subprocess.run(["nsenter", "-t", str(pid), "-m", "--", "sh", "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
 class Quota:
     """A cgroup with a CPU quota, the rank's processes moved in; lifted, and removed at the end."""
 
@@ -125,6 +139,7 @@ def test_a_rank_throttled_by_a_cpu_quota_is_named_with_its_cause_and_cleared_onc
         time.sleep(10)  # past the warm-up, through checkpoints: no straggler yet
         assert not [e for e in events(daemon, name) if e["kind"] == "job.straggler"], _story(daemon, name)
         quota = Quota(0.05)
+        _show_cgroups_to(rank_pid(netns_cluster, job, 2), quota.version)
         quota.take(_rank_processes(rank_pid(netns_cluster, job, 2)))
         onset = time.time()
         named = wait_event(daemon, name, "job.straggler", BOUND_S + SLACK_S, "rank 2 named a straggler")[0]

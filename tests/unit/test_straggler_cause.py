@@ -60,6 +60,10 @@ def test_memory_processes_and_gpu_readings():
                                       " 9 root 0.0 launchd\n")
     assert top == [(812, "bob", 98.5, "/usr/bin/python3 hog.py --spin"), (9, "root", 0.0, "launchd")]
     assert signal_parsers.parse_nvidia_utilization("35\n87\n") == 87.0
+    # A process's own CPU, not its reaped children's (a shell whose commands end would look busy).
+    stat = "4242 (bash (x)) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 9000 3000 20 0 1 0 5 0 0"
+    assert signal_parsers.parse_stat_own_ticks(stat) == 300
+    assert signal_parsers.parse_stat_own_ticks("garbage") is None
     assert signal_parsers.parse_nvidia_utilization("[N/A]\n") is None
 
 
