@@ -29,6 +29,7 @@ from coordinator.jobs.policy import (
     LOSS_SPIKE,
     NODE_LOST,
     RANK_FAILED,
+    RESIZED,
     Outcome,
     RankFailure,
     awaits_root_cause,
@@ -116,8 +117,8 @@ class RankWatcher:
         if away:
             return await self._while_away(attempt, away, verdict, reports)
         self.outage.back()
-        if verdict is None and read_any:
-            await self.stragglers.after_poll(attempt)  # every rank answered: they are compared
+        if (dropped := await self._compare_ranks(attempt, verdict, read_any)) is not None:
+            return dropped
         # Before the verdict: fingerprints that disagree, or a loss that went NaN, read in the same poll
         # that found every rank finished, make the run resume from before them, never a success.
         if attempt.unsound is not None:
@@ -135,6 +136,14 @@ class RankWatcher:
             await self._capture_stacks(attempt)
             return self.ended(attempt, HUNG, hung.describe(), "hang")
         return None
+
+    async def _compare_ranks(self, attempt: Attempt, verdict: core.Verdict | None, read_any: bool) -> Outcome | None:
+        """Every rank answered and goes on: their compute times compared (the watch of stragglers);
+        the attempt ends when --straggler-policy drop shrinks a straggler's node out."""
+        if verdict is not None or not read_any:
+            return None
+        drop = await self.stragglers.after_poll(attempt)
+        return self.ended(attempt, RESIZED, drop, "straggler-dropped") if drop is not None else None
 
     async def _while_away(self, attempt: Attempt, away: dict[int, tuple[str, str]], verdict: core.Verdict | None,
                           reports: list[core.RankReport]) -> Outcome | None:

@@ -99,6 +99,7 @@ class JobRecord:
     rank_scores: dict[str, float] = field(default_factory=dict)
     # The dashboard's rank x step heatmap: [step, [each rank's compute time or None]], the newest last.
     compute_heat: list[list[Any]] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)  # nodes shrunk out as stragglers (--straggler-policy drop)
     # What coord cannot see now but waits out, said beside the state (coord status): the head's lost path.
     note: str | None = None
     extra: JsonObject = field(default_factory=dict)  # keys of a newer coord, kept as they were
@@ -122,7 +123,7 @@ class JobRecord:
                   if key in known and (value is not None or key in _NULLABLE)}
         values["progress_offsets"] = {int(rank): int(offset)
                                       for rank, offset in (data.get("progress_offsets") or {}).items()}
-        for key in ("unstopped", "uncatalogued", "history", "diagnoses", "recoveries", "order"):
+        for key in ("unstopped", "uncatalogued", "history", "diagnoses", "recoveries", "order", "dropped"):
             values[key] = list(data.get(key) or [])
         values["rank_memory"] = dict(data.get("rank_memory") or {})
         values["stragglers"] = list(data.get("stragglers") or [])

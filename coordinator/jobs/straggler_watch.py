@@ -25,12 +25,15 @@ class StragglerWatch:
     def __init__(self, ctx: RunContext):
         self.ctx = ctx
         self.fx = ctx.fx
+        self._kept: set[str] = set()  # stragglers said to be kept (the job cannot go on without them)
 
     def compute(self, attempt: Attempt, rank: int, seconds: float) -> None:
         """A compute time of ``rank`` read now (a step's, or the mean of a heartbeat's steps)."""
         attempt.stragglers.add(rank, self.fx.monotonic(), seconds)
 
-    async def after_poll(self, attempt: Attempt) -> None:
+    async def after_poll(self, attempt: Attempt) -> str | None:
+        """The ranks compared after a poll; with --straggler-policy drop, why the attempt must end
+        to shrink a straggler's node out (None: it goes on)."""
         detector, record = attempt.stragglers, self.ctx.record
         now = self.fx.monotonic()
         changes = detector.evaluate(now)
@@ -45,6 +48,32 @@ class StragglerWatch:
                 self._cleared(attempt, change)
         for entry in record.stragglers:
             entry["score"] = round(detector.scores.get(entry["rank"], entry["score"]), 2)
+        return self._drop_due(attempt, now)
+
+    def _drop_due(self, attempt: Attempt, now: float) -> str | None:
+        """With --straggler-policy drop: the reason to relaunch without a straggler's node, once it has
+        been one for --straggler-grace seconds and the job may go on without it (--min-nodes)."""
+        spec = self.ctx.spec
+        if spec.straggler_policy != "drop" or spec.min_nodes is None:
+            return None
+        for rank in sorted(attempt.stragglers.named):
+            lasted = attempt.stragglers.named_for(rank, now)
+            node = attempt.order[rank]
+            if lasted < spec.straggler_grace or node in self.ctx.record.dropped:
+                continue
+            if len(attempt.order) - 1 < spec.min_nodes:
+                if node not in self._kept:
+                    self._kept.add(node)
+                    self.ctx.event("straggler_kept", f"rank {rank} on {node} has been a straggler for {lasted:.0f} s, "
+                                   f"but the job would go below --min-nodes {spec.min_nodes} without it: kept",
+                                   rank=rank, node=node)
+                continue
+            self.ctx.record.dropped.append(node)
+            detail = (f"rank {rank} on {node} has been a straggler for {lasted:.0f} s (--straggler-grace "
+                      f"{spec.straggler_grace:g}): relaunching without {node} (--straggler-policy drop)")
+            self.ctx.event("straggler_dropped", detail, rank=rank, node=node)
+            return detail
+        return None
 
     def _heat(self, attempt: Attempt, values: dict[str, float]) -> None:
         """One column of the rank x step heatmap per new step seen, each rank's compute time in it."""

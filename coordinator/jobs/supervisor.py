@@ -83,6 +83,7 @@ class JobRunner:
         self.run_id = run_id
         self.log = self.ctx.log
         self.health = NodeHealth(fx)
+        self.health.dropped = self.ctx.record.dropped
         self.launcher = launcher_named(spec.launcher)
         self.replicator = Replicator(self.ctx, self.health) if spec.replica != REPLICA_NONE else None
         self.checkpoints = CheckpointKeeper(self.ctx, self.health, self.replicator)

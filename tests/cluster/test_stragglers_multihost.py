@@ -172,12 +172,11 @@ HOG = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or (os.cpu_count() or 1) < 2, reason="needs root and two CPUs")
-def test_a_cpu_hog_of_another_user_is_named_by_pid_and_command(netns_cluster, running, tmp_path):
+def test_a_cpu_hog_of_another_user_is_named_by_pid_and_command(netns_cluster, running):
     daemon, name = running["daemon"], "hogged"
-    hog_script = tmp_path / "straggler_hog.py"
+    hog_script = Path(running["root"]) / "straggler_hog.py"  # a directory nobody may read
     hog_script.write_text(HOG)
     hog_script.chmod(0o644)
-    tmp_path.chmod(0o755)
     submit(daemon, running["project"], name, "--trainer", "coord", "--hang-timeout", "600", command=TRAIN)
     hog = None
     try:
