@@ -14,7 +14,7 @@ controller may be cgroup v1's (``cpu.cfs_quota_us``) or v2's (``cpu.max``); both
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import subprocess
 import sys
@@ -101,10 +101,8 @@ class Quota:
         self.set(None)
         parent = self.path.parent / "cgroup.procs"
         for pid in (self.path / "cgroup.procs").read_text().split():
-            try:
+            with contextlib.suppress(OSError):  # gone meanwhile
                 parent.write_text(pid)
-            except OSError:
-                pass  # gone meanwhile
         for _ in range(50):
             try:
                 self.path.rmdir()
@@ -192,9 +190,36 @@ def test_a_cpu_hog_of_another_user_is_named_by_pid_and_command(netns_cluster, ru
         print(f"named: {named['message']}")
         assert named["data"]["rank"] == 1, named
         assert named["data"]["cause_kind"] == "process", named
-        assert f"pid {hog.pid} (nobody: " in named["data"]["cause"] and "straggler_hog.py" in named["data"]["cause"], named
+        cause = named["data"]["cause"]
+        assert f"pid {hog.pid} (nobody: " in cause and "straggler_hog.py" in cause, named
     finally:
         if hog is not None:
             hog.kill()
             hog.wait()
+        _stop(daemon, name)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or _cpu_controller() is None, reason="needs root and a cgroup CPU controller")
+def test_drop_shrinks_a_stragglers_node_out_after_its_grace_and_the_job_trains_on(netns_cluster, running):
+    daemon, name = running["daemon"], "dropped"
+    submit(daemon, running["project"], name, "--trainer", "coord", "--hang-timeout", "600", "--min-nodes", "2",
+           "--straggler-policy", "drop", "--straggler-grace", "5", command=TRAIN)
+    quota = None
+    try:
+        job, _ = at_step(netns_cluster, daemon, name, 40, lambda job: None)
+        slow = job["nodes"][2]
+        quota = Quota(0.05)
+        _show_cgroups_to(rank_pid(netns_cluster, job, 2), quota.version)
+        quota.take(_rank_processes(rank_pid(netns_cluster, job, 2)))
+        dropped = wait_event(daemon, name, "job.straggler_dropped", BOUND_S + SLACK_S + 60, "the straggler dropped")[0]
+        assert dropped["data"]["node"] == slow, dropped
+        again = daemon.wait_for(lambda d: job_of(d, name)["attempt"] >= 1 and job_of(d, name)["state"] == "running"
+                                and job_of(d, name)["step"] > job["step"], 300, f"{name} relaunched")
+        relaunched = job_of(again, name)
+        assert slow not in relaunched["nodes"] and len(relaunched["nodes"]) == 2, relaunched
+        assert relaunched["restarts"] == 0, relaunched  # a shrink, not a failure
+        wait_event(daemon, name, "job.first_step", 300, "the relaunch's first step", count=2)
+    finally:
+        if quota is not None:
+            quota.remove()
         _stop(daemon, name)
