@@ -2,11 +2,14 @@
 (MLX's ring between them, the demo's tiny model), checkpoints every 10 steps throughout.
 
 - One rank's processes are moved mid-run into a cgroup with a CPU quota of 5% of a core: that rank
-  is named a straggler, with a throttled-CPU cause, within the bound (30 s, generous on two shared
-  cores), shown in ``coord status --json`` and in /metrics; once the quota is lifted, it is cleared.
+  is named a straggler, with a throttled-CPU cause, within 60 s (the bound of 30 s, and 30 s of
+  slack for two shared cores; the delay is printed: 20-22 s in the runs so far), shown in ``coord
+  status`` and ``--json``; once the quota is lifted, it is cleared.
 - A CPU hog started as another user on one node, pinned with that node's rank to one CPU and ahead
   of it (a higher priority): the rank is named, and the hog by its pid and command.
-- Before either, the run's warm-up and its checkpoints raise no false alarm.
+- With ``--straggler-policy drop --min-nodes 2`` the throttled rank's node is shrunk out after its
+  grace, and the job goes on on the other two from its last checkpoint.
+- Before the quota, the run's warm-up and its checkpoints raise no false alarm.
 
 The nodes are network namespaces of one machine, so they share its CPUs and its process table:
 the cgroup and the pinning make one node's rank slower than the others'. This machine's CPU
