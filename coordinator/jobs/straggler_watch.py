@@ -46,6 +46,9 @@ class StragglerWatch:
                 await self._named(attempt, change)
             else:
                 self._cleared(attempt, change)
+        # Those the rule no longer names (a daemon restarted: its rule starts afresh and names them again
+        # once their slowness shows) go; the others' scores follow the ranks.
+        record.stragglers = [e for e in record.stragglers if e["rank"] in detector.named]
         for entry in record.stragglers:
             entry["score"] = round(detector.scores.get(entry["rank"], entry["score"]), 2)
         return self._drop_due(attempt, now)
