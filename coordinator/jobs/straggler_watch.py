@@ -10,10 +10,13 @@ The rule times reports on the head's monotonic clock (when they were read), neve
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from coordinator.jobs.attempt import Attempt
 from coordinator.jobs.run_context import RunContext
 from coordinator.jobs.straggler import Change, StragglerEntry
 from coordinator.jobs.straggler_cause import cause_kind, straggler_cause
+from coordinator.launch.batch import Undividable
 from shared.agent_api.ranks import RankSignalsReply
 from shared.rpc import RemoteError
 
@@ -26,6 +29,9 @@ class StragglerWatch:
         self.ctx = ctx
         self.fx = ctx.fx
         self._kept: set[str] = set()  # stragglers said to be kept (the job cannot go on without them)
+        # Whether the job's global batch can be kept on these nodes (raises Undividable when not): the
+        # supervisor's NodeWait.batch_for; None: not asked.
+        self.batch_for: Callable[[list[str]], object] | None = None
 
     def compute(self, attempt: Attempt, rank: int, seconds: float) -> None:
         """A compute time of ``rank`` read now (a step's, or the mean of a heartbeat's steps)."""
@@ -64,18 +70,29 @@ class StragglerWatch:
             node = attempt.order[rank]
             if lasted < spec.straggler_grace or node in self.ctx.record.dropped:
                 continue
-            if len(attempt.order) - 1 < spec.min_nodes:
+            why_not = self._cannot_go_without(attempt, node)
+            if why_not is not None:
                 if node not in self._kept:
                     self._kept.add(node)
                     self.ctx.event("straggler_kept", f"rank {rank} on {node} has been a straggler for {lasted:.0f} s, "
-                                   f"but the job would go below --min-nodes {spec.min_nodes} without it: kept",
-                                   rank=rank, node=node)
+                                   f"but {why_not}: kept", rank=rank, node=node)
                 continue
             self.ctx.record.dropped.append(node)
             detail = (f"rank {rank} on {node} has been a straggler for {lasted:.0f} s (--straggler-grace "
                       f"{spec.straggler_grace:g}): relaunching without {node} (--straggler-policy drop)")
             self.ctx.event("straggler_dropped", detail, rank=rank, node=node)
             return detail
+        return None
+
+    def _cannot_go_without(self, attempt: Attempt, node: str) -> str | None:
+        rest = [n for n in attempt.order if n != node]
+        if len(rest) < (self.ctx.spec.min_nodes or 0):
+            return f"the job would go below --min-nodes {self.ctx.spec.min_nodes} without it"
+        try:
+            if self.batch_for is not None:
+                self.batch_for(rest)
+        except Undividable as exc:
+            return f"without it {exc}"
         return None
 
     def _heat(self, attempt: Attempt, values: dict[str, float]) -> None:

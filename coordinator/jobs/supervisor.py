@@ -89,6 +89,7 @@ class JobRunner:
         self.checkpoints = CheckpointKeeper(self.ctx, self.health, self.replicator)
         self.ranks = RankWatcher(self.ctx, self.health, self.checkpoints)
         self.nodes = NodeWait(self.ctx, self.health, self.launcher)
+        self.ranks.stragglers.batch_for = self.nodes.batch_for  # a straggler is dropped only if the batch is kept
         self.reboots = RebootWatch(self.ctx)
         self.starter = RankStarter(self.ctx, self.launcher)
         self.attempt: Attempt | None = None  # the attempt being launched or watched

@@ -204,9 +204,10 @@ def test_a_cpu_hog_of_another_user_is_named_by_pid_and_command(netns_cluster, ru
 
 @pytest.mark.skipif(os.geteuid() != 0 or _cpu_controller() is None, reason="needs root and a cgroup CPU controller")
 def test_drop_shrinks_a_stragglers_node_out_after_its_grace_and_the_job_trains_on(netns_cluster, running):
-    daemon, name = running["daemon"], "dropped"
+    daemon, name = running["daemon"], "dropped"  # a global batch of 6: kept on two nodes (3 each, or 1 x 3 steps)
     submit(daemon, running["project"], name, "--trainer", "coord", "--hang-timeout", "600", "--min-nodes", "2",
-           "--straggler-policy", "drop", "--straggler-grace", "5", command=TRAIN)
+           "--straggler-policy", "drop", "--straggler-grace", "5",
+           command=[*TRAIN[:TRAIN.index("--batch-size") + 1], "6", *TRAIN[TRAIN.index("--batch-size") + 2:]])
     quota = None
     try:
         job, _ = at_step(netns_cluster, daemon, name, 40, lambda job: None)

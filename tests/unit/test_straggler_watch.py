@@ -15,6 +15,7 @@ from coordinator.jobs.record import JobRecord
 from coordinator.jobs.run_context import RunContext
 from coordinator.jobs.spec import JobSpec, JobSpecError, validate
 from coordinator.jobs.straggler_watch import StragglerWatch
+from coordinator.launch.batch import Undividable
 
 QUOTA = {"seconds": 1.0, "rank_pids": [7], "cores": 2, "rank_cpu": 0.05, "others": [], "speed_limit": None,
          "quota": {"source": "cgroup v2", "cores": 0.05, "group": "/sys/fs/cgroup/slow", "throttled_share": 0.9},
@@ -97,6 +98,16 @@ def test_drop_shrinks_the_stragglers_node_out_after_the_grace_and_never_below_mi
     assert not any(beat(fx, watch, attempt, 1, 60.0))
     kept = [e for e in fx.events if e[0] == "job.straggler_kept"]
     assert len(kept) == 1 and "--min-nodes 3" in kept[0][1] and ctx.record.dropped == []
+    # Nor when the job's global batch cannot be kept on the others.
+    fx, ctx, attempt, watch = watched(straggler_policy="drop", straggler_grace=10.0, min_nodes=2)
+
+    def undividable(nodes):
+        raise Undividable("the global batch of 3 cannot be split evenly over 2 ranks")
+
+    watch.batch_for = undividable
+    assert not any(beat(fx, watch, attempt, 1, 60.0))
+    kept = [e for e in fx.events if e[0] == "job.straggler_kept"]
+    assert len(kept) == 1 and "cannot be split evenly over 2 ranks" in kept[0][1] and ctx.record.dropped == []
 
 
 def test_the_options_are_checked():
