@@ -26,7 +26,7 @@ THROTTLED_SHARE = 0.10
 QUOTA_USED = 0.9  # the rank used this share of its quota or more: the quota is what holds it
 SWAPINS_PER_S = 100.0
 PRESSURE_PERCENT = 10.0
-BUSY_CORES = 0.3
+BUSY_CORES = 0.1  # a tenth of a core: a VM's stolen time can leave a hog little more than a rank it starves
 STARVED = 0.7
 NAMED = 3  # how many busy processes a cause names
 

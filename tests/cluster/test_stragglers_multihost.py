@@ -20,13 +20,13 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.cluster.jobs import at_step, events, job_of, rank_pid, submit, tiny_project_and_daemon, wait_event
+from tests.cluster.netns import SYSTEM_PYTHON
 from tests.integration.daemon_harness import coord
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
@@ -187,8 +187,11 @@ def test_a_cpu_hog_of_another_user_is_named_by_pid_and_command(netns_cluster, ru
         for rank, cpu in ((0, 0), (1, 1), (2, 0)):
             for pid in _rank_processes(rank_pid(netns_cluster, job, rank)):
                 subprocess.run(["taskset", "-a", "-p", "-c", str(cpu), str(pid)], capture_output=True)
+        # The system's Python: the test's own may live where nobody may not go (/root).
         hog = subprocess.Popen(["nice", "-n", "-15", "setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
-                                sys.executable, str(hog_script), "1"])
+                                SYSTEM_PYTHON, str(hog_script), "1"])
+        time.sleep(1)
+        assert hog.poll() is None, "the hog did not start"
         named = wait_event(daemon, name, "job.straggler", BOUND_S + SLACK_S, "rank 1 named a straggler")[0]
         print(f"named: {named['message']}")
         assert named["data"]["rank"] == 1, named
