@@ -3,7 +3,10 @@
 Every ``HEARTBEAT_S`` (and at once when the phase changes) the rank appends one ``heartbeat``
 record: its phase (loading, compiling, training, saving, evaluating), the last step it finished,
 how long it has gone without progress (``idle_s``: since that step, or since the phase began) and
-whether it waits inside a collective now. coord's watch of hangs (``coordinator/jobs/hang.py``)
+whether it waits inside a collective now, and the mean compute time of the steps it finished
+since the beat before (``compute_s``: a step's time outside its collectives, for coord's watch of
+stragglers, ``coordinator/jobs/straggler.py``; a step finished while the rank still compiled is
+not counted). coord's watch of hangs (``coordinator/jobs/hang.py``)
 counts only the time in a phase that should make progress, so a long save or evaluation is not
 taken for a hang, and a rank that stops moving is caught in seconds, not minutes.
 
@@ -19,7 +22,7 @@ agent's bundle is on the rank's PYTHONPATH)::
     for step in ...:
         with beat.collective():
             ...  # the step, with its all_sum
-        beat.step(step)
+        beat.step(step, compute_s=...)  # the step's time outside the all_sum
 
 Stdlib only: it runs with the node's Python.
 """
@@ -51,6 +54,8 @@ class Heartbeat:
         self._step = step
         self._progress_at = clock()
         self._collective = False
+        self._compute_sum = 0.0  # compute seconds of the steps finished since the last beat written
+        self._compute_steps = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -79,11 +84,16 @@ class Heartbeat:
             self._progress_at = self._clock()
         self.beat()
 
-    def step(self, step: int) -> None:
-        """A step finished (the global step); the next beat says so."""
+    def step(self, step: int, *, compute_s: float | None = None) -> None:
+        """A step finished (the global step); the next beat says so, with the mean of the steps'
+        ``compute_s`` since the beat before. A step finished while compiling (the first) is not a
+        compute time: its compile would look like a straggler."""
         with self._lock:
             self._step = step
             self._progress_at = self._clock()
+            if compute_s is not None and compute_s >= 0 and self._phase == "training":
+                self._compute_sum += compute_s
+                self._compute_steps += 1
 
     @contextlib.contextmanager
     def during(self, phase: str) -> Iterator[None]:
@@ -115,6 +125,9 @@ class Heartbeat:
                 beat["step"] = self._step
             if self._collective:
                 beat["collective"] = True
+            if self._compute_steps:
+                beat["compute_s"] = round(self._compute_sum / self._compute_steps, 6)
+                beat["compute_steps"] = self._compute_steps
         return beat
 
     def beat(self) -> None:
@@ -122,7 +135,11 @@ class Heartbeat:
         write (a full disk) costs the beat, never the training."""
         if not self.path:
             return
-        line = (json.dumps(self.record()) + "\n").encode("utf-8")
+        record = self.record()
+        if "compute_s" in record:
+            with self._lock:  # said once: the next beat holds the steps after these
+                self._compute_sum, self._compute_steps = 0.0, 0
+        line = (json.dumps(record) + "\n").encode("utf-8")
         with contextlib.suppress(OSError):
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:

@@ -14,6 +14,7 @@ from agent import drill as node_drill
 from agent import facts as node_facts
 from agent import launch as node_launch
 from agent import process_end, upkeep
+from agent import rank_signals as node_rank_signals
 from agent import ranks as node_ranks
 from agent import relay as node_relay
 from agent import rendezvous as node_rendezvous
@@ -150,6 +151,8 @@ def build_dispatcher(relay: node_relay.Relay | None = None, uploads: node_sync.U
               optional={"progress_offset": int, "log_offset": int, "wait_s": (int, float)})
     table.add("read_log", _in_thread(node_ranks.read_log), required=rank, optional={"offset": int})
     table.add("dump_stacks", _in_thread(node_ranks.dump_stacks), required=rank)
+    table.add("rank_signals", _in_thread(node_rank_signals.rank_signals), required=rank,
+              optional={"seconds": (int, float)})
     table.add("stop_rank", _in_thread(node_ranks.stop_rank), required=rank, optional={"grace": (int, float)})
     table.add("signal_rank", _in_thread(node_drill.signal_rank), required={**rank, "fault": str})
     table.add("remove_run", _in_thread(node_drill.remove_run), required={"workdir": str, "job": str},

@@ -42,7 +42,11 @@ def report(step: int, loss: float | None = None, **metrics: float) -> bool:
     ``metrics`` are numbers coord shows beside the loss: ``tokens_per_second``, ``learning_rate``,
     ``peak_memory_gb`` (bytes / 1e9), ``grad_norm`` (the gradients' global norm), and for ``coord
     bench scaling`` ``samples_per_second`` and ``comm_seconds`` (the step's time waiting on the other
-    ranks: its all-reduce); others are kept in the line and ignored by coord. A loss or gradient norm
+    ranks: its all-reduce), and ``compute_seconds``, the step's time outside its collectives on this
+    rank, which coord compares across ranks to name a straggler (docs/observe.md#stragglers): call
+    ``report(step, compute_seconds=...)`` on EVERY rank, not only the first (a call with nothing
+    else writes a small ``compute`` record, not a train record); others are kept in the line and
+    ignored by coord. A loss or gradient norm
     that is NaN or infinite is written as it is (``NaN``, ``Infinity``): coord takes it for a
     divergence and, by default, rolls the run back to the checkpoint before it (docs/recovery.md).
     Another value that is not finite is left out. The record is one JSON line written whole with one
@@ -55,10 +59,15 @@ def report(step: int, loss: float | None = None, **metrics: float) -> bool:
     for name, value in values.items():
         if not _number(value):
             raise TypeError(f"coord_script.report: {name} must be a number, got {type(value).__name__} {value!r}")
+    compute = values.get("compute_seconds")
+    if compute is not None and not (math.isfinite(compute) and compute >= 0):
+        raise ValueError(f"coord_script.report: compute_seconds must be a finite number of at least 0, got {compute!r}")
     path = os.environ.get("COORD_PROGRESS_FILE")
     if not path:
         return False
-    record = {"kind": "train", "step": step, "time": time.time(),
+    # A rank that reports only its compute time writes the small record the watch of stragglers reads.
+    kind = "compute" if compute is not None and len(values) == 1 else "train"
+    record = {"kind": kind, "step": step, "time": time.time(),
               **{name: float(value) for name, value in values.items()
                  if math.isfinite(value) or name in _HEALTH_VALUES}}
     line = (json.dumps(record) + "\n").encode("utf-8")

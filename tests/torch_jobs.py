@@ -63,18 +63,23 @@ def main():
             with torch.no_grad():
                 for param in model.parameters():
                     param.mul_(float("nan"))
+        compute = 0.0  # the forward passes: the part of a step outside DDP's all-reduce (backward holds it)
         for part in range(max(1, accumulation)):
             generator = torch.Generator().manual_seed((step + skipped) * 1000 + rank + 100 * part)
+            began = time.perf_counter()
             x = torch.randn(micro, 4, generator=generator)
             loss = ((ddp(x) - x.sum(1, keepdim=True)) ** 2).mean() / max(1, accumulation)
+            compute += time.perf_counter() - began
             loss.backward()
         optimizer.step()
         if rank == 1 and first and args.fail_at == step:
             raise RuntimeError(f"the data loader broke at step {step}")
         if rank == 1 and first and args.hang_at == step:
             os.kill(os.getpid(), signal.SIGSTOP)
+        if rank != 0:
+            coord_script.report(step, compute_seconds=compute)  # every rank: the watch of stragglers
         if rank == 0:
-            coord_script.report(step, loss=loss.item())
+            coord_script.report(step, loss=loss.item(), compute_seconds=compute)
             if save_every and (step % save_every == 0 or step == args.steps):
                 directory = coord_script.checkpoint_dir(step - start)
                 torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "skipped": skipped},
@@ -150,12 +155,16 @@ micro = config["train_micro_batch_size_per_gpu"]
 save_every = int(os.environ.get("COORD_SAVE_EVERY", "0"))
 for step in range(start + 1, args.steps + 1):
     generator = torch.Generator().manual_seed(step * 1000 + rank)
+    began = time.perf_counter()
     x = torch.randn(micro, 4, generator=generator)
     loss = ((engine(x) - x.sum(1, keepdim=True)) ** 2).mean()
+    compute = time.perf_counter() - began  # the forward pass: outside the collectives
     engine.backward(loss)
     engine.step()
     if rank == 0:
-        coord_script.report(step, loss=loss.item())
+        coord_script.report(step, loss=loss.item(), compute_seconds=compute)
+    else:
+        coord_script.report(step, compute_seconds=compute)
     if save_every and (step % save_every == 0 or step == args.steps):
         engine.save_checkpoint(coord_script.checkpoint_dir(step - start), tag=f"global_step{step}")
     time.sleep(args.sleep)

@@ -184,9 +184,12 @@ class Trainer:
         for step in range(start_step + 1, opts.iters + 1):
             started = time.perf_counter()
             loss, tokens = self.train_step(step)
-            self.heartbeat.step(step)
+            seconds = time.perf_counter() - started
+            # Every rank's compute time (the step less its wait in the all_sum) goes out with its
+            # heartbeat: the watch of stragglers compares the ranks by it.
+            self.heartbeat.step(step, compute_s=max(0.0, seconds - self.last_comm_seconds))
             self.heartbeat.phase("training")
-            window.add(loss, tokens, time.perf_counter() - started, self.last_comm_seconds)
+            window.add(loss, tokens, seconds, self.last_comm_seconds)
             self.trained_tokens += tokens
             last = step == opts.iters
             if step % opts.steps_per_report == 0 or last:

@@ -313,6 +313,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--on-spike", choices=["warn", "rollback"],
                    help="a loss spike (above 1.5x the median of the last 50 losses, and above the highest of them): an "
                         "event and an alert (warn, default), or a rollback as after a NaN")
+    p.add_argument("--straggler-policy", choices=["tell", "drop"],
+                   help="a rank whose compute time stays 1.5x the ranks' median is named a straggler with its likely "
+                        "cause: only tell (default), or drop: once it has been one for --straggler-grace seconds, "
+                        "relaunch from the last checkpoint without its node (needs --min-nodes; the global batch kept)")
+    p.add_argument("--straggler-grace", type=SECONDS,
+                   help="seconds a straggler is borne before --straggler-policy drop shrinks its node out "
+                        "(default 120)")
     p.add_argument("--node-wait", type=SECONDS,
                    help=f"seconds an attempt waits for its nodes to be up (each one, or with --min-nodes enough of "
                         f"them) before the job fails (default {NODE_WAIT_S:g}); coord run shows what it waits for")

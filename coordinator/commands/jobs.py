@@ -63,6 +63,9 @@ def render_job(job: RunView) -> str:
             line += f"\n  {label}: {job[key]}"  # type: ignore[literal-required]
     for found in job.get("diagnoses", []):
         line += f"\n  known failure: {found['title']} ({found['detail']})\n    fix: {found['fix']}"
+    for slow in job.get("stragglers", []):
+        line += (f"\n  straggler: rank {slow['rank']} on {slow['node']}, {slow['score']:.1f}x the median compute "
+                 f"time; cause: {slow['cause']}")
     return line
 
 

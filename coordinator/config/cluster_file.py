@@ -98,7 +98,8 @@ MAX_SSH_SECONDS = 3600.0
 MAX_ALERT_MINUTES = 365 * 24 * 60.0
 
 
-ALERT_EVENTS = ("job_failed", "job_succeeded", "job_restarted", "job_stalled", "node_down", "diverged", "loss_spike")
+ALERT_EVENTS = ("job_failed", "job_succeeded", "job_restarted", "job_stalled", "node_down", "diverged", "loss_spike",
+                "straggler")
 ALERT_FORMATS = ("generic", "slack", "ntfy")
 # A job that gives up is a failed job: job_failed covers it. A run whose training went wrong while its
 # processes were fine (a NaN rolled back from, a loss spike) is told by default too: nothing else says it.

@@ -49,7 +49,7 @@ workdir = "/Users/bob/work"
 # webhook = "https://ntfy.sh/my-secret-topic"   # or: command = ["/usr/local/bin/notify", "--urgent"]
 # format = "ntfy"                        # generic (JSON, the default), slack or ntfy
 # on = ["job_failed", "job_stalled", "node_down"]   # default: job_failed, diverged, loss_spike; also job_succeeded,
-#                                                   # job_restarted
+#                                                   # job_restarted, straggler
 # stalled_minutes = 30                   # job_stalled: no progress for this long
 # node_down_minutes = 5                  # node_down: down for longer than this
 '''

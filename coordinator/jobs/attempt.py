@@ -13,6 +13,7 @@ from coordinator.jobs import catalog
 from coordinator.jobs.effects import JobEffects
 from coordinator.jobs.fingerprints import Divergence, ReplicaCheck
 from coordinator.jobs.record import JobRecord
+from coordinator.jobs.straggler import StragglerDetector
 from coordinator.jobs.training_health import LossWindow, Unsound
 from shared.agent_api.progress import HeartbeatRecord
 
@@ -51,6 +52,7 @@ class Attempt:
     # the recent losses a spike is measured against, and whether a finite loss was seen yet.
     unsound: Unsound | None = None
     losses: LossWindow = field(default_factory=LossWindow)
+    stragglers: StragglerDetector = field(default_factory=StragglerDetector)  # each rank's compute time, compared
     finite_loss_seen: bool = False
     ended_unread: bool = False  # it ended while some of its nodes could not be reached: what they hold is unread
 
@@ -60,6 +62,7 @@ class Attempt:
         attempt = cls(number, list(order), replica_check=ReplicaCheck(len(order)))
         record.progress_offsets = attempt.progress_offsets  # saved with the record
         record.rank_memory = {}
+        record.stragglers, record.rank_compute, record.rank_scores, record.compute_heat = [], {}, {}, []
         record.replica_state = None
         record.diverged_after = None
         record.unsound = None

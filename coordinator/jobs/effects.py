@@ -25,6 +25,7 @@ from shared.agent_api.ranks import (
     HashFileReply,
     ListCheckpointsReply,
     PrepareRankReply,
+    RankSignalsReply,
     RankStatusReply,
     RemoveCheckpointsReply,
     RetireStandbysReply,
@@ -111,6 +112,9 @@ class JobEffects(Protocol):
     @overload
     async def call(self, node: str, method: Literal["dump_stacks"], params: Mapping[str, object], *,
                    timeout: float) -> DumpStacksReply: ...
+    @overload
+    async def call(self, node: str, method: Literal["rank_signals"], params: Mapping[str, object], *,
+                   timeout: float) -> RankSignalsReply: ...
     @overload
     async def call(self, node: str, method: Literal["stop_rank"], params: Mapping[str, object], *,
                    timeout: float) -> StopRankReply: ...

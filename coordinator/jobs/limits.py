@@ -27,7 +27,9 @@ WHOLE: dict[str, tuple[int, int]] = {
 }
 
 #: Fields in seconds: each greater than 0 and at most MAX_SECONDS.
-SECONDS = ("hang_timeout", "node_timeout", "node_wait")
+SECONDS = ("hang_timeout", "node_timeout", "node_wait", "straggler_grace")
+#: What coord does about a straggler: only tell, or drop its node (the elastic shrink).
+STRAGGLER_POLICIES = ("tell", "drop")
 
 #: How long a job waits for its nodes to be up before it fails (coord run --node-wait).
 NODE_WAIT_S = 600.0

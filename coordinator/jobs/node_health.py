@@ -13,6 +13,7 @@ class NodeHealth:
         # node -> (session generation, time) of a call to it that failed: not trusted again until it
         # reconnects, or its session stays up for UNREACHABLE_HOLD_S (the call was merely slow)
         self._unreachable: dict[str, tuple[int, float]] = {}
+        self.dropped: list[str] = []  # the run's nodes shrunk out as stragglers (its record's list)
 
     def up(self, name: str) -> bool:
         """Up, and not the same session that just failed a call (it may not have noticed yet)."""
@@ -25,8 +26,9 @@ class NodeHealth:
         return view.up and failed is None
 
     def usable(self, name: str) -> bool:
-        """Up, and not waiting for a reboot: a node a job's next attempt may run on."""
-        return self.up(name) and self.fx.node(name).needs_reboot is None
+        """Up, not waiting for a reboot, and not shrunk out of this run as a straggler: a node a job's
+        next attempt may run on."""
+        return self.up(name) and self.fx.node(name).needs_reboot is None and name not in self.dropped
 
     def mark_unreachable(self, name: str) -> None:
         self._unreachable[name] = (self.fx.node(name).generation, self.fx.monotonic())

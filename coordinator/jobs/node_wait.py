@@ -88,6 +88,8 @@ class NodeWait:
 
     def _not_up_because(self, name: str) -> str:
         view = self.fx.node(name)
+        if name in self.health.dropped:
+            return "shrunk out of this run as a straggler (--straggler-policy drop)"
         if view.up:  # its session is up, but a call to it just failed: trusted once it reconnects
             return "a call to it failed; waiting for its session to notice and reconnect"
         return view.reason or "not up yet (connecting)"
@@ -103,7 +105,9 @@ class NodeWait:
                 self._down_since.setdefault(name, now)
         if elastic and self.ctx.spec.min_nodes is not None:
             # A node that waits for a reboot will not come back by itself: it is left out at once.
-            down_for = {n: math.inf if self.fx.node(n).needs_reboot else now - t for n, t in self._down_since.items()}
+            # Nor does one shrunk out as a straggler (--straggler-policy drop).
+            down_for = {n: math.inf if self.fx.node(n).needs_reboot or n in self.health.dropped else now - t
+                        for n, t in self._down_since.items()}
             chosen, why = choose_nodes(configured, up, down_for, min_nodes=self.ctx.spec.min_nodes,
                                        node_timeout=self.ctx.spec.node_timeout)
             why += self._reboots([n for n in configured if n not in up])

@@ -17,10 +17,18 @@ import math
 from typing import cast
 
 from shared.agent_api.common import JsonObject
-from shared.agent_api.progress import CheckpointRecord, HeartbeatRecord, ProgressRecord, TrainRecord, ValRecord
+from shared.agent_api.progress import (
+    CheckpointRecord,
+    ComputeRecord,
+    HeartbeatRecord,
+    ProgressRecord,
+    TrainRecord,
+    ValRecord,
+)
 
 # What a train record may carry beside its step, each shown as it was written when it is a number.
-_TRAIN_VALUES = ("tokens_per_second", "learning_rate", "peak_memory_gb", "samples_per_second", "comm_seconds")
+_TRAIN_VALUES = ("tokens_per_second", "learning_rate", "peak_memory_gb", "samples_per_second", "comm_seconds",
+                 "compute_seconds")
 # ... and those kept even when they are not finite: what they are is the news (training_health.py).
 _HEALTH_VALUES = ("loss", "grad_norm")
 _NON_FINITE_WORDS = {"nan": math.nan, "inf": math.inf, "+inf": math.inf, "infinity": math.inf,
@@ -34,15 +42,19 @@ def read_record(raw: JsonObject) -> ProgressRecord | None:
     if kind == "heartbeat":
         return read_heartbeat(raw)
     step = _whole(raw.get("step"))
-    if step is None or kind not in ("train", "val", "fingerprint", "checkpoint"):
+    if step is None or kind not in ("train", "val", "fingerprint", "checkpoint", "compute"):
         return None
     time = raw.get("time") if _is_number(raw.get("time")) else None
+    if kind == "compute":
+        return _read_compute(raw, step, time)
     if kind == "train":
         # A script's own train record may carry only its step: the rest is read with get.
         train = cast(TrainRecord, {"kind": "train", "step": step,
                                    **{key: raw[key] for key in _TRAIN_VALUES if _is_number(raw.get(key))},
                                    **{key: value for key in _HEALTH_VALUES
                                       if (value := health_value(raw.get(key))) is not None}})
+        if train.get("compute_seconds", 0.0) < 0:
+            del train["compute_seconds"]  # a time below 0 is no time: the rest of the record stands
         if time is not None:
             train["time"] = time
         return train
@@ -69,7 +81,8 @@ def read_record(raw: JsonObject) -> ProgressRecord | None:
 
 def read_heartbeat(raw: JsonObject) -> HeartbeatRecord | None:
     """A heartbeat needs its phase (a short lower-case word) and its time; its step, idle time
-    and collective flag are kept when they are of the right type."""
+    and collective flag are kept when they are of the right type, its compute time when it is a
+    finite number of seconds of at least 0 with the whole number of steps (at least 1) it is of."""
     phase, time = raw.get("phase"), _real(raw.get("time"))
     if not isinstance(phase, str) or not 0 < len(phase) <= 32 or not set(phase) <= _PHASE_CHARS or time is None:
         return None
@@ -81,7 +94,26 @@ def read_heartbeat(raw: JsonObject) -> HeartbeatRecord | None:
         beat["idle_s"] = idle
     if isinstance(raw.get("collective"), bool):
         beat["collective"] = raw["collective"]
+    compute, steps = _real(raw.get("compute_s")), raw.get("compute_steps")
+    if compute is not None and compute >= 0 and _whole_count(steps):
+        beat["compute_s"], beat["compute_steps"] = compute, int(steps)  # type: ignore[arg-type]
     return beat
+
+
+def _read_compute(raw: JsonObject, step: int, time: object) -> ComputeRecord | None:
+    """A step's compute time: a finite number of seconds, at least 0."""
+    seconds = _real(raw.get("compute_seconds"))
+    if seconds is None or seconds < 0:
+        return None
+    record: ComputeRecord = {"kind": "compute", "step": step, "compute_seconds": seconds}
+    if isinstance(time, float | int):
+        record["time"] = float(time)
+    return record
+
+
+def _whole_count(value: object) -> bool:
+    """A count of steps: a whole number of at least 1 (not a bool, not a float)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def health_value(value: object) -> float | None:

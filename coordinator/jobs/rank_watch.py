@@ -29,6 +29,7 @@ from coordinator.jobs.policy import (
     LOSS_SPIKE,
     NODE_LOST,
     RANK_FAILED,
+    RESIZED,
     Outcome,
     RankFailure,
     awaits_root_cause,
@@ -40,6 +41,7 @@ from coordinator.jobs.policy import (
 )
 from coordinator.jobs.progress import read_record
 from coordinator.jobs.run_context import RunContext
+from coordinator.jobs.straggler_watch import StragglerWatch
 from coordinator.jobs.training_health import Unsound
 from coordinator.nodes import versions as node_versions
 from shared.agent_api.common import JsonObject
@@ -64,6 +66,7 @@ class RankWatcher:
         self.checkpoints = checkpoints
         self.hangs = HangWatch(ctx)
         self.outage = OutageWatch(ctx, health)
+        self.stragglers = StragglerWatch(ctx)
         self._points: list[tuple[str, MetricPoint]] = []  # the train and val points of the poll under way
 
     async def poll(self, attempt: Attempt, *, may_read_again: bool, wait_s: float = 0.0) -> Outcome | str | None:
@@ -114,6 +117,8 @@ class RankWatcher:
         if away:
             return await self._while_away(attempt, away, verdict, reports)
         self.outage.back()
+        if (dropped := await self._compare_ranks(attempt, verdict, read_any)) is not None:
+            return dropped
         # Before the verdict: fingerprints that disagree, or a loss that went NaN, read in the same poll
         # that found every rank finished, make the run resume from before them, never a success.
         if attempt.unsound is not None:
@@ -131,6 +136,14 @@ class RankWatcher:
             await self._capture_stacks(attempt)
             return self.ended(attempt, HUNG, hung.describe(), "hang")
         return None
+
+    async def _compare_ranks(self, attempt: Attempt, verdict: core.Verdict | None, read_any: bool) -> Outcome | None:
+        """Every rank answered and goes on: their compute times compared (the watch of stragglers);
+        the attempt ends when --straggler-policy drop shrinks a straggler's node out."""
+        if verdict is not None or not read_any:
+            return None
+        drop = await self.stragglers.after_poll(attempt)
+        return self.ended(attempt, RESIZED, drop, "straggler-dropped") if drop is not None else None
 
     async def _while_away(self, attempt: Attempt, away: dict[int, tuple[str, str]], verdict: core.Verdict | None,
                           reports: list[core.RankReport]) -> Outcome | None:
@@ -370,6 +383,9 @@ class RankWatcher:
             self._on_checkpoint_written(progress)
         elif progress["kind"] == "val":
             self._on_val_loss(attempt, progress)
+        elif progress["kind"] == "compute":
+            self._advance(attempt, rank, progress["step"], float(progress.get("time") or self.fx.now()), first=False)
+            self.stragglers.compute(attempt, rank, progress["compute_seconds"])
         else:
             self._on_train(attempt, rank, progress)
 
@@ -404,6 +420,8 @@ class RankWatcher:
 
     def _on_heartbeat(self, attempt: Attempt, rank: int, beat: HeartbeatRecord) -> None:
         self.hangs.heartbeat(attempt, rank, beat)
+        if "compute_s" in beat:
+            self.stragglers.compute(attempt, rank, beat["compute_s"])
         step = beat.get("step")
         if step is not None:
             self._advance(attempt, rank, step, beat["time"], first=False)
@@ -413,6 +431,8 @@ class RankWatcher:
         now = float(progress.get("time") or self.fx.now())  # the rank's own clock
         step = progress["step"]
         self._advance(attempt, rank, step, now, first=True)
+        if "compute_seconds" in progress:
+            self.stragglers.compute(attempt, rank, progress["compute_seconds"])
         last = attempt.last_train
         if last is not None and step > last[0] and now > last[1]:
             record.step_seconds = (now - last[1]) / (step - last[0])

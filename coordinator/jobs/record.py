@@ -13,6 +13,7 @@ from coordinator.jobs.core import LaunchLinks
 from coordinator.jobs.diagnosis import RunDiagnosis
 from coordinator.jobs.fingerprints import ReplicaState, ReplicaSummary
 from coordinator.jobs.policy import OutcomeEntry
+from coordinator.jobs.straggler import StragglerEntry
 
 # The record as the store keeps it: JSON, with whatever keys a newer coord added.
 JsonObject = dict[str, Any]
@@ -90,6 +91,15 @@ class JobRecord:
     rollbacks: int = 0
     skips: dict[str, int] = field(default_factory=dict)
     skip_owed: int = 0
+    # The watch of stragglers (coordinator/jobs/straggler.py): the ranks named now, and each rank's
+    # compute time per step over the window (rank -> seconds) and its score (over the ranks' median),
+    # for coord status and /metrics.
+    stragglers: list[StragglerEntry] = field(default_factory=list)
+    rank_compute: dict[str, float] = field(default_factory=dict)
+    rank_scores: dict[str, float] = field(default_factory=dict)
+    # The dashboard's rank x step heatmap: [step, [each rank's compute time or None]], the newest last.
+    compute_heat: list[list[Any]] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)  # nodes shrunk out as stragglers (--straggler-policy drop)
     # What coord cannot see now but waits out, said beside the state (coord status): the head's lost path.
     note: str | None = None
     extra: JsonObject = field(default_factory=dict)  # keys of a newer coord, kept as they were
@@ -113,9 +123,13 @@ class JobRecord:
                   if key in known and (value is not None or key in _NULLABLE)}
         values["progress_offsets"] = {int(rank): int(offset)
                                       for rank, offset in (data.get("progress_offsets") or {}).items()}
-        for key in ("unstopped", "uncatalogued", "history", "diagnoses", "recoveries", "order"):
+        for key in ("unstopped", "uncatalogued", "history", "diagnoses", "recoveries", "order", "dropped"):
             values[key] = list(data.get(key) or [])
         values["rank_memory"] = dict(data.get("rank_memory") or {})
+        values["stragglers"] = list(data.get("stragglers") or [])
+        values["rank_compute"] = dict(data.get("rank_compute") or {})
+        values["rank_scores"] = dict(data.get("rank_scores") or {})
+        values["compute_heat"] = list(data.get("compute_heat") or [])
         values["skips"] = dict(data.get("skips") or {})
         return cls(**values, extra={key: value for key, value in data.items() if key not in known})
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TypedDict, cast
 
 from coordinator.config.cluster_file import NODE_NAME
-from coordinator.jobs.limits import MAX_SECONDS, NODE_WAIT_S, WHOLE
+from coordinator.jobs.limits import MAX_SECONDS, NODE_WAIT_S, STRAGGLER_POLICIES, WHOLE
 from coordinator.jobs.training_health import ON_DIVERGENCE, ON_SPIKE
 from coordinator.launch.mlx_backend import BACKENDS
 from coordinator.launch.mlx_lm_command import CommandError, is_mlx_lm, mlx_lm_args, option_value
@@ -70,6 +70,8 @@ class JobSpecFields(TypedDict):
     max_rollbacks: int
     skip_on_rollback: int
     on_spike: str
+    straggler_policy: str
+    straggler_grace: float
 
 
 @dataclass
@@ -109,6 +111,10 @@ class JobSpec:
     max_rollbacks: int = 3
     skip_on_rollback: int = 0
     on_spike: str = "warn"
+    # A rank named a straggler (docs/observe.md#stragglers): only said (tell), or, once it has been one
+    # for straggler_grace seconds, its node shrunk out (drop: the elastic shrink, within --min-nodes).
+    straggler_policy: str = "tell"
+    straggler_grace: float = 120.0
 
     def as_dict(self) -> JobSpecFields:
         return cast(JobSpecFields, asdict(self))  # the fields above, in order (a test holds the two together)
@@ -123,8 +129,8 @@ def validate(spec: JobSpec) -> JobSpec:
     """``spec`` checked, in this order, by each of the checks below; the first problem raises
     JobSpecError. Two checks fill fields in: the trainer a command names, an mlx_lm run's total."""
     check_fields(spec.as_dict())
-    for check in (_check_name_and_command, _check_source, _check_trainer, _check_node_list, _check_launcher,
-                  _check_mlx_lm_iters):
+    for check in (_check_name_and_command, _check_source, _check_trainer, _check_node_list, _check_straggler_policy,
+                  _check_launcher, _check_mlx_lm_iters):
         check(spec)
     return spec
 
@@ -277,7 +283,8 @@ _FIELD_CHECKS: dict[str, FieldCheck] = {
     "global_batch": _optional(_whole("global_batch")), "micro_batch": _optional(_whole("micro_batch")),
     "launcher_config": _optional(_launcher_config), "on_divergence": _choice(ON_DIVERGENCE),
     "max_rollbacks": _whole("max_rollbacks"), "skip_on_rollback": _whole("skip_on_rollback"),
-    "on_spike": _choice(ON_SPIKE)}
+    "on_spike": _choice(ON_SPIKE), "straggler_policy": _choice(STRAGGLER_POLICIES),
+    "straggler_grace": _seconds}
 
 
 def _check_name_and_command(spec: JobSpec) -> None:
@@ -325,6 +332,12 @@ def _check_node_list(spec: JobSpec) -> None:
         raise JobSpecError(f"--nodes names a node twice: {', '.join(spec.nodes)}")
     if spec.min_nodes is not None and spec.min_nodes > len(spec.nodes):
         raise JobSpecError(f"--min-nodes {spec.min_nodes} is more than the job's {len(spec.nodes)} nodes")
+
+
+def _check_straggler_policy(spec: JobSpec) -> None:
+    if spec.straggler_policy == "drop" and spec.min_nodes is None:
+        raise JobSpecError("--straggler-policy drop shrinks a straggler's node out, which needs --min-nodes (the "
+                           "fewest nodes the job may go on with), e.g. --min-nodes 2")
 
 
 def _check_launcher(spec: JobSpec) -> None:

@@ -83,11 +83,13 @@ class JobRunner:
         self.run_id = run_id
         self.log = self.ctx.log
         self.health = NodeHealth(fx)
+        self.health.dropped = self.ctx.record.dropped
         self.launcher = launcher_named(spec.launcher)
         self.replicator = Replicator(self.ctx, self.health) if spec.replica != REPLICA_NONE else None
         self.checkpoints = CheckpointKeeper(self.ctx, self.health, self.replicator)
         self.ranks = RankWatcher(self.ctx, self.health, self.checkpoints)
         self.nodes = NodeWait(self.ctx, self.health, self.launcher)
+        self.ranks.stragglers.batch_for = self.nodes.batch_for  # a straggler is dropped only if the batch is kept
         self.reboots = RebootWatch(self.ctx)
         self.starter = RankStarter(self.ctx, self.launcher)
         self.attempt: Attempt | None = None  # the attempt being launched or watched

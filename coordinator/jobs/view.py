@@ -8,6 +8,7 @@ from coordinator.jobs.diagnosis import RunDiagnosis
 from coordinator.jobs.run_context import RunContext
 from coordinator.jobs.spec import progress_note
 from coordinator.jobs.states import FINISHED
+from coordinator.jobs.straggler import StragglerEntry
 
 
 class WaitingView(TypedDict):
@@ -57,6 +58,8 @@ class RunView(TypedDict):
     note: str | None  # what coord waits out while the run goes on (head_disconnected: the head lost its path)
     rollbacks: int  # rollbacks after a divergence (NaN loss), beside restarts
     max_rollbacks: int
+    stragglers: list[StragglerEntry]  # the ranks named stragglers now, while running
+    rank_compute_seconds: dict[str, float]  # rank -> its compute time per step over the window, while running
 
 
 def run_view(ctx: RunContext, *, queue_position: int | None) -> RunView:
@@ -82,7 +85,9 @@ def run_view(ctx: RunContext, *, queue_position: int | None) -> RunView:
             "waiting": _waiting(ctx),
             "hang_watch": progress_note(spec) if not record.progress_seen and state not in FINISHED else None,
             "note": record.note if state not in FINISHED else None,
-            "rollbacks": record.rollbacks, "max_rollbacks": spec.max_rollbacks}
+            "rollbacks": record.rollbacks, "max_rollbacks": spec.max_rollbacks,
+            "stragglers": [e.copy() for e in record.stragglers] if state == "running" else [],
+            "rank_compute_seconds": dict(record.rank_compute) if state == "running" else {}}
 
 
 def _waiting(ctx: RunContext) -> WaitingView | None:

@@ -13,6 +13,7 @@ class _TrainExtras(_Timed, total=False):
     samples_per_second: float  # examples (the global batch) trained per second, when the trainer knows it
     comm_seconds: float  # the mean time of a step's gradient exchange (``coord bench scaling``'s wait share)
     grad_norm: float  # the gradients' global norm, when the script reports it (NaN or inf: the run diverged)
+    compute_seconds: float  # the step's time outside its collectives, on this rank (the watch of stragglers)
 
 
 class TrainRecord(_TrainExtras):
@@ -58,6 +59,17 @@ class HeartbeatRecord(_HeartbeatRecord, total=False):
     step: int  # the last step it finished (global)
     idle_s: float  # seconds without progress when written: since that step, or since the phase began
     collective: bool  # it waits inside a collective (an all_sum) now
+    compute_s: float  # the mean compute time (outside collectives) of the steps since the beat before
+    compute_steps: int  # how many steps that mean is of
 
 
-ProgressRecord = TrainRecord | ValRecord | CheckpointRecord | FingerprintRecord | HeartbeatRecord
+class ComputeRecord(_Timed):
+    """One step's compute time (outside its collectives), from ``coord_script.report(step,
+    compute_seconds=...)`` on a rank that reports nothing else: what the watch of stragglers reads."""
+
+    kind: Literal["compute"]
+    step: int
+    compute_seconds: float
+
+
+ProgressRecord = TrainRecord | ValRecord | CheckpointRecord | FingerprintRecord | HeartbeatRecord | ComputeRecord

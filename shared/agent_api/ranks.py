@@ -224,3 +224,36 @@ class ReadFileRequest(FileRequest, total=False):
 
 class ReadFileReply(DataReply):
     size: int
+
+
+class RankSignalsRequest(RankRequest, total=False):
+    seconds: float  # how long to sample (0.2 to 5 s; 1 s by default)
+
+
+class BusyProcess(TypedDict):
+    pid: int
+    user: str
+    cpu: float  # cores it used over the sample (macOS: ps's decaying average)
+    command: str
+
+
+class CpuQuota(TypedDict):
+    source: str  # cgroup v2 or cgroup v1
+    cores: float | None  # the tightest quota on the rank's cgroup or above it; None: no quota
+    group: str  # the cgroup directory it is set on (or the rank's own)
+    throttled_share: float | None  # the share of the sample that group was held by its quota
+
+
+class RankSignalsReply(TypedDict):
+    """What may slow a straggler down on its node, over ``seconds`` (agent/rank_signals.py)."""
+
+    seconds: float
+    rank_pids: list[int]
+    cores: int  # the node's CPUs
+    rank_cpu: float | None  # cores the rank's processes used over the sample
+    others: list[BusyProcess]  # the busiest other processes, most first
+    quota: CpuQuota | None  # None: no cgroup CPU controller read (macOS)
+    speed_limit: int | None  # macOS pmset -g therm CPU_Speed_Limit (percent); None elsewhere
+    memory_pressure: float | None  # Linux PSI memory "some avg10" (percent)
+    swapins_per_s: float | None  # pages swapped in per second over the sample
+    gpu_utilization: float | None  # percent, where readable (ioreg, nvidia-smi)

@@ -57,6 +57,24 @@ def test_a_destination_wants_only_its_events_and_failures_by_default():
     assert rules.wants(chosen, "node_down") and not rules.wants(chosen, "job_failed")
 
 
+def test_a_straggler_and_its_resolve_are_alerts_that_go_together_where_straggler_is_asked_for():
+    running = RunFacts("tiny-3f9a0c1e", "tiny", "running", 40, 100, 0, 3)
+    said = ("tiny: rank 2 on n3 is a straggler: its compute time is 4.0x the ranks' median; likely cause: CPU "
+            "throttled by a quota")
+    named = rules.alert_for_event(event("job.straggler", said), running, "lab")
+    assert named.kind == "straggler" and named.title == "lab: job tiny has a straggler"
+    assert named.reason.startswith("rank 2 on n3 is a straggler") and "CPU throttled by a quota" in named.message
+    cleared = rules.alert_for_event(event("job.straggler_cleared", "tiny: rank 2 on n3 is no longer a straggler"),
+                                    running, "lab")
+    assert cleared.kind == "straggler_resolved" and cleared.title == "lab: job tiny straggler resolved"
+    asked = AlertSettings(name="s", webhook="https://x.example/h", on=("straggler",))
+    assert rules.wants(asked, "straggler") and rules.wants(asked, "straggler_resolved")
+    default = AlertSettings(name="a", webhook="https://x.example/h")
+    assert not rules.wants(default, "straggler") and not rules.wants(default, "straggler_resolved")
+    for alert in (named, cleared):  # every destination's format knows both kinds
+        assert all(payloads.webhook_request(alert, fmt) for fmt in ("generic", "slack", "ntfy"))
+
+
 # --- node_down: down longer than N minutes, once per down period -------------------------
 
 def test_a_node_is_alerted_once_after_it_has_been_down_longer_than_the_threshold_and_again_after_coming_back():

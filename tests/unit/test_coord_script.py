@@ -104,3 +104,20 @@ def test_a_plans_deepspeed_json_is_found_from_the_environment(contract):
 def test_it_ships_in_the_agent_bundle():
     names = zipfile.ZipFile(io.BytesIO(build_bundle().data)).namelist()
     assert "coord_script/__init__.py" in names
+
+
+def test_every_rank_reports_its_compute_time_and_a_bad_one_is_refused(contract):
+    root, env = contract
+    progress = root / "progress.jsonl"
+    env.setenv("COORD_PROGRESS_FILE", str(progress))
+    assert coord_script.report(5, compute_seconds=0.25)  # a rank that reports nothing else
+    assert coord_script.report(5, loss=1.5, compute_seconds=0.5)  # the first rank, with its loss
+    first, second = (json.loads(line) for line in progress.read_text().splitlines())
+    assert read_record(first) == {"kind": "compute", "step": 5, "compute_seconds": 0.25, "time": first["time"]}
+    assert read_record(second)["kind"] == "train" and read_record(second)["compute_seconds"] == 0.5
+    for bad in (-1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="compute_seconds must be a finite number of at least 0"):
+            coord_script.report(6, compute_seconds=bad)
+    with pytest.raises(TypeError, match="compute_seconds must be a number"):
+        coord_script.report(6, compute_seconds="0.1")
+    assert len(progress.read_text().splitlines()) == 2  # nothing written for a refused call

@@ -111,3 +111,22 @@ def test_mlx_lms_final_weights_become_the_last_steps_checkpoint_when_no_save_fel
                                                           "0000300_adapters.safetensors", "adapters.safetensors"]
     assert save_final_checkpoint(env) is None  # there already (a save fell on the last step): left as it is
     assert save_final_checkpoint({"COORD_CHECKPOINT_DIR": str(tmp_path)}) is None  # no total: nothing known
+
+
+def test_a_beat_carries_the_mean_compute_time_of_the_steps_since_the_last_one_not_the_compile(tmp_path):
+    clock, path = Clock(), tmp_path / "progress.jsonl"
+    beat = Heartbeat(str(path), clock=clock)
+    beat.phase("compiling")
+    beat.step(1, compute_s=30.0)  # the first step compiles: not a compute time
+    beat.phase("training")
+    beat.step(2, compute_s=0.1)
+    beat.step(3, compute_s=0.3)
+    beat.beat()
+    beat.beat()  # no step since: no compute time
+    beat.step(4, compute_s=0.5)
+    beat.beat()
+    records = [r for r in lines(path) if r["phase"] == "training"][1:]  # after the beat of the phase change
+    assert (records[0]["compute_s"], records[0]["compute_steps"]) == (0.2, 2)
+    assert "compute_s" not in records[1] and "compute_steps" not in records[1]
+    assert (records[2]["compute_s"], records[2]["compute_steps"]) == (0.5, 1)
+    assert read_record(records[0])["compute_s"] == 0.2

@@ -123,3 +123,22 @@ def test_the_time_between_steps_is_each_ranks_own_and_skips_loading_and_saves():
     assert ctx.record.step_gap == 1.8  # a quicker step lowers the estimate by a tenth at a time
     beat(0, "training", 4, 293.0)
     assert ctx.record.step_gap == 30.0  # a slower one raises it at once
+
+
+def test_compute_times_are_read_only_when_they_are_seconds_of_the_right_type():
+    from coordinator.jobs.progress import read_record as read
+
+    beat = {"kind": "heartbeat", "phase": "training", "time": 5.0, "step": 3}
+    assert read({**beat, "compute_s": 0.2, "compute_steps": 4})["compute_s"] == 0.2
+    for bad in ({"compute_s": -0.1, "compute_steps": 1}, {"compute_s": "0.2", "compute_steps": 1},
+                {"compute_s": float("nan"), "compute_steps": 1}, {"compute_s": 0.2, "compute_steps": 0},
+                {"compute_s": 0.2, "compute_steps": 1.5}, {"compute_s": 0.2, "compute_steps": True},
+                {"compute_s": 0.2}):
+        kept = read({**beat, **bad})
+        assert kept is not None and "compute_s" not in kept and "compute_steps" not in kept, bad
+    assert read({"kind": "compute", "step": 2, "compute_seconds": 0.5}) == {"kind": "compute", "step": 2,
+                                                                           "compute_seconds": 0.5}
+    for bad_value in (-1, "1", None, float("inf"), True):
+        assert read({"kind": "compute", "step": 2, "compute_seconds": bad_value}) is None, bad_value
+    train = read({"kind": "train", "step": 2, "loss": 1.0, "compute_seconds": -3})
+    assert train is not None and "compute_seconds" not in train and train["loss"] == 1.0

@@ -24,19 +24,24 @@ from coordinator.observe.alerts.rules import (
     JOB_SUCCEEDED,
     LOSS_SPIKE,
     NODE_DOWN,
+    STRAGGLER,
+    STRAGGLER_RESOLVED,
     Alert,
     AlertDetails,
 )
 
 # ntfy's priorities and emoji tags (https://docs.ntfy.sh/publish/)
 _NTFY_PRIORITY = {JOB_FAILED: "high", NODE_DOWN: "high", JOB_STALLED: "high", JOB_RESTARTED: "default",
-                  JOB_SUCCEEDED: "default", DIVERGED: "high", LOSS_SPIKE: "default"}
+                  JOB_SUCCEEDED: "default", DIVERGED: "high", LOSS_SPIKE: "default",
+                  STRAGGLER: "default", STRAGGLER_RESOLVED: "low"}
 _NTFY_TAGS = {JOB_FAILED: "rotating_light", NODE_DOWN: "warning", JOB_STALLED: "hourglass",
               JOB_RESTARTED: "arrows_counterclockwise", JOB_SUCCEEDED: "white_check_mark",
-              DIVERGED: "chart_with_downwards_trend", LOSS_SPIKE: "chart_with_upwards_trend"}
+              DIVERGED: "chart_with_downwards_trend", LOSS_SPIKE: "chart_with_upwards_trend",
+              STRAGGLER: "turtle", STRAGGLER_RESOLVED: "white_check_mark"}
 _SLACK_EMOJI = {JOB_FAILED: ":rotating_light:", NODE_DOWN: ":warning:", JOB_STALLED: ":hourglass:",
                 JOB_RESTARTED: ":arrows_counterclockwise:", JOB_SUCCEEDED: ":white_check_mark:",
-                DIVERGED: ":chart_with_downwards_trend:", LOSS_SPIKE: ":chart_with_upwards_trend:"}
+                DIVERGED: ":chart_with_downwards_trend:", LOSS_SPIKE: ":chart_with_upwards_trend:",
+                STRAGGLER: ":turtle:", STRAGGLER_RESOLVED: ":white_check_mark:"}
 
 
 class AlertDocument(TypedDict):

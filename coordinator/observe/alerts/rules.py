@@ -20,13 +20,18 @@ if TYPE_CHECKING:
 
 JOB_FAILED, JOB_SUCCEEDED, JOB_RESTARTED, JOB_STALLED, NODE_DOWN, DIVERGED, LOSS_SPIKE = (
     "job_failed", "job_succeeded", "job_restarted", "job_stalled", "node_down", "diverged", "loss_spike")
+# A rank that holds the others back (job.straggler), and its resolve when it recovers
+# (job.straggler_cleared): a destination that asks for ``straggler`` gets both.
+STRAGGLER, STRAGGLER_RESOLVED = "straggler", "straggler_resolved"
 # The daemon's event kinds that are alerts in themselves. A job that gives up (no restarts
 # left, or the same failure twice before its first step) records job.failed like any failed job.
 # A rollback after a NaN (job.diverged) and a loss spike (job.loss_spike) say the training itself
 # went wrong while every process was fine.
 EVENT_ALERTS = {"job.failed": JOB_FAILED, "job.succeeded": JOB_SUCCEEDED, "job.restart": JOB_RESTARTED,
-                "job.diverged": DIVERGED, "job.loss_spike": LOSS_SPIKE}
-_TITLES = {JOB_RESTARTED: "restarted", DIVERGED: "diverged and rolled back", LOSS_SPIKE: "had a loss spike"}
+                "job.diverged": DIVERGED, "job.loss_spike": LOSS_SPIKE, "job.straggler": STRAGGLER,
+                "job.straggler_cleared": STRAGGLER_RESOLVED}
+_TITLES = {JOB_RESTARTED: "restarted", DIVERGED: "diverged and rolled back", LOSS_SPIKE: "had a loss spike",
+           STRAGGLER: "has a straggler", STRAGGLER_RESOLVED: "straggler resolved"}
 # States in which a run is expected to make progress; a queued or finished run is not stalled.
 PROGRESSING = ("starting", "running", "recovering")
 
@@ -82,7 +87,8 @@ class Alert:
 
 
 def wants(settings: AlertSettings, kind: str) -> bool:
-    return kind in settings.on
+    """Whether a destination takes ``kind``: a straggler's resolve goes where the straggler went."""
+    return kind in settings.on or (kind == STRAGGLER_RESOLVED and STRAGGLER in settings.on)
 
 
 def alert_for_event(event: EventRecord, run: RunFacts | None, cluster: str) -> Alert | None:

@@ -71,6 +71,7 @@ class DashboardRun(RunView):
     checkpoints: list[CheckpointStep]
     backend: LaunchLinks | None
     history: NotRequired[RunHistory | None]  # its curves: for the runs still going and the first listed
+    compute_heat: list[list[Any]]  # [step, [each rank's compute time]]: the rank x step heatmap, while running
 
 
 class DashboardDocument(TypedDict):
@@ -136,7 +137,8 @@ def dashboard_document(cluster: Cluster, runs: list[JobRunner], *,
     for runner in runners:
         view: DashboardRun = {**runner.view(),
                               "checkpoints": checkpoint_rows(cluster.state.checkpoints(runner.run_id), now),
-                              "backend": runner.record.backend}
+                              "backend": runner.record.backend,
+                              "compute_heat": list(runner.record.compute_heat) if runner.state == "running" else []}
         # Live curves for the runs still going and the first run listed (the page's choice when
         # nothing runs); another finished run's the page asks /api/history for once, when chosen.
         if history is not None and (runner.state in ACTIVE or runner is runners[0]):

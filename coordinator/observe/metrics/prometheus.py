@@ -85,6 +85,12 @@ class ClusterCollector(Collector):
                                 labels=["job"])
         memory = GaugeMetricFamily("coord_rank_memory_bytes", "Resident memory of each running rank",
                                    labels=["job", "rank", "node"])
+        compute = GaugeMetricFamily("coord_rank_compute_seconds", "Each running rank's compute time per step (outside "
+                                    "its collectives), its median over the straggler window",
+                                    labels=["job", "rank", "node"])
+        score = GaugeMetricFamily("coord_rank_straggler_score", "Each running rank's compute time over the ranks' "
+                                  "median (1: as fast as the median; a straggler is named at 1.5)",
+                                  labels=["job", "rank", "node"])
         info = InfoMetricFamily("coord_job", "The job's newest run and its state", labels=["job"])
         for name, runner in self.jobs.jobs.items():
             record = runner.record
@@ -103,8 +109,12 @@ class ClusterCollector(Collector):
                 for rank, value in sorted((record.rank_memory or {}).items(), key=lambda kv: int(kv[0])):
                     node = order[int(rank)] if int(rank) < len(order) else ""
                     memory.add_metric([name, str(rank), node], float(value))
+                for family, values in ((compute, record.rank_compute), (score, record.rank_scores)):
+                    for rank, value in sorted(values.items(), key=lambda kv: int(kv[0])):
+                        family.add_metric([name, rank, order[int(rank)] if int(rank) < len(order) else ""],
+                                          float(value))
             info.add_metric([name], {"run_id": runner.run_id, "state": runner.state})
-        yield from (step, total, loss, val_loss, speed, restarts, age, memory, info)
+        yield from (step, total, loss, val_loss, speed, restarts, age, memory, compute, score, info)
 
     def _recoveries(self) -> Metric:
         """Every recovery of every run this cluster has had (kept with each run, so it survives restarts)."""

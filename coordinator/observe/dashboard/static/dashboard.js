@@ -248,6 +248,41 @@ function renderMemory(doc, job) {
   }) : [el("p", { class: "muted" }, "no rank running")]));
 }
 
+function heatColour(score) {
+  // 1 (the step's median) and below: pale; 1.5 (a straggler) and above: deep red.
+  const t = Math.max(0, Math.min(1, (score - 1) / 0.75));
+  return `rgb(${Math.round(245 - 31 * t)}, ${Math.round(247 - 178 * t)}, ${Math.round(250 - 181 * t)})`;
+}
+
+function renderHeatmap(job) {
+  const box = document.getElementById("heatmap");
+  const heat = (job && job.compute_heat) || [];
+  const ranks = heat.length ? heat[heat.length - 1][1].length : 0;
+  const cell = 8, left = 56, rowH = 14;
+  box.setAttribute("viewBox", `0 0 ${left + Math.max(1, heat.length) * cell} ${Math.max(1, ranks) * rowH + 14}`);
+  const parts = [];
+  for (let r = 0; r < ranks; r++) {
+    const node = job.nodes ? job.nodes[r] : null;
+    parts.push(svg("text", { x: 0, y: r * rowH + 10 }, `rank ${r}${node ? " " + node : ""}`.slice(0, 12)));
+  }
+  heat.forEach(([step, values], c) => {
+    const known = values.filter(v => v != null).sort((a, b) => a - b);
+    const median = known.length ? known[Math.floor((known.length - 1) / 2)] : null;
+    values.forEach((v, r) => {
+      if (v == null || !median) return;
+      const rect = svg("rect", { x: left + c * cell, y: r * rowH, width: cell - 1, height: rowH - 2, fill: heatColour(v / median) });
+      rect.append(svg("title", {}, `step ${step}, rank ${r}: ${(v * 1000).toFixed(1)} ms (${(v / median).toFixed(2)}x)`));
+      parts.push(rect);
+    });
+  });
+  if (heat.length) parts.push(svg("text", { x: left, y: ranks * rowH + 12 }, `steps ${heat[0][0]} to ${heat[heat.length - 1][0]}`));
+  box.replaceChildren(...parts);
+  const named = (job && job.stragglers) || [];
+  document.getElementById("heat-stragglers").replaceChildren(...(named.length ? named.map(s =>
+    el("div", { class: "state-down" }, `straggler: rank ${s.rank} on ${s.node}, ${Number(s.score).toFixed(1)}x; ${s.cause}`))
+    : [el("span", { class: "muted" }, heat.length ? "no straggler" : "no compute times yet (coord's trainer, or coord_script.report(step, compute_seconds=...) on every rank)")]));
+}
+
 function renderCheckpoints(job) {
   const rows = (job && job.checkpoints) || [];
   fillBody("#checkpoints", rows.map(c => el("tr", {},
@@ -277,6 +312,7 @@ function render(doc) {
   renderJobs(doc);
   renderCurves(job);
   renderMemory(doc, job);
+  renderHeatmap(job);
   renderCheckpoints(job);
   renderEvents(doc);
   document.body.dataset.rendered = String(Number(document.body.dataset.rendered || 0) + 1);
