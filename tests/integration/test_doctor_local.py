@@ -1,0 +1,69 @@
+"""`coord doctor` against a real coordd with three local nodes: every ring link measured over
+loopback by the real agents, the first healthy figures kept as baselines, the cost bounded."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+
+import pytest
+
+from tests.integration.daemon_harness import (DaemonProcess, all_up, coord, environment, short_tempdir,
+                                              write_local_cluster)
+
+
+@pytest.fixture
+def three_nodes():
+    root = short_tempdir()
+    config = write_local_cluster(root, ("a", "b", "c"))
+    env = environment()
+    daemon = DaemonProcess(config, env=env).start()
+    daemon.wait_for(all_up, 60, "every node up")
+    yield config, env, root
+    daemon.stop(signal.SIGKILL)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_doctor_measures_each_ring_link_and_keeps_the_first_as_baseline(three_nodes) -> None:
+    config, env, root = three_nodes
+    first = coord("doctor", "--config", str(config), "--json", "--bytes", str(4 * 2**20), "--seconds", "20",
+                  env=env, timeout=90)
+    assert first.returncode == 0, first.stderr + first.stdout
+    report = json.loads(first.stdout)
+    pairs = sorted((link["a"], link["b"]) for link in report["links"])
+    assert pairs == [("a", "b"), ("b", "c"), ("c", "a")]
+    for link in report["links"]:
+        assert set(link) >= {"a", "b", "interface", "kind", "bits_per_second", "reverse_bits_per_second",
+                             "latency_ms", "baseline_bits_per_second", "verdict", "cause", "fix"}
+        assert link["verdict"] == "ok", link
+        assert link["interface"] == "lo" and link["kind"] == "loopback"
+        assert link["bits_per_second"] > 1e8 and link["reverse_bits_per_second"] > 1e8
+        assert link["latency_ms"] is not None and link["mtu"] and link["mtu"] == link["peer_mtu"]
+        assert link["baseline_bits_per_second"] == link["bits_per_second"]  # its first healthy figures
+    assert sorted(report["baselines_set"]) == ["a ↔ b", "b ↔ c", "c ↔ a"]
+    assert report["seconds"] < 20 + 10
+
+    again = json.loads(coord("doctor", "--config", str(config), "--json", "--quick", env=env, timeout=60).stdout)
+    assert again["baselines_set"] == [] and again["bytes"] == 4 * 2**20
+    assert all(link["baseline_bits_per_second"] == first_link["bits_per_second"]
+               for link, first_link in zip(again["links"], report["links"], strict=True))
+
+    shown = coord("doctor", "--config", str(config), "--bytes", "0", env=env, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "a ↔ b" in shown.stdout and "ok: 3 links (ring" in shown.stdout
+
+
+def test_doctor_refuses_bad_values_with_a_message(three_nodes) -> None:
+    config, env, _ = three_nodes
+    bad = coord("doctor", "--config", str(config), "--seconds", "0", env=env)
+    assert bad.returncode != 0 and "--seconds" in bad.stderr
+    bad = coord("doctor", "--config", str(config), "--bytes", "-5", env=env)
+    assert bad.returncode != 0 and "--bytes" in bad.stderr
+
+
+def test_doctor_help_states_its_cost() -> None:
+    shown = coord("doctor", "--help", env=environment())
+    assert shown.returncode == 0
+    text = " ".join(shown.stdout.split())
+    assert "Cost: at most --bytes each way per link" in text and "--while-training" in text
