@@ -9,8 +9,14 @@ import signal
 
 import pytest
 
-from tests.integration.daemon_harness import (DaemonProcess, all_up, coord, environment, short_tempdir,
-                                              write_local_cluster)
+from tests.integration.daemon_harness import (
+    DaemonProcess,
+    all_up,
+    coord,
+    environment,
+    short_tempdir,
+    write_local_cluster,
+)
 
 
 @pytest.fixture

@@ -70,14 +70,15 @@ def test_thunderbolt_5_well_under_40_gbits_is_slow_without_a_baseline() -> None:
     judgement = judge_link(figures(bits_per_second=12e9, reverse_bits_per_second=12e9), None)
     assert judgement["verdict"] == "slow"
     assert "Thunderbolt 5" in judgement["cause"] and "12 Gbit/s" in judgement["cause"]
-    assert judge_link(figures(generation=4, bits_per_second=12e9, reverse_bits_per_second=12e9), None)["verdict"] == "ok"
+    thunderbolt_4 = figures(generation=4, bits_per_second=12e9, reverse_bits_per_second=12e9)
+    assert judge_link(thunderbolt_4, None)["verdict"] == "ok"
 
 
 def test_an_unreachable_peer_is_down_with_the_interface_and_addresses() -> None:
     judgement = judge_link(figures(connected=False, bits_per_second=None, reverse_bits_per_second=None,
                                    detail="timed out"), baseline())
     assert judgement["verdict"] == "down"
-    assert "n2 is unreachable from n1 over tb0 (thunderbolt), 10.9.0.11 → 10.9.0.12: timed out" == judgement["cause"]
+    assert judgement["cause"] == "n2 is unreachable from n1 over tb0 (thunderbolt), 10.9.0.11 → 10.9.0.12: timed out"
     assert blocks_launch(judgement)
 
 
