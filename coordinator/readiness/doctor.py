@@ -108,14 +108,20 @@ def worst(verdicts: list[str]) -> str:
 async def measure_fabric(cluster: Cluster, *, all_pairs: bool = False, size: int = DEFAULT_BYTES,
                          seconds: float = DEFAULT_SECONDS, quick: bool = False, set_baseline: bool = False,
                          ibv_devices: list[Any] | None = None,
-                         on_link: Callable[[LinkReport], Any] | None = None) -> DoctorReport:
+                         on_link: Callable[[LinkReport], Any] | None = None,
+                         topologies: dict[str, Topology] | None = None, nodes: list[str] | None = None,
+                         record: bool = True) -> DoctorReport:
+    """Measure and judge the links. ``quick``: a short burst, judged for down and wrong-route only.
+    ``topologies`` and ``nodes``: what pre-flight read already, and the nodes a job holds.
+    ``record=False`` keeps nothing in the store (pre-flight's quick look)."""
     started = time.monotonic()
-    topologies = await node_topologies(cluster)
+    if topologies is None:
+        topologies = await node_topologies(cluster)
     report: DoctorReport = {"links": [], "rdma": [], "backend": None, "pairs": "all" if all_pairs else "ring",
                             "quick": quick, "bytes": size, "seconds_limit": seconds, "seconds": 0.0,
                             "baselines_set": [], "status": "ok", "error": None}
-    choice, _document, error = plan_backend(cluster, topologies)
-    names = [node.name for node in cluster.config.nodes]
+    choice, _document, error = plan_backend(cluster, topologies, nodes=nodes)
+    names = nodes or [node.name for node in cluster.config.nodes]
     order = list((choice or {}).get("order") or names) if choice and choice.get("ok") else names
     report["backend"] = choice.get("backend") if choice else None
     up = [n for n in order if n in topologies]
@@ -133,15 +139,17 @@ async def measure_fabric(cluster: Cluster, *, all_pairs: bool = False, size: int
         link_started = time.monotonic()
         figures = await measure_link(cluster, matrix, topologies, a, b, size=size, seconds=per_link,
                                      baseline=baseline)
-        judgement = judge_link(figures, baseline)
+        judgement = judge_link(figures, baseline, speed=not quick)
         now = time.time()
-        if set_baseline and figures["connected"] or baseline is None and keeps_as_first_baseline(figures, judgement):
+        first = baseline is None and not quick and keeps_as_first_baseline(figures, judgement)
+        if record and (set_baseline and figures["connected"] or first):
             cluster.state.save_link(a, b, "baseline", dict(baseline_from(figures, now)))
             report["baselines_set"].append(f"{a} ↔ {b}")
             baseline = baseline_from(figures, now)
         link = _link_report(figures, judgement, baseline)
         link["seconds"] = round(time.monotonic() - link_started, 3)
-        cluster.state.save_link(a, b, "last", dict(link), now)
+        if record:
+            cluster.state.save_link(a, b, "last", dict(link), now)
         report["links"].append(link)
         if on_link is not None:
             await on_link(link)

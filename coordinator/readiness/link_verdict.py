@@ -66,10 +66,13 @@ class Judgement(TypedDict):
 
 
 def judge_link(figures: LinkFigures, baseline: Baseline | None, *,
-               fraction: float = BASELINE_FRACTION) -> Judgement:
-    """The verdict on one link: down, wrong-route, slow or ok, the first that holds in that order."""
-    return (_down(figures, baseline) or _wrong_route(figures) or _slow_against_baseline(figures, baseline, fraction)
-            or _slow_for_its_kind(figures) or _ok(figures, baseline))
+               fraction: float = BASELINE_FRACTION, speed: bool = True) -> Judgement:
+    """The verdict on one link: down, wrong-route, slow or ok, the first that holds in that order.
+    ``speed=False`` (pre-flight's short burst, too short to judge a rate by): down or wrong-route, else ok."""
+    found = _down(figures, baseline) or _wrong_route(figures)
+    if found is None and speed:
+        found = _slow_against_baseline(figures, baseline, fraction) or _slow_for_its_kind(figures)
+    return found or _ok(figures, baseline)
 
 
 def baseline_from(figures: LinkFigures, measured_at: float) -> Baseline:

@@ -73,3 +73,14 @@ def test_doctor_help_states_its_cost() -> None:
     assert shown.returncode == 0
     text = " ".join(shown.stdout.split())
     assert "Cost: at most --bytes each way per link" in text and "--while-training" in text
+
+
+def test_preflight_takes_a_quick_look_at_each_link_and_keeps_nothing(three_nodes) -> None:
+    config, env, root = three_nodes
+    shown = coord("preflight", "--config", str(config), "--json", env=env, timeout=120)
+    report = json.loads(shown.stdout)
+    quick = [c for c in report["checks"] if c["name"] == "links.quick"]
+    assert len(quick) == 1 and quick[0]["status"] == "pass", quick
+    assert "a↔b" in quick[0]["detail"] and "c↔a" in quick[0]["detail"]
+    doctor = json.loads(coord("doctor", "--config", str(config), "--json", "--bytes", "0", env=env, timeout=60).stdout)
+    assert all(link["baseline_bits_per_second"] is None for link in doctor["links"])  # pre-flight kept no baseline

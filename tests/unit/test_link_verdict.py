@@ -131,3 +131,25 @@ def test_rates_read_as_words() -> None:
     assert bps_text(None) == "unknown"
     assert bps_text(40e9) == "40 Gbit/s"
     assert bps_text(123.4e6) == "123 Mbit/s"
+
+
+def test_preflight_blocks_only_a_dead_or_wrong_link() -> None:
+    from coordinator.readiness.checks import links_quick
+
+    ok = {"a": "n1", "b": "n2", "verdict": "ok", "latency_ms": 0.3, "cause": "", "fix": ""}
+    slow = {**ok, "a": "n2", "b": "n3", "verdict": "slow", "cause": "under half its baseline"}
+    assert links_quick([ok, slow], 1.2)["status"] == "pass"
+    assert links_quick([], 0.0)["status"] == "pass"
+    down = {**ok, "b": "n3", "verdict": "down", "cause": "tb0 on n3 is down; the launch will go over eth0",
+            "fix": "bring it back"}
+    failed = links_quick([ok, down], 2.0)
+    assert failed["status"] == "fail"
+    assert "n1 ↔ n3 down: tb0 on n3 is down; the launch will go over eth0 (fix: bring it back)" in failed["detail"]
+    assert "The launch is blocked" in failed["detail"] and "--force" in failed["detail"]
+    assert failed["fix_command"] == "coord doctor"
+
+
+def test_the_quick_form_judges_no_rate() -> None:
+    slow = figures(bits_per_second=1e6)
+    assert judge_link(slow, baseline(), speed=False)["verdict"] == "ok"
+    assert judge_link(figures(connected=False), baseline(), speed=False)["verdict"] == "down"
