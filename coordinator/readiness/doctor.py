@@ -139,13 +139,14 @@ async def measure_fabric(cluster: Cluster, *, all_pairs: bool = False, size: int
         link_started = time.monotonic()
         figures = await measure_link(cluster, matrix, topologies, a, b, size=size, seconds=per_link,
                                      baseline=baseline)
-        judgement = judge_link(figures, baseline, speed=not quick)
         now = time.time()
-        first = baseline is None and not quick and keeps_as_first_baseline(figures, judgement)
-        if record and (set_baseline and figures["connected"] or first):
-            cluster.state.save_link(a, b, "baseline", dict(baseline_from(figures, now)))
-            report["baselines_set"].append(f"{a} ↔ {b}")
-            baseline = baseline_from(figures, now)
+        if set_baseline and figures["connected"]:
+            # The figures become the link's reference: this run is judged against them, not the old one.
+            figures["interfaces_down"] = []
+            baseline = _keep_baseline(cluster, report, figures, now, record)
+        judgement = judge_link(figures, baseline, speed=not quick)
+        if baseline is None and not quick and keeps_as_first_baseline(figures, judgement):
+            baseline = _keep_baseline(cluster, report, figures, now, record)
         link = _link_report(figures, judgement, baseline)
         link["seconds"] = round(time.monotonic() - link_started, 3)
         if record:
@@ -161,9 +162,30 @@ async def measure_fabric(cluster: Cluster, *, all_pairs: bool = False, size: int
     return report
 
 
+def _keep_baseline(cluster: Cluster, report: DoctorReport, figures: LinkFigures, now: float,
+                   record: bool) -> Baseline:
+    baseline = baseline_from(figures, now)
+    if record:
+        a, b = figures["a"], figures["b"]
+        cluster.state.forget_link(b, a, "baseline")  # one baseline a link, from the side last measured
+        cluster.state.save_link(a, b, "baseline", dict(baseline))
+        report["baselines_set"].append(f"{a} ↔ {b}")
+    return baseline
+
+
 def _baseline(baselines: Mapping[tuple[str, str], Any], a: str, b: str) -> Baseline | None:
+    """The link's baseline, from a's side: one measured the other way round (the ring's order changed)
+    has its two ends swapped."""
     found = baselines.get((a, b))
-    return found if isinstance(found, dict) else None  # type: ignore[return-value]
+    if isinstance(found, dict):
+        return found  # type: ignore[return-value]
+    other = baselines.get((b, a))
+    if not isinstance(other, dict):
+        return None
+    swapped = dict(other)
+    for one, two in (("interface", "peer_interface"), ("bits_per_second", "reverse_bits_per_second")):
+        swapped[one], swapped[two] = other.get(two), other.get(one)
+    return swapped  # type: ignore[return-value]
 
 
 def _link_report(figures: LinkFigures, judgement: Judgement, baseline: Baseline | None) -> LinkReport:

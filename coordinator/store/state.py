@@ -359,6 +359,9 @@ class StateStore:
         self._db.execute("INSERT OR REPLACE INTO links (a, b, role, record, measured_at) VALUES (?,?,?,?,?)",
                          (a, b, role, json.dumps(record), time.time() if measured_at is None else measured_at))
 
+    def forget_link(self, a: str, b: str, role: str) -> None:
+        self._db.execute("DELETE FROM links WHERE a=? AND b=? AND role=?", (a, b, role))
+
     def links(self, role: str) -> dict[tuple[str, str], JsonObject]:
         rows = self._db.execute("SELECT a, b, record FROM links WHERE role=?", (role,)).fetchall()
         return {(a, b): json.loads(record) for a, b, record in rows}
