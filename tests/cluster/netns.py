@@ -998,6 +998,9 @@ class NetnsCluster:
             self._ip_ns(br, "link", "add", veth, "type", "veth", "peer", "name", self.FAST_INTERFACE, "netns", ns)
             self._ip_ns(br, "link", "set", veth, "master", "br1")
             self._ip_ns(br, "link", "set", veth, "up")
+            # No IPv6 on it: its byte counters then move only for IPv4 traffic a test sends over it.
+            _run(["ip", "netns", "exec", ns, "sysctl", "-q", "-w",
+                  f"net.ipv6.conf.{self.FAST_INTERFACE}.disable_ipv6=1"])
             self._ip_ns(ns, "addr", "add", f"{self.fast_ip(n.name)}/24", "dev", self.FAST_INTERFACE)
             self._ip_ns(ns, "link", "set", self.FAST_INTERFACE, "up")
 

@@ -4,12 +4,15 @@ real network namespaces, over real OpenSSH; the links are measured by real TCP t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import time
 
 import pytest
 
+from coordinator.control.server import call_daemon
+from tests.cluster.test_ready_multihost import ALLSUM
 from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir
 
 pytestmark = pytest.mark.cluster
@@ -24,7 +27,13 @@ def two_networks(netns_cluster):
     netns_cluster.cap_links(SLOW, hosts=nodes)
     root = short_tempdir()
     root.chmod(0o755)
+    source = root / "project"
+    source.mkdir(mode=0o755)
+    (source / "allsum.py").write_text(ALLSUM)
+    (source / "allsum.py").chmod(0o644)
     config = netns_cluster.write_cluster_toml(root / "cluster.toml", state_dir=root / "state")
+    with config.open("a") as handle:
+        handle.write(f'\n[sync]\nsource = "{source}"\nscript = "allsum.py"\n')
     daemon = DaemonProcess(config, env=environment(), prefix=["ip", "netns", "exec", netns_cluster.head_ns]).start()
     try:
         daemon.wait_for(all_up, 60, "all nodes up")
@@ -64,6 +73,26 @@ def test_the_job_uses_the_fast_network_and_doctor_measures_it(two_networks) -> N
         assert link["mtu"] == link["peer_mtu"] == 1500
         # Faster than the slow network's cap each way: the bytes went over the fast one.
         assert link["bits_per_second"] > 2 * 50e6 and link["reverse_bits_per_second"] > 2 * 50e6, link
+
+
+def fast_bytes(cluster, node: str) -> int:
+    counters = [cluster.exec_in(node, ["cat", f"/sys/class/net/{cluster.FAST_INTERFACE}/statistics/{way}_bytes"])
+                for way in ("rx", "tx")]
+    return sum(int(done.stdout) for done in counters)
+
+
+def test_a_job_runs_its_collectives_over_the_fast_network(two_networks) -> None:
+    cluster, daemon = two_networks
+    assert coord("sync", "--config", str(daemon.config), env=daemon.env, timeout=300).returncode == 0
+    prepared = asyncio.run(call_daemon(daemon.config.parent / "state" / "coord.sock", "prepare_job",
+                                       {"job": "allsum", "argv": ["python", "allsum.py"]}, timeout=120))
+    before = {n.name: fast_bytes(cluster, n.name) for n in cluster.nodes}
+    result = cluster.exec_in("head", prepared["argv"], env={**environment(), **prepared["env"]}, timeout=300)
+    lines = sorted(line.strip() for line in result.stdout.splitlines() if line.strip().startswith("rank "))
+    assert lines == [f"rank {r} of 3 sum [6.0, 6.0, 6.0, 6.0]" for r in range(3)], (result.stdout, result.stderr)
+    # Nothing else uses thunderbolt0 (the head is not on it): what it carried was the ring's traffic.
+    grown = {n.name: fast_bytes(cluster, n.name) - before[n.name] for n in cluster.nodes}
+    assert all(count > 500 for count in grown.values()), grown
 
 
 def test_a_link_capped_to_a_tenth_is_slow_and_named_within_the_time_limit(two_networks) -> None:
