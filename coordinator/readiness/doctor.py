@@ -150,7 +150,8 @@ async def measure_fabric(cluster: Cluster, *, all_pairs: bool = False, size: int
         link = _link_report(figures, judgement, baseline)
         link["seconds"] = round(time.monotonic() - link_started, 3)
         if record:
-            cluster.state.save_link(a, b, "last", dict(link), now)
+            cluster.state.forget_link(b, a, "last")
+            cluster.state.save_link(a, b, "last", {**link, "measured_at": now}, now)
         report["links"].append(link)
         if on_link is not None:
             await on_link(link)
