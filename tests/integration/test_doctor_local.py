@@ -84,3 +84,52 @@ def test_preflight_takes_a_quick_look_at_each_link_and_keeps_nothing(three_nodes
     assert "a↔b" in quick[0]["detail"] and "c↔a" in quick[0]["detail"]
     doctor = json.loads(coord("doctor", "--config", str(config), "--json", "--bytes", "0", env=env, timeout=60).stdout)
     assert all(link["baseline_bits_per_second"] is None for link in doctor["links"])  # pre-flight kept no baseline
+
+
+def test_all_ring_links_of_eight_nodes_take_at_most_thirty_seconds() -> None:
+    root = short_tempdir()
+    names = tuple(f"n{i}" for i in range(8))
+    config = write_local_cluster(root, names)
+    env = environment()
+    daemon = DaemonProcess(config, env=env).start()
+    try:
+        daemon.wait_for(all_up, 120, "every node up")
+        done = coord("doctor", "--config", str(config), "--json", env=env, timeout=120)  # the defaults: 64 MiB, 30 s
+        report = json.loads(done.stdout)
+        assert len(report["links"]) == 8 and report["bytes"] == 64 * 2**20 and report["seconds_limit"] == 30
+        assert report["seconds"] <= 30, report["seconds"]
+        assert {(link["a"], link["b"]) for link in report["links"]} == {
+            (names[i], names[(i + 1) % 8]) for i in range(8)}
+        assert all(link["verdict"] == "ok" for link in report["links"]), report["links"]
+    finally:
+        daemon.stop(signal.SIGKILL)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_doctor_refuses_while_a_job_trains_unless_asked(three_nodes) -> None:
+    from tests.integration.test_jobs_local import PLAIN
+
+    config, env, root = three_nodes
+    (root / "project").mkdir()
+    (root / "project" / "plain.py").write_text(PLAIN)
+    submitted = coord("run", "--config", str(config), "--name", "long", "--source", str(root / "project"),
+                      "--detach", "--", "python", "plain.py", "--steps", "100000", "--sleep", "0.2", env=env)
+    assert submitted.returncode == 0, submitted.stderr
+    daemon = DaemonProcess(config, env=env)  # the fixture's daemon, asked through the CLI
+
+    def training(doc: dict) -> bool:
+        job = next((j for j in doc["jobs"] if j["name"] == "long"), None)
+        return job is not None and job["state"] == "running" and job["step"] >= 1
+
+    try:
+        daemon.wait_for(training, 300, "the job training")
+        refused = coord("doctor", "--config", str(config), "--bytes", "0", env=env, timeout=60)
+        assert refused.returncode != 0
+        said = " ".join(refused.stderr.split())
+        assert "a job trains on a (long), b (long), c (long)" in said and "--while-training" in said
+        asked = coord("doctor", "--config", str(config), "--json", "--bytes", "0", "--while-training",
+                      env=env, timeout=60)
+        assert asked.returncode == 0, asked.stderr
+        assert len(json.loads(asked.stdout)["links"]) == 3
+    finally:
+        coord("stop", "--config", str(config), "long", env=env, timeout=120)
