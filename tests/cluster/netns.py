@@ -7,6 +7,10 @@ Layout (``P`` is a short per-instance prefix such as ``c4170``)::
     P-1    node 1:          ``eth0`` = 10.231.K.11  sshd on :22, user/home/venv of node 1
     P-2    node 2:          ``eth0`` = 10.231.K.12  ...
 
+``add_fast_network()`` gives the nodes a second network beside it, ``thunderbolt0`` = 10.232.K.(11+i) on
+bridge ``br1`` (the head is not on it), which coord takes for Thunderbolt: the fast network of the
+``coord doctor`` tests, with ``eth0`` capped by ``cap_links`` as the slow one.
+
 Each node is a different Unix user with its own home and venv (``/usr/bin/python3`` plus
 mlx[cpu] and mlx-lm at the versions of the running interpreter; no coord). Each node runs
 the system OpenSSH ``sshd`` with its own host key; the head holds one client key, a plain

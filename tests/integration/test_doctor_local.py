@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -133,3 +134,25 @@ def test_doctor_refuses_while_a_job_trains_unless_asked(three_nodes) -> None:
         assert len(json.loads(asked.stdout)["links"]) == 3
     finally:
         coord("stop", "--config", str(config), "long", env=env, timeout=120)
+
+
+def test_rdma_devices_a_saved_matrix_names_are_checked_against_each_nodes(three_nodes, tmp_path) -> None:
+    config, env, root = three_nodes
+    infiniband = Path("/sys/class/infiniband")
+    if infiniband.is_dir() and any(infiniband.iterdir()):
+        pytest.skip("this machine has RDMA devices: the test needs a machine without")
+    matrix = tmp_path / "ibv.json"
+    matrix.write_text(json.dumps([[None, "rdma_en5", "rdma_en6"], ["rdma_en5", None, None],
+                                  ["rdma_en6", None, None]]))
+    done = coord("doctor", "--config", str(config), "--json", "--bytes", "0", "--ibv-devices", str(matrix),
+                 env=env, timeout=60)
+    report = json.loads(done.stdout)
+    # These local nodes are one Linux machine without RDMA devices: every device named is missing.
+    assert done.returncode == 1 and report["status"] == "down"
+    assert [(p["node"], p["device"]) for p in report["rdma"]] == [
+        ("a", "rdma_en5"), ("a", "rdma_en6"), ("b", "rdma_en5"), ("c", "rdma_en6")]
+    assert all("MLX_IBV_DEVICES names" in p["cause"] for p in report["rdma"])
+    unreadable = tmp_path / "bad.json"
+    unreadable.write_text("{not json")
+    bad = coord("doctor", "--config", str(config), "--ibv-devices", str(unreadable), env=env, timeout=60)
+    assert bad.returncode != 0 and "cannot read it as JSON" in bad.stderr
