@@ -207,12 +207,18 @@ def _link_report(figures: LinkFigures, judgement: Judgement, baseline: Baseline 
 
 def chosen_link(cluster: Cluster, matrix: Matrix, a: str, b: str) -> Link | None:
     """The link coord would put in the hostfile between a and b: the best shared subnet; loopback for
-    two nodes that are both this machine."""
+    two nodes that are both this machine; b's address from the cluster file where it gives one (the
+    hostfile's then), over whatever interface the kernel picks ("" for an address or interface unknown)."""
     by_name = {node.name: node for node in cluster.config.nodes}
     if by_name[a].is_local and by_name[b].is_local:
         return {"kind": "loopback", "local_interface": "lo", "local_ip": "127.0.0.1", "peer_interface": "lo",
                 "peer_ip": "127.0.0.1", "network": "127.0.0.0/8"}
-    return matrix["pairs"].get(a, {}).get(b, {}).get("best")  # type: ignore[call-overload]
+    best: Link | None = matrix["pairs"].get(a, {}).get(b, {}).get("best")  # type: ignore[call-overload]
+    configured = by_name[b].ips
+    if configured and (best is None or best["peer_ip"] not in configured):
+        return {"kind": "other", "local_interface": None, "local_ip": by_name[a].ips[0] if by_name[a].ips else "",
+                "peer_interface": None, "peer_ip": configured[0], "network": ""}
+    return best
 
 
 async def measure_link(cluster: Cluster, matrix: Matrix, topologies: Mapping[str, Topology], a: str, b: str, *,
@@ -286,7 +292,7 @@ async def _probe(cluster: Cluster, a: str, b: str, link: Link, *, size: int, sec
     try:
         measured: LinkMeasureReply = await connector.call(
             "link_measure", {"host": link["peer_ip"], "port": opened["port"], "token": token, "bytes": size,
-                             "source": link["local_ip"], "seconds": seconds},
+                             "source": link["local_ip"] or None, "seconds": seconds},
             timeout=seconds + CALL_SLACK_S)
         return measured
     except (RemoteError, TimeoutError) as exc:

@@ -116,7 +116,7 @@ def _down(figures: LinkFigures, baseline: Baseline | None) -> Judgement | None:
                        "anyway, `coord run --force`, or make it the baseline with `coord doctor --set-baseline`"}
     if figures["connected"]:
         return None
-    if figures["interface"] is None:
+    if figures["interface"] is None and not figures["peer_address"]:
         return {"verdict": "down",
                 "cause": f"{figures['a']} and {figures['b']} share no network coord could measure "
                          f"({figures['detail']})",
@@ -124,7 +124,7 @@ def _down(figures: LinkFigures, baseline: Baseline | None) -> Judgement | None:
                        "`coord doctor` again"}
     return {"verdict": "down",
             "cause": f"{figures['b']} is unreachable from {figures['a']} over {_over(figures)}, "
-                     f"{figures['address']} → {figures['peer_address']}: {figures['detail']}",
+                     f"{figures['address'] or 'its address'} → {figures['peer_address']}: {figures['detail']}",
             "fix": f"check the cable and that {figures['interface']} on {figures['a']} and "
                    f"{figures['peer_interface'] or 'its peer'} on {figures['b']} are up with their addresses "
                    "(`ip addr` on Linux, `ifconfig` on macOS), and that no firewall drops the traffic"}
