@@ -153,3 +153,36 @@ def test_the_quick_form_judges_no_rate() -> None:
     slow = figures(bits_per_second=1e6)
     assert judge_link(slow, baseline(), speed=False)["verdict"] == "ok"
     assert judge_link(figures(connected=False), baseline(), speed=False)["verdict"] == "down"
+
+
+def test_the_links_measured_are_ring_neighbours_once_or_every_pair() -> None:
+    from coordinator.readiness.doctor import link_pairs, worst
+
+    assert link_pairs(["a", "b", "c", "d"], all_pairs=False) == [("a", "b"), ("b", "c"), ("c", "d"), ("d", "a")]
+    assert link_pairs(["a", "b"], all_pairs=False) == [("a", "b")]
+    assert len(link_pairs(["a", "b", "c", "d"], all_pairs=True)) == 6
+    assert link_pairs(["a"], all_pairs=True) == []
+    assert worst(["ok", "slow", "wrong-route"]) == "wrong-route" and worst(["ok"]) == "ok"
+
+
+def test_the_address_measured_is_the_hostfiles() -> None:
+    from types import SimpleNamespace
+
+    from coordinator.config.cluster_file import NodeConfig
+    from coordinator.readiness.doctor import chosen_link
+
+    best = {"kind": "thunderbolt", "local_interface": "en2", "local_ip": "192.168.0.1", "peer_interface": "en2",
+            "peer_ip": "192.168.0.2", "network": "192.168.0.0/30"}
+    matrix: Any = {"pairs": {"a": {"b": {"best": best}}}}
+
+    def cluster(*ips: tuple[str, ...]) -> Any:
+        return SimpleNamespace(config=SimpleNamespace(nodes=[
+            NodeConfig(name=name, host=f"h-{name}", python="python3", workdir="/w", ips=given)
+            for name, given in zip("ab", ips, strict=True)]))
+
+    assert chosen_link(cluster((), ()), matrix, "a", "b") == best  # measured: the best shared subnet
+    assert chosen_link(cluster((), ("192.168.0.2",)), matrix, "a", "b") == best
+    configured = chosen_link(cluster(("10.0.0.1",), ("10.0.0.2",)), matrix, "a", "b")
+    assert configured is not None
+    assert (configured["local_ip"], configured["peer_ip"], configured["local_interface"]) == ("10.0.0.1", "10.0.0.2",
+                                                                                             None)
