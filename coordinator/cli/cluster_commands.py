@@ -109,19 +109,20 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         request["seconds"] = args.seconds
     matrix_file = args.ibv_devices or os.environ.get("MLX_IBV_DEVICES")
     if matrix_file:
-        request["ibv_devices"] = _ibv_matrix(matrix_file)
+        request["ibv_devices"] = _ibv_matrix(matrix_file, "--ibv-devices" if args.ibv_devices else "MLX_IBV_DEVICES")
     report = streamed(args, "doctor", request, render_doctor, NodeProgress)
     return EXIT_OK if report["status"] == "ok" else EXIT_FAILED
 
 
-def _ibv_matrix(path: str) -> list[object]:
+def _ibv_matrix(path: str, given_by: str) -> list[object]:
     """An MLX_IBV_DEVICES file: one row per rank, each the device toward every rank (null toward itself)."""
     try:
         matrix = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise CliError(f"MLX_IBV_DEVICES file {path}: cannot read it as JSON: {exc}", EXIT_USAGE) from None
+        raise CliError(f"{given_by} {path}: cannot read it as JSON: {exc}", EXIT_USAGE) from None
     if not isinstance(matrix, list) or not all(isinstance(row, list) for row in matrix):
-        raise CliError(f"MLX_IBV_DEVICES file {path}: expected a list of rows, one per rank", EXIT_USAGE)
+        raise CliError(f"{given_by} {path}: expected a list of rows, one per rank (an MLX_IBV_DEVICES matrix)",
+                       EXIT_USAGE)
     return matrix
 
 
