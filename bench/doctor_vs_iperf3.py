@@ -9,6 +9,7 @@ move bytes), and on each: `coord doctor --json` (the whole CLI, through the daem
 ``--iperf-seconds``. Rounds alternate which tool goes first; the median of the rounds is reported.
 
     sudo python bench/doctor_vs_iperf3.py [--rounds 3] [--bytes 67108864] [--iperf-seconds 5]
+                                          [--rates 100mbit,1gbit,uncapped]
 
 COORD_NETNS_USER_SUFFIX gives the cluster's users a suffix, so the bench runs beside another
 checkout's test cluster.
@@ -32,8 +33,6 @@ sys.path.insert(0, str(REPO))
 
 from tests.cluster.netns import DEFAULT_NODES, NetnsCluster  # noqa: E402
 from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir  # noqa: E402
-
-RATES = ("100mbit", "1gbit", None)
 
 
 def nodes() -> tuple:
@@ -75,7 +74,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--bytes", type=int, default=64 * 2**20)
     parser.add_argument("--iperf-seconds", type=int, default=5)
+    parser.add_argument("--rates", default="100mbit,1gbit,uncapped", help="the caps to measure at, in tc's words")
     args = parser.parse_args()
+    rates = [None if rate == "uncapped" else rate for rate in args.rates.split(",")]
     if shutil.which("iperf3") is None:
         sys.exit("iperf3 is not installed: apt-get install -y iperf3")
     rows = []
@@ -88,7 +89,7 @@ def main() -> None:
         try:
             daemon.wait_for(all_up, 60, "all nodes up")
             a, b = (n.name for n in cluster.nodes)
-            for rate in RATES:
+            for rate in rates:
                 cluster.cap_fast_pair(a, b, rate)
                 doctor, iperf, took = [], [], []
                 for round_ in range(args.rounds):

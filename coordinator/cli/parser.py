@@ -168,10 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "--set-baseline keeps) and what its kind should carry, with the cause and the "
                                    "fix. The RDMA devices a saved hostfile or MLX_IBV_DEVICES names are checked "
                                    "against each node's. Cost: at most --bytes each way per link (default 64 MiB; "
-                                   "4 MiB with --quick), the links one after another, all within --seconds "
-                                   "(default 30; 6 with --quick). It refuses to run while a job trains, since "
-                                   "it would take the job's bandwidth, unless --while-training. Exits 1 unless "
-                                   "every link is ok.")
+                                   "4 MiB with --quick), the links one after another (all at once with "
+                                   "--quick), all within --seconds (default 30; 6 with --quick). It refuses "
+                                   "to run while a job trains, since it would take the job's bandwidth, unless "
+                                   "--while-training. Exits 1 unless every link is ok.")
     client_options(p)
     p.add_argument("--all-pairs", action="store_true", help="every pair of nodes, not only ring neighbours")
     p.add_argument("--bytes", type=Whole(0, 8 * 2**30), help="bytes sent each way per link, at most "

@@ -132,35 +132,55 @@ async def measure_fabric(cluster: Cluster, *, all_pairs: bool = False, size: int
         return report
     matrix = connectivity_matrix(topologies)
     pairs = link_pairs(up, all_pairs=all_pairs)
-    per_link = max(seconds / len(pairs), MIN_LINK_SECONDS)
     baselines = cluster.state.links("baseline")
-    for a, b in pairs:
-        baseline = _baseline(baselines, a, b)
+    found: dict[tuple[str, str], LinkReport] = {}
+
+    async def one(a: str, b: str, limit: float) -> None:
         link_started = time.monotonic()
-        figures = await measure_link(cluster, matrix, topologies, a, b, size=size, seconds=per_link,
-                                     baseline=baseline)
-        now = time.time()
-        if set_baseline and figures["connected"]:
-            # The figures become the link's reference: this run is judged against them, not the old one.
-            figures["interfaces_down"] = []
-            baseline = _keep_baseline(cluster, report, figures, now, record)
-        judgement = judge_link(figures, baseline, speed=not quick)
-        if baseline is None and not quick and keeps_as_first_baseline(figures, judgement):
-            baseline = _keep_baseline(cluster, report, figures, now, record)
-        link = _link_report(figures, judgement, baseline)
+        baseline = _baseline(baselines, a, b)
+        figures = await measure_link(cluster, matrix, topologies, a, b, size=size, seconds=limit, baseline=baseline)
+        link = _judged(cluster, report, figures, baseline, quick=quick, set_baseline=set_baseline, record=record)
         link["seconds"] = round(time.monotonic() - link_started, 3)
-        if record:
-            cluster.state.forget_link(b, a, "last")
-            cluster.state.save_link(a, b, "last", {**link, "measured_at": now}, now)
-        report["links"].append(link)
+        found[(a, b)] = link
         if on_link is not None:
             await on_link(link)
+
+    if quick:
+        # A short burst judges no rate, so the links may share the nodes' bandwidth: all at once, each
+        # within the whole limit, keep pre-flight's cost to about one link's.
+        async with anyio.create_task_group() as tasks:
+            for a, b in pairs:
+                tasks.start_soon(one, a, b, seconds)
+    else:
+        for a, b in pairs:  # one after another, so no two probes share a node's bandwidth
+            await one(a, b, max(seconds / len(pairs), MIN_LINK_SECONDS))
+    report["links"] = [found[pair] for pair in pairs]
     named, source = _named_rdma(cluster, order, ibv_devices)
     report["rdma"] = rdma_problems(named, _present_rdma(topologies), source)
     verdicts = [link["verdict"] for link in report["links"]] + (["down"] if report["rdma"] else [])
     report["status"] = worst(verdicts)
     report["seconds"] = round(time.monotonic() - started, 3)
     return report
+
+
+def _judged(cluster: Cluster, report: DoctorReport, figures: LinkFigures, baseline: Baseline | None, *,
+            quick: bool, set_baseline: bool, record: bool) -> LinkReport:
+    """The link's verdict, its baseline kept where this is its first healthy measurement or asked
+    (--set-baseline), and its last figures kept."""
+    a, b = figures["a"], figures["b"]
+    now = time.time()
+    if set_baseline and figures["connected"]:
+        # The figures become the link's reference: this run is judged against them, not the old one.
+        figures["interfaces_down"] = []
+        baseline = _keep_baseline(cluster, report, figures, now, record)
+    judgement = judge_link(figures, baseline, speed=not quick)
+    if baseline is None and not quick and keeps_as_first_baseline(figures, judgement):
+        baseline = _keep_baseline(cluster, report, figures, now, record)
+    link = _link_report(figures, judgement, baseline)
+    if record:
+        cluster.state.forget_link(b, a, "last")
+        cluster.state.save_link(a, b, "last", {**link, "measured_at": now}, now)
+    return link
 
 
 def _keep_baseline(cluster: Cluster, report: DoctorReport, figures: LinkFigures, now: float,
