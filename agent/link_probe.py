@@ -322,7 +322,21 @@ def link_route(address: str, interface: str | None = None) -> LinkRouteReply:
     return {"address": address, "route": route,
             "route_mtu": interface_mtu(route_interface) if route_interface else None,
             "interface": interface, "interface_mtu": interface_mtu(interface) if interface else None,
+            "interface_speed_bps": interface_speed_bps(interface or route_interface),
             "detail": detail}
+
+
+def interface_speed_bps(name: str | None) -> float | None:
+    """The speed the interface negotiated (Linux: /sys/class/net/IF/speed in Mbit/s; unknown, -1 or
+    another OS: None)."""
+    if not name or not sys.platform.startswith("linux"):
+        return None
+    try:
+        with open(os.path.join("/sys/class/net", name, "speed"), encoding="ascii") as handle:
+            mbps = int(handle.read().strip())
+    except (OSError, ValueError):
+        return None
+    return mbps * 1e6 if mbps > 0 else None
 
 
 def interface_mtu(name: str) -> int | None:

@@ -251,7 +251,10 @@ async def measure_link(cluster: Cluster, matrix: Matrix, topologies: Mapping[str
         "address": link["local_ip"] if link else None, "peer_address": link["peer_ip"] if link else None,
         "connected": False, "complete": False, "bits_per_second": None, "reverse_bits_per_second": None,
         "latency_ms": None, "route_interface": None, "peer_route_interface": None, "mtu": None, "peer_mtu": None,
-        "speed_bps": None, "generation": view["generation"] if view else None,
+        # A Thunderbolt cable's speed as both ends report it; else the interface's, read below.
+        "speed_bps": view["speed_gbps"] * 1e9 if view and view["speed_gbps"] and link and link["kind"] == "thunderbolt"
+        else None,
+        "generation": view["generation"] if view else None,
         "cabled": bool(view and view["thunderbolt"]),
         "interfaces_down": _interfaces_down(topologies, a, b, baseline, link),
         "detail": (view["link_detail"] if view else None) or "no shared subnet",
@@ -292,6 +295,8 @@ def _read_routes(figures: LinkFigures, at_a: LinkRouteReply | None, at_b: LinkRo
         # Two nodes on one machine reach each other's address through lo whatever the interface.
         figures[route_key] = None if loopback else route.get("interface")  # type: ignore[literal-required]
         figures[mtu_key] = reply.get("interface_mtu") or reply.get("route_mtu")  # type: ignore[literal-required]
+    if at_a is not None and at_a.get("interface_speed_bps") and figures["speed_bps"] is None:
+        figures["speed_bps"] = at_a.get("interface_speed_bps")
 
 
 async def _probe(cluster: Cluster, a: str, b: str, link: Link, *, size: int, seconds: float) -> LinkMeasureReply:

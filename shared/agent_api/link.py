@@ -77,4 +77,5 @@ class LinkRouteReply(TypedDict):
     route_mtu: int | None
     interface: str | None
     interface_mtu: int | None
+    interface_speed_bps: float | None  # what it negotiated, where the OS says (Linux); None: unknown
     detail: str

@@ -99,3 +99,9 @@ def test_the_route_toward_loopback_is_read() -> None:
     reply = link_probe.link_route("127.0.0.1", "lo")
     assert reply["route"] is not None and reply["route"]["interface"] == "lo"
     assert reply["interface_mtu"] == reply["route_mtu"] and reply["route_mtu"] > 0
+
+
+def test_an_interface_without_a_negotiated_speed_has_none(tmp_path) -> None:
+    assert link_probe.interface_speed_bps("lo") is None  # loopback negotiates nothing
+    assert link_probe.interface_speed_bps(None) is None
+    assert link_probe.interface_speed_bps("no-such-interface0") is None
