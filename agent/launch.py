@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from agent import mlx_kernels
 from agent import standby as node_standby
+from agent.torch_locks import clear_stale_locks
 from shared import protocol as p
 from shared.rpc import RemoteError
 
@@ -173,6 +174,7 @@ def start_rank(workdir: str, job: str, attempt: int, rank: int, standby: bool = 
         raise RemoteError(p.REFUSED, f"rank {rank} of attempt {attempt} of {job} was started already")
     with open(os.path.join(directory, "started"), "w", encoding="utf-8") as marker:
         marker.write(f"{time.time()}\n")
+    cleared = clear_stale_locks()  # a rank killed mid-build would leave this one waiting on it for good
     launch = _launch_of(os.path.join(jobs_dir(), job, f"rank-{rank}.json"), directory) if standby else None
     pid = _start_warm(job, directory, launch) if launch else None
     warm = pid is not None
@@ -188,7 +190,10 @@ def start_rank(workdir: str, job: str, attempt: int, rank: int, standby: bool = 
         # launch's business). The shell of a cold start execs the runner: ``pid`` is the rank's runner.
         threading.Thread(target=_start_standby, args=(job, f"{attempt}-{rank}", launch, pid, directory),
                          name=f"standby-{job}-{rank}", daemon=True).start()
-    return {"pid": pid, "warm": warm}
+    reply: StartRankReply = {"pid": pid, "warm": warm}
+    if cleared:
+        reply["cleared_locks"] = cleared
+    return reply
 
 
 def _start_standby(job: str, name: str, launch: _Launch, watch: int, directory: str) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from agent import drill as node_drill
 from agent import facts as node_facts
 from agent import launch as node_launch
 from agent import link_probe, process_end, upkeep
@@ -153,6 +154,9 @@ def build_dispatcher(relay: node_relay.Relay | None = None, uploads: node_sync.U
     table.add("read_log", _in_thread(node_ranks.read_log), required=rank, optional={"offset": int})
     table.add("dump_stacks", _in_thread(node_ranks.dump_stacks), required=rank)
     table.add("stop_rank", _in_thread(node_ranks.stop_rank), required=rank, optional={"grace": (int, float)})
+    table.add("signal_rank", _in_thread(node_drill.signal_rank), required={**rank, "fault": str})
+    table.add("remove_run", _in_thread(node_drill.remove_run), required={"workdir": str, "job": str},
+              optional={"tree": str})
     # The checkpoint upkeep of a training job, at the lower priority of agent/upkeep.py.
     table.add("list_checkpoints", upkeep.in_upkeep(node_ranks.list_checkpoints),
               required={"workdir": str, "job": str, "attempt": int}, optional={"known": list})

@@ -25,6 +25,7 @@ import structlog
 
 from coordinator.commands import calibrate as calibrate_command
 from coordinator.commands import doctor as doctor_command
+from coordinator.commands import drill as drill_command
 from coordinator.commands import hostfile as hostfile_command
 from coordinator.commands import jobs as jobs_command
 from coordinator.commands import prepare as prepare_command
@@ -184,6 +185,10 @@ class Daemon:
         table.add("cancel", _sync_handler(jobs_command.cancel_job, jobs), required={"name": str})
         table.add("resize", _sync_handler(jobs_command.resize_job, jobs), required={"name": str})
         table.add("job", _sync_handler(jobs_command.job_view, jobs), required={"name": str})
+        table.add("drill_fault", partial(drill_command.drill_fault, cluster, jobs),
+                  required={"name": str, "fault": str, "rank": int})
+        table.add("forget_run", partial(drill_command.forget_run, cluster, jobs), required={"name": str},
+                  optional={"tree": (str, type(None)), "source": (str, type(None))})
         table.add("logs", _sync_handler(jobs_command.job_logs, jobs), required={"name": str},
                   optional={"rank": int, "attempt": (int, type(None)), "offset": int})
         table.add("prepare_job", partial(prepare_command.prepare_job, cluster), required={"job": str, "argv": list},

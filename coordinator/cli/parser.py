@@ -14,6 +14,8 @@ from coordinator.cli.cluster_commands import (
     cmd_status,
     cmd_sync,
 )
+from coordinator.cli.drill import STEPS_BEFORE_FAULT as DRILL_STEPS
+from coordinator.cli.drill import cmd_drill
 from coordinator.cli.job_commands import cmd_cancel, cmd_logs, cmd_resize, cmd_run, cmd_stop, cmd_wait
 from coordinator.cli.setup_commands import cmd_agent_bundle, cmd_daemon, cmd_demo, cmd_init, cmd_trust
 from coordinator.config.daemon_options import add_daemon_arguments
@@ -401,6 +403,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--first-step-timeout", type=SECONDS, help="as for coord run")
     p.add_argument("--node-wait", type=SECONDS, help="as for coord run")
     p.set_defaults(func=cmd_bench_scaling, command=None)
+
+    p = sub.add_parser("drill", help="a fire drill: a short job, a rank killed and one stopped, recovery timed",
+                       description="Run the demo's tiny model as a real job on this cluster's nodes (its files in a "
+                                   "coord-drill-* directory of each workdir), SIGKILL its last rank once it trained "
+                                   f"{DRILL_STEPS} steps, then SIGSTOP its rank 0 once it trains again, and report "
+                                   "for each fault how long coord took to see it and to train again, and the steps "
+                                   "done twice, beside the step time and the cold launch. Then the job is stopped "
+                                   "and forgotten: no job record, event or file of it is left on the head or the "
+                                   "nodes. Costs about a minute of the nodes; refused while a job trains on them.")
+    client_options(p)
+    p.add_argument("--nodes", type=Names(), metavar="N1,N2", help="drill on these nodes (default: every node up; "
+                   "at least 2)")
+    p.add_argument("--iters", type=Whole(200, WHOLE["total_steps"][1]), default=100_000,
+                   help="the job's length in steps: it is stopped once the second fault is recovered from, "
+                        "so only a run shorter than the drill needs this (default 100000)")
+    p.add_argument("--timeout", type=Number(0, MAX_SECONDS, unit="seconds"), default=900.0,
+                   help="give up (and clean up) after this long (default 900)")
+    p.add_argument("--while-training", action="store_true", help="drill even while a job trains on the nodes "
+                   "(it waits for them in the queue, then takes their time)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_drill)
 
     p = sub.add_parser("wait", help="block until a job ends; exit 0 only if it succeeded",
                        description="Follow a job until it succeeds, fails or is stopped.")

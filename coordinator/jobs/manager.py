@@ -12,13 +12,14 @@ simulated ones, so that the queue is checked under fault schedules like the supe
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NotRequired, Protocol, TypedDict
 
 from coordinator.jobs.core import new_run_id
 from coordinator.jobs.effects import JobEffects, Task
-from coordinator.jobs.head_paths import attempt_dir
+from coordinator.jobs.head_paths import attempt_dir, run_dir
 from coordinator.jobs.queue import Waiting, positions, startable
 from coordinator.jobs.record import JobRecord
 from coordinator.jobs.spec import (
@@ -47,6 +48,9 @@ class RunStore(Protocol):
         """Every stored run, oldest first."""
 
     def run_ids(self) -> set[str]: ...
+
+    def forget_run(self, run_id: str) -> int:
+        """Every row of the run, its events too; how many events went."""
 
 
 class LogPiece(TypedDict):
@@ -244,6 +248,23 @@ class JobManager:
             return runner
         runner.request_stop()
         runner.event("stop_requested", "stop requested")
+        return runner
+
+    def forget(self, name: str) -> JobRunner:
+        """A finished run, as if it had never been (coord drill's own): its rows and the head's files of it.
+        The nodes' files of it are the caller's to remove. A run still going is refused."""
+        runner = self.find(name)
+        if runner.state in ACTIVE:
+            raise JobError(p.REFUSED, f"job {runner.spec.name} is {runner.state}; stop it before it is forgotten")
+        self.runs.pop(runner.run_id, None)
+        if self.jobs.get(runner.spec.name) is runner:
+            del self.jobs[runner.spec.name]
+            earlier = [other for other in self.runs.values() if other.spec.name == runner.spec.name]
+            if earlier:
+                self.jobs[runner.spec.name] = earlier[-1]  # the name means its newest run left
+        self.store.forget_run(runner.run_id)
+        for directory in (run_dir(self.state_dir, runner.run_id), self.state_dir / "replicas" / runner.run_id):
+            shutil.rmtree(directory, ignore_errors=True)
         return runner
 
     def resize(self, name: str) -> tuple[JobRunner, str]:

@@ -85,6 +85,10 @@ class RankStarter:
                 return
             if answer.get("warm"):
                 warm.add(name)
+            if answer.get("cleared_locks"):
+                self.ctx.event("stale_lock_cleared", f"{name}: removed a lock of torch's extension build that a "
+                               f"killed process left (every rank would have waited on it for good): "
+                               f"{', '.join(answer['cleared_locks'])}", node=name, paths=answer["cleared_locks"])
 
         async with anyio.create_task_group() as tasks:
             for rank, name in enumerate(order):

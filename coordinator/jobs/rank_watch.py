@@ -263,7 +263,7 @@ class RankWatcher:
             record.failed_at = self.fx.now()
         self.ctx.event("attempt_ended", f"attempt {record.attempt}: {kind}: {detail}"
                        + (f" (seen {detected_after:.2f} s after)" if detected_after is not None else ""),
-                       outcome=kind, **extra)
+                       outcome=kind, attempt=record.attempt, step=record.step, **extra)
         if kind in (RANK_FAILED, HUNG) and attempt is not None:
             self._diagnose_logs(attempt)
         return Outcome(kind, detail, record.first_step_at is not None, signature[:300])
@@ -398,7 +398,7 @@ class RankWatcher:
             record.first_step_at = now
             record.first_step_seconds = seconds
             self.ctx.event("first_step", f"attempt {record.attempt} reached step {step}", seconds=round(seconds, 3),
-                           step=step)
+                           step=step, attempt=record.attempt)
             self._recovered()
         record.step = max(step, record.step)
 

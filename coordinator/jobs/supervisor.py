@@ -476,7 +476,8 @@ class JobRunner:
         watch = hangs.limits().describe() if hangs.watched() else "none until its ranks report progress"
         self.event("launched", f"attempt {attempt.number} launched on {', '.join(order)} from step {start_step} "
                    f"({plan.backend}){'; launcher warm on ' + ', '.join(warm) if warm else ''}; hang watch: {watch}",
-                   attempt=attempt.number, seconds=round(self.fx.monotonic() - started, 3), warm=warm)
+                   attempt=attempt.number, start_step=start_step, seconds=round(self.fx.monotonic() - started, 3),
+                   warm=warm)
         return None
 
     async def _monitor(self, attempt: Attempt | None) -> Outcome:

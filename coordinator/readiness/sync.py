@@ -134,10 +134,7 @@ def source_manifest(cluster: Cluster, source: Path, patterns: list[str], follow_
     """The source's manifest (its links in it, each decided by ``SourceLinks``), what scanning it cost,
     and the links: those sent as links, those leading outside (followed with ``follow_outside``).
     ``contents``: the bytes of the small files it had to hash (new or changed ones: those a sync sends)."""
-    key = hashlib.sha256(str(source).encode()).hexdigest()[:16]
-    # A scan that follows outside links has a cache of its own: one that does not would drop the entries of
-    # the followed files (a model, say) from a shared one, and the next sync would hash them all again.
-    path = str(cluster.config.state_dir / "hashcache" / f"{key}{'-followed' if follow_outside else ''}.json")
+    path = _cache_path(cluster, source, follow_outside)
     if path not in _source_caches:
         _source_caches[path] = (HashCache(path), threading.Lock())
     cache, lock = _source_caches[path]
@@ -146,6 +143,22 @@ def source_manifest(cluster: Cluster, source: Path, patterns: list[str], follow_
         manifest, stats = scan_tree(str(source), IgnoreRules(patterns), cache=cache, on_link=links, directories=True,
                                     contents=contents)
     return manifest, stats.as_dict(), links
+
+
+def _cache_path(cluster: Cluster, source: Path, follow_outside: bool) -> str:
+    key = hashlib.sha256(str(source).encode()).hexdigest()[:16]
+    # A scan that follows outside links has a cache of its own: one that does not would drop the entries of
+    # the followed files (a model, say) from a shared one, and the next sync would hash them all again.
+    return str(cluster.config.state_dir / "hashcache" / f"{key}{'-followed' if follow_outside else ''}.json")
+
+
+def forget_source(cluster: Cluster, source: Path) -> None:
+    """A source gone for good (coord drill's own): its hash caches, in memory and on disk."""
+    for follow_outside in (False, True):
+        path = _cache_path(cluster, source, follow_outside)
+        _source_caches.pop(path, None)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 class NodeState(NamedTuple):

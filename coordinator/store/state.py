@@ -386,6 +386,22 @@ class StateStore:
     def run_ids(self) -> set[str]:
         return {row[0] for row in self._db.execute("SELECT run_id FROM runs")}
 
+    def forget_run(self, run_id: str) -> int:
+        """Every row of a run, its events too (coord drill's rehearsal leaves no record behind), in one
+        transaction; how many events went."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            for table, column in (("runs", "run_id"), ("checkpoints", "job"), ("metric_points", "run_id"),
+                                  ("metric_attempts", "run_id")):
+                self._db.execute(f"DELETE FROM {table} WHERE {column}=?", (run_id,))  # noqa: S608 - names above
+            events = self._db.execute("DELETE FROM events WHERE data IS NOT NULL AND json_valid(data) "
+                                      "AND json_extract(data, '$.run')=?", (run_id,)).rowcount
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        return events
+
     def add_checkpoint(self, job: str, entry: CheckpointEntry) -> None:
         self._db.execute(
             "INSERT OR REPLACE INTO checkpoints (job, step, attempt, node, path, sha256, size, valid, detail, created, "

@@ -49,6 +49,7 @@ class _StartRankReply(TypedDict):
 
 class StartRankReply(_StartRankReply, total=False):
     warm: bool  # run by a standby whose launcher was imported already
+    cleared_locks: list[str]  # stale locks of torch's extension builds removed first (agent/torch_locks.py)
 
 
 class RetireStandbysRequest(TypedDict):
@@ -126,6 +127,30 @@ class _StopRankReply(TypedDict):
 
 class StopRankReply(_StopRankReply, total=False):
     states: list[str]  # the state of each process in ``left`` (D: uninterruptible), "?" when not known
+
+
+class SignalRankRequest(RankRequest):
+    fault: str  # "kill" (SIGKILL) or "stop" (SIGSTOP)
+
+
+class _RemoveRunRequest(TypedDict):
+    workdir: str
+    job: str  # the run id
+
+
+class RemoveRunRequest(_RemoveRunRequest, total=False):
+    tree: str  # a drill's own project directory in the workdir (coord-drill-STAMP)
+
+
+class SignalRankReply(TypedDict):
+    """coord drill's fault: the rank's process group and when the signal went."""
+
+    pid: int
+    time: float
+
+
+class RemoveRunReply(TypedDict):
+    removed: list[str]  # relative to the workdir
 
 
 class _CheckpointsRequest(TypedDict):

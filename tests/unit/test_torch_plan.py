@@ -237,6 +237,9 @@ def test_deepspeeds_own_config_class_checks_the_json(tmp_path):
                                    "10.0.0.1", 29500)["ds_config.json"])
     run = [python, "-c", DEEPSPEED_CHECK, str(path)]
     env = {**os.environ, "DS_BUILD_OPS": "0"}
+    from agent.torch_locks import clear_stale_locks
+
+    clear_stale_locks()  # as a node's agent does before a rank: a build killed earlier left its lock
     done = subprocess.run([*run, "16"], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split()[-3:] == ["1024", "3", "True"]
