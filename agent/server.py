@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from agent import drill as node_drill
 from agent import facts as node_facts
 from agent import launch as node_launch
-from agent import process_end, upkeep
+from agent import link_probe, process_end, upkeep
 from agent import rank_signals as node_rank_signals
 from agent import ranks as node_ranks
 from agent import relay as node_relay
@@ -32,6 +32,7 @@ from shared.version import COORD_VERSION
 if TYPE_CHECKING:
     from shared.agent_api.calibration import CalibrationProgress, CalibrationReply
     from shared.agent_api.facts import FactsReply
+    from shared.agent_api.link import LinkMeasureReply
     from shared.agent_api.ranks import RankStatusReply
     from shared.agent_api.session import HelloReply, PingReply
     from shared.agent_api.torch import TorchFactsReply
@@ -104,11 +105,13 @@ async def rank_status(workdir: str, job: str, attempt: int, rank: int, progress_
 
 
 def build_dispatcher(relay: node_relay.Relay | None = None, uploads: node_sync.Uploads | None = None,
-                     rendezvous: node_rendezvous.Rendezvous | None = None) -> Dispatcher:
+                     rendezvous: node_rendezvous.Rendezvous | None = None,
+                     links: link_probe.LinkProbes | None = None) -> Dispatcher:
     table = Dispatcher()
     relay = relay or node_relay.Relay()
     uploads = uploads or node_sync.Uploads()
     rendezvous = rendezvous or node_rendezvous.Rendezvous()
+    links = links or link_probe.LinkProbes()
     table.add("hello", hello, required={"protocol": int}, optional={"client": str})
     table.add("facts", facts, optional={"workdir": (str, type(None))})
     table.add("ping", ping)
@@ -172,9 +175,22 @@ def build_dispatcher(relay: node_relay.Relay | None = None, uploads: node_sync.U
     table.add("rendezvous_connect", rendezvous.connect, required={"host": str, "port": int, "token": str},
               optional={"timeout": (int, float)})
     table.add("rendezvous_close", rendezvous.close, required={"port": int})
+    table.add("link_listen", links.listen, required={"address": str, "token": str},
+              optional={"seconds": (int, float)})
+    table.add("link_measure", _in_thread(_measure_link),
+              required={"host": str, "port": int, "token": str, "bytes": int},
+              optional={"source": (str, type(None)), "seconds": (int, float), "pings": int})
+    table.add("link_close", links.close, required={"port": int})
+    table.add("link_route", _in_thread(link_probe.link_route), required={"address": str},
+              optional={"interface": (str, type(None))})
     table.add("calibrate", calibrate, required={"python": str, "workdir": str},
               optional={"quick": bool, "timeout": (int, float)}, streams=True)
     return table
+
+
+def _measure_link(**args: Any) -> LinkMeasureReply:
+    size = args.pop("bytes")  # the wire's name; not the builtin's
+    return link_probe.measure(size=size, **args)
 
 
 async def torch_facts(python: str) -> TorchFactsReply:
@@ -206,7 +222,8 @@ async def serve(reader: Reader, writer: Writer, *, name: str = "agent") -> None:
     relay = node_relay.Relay()
     uploads = node_sync.Uploads()
     rendezvous = node_rendezvous.Rendezvous()
-    peer = Peer(reader, writer, dispatcher=build_dispatcher(relay, uploads, rendezvous), name=name)
+    links = link_probe.LinkProbes()
+    peer = Peer(reader, writer, dispatcher=build_dispatcher(relay, uploads, rendezvous, links), name=name)
     try:
         await peer.run()
     finally:
@@ -214,3 +231,4 @@ async def serve(reader: Reader, writer: Writer, *, name: str = "agent") -> None:
         await relay.close_all()
         uploads.abort_all()
         await rendezvous.close_all()  # no probe listener outlives the session that opened it
+        await links.close_all()

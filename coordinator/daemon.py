@@ -24,6 +24,7 @@ import anyio.abc
 import structlog
 
 from coordinator.commands import calibrate as calibrate_command
+from coordinator.commands import doctor as doctor_command
 from coordinator.commands import drill as drill_command
 from coordinator.commands import hostfile as hostfile_command
 from coordinator.commands import jobs as jobs_command
@@ -171,6 +172,10 @@ class Daemon:
                             "follow_outside_links": bool}, streams=True)
         table.add("calibrate", partial(calibrate_command.serve_calibrate, cluster),
                   optional={"refresh": bool, "quick": bool}, streams=True)
+        table.add("doctor", partial(doctor_command.serve_doctor, cluster, jobs.training_nodes),
+                  optional={"all_pairs": bool, "bytes": (int, type(None)), "seconds": (int, float, type(None)),
+                            "quick": bool, "set_baseline": bool, "while_training": bool,
+                            "ibv_devices": (list, type(None))}, streams=True)
         table.add("preflight", partial(preflight_service.run_preflight, cluster),
                   optional={"backend": (str, type(None)), "torch": bool, "launcher": (str, type(None)),
                             "master_port": (int, type(None))}, streams=True)

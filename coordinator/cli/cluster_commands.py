@@ -97,6 +97,35 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return EXIT_OK if report["status"] == "ok" else EXIT_FAILED
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from coordinator.cli.progress import NodeProgress
+    from coordinator.commands.doctor import render_doctor
+
+    request: dict[str, object] = {"all_pairs": args.all_pairs, "quick": args.quick,
+                                  "set_baseline": args.set_baseline, "while_training": args.while_training}
+    if args.bytes is not None:
+        request["bytes"] = args.bytes
+    if args.seconds is not None:
+        request["seconds"] = args.seconds
+    matrix_file = args.ibv_devices or os.environ.get("MLX_IBV_DEVICES")
+    if matrix_file:
+        request["ibv_devices"] = _ibv_matrix(matrix_file, "--ibv-devices" if args.ibv_devices else "MLX_IBV_DEVICES")
+    report = streamed(args, "doctor", request, render_doctor, NodeProgress)
+    return EXIT_OK if report["status"] == "ok" else EXIT_FAILED
+
+
+def _ibv_matrix(path: str, given_by: str) -> list[object]:
+    """An MLX_IBV_DEVICES file: one row per rank, each the device toward every rank (null toward itself)."""
+    try:
+        matrix = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise CliError(f"{given_by} {path}: cannot read it as JSON: {exc}", EXIT_USAGE) from None
+    if not isinstance(matrix, list) or not all(isinstance(row, list) for row in matrix):
+        raise CliError(f"{given_by} {path}: expected a list of rows, one per rank (an MLX_IBV_DEVICES matrix)",
+                       EXIT_USAGE)
+    return matrix
+
+
 def cmd_preflight(args: argparse.Namespace) -> int:
     from coordinator.cli.progress import NodeProgress
     from coordinator.commands.preflight import render_preflight

@@ -7,6 +7,7 @@ import argparse
 from coordinator.cli.bench_commands import cmd_bench_scaling
 from coordinator.cli.cluster_commands import (
     cmd_calibrate,
+    cmd_doctor,
     cmd_hostfile,
     cmd_plan,
     cmd_preflight,
@@ -159,6 +160,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="a shorter, rougher measurement")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser("doctor", help="measure every link the job will use against its baseline",
+                       description="Measure each link the job's backend will use (ring neighbours, or every pair "
+                                   "with --all-pairs) over the interface and address coord puts in the hostfile: "
+                                   "throughput each way, round-trip latency, the MTU at both ends, the route the "
+                                   "kernel takes to the peer. Each link gets a verdict (ok, slow, down, "
+                                   "wrong-route) against its baseline (its first healthy measurement, or what "
+                                   "--set-baseline keeps) and what its kind should carry, with the cause and the "
+                                   "fix. The RDMA devices a saved hostfile or MLX_IBV_DEVICES names are checked "
+                                   "against each node's. Cost: at most --bytes each way per link (default 64 MiB; "
+                                   "4 MiB with --quick), the links one after another (all at once with "
+                                   "--quick), all within --seconds (default 30; 6 with --quick). It refuses "
+                                   "to run while a job trains, since it would take the job's bandwidth, unless "
+                                   "--while-training. Exits 1 unless every link is ok.")
+    client_options(p)
+    p.add_argument("--all-pairs", action="store_true", help="every pair of nodes, not only ring neighbours")
+    p.add_argument("--bytes", type=Whole(0, 8 * 2**30), help="bytes sent each way per link, at most "
+                   "(default 67108864; 0: latency only)")
+    p.add_argument("--seconds", type=Number(0, 600, unit="seconds"), help="the whole run's time limit, shared "
+                   "by its links (default 30)")
+    p.add_argument("--quick", action="store_true", help="latency and a short burst (4 MiB, 6 s), as pre-flight runs")
+    p.add_argument("--set-baseline", action="store_true", help="keep this run's figures as each link's baseline")
+    p.add_argument("--while-training", action="store_true", help="measure even while a job trains on the nodes "
+                   "(the job loses bandwidth meanwhile)")
+    p.add_argument("--ibv-devices", type=ExistingFile(), help="an MLX_IBV_DEVICES matrix to check against the "
+                   "nodes' RDMA devices (default: the file $MLX_IBV_DEVICES names, when set)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_doctor)
 
     p = sub.add_parser("preflight", help="every check a launch must pass, on all nodes at once",
                        description="Run the pre-flight checks on all nodes: reachability, agent, Python/mlx/mlx-lm "

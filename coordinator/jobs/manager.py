@@ -93,6 +93,12 @@ class JobManager:
         return [runner for runner in self.runs.values()
                 if every_run or self.jobs.get(runner.spec.name) is runner or runner.state in ACTIVE]
 
+    def training_nodes(self) -> dict[str, str]:
+        """{node: job} of every run that holds its nodes now (started, not queued): what `coord doctor`
+        must not take bandwidth from unasked."""
+        return {node: runner.spec.name for runner in self.runs.values()
+                if runner.state in ACTIVE and runner.state != "queued" for node in runner.job_nodes()}
+
     def runs_of(self, run_id: str | None) -> list[tuple[str, str]]:
         """(run id, job name) of a run (or a job's newest run); without one, the runs status lists."""
         if run_id is None:

@@ -367,3 +367,20 @@ def _sudo_on_node(node: NodeAccess, command: str) -> str:
     if not prefix:
         return f"sudo {command}"
     return f"ssh -t {prefix[len('ssh '):]}{shlex.quote(f'sudo {command}')}"
+
+
+def links_quick(links: Sequence[Mapping[str, Any]], seconds: float) -> CheckResult:
+    """Pre-flight's quick look at each link the backend will use (latency and a short burst,
+    coordinator/readiness/doctor.py): a dead or wrong link fails, since the job would hang on it or
+    run on the wrong network; a slow one is `coord doctor`'s to judge, with the bytes to judge it by."""
+    if not links:
+        return check("links.quick", "gradient", PASS, "no link between two machines to measure")
+    bad = [link for link in links if link.get("verdict") in ("down", "wrong-route")]
+    if not bad:
+        shown = ", ".join(f"{link['a']}↔{link['b']} {link.get('latency_ms') or 0:.2f} ms" for link in links)
+        return check("links.quick", "gradient", PASS, f"every link answers ({shown}; {seconds:.1f} s)")
+    named = "; ".join(f"{link['a']} ↔ {link['b']} {link['verdict']}: {link.get('cause')} (fix: {link.get('fix')})"
+                      for link in bad)
+    return check("links.quick", "gradient", FAIL,
+                 f"{named}. The launch is blocked until the link is fixed; `coord run --force` launches anyway",
+                 "coord doctor")

@@ -21,6 +21,7 @@ from coordinator.readiness import checks
 from coordinator.readiness.calibration import is_stale
 from coordinator.readiness.checks import CheckResult, FileInspection, Layer, Status, WritableProbe
 from coordinator.readiness.consistency import ConsistencyReport, Manifest
+from coordinator.readiness.doctor import QUICK_BYTES, QUICK_SECONDS, measure_fabric
 from coordinator.readiness.head_python import install_mlx_command
 from coordinator.readiness.push import manifest_from_wire
 from coordinator.readiness.sync import ignore_patterns, source_manifest
@@ -189,6 +190,12 @@ async def run_preflight(cluster: Cluster, emit: Emit, backend: str | None = None
     else:
         report += checks.backend(choice, error if choice is None else None)
         report.append(checks.hostfile(document, error))
+    if len(up) > 1:
+        await emit({"node": "head", "progress": "a quick look at each link", "fraction": 0.95})
+        quick = await measure_fabric(cluster, quick=True, size=QUICK_BYTES, seconds=QUICK_SECONDS,
+                                     topologies=found["topologies"], nodes=[n for n in nodes if n in up],
+                                     record=False)
+        report.append(checks.links_quick(quick["links"], quick["seconds"]))
     status = checks.overall(report)
     layers = {layer: checks.overall([c for c in report if c["layer"] == layer]) for layer in checks.LAYERS
               if any(c["layer"] == layer for c in report)}

@@ -67,6 +67,14 @@ CREATE TABLE IF NOT EXISTS calibrations (
     record TEXT NOT NULL,
     measured_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS links (
+    a TEXT NOT NULL,
+    b TEXT NOT NULL,
+    role TEXT NOT NULL,  -- 'baseline': coord doctor's reference for the link; 'last': its latest figures
+    record TEXT NOT NULL,
+    measured_at REAL NOT NULL,
+    PRIMARY KEY (a, b, role)
+);
 """
 
 # Schema 4: the metrics history (coordinator/observe/metrics/history.py). New tables only, so an older
@@ -340,6 +348,23 @@ class StateStore:
         record: StoredCalibration = json.loads(row[0])
         record["measured_at"] = row[1]
         return record
+
+    # --- links (coord doctor) ----------------------------------------------------------
+
+    def save_link(self, a: str, b: str, role: str, record: JsonObject, measured_at: float | None = None) -> None:
+        """A link's baseline or last figures (coordinator/readiness/link_verdict.py's shapes, a layer
+        above), keyed by its two nodes in the order measured."""
+        if role not in ("baseline", "last"):
+            raise ValueError(f"a link record is a baseline or the last figures, not {role!r}")
+        self._db.execute("INSERT OR REPLACE INTO links (a, b, role, record, measured_at) VALUES (?,?,?,?,?)",
+                         (a, b, role, json.dumps(record), time.time() if measured_at is None else measured_at))
+
+    def forget_link(self, a: str, b: str, role: str) -> None:
+        self._db.execute("DELETE FROM links WHERE a=? AND b=? AND role=?", (a, b, role))
+
+    def links(self, role: str) -> dict[tuple[str, str], JsonObject]:
+        rows = self._db.execute("SELECT a, b, record FROM links WHERE role=?", (role,)).fetchall()
+        return {(a, b): json.loads(record) for a, b, record in rows}
 
     # --- jobs ---------------------------------------------------------------------------
 

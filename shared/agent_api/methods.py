@@ -6,6 +6,16 @@ from __future__ import annotations
 from shared.agent_api.calibration import CalibrateRequest, CalibrationReply
 from shared.agent_api.common import EmptyRequest
 from shared.agent_api.facts import FactsReply, FactsRequest, UsageReply
+from shared.agent_api.link import (
+    LinkCloseReply,
+    LinkCloseRequest,
+    LinkListenReply,
+    LinkListenRequest,
+    LinkMeasureReply,
+    LinkMeasureRequest,
+    LinkRouteReply,
+    LinkRouteRequest,
+)
 from shared.agent_api.ranks import (
     CheckpointFilesReply,
     DataReply,
@@ -136,6 +146,10 @@ REQUESTS: dict[str, type] = {
     "rendezvous_listen": RendezvousListenRequest,
     "rendezvous_connect": RendezvousConnectRequest,
     "rendezvous_close": RendezvousCloseRequest,
+    "link_listen": LinkListenRequest,
+    "link_measure": LinkMeasureRequest,
+    "link_close": LinkCloseRequest,
+    "link_route": LinkRouteRequest,
 }
 
 #: Each method's reply, by name.
@@ -184,4 +198,8 @@ REPLIES: dict[str, type] = {
     "rendezvous_listen": RendezvousListenReply,
     "rendezvous_connect": RendezvousConnectReply,
     "rendezvous_close": RendezvousCloseReply,
+    "link_listen": LinkListenReply,
+    "link_measure": LinkMeasureReply,
+    "link_close": LinkCloseReply,
+    "link_route": LinkRouteReply,
 }

@@ -7,6 +7,10 @@ Layout (``P`` is a short per-instance prefix such as ``c4170``)::
     P-1    node 1:          ``eth0`` = 10.231.K.11  sshd on :22, user/home/venv of node 1
     P-2    node 2:          ``eth0`` = 10.231.K.12  ...
 
+``add_fast_network()`` gives the nodes a second network beside it, ``thunderbolt0`` = 10.232.K.(11+i) on
+bridge ``br1`` (the head is not on it), which coord takes for Thunderbolt: the fast network of the
+``coord doctor`` tests, with ``eth0`` capped by ``cap_links`` as the slow one.
+
 Each node is a different Unix user with its own home and venv (``/usr/bin/python3`` plus
 mlx[cpu] and mlx-lm at the versions of the running interpreter; no coord). Each node runs
 the system OpenSSH ``sshd`` with its own host key; the head holds one client key, a plain
@@ -970,6 +974,73 @@ class NetnsCluster:
                     # A burst of at least one 10 ms slice of the rate keeps tbf from starving TCP.
                     _run(["tc", "-n", where, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
                           "burst", "2mb", "latency", "50ms"])
+
+    # ----------------------------------------------------------------- a second, fast network
+
+    FAST_INTERFACE = "thunderbolt0"
+
+    def fast_ip(self, node: str) -> str:
+        self.node(node)
+        return f"10.232.{self.subnet_k}.{11 + [n.name for n in self.nodes].index(node)}"
+
+    def _fast_veth(self, node: str) -> str:
+        return f"{self.prefix}f{[n.name for n in self.nodes].index(node) + 1}"
+
+    def add_fast_network(self) -> None:
+        """A second network beside ``eth0``, between the nodes only (the head is not on it): bridge ``br1``
+        in the bridge namespace, and in each node ``thunderbolt0`` = 10.232.K.(11+i)/24. coord names a Linux
+        interface's kind from its name (agent/interface_parsers.py), so it takes this one for a Thunderbolt
+        link and prefers it to ``eth0``, as it prefers a Mac's Thunderbolt bridge to its Ethernet. Cap
+        ``eth0`` with ``cap_links`` to make it the slow one. ``remove_fast_network`` takes it away."""
+        self._need_started()
+        br = self.bridge_ns
+        self._ip_ns(br, "link", "add", "br1", "type", "bridge")
+        self._ip_ns(br, "link", "set", "br1", "type", "bridge", "forward_delay", "0", "stp_state", "0")
+        self._ip_ns(br, "link", "set", "br1", "up")
+        for n in self.nodes:
+            ns, veth = self._ns[n.name], self._fast_veth(n.name)
+            self._ip_ns(br, "link", "add", veth, "type", "veth", "peer", "name", self.FAST_INTERFACE, "netns", ns)
+            self._ip_ns(br, "link", "set", veth, "master", "br1")
+            self._ip_ns(br, "link", "set", veth, "up")
+            # No IPv6 on it: its byte counters then move only for IPv4 traffic a test sends over it.
+            _run(["ip", "netns", "exec", ns, "sysctl", "-q", "-w",
+                  f"net.ipv6.conf.{self.FAST_INTERFACE}.disable_ipv6=1"])
+            self._ip_ns(ns, "addr", "add", f"{self.fast_ip(n.name)}/24", "dev", self.FAST_INTERFACE)
+            self._ip_ns(ns, "link", "set", self.FAST_INTERFACE, "up")
+
+    def remove_fast_network(self) -> None:
+        for n in self.nodes:
+            _run(["ip", "-n", self.bridge_ns, "link", "del", self._fast_veth(n.name)], check=False)
+        _run(["ip", "-n", self.bridge_ns, "link", "del", "br1"], check=False)
+
+    def cut_fast_link(self, node: str) -> None:
+        """Take the node's fast link down at the bridge, as a pulled cable: its ``thunderbolt0`` loses carrier."""
+        _run(["ip", "-n", self.bridge_ns, "link", "set", self._fast_veth(node), "down"])
+
+    def restore_fast_link(self, node: str) -> None:
+        _run(["ip", "-n", self.bridge_ns, "link", "set", self._fast_veth(node), "up"])
+
+    def cap_fast_pair(self, a: str, b: str, rate: str | None) -> None:
+        """Cap the fast link between two nodes only, each way: at each end, what ``thunderbolt0`` sends to
+        the other's fast address goes through an htb class at ``rate``; everything else through one at
+        10 Gbit/s. ``rate=None`` takes this end's caps off (every pair's, at both nodes)."""
+        for here, there in ((a, b), (b, a)):
+            ns, dev = self._ns[here], self.FAST_INTERFACE
+            if rate is None:
+                _run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], check=False)
+                continue
+            shown = _run(["tc", "-n", ns, "qdisc", "show", "dev", dev]).stdout
+            if "htb" not in shown:
+                _run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "1"])
+                _run(["tc", "-n", ns, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb",
+                      "rate", "10gbit"])
+            minor = 10 + [n.name for n in self.nodes].index(there)
+            known = f"class htb 1:{minor} " in _run(["tc", "-n", ns, "class", "show", "dev", dev]).stdout
+            _run(["tc", "-n", ns, "class", "replace", "dev", dev, "parent", "1:", "classid", f"1:{minor}", "htb",
+                  "rate", rate, "burst", "256k"])
+            if not known:
+                _run(["tc", "-n", ns, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio",
+                      str(minor), "u32", "match", "ip", "dst", f"{self.fast_ip(there)}/32", "flowid", f"1:{minor}"])
 
     def write_cluster_toml(
         self,

@@ -46,3 +46,22 @@ def test_a_node_entry_carries_no_paths():
     assert entry["memory_used_bytes"] == 1 << 35 and entry["gpu_utilization"] == 87.0 and entry["power_watts"] is None
     assert node_entry(view)["memory_used_bytes"] is None  # no sample yet
     assert "workdir" not in entry and "python" in entry and entry["python"] == "3.12.4"
+
+
+def test_each_links_last_doctor_figure_is_drawn_beside_its_baseline(tmp_path) -> None:
+    from coordinator.observe.dashboard.document import link_entries
+    from coordinator.store.state import StateStore
+
+    store = StateStore(tmp_path / "state.db")
+    store.save_link("n1", "n2", "last", {"interface": "en2", "bits_per_second": 9e9, "reverse_bits_per_second": 8e9,
+                                         "baseline_bits_per_second": 30e9, "verdict": "slow", "measured_at": 5.0})
+    store.save_link("n2", "n3", "baseline", {"interface": "en3", "bits_per_second": 30e9})
+    store.save_link("n3", "n2", "last", {"verdict": "ok"})
+    store.forget_link("n3", "n2", "last")
+    assert link_entries(store.links("last")) == [
+        {"a": "n1", "b": "n2", "interface": "en2", "bits_per_second": 9e9, "reverse_bits_per_second": 8e9,
+         "baseline_bits_per_second": 30e9, "verdict": "slow", "measured_at": 5.0}]
+    assert list(store.links("baseline")) == [("n2", "n3")]
+    import pytest
+    with pytest.raises(ValueError, match="baseline or the last"):
+        store.save_link("n1", "n2", "other", {})

@@ -74,12 +74,35 @@ class DashboardRun(RunView):
     compute_heat: list[list[Any]]  # [step, [each rank's compute time]]: the rank x step heatmap, while running
 
 
+class DashboardLink(TypedDict):
+    """A link's last figures from `coord doctor`, beside its baseline (coordinator/readiness/doctor.py)."""
+
+    a: str
+    b: str
+    interface: str | None
+    bits_per_second: float | None
+    reverse_bits_per_second: float | None
+    baseline_bits_per_second: float | None
+    verdict: str
+    measured_at: float | None
+
+
 class DashboardDocument(TypedDict):
     cluster: str
     time: float
     nodes: list[DashboardNode]
     jobs: list[DashboardRun]
     events: list[EventRecord]
+    links: list[DashboardLink]
+
+
+def link_entries(last: Mapping[tuple[str, str], Mapping[str, Any]]) -> list[DashboardLink]:
+    """Each link's last figures as `coord doctor` kept them (the store's ``links`` table, role last)."""
+    return [{"a": a, "b": b, "interface": link.get("interface"), "bits_per_second": link.get("bits_per_second"),
+             "reverse_bits_per_second": link.get("reverse_bits_per_second"),
+             "baseline_bits_per_second": link.get("baseline_bits_per_second"),
+             "verdict": str(link.get("verdict") or "unknown"), "measured_at": link.get("measured_at")}
+            for (a, b), link in sorted(last.items())]
 
 
 def shown_runs(runners: list[JobRunner]) -> list[JobRunner]:
@@ -146,4 +169,4 @@ def dashboard_document(cluster: Cluster, runs: list[JobRunner], *,
         jobs.append(view)
     nodes = [node_entry(v, (usage or {}).get(v["name"])) for v in cluster.node_views()]
     return {"cluster": cluster.config.name, "time": now, "nodes": nodes, "jobs": jobs,
-            "events": list(cluster.events)[-EVENTS_SHOWN:]}
+            "events": list(cluster.events)[-EVENTS_SHOWN:], "links": link_entries(cluster.state.links("last"))}

@@ -64,6 +64,10 @@ function renderNodes(doc) {
     el("td", {}, n.python || "-"), el("td", {}, n.mlx || "-"), el("td", {}, n.mlx_lm || "-"))));
 }
 
+function gbits(bps) {
+  return bps >= 1e9 ? (bps / 1e9).toFixed(1) + " Gb/s" : (bps / 1e6).toFixed(0) + " Mb/s";
+}
+
 function renderTopology(doc, job) {
   const box = document.getElementById("topology");
   const nodes = doc.nodes;
@@ -94,6 +98,19 @@ function renderTopology(doc, job) {
     }
     parts.push(svg("text", { x: 6, y: 292, fill: "#6b7580" },
       `${job.name}: ${backend.backend || "?"}${backend.transport ? " over " + backend.transport : ""}`));
+  }
+  // Each link's last figure from coord doctor against its baseline, coloured by its verdict.
+  const verdictColours = { ok: "#1f9d55", slow: "#d69e2e", down: "#d64545", "wrong-route": "#d64545" };
+  for (const link of doc.links || []) {
+    if (!at[link.a] || !at[link.b]) continue;
+    const [x1, y1] = at[link.a], [x2, y2] = at[link.b];
+    const colour = verdictColours[link.verdict] || "#9aa5b1";
+    parts.push(svg("line", { x1, y1, x2, y2, stroke: colour, "stroke-width": 2, "stroke-dasharray": "4 3" }));
+    const rates = [link.bits_per_second, link.reverse_bits_per_second].filter((v) => v != null);
+    const now = rates.length ? gbits(Math.min(...rates)) : "-";
+    const base = link.baseline_bits_per_second != null ? " of " + gbits(link.baseline_bits_per_second) : "";
+    parts.push(svg("text", { x: (x1 + x2) / 2, y: (y1 + y2) / 2 + 16, "text-anchor": "middle", fill: colour },
+      `${link.verdict} ${now}${base}`));
   }
   const colours = { up: "#1f9d55", down: "#d64545" };
   for (const n of nodes) {
