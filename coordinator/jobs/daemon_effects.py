@@ -21,6 +21,7 @@ from coordinator.jobs.checkpoint_formats import written_last
 from coordinator.jobs.effects import HEAD, LaunchError, NodeView, Placement, Task
 from coordinator.jobs.head_paths import attempt_dir
 from coordinator.jobs.spec import JobSpec, JobSpecFields
+from coordinator.jobs.straggler_cause import link_findings
 from coordinator.jobs.transfer import (
     CheckpointDamaged,
     HeadSink,
@@ -114,6 +115,9 @@ class DaemonEffects:
 
     def mark_needs_reboot(self, node: str, reason: str) -> None:
         self.cluster.mark_needs_reboot(node, reason)
+
+    def slow_links(self, node: str) -> list[str]:
+        return link_findings(self.cluster.state.links("last"), node)
 
     def on_head_machine(self, node: str) -> bool:
         from coordinator.config.cluster_file import is_loopback

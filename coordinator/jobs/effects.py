@@ -139,6 +139,10 @@ class JobEffects(Protocol):
     def mark_needs_reboot(self, node: str, reason: str) -> None:
         """The node leaves every job's placement until its agent comes back from a reboot."""
 
+    def slow_links(self, node: str) -> list[str]:
+        """What ``coord doctor`` last found wrong with the node's links (slow, down, wrong-route), each
+        said in a line; empty when it found nothing or never measured them."""
+
     def on_head_machine(self, node: str) -> bool:
         """Whether the node is the head's own machine (host "local", or a loopback address): a
         copy on the head then protects nothing against that node's loss."""

@@ -12,13 +12,15 @@ the wall clock is said with every one):
    core or more, on a node whose CPUs were short (the rank got under ``STARVED`` of a core per
    process, or the busy ones together came near the node's CPU count): named by pid, user and
    command, with the others close behind it.
-5. **Its link below baseline**: what ``coord doctor``'s baselines say of the rank's link, when the
-   caller has it (``link_cause``: the hook the doctor fills; None until then).
+5. **Its link below baseline**: what ``coord doctor`` last found wrong with the node's links (slow
+   against its baseline or its kind, down, or a wrong route: ``link_findings``).
 
 When none holds, the cause says so, with the rank's CPU and the GPU's utilisation, so that a person
 can look where coord cannot (a slower machine, a GPU of another kind, a data set on a slow disk)."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from shared.agent_api.ranks import BusyProcess, RankSignalsReply
 
@@ -29,6 +31,20 @@ PRESSURE_PERCENT = 10.0
 BUSY_CORES = 0.1  # a tenth of a core: a VM's stolen time can leave a hog little more than a rank it starves
 STARVED = 0.7
 NAMED = 3  # how many busy processes a cause names
+
+
+LINK_FINDINGS = ("down", "wrong-route", "slow")
+
+
+def link_findings(last: Mapping[tuple[str, str], Mapping[str, object]], node: str) -> list[str]:
+    """What ``coord doctor``'s last figures (link (a, b) -> its report) say is wrong with ``node``'s links."""
+    found = []
+    for (a, b), link in sorted(last.items()):
+        verdict = link.get("verdict")
+        if node in (a, b) and verdict in LINK_FINDINGS:
+            found.append(f"its link {a} - {b} was {verdict} when coord doctor last measured it"
+                         + (f" ({link['cause']})" if link.get("cause") else ""))
+    return found
 
 
 def straggler_cause(signals: RankSignalsReply | None, *, link_cause: str | None = None) -> str:

@@ -104,9 +104,9 @@ class StragglerWatch:
         del heat[:-HEAT_COLUMNS]
 
     def link_cause(self, node: str) -> str | None:
-        """The hook for ``coord doctor``'s baselines: what they say of ``node``'s link when it is below
-        its baseline. None until the doctor keeps baselines (then: a lookup of the node's ring links)."""
-        return None
+        """What ``coord doctor`` last found wrong with ``node``'s links, or None."""
+        found = self.fx.slow_links(node)
+        return "; ".join(found) if found else None
 
     async def _named(self, attempt: Attempt, change: Change) -> None:
         node = attempt.order[change.rank]

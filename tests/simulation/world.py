@@ -447,6 +447,9 @@ class SimEffects:
     def node_names(self) -> list[str]:
         return list(self.world.order)
 
+    def slow_links(self, node: str) -> list[str]:
+        return []  # the simulated cluster's links are never measured by coord doctor
+
     def node(self, name: str) -> NodeView:
         if self.dead:
             raise DaemonCrash()

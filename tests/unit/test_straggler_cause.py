@@ -167,3 +167,17 @@ def test_the_agents_sample_finds_a_cpu_quota_and_its_throttling(tmp_path):
     assert quota["throttled_share"] is not None and quota["throttled_share"] > 0.3, found
     assert found["rank_cpu"] is not None and found["rank_cpu"] < 0.2, found
     assert straggler_cause(found).startswith("CPU throttled by a quota"), straggler_cause(found)
+
+
+def test_a_link_coord_doctor_found_wrong_is_the_cause_when_the_node_shows_none():
+    from coordinator.jobs.straggler_cause import link_findings
+
+    last = {("n1", "n2"): {"verdict": "ok"},
+            ("n2", "n3"): {"verdict": "slow", "cause": "940 Mbit/s against a baseline of 9.4 Gbit/s"},
+            ("n3", "n1"): {"verdict": "wrong-route", "cause": "n3 reaches n1's address over en0, not en2"}}
+    assert link_findings(last, "n1") == ["its link n3 - n1 was wrong-route when coord doctor last measured it "
+                                         "(n3 reaches n1's address over en0, not en2)"]
+    assert link_findings(last, "n2") == ["its link n2 - n3 was slow when coord doctor last measured it "
+                                         "(940 Mbit/s against a baseline of 9.4 Gbit/s)"]
+    assert link_findings({("n1", "n2"): {"verdict": "ok"}}, "n1") == []
+    assert link_findings({}, "n1") == []

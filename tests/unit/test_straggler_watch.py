@@ -37,6 +37,9 @@ class Effects:
     def node(self, name: str):
         return SimpleNamespace(up=True, workdir="/w")
 
+    def slow_links(self, node: str) -> list[str]:
+        return []
+
     async def call(self, node: str, method: str, params, *, timeout: float):
         self.asked.append((node, method, dict(params)))
         return QUOTA
@@ -118,3 +121,18 @@ def test_the_options_are_checked():
     with pytest.raises(JobSpecError, match="straggler_grace|straggler-grace"):
         validate(JobSpec(name="tiny", command=["python", "train.py"], straggler_grace=-1.0))
     validate(JobSpec(name="tiny", command=["python", "train.py"], straggler_policy="drop", min_nodes=2))
+
+
+def test_a_straggler_whose_node_shows_no_cause_is_put_down_to_the_link_coord_doctor_found_slow():
+    fx, ctx, attempt, watch = watched()
+    quiet = {**QUOTA, "quota": None, "rank_cpu": 0.98}
+    slow = "its link n2 - n3 was slow when coord doctor last measured it (0.9 Gbit/s against 9.4)"
+
+    async def call(node, method, params, *, timeout):
+        return quiet
+
+    fx.call = call
+    fx.slow_links = lambda node: [slow] if node == "n3" else []
+    beat(fx, watch, attempt, 2, 40.0)
+    named = [e for e in fx.events if e[0] == "job.straggler"]
+    assert named and named[0][2]["cause"].startswith(slow) and named[0][2]["cause_kind"] == "link", named
