@@ -160,6 +160,7 @@ def build_dispatcher(relay: node_relay.Relay | None = None, uploads: node_sync.U
     table.add("signal_rank", _in_thread(node_drill.signal_rank), required={**rank, "fault": str})
     table.add("remove_run", _in_thread(node_drill.remove_run), required={"workdir": str, "job": str},
               optional={"tree": str})
+    table.add("cut_link", _in_thread(node_drill.cut_link), required={"host": str, "seconds": (int, float)})
     # The checkpoint upkeep of a training job, at the lower priority of agent/upkeep.py.
     table.add("list_checkpoints", upkeep.in_upkeep(node_ranks.list_checkpoints),
               required={"workdir": str, "job": str, "attempt": int}, optional={"known": list})

@@ -186,7 +186,7 @@ class Daemon:
         table.add("resize", _sync_handler(jobs_command.resize_job, jobs), required={"name": str})
         table.add("job", _sync_handler(jobs_command.job_view, jobs), required={"name": str})
         table.add("drill_fault", partial(drill_command.drill_fault, cluster, jobs),
-                  required={"name": str, "fault": str, "rank": int})
+                  required={"name": str, "fault": str, "rank": int}, optional={"seconds": (int, float)})
         table.add("forget_run", partial(drill_command.forget_run, cluster, jobs), required={"name": str},
                   optional={"tree": (str, type(None)), "source": (str, type(None))})
         table.add("logs", _sync_handler(jobs_command.job_logs, jobs), required={"name": str},

@@ -2,8 +2,9 @@
 
 A short real job (the demo's tiny model, synced into a directory of its own in each node's
 workdir), one rank killed with SIGKILL, then, once the run trains again, one rank stopped with
-SIGSTOP. For each fault: how long coord took to see it, to train again, and how many steps were
-done twice, beside the step time and the cold launch. Afterwards the run is stopped and forgotten:
+SIGSTOP, and with ``--cut-node`` one node's link taken down a while (root on that node, by sudo).
+For each fault: how long coord took to see it, to train again, and how many steps were done
+twice, beside the step time and the cold launch. Afterwards the run is stopped and forgotten:
 its job record, events and files go from the head and the nodes, and so does the drill's project.
 """
 
@@ -80,11 +81,13 @@ class _Follow:
             time.sleep(0.1)
 
 
-def _fault(socket: Path, hint: str | None, run_id: str, fault: str, rank: int) -> Fault:
+def _fault(socket: Path, hint: str | None, run_id: str, fault: str, rank: int, seconds: float) -> Fault:
     asked = time.time()
-    answer: FaultAnswer = ask_daemon(socket, "drill_fault", {"name": run_id, "fault": fault, "rank": rank},
-                                     config_hint=hint)
-    return {"fault": fault, "rank": rank, "node": answer["node"], "time": asked, "step": answer["step"]}
+    answer: FaultAnswer = ask_daemon(socket, "drill_fault", {"name": run_id, "fault": fault, "rank": rank,
+                                                             "seconds": seconds}, config_hint=hint)
+    # A link goes down a moment after the answer (the node's clock says when): timed from then.
+    at = asked + max(0.0, answer["time"] - time.time()) if fault == "cut" else asked
+    return {"fault": fault, "rank": rank, "node": answer["node"], "time": at, "step": answer["step"]}
 
 
 def _nodes(args: argparse.Namespace, socket: Path, hint: str | None) -> list[str]:
@@ -129,11 +132,13 @@ def run_drill(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str,
             say(f"submitted {name} on {', '.join(nodes)} (run {run_id}); waiting for step {STEPS_BEFORE_FAULT}")
             job = follow.until(f"step {STEPS_BEFORE_FAULT}", lambda j: j["state"] == "running"
                                and j["step"] >= STEPS_BEFORE_FAULT)
-            for fault, rank in (("kill", len(nodes) - 1), ("stop", 0)):
+            drills = [("kill", len(nodes) - 1), ("stop", 0)] + ([("cut", len(nodes) - 1)] if args.cut_node else [])
+            for fault, rank in drills:
                 attempt = job["attempt"]
-                faults.append(_fault(socket, hint, run_id, fault, rank))
-                say(f"{'SIGKILL' if fault == 'kill' else 'SIGSTOP'} to rank {rank} on {faults[-1]['node']} at "
-                    f"step {faults[-1]['step']}; waiting for the run to train again")
+                faults.append(_fault(socket, hint, run_id, fault, rank, args.cut_seconds))
+                what = {"kill": f"SIGKILL to rank {rank}", "stop": f"SIGSTOP to rank {rank}",
+                        "cut": f"the link down for {args.cut_seconds:g} s"}[fault]
+                say(f"{what} on {faults[-1]['node']} at step {faults[-1]['step']}; waiting for the run to train again")
                 job = follow.until("the run to train again", _trains_again(attempt))
             report["status"] = "ok"
         except CliError as exc:

@@ -427,6 +427,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "so only a run shorter than the drill needs this (default 100000)")
     p.add_argument("--timeout", type=Number(0, MAX_SECONDS, unit="seconds"), default=900.0,
                    help="give up (and clean up) after this long (default 900)")
+    p.add_argument("--cut-node", action="store_true", help="then take the last node's link down for --cut-seconds "
+                   "and bring it back: needs root on that node by sudo without a password for ip (Linux) or "
+                   "ifconfig (macOS); refused, named, where there is none")
+    p.add_argument("--cut-seconds", type=Number(1, 600, unit="seconds", low_open=False), default=20.0,
+                   help="how long --cut-node keeps the link down (default 20)")
     p.add_argument("--while-training", action="store_true", help="drill even while a job trains on the nodes "
                    "(it waits for them in the queue, then takes their time)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from coordinator.jobs.manager import JobManager
     from coordinator.nodes.cluster import Cluster
 
-FAULTS = ("kill", "stop")
+FAULTS = ("kill", "stop", "cut")
 
 
 class FaultAnswer(TypedDict):
@@ -24,8 +24,8 @@ class FaultAnswer(TypedDict):
     attempt: int
     rank: int
     node: str
-    pid: int  # the rank's process group
-    time: float  # when the signal went, by the node's clock
+    pid: int  # the rank's process group (0 for a cut)
+    time: float  # when the signal went (the link went down), by the node's clock
     step: int  # the run's step as the daemon knew it then
 
 
@@ -35,8 +35,10 @@ class ForgetAnswer(TypedDict):
     unreached: dict[str, str]  # node -> why its files could not be removed
 
 
-async def drill_fault(cluster: Cluster, jobs: JobManager, name: str, fault: str, rank: int) -> FaultAnswer:
-    """SIGKILL (``kill``) or SIGSTOP (``stop``) to rank ``rank`` of the running job ``name``."""
+async def drill_fault(cluster: Cluster, jobs: JobManager, name: str, fault: str, rank: int,
+                      seconds: float = 20.0) -> FaultAnswer:
+    """SIGKILL (``kill``) or SIGSTOP (``stop``) to rank ``rank`` of the running job ``name``, or its node's
+    link down for ``seconds`` (``cut``)."""
     if fault not in FAULTS:
         raise RemoteError(p.BAD_ARGS, f"fault must be one of {', '.join(FAULTS)}, got {fault!r}")
     runner = jobs.find(name)
@@ -47,14 +49,25 @@ async def drill_fault(cluster: Cluster, jobs: JobManager, name: str, fault: str,
         raise RemoteError(p.BAD_ARGS, f"rank {rank}: job {view['name']} has ranks 0 to {len(view['nodes']) - 1}")
     node = view["nodes"][rank]
     session = cluster.sessions[node]
-    answer = await session.call("signal_rank", {"workdir": session.node.workdir, "job": runner.run_id,
-                                                "attempt": view["attempt"], "rank": rank, "fault": fault},
-                                timeout=30)
-    signal_name = "SIGKILL" if fault == "kill" else "SIGSTOP"
-    runner.event("drill_fault", f"drill: {signal_name} to rank {rank} on {node} (pid {answer['pid']}) at step "
-                 f"{view['step']}", rank=rank, node=node, fault=fault, step=view["step"])
-    return {"run_id": runner.run_id, "attempt": view["attempt"], "rank": rank, "node": node, "pid": answer["pid"],
-            "time": answer["time"], "step": view["step"]}
+    if fault == "cut":
+        if session.node.host == "local":
+            raise RemoteError(p.REFUSED, f"{node} runs on the head's own machine (host local): it has no link of its "
+                                         "own to take down")
+        # The address the head reached it at (an ssh config alias may not resolve on the node itself).
+        host = session.peer_address or session.node.host
+        cut = await session.call("cut_link", {"host": host, "seconds": seconds}, timeout=30)
+        pid, at = 0, cut["time"]
+        what = f"its link {cut['interface']} down for {seconds:g} s"
+    else:
+        answer = await session.call("signal_rank", {"workdir": session.node.workdir, "job": runner.run_id,
+                                                    "attempt": view["attempt"], "rank": rank, "fault": fault},
+                                    timeout=30)
+        pid, at = answer["pid"], answer["time"]
+        what = f"{'SIGKILL' if fault == 'kill' else 'SIGSTOP'} to rank {rank} (pid {pid})"
+    runner.event("drill_fault", f"drill: {what} on {node} at step {view['step']}", rank=rank, node=node,
+                 fault=fault, step=view["step"])
+    return {"run_id": runner.run_id, "attempt": view["attempt"], "rank": rank, "node": node, "pid": pid,
+            "time": at, "step": view["step"]}
 
 
 async def forget_run(cluster: Cluster, jobs: JobManager, name: str, tree: str | None = None,

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 class Fault(TypedDict):
-    fault: str  # "kill" or "stop"
+    fault: str  # "kill", "stop" or "cut"
     rank: int
     node: str
     time: float  # when the drill asked for it (head clock)
@@ -54,7 +54,7 @@ class Event(TypedDict):
     data: JsonObject | None
 
 
-SIGNALS = {"kill": "SIGKILL", "stop": "SIGSTOP"}
+SIGNALS = {"kill": "SIGKILL", "stop": "SIGSTOP", "cut": "link down"}
 _ATTEMPT_PREFIX = re.compile(r"^.*?: attempt \d+: ")  # "JOB: attempt N: " before what ended it
 
 

@@ -18,6 +18,8 @@ from shared.agent_api.link import (
 )
 from shared.agent_api.ranks import (
     CheckpointFilesReply,
+    CutLinkReply,
+    CutLinkRequest,
     DataReply,
     DumpStacksReply,
     FileRequest,
@@ -136,6 +138,7 @@ REQUESTS: dict[str, type] = {
     "stop_rank": StopRankRequest,
     "signal_rank": SignalRankRequest,
     "remove_run": RemoveRunRequest,
+    "cut_link": CutLinkRequest,
     "list_checkpoints": ListCheckpointsRequest,
     "remove_checkpoints": RemoveCheckpointsRequest,
     "hash_file": FileRequest,
@@ -188,6 +191,7 @@ REPLIES: dict[str, type] = {
     "stop_rank": StopRankReply,
     "signal_rank": SignalRankReply,
     "remove_run": RemoveRunReply,
+    "cut_link": CutLinkReply,
     "list_checkpoints": ListCheckpointsReply,
     "remove_checkpoints": RemoveCheckpointsReply,
     "hash_file": HashFileReply,

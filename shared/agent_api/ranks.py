@@ -142,6 +142,17 @@ class RemoveRunRequest(_RemoveRunRequest, total=False):
     tree: str  # a drill's own project directory in the workdir (coord-drill-STAMP)
 
 
+class CutLinkRequest(TypedDict):
+    host: str  # the node's address as the cluster file gives it: its interface is the one taken down
+    seconds: float
+
+
+class CutLinkReply(TypedDict):
+    interface: str
+    time: float  # when it goes down, by the node's clock
+    seconds: float
+
+
 class SignalRankReply(TypedDict):
     """coord drill's fault: the rank's process group and when the signal went."""
 

@@ -1,9 +1,12 @@
-"""`coord drill` on the multi-host cluster: the fire drill over real SSH sessions, and the cluster
-left as it was (every node's workdir, the daemon's jobs and events, no process)."""
+"""`coord drill` on the multi-host cluster: the fire drill over real SSH sessions (a rank killed, one
+stopped, a node's link taken down by its agent through sudo), and the cluster left as it was (every
+node's workdir, the daemon's jobs and events, no process, the link up)."""
 
 from __future__ import annotations
 
 import json
+import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -27,8 +30,22 @@ def tree(directory: Path) -> dict[str, tuple[str, int]]:
     return found
 
 
-def test_a_drill_on_three_nodes_times_both_faults_and_leaves_the_cluster_as_it_was(netns_cluster):
-    with tiny_project_and_daemon(netns_cluster) as setup:
+@contextmanager
+def sudo_for_ip(user: str):
+    """``user`` may run ip as root without a password (a sudoers rule, as a user who wants --cut-node adds)."""
+    rule = Path(f"/etc/sudoers.d/coord-drill-{user}")
+    ip = shutil.which("ip")
+    rule.write_text(f"{user} ALL=(root) NOPASSWD: {ip}\n")
+    rule.chmod(0o440)
+    try:
+        yield
+    finally:
+        rule.unlink(missing_ok=True)
+
+
+def test_a_drill_on_three_nodes_times_every_fault_and_leaves_the_cluster_as_it_was(netns_cluster):
+    last = netns_cluster.nodes[-1]
+    with tiny_project_and_daemon(netns_cluster) as setup, sudo_for_ip(last.user):
         daemon = setup["daemon"]
         workdirs = {spec.name: Path(netns_cluster.node(spec.name).workdir) for spec in netns_cluster.nodes}
         for name, workdir in workdirs.items():  # the user's own files, which a drill must leave as they are
@@ -36,13 +53,18 @@ def test_a_drill_on_three_nodes_times_both_faults_and_leaves_the_cluster_as_it_w
             (workdir / "model" / "config.json").write_text('{"mine": true}\n')
             (workdir / "notes.txt").write_text(f"node {name}\n")
         before = {name: tree(workdir) for name, workdir in workdirs.items()}
-        done = coord("drill", "--config", str(daemon.config), "--json", env=daemon.env, timeout=900)
+        done = coord("drill", "--config", str(daemon.config), "--json", "--cut-node", "--cut-seconds", "15",
+                     env=daemon.env, timeout=900)
         assert done.returncode == 0, done.stdout + done.stderr + daemon.log_tail()
         report = json.loads(done.stdout)
-        assert report["status"] == "ok" and report["restarts"] == 2 and len(report["nodes"]) == 3, report
-        kill, stop = report["faults"]
-        assert (kill["rank"], stop["rank"]) == (2, 0), report
-        for fault in (kill, stop):
+        assert report["status"] == "ok" and report["restarts"] == 3 and len(report["nodes"]) == 3, report
+        kill, stop, cut = report["faults"]
+        assert (kill["rank"], stop["rank"], cut["signal"], cut["node"]) == (2, 0, "link down", last.name), report
+        # The link was down 15 s: the run cannot train again before it is back.
+        assert cut["resumed_seconds"] >= 15 and "lost" in cut["how"], cut
+        up = netns_cluster.exec_in(last.name, ["ip", "-j", "link", "show", "dev", "eth0"]).stdout
+        assert json.loads(up)[0]["operstate"] in ("UP", "UNKNOWN"), up
+        for fault in (kill, stop, cut):
             assert 0 <= fault["detected_seconds"] < fault["resumed_seconds"] < 300, fault
             assert 0 <= fault["steps_lost"] <= fault["at_step"], fault
 

@@ -136,3 +136,13 @@ def test_remove_run_refuses_a_tree_that_is_not_a_drills(tmp_path, tree):
 def test_remove_run_refuses_a_run_id_that_is_not_one(tmp_path, job):
     with pytest.raises(RemoteError, match="bad job"):
         remove_run(str(tmp_path), job)
+
+
+def test_cut_link_refuses_a_time_out_of_range_and_an_address_no_interface_holds():
+    from agent.drill import cut_link
+
+    with pytest.raises(RemoteError, match="seconds must be from 1 to 600"):
+        cut_link("192.0.2.77", 0.5)
+    # TEST-NET-1: held by no interface here, so nothing is asked of sudo and nothing goes down.
+    with pytest.raises(RemoteError, match="no interface of this node holds 192.0.2.77"):
+        cut_link("192.0.2.77", 5)
