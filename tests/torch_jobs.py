@@ -32,6 +32,8 @@ def main():
     parser.add_argument("--hang-at", type=int)
     parser.add_argument("--abort-at-exit", action="store_true")
     parser.add_argument("--nan-at", type=int)
+    parser.add_argument("--work", type=int, default=0, help="matrix products of 128 x 128 added to each forward pass "
+                        "(compute a CPU quota can hold back; the model and its losses are the same)")
     args = parser.parse_args()
     dist.init_process_group(os.environ.get("COORD_TORCH_BACKEND", "gloo"))
     rank = dist.get_rank()
@@ -69,6 +71,8 @@ def main():
             began = time.perf_counter()
             x = torch.randn(micro, 4, generator=generator)
             loss = ((ddp(x) - x.sum(1, keepdim=True)) ** 2).mean() / max(1, accumulation)
+            for _ in range(args.work):
+                torch.ones(128, 128) @ torch.ones(128, 128)
             compute += time.perf_counter() - began
             loss.backward()
         optimizer.step()

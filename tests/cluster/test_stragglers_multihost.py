@@ -17,7 +17,6 @@ controller may be cgroup v1's (``cpu.cfs_quota_us``) or v2's (``cpu.max``); both
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster.cgroups import Quota, cpu_controller, rank_processes, show_cgroups_to
 from tests.cluster.jobs import at_step, events, job_of, rank_pid, submit, tiny_project_and_daemon, wait_event
 from tests.cluster.netns import SYSTEM_PYTHON
 from tests.integration.daemon_harness import coord
@@ -36,84 +36,6 @@ TRAIN = ["python", "-m", "mlx_lm", "lora", "--model", "model", "--train", "--dat
          "full", "--batch-size", "3", "--iters", str(STEPS), "--learning-rate", "1e-4"]
 BOUND_S = 30.0  # the issue's bound: 30 s or 20 steps, whichever is longer (these steps are short)
 SLACK_S = 30.0  # two shared cores: the daemon's poll and the agent's sample may wait their turn
-CGROUP_V2 = Path("/sys/fs/cgroup")
-CGROUP_V1 = Path("/sys/fs/cgroup/cpu")
-
-
-def _cpu_controller() -> tuple[str, Path] | None:
-    controllers = CGROUP_V2 / "cgroup.controllers"
-    if controllers.exists() and "cpu" in controllers.read_text().split():
-        return "v2", CGROUP_V2
-    if (CGROUP_V1 / "cpu.cfs_quota_us").exists():
-        return "v1", CGROUP_V1
-    return None
-
-
-def _rank_processes(pgid: int) -> list[int]:
-    """The rank's processes: its process group (the rank's pid leads it)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if len(fields) > 2 and int(fields[2]) == pgid:
-            found.append(int(entry))
-    return found
-
-
-def _show_cgroups_to(pid: int, version: str) -> None:
-    """Mount the CPU controller where a Linux host has it, in the mount namespace of ``pid`` (a node's
-    rank, so its agent's too): ``ip netns exec`` mounts a sysfs of its own for each node, without
-    /sys/fs/cgroup, which a real node has."""
-    if version == "v2":
-        script = "mountpoint -q /sys/fs/cgroup || mount -t cgroup2 none /sys/fs/cgroup"
-    else:
-        script = ("mountpoint -q /sys/fs/cgroup/cpu || { mountpoint -q /sys/fs/cgroup || "
-                  "mount -t tmpfs cgroup_root /sys/fs/cgroup; mkdir -p /sys/fs/cgroup/cpu && "
-                  "mount -t cgroup -o cpu cgroup /sys/fs/cgroup/cpu; }")
-    done = subprocess.run(["nsenter", "-t", str(pid), "-m", "--", "sh", "-c", script], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-
-
-class Quota:
-    """A cgroup with a CPU quota, the rank's processes moved in; lifted, and removed at the end."""
-
-    def __init__(self, cores: float) -> None:
-        controller = _cpu_controller()
-        assert controller is not None
-        self.version, root = controller
-        self.path = root / f"coord-straggler-test-{os.getpid()}"
-        self.path.mkdir()
-        self.set(cores)
-
-    def set(self, cores: float | None) -> None:
-        if self.version == "v2":
-            (self.path / "cpu.max").write_text("max 100000" if cores is None else f"{int(cores * 100000)} 100000")
-        else:
-            (self.path / "cpu.cfs_period_us").write_text("100000")
-            (self.path / "cpu.cfs_quota_us").write_text("-1" if cores is None else str(int(cores * 100000)))
-
-    def take(self, pids: list[int]) -> None:
-        for pid in pids:
-            (self.path / "cgroup.procs").write_text(str(pid))
-
-    def remove(self) -> None:
-        self.set(None)
-        parent = self.path.parent / "cgroup.procs"
-        for pid in (self.path / "cgroup.procs").read_text().split():
-            with contextlib.suppress(OSError):  # gone meanwhile
-                parent.write_text(pid)
-        for _ in range(50):
-            try:
-                self.path.rmdir()
-                return
-            except OSError:
-                time.sleep(0.1)
-
-
 @pytest.fixture(scope="module")
 def running(netns_cluster):
     with tiny_project_and_daemon(netns_cluster) as holder:
@@ -129,7 +51,7 @@ def _story(daemon, name: str) -> str:
     return "\n".join(f"{e['kind']}: {e['message']}" for e in events(daemon, name))
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or _cpu_controller() is None, reason="needs root and a cgroup CPU controller")
+@pytest.mark.skipif(os.geteuid() != 0 or cpu_controller() is None, reason="needs root and a cgroup CPU controller")
 def test_a_rank_throttled_by_a_cpu_quota_is_named_with_its_cause_and_cleared_once_the_quota_is_lifted(
         netns_cluster, running):
     daemon, name = running["daemon"], "throttled"
@@ -140,8 +62,8 @@ def test_a_rank_throttled_by_a_cpu_quota_is_named_with_its_cause_and_cleared_onc
         time.sleep(10)  # past the warm-up, through checkpoints: no straggler yet
         assert not [e for e in events(daemon, name) if e["kind"] == "job.straggler"], _story(daemon, name)
         quota = Quota(0.05)
-        _show_cgroups_to(rank_pid(netns_cluster, job, 2), quota.version)
-        quota.take(_rank_processes(rank_pid(netns_cluster, job, 2)))
+        show_cgroups_to(rank_pid(netns_cluster, job, 2), quota.version)
+        quota.take(rank_processes(rank_pid(netns_cluster, job, 2)))
         onset = time.time()
         named = wait_event(daemon, name, "job.straggler", BOUND_S + SLACK_S, "rank 2 named a straggler")[0]
         delay = named["ts"] - onset
@@ -185,7 +107,7 @@ def test_a_cpu_hog_of_another_user_is_named_by_pid_and_command(netns_cluster, ru
         # Rank 1 and the hog on CPU 1, the hog ahead of it (nice -15, set as root before it drops to
         # nobody); the other ranks on CPU 0: rank 1 gets a sliver of its CPU.
         for rank, cpu in ((0, 0), (1, 1), (2, 0)):
-            for pid in _rank_processes(rank_pid(netns_cluster, job, rank)):
+            for pid in rank_processes(rank_pid(netns_cluster, job, rank)):
                 subprocess.run(["taskset", "-a", "-p", "-c", str(cpu), str(pid)], capture_output=True)
         # The system's Python: the test's own may live where nobody may not go (/root).
         hog = subprocess.Popen(["nice", "-n", "-15", "setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
@@ -210,7 +132,7 @@ def test_a_cpu_hog_of_another_user_is_named_by_pid_and_command(netns_cluster, ru
         _stop(daemon, name)
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or _cpu_controller() is None, reason="needs root and a cgroup CPU controller")
+@pytest.mark.skipif(os.geteuid() != 0 or cpu_controller() is None, reason="needs root and a cgroup CPU controller")
 def test_drop_shrinks_a_stragglers_node_out_after_its_grace_and_the_job_trains_on(netns_cluster, running):
     daemon, name = running["daemon"], "dropped"  # a global batch of 6: kept on two nodes (3 each, or 1 x 3 steps)
     submit(daemon, running["project"], name, "--trainer", "coord", "--hang-timeout", "600", "--min-nodes", "2",
@@ -221,8 +143,8 @@ def test_drop_shrinks_a_stragglers_node_out_after_its_grace_and_the_job_trains_o
         job, _ = at_step(netns_cluster, daemon, name, 40, lambda job: None)
         slow = job["nodes"][2]
         quota = Quota(0.05)
-        _show_cgroups_to(rank_pid(netns_cluster, job, 2), quota.version)
-        quota.take(_rank_processes(rank_pid(netns_cluster, job, 2)))
+        show_cgroups_to(rank_pid(netns_cluster, job, 2), quota.version)
+        quota.take(rank_processes(rank_pid(netns_cluster, job, 2)))
         dropped = wait_event(daemon, name, "job.straggler_dropped", BOUND_S + SLACK_S + 60, "the straggler dropped")[0]
         assert dropped["data"]["node"] == slow, dropped
         again = daemon.wait_for(lambda d: job_of(d, name)["attempt"] >= 1 and job_of(d, name)["state"] == "running"

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.jobs import events, job_of
+from tests.cluster.cgroups import Quota, cpu_controller, rank_processes, show_cgroups_to
+from tests.cluster.jobs import events, job_of, rank_pid, wait_event
 from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir
 from tests.torch_jobs import ACCELERATE, DDP, expected_accelerate_weights, expected_weights
 
@@ -207,3 +208,35 @@ def test_a_torchrun_job_whose_loss_turns_nan_rolls_back_skips_the_batches_and_fi
     assert "rolling back to the checkpoint of step 15, skipping the 4 batches after it" in diverged["message"], story
     logs = coord("logs", "--config", str(daemon.config), "--rank", "0", "--attempt", "1", "mh-nan", env=daemon.env)
     assert "skipping 4 batches after the rollback" in logs.stdout, logs.stdout[-3000:]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or cpu_controller() is None, reason="needs root and a cgroup CPU controller")
+def test_a_torchrun_worker_throttled_by_a_cpu_quota_is_named_a_straggler_with_that_cause(netns_cluster,
+                                                                                         torch_cluster):
+    # Each DDP worker reports its forward pass's time (coord_script.report(compute_seconds=...)), made a few
+    # milliseconds of matrix products (--work); n3's worker is moved into a cgroup held to 5% of a core
+    # mid-run: named within the bound, the quota its cause.
+    daemon, name = torch_cluster["daemon"], "mh-slow"
+    _submit(torch_cluster, name, "--launcher", "torchrun", "--total-steps", "100000", "--hang-timeout", "600", "--",
+            "python", "ddp.py", "--steps", "100000", "--sleep", "0.05", "--work", "10")
+    quota = None
+    try:
+        job = _at_step(netns_cluster, daemon, name, 20)
+        # The nodes share this machine's cores with whatever else runs: a rank slowed by that is a straggler
+        # too, with that cause. The quota comes once none is shown.
+        daemon.wait_for(lambda d: not job_of(d, name)["stragglers"], 120, "no straggler shown")
+        worker = _worker(netns_cluster, "n3", "ddp.py")
+        quota = Quota(0.05)
+        show_cgroups_to(worker, quota.version)
+        quota.take(sorted({*rank_processes(rank_pid(netns_cluster, job, 2)), worker}))  # torchrun's and its worker
+        onset = time.time()
+        named = wait_event(daemon, name, "job.straggler", 60, "n3's worker named a straggler after the quota",
+                           where=lambda e: e["ts"] >= onset and e["data"]["node"] == "n3")[0]
+        print(f"straggler named {named['ts'] - onset:.1f} s after the quota: {named['message']}")
+        assert named["data"]["node"] == "n3" and named["data"]["rank"] == job["nodes"].index("n3"), named
+        assert named["data"]["cause_kind"] == "quota", named
+        assert named["data"]["cause"].startswith("CPU throttled by a quota"), named
+    finally:
+        if quota is not None:
+            quota.remove()
+        coord("stop", "--config", str(daemon.config), name, env=daemon.env, timeout=120)
