@@ -211,8 +211,8 @@ def test_a_torchrun_job_whose_loss_turns_nan_rolls_back_skips_the_batches_and_fi
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or cpu_controller() is None, reason="needs root and a cgroup CPU controller")
-def test_a_torchrun_worker_throttled_by_a_cpu_quota_is_named_a_straggler_with_that_cause(netns_cluster,
-                                                                                         torch_cluster):
+def test_a_torchrun_worker_throttled_by_a_cpu_quota_is_named_a_straggler_with_that_cause_and_cleared(netns_cluster,
+                                                                                                     torch_cluster):
     # Each DDP worker reports its forward pass's time (coord_script.report(compute_seconds=...)), made a few
     # milliseconds of matrix products (--work); n3's worker is moved into a cgroup held to 5% of a core
     # mid-run: named within the bound, the quota its cause.
@@ -236,6 +236,11 @@ def test_a_torchrun_worker_throttled_by_a_cpu_quota_is_named_a_straggler_with_th
         assert named["data"]["node"] == "n3" and named["data"]["rank"] == job["nodes"].index("n3"), named
         assert named["data"]["cause_kind"] == "quota", named
         assert named["data"]["cause"].startswith("CPU throttled by a quota"), named
+        quota.set(None)
+        lifted = time.time()
+        cleared = wait_event(daemon, name, "job.straggler_cleared", 90, "n3's worker cleared once the quota is lifted",
+                             where=lambda e: e["ts"] >= lifted and e["data"]["node"] == "n3")[0]
+        print(f"straggler cleared {cleared['ts'] - lifted:.1f} s after the quota was lifted")
     finally:
         if quota is not None:
             quota.remove()
