@@ -46,31 +46,39 @@ def sudo_for_ip(user: str):
 def test_a_drill_on_three_nodes_times_every_fault_and_leaves_the_cluster_as_it_was(netns_cluster):
     last = netns_cluster.nodes[-1]
     with tiny_project_and_daemon(netns_cluster) as setup, sudo_for_ip(last.user):
-        daemon = setup["daemon"]
         workdirs = {spec.name: Path(netns_cluster.node(spec.name).workdir) for spec in netns_cluster.nodes}
-        for name, workdir in workdirs.items():  # the user's own files, which a drill must leave as they are
-            (workdir / "model").mkdir(exist_ok=True)
-            (workdir / "model" / "config.json").write_text('{"mine": true}\n')
-            (workdir / "notes.txt").write_text(f"node {name}\n")
-        before = {name: tree(workdir) for name, workdir in workdirs.items()}
-        done = coord("drill", "--config", str(daemon.config), "--json", "--cut-node", "--cut-seconds", "15",
-                     env=daemon.env, timeout=900)
-        assert done.returncode == 0, done.stdout + done.stderr + daemon.log_tail()
-        report = json.loads(done.stdout)
-        assert report["status"] == "ok" and report["restarts"] == 3 and len(report["nodes"]) == 3, report
-        kill, stop, cut = report["faults"]
-        assert (kill["rank"], stop["rank"], cut["signal"], cut["node"]) == (2, 0, "link down", last.name), report
-        # The link was down 15 s: the run cannot train again before it is back.
-        assert cut["resumed_seconds"] >= 15 and "lost" in cut["how"], cut
-        up = netns_cluster.exec_in(last.name, ["ip", "-j", "link", "show", "dev", "eth0"]).stdout
-        assert json.loads(up)[0]["operstate"] in ("UP", "UNKNOWN"), up
-        for fault in (kill, stop, cut):
-            assert 0 <= fault["detected_seconds"] < fault["resumed_seconds"] < 300, fault
-            assert 0 <= fault["steps_lost"] <= fault["at_step"], fault
+        for workdir in workdirs.values():  # the user's own files, which a drill must leave as they are (names
+            (workdir / "drill-test-own").mkdir()  # no other test's project has: the workdirs outlive this test)
+            (workdir / "drill-test-own" / "notes.txt").write_text("mine\n")
+        try:
+            _drill_and_check(netns_cluster, setup, workdirs, last)
+        finally:
+            for workdir in workdirs.values():
+                shutil.rmtree(workdir / "drill-test-own", ignore_errors=True)
 
-        assert {name: tree(workdir) for name, workdir in workdirs.items()} == before
-        doc = daemon.status(events=10_000)
-        assert not [job for job in doc["jobs"] if job["run_id"] == report["run_id"]], doc["jobs"]
-        assert not [e for e in doc["events"] if (e.get("data") or {}).get("run") == report["run_id"]]
-        assert not (setup["root"] / "state" / "jobs" / report["run_id"]).exists()
-        assert ranks_left(netns_cluster) == {}
+
+def _drill_and_check(netns_cluster, setup: dict, workdirs: dict[str, Path], last) -> None:
+    """The drill with every fault, its report, and the cluster as it was before it."""
+    daemon = setup["daemon"]
+    before = {name: tree(workdir) for name, workdir in workdirs.items()}
+    done = coord("drill", "--config", str(daemon.config), "--json", "--cut-node", "--cut-seconds", "15",
+                 env=daemon.env, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr + daemon.log_tail()
+    report = json.loads(done.stdout)
+    assert report["status"] == "ok" and report["restarts"] == 3 and len(report["nodes"]) == 3, report
+    kill, stop, cut = report["faults"]
+    assert (kill["rank"], stop["rank"], cut["signal"], cut["node"]) == (2, 0, "link down", last.name), report
+    # The link was down 15 s: the run cannot train again before it is back.
+    assert cut["resumed_seconds"] >= 15 and "lost" in cut["how"], cut
+    up = netns_cluster.exec_in(last.name, ["ip", "-j", "link", "show", "dev", "eth0"]).stdout
+    assert json.loads(up)[0]["operstate"] in ("UP", "UNKNOWN"), up
+    for fault in (kill, stop, cut):
+        assert 0 <= fault["detected_seconds"] < fault["resumed_seconds"] < 300, fault
+        assert 0 <= fault["steps_lost"] <= fault["at_step"], fault
+
+    assert {name: tree(workdir) for name, workdir in workdirs.items()} == before
+    doc = daemon.status(events=10_000)
+    assert not [job for job in doc["jobs"] if job["run_id"] == report["run_id"]], doc["jobs"]
+    assert not [e for e in doc["events"] if (e.get("data") or {}).get("run") == report["run_id"]]
+    assert not (setup["root"] / "state" / "jobs" / report["run_id"]).exists()
+    assert ranks_left(netns_cluster) == {}
