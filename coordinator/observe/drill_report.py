@@ -8,7 +8,8 @@ For each fault the drill put into a rank (at ``time``, the head's clock when it 
   started from (its checkpoint's): the work done again.
 
 Beside them, the run's step time (from the steps the drill saw while it waited for the first
-fault) and its cold launch (submission to the first step of the first attempt).
+fault, once they moved: never the ranks' loading) and its cold launch (submission to the first step
+of the first attempt).
 """
 
 from __future__ import annotations
@@ -59,9 +60,11 @@ _ATTEMPT_PREFIX = re.compile(r"^.*?: attempt \d+: ")  # "JOB: attempt N: " befor
 
 
 def step_seconds(samples: Sequence[tuple[float, int]]) -> float | None:
-    """Seconds per step from (time, step) samples of one attempt: the slope between the first and the
-    last sample that moved; None with fewer than two steps between them."""
-    moved = [sample for index, sample in enumerate(samples) if index == 0 or sample[1] != samples[index - 1][1]]
+    """Seconds per step from (time, step) samples of one attempt: the slope between the first and the last
+    sample at which the step moved on. Samples before the first step (the ranks loading) and the first one
+    seen (wherever the run was by then) are no start: None with fewer than two steps between those two."""
+    trained = [sample for sample in samples if sample[1] > 0]
+    moved = [sample for before, sample in zip(trained, trained[1:], strict=False) if sample[1] != before[1]]
     if len(moved) < 2 or moved[-1][1] - moved[0][1] < 2:
         return None
     return (moved[-1][0] - moved[0][0]) / (moved[-1][1] - moved[0][1])

@@ -61,12 +61,14 @@ def test_a_fault_never_seen_to_end_or_resume_says_so_rather_than_a_number():
 
 def test_the_step_time_is_the_slope_of_the_steps_seen_and_needs_two_steps_of_them():
     assert step_seconds([(0.0, 10), (0.5, 10), (1.0, 20), (3.0, 40)]) == pytest.approx(0.1)
+    # The ranks loading (step 0 for 25 s) is not training: the slope starts where the steps move.
+    assert step_seconds([(0.0, 0), (25.0, 0), (26.0, 30), (27.0, 40), (29.0, 60)]) == pytest.approx(0.1)
     assert step_seconds([(0.0, 10), (1.0, 11)]) is None
     assert step_seconds([]) is None
 
 
 def test_the_whole_report_and_its_table():
-    figures = drill_figures([KILL, STOP], EVENTS, [(0.0, 5), (2.0, 25)])
+    figures = drill_figures([KILL, STOP], EVENTS, [(0.0, 0), (0.5, 5), (1.0, 15), (3.0, 35)])
     assert figures["cold_launch_seconds"] == 6.4 and figures["step_seconds"] == 0.1
     lines = table(figures)
     assert lines[0].split() == ["fault", "rank", "(node)", "at", "step", "detected", "after", "first", "step",
