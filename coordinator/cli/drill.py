@@ -110,7 +110,7 @@ def _nodes(args: argparse.Namespace, socket: Path, hint: str | None) -> list[str
 
 def run_drill(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
     """The drill, start to end, its report as a document. The job is stopped and forgotten however it ends."""
-    from coordinator.observe.drill_report import drill_figures
+    from coordinator.observe.drill_report import drill_figures, step_seconds
 
     socket = resolve_socket(args)
     hint = args.config or os.environ.get("COORD_CONFIG")
@@ -130,8 +130,9 @@ def run_drill(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str,
         follow = _Follow(socket, run_id, hint, time.monotonic() + args.timeout, say)
         try:
             say(f"submitted {name} on {', '.join(nodes)} (run {run_id}); waiting for step {STEPS_BEFORE_FAULT}")
+            # ... and until its step time is known: the steps seen moving twice (a busy daemon reads in bursts).
             job = follow.until(f"step {STEPS_BEFORE_FAULT}", lambda j: j["state"] == "running"
-                               and j["step"] >= STEPS_BEFORE_FAULT)
+                               and j["step"] >= STEPS_BEFORE_FAULT and step_seconds(follow.samples) is not None)
             drills = [("kill", len(nodes) - 1), ("stop", 0)] + ([("cut", len(nodes) - 1)] if args.cut_node else [])
             for fault, rank in drills:
                 attempt = job["attempt"]
