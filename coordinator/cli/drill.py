@@ -18,7 +18,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from coordinator.cli.client import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliError, ask_daemon, resolve_socket
 from coordinator.cli.json_output import print_json
@@ -26,7 +26,7 @@ from coordinator.cli.json_output import print_json
 if TYPE_CHECKING:
     from coordinator.commands.drill import FaultAnswer
     from coordinator.jobs.view import RunView
-    from coordinator.observe.drill_report import Fault
+    from coordinator.observe.drill_report import DrillReport, Fault
 
 #: Steps of the first attempt before the kill (the step time is measured over them), and of each
 #: resumed attempt before the next fault: enough for a checkpoint (every SAVE_EVERY) to exist.
@@ -105,10 +105,14 @@ def _nodes(args: argparse.Namespace, socket: Path, hint: str | None) -> list[str
     if len(chosen) < 2:
         raise CliError(f"a drill needs 2 nodes that are up, and has {len(chosen)} "
                        f"({', '.join(f'{n} {s}' for n, s in known.items())})", EXIT_USAGE)
+    addresses = {node["name"]: node["address"] for node in status["nodes"]}
+    if args.cut_node and addresses.get(chosen[-1]) == "local":  # said now, not after two faults
+        raise CliError(f"--cut-node takes {chosen[-1]}'s link down, and {chosen[-1]} runs on the head's own machine "
+                       "(host local): it has no link of its own", EXIT_USAGE)
     return chosen
 
 
-def run_drill(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
+def run_drill(args: argparse.Namespace, say: Callable[[str], None]) -> DrillReport:
     """The drill, start to end, its report as a document. The job is stopped and forgotten however it ends."""
     from coordinator.observe.drill_report import drill_figures, step_seconds
 
@@ -117,7 +121,8 @@ def run_drill(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str,
     nodes = _nodes(args, socket, hint)
     stamp = secrets.token_hex(4)
     tree, name = f"coord-drill-{stamp}", f"drill-{stamp}"
-    report: dict[str, Any] = {"job": name, "nodes": nodes, "status": "failed"}
+    report: DrillReport = {"job": name, "nodes": nodes, "status": "failed", "step_seconds": None,
+                           "cold_launch_seconds": None, "faults": []}
     faults: list[Fault] = []
     with tempfile.TemporaryDirectory(prefix="coord-drill-") as source:
         say(f"making the tiny model and data set of the drill in {source}/{tree}")
@@ -199,7 +204,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
         print_json(report)
     else:
         print()
-        for line in table(report):  # type: ignore[arg-type]  # the figures are its keys
+        for line in table(report):
             print(line)
         if report["status"] != "ok":
             print(f"drill failed: {report.get('detail', '')}", file=sys.stderr)

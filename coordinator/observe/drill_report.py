@@ -48,6 +48,18 @@ class DrillFigures(TypedDict):
     faults: list[FaultFigures]
 
 
+class DrillReport(DrillFigures, total=False):
+    """What `coord drill --json` prints: the figures, and the drill's own outcome."""
+
+    job: str
+    run_id: str
+    nodes: list[str]
+    status: str  # "ok" or "failed"
+    detail: str  # why it failed
+    restarts: int | None
+    left_behind: dict[str, str]  # node -> why the drill's files are still on it
+
+
 class Event(TypedDict):
     ts: float
     kind: str

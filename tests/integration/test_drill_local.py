@@ -7,35 +7,20 @@ import shutil
 
 import pytest
 
-from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir
-
-CLUSTER = """\
-[cluster]
-name = "drill-local"
-state_dir = "{root}/state"
-
-[ssh]
-keepalive_s = 0.5
-
-[[nodes]]
-name = "a"
-host = "local"
-workdir = "{root}/a"
-
-[[nodes]]
-name = "b"
-host = "local"
-workdir = "{root}/b"
-"""
+from tests.integration.daemon_harness import (
+    DaemonProcess,
+    all_up,
+    coord,
+    environment,
+    short_tempdir,
+    write_local_cluster,
+)
 
 
 @pytest.fixture(scope="module")
 def cluster():
     root = short_tempdir()
-    for node in ("a", "b"):
-        (root / node).mkdir()
-    config = root / "cluster.toml"
-    config.write_text(CLUSTER.format(root=root))
+    config = write_local_cluster(root, ("a", "b"), name="drill-local", keepalive_s=0.5)
     daemon = DaemonProcess(config, env=environment()).start()
     daemon.wait_for(all_up, 30, "all nodes up")
     yield daemon, root
@@ -49,3 +34,6 @@ def test_a_drill_is_refused_on_one_node_and_on_a_node_it_does_not_know(cluster):
     assert one.returncode == 2 and "a drill needs 2 nodes" in one.stderr, one.stderr
     unknown = coord("drill", "--config", str(daemon.config), "--nodes", "a,zz", env=daemon.env)
     assert unknown.returncode == 2 and "no node named zz" in unknown.stderr, unknown.stderr
+    # Before any fault, not after two: a local node has no link of its own to take down.
+    cut = coord("drill", "--config", str(daemon.config), "--cut-node", env=daemon.env)
+    assert cut.returncode == 2 and "b runs on the head's own machine" in cut.stderr, cut.stderr
