@@ -52,15 +52,28 @@ def show_cgroups_to(pid: int, version: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
+def cgroup_of(pid: int, version: str) -> str:
+    """The CPU cgroup ``pid`` is in, relative to the controller's root ("/" for the root)."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if (version == "v2" and controllers == "") or (version == "v1" and "cpu" in controllers.split(",")):
+            return path
+    return "/"
+
+
 class Quota:
-    """A cgroup with a CPU quota, the rank's processes moved in; lifted, and removed at the end."""
+    """A cgroup with a CPU quota, the rank's processes moved in; lifted (the processes back where they
+    were: left in a cgroup of their own, a rank's threads would share one entity's CPU time against
+    every other process's, and stay slow), and removed at the end."""
 
     def __init__(self, cores: float) -> None:
         controller = cpu_controller()
         assert controller is not None
         self.version, root = controller
         self.path = root / f"coord-straggler-test-{os.getpid()}"
+        self.root = root
         self.path.mkdir()
+        self.origins: dict[int, str] = {}
         self.set(cores)
 
     def set(self, cores: float | None) -> None:
@@ -72,14 +85,19 @@ class Quota:
 
     def take(self, pids: list[int]) -> None:
         for pid in pids:
+            self.origins[pid] = cgroup_of(pid, self.version)
             (self.path / "cgroup.procs").write_text(str(pid))
 
-    def remove(self) -> None:
+    def lift(self) -> None:
+        """No quota, and the processes back in the cgroups they came from."""
         self.set(None)
-        parent = self.path.parent / "cgroup.procs"
         for pid in (self.path / "cgroup.procs").read_text().split():
+            origin = self.root / self.origins.get(int(pid), "/").lstrip("/")
             with contextlib.suppress(OSError):  # gone meanwhile
-                parent.write_text(pid)
+                (origin / "cgroup.procs").write_text(pid)
+
+    def remove(self) -> None:
+        self.lift()
         for _ in range(50):
             try:
                 self.path.rmdir()

@@ -442,6 +442,17 @@ class NetnsCluster:
     def sshd_log(self, node: str) -> Path:
         return self.tmpdir / node / "sshd.log"
 
+    def empty_workdirs(self) -> None:
+        """Empty every node's workdir (the directory stays, its user's): for a test that counts what a
+        sync sends to a fresh node, after other tests' projects were synced there."""
+        for spec in self.nodes:
+            workdir = Path(spec.workdir)
+            for child in workdir.iterdir() if workdir.is_dir() else ():
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child, ignore_errors=True)
+                else:
+                    child.unlink(missing_ok=True)
+
     # ----------------------------------------------------------------- lifecycle
 
     def __enter__(self) -> NetnsCluster:

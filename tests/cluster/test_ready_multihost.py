@@ -51,6 +51,7 @@ def make_source(root: Path, files: int) -> Path:
 
 @pytest.fixture(scope="module")
 def ready(netns_cluster):
+    netns_cluster.empty_workdirs()  # what other tests synced there would not be sent again
     root = short_tempdir()
     root.chmod(0o755)
     source = make_source(root, 2000)

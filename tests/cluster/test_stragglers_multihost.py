@@ -77,7 +77,7 @@ def test_a_rank_throttled_by_a_cpu_quota_is_named_with_its_cause_and_cleared_onc
         assert shown[0]["cause"].startswith("CPU throttled by a quota") and shown[0]["score"] >= 1.5, shown
         text = coord("status", "--config", str(daemon.config), env=daemon.env, timeout=60).stdout
         assert f"straggler: rank 2 on {job['nodes'][2]}" in text and "CPU throttled by a quota" in text, text
-        quota.set(None)
+        quota.lift()
         lifted = time.time()
         cleared = wait_event(daemon, name, "job.straggler_cleared", 60 + SLACK_S, "rank 2 cleared")[0]
         print(f"straggler cleared {cleared['ts'] - lifted:.1f} s after the quota was lifted")

@@ -236,7 +236,7 @@ def test_a_torchrun_worker_throttled_by_a_cpu_quota_is_named_a_straggler_with_th
         assert named["data"]["node"] == "n3" and named["data"]["rank"] == job["nodes"].index("n3"), named
         assert named["data"]["cause_kind"] == "quota", named
         assert named["data"]["cause"].startswith("CPU throttled by a quota"), named
-        quota.set(None)
+        quota.lift()
         lifted = time.time()
         cleared = wait_event(daemon, name, "job.straggler_cleared", 90, "n3's worker cleared once the quota is lifted",
                              where=lambda e: e["ts"] >= lifted and e["data"]["node"] == "n3")[0]
