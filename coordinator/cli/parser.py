@@ -31,6 +31,7 @@ from coordinator.config.option_values import (
     Names,
     Number,
     SocketPath,
+    StoreUrl,
     Text,
     Whole,
     Wholes,
@@ -349,6 +350,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--straggler-grace", type=SECONDS,
                    help="seconds a straggler is borne before --straggler-policy drop shrinks its node out "
                         "(default 120)")
+    p.add_argument("--checkpoint-store", type=StoreUrl(), metavar="URL",
+                   help="upload every validated checkpoint there, in the background, its manifest last: "
+                        "s3://BUCKET/PREFIX (AWS, R2, B2, MinIO: the endpoint from AWS_ENDPOINT_URL), gs://, az:// or "
+                        "file:///PATH (a NAS the head mounts); credentials from coordd's environment (default: the "
+                        "cluster file's checkpoint_store; docs/checkpoint-storage.md)")
+    p.add_argument("--store-keep", type=job_whole("store_keep"), metavar="N",
+                   help="committed checkpoints the store keeps: the newest N (default 3), never fewer than one")
+    p.add_argument("--store-keep-every", type=job_whole("store_keep_every"), metavar="K",
+                   help="the store also keeps every checkpoint whose step is a multiple of K")
+    p.add_argument("--durability-lag-alert", type=SECONDS, metavar="SECONDS",
+                   help="alert when a checkpoint has waited this long to reach the store (default 1800)")
+    p.add_argument("--resume-from", type=StoreUrl(), metavar="STORE_URL",
+                   help="start from the newest committed checkpoint in the store: a run's prefix "
+                        "(s3://BUCKET/PREFIX/RUN_ID) or one checkpoint's; works on a cluster and a head that never "
+                        "saw the run (coord checkpoints --store URL lists what is there)")
     p.add_argument("--node-wait", type=SECONDS,
                    help=f"seconds an attempt waits for its nodes to be up (each one, or with --min-nodes enough of "
                         f"them) before the job fails (default {NODE_WAIT_S:g}); coord run shows what it waits for")

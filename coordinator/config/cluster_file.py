@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from coordinator.config.accounts import Account, shared_account
 from coordinator.config.ssh_destination import SshConfigUnreadable, resolve_account, ssh_config_files
+from coordinator.config.store_url import StoreUrlError, parse_store_url
 from coordinator.config.toml_checks import ConfigError, Locator, Schema, TomlTable, check_table
 from coordinator.control.address import MAX_SOCKET_PATH, resolve_under, socket_of
 
@@ -99,11 +100,12 @@ MAX_ALERT_MINUTES = 365 * 24 * 60.0
 
 
 ALERT_EVENTS = ("job_failed", "job_succeeded", "job_restarted", "job_stalled", "node_down", "diverged", "loss_spike",
-                "straggler")
+                "straggler", "durability_lag")
 ALERT_FORMATS = ("generic", "slack", "ntfy")
 # A job that gives up is a failed job: job_failed covers it. A run whose training went wrong while its
 # processes were fine (a NaN rolled back from, a loss spike) is told by default too: nothing else says it.
-DEFAULT_ALERT_EVENTS = ("job_failed", "diverged", "loss_spike")
+# Checkpoints that stopped reaching the store (durability_lag) leave a run one fire from lost: told too.
+DEFAULT_ALERT_EVENTS = ("job_failed", "diverged", "loss_spike", "durability_lag")
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,7 @@ class ClusterConfig:
     sync: SyncSettings = SyncSettings()
     dashboard: DashboardSettings = DashboardSettings()
     alerts: tuple[AlertSettings, ...] = ()
+    checkpoint_store: str | None = None  # where jobs upload their checkpoints (a job's own --checkpoint-store wins)
 
     def node_files(self, node: NodeConfig) -> NodeFiles:
         """The training script, data files and model of a node, relative to its workdir."""
@@ -147,7 +150,8 @@ class ClusterConfig:
                 "model": node.model if node.model is not None else self.sync.model}
 
 
-_CLUSTER_KEYS: Schema = {"name": (str, True), "state_dir": (str, False), "socket": (str, False)}
+_CLUSTER_KEYS: Schema = {"name": (str, True), "state_dir": (str, False), "socket": (str, False),
+                         "checkpoint_store": (str, False)}
 _SSH_KEYS: Schema = {
     "known_hosts": (str, False),
     "identity_file": (str, False),
@@ -339,8 +343,14 @@ def parse_config(text: str, path: Path | None = None) -> ClusterConfig:
             raise ConfigError(locate.message("ssh", None, key, f"{key} must be greater than 0 and at most "
                                              f"{MAX_SSH_SECONDS:.0f} seconds, got {ssh_raw[key]!r}"))
     alerts = _parse_alerts(raw.get("alerts", []), locate, base)
+    store = cluster.get("checkpoint_store")
+    if store is not None:
+        try:
+            store = parse_store_url(store).url
+        except StoreUrlError as exc:
+            raise ConfigError(locate.message("cluster", None, "checkpoint_store", f"checkpoint_store: {exc}")) from None
     return ClusterConfig(name=cluster["name"], state_dir=state_dir, socket=socket, ssh=ssh, nodes=nodes, path=path,
-                         sync=sync, dashboard=dashboard, alerts=alerts)
+                         sync=sync, dashboard=dashboard, alerts=alerts, checkpoint_store=store)
 
 
 def parse_listen(value: str) -> tuple[str | None, int]:

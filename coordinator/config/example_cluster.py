@@ -8,6 +8,7 @@ EXAMPLE_CLUSTER = '''\
 name = "lab"
 # state_dir = "..."    # default: ~/Library/Application Support/coord on macOS, ~/.local/state/coord elsewhere
 # socket = "..."       # default: <state_dir>/coord.sock
+# checkpoint_store = "s3://bucket/coord" # every checkpoint uploaded there too (docs/checkpoint-storage.md)
 
 [ssh]                  # defaults for every node, all optional
 # known_hosts = "~/.ssh/known_hosts"     # host keys are always verified against this file
@@ -48,8 +49,8 @@ workdir = "/Users/bob/work"
 # name = "phone"
 # webhook = "https://ntfy.sh/my-secret-topic"   # or: command = ["/usr/local/bin/notify", "--urgent"]
 # format = "ntfy"                        # generic (JSON, the default), slack or ntfy
-# on = ["job_failed", "job_stalled", "node_down"]   # default: job_failed, diverged, loss_spike; also job_succeeded,
-#                                                   # job_restarted, straggler
+# on = ["job_failed", "job_stalled", "node_down"]   # default: job_failed, diverged, loss_spike,
+#                                                   # durability_lag; also job_succeeded, job_restarted, straggler
 # stalled_minutes = 30                   # job_stalled: no progress for this long
 # node_down_minutes = 5                  # node_down: down for longer than this
 '''

@@ -147,6 +147,21 @@ class Text(OptionValue):
         return text
 
 
+class StoreUrl(OptionValue):
+    """A checkpoint store's URL (coordinator/config/store_url.py): s3://, gs://, az:// or file:///."""
+
+    kind = "store_url"
+
+    def __call__(self, text: str) -> str:
+        from coordinator.config.store_url import StoreUrlError, parse_store_url  # only when given
+
+        _printable(text, "the value")
+        try:
+            return parse_store_url(text).url
+        except StoreUrlError as exc:
+            raise _refuse(str(exc)) from None
+
+
 class Names(OptionValue):
     """Comma-separated node names, each once."""
 

@@ -6,7 +6,7 @@ and their final copy awaited before success."""
 from __future__ import annotations
 
 import posixpath
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 import anyio
 
@@ -17,6 +17,9 @@ from coordinator.jobs.effects import HEAD, LaunchError, Placement
 from coordinator.jobs.node_health import NodeHealth
 from coordinator.jobs.record import JobRecord
 from coordinator.jobs.replica import Replicator, node_replica_rel
+
+if TYPE_CHECKING:
+    from coordinator.jobs.durability import DurabilityWatch
 from coordinator.jobs.run_context import RunContext
 from coordinator.jobs.transfer import CheckpointDamaged
 from coordinator.launch.torch_env import is_torch_launcher
@@ -56,6 +59,7 @@ class CheckpointKeeper:
         self._validated_since_poke = False
         self.last_placement: Placed | None = None  # what the last resume's placing did (for its event)
         self.dirs = DirKeeper(ctx, health)  # checkpoint directories, joined from every node's part
+        self.durability: DurabilityWatch | None = None  # with a checkpoint store: the uploads
 
     def ranks_write_own_copies(self) -> bool:
         """coord's trainer: every rank writes the checkpoint on its own node (data parallel ranks hold
@@ -291,6 +295,8 @@ class CheckpointKeeper:
         depends on all of them."""
         if self._validated_since_poke and self.replicator is not None:
             self.replicator.poke()
+        if self._validated_since_poke and self.durability is not None:
+            self.durability.poke()
         self._validated_since_poke = False
 
     async def catalogue_left_behind(self) -> None:
@@ -363,8 +369,13 @@ class CheckpointKeeper:
         return found["checkpoints"]
 
     async def _retain(self) -> None:
+        # With a checkpoint store, nothing newer than its newest durable checkpoint goes: until it is
+        # in the store, a node's copy is the run's only protection against losing the cluster.
+        held = self.durability.held_locally() if self.durability is not None else set()
         for old in catalog.to_remove(self.fx.checkpoints(self.ctx.run_id), self.ctx.spec.keep,
                                      self.health.same_machine):
+            if (old["step"], old["attempt"]) in held:
+                continue
             if old["node"] == HEAD:
                 self.fx.remove_head_file(old["path"])
                 self.fx.remove_checkpoint(self.ctx.run_id, old["attempt"], old["node"], old["path"])

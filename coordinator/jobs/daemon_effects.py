@@ -17,8 +17,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 import anyio
 import structlog
 
+from coordinator.config.store_url import parse_store_url
+from coordinator.durable.manifest import FileEntry, StoreManifest
+from coordinator.durable.manifest import build as build_manifest
+from coordinator.durable.objects import open_store
+from coordinator.durable.transfer import UploadFile
+from coordinator.durable.transfer import remove_checkpoint as remove_from_store
+from coordinator.durable.transfer import upload_checkpoint as upload_to_store
 from coordinator.jobs.checkpoint_formats import written_last
-from coordinator.jobs.effects import HEAD, LaunchError, NodeView, Placement, Task
+from coordinator.jobs.effects import HEAD, LaunchError, NodeView, Placement, Task, UploadMeta
 from coordinator.jobs.head_paths import attempt_dir
 from coordinator.jobs.spec import JobSpec, JobSpecFields
 from coordinator.jobs.straggler_cause import link_findings
@@ -41,7 +48,7 @@ from coordinator.nodes.session import DOWN, UP
 from coordinator.readiness.torch_preflight import gather_facts
 from coordinator.relay.broadcast import Source as RelaySource
 from coordinator.relay.broadcast import Target, broadcast
-from coordinator.store.state import CheckpointEntry, CheckpointRow
+from coordinator.store.state import CheckpointEntry, CheckpointRow, DurableRow
 from shared.agent_api.torch import TorchFactsReply
 from shared.checkpoint_dirs import DIR_NAME, DirFile, digest, walk
 from shared.manifest import sha256_file
@@ -346,6 +353,61 @@ class DaemonEffects:
             shutil.rmtree(target, ignore_errors=True)
         else:
             target.unlink(missing_ok=True)
+
+    # --- the checkpoint store ---
+    def store_url(self, job_store: str | None) -> str | None:
+        return job_store or self.config.checkpoint_store
+
+    async def upload_checkpoint(self, url: str, source: CheckpointRow, meta: UploadMeta) -> DurableRow:
+        """Read by the head from where the checkpoint lies (its node's agent, or the head's own copy),
+        and put in parts, its manifest last (coordinator/durable/transfer.py)."""
+        location = parse_store_url(url)
+        store = open_store(location.parent)
+        directory = bool(DIR_NAME.match(posixpath.basename(source["path"])))
+        if directory:
+            files = await self._directory_files(source)
+            if digest(files) != source["sha256"]:
+                raise CheckpointDamaged(f"{source['node']}:{source['path']} no longer holds the files recorded "
+                                        "when it was validated")
+            listed = [(posixpath.join(source["path"], f["path"]), f["path"], f["size"], f["sha256"])
+                      for f in sorted(files, key=lambda f: f["path"])]
+        else:
+            if source["size"] is None or not source["sha256"]:
+                raise CheckpointDamaged(f"{source['node']}:{source['path']}: no size and SHA256 were recorded for it")
+            listed = [(source["path"], posixpath.basename(source["path"]), source["size"], source["sha256"])]
+        uploads = [UploadFile(rel, size, sha, self._reader(source["node"], full).chunks)
+                   for full, rel, size, sha in listed]
+        started = time.monotonic()
+
+        def describe(entries: list[FileEntry]) -> StoreManifest:
+            kind = "directory" if directory else (posixpath.splitext(source["path"])[1].lstrip(".") or "file")
+            return build_manifest(run=meta.run, job=meta.job, attempt=source["attempt"], step=source["step"],
+                                  format=kind, world_size=meta.world_size, created=time.time(), files=entries)
+        manifest = await upload_to_store(store, location.last, uploads, describe=describe)
+        return {"attempt": source["attempt"], "step": source["step"], "url": location.url,
+                "bytes": manifest["bytes"], "seconds": round(time.monotonic() - started, 3),
+                "committed": manifest["created"]}
+
+    def _reader(self, node: str, path: str) -> Source:
+        if node == HEAD:
+            return HeadSource(Path(path))
+        session = self.cluster.sessions.get(node)
+        if session is None or session.state != UP:
+            raise RemoteError("connection_lost", f"{node} is not up: its checkpoint cannot be read")
+        return NodeSource(session, path)
+
+    async def remove_stored(self, url: str) -> None:
+        location = parse_store_url(url)
+        await remove_from_store(open_store(location.parent), location.last)
+
+    def durable_checkpoints(self, run_id: str) -> list[DurableRow]:
+        return self.cluster.state.durable_checkpoints(run_id)
+
+    def add_durable(self, run_id: str, row: DurableRow) -> None:
+        self.cluster.state.add_durable(run_id, row)
+
+    def remove_durable(self, run_id: str, attempt: int, step: int) -> None:
+        self.cluster.state.remove_durable(run_id, attempt, step)
 
     # --- each rank's output on the head ---
     def _log_path(self, run_id: str, attempt: int, rank: int) -> Path:

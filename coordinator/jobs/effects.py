@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
 from coordinator.launch.launcher import LaunchPlan
-from coordinator.store.state import CheckpointEntry, CheckpointRow
+from coordinator.store.state import CheckpointEntry, CheckpointRow, DurableRow
 from shared.agent_api.facts import UsageReply
 from shared.agent_api.ranks import (
     DataReply,
@@ -73,6 +73,15 @@ class NodeView:
     # failed: why. A job naming it is refused at submit instead of waiting for it in silence.
     unreachable: str | None = None
     down_since: float | None = None  # while not up: since when (wall clock), as its session saw it go
+
+
+@dataclass(frozen=True)
+class UploadMeta:
+    """What a checkpoint's manifest in the store says besides its files."""
+
+    run: str
+    job: str
+    world_size: int
 
 
 @dataclass(frozen=True)
@@ -175,6 +184,21 @@ class JobEffects(Protocol):
 
     def head_path(self, *parts: str) -> str: ...
     def remove_head_file(self, path: str) -> None: ...
+
+    # --- the checkpoint store (coordinator/durable): checkpoints off the cluster ---
+    def store_url(self, job_store: str | None) -> str | None:
+        """The store a job's checkpoints go to: its own (``--checkpoint-store``), else the cluster file's."""
+
+    async def upload_checkpoint(self, url: str, source: CheckpointRow, meta: UploadMeta) -> DurableRow:
+        """``source``'s bytes into the store under ``url`` (the checkpoint's prefix there), its manifest
+        last. StoreError, UploadDamaged, RemoteError or OSError when it cannot: nothing is then committed."""
+
+    async def remove_stored(self, url: str) -> None:
+        """A committed checkpoint out of the store (its manifest first). StoreError when it cannot."""
+
+    def durable_checkpoints(self, run_id: str) -> list[DurableRow]: ...
+    def add_durable(self, run_id: str, row: DurableRow) -> None: ...
+    def remove_durable(self, run_id: str, attempt: int, step: int) -> None: ...
 
     # --- the head's copy of each rank's output ---
     def append_log(self, run_id: str, attempt: int, rank: int, data: bytes) -> None: ...

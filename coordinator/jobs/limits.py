@@ -24,10 +24,12 @@ WHOLE: dict[str, tuple[int, int]] = {
     "micro_batch": (1, 1 << 20),
     "max_rollbacks": (0, 10**6),
     "skip_on_rollback": (0, 10**9),
+    "store_keep": (1, 10**6),
+    "store_keep_every": (1, 10**9),
 }
 
 #: Fields in seconds: each greater than 0 and at most MAX_SECONDS.
-SECONDS = ("hang_timeout", "node_timeout", "node_wait", "straggler_grace")
+SECONDS = ("hang_timeout", "node_timeout", "node_wait", "straggler_grace", "durability_lag_alert")
 #: What coord does about a straggler: only tell, or drop its node (the elastic shrink).
 STRAGGLER_POLICIES = ("tell", "drop")
 

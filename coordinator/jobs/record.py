@@ -30,6 +30,17 @@ class UnsoundEntry(TypedDict):
     detail: str
 
 
+class Durability(TypedDict):
+    """How far the run's checkpoints are in the checkpoint store (coordinator/jobs/durability.py)."""
+
+    store: str  # the store's URL for this run (no credentials: there are none in it)
+    durable_step: int | None  # the newest checkpoint committed there
+    lag_steps: int  # the newest valid checkpoint's step over it
+    lag_seconds: float  # how long the oldest checkpoint not yet there has waited
+    bytes_per_s: float | None  # the last upload's speed
+    error: str | None  # the last upload's failure, until one succeeds
+
+
 class LastCheckpoint(TypedDict):
     """The newest valid checkpoint of the run, as coord status ages it."""
 
@@ -100,6 +111,7 @@ class JobRecord:
     # The dashboard's rank x step heatmap: [step, [each rank's compute time or None]], the newest last.
     compute_heat: list[list[Any]] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)  # nodes shrunk out as stragglers (--straggler-policy drop)
+    durability: Durability | None = None  # with a checkpoint store: how far behind it is
     # What coord cannot see now but waits out, said beside the state (coord status): the head's lost path.
     note: str | None = None
     extra: JsonObject = field(default_factory=dict)  # keys of a newer coord, kept as they were

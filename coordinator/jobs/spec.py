@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypedDict, cast
 
 from coordinator.config.cluster_file import NODE_NAME
+from coordinator.config.store_url import StoreUrlError, parse_store_url
 from coordinator.jobs.limits import MAX_SECONDS, NODE_WAIT_S, STRAGGLER_POLICIES, WHOLE
 from coordinator.jobs.training_health import ON_DIVERGENCE, ON_SPIKE
 from coordinator.launch.mlx_backend import BACKENDS
@@ -72,6 +73,10 @@ class JobSpecFields(TypedDict):
     on_spike: str
     straggler_policy: str
     straggler_grace: float
+    checkpoint_store: str | None
+    store_keep: int
+    store_keep_every: int | None
+    durability_lag_alert: float
 
 
 @dataclass
@@ -115,6 +120,14 @@ class JobSpec:
     # for straggler_grace seconds, its node shrunk out (drop: the elastic shrink, within --min-nodes).
     straggler_policy: str = "tell"
     straggler_grace: float = 120.0
+    # Where every validated checkpoint is uploaded (docs/checkpoint-storage.md): s3://, gs://, az:// or
+    # file:// (None: the cluster file's checkpoint_store, if any); how many the store keeps (the newest N,
+    # and every one whose step is a multiple of store_keep_every); and after how many seconds of a
+    # checkpoint not yet in the store an alert says so.
+    checkpoint_store: str | None = None
+    store_keep: int = 3
+    store_keep_every: int | None = None
+    durability_lag_alert: float = 1800.0
 
     def as_dict(self) -> JobSpecFields:
         return cast(JobSpecFields, asdict(self))  # the fields above, in order (a test holds the two together)
@@ -224,6 +237,16 @@ def _command(value: object) -> str | None:
     return None
 
 
+def _store_url(value: object) -> str | None:
+    if not isinstance(value, str):
+        return f"must be a store URL (s3://BUCKET/PREFIX, file:///PATH, ...), got {value!r}"
+    try:
+        parse_store_url(value)
+    except StoreUrlError as exc:
+        return f"is not a checkpoint store: {exc}"
+    return None
+
+
 def _node_names(value: object) -> str | None:
     if not isinstance(value, list) or not all(isinstance(n, str) and NODE_NAME.match(n) for n in value):
         return f"must be a list of node names (letters, digits, '.', '_' or '-'), got {value!r}"
@@ -284,7 +307,9 @@ _FIELD_CHECKS: dict[str, FieldCheck] = {
     "launcher_config": _optional(_launcher_config), "on_divergence": _choice(ON_DIVERGENCE),
     "max_rollbacks": _whole("max_rollbacks"), "skip_on_rollback": _whole("skip_on_rollback"),
     "on_spike": _choice(ON_SPIKE), "straggler_policy": _choice(STRAGGLER_POLICIES),
-    "straggler_grace": _seconds}
+    "straggler_grace": _seconds, "checkpoint_store": _optional(_store_url),
+    "store_keep": _whole("store_keep"), "store_keep_every": _optional(_whole("store_keep_every")),
+    "durability_lag_alert": _seconds}
 
 
 def _check_name_and_command(spec: JobSpec) -> None:

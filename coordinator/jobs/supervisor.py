@@ -33,6 +33,7 @@ import structlog
 from coordinator.jobs import core
 from coordinator.jobs.attempt import Attempt
 from coordinator.jobs.checkpoints import CHECKPOINT_POLL_S, CheckpointKeeper
+from coordinator.jobs.durability import DurabilityWatch
 from coordinator.jobs.effects import JobEffects, LaunchError
 from coordinator.jobs.node_health import NodeHealth
 from coordinator.jobs.node_wait import NODE_WAIT_S, NodesAway, NodeWait, StopAsked
@@ -87,6 +88,9 @@ class JobRunner:
         self.launcher = launcher_named(spec.launcher)
         self.replicator = Replicator(self.ctx, self.health) if spec.replica != REPLICA_NONE else None
         self.checkpoints = CheckpointKeeper(self.ctx, self.health, self.replicator)
+        store = fx.store_url(spec.checkpoint_store)
+        self.durability = DurabilityWatch(self.ctx, store) if store else None
+        self.checkpoints.durability = self.durability
         self.ranks = RankWatcher(self.ctx, self.health, self.checkpoints)
         self.nodes = NodeWait(self.ctx, self.health, self.launcher)
         self.ranks.stragglers.batch_for = self.nodes.batch_for  # a straggler is dropped only if the batch is kept
@@ -136,6 +140,9 @@ class JobRunner:
                 if self.replicator is not None:
                     background.start_soon(self.replicator.run)
                     self.replicator.poke()  # after a daemon restart: what is not replicated yet
+                if self.durability is not None:
+                    background.start_soon(self.durability.run)
+                    self.durability.poke()  # after a daemon restart: what is not in the store yet
                 await self._run(reattach)
                 background.cancel_scope.cancel()
         except Exception as exc:  # the edge: a bug ends this job's loop, never the daemon
@@ -278,6 +285,8 @@ class JobRunner:
             self.record.failed_at = None  # no recovery follows (a --resume later is not one)
         if decision.action == "succeed":
             await self.checkpoints.await_final_copy()
+            if self.durability is not None:
+                await self.durability.final_upload()
             self.set_state("succeeded")
             self.event("succeeded", f"finished at step {self.record.step} with {self.record.restarts} restarts"
                        + (f"; {self.record.warning}" if self.record.warning else ""))

@@ -62,6 +62,16 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     role TEXT NOT NULL DEFAULT 'primary',  -- 'primary' where rank 0 wrote it, 'replica' for its copy
     PRIMARY KEY (job, attempt, node, path)
 );
+CREATE TABLE IF NOT EXISTS durable_checkpoints (  -- committed in the run's checkpoint store
+    job TEXT NOT NULL,  -- the run id
+    step INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    url TEXT NOT NULL,  -- the checkpoint's prefix in the store
+    bytes INTEGER NOT NULL,
+    seconds REAL NOT NULL,
+    committed REAL NOT NULL,
+    PRIMARY KEY (job, step, attempt)
+);
 CREATE TABLE IF NOT EXISTS calibrations (
     node TEXT PRIMARY KEY,
     record TEXT NOT NULL,
@@ -195,6 +205,17 @@ class CheckpointRow(TypedDict):
     detail: str | None
     created: float
     role: str
+
+
+class DurableRow(TypedDict):
+    """A checkpoint committed in the run's checkpoint store (``durable_checkpoints``)."""
+
+    attempt: int
+    step: int
+    url: str  # the checkpoint's prefix in the store, as a URL
+    bytes: int
+    seconds: float  # how long its upload took
+    committed: float  # wall clock
 
 
 class CalibrationKey(TypedDict):
@@ -391,8 +412,8 @@ class StateStore:
         transaction; how many events went."""
         self._db.execute("BEGIN IMMEDIATE")
         try:
-            for table, column in (("runs", "run_id"), ("checkpoints", "job"), ("metric_points", "run_id"),
-                                  ("metric_attempts", "run_id")):
+            for table, column in (("runs", "run_id"), ("checkpoints", "job"), ("durable_checkpoints", "job"),
+                                  ("metric_points", "run_id"), ("metric_attempts", "run_id")):
                 self._db.execute(f"DELETE FROM {table} WHERE {column}=?", (run_id,))  # noqa: S608 - names above
             events = self._db.execute("DELETE FROM events WHERE data IS NOT NULL AND json_valid(data) "
                                       "AND json_extract(data, '$.run')=?", (run_id,)).rowcount
@@ -420,3 +441,17 @@ class StateStore:
     def remove_checkpoint(self, job: str, attempt: int, node: str, path: str) -> None:
         self._db.execute("DELETE FROM checkpoints WHERE job=? AND attempt=? AND node=? AND path=?",
                          (job, attempt, node, path))
+
+    def add_durable(self, job: str, row: DurableRow) -> None:
+        self._db.execute("INSERT OR REPLACE INTO durable_checkpoints (job, step, attempt, url, bytes, seconds, "
+                         "committed) VALUES (?,?,?,?,?,?,?)", (job, row["step"], row["attempt"], row["url"],
+                                                               row["bytes"], row["seconds"], row["committed"]))
+
+    def durable_checkpoints(self, job: str) -> list[DurableRow]:
+        rows = self._db.execute("SELECT step, attempt, url, bytes, seconds, committed FROM durable_checkpoints "
+                                "WHERE job=? ORDER BY step, attempt", (job,))
+        return [{"step": step, "attempt": attempt, "url": url, "bytes": size, "seconds": seconds,
+                 "committed": committed} for step, attempt, url, size, seconds, committed in rows]
+
+    def remove_durable(self, job: str, attempt: int, step: int) -> None:
+        self._db.execute("DELETE FROM durable_checkpoints WHERE job=? AND attempt=? AND step=?", (job, attempt, step))

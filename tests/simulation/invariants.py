@@ -35,6 +35,12 @@ The queue (coordinator/jobs/queue.py, applied by coordinator/jobs/manager.py):
 (m) a queued run starts once its nodes are free: no run stays queued while virtual time passes
     with none of its nodes held and no queued run ahead of it (or submitted at the same
     instant, with the same priority) waiting for one of them.
+
+The checkpoint store (coordinator/jobs/durability.py):
+
+(n) every checkpoint the run holds durable is committed in the store with the SHA256 of a copy of
+    that checkpoint that was catalogued valid; the store keeps at least the newest committed one;
+    and a run that succeeded with its store answering at the end has its final checkpoint there.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from typing import Any
 import anyio
 
 from coordinator.jobs import hang
+from coordinator.jobs.durability import FINAL_UPLOAD_TIMEOUT_S
 from coordinator.jobs.policy import MAX_BACKOFF_S
 from coordinator.jobs.rank_watch import POLL_S
 from coordinator.jobs.states import ACTIVE, FINISHED, IllegalTransition, check_transition
@@ -68,8 +75,10 @@ def time_bound(schedule: Any, spec: dict[str, Any]) -> float:
     # An outage is waited out for up to --node-timeout (nodes out of the head's reach whose ranks may live).
     outages = sum((f.get("back_after") or f.get("for") or 0) + spec.get("node_timeout", 60.0) for f in schedule.faults
                   if f["kind"] in ("power", "cut", "isolate", "head", "agent"))
+    # A run with a checkpoint store tries its final upload for up to FINAL_UPLOAD_TIMEOUT_S before it ends.
+    final_upload = FINAL_UPLOAD_TIMEOUT_S + 60 if spec.get("checkpoint_store") else 0
     return (attempts * (per_attempt + MAX_BACKOFF_S + NODE_WAIT_S + 10) + outages
-            + sum(delay for _, delay in schedule.crashes) + 60)
+            + sum(delay for _, delay in schedule.crashes) + 60 + final_upload)
 
 
 def _ahead(first: Any, then: Any, *, ties: bool) -> bool:
@@ -320,6 +329,28 @@ class Checker:
         for run_id, row in self.world.store.items():
             self.final_run(run_id, row["state"], row["record"], row["spec"])
 
+    def _final_store(self, run_id: str, state: str, record: dict[str, Any]) -> None:
+        world = self.world
+        durable = world.durable.get(run_id, {})
+        for (step, attempt), row in durable.items():
+            stored = world.stored.get(row["url"])
+            shas = {c["sha256"] for c in world.catalogued.get(run_id, [])
+                    if c["valid"] and (c["step"], c["attempt"]) == (step, attempt)}
+            if stored is None:
+                self.fail("n", f"run {run_id}: the checkpoint of step {step} is held durable, but {row['url']} is not "
+                               "in the store")
+            elif stored["sha256"] not in shas:
+                self.fail("n", f"run {run_id}: the store's checkpoint of step {step} is not a copy catalogued valid")
+        if durable and max(durable.values(), key=lambda r: (r["step"], r["attempt"]))["url"] not in world.stored:
+            self.fail("n", f"run {run_id}: the store lost its newest committed checkpoint")
+        newest = max((c for c in world.catalog.get(run_id, {}).values() if c["valid"]),
+                     key=lambda c: (c["step"], c["attempt"]), default=None)
+        if (state == "succeeded" and world.store_up and record.get("durability") is not None and newest is not None
+                and (newest["step"], newest["attempt"]) not in durable
+                and "not in the checkpoint store" not in (record.get("warning") or "")):
+            self.fail("n", f"run {run_id} succeeded, its store answering, without its final checkpoint "
+                           f"(step {newest['step']}) in the store, and without saying so")
+
     def final_run(self, run_id: str, state: str, record: dict[str, Any], spec: dict[str, Any]) -> None:
         world = self.world
         total = spec["total_steps"]
@@ -340,6 +371,7 @@ class Checker:
                 self.fail("l", f"run {run_id} was cancelled while queued, and launched")
         if state == "succeeded":
             self._final_success(run_id, record, spec, total)
+        self._final_store(run_id, state, record)
         if run_id in self.stopped:
             self._final_stop(run_id, state, record, ended)
         history = record.get("history", [])

@@ -189,6 +189,14 @@ def make_schedule(seed: int) -> Schedule:
                                 "from_step": health.randint(1, total)})
         spec["on_divergence"] = health.choice(["rollback", "rollback", "stop"])
         spec["max_rollbacks"] = health.randint(0, 3)
+    # Drawn apart too: a checkpoint store for the first job, which may stop answering for a while.
+    store = random.Random(f"store:{seed}")
+    if store.random() < 0.2:
+        spec["checkpoint_store"] = "s3://bucket/coord"
+        spec["store_keep"] = store.randint(1, 3)
+        if store.random() < 0.5:
+            schedule.faults.append({"kind": "store", "at": store.uniform(0, horizon),
+                                    "for": store.choice([store.uniform(1, 30), store.uniform(30, 300)])})
     # Drawn apart too: whether this schedule runs several jobs at once.
     jobs = random.Random(f"jobs:{seed}")
     if jobs.random() < MULTI_JOB_SHARE:
@@ -294,6 +302,10 @@ async def _timed_fault(world: World, fault: dict[str, Any]) -> None:
             await world.restore(name)
     elif kind == "agent":
         await world.restart_agent(name)
+    elif kind == "store":  # the checkpoint store stops answering
+        world.store_up = False
+        await anyio.sleep(fault["for"])
+        world.store_up = True
     elif kind == "disk":
         world.nodes[name].disk_full = True
         if fault["for"] is not None:
@@ -331,7 +343,9 @@ async def _drive(schedule: Schedule, world: World, checker: Checker) -> dict[str
                      for run_id, row in world.store.items()],
             "launches": world.launch_log, "copies": world.copies, "timeline": checker.timeline,
             "requests": daemon.requests, "incarnations": daemon.incarnations,
-            "stopped": checker.stopped, "cancelled": checker.cancelled,
+            "stopped": checker.stopped, "cancelled": checker.cancelled, "stored": world.stored,
+            "durable": {run_id: list(rows.values()) for run_id, rows in world.durable.items()},
+            "events": world.events,
             "catalog": {run_id: list(copies.values()) for run_id, copies in world.catalog.items()}}
 
 

@@ -516,3 +516,37 @@ def test_a_loss_that_turns_nan_on_every_attempt_gives_up_after_max_rollbacks():
     record = run["record"]
     assert run["state"] == "failed" and record["rollbacks"] == 2 and record["restarts"] == 0, record
     assert "gave up after 2 rollbacks (--max-rollbacks 2)" in record["error"]
+
+
+STORE = "s3://bucket/coord"
+
+
+def test_a_store_that_stops_answering_costs_no_restart_and_the_uploads_catch_up_once_it_is_back():
+    # The store is down from t=4 for 20 s (the job's 60 steps take about 8 s): the job trains on
+    # without a restart, each failure is said once, the alert fires once the oldest checkpoint not in
+    # the store has waited past --durability-lag-alert, and before the run is called succeeded its
+    # final checkpoint is committed.
+    result = run_schedule(base(spec={"checkpoint_store": STORE, "durability_lag_alert": 5.0},
+                               faults=[{"kind": "store", "at": 4.0, "for": 20.0}]))
+    (run,) = result["runs"]
+    assert run["state"] == "succeeded" and run["record"]["restarts"] == 0, run
+    kinds = [kind for _, kind, _ in result["events"]]
+    assert kinds.count("job.store_failed") == 1, kinds
+    assert "job.durability_lag" in kinds, kinds
+    durable = result["durable"][run["run_id"]]
+    assert max(d["step"] for d in durable) == 60, durable
+    assert run["record"]["durability"]["durable_step"] == 60 and run["record"]["durability"]["lag_steps"] == 0
+    assert all(url.startswith(f"{STORE}/{run['run_id']}/step-") for url in result["stored"]), result["stored"]
+    # --store-keep 3: the store holds the newest three committed checkpoints at most
+    assert len(durable) <= 3 and len(result["stored"]) == len(durable), (durable, result["stored"])
+
+
+def test_a_store_down_for_good_fails_no_run_but_its_success_says_the_final_checkpoint_is_not_durable():
+    result = run_schedule(base(spec={"checkpoint_store": STORE}, faults=[{"kind": "store", "at": 0.0, "for": 5000.0}]))
+    (run,) = result["runs"]
+    assert run["state"] == "succeeded" and run["record"]["restarts"] == 0, run
+    assert "not in the checkpoint store" in (run["record"]["warning"] or ""), run["record"]
+    assert not result["durable"].get(run["run_id"]), result["durable"]
+    # local retention kept every checkpoint: none of them is in the store
+    steps = sorted({c["step"] for c in result["catalog"][run["run_id"]] if c["valid"]})
+    assert steps == [10, 20, 30, 40, 50, 60], steps

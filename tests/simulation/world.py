@@ -24,6 +24,8 @@ from typing import Any
 import anyio
 import trio
 
+from coordinator.durable.objects import StoreError
+from coordinator.durable.transfer import UploadDamaged
 from coordinator.jobs.effects import HEAD, LaunchError, NodeView, Placement
 from coordinator.jobs.transfer import CheckpointDamaged
 from coordinator.launch.launcher import LaunchPlan
@@ -203,6 +205,14 @@ class World:
         self.head_cut = False  # the head's own network is down: it reaches no node on another machine
         self.detect_s = 3.0
         self.launch_log: list[dict[str, Any]] = []  # each launch as the invariants need it
+        # The checkpoint store (None: none set): its committed checkpoints (url -> the source's SHA256 and
+        # size), whether it answers, and how long an upload takes.
+        self.store_url: str | None = None
+        self.stored: dict[str, dict[str, Any]] = {}
+        self.store_up = True
+        self.upload_s = 1.0
+        self.durable: dict[str, dict[tuple[int, int], dict[str, Any]]] = {}  # run id -> (step, attempt) -> row
+        self.catalogued: dict[str, list[dict[str, Any]]] = {}  # run id -> every catalog row ever added
         self._settled_at, self._settled_ranks = -1.0, 0
 
     # --- time ---
@@ -799,10 +809,58 @@ class SimEffects:
         self._effect()
         row = {"role": "primary", **entry}
         self.world.catalog.setdefault(run_id, {})[(row["attempt"], row["node"], row["path"])] = row
+        self.world.catalogued.setdefault(run_id, []).append(dict(row))
 
     def remove_checkpoint(self, run_id: str, attempt: int, node: str, path: str) -> None:
         self._effect()
         self.world.catalog.get(run_id, {}).pop((attempt, node, path), None)
+
+    # --- the checkpoint store: not counted as effects (the fixed schedules' crash points stay) ---
+    def store_url(self, job_store: str | None) -> str | None:
+        return job_store or self.world.store_url
+
+    async def upload_checkpoint(self, url: str, source: dict[str, Any], meta: Any) -> dict[str, Any]:
+        if self.dead:
+            raise DaemonCrash()
+        world = self.world
+        if source["node"] == HEAD:
+            file = world.head_files.get(source["path"])
+        else:
+            node = world.nodes[source["node"]]
+            if not node.session_up or not node.reachable:
+                raise RemoteError("connection_lost", f"node {node.name} is not up")
+            file = node.files.get(source["path"])
+        await anyio.sleep(world.upload_s)
+        if self.dead:
+            raise DaemonCrash()
+        if not world.store_up:
+            raise StoreError("timeout", f"writing to {url} took over 180 s", "the store stopped answering")
+        if file is None or not file.whole(world.now()) or file.sha256 != source["sha256"]:
+            raise UploadDamaged(f"{source['node']}:{source['path']} no longer matches what was validated")
+        world.stored[url] = {"sha256": source["sha256"], "size": source["size"], "step": source["step"]}
+        return {"attempt": source["attempt"], "step": source["step"], "url": url, "bytes": source["size"] or 0,
+                "seconds": world.upload_s, "committed": self.now()}
+
+    async def remove_stored(self, url: str) -> None:
+        if not self.world.store_up:
+            raise StoreError("timeout", f"removing {url} took over 180 s")
+        self.world.stored.pop(url, None)
+
+    def durable_checkpoints(self, run_id: str) -> list[dict[str, Any]]:
+        if self.dead:
+            raise DaemonCrash()
+        return sorted((dict(r) for r in self.world.durable.get(run_id, {}).values()),
+                      key=lambda r: (r["step"], r["attempt"]))
+
+    def add_durable(self, run_id: str, row: dict[str, Any]) -> None:
+        if self.dead:
+            raise DaemonCrash()
+        self.world.durable.setdefault(run_id, {})[(row["step"], row["attempt"])] = dict(row)
+
+    def remove_durable(self, run_id: str, attempt: int, step: int) -> None:
+        if self.dead:
+            raise DaemonCrash()
+        self.world.durable.get(run_id, {}).pop((step, attempt), None)
 
     def event(self, kind: str, message: str, data: dict[str, Any] | None) -> None:
         self._effect()

@@ -138,7 +138,7 @@ def test_the_timers_queue_node_down_only_for_the_destinations_that_want_it(tmp_p
 def test_a_mac_head_notifies_on_the_desktop_as_well_for_every_event_an_entry_wants():
     assert desktop_settings([AlertSettings("a", webhook="http://x/y")], platform="linux") is None
     alone = desktop_settings([], platform="darwin")
-    assert alone.on == ("job_failed", "diverged", "loss_spike") and alone.retries == 0
+    assert alone.on == ("job_failed", "diverged", "loss_spike", "durability_lag") and alone.retries == 0
     both = desktop_settings([AlertSettings("a", webhook="http://x/y", on=("job_stalled",), stalled_minutes=40),
                              AlertSettings("b", command=("x",), on=("job_stalled", "node_down"), stalled_minutes=20)],
                             platform="darwin")

@@ -51,6 +51,9 @@ class Effects:
     def node(self, name: str) -> NodeView:
         return self.nodes[name]
 
+    def store_url(self, job_store: str | None) -> str | None:
+        return job_store
+
     def save_run(self, run_id: str, *args: Any) -> None:
         self.saved.append(run_id)
 

@@ -37,7 +37,7 @@ def test_no_alerts_is_no_destinations():
 def test_an_entry_without_on_alerts_on_failures_and_divergences_with_default_timers_and_retries():
     (entry,) = alerts('[[alerts]]\nwebhook = "https://hooks.example.com/T0/B0/xyz"\n')
     assert (entry.name, entry.on, entry.webhook, entry.format) == (
-        "alerts[0]", ("job_failed", "diverged", "loss_spike"), "https://hooks.example.com/T0/B0/xyz", "generic")
+        "alerts[0]", ("job_failed", "diverged", "loss_spike", "durability_lag"), "https://hooks.example.com/T0/B0/xyz", "generic")
     assert (entry.stalled_minutes, entry.node_down_minutes, entry.retries) == (30.0, 5.0, 4)
 
 

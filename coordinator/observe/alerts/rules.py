@@ -23,15 +23,17 @@ JOB_FAILED, JOB_SUCCEEDED, JOB_RESTARTED, JOB_STALLED, NODE_DOWN, DIVERGED, LOSS
 # A rank that holds the others back (job.straggler), and its resolve when it recovers
 # (job.straggler_cleared): a destination that asks for ``straggler`` gets both.
 STRAGGLER, STRAGGLER_RESOLVED = "straggler", "straggler_resolved"
+DURABILITY_LAG = "durability_lag"  # checkpoints not reaching the store (job.durability_lag)
 # The daemon's event kinds that are alerts in themselves. A job that gives up (no restarts
 # left, or the same failure twice before its first step) records job.failed like any failed job.
 # A rollback after a NaN (job.diverged) and a loss spike (job.loss_spike) say the training itself
 # went wrong while every process was fine.
 EVENT_ALERTS = {"job.failed": JOB_FAILED, "job.succeeded": JOB_SUCCEEDED, "job.restart": JOB_RESTARTED,
                 "job.diverged": DIVERGED, "job.loss_spike": LOSS_SPIKE, "job.straggler": STRAGGLER,
-                "job.straggler_cleared": STRAGGLER_RESOLVED}
+                "job.straggler_cleared": STRAGGLER_RESOLVED, "job.durability_lag": DURABILITY_LAG}
 _TITLES = {JOB_RESTARTED: "restarted", DIVERGED: "diverged and rolled back", LOSS_SPIKE: "had a loss spike",
-           STRAGGLER: "has a straggler", STRAGGLER_RESOLVED: "straggler resolved"}
+           STRAGGLER: "has a straggler", STRAGGLER_RESOLVED: "straggler resolved",
+           DURABILITY_LAG: "checkpoints are not reaching the store"}
 # States in which a run is expected to make progress; a queued or finished run is not stalled.
 PROGRESSING = ("starting", "running", "recovering")
 

@@ -1,0 +1,144 @@
+"""A checkpoint's bytes into the store and back, every part and file checked.
+
+Up: a file's bytes, read once in order, are cut into parts (``PART_BYTES``), each hashed and put as
+an object of its own while the next is read, a few at a time; the whole file's SHA256 is compared
+with the one recorded when the checkpoint was validated. The manifest goes last, and only when every
+part of every file is in: an upload that fails halfway leaves parts without a manifest, which are never
+taken for a checkpoint (and are removed). Down: each part is read, checked against its SHA256, and
+written at its offset; each file is checked whole and renamed into place only then."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+
+from coordinator.config.store_url import MANIFEST, part_name
+from coordinator.durable import manifest as mf
+from coordinator.durable.objects import ObjectStore, StoreError
+
+PARALLEL_PARTS = 4  # parts in flight at once, per file
+
+
+class UploadDamaged(Exception):
+    """The bytes read do not match the size and SHA256 recorded for the checkpoint."""
+
+
+@dataclass
+class UploadFile:
+    """One file of a checkpoint to upload: its path in the checkpoint, what was recorded of it, and its
+    bytes (read once, in order)."""
+
+    path: str
+    size: int
+    sha256: str
+    chunks: Callable[[], AsyncIterator[bytes]]
+
+
+async def upload_file(store: ObjectStore, prefix: str, index: int, file: UploadFile, *,
+                      part_bytes: int = mf.PART_BYTES, sent: Callable[[int], None] | None = None) -> mf.FileEntry:
+    """Put one file's parts under ``prefix``; its manifest entry, or UploadDamaged / StoreError."""
+    whole = hashlib.sha256()
+    parts: list[tuple[int, int, str]] = []
+    limit = anyio.Semaphore(PARALLEL_PARTS)
+    buffer = bytearray()
+    offset = 0
+
+    async def put(number: int, data: bytes) -> None:
+        try:
+            await store.put(f"{prefix}/{part_name(index, number)}", data)
+            if sent is not None:
+                sent(len(data))
+        finally:
+            limit.release()
+
+    async with anyio.create_task_group() as tasks:
+        async def flush(data: bytes) -> None:
+            nonlocal offset
+            await limit.acquire()
+            parts.append((offset, len(data), hashlib.sha256(data).hexdigest()))
+            tasks.start_soon(put, len(parts) - 1, data)
+            offset += len(data)
+
+        async for chunk in file.chunks():
+            whole.update(chunk)
+            buffer += chunk
+            while len(buffer) >= part_bytes:
+                await flush(bytes(buffer[:part_bytes]))
+                del buffer[:part_bytes]
+        if buffer or not parts:
+            await flush(bytes(buffer))
+    if offset != file.size or whole.hexdigest() != file.sha256:
+        raise UploadDamaged(f"{file.path}: {offset} bytes read with SHA256 {whole.hexdigest()[:12]}, not the "
+                            f"{file.size} bytes and {file.sha256[:12]} recorded when it was validated")
+    return {"path": file.path, "size": file.size, "sha256": file.sha256, "parts": mf.part_entries(index, parts)}
+
+
+async def upload_checkpoint(store: ObjectStore, prefix: str, files: list[UploadFile], *, describe: Callable[
+        [list[mf.FileEntry]], mf.StoreManifest], part_bytes: int = mf.PART_BYTES,
+        sent: Callable[[int], None] | None = None) -> mf.StoreManifest:
+    """Every file's parts, then the manifest (``describe`` of the files' entries): the commit. On any
+    failure what was put is removed (as far as the store lets it) and the error raised."""
+    entries: list[mf.FileEntry] = []
+    try:
+        for index, file in enumerate(files):
+            entries.append(await upload_file(store, prefix, index, file, part_bytes=part_bytes, sent=sent))
+        manifest = describe(entries)
+        await store.put(f"{prefix}/{MANIFEST}", mf.dumps(manifest))
+        return manifest
+    except BaseException:
+        with anyio.CancelScope(shield=True), contextlib.suppress(StoreError):
+            await remove_uncommitted(store, prefix)
+        raise
+
+
+async def remove_uncommitted(store: ObjectStore, prefix: str) -> int:
+    """Remove a checkpoint's objects when it has no manifest (an upload that failed); how many went."""
+    found = await store.list_objects(prefix + "/")
+    if any(o.key == f"{prefix}/{MANIFEST}" for o in found):
+        return 0
+    await store.delete([o.key for o in found])
+    return len(found)
+
+
+async def remove_checkpoint(store: ObjectStore, prefix: str) -> None:
+    """Remove a committed checkpoint: its manifest first (from then on it is not a checkpoint), then its parts."""
+    await store.delete([f"{prefix}/{MANIFEST}"])
+    found = await store.list_objects(prefix + "/")
+    await store.delete([o.key for o in found])
+
+
+async def read_manifest(store: ObjectStore, prefix: str) -> mf.StoreManifest:
+    return mf.parse(await store.get(f"{prefix}/{MANIFEST}"), where=f"{store.location.url}/{prefix}/{MANIFEST}")
+
+
+async def download_file(store: ObjectStore, prefix: str, entry: mf.FileEntry, dest: Path) -> None:
+    """One file of a committed checkpoint to ``dest``: each part checked as it arrives, the whole
+    checked, fsynced and renamed into place; nothing is left under ``dest``'s name otherwise."""
+    dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    partial = dest.with_name(f".{dest.name}.partial")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        whole = hashlib.sha256()
+        for part in entry["parts"]:
+            data = await store.get(f"{prefix}/{part['key']}")
+            if len(data) != part["size"] or hashlib.sha256(data).hexdigest() != part["sha256"]:
+                raise UploadDamaged(f"{store.location.url}/{prefix}/{part['key']}: does not match its manifest "
+                                    "(size or SHA256)")
+            whole.update(data)
+            await anyio.to_thread.run_sync(os.pwrite, fd, data, part["offset"])
+        if whole.hexdigest() != entry["sha256"]:
+            raise UploadDamaged(f"{entry['path']}: its parts joined do not match its SHA256 in the manifest")
+        os.fsync(fd)
+        os.close(fd)
+        fd = -1
+        os.replace(partial, dest)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        partial.unlink(missing_ok=True)
