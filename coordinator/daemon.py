@@ -24,6 +24,7 @@ import anyio.abc
 import structlog
 
 from coordinator.commands import calibrate as calibrate_command
+from coordinator.commands import checkpoint_store as store_command
 from coordinator.commands import doctor as doctor_command
 from coordinator.commands import drill as drill_command
 from coordinator.commands import hostfile as hostfile_command
@@ -181,6 +182,9 @@ class Daemon:
                             "master_port": (int, type(None))}, streams=True)
         table.add("run", _sync_handler(jobs_command.start_job, jobs), required={"spec": dict},
                   optional={"resume": bool})
+        table.add("run_from_store", partial(store_command.serve_run_from_store, cluster, jobs),
+                  required={"spec": dict, "url": str}, streams=True)
+        table.add("store_checkpoints", store_command.list_store, required={"url": str})
         table.add("stop", _sync_handler(jobs_command.stop_job, jobs), required={"name": str})
         table.add("cancel", _sync_handler(jobs_command.cancel_job, jobs), required={"name": str})
         table.add("resize", _sync_handler(jobs_command.resize_job, jobs), required={"name": str})

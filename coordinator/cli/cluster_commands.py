@@ -97,6 +97,26 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return EXIT_OK if report["status"] == "ok" else EXIT_FAILED
 
 
+def cmd_checkpoints(args: argparse.Namespace) -> int:
+    socket = resolve_socket(args)
+    listing = ask_daemon(socket, "store_checkpoints", {"url": args.store},
+                         config_hint=args.config or os.environ.get("COORD_CONFIG"), timeout=None)
+    if args.json:
+        print_json(listing)
+        return EXIT_OK
+    rows = listing["checkpoints"]
+    if not rows:
+        print(f"{listing['store']}: no checkpoints")
+        return EXIT_OK
+    print(f"{listing['store']}:")
+    print(f"  {'run':<28} {'step':>8} {'attempt':>7} {'size':>10}  state")
+    for row in rows:
+        state = "committed" if row["committed"] else ("not a checkpoint: " + row["problem"] if row["problem"]
+                                                      else "not committed (no manifest)")
+        print(f"  {row['run']:<28} {row['step']:>8} {row['attempt']:>7} {row['bytes'] / 1e6:>8.1f}MB  {state}")
+    return EXIT_OK
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from coordinator.cli.progress import NodeProgress
     from coordinator.commands.doctor import render_doctor

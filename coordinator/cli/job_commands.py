@@ -70,6 +70,9 @@ def run_request(args: argparse.Namespace) -> dict[str, object]:
                            EXIT_USAGE)
         given = {**planned, **given}  # an option given on the line wins over the plan's value
     command = args.command  # the words after --; None without --
+    if args.resume and args.resume_from:
+        raise CliError("--resume continues a run this head knows, --resume-from one from a checkpoint store: "
+                       "give one", EXIT_USAGE)
     if args.resume and given.get("name", args.resume) != args.resume:
         raise CliError("--resume NAME names the job; --name is not needed with it", EXIT_USAGE)
     try:
@@ -91,6 +94,8 @@ def run_request(args: argparse.Namespace) -> dict[str, object]:
             fields = dict(validate(JobSpec(name=name, command=command, **given)).as_dict())
     except JobSpecError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
+    if args.resume_from:
+        return {"spec": fields, "url": args.resume_from}
     return {"spec": fields, "resume": bool(args.resume)}
 
 
@@ -98,8 +103,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     request = run_request(args)  # before the daemon is looked for: a mistake is named even without one
     socket = resolve_socket(args)
     hint = args.config or os.environ.get("COORD_CONFIG")
-    job = ask_daemon(socket, "run", request, config_hint=hint)
-    verb = "resumed" if args.resume else "submitted"
+    if "url" in request:
+        print(f"looking for the newest committed checkpoint in {request['url']} ...", flush=True)
+        job = ask_daemon(socket, "run_from_store", request, config_hint=hint, timeout=None,
+                         on_event=lambda event: print(f"  {event.get('progress')}", flush=True))
+    else:
+        job = ask_daemon(socket, "run", request, config_hint=hint)
+    verb = "resumed" if args.resume or "url" in request else "submitted"
     print(f"{verb} {job['name']} as run {job['run_id']}: {' '.join(job['command'])}")
     if job.get("hang_watch"):
         print(f"note: {job['hang_watch']}")

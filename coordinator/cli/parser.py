@@ -7,6 +7,7 @@ import argparse
 from coordinator.cli.bench_commands import cmd_bench_scaling
 from coordinator.cli.cluster_commands import (
     cmd_calibrate,
+    cmd_checkpoints,
     cmd_doctor,
     cmd_hostfile,
     cmd_plan,
@@ -161,6 +162,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="a shorter, rougher measurement")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser("checkpoints", help="what a checkpoint store holds: runs, steps, sizes, committed or not",
+                       description="List the checkpoints in a checkpoint store (asked through coordd, whose "
+                                   "environment holds the store's credentials): each run's checkpoints, newest "
+                                   "first, with their size and whether they are committed (their manifest written "
+                                   "last: only a committed checkpoint is ever resumed from). URL: the store "
+                                   "(s3://BUCKET/PREFIX, file:///PATH, ...), one run's prefix, or one checkpoint's. "
+                                   "Continue a run from it with coord run --resume-from URL.")
+    client_options(p)
+    p.add_argument("--store", type=StoreUrl(), required=True, metavar="URL", help="the checkpoint store")
+    p.add_argument("--json", action="store_true", help="print the listing as JSON")
+    p.set_defaults(func=cmd_checkpoints)
 
     p = sub.add_parser("doctor", help="measure every link the job will use against its baseline",
                        description="Measure each link the job's backend will use (ring neighbours, or every pair "

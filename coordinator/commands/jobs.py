@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 # the jobs layer.
 if TYPE_CHECKING:
     from coordinator.jobs.manager import JobManager, LogPiece
+    from coordinator.jobs.record import Durability
     from coordinator.jobs.view import RunView
 
     class ResizeAnswer(RunView):
@@ -66,7 +67,23 @@ def render_job(job: RunView) -> str:
     for slow in job.get("stragglers", []):
         line += (f"\n  straggler: rank {slow['rank']} on {slow['node']}, {slow['score']:.1f}x the median compute "
                  f"time; cause: {slow['cause']}")
+    durable = job.get("durability")
+    if durable:
+        line += "\n  " + durability_line(durable)
     return line
+
+
+def durability_line(durable: Durability) -> str:
+    """"durable up to step N in STORE", the lag and the speed (coord status)."""
+    text = (f"durable up to step {durable['durable_step']}" if durable["durable_step"] is not None
+            else "nothing durable yet") + f" in {durable['store']}"
+    if durable["lag_steps"]:
+        text += f"; {durable['lag_steps']} steps ({durable['lag_seconds']:.0f} s) behind"
+    if durable["bytes_per_s"]:
+        text += f"; {durable['bytes_per_s'] / 1e6:.1f} MB/s to the store"
+    if durable["error"]:
+        text += f"; last upload failed: {durable['error']}"
+    return text
 
 
 def _summary(job: RunView) -> list[str]:

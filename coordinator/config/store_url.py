@@ -22,7 +22,7 @@ SCHEMES = ("s3", "gs", "az", "file")
 MANIFEST = "manifest.json"
 _CHECKPOINT_DIR = re.compile(r"^step-(\d{7,})-attempt-(\d+)$")
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{1,254}$")
+_BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")
 
 
 class StoreUrlError(ValueError):

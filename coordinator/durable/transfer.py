@@ -57,22 +57,25 @@ async def upload_file(store: ObjectStore, prefix: str, index: int, file: UploadF
         finally:
             limit.release()
 
-    async with anyio.create_task_group() as tasks:
-        async def flush(data: bytes) -> None:
-            nonlocal offset
-            await limit.acquire()
-            parts.append((offset, len(data), hashlib.sha256(data).hexdigest()))
-            tasks.start_soon(put, len(parts) - 1, data)
-            offset += len(data)
+    try:
+        async with anyio.create_task_group() as tasks:
+            async def flush(data: bytes) -> None:
+                nonlocal offset
+                await limit.acquire()
+                parts.append((offset, len(data), hashlib.sha256(data).hexdigest()))
+                tasks.start_soon(put, len(parts) - 1, data)
+                offset += len(data)
 
-        async for chunk in file.chunks():
-            whole.update(chunk)
-            buffer += chunk
-            while len(buffer) >= part_bytes:
-                await flush(bytes(buffer[:part_bytes]))
-                del buffer[:part_bytes]
-        if buffer or not parts:
-            await flush(bytes(buffer))
+            async for chunk in file.chunks():
+                whole.update(chunk)
+                buffer += chunk
+                while len(buffer) >= part_bytes:
+                    await flush(bytes(buffer[:part_bytes]))
+                    del buffer[:part_bytes]
+            if buffer or not parts:
+                await flush(bytes(buffer))
+    except BaseExceptionGroup as group:  # a part that failed: its own error, not a group of one
+        raise _first(group) from None
     if offset != file.size or whole.hexdigest() != file.sha256:
         raise UploadDamaged(f"{file.path}: {offset} bytes read with SHA256 {whole.hexdigest()[:12]}, not the "
                             f"{file.size} bytes and {file.sha256[:12]} recorded when it was validated")
@@ -142,3 +145,10 @@ async def download_file(store: ObjectStore, prefix: str, entry: mf.FileEntry, de
         if fd >= 0:
             os.close(fd)
         partial.unlink(missing_ok=True)
+
+
+def _first(group: BaseExceptionGroup) -> BaseException:
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NotRequired, Protocol, TypedDict
 
@@ -32,7 +33,7 @@ from coordinator.jobs.spec import (
     spec_from_fields,
 )
 from coordinator.jobs.supervisor import ACTIVE, JobRunner
-from coordinator.store.state import RunRow
+from coordinator.store.state import CheckpointEntry, DurableRow, RunRow
 from shared import protocol as p
 from shared.rpc import RemoteError
 
@@ -63,6 +64,18 @@ class LogPiece(TypedDict):
     path: NotRequired[str]  # the head's copy (absent before the first attempt)
     run_id: NotRequired[str]
     done: bool  # nothing more will be written: the run is over, or this is an earlier attempt
+
+
+@dataclass(frozen=True)
+class StoredStart:
+    """A checkpoint fetched from a checkpoint store, to continue its run from (coord run --resume-from)."""
+
+    run_id: str
+    attempt: int
+    step: int
+    store: str  # the store the run's checkpoints go on to (the run's prefix's parent)
+    checkpoint: CheckpointEntry  # the head's copy, as the catalog takes it
+    durable: DurableRow
 
 
 class JobManager:
@@ -163,10 +176,15 @@ class JobManager:
 
     # --- what the control commands ask ------------------------------------------------------
 
-    def submit(self, spec_fields: dict[str, Any], *, resume: bool = False) -> JobRunner:
+    def submit(self, spec_fields: dict[str, Any], *, resume: bool = False,
+               from_store: StoredStart | None = None) -> JobRunner:
         """A new run of the job (a name run again starts from step 0), or with ``resume`` the named
         job's newest run continued from its newest valid checkpoint, with its own fields but those
-        given again. ``spec_fields``: the job as the CLI sent it, free-form until checked here."""
+        given again, or with ``from_store`` a run continued from a checkpoint fetched from a checkpoint
+        store (coord run --resume-from: a head that never saw it). ``spec_fields``: the job as the CLI
+        sent it, free-form until checked here."""
+        if from_store is not None:
+            return self._adopt(spec_fields, from_store)
         name = spec_fields.get("name")
         previous = self.jobs.get(name) if isinstance(name, str) else None
         if resume:
@@ -196,6 +214,36 @@ class JobManager:
         if note and not runner.record.progress_seen:
             runner.event("hang_watch", note)
         self.schedule()  # it starts now if its nodes are free, else it waits its turn
+        if runner.state == "queued":
+            runner.event("queued", f"waiting for its nodes ({', '.join(runner.job_nodes())}), position "
+                         f"{runner.queue_position}")
+        return runner
+
+    def _adopt(self, spec_fields: dict[str, Any], start: StoredStart) -> JobRunner:
+        """A run that lives on from a checkpoint store: its own run id (so that its checkpoints go on
+        under the same prefix of the same store), the fetched checkpoint catalogued as the head's copy
+        and as durable, and its next attempt after the stored one."""
+        if start.run_id in self.runs:
+            runner = self.runs[start.run_id]
+            raise JobError(p.REFUSED, f"run {start.run_id} is known to this head (job {runner.spec.name}, "
+                           f"{runner.state}): continue it with coord run --resume {runner.spec.name}")
+        spec = self._checked_spec({"checkpoint_store": start.store, **spec_fields})
+        previous = self.jobs.get(spec.name)
+        if previous is not None and previous.state in ACTIVE:
+            raise JobError(p.REFUSED, f"job {spec.name} is already {previous.state} (run {previous.run_id}); "
+                           f"stop it first: coord stop {spec.name}")
+        record = JobRecord(run_id=start.run_id, attempt=start.attempt, step=start.step, total_steps=spec.total_steps,
+                           started=self.fx.now(), resumes=1)
+        self.fx.add_checkpoint(start.run_id, start.checkpoint)
+        self.fx.add_durable(start.run_id, start.durable)
+        runner = JobRunner(self.fx, spec, run_id=start.run_id, record=record, state="queued")
+        runner.record.submitted = self.fx.now()
+        runner.save()
+        self.add_run(runner)
+        runner.event("resumed_from_store", f"run {start.run_id} continued from the checkpoint of step {start.step} "
+                     f"(attempt {start.attempt}) in {start.durable['url']}, fetched to the head and checked against "
+                     f"its manifest: {' '.join(spec.command)}", step=start.step, url=start.durable["url"])
+        self.schedule()
         if runner.state == "queued":
             runner.event("queued", f"waiting for its nodes ({', '.join(runner.job_nodes())}), position "
                          f"{runner.queue_position}")

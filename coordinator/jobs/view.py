@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TypedDict
 
 from coordinator.jobs.diagnosis import RunDiagnosis
+from coordinator.jobs.record import Durability
 from coordinator.jobs.run_context import RunContext
 from coordinator.jobs.spec import progress_note
 from coordinator.jobs.states import FINISHED
@@ -60,6 +61,7 @@ class RunView(TypedDict):
     max_rollbacks: int
     stragglers: list[StragglerEntry]  # the ranks named stragglers now, while running
     rank_compute_seconds: dict[str, float]  # rank -> its compute time per step over the window, while running
+    durability: Durability | None  # with a checkpoint store: durable up to which step, the lag, the speed
 
 
 def run_view(ctx: RunContext, *, queue_position: int | None) -> RunView:
@@ -87,7 +89,8 @@ def run_view(ctx: RunContext, *, queue_position: int | None) -> RunView:
             "note": record.note if state not in FINISHED else None,
             "rollbacks": record.rollbacks, "max_rollbacks": spec.max_rollbacks,
             "stragglers": [e.copy() for e in record.stragglers] if state == "running" else [],
-            "rank_compute_seconds": dict(record.rank_compute) if state == "running" else {}}
+            "rank_compute_seconds": dict(record.rank_compute) if state == "running" else {},
+            "durability": record.durability.copy() if record.durability else None}
 
 
 def _waiting(ctx: RunContext) -> WaitingView | None:
