@@ -227,7 +227,8 @@ class JobManager:
             runner = self.runs[start.run_id]
             raise JobError(p.REFUSED, f"run {start.run_id} is known to this head (job {runner.spec.name}, "
                            f"{runner.state}): continue it with coord run --resume {runner.spec.name}")
-        spec = self._checked_spec({"checkpoint_store": start.store, **spec_fields})
+        spec = self._checked_spec({**spec_fields, "checkpoint_store": spec_fields.get("checkpoint_store")
+                                   or self.fx.store_url(None) or start.store})
         previous = self.jobs.get(spec.name)
         if previous is not None and previous.state in ACTIVE:
             raise JobError(p.REFUSED, f"job {spec.name} is already {previous.state} (run {previous.run_id}); "
