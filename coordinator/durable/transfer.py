@@ -51,7 +51,11 @@ async def upload_file(store: ObjectStore, prefix: str, index: int, file: UploadF
 
     async def put(number: int, data: bytes) -> None:
         try:
-            await store.put(f"{prefix}/{part_name(index, number)}", data)
+            # Shielded: a request already sent completes in the store's client whether or not this side
+            # waits, so a failure elsewhere waits for it (each is time-limited) and the removal of what
+            # a failed upload left then sees every part.
+            with anyio.CancelScope(shield=True):
+                await store.put(f"{prefix}/{part_name(index, number)}", data)
             if sent is not None:
                 sent(len(data))
         finally:

@@ -203,6 +203,8 @@ def must_refuse(action: argparse.Action, value: str) -> bool:
     if isinstance(checker, ov.DirToMake):
         return _kind(value) in ("file", "socket", "unusable") or \
             _kind(str(Path(value).expanduser().absolute().parent)) != "dir"
+    if isinstance(checker, ov.StoreUrl):
+        return not value.startswith(("s3://", "gs://", "az://", "file://"))
     if isinstance(checker, cli_parser.Hosts):
         return False  # the onboarding parser's own tests hold its rules; here: named or accepted
     if isinstance(checker, ov.Text):
@@ -216,7 +218,8 @@ def _samples(paths: dict[str, str]) -> dict[tuple[str, str], list[str]]:
     """A valid value for each argument a command needs before another one can be tried."""
     return {("daemon", "config"): ["--config", paths["cluster"]], ("trust", "host"): ["n1"],
             ("wait", "job"): ["j1"], ("stop", "job"): ["j1"], ("cancel", "job"): ["j1"],
-            ("resize", "job"): ["j1"], ("logs", "job"): ["j1"], ("bench", "kind"): ["scaling"]}
+            ("resize", "job"): ["j1"], ("logs", "job"): ["j1"], ("bench", "kind"): ["scaling"],
+            ("checkpoints", "store"): ["--store", "s3://bucket/coord"]}
 
 
 def command_line(command: str, action: argparse.Action, value: str, paths: dict[str, str]) -> list[str]:
