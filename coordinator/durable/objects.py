@@ -123,12 +123,12 @@ class ObstoreStore:
             os.makedirs("/" + location.prefix, mode=0o700, exist_ok=True)
             self._store = from_url(location.url, mkdir=True)
             return
-        options: dict[str, Any] = {"timeout": f"{request_timeout_s:g}s",
+        options: dict[str, object] = {"timeout": f"{request_timeout_s:g}s",
                                       "connect_timeout": f"{CONNECT_TIMEOUT_S:g}s"}
         endpoint = self._env.get("AWS_ENDPOINT_URL", "")
         if location.scheme == "s3" and endpoint.startswith("http://"):
             options["allow_http"] = True  # a MinIO at home, without TLS: the user named it so
-        retry: dict[str, Any] = {"max_retries": 3, "retry_timeout": datetime.timedelta(seconds=operation_timeout_s),
+        retry: dict[str, object] = {"max_retries": 3, "retry_timeout": datetime.timedelta(seconds=operation_timeout_s),
                  "backoff": {"init_backoff": datetime.timedelta(milliseconds=200),
                              "max_backoff": datetime.timedelta(seconds=10), "base": 2}}
         self._store = from_url(location.url, client_options=cast(Any, options), retry_config=cast(Any, retry))

@@ -219,7 +219,7 @@ class JobManager:
                          f"{runner.queue_position}")
         return runner
 
-    def _adopt(self, spec_fields: dict[str, Any], start: StoredStart) -> JobRunner:
+    def _adopt(self, spec_fields: dict[str, object], start: StoredStart) -> JobRunner:
         """A run that lives on from a checkpoint store: its own run id (so that its checkpoints go on
         under the same prefix of the same store), the fetched checkpoint catalogued as the head's copy
         and as durable, and its next attempt after the stored one."""
