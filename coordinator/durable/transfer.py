@@ -21,6 +21,7 @@ import anyio
 from coordinator.config.store_url import MANIFEST, part_name
 from coordinator.durable import manifest as mf
 from coordinator.durable.objects import ObjectStore, StoreError
+from shared.errors import first_error
 
 PARALLEL_PARTS = 4  # parts in flight at once, per file
 
@@ -79,7 +80,7 @@ async def upload_file(store: ObjectStore, prefix: str, index: int, file: UploadF
             if buffer or not parts:
                 await flush(bytes(buffer))
     except BaseExceptionGroup as group:  # a part that failed: its own error, not a group of one
-        raise _first(group) from None
+        raise first_error(group) from None
     if offset != file.size or whole.hexdigest() != file.sha256:
         raise UploadDamaged(f"{file.path}: {offset} bytes read with SHA256 {whole.hexdigest()[:12]}, not the "
                             f"{file.size} bytes and {file.sha256[:12]} recorded when it was validated")
@@ -149,10 +150,3 @@ async def download_file(store: ObjectStore, prefix: str, entry: mf.FileEntry, de
         if fd >= 0:
             os.close(fd)
         partial.unlink(missing_ok=True)
-
-
-def _first(group: BaseExceptionGroup) -> BaseException:
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-    return exc

@@ -51,6 +51,7 @@ from coordinator.relay.broadcast import Target, broadcast
 from coordinator.store.state import CheckpointEntry, CheckpointRow, DurableRow
 from shared.agent_api.torch import TorchFactsReply
 from shared.checkpoint_dirs import DIR_NAME, DirFile, digest, walk
+from shared.errors import first_error
 from shared.manifest import sha256_file
 from shared.rpc import RemoteError
 
@@ -293,7 +294,7 @@ class DaemonEffects:
                 tasks.start_soon(through_relay)
                 tasks.start_soon(to_the_head)
         except BaseExceptionGroup as group:
-            raise _first_error(group) from None
+            raise first_error(group) from None
         return [written[id(p)] for p in placements]
 
     async def _copy_directory(self, source: CheckpointRow, placements: list[Placement]) -> list[str]:
@@ -479,10 +480,3 @@ def leads_its_own_session(pid: int) -> bool:
 
 async def _quiet(_event: object) -> None:
     return None
-
-
-def _first_error(group: BaseExceptionGroup) -> BaseException:
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-    return exc

@@ -23,6 +23,7 @@ import anyio
 
 from shared.agent_api.ranks import ReadFileReply
 from shared.agent_api.sync import UploadBeginReply
+from shared.errors import first_error
 from shared.rpc import RemoteError
 
 if TYPE_CHECKING:
@@ -178,7 +179,7 @@ async def copy_verified(source: Source, sinks: Sequence[Sink], *, size: int, sha
                     for sink in sinks:
                         tasks.start_soon(sink.write, offset, data)
             except BaseExceptionGroup as group:  # a sink that failed: its own error, not a group of one
-                raise _first(group) from None
+                raise first_error(group) from None
             offset += len(data)
         if offset != size or digest.hexdigest() != sha256:
             raise CheckpointDamaged(f"{source.where} no longer matches the size and SHA256 recorded when it was "
@@ -189,10 +190,3 @@ async def copy_verified(source: Source, sinks: Sequence[Sink], *, size: int, sha
             for sink in begun:
                 await sink.abort()
         raise
-
-
-def _first(group: BaseExceptionGroup) -> BaseException:
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-    return exc

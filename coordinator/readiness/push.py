@@ -22,6 +22,7 @@ import anyio
 
 from coordinator.nodes.session import NodeSession
 from coordinator.readiness.consistency import Manifest
+from shared.errors import first_error
 from shared.manifest import LINK_MODE, is_dir, is_link, read_file
 from shared.rpc import RemoteError
 
@@ -226,12 +227,7 @@ def _batches(source: Manifest, paths: list[str]) -> tuple[list[list[str]], list[
 def _first_remote_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
     """The node's own refusal out of a task group's errors (the other calls were cancelled by it)."""
     remote = group.subgroup(lambda exc: isinstance(exc, RemoteError))
-    if remote is None:
-        return group
-    first: BaseException = remote
-    while isinstance(first, BaseExceptionGroup):
-        first = first.exceptions[0]
-    return first
+    return group if remote is None else first_error(remote)
 
 
 class SourceReader:
