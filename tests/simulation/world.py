@@ -736,16 +736,19 @@ class SimEffects:
         self._effect()
 
     # --- checkpoint bytes ---
+    def _source_file(self, source: dict[str, Any]) -> SimFile | None:
+        """The file a catalog copy names, on the head or on its node (which must be up)."""
+        if source["node"] == HEAD:
+            return self.world.head_files.get(source["path"])
+        node = self.world.nodes[source["node"]]
+        if not node.session_up or not node.reachable:
+            raise RemoteError("connection_lost", f"node {node.name} is not up")
+        return node.files.get(source["path"])
+
     async def copy_checkpoint(self, source: dict[str, Any], placements: list[Placement]) -> list[str]:
         self._effect()
         world = self.world
-        if source["node"] == HEAD:
-            file = world.head_files.get(source["path"])
-        else:
-            node = world.nodes[source["node"]]
-            if not node.session_up or not node.reachable:
-                raise RemoteError("connection_lost", f"node {node.name} is not up")
-            file = node.files.get(source["path"])
+        file = self._source_file(source)
         await anyio.sleep(world.copy_s)
         self._effect()
         if file is None:
@@ -823,13 +826,7 @@ class SimEffects:
         if self.dead:
             raise DaemonCrash()
         world = self.world
-        if source["node"] == HEAD:
-            file = world.head_files.get(source["path"])
-        else:
-            node = world.nodes[source["node"]]
-            if not node.session_up or not node.reachable:
-                raise RemoteError("connection_lost", f"node {node.name} is not up")
-            file = node.files.get(source["path"])
+        file = self._source_file(source)
         await anyio.sleep(world.upload_s)
         if self.dead:
             raise DaemonCrash()
