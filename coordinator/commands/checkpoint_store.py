@@ -8,6 +8,7 @@ sets them); what they say never holds a credential."""
 from __future__ import annotations
 
 import posixpath
+import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
@@ -112,8 +113,14 @@ async def newest_committed(location: StoreLocation) -> tuple[StoreLocation, str,
         run, names = location.parent, [location.last]
     else:
         run = location
-        names = sorted((n for n in await open_store(run).list_dirs("") if parse_checkpoint_dir(n)),
+        below = await open_store(run).list_dirs("")
+        names = sorted((n for n in below if parse_checkpoint_dir(n)),
                        key=lambda n: parse_checkpoint_dir(n) or (0, 0), reverse=True)
+        if not names and below:  # the store's own prefix, whose runs are below it
+            shown = ", ".join(sorted(below)[:5]) + (", ..." if len(below) > 5 else "")
+            raise RemoteError(p.BAD_ARGS, f"{location.url} holds runs, not checkpoints ({shown}): give one run's "
+                                          f"prefix, e.g. {location.below(sorted(below)[0]).url}; coord checkpoints "
+                                          f"--store {location.url} lists them")
     store = open_store(run)
     skipped: list[str] = []
     for name in names:
@@ -127,7 +134,7 @@ async def newest_committed(location: StoreLocation) -> tuple[StoreLocation, str,
             skipped.append(f"{name} ({exc})")
     found = f"; passed over: {', '.join(skipped[:5])}" if skipped else ""
     raise RemoteError(p.NOT_FOUND, f"no committed checkpoint under {location.url}{found}; coord checkpoints --store "
-                                   f"{location.parent.url if location.prefix else location.url} lists what is there")
+                                   f"{run.parent.url if run.prefix else run.url} lists what is there")
 
 
 async def fetch_to_head(store: ObjectStore, name: str, manifest: StoreManifest, dest: Path,
@@ -136,13 +143,23 @@ async def fetch_to_head(store: ObjectStore, name: str, manifest: StoreManifest, 
     each checked against the manifest; the path and SHA256 the catalog takes (a directory's digest)."""
     files = manifest["files"]
     directory = manifest["format"] == "directory"
-    done = 0
-    for entry in files:
-        target = dest / entry["path"] if directory else dest
-        await emit({"progress": f"fetching {entry['path']} ({entry['size'] / 1e6:.1f} MB)",
-                    "fraction": done / max(manifest["bytes"], 1)})
-        await download_file(store, name, entry, target)
-        done += entry["size"]
+    total = max(manifest["bytes"], 1)
+    done, said = 0, -1.0
+
+    async def fetched(size: int) -> None:  # said at every tenth of the whole, not at every part
+        nonlocal done, said
+        done += size
+        if done / total - said >= 0.1 or done == total:
+            said = done / total
+            await emit({"progress": f"fetched {done / 1e6:.1f} of {total / 1e6:.1f} MB", "fraction": said})
+    try:
+        for entry in files:
+            target = dest / entry["path"] if directory else dest
+            await download_file(store, name, entry, target, fetched=fetched)
+    except BaseException:
+        if directory:  # the files already fetched: a directory is used whole or not at all
+            shutil.rmtree(dest, ignore_errors=True)
+        raise
     if directory:
         return str(dest), digest([{"path": f["path"], "size": f["size"], "sha256": f["sha256"]} for f in files])
     return str(dest), files[0]["sha256"]
@@ -157,10 +174,7 @@ async def serve_run_from_store(cluster: Cluster, jobs: JobManager, emit: Emit, s
         run, name, manifest = await newest_committed(location)
         await emit({"progress": f"found the checkpoint of step {manifest['step']} of run {manifest['run']} "
                                 f"({manifest['bytes'] / 1e6:.1f} MB)"})
-        if manifest["run"] in jobs.runs:
-            known = jobs.runs[manifest["run"]]
-            raise RemoteError(p.REFUSED, f"run {manifest['run']} is known to this head (job {known.spec.name}, "
-                                         f"{known.state}): continue it with coord run --resume {known.spec.name}")
+        jobs.check_from_store(dict(spec), manifest["run"], run.parent.url)  # before any byte is fetched
         started = time.monotonic()
         file_name = (f"{manifest['step']:07d}" if manifest["format"] == "directory"
                      else posixpath.basename(manifest["files"][0]["path"]))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,9 +132,11 @@ async def read_manifest(store: ObjectStore, prefix: str) -> mf.StoreManifest:
     return mf.parse(await store.get(f"{prefix}/{MANIFEST}"), where=f"{store.location.url}/{prefix}/{MANIFEST}")
 
 
-async def download_file(store: ObjectStore, prefix: str, entry: mf.FileEntry, dest: Path) -> None:
-    """One file of a committed checkpoint to ``dest``: each part checked as it arrives, the whole
-    checked, fsynced and renamed into place; nothing is left under ``dest``'s name otherwise."""
+async def download_file(store: ObjectStore, prefix: str, entry: mf.FileEntry, dest: Path, *,
+                        fetched: Callable[[int], Awaitable[None]] | None = None) -> None:
+    """One file of a committed checkpoint to ``dest``: each part checked as it arrives (``fetched`` told
+    its size), the whole checked, fsynced and renamed into place; nothing is left under ``dest``'s name
+    otherwise."""
     dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     partial = dest.with_name(f".{dest.name}.partial")
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
@@ -147,6 +149,8 @@ async def download_file(store: ObjectStore, prefix: str, entry: mf.FileEntry, de
                                     "(size or SHA256)")
             await anyio.to_thread.run_sync(whole.update, data)
             await anyio.to_thread.run_sync(os.pwrite, fd, data, part["offset"])
+            if fetched is not None:
+                await fetched(len(data))
         if whole.hexdigest() != entry["sha256"]:
             raise UploadDamaged(f"{entry['path']}: its parts joined do not match its SHA256 in the manifest")
         os.fsync(fd)

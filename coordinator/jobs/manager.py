@@ -193,58 +193,61 @@ class JobManager:
                 raise JobError(p.NOT_FOUND, f"no run of a job named {name!r} to resume (jobs: {known})")
             spec_fields = resumed_fields(previous.spec.as_dict(), spec_fields)
         spec = self._checked_spec(spec_fields)
-        if previous is not None and previous.state in ACTIVE:
-            raise JobError(p.REFUSED, f"job {spec.name} is already {previous.state} (run {previous.run_id}); "
-                           f"stop it first: coord stop {spec.name}")
+        self._refuse_if_active(spec.name)
         if resume:
             assert previous is not None
             runner = JobRunner(self.fx, spec, run_id=previous.run_id,
                                record=previous.record.continued(spec.total_steps), state="queued")
-        else:
-            runner = JobRunner(self.fx, spec, run_id=new_run_id(spec.name, self.store.run_ids()), state="queued")
-        runner.record.submitted = self.fx.now()
-        runner.save()
-        self.add_run(runner)
-        if resume:
-            runner.event("resumed", f"run {runner.run_id} continued on request from its newest valid checkpoint: "
-                         f"{' '.join(spec.command)}")
-        else:
-            runner.event("submitted", f"submitted as run {runner.run_id}: {' '.join(spec.command)}")
-        note = progress_note(spec)
-        if note and not runner.record.progress_seen:
-            runner.event("hang_watch", note)
-        self.schedule()  # it starts now if its nodes are free, else it waits its turn
-        if runner.state == "queued":
-            runner.event("queued", f"waiting for its nodes ({', '.join(runner.job_nodes())}), position "
-                         f"{runner.queue_position}")
-        return runner
+            return self._enqueue(runner, "resumed", f"run {runner.run_id} continued on request from its newest "
+                                 f"valid checkpoint: {' '.join(spec.command)}")
+        runner = JobRunner(self.fx, spec, run_id=new_run_id(spec.name, self.store.run_ids()), state="queued")
+        return self._enqueue(runner, "submitted", f"submitted as run {runner.run_id}: {' '.join(spec.command)}")
+
+    def check_from_store(self, spec_fields: dict[str, object], run_id: str, store: str) -> JobSpec:
+        """A run to continue from a checkpoint store, checked before its checkpoint is fetched: the job's
+        fields (its store, unless it names one, the cluster file's, else the one it came from), a run
+        this head already knows (that is coord run --resume), a job of that name still going."""
+        if run_id in self.runs:
+            known = self.runs[run_id]
+            raise JobError(p.REFUSED, f"run {run_id} is known to this head (job {known.spec.name}, {known.state}): "
+                           f"continue it with coord run --resume {known.spec.name}")
+        spec = self._checked_spec({**spec_fields, "checkpoint_store": spec_fields.get("checkpoint_store")
+                                   or self.fx.store_url(None) or store})
+        self._refuse_if_active(spec.name)
+        return spec
 
     def _adopt(self, spec_fields: dict[str, object], start: StoredStart) -> JobRunner:
         """A run that lives on from a checkpoint store: its own run id (so that its checkpoints go on
         under the same prefix of the same store), the fetched checkpoint catalogued as the head's copy
         and as durable, and its next attempt after the stored one."""
-        if start.run_id in self.runs:
-            runner = self.runs[start.run_id]
-            raise JobError(p.REFUSED, f"run {start.run_id} is known to this head (job {runner.spec.name}, "
-                           f"{runner.state}): continue it with coord run --resume {runner.spec.name}")
-        spec = self._checked_spec({**spec_fields, "checkpoint_store": spec_fields.get("checkpoint_store")
-                                   or self.fx.store_url(None) or start.store})
-        previous = self.jobs.get(spec.name)
-        if previous is not None and previous.state in ACTIVE:
-            raise JobError(p.REFUSED, f"job {spec.name} is already {previous.state} (run {previous.run_id}); "
-                           f"stop it first: coord stop {spec.name}")
+        spec = self.check_from_store(spec_fields, start.run_id, start.store)
         record = JobRecord(run_id=start.run_id, attempt=start.attempt, step=start.step, total_steps=spec.total_steps,
                            started=self.fx.now(), resumes=1)
         self.fx.add_checkpoint(start.run_id, start.checkpoint)
         self.fx.add_durable(start.run_id, start.durable)
         runner = JobRunner(self.fx, spec, run_id=start.run_id, record=record, state="queued")
+        return self._enqueue(runner, "resumed_from_store", f"run {start.run_id} continued from the checkpoint of "
+                             f"step {start.step} (attempt {start.attempt}) in {start.durable['url']}, fetched to the "
+                             f"head and checked against its manifest: {' '.join(spec.command)}",
+                             step=start.step, url=start.durable["url"])
+
+    def _refuse_if_active(self, name: str) -> None:
+        previous = self.jobs.get(name)
+        if previous is not None and previous.state in ACTIVE:
+            raise JobError(p.REFUSED, f"job {name} is already {previous.state} (run {previous.run_id}); "
+                           f"stop it first: coord stop {name}")
+
+    def _enqueue(self, runner: JobRunner, kind: str, message: str, **data: object) -> JobRunner:
+        """A new or continued run saved, known, said (``kind``), and started now if its nodes are free,
+        else queued behind the runs ahead of it."""
         runner.record.submitted = self.fx.now()
         runner.save()
         self.add_run(runner)
-        runner.event("resumed_from_store", f"run {start.run_id} continued from the checkpoint of step {start.step} "
-                     f"(attempt {start.attempt}) in {start.durable['url']}, fetched to the head and checked against "
-                     f"its manifest: {' '.join(spec.command)}", step=start.step, url=start.durable["url"])
-        self.schedule()
+        runner.event(kind, message, **data)
+        note = progress_note(runner.spec)
+        if note and not runner.record.progress_seen:
+            runner.event("hang_watch", note)
+        self.schedule()  # it starts now if its nodes are free, else it waits its turn
         if runner.state == "queued":
             runner.event("queued", f"waiting for its nodes ({', '.join(runner.job_nodes())}), position "
                          f"{runner.queue_position}")

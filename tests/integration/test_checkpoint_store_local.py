@@ -71,8 +71,11 @@ def s3():
             time.sleep(0.2)
     import boto3  # moto's own dependency: only to make the bucket, as a user does once by hand
 
-    boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1",
-                 aws_access_key_id="coord-test", aws_secret_access_key="coord-test-secret").create_bucket(Bucket="ckpt")
+    client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1",
+                          aws_access_key_id="coord-test", aws_secret_access_key="coord-test-secret")
+    client.create_bucket(Bucket="ckpt")
+    # an upload cut short: a part, and no manifest
+    client.put_object(Bucket="ckpt", Key="cut/run-a/step-0000004-attempt-0/parts/0000-00000", Body=b"x" * 10)
     yield env
     server.terminate()
     server.wait(timeout=10)
@@ -196,7 +199,7 @@ def test_a_run_uploads_its_checkpoints_and_lives_on_from_the_store_after_the_who
     shutil.rmtree(root, ignore_errors=True)
 
 
-def test_a_missing_bucket_is_said_with_the_fix_and_a_bad_url_is_refused_before_the_daemon_is_asked(s3):
+def test_a_missing_bucket_an_upload_cut_short_and_a_stores_own_prefix_are_said_with_the_fix(s3):
     root = short_tempdir()
     daemon = _start(root, root / "state", s3)
     try:
@@ -210,6 +213,17 @@ def test_a_missing_bucket_is_said_with_the_fix_and_a_bad_url_is_refused_before_t
                      "--", "python", "train.py", env=daemon.env, timeout=120)
         assert none.returncode != 0 and "no committed checkpoint under s3://ckpt/nothing-here" in none.stderr, \
             none.stdout + none.stderr
+        cut = coord("run", "--config", str(daemon.config), "--name", "x", "--resume-from", "s3://ckpt/cut/run-a",
+                    "--", "python", "train.py", env=daemon.env, timeout=120)
+        assert cut.returncode != 0 and "step-0000004-attempt-0 (no manifest: an upload that did not finish)" in \
+            cut.stderr, cut.stderr
+        listed = coord("checkpoints", "--store", "s3://ckpt/cut", "--config", str(daemon.config), env=daemon.env,
+                       timeout=120)
+        assert "not committed (no manifest)" in listed.stdout, listed.stdout
+        runs = coord("run", "--config", str(daemon.config), "--name", "x", "--resume-from", "s3://ckpt/cut",
+                     "--", "python", "train.py", env=daemon.env, timeout=120)
+        assert runs.returncode != 0 and "s3://ckpt/cut holds runs, not checkpoints (run-a)" in runs.stderr, \
+            runs.stderr
     finally:
         daemon.stop()
         shutil.rmtree(root, ignore_errors=True)

@@ -190,6 +190,28 @@ def test_a_resumed_run_keeps_its_fields_but_those_given_again(tmp_path):
     assert resumed.spec.command == ["python", "train.py"]
 
 
+def test_a_run_from_a_checkpoint_store_is_checked_before_its_checkpoint_is_fetched(tmp_path):
+    jobs, _ = manager(up("a"), tmp_path=tmp_path)
+    running = jobs.submit({"name": "j", "command": ["python", "train.py"]})
+    # A run this head knows is continued with --resume, not fetched again.
+    with pytest.raises(JobError) as known:
+        jobs.check_from_store({"name": "other", "command": ["python", "train.py"]}, running.run_id, "s3://b/coord")
+    assert "continue it with coord run --resume j" in known.value.message
+    # A job of that name still going is stopped first.
+    with pytest.raises(JobError) as busy:
+        jobs.check_from_store({"name": "j", "command": ["python", "train.py"]}, "j-0123abcd", "s3://b/coord")
+    assert "stop it first: coord stop j" in busy.value.message
+    # Bad fields are said as for any run.
+    with pytest.raises(JobError):
+        jobs.check_from_store({"name": "k", "command": [], "keep": 0}, "k-0123abcd", "s3://b/coord")
+    # The run keeps going to the store it came from, unless it names another.
+    spec = jobs.check_from_store({"name": "k", "command": ["python", "train.py"]}, "k-0123abcd", "s3://b/coord")
+    assert spec.checkpoint_store == "s3://b/coord"
+    spec = jobs.check_from_store({"name": "k", "command": ["python", "train.py"], "checkpoint_store": "file:///nas"},
+                                 "k-0123abcd", "s3://b/coord")
+    assert spec.checkpoint_store == "file:///nas"
+
+
 def test_a_rank_or_attempt_that_does_not_exist_is_said_so(tmp_path):
     jobs, _ = manager(up("a"), up("b"), tmp_path=tmp_path)
     runner = jobs.submit({"name": "j", "command": ["python", "train.py"]})
