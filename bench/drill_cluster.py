@@ -22,8 +22,9 @@ sys.path.insert(0, str(REPO))
 
 
 def main() -> None:
+    from tests.cluster.jobs import daemon_on_first
     from tests.cluster.netns import NetnsCluster
-    from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir
+    from tests.integration.daemon_harness import coord, short_tempdir
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[2, 3], choices=[2, 3], help="cluster sizes")
@@ -32,20 +33,13 @@ def main() -> None:
     rows = []
     with NetnsCluster() as cluster:
         for count in args.nodes:
-            names = [n.name for n in cluster.nodes][:count]
-            config = cluster.write_cluster_toml(root / f"cluster{count}.toml", state_dir=root / f"state{count}",
-                                                nodes=names)
-            daemon = DaemonProcess(config, env=environment(), prefix=["ip", "netns", "exec", cluster.head_ns]).start()
-            try:
-                daemon.wait_for(all_up, 60, "all nodes up")
+            with daemon_on_first(cluster, root, count) as (config, daemon):
                 started = time.monotonic()
                 done = coord("drill", "--config", str(config), "--json", env=daemon.env, timeout=1200)
                 wall = time.monotonic() - started
                 report = json.loads(done.stdout)
                 print(json.dumps(report), file=sys.stderr, flush=True)
                 rows.append((count, wall, report))
-            finally:
-                daemon.stop()
     print(f"\n`coord drill` on the multi-host test cluster, {os.cpu_count()} cores\n")
     print("| nodes | fault | detected after (s) | first step again after (s) | steps lost | step time (s) | "
           "cold launch (s) | drill wall time (s) |")

@@ -169,33 +169,23 @@ def run_one(cluster: Any, daemon: Any, project: Path, name: str, scenario: str, 
 
 
 def main() -> None:
-    from coordinator.cli.tinymodel import write_project
+    from tests.cluster.jobs import daemon_on_first, readable_project
     from tests.cluster.netns import NetnsCluster
-    from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir
+    from tests.integration.daemon_harness import coord, short_tempdir
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[2, 3], choices=[2, 3], help="cluster sizes")
     args = parser.parse_args()
     root = short_tempdir("coord-bench-hang-")
-    root.chmod(0o755)
-    project = write_project(root / "project")
-    for path in [project, *project.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
+    project = readable_project(root)
     measures: list[Measure] = []
     with NetnsCluster() as cluster:
         for count in args.nodes:
-            names = [n.name for n in cluster.nodes][:count]
-            config = cluster.write_cluster_toml(root / f"cluster{count}.toml", state_dir=root / f"state{count}",
-                                                nodes=names)
-            daemon = DaemonProcess(config, env=environment(), prefix=["ip", "netns", "exec", cluster.head_ns]).start()
-            try:
-                daemon.wait_for(all_up, 60, "all nodes up")
+            with daemon_on_first(cluster, root, count) as (config, daemon):
                 assert coord("sync", "--config", str(config), "--source", str(project), env=daemon.env).returncode == 0
                 for scenario in SCENARIOS:
                     measures.append(run_one(cluster, daemon, project, f"{scenario}{count}", scenario, count))
                     print(f"measured: {measures[-1]}", file=sys.stderr, flush=True)
-            finally:
-                daemon.stop()
     print(f"\ntiny llama (2 layers, width 64), --trainer coord, {os.cpu_count()} cores; rank 1 hangs after step "
           f"{HANG_AFTER}; goal: max({GOAL_FLOOR_S:g} s, {GOAL_STEPS:g} x step) + the plain recovery\n")
     print(table(measures))

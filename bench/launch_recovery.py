@@ -33,9 +33,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from coordinator.cli.tinymodel import write_project  # noqa: E402
+from tests.cluster.jobs import daemon_on_first, readable_project  # noqa: E402
 from tests.cluster.netns import NetnsCluster  # noqa: E402
-from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir  # noqa: E402
+from tests.integration.daemon_harness import DaemonProcess, coord, environment, short_tempdir  # noqa: E402
 
 ITERS = 200  # long enough to measure steps/s now that a step takes tens of milliseconds
 TRAIN = ["--model", "model", "--train", "--data", "data", "--fine-tune-type", "full", "--batch-size", "6",
@@ -215,20 +215,13 @@ def main() -> None:
     parser.add_argument("--no-torchrun", action="store_true", help="skip the torchrun comparison")
     args = parser.parse_args()
     root = short_tempdir("coord-bench-run-")
-    root.chmod(0o755)
-    project = write_project(root / "project")
-    for path in [project, *project.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
+    project = readable_project(root)
     results: dict[int, dict[str, list[dict]]] = {}
     with NetnsCluster() as cluster:
         for count in args.nodes:
             names = [n.name for n in cluster.nodes][:count]
-            config = cluster.write_cluster_toml(root / f"cluster{count}.toml", state_dir=root / f"state{count}",
-                                                nodes=names)
-            daemon = DaemonProcess(config, env=environment(), prefix=["ip", "netns", "exec", cluster.head_ns]).start()
             runs: dict[str, list[dict]] = {"coord": [], "bare": [], "recover": []}
-            try:
-                daemon.wait_for(all_up, 60, "all nodes up")
+            with daemon_on_first(cluster, root, count) as (config, daemon):
                 assert coord("sync", "--config", str(config), "--source", str(project), env=daemon.env).returncode == 0
                 coord_run(cluster, daemon, project, f"warmup{count}", kill=False)  # MLX compiles its CPU kernels
                 bare_launch(cluster, root, names)  # the same warm-up for bare mlx.launch
@@ -237,8 +230,6 @@ def main() -> None:
                     runs["bare"].append(bare_launch(cluster, root, names))
                 runs["recover"].append(coord_run(cluster, daemon, project, f"kill{count}", kill=True))
                 print(f"measured {count} nodes: {runs}", file=sys.stderr, flush=True)
-            finally:
-                daemon.stop()
             results[count] = runs
     torch = None if args.no_torchrun else torchrun_recovery(root)
     shutil.rmtree(root, ignore_errors=True)

@@ -19,6 +19,31 @@ TRAIN = ["python", "-m", "mlx_lm", "lora", "--model", "model", "--train", "--dat
          "full", "--batch-size", "3", "--iters", str(TOTAL_STEPS), "--learning-rate", "1e-4"]
 
 
+def readable_project(root: Path) -> Path:
+    """The demo's tiny model project under ``root``, readable by every node's user (each reads its sync
+    source as itself)."""
+    root.chmod(0o755)
+    project = write_project(root / "project")
+    for path in [project, *project.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return project
+
+
+@contextmanager
+def daemon_on_first(netns_cluster, root: Path, count: int) -> Iterator[tuple[Path, DaemonProcess]]:
+    """A daemon in the head's namespace over the cluster's first ``count`` nodes (its cluster file and
+    state directory under ``root``, one of each per size), once it sees them all up; stopped after."""
+    names = [n.name for n in netns_cluster.nodes][:count]
+    config = netns_cluster.write_cluster_toml(root / f"cluster{count}.toml", state_dir=root / f"state{count}",
+                                              nodes=names)
+    daemon = DaemonProcess(config, env=environment(), prefix=["ip", "netns", "exec", netns_cluster.head_ns]).start()
+    try:
+        daemon.wait_for(all_up, 60, "all nodes up")
+        yield config, daemon
+    finally:
+        daemon.stop()
+
+
 @contextmanager
 def tiny_project_and_daemon(netns_cluster, nodes: list[str] | None = None) -> Iterator[dict]:
     """The demo's tiny model project (readable by every node user) and a daemon that sees every node up.
@@ -26,10 +51,7 @@ def tiny_project_and_daemon(netns_cluster, nodes: list[str] | None = None) -> It
     Yields a holder dict (daemon, project, root) so a test may replace the daemon it restarted.
     """
     root = short_tempdir()
-    root.chmod(0o755)
-    project = write_project(root / "project")
-    for path in [project, *project.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
+    project = readable_project(root)
     config = netns_cluster.write_cluster_toml(root / "cluster.toml", state_dir=root / "state", nodes=nodes)
     holder = {"daemon": DaemonProcess(config, env=environment(), prefix=["ip", "netns", "exec", netns_cluster.head_ns]),
               "project": project, "root": root}
