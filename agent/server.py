@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from agent import drill as node_drill
 from agent import facts as node_facts
 from agent import launch as node_launch
-from agent import link_probe, process_end, upkeep
+from agent import link_probe, process_end, store_put, upkeep
 from agent import rank_signals as node_rank_signals
 from agent import ranks as node_ranks
 from agent import relay as node_relay
@@ -170,6 +170,8 @@ def build_dispatcher(relay: node_relay.Relay | None = None, uploads: node_sync.U
     table.add("checkpoint_files", upkeep.in_upkeep(node_ranks.checkpoint_files), required={"workdir": str, "path": str})
     table.add("read_file", upkeep.in_upkeep(node_ranks.read_file), required={"workdir": str, "path": str},
               optional={"offset": int})
+    table.add("store_put", store_put.put_parts, required={"workdir": str, "path": str, "sha256": str, "parts": list},
+              optional={"bandwidth": (int, float, type(None))})
     table.add("torch_facts", torch_facts, required={"python": str})
     table.add("rendezvous_listen", rendezvous.listen, required={"port": int, "token": str},
               optional={"seconds": (int, float)})

@@ -179,7 +179,8 @@ class Daemon:
                             "ibv_devices": (list, type(None))}, streams=True)
         table.add("preflight", partial(preflight_service.run_preflight, cluster),
                   optional={"backend": (str, type(None)), "torch": bool, "launcher": (str, type(None)),
-                            "master_port": (int, type(None))}, streams=True)
+                            "master_port": (int, type(None)), "checkpoint_store": (str, type(None))},
+                  streams=True)
         table.add("run", _sync_handler(jobs_command.start_job, jobs), required={"spec": dict},
                   optional={"resume": bool})
         table.add("run_from_store", partial(store_command.serve_run_from_store, cluster, jobs),

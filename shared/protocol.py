@@ -39,6 +39,7 @@ CONNECTION_LOST = "connection_lost"
 NOT_FOUND = "not_found"
 REFUSED = "refused"
 DAMAGED = "damaged"  # a file no longer has the SHA256 recorded for it
+STORE = "store"  # the checkpoint store refused a request or did not answer: the message says which
 NO_SPACE = "no_space"  # a node's disk (or quota) is full: the message names the directory and the space
 
 

@@ -151,6 +151,8 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     from coordinator.commands.preflight import render_preflight
 
     call: dict[str, object] = {"backend": args.backend}
+    if args.checkpoint_store:
+        call["checkpoint_store"] = args.checkpoint_store
     if args.torch or args.launcher or args.master_port is not None:
         call.update(torch=True, launcher=args.launcher, master_port=args.master_port)
     result = streamed(args, "preflight", call, render_preflight, NodeProgress)

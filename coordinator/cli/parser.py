@@ -31,6 +31,7 @@ from coordinator.config.option_values import (
     FileToWrite,
     Names,
     Number,
+    Rate,
     SocketPath,
     StoreUrl,
     Text,
@@ -218,6 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the PyTorch launcher the job will use (implies --torch; Accelerate and DeepSpeed must then "
                         "be installed on every node)")
     p.add_argument("--master-port", type=Whole(1, 65535), help="the rendezvous port to check (default 29500)")
+    p.add_argument("--checkpoint-store", type=StoreUrl(), metavar="URL",
+                   help="probe this checkpoint store (write, list, read back, remove a test object) instead of the "
+                        "cluster file's checkpoint_store")
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.set_defaults(func=cmd_preflight)
 
@@ -372,6 +376,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="committed checkpoints the store keeps: the newest N (default 3), never fewer than one")
     p.add_argument("--store-keep-every", type=job_whole("store_keep_every"), metavar="K",
                    help="the store also keeps every checkpoint whose step is a multiple of K")
+    p.add_argument("--store-bandwidth", type=Rate(), metavar="RATE",
+                   help="cap each node's uploads to the store, e.g. 50MB/s or 400Mbit/s (default: no cap; uploads "
+                        "already run at a lower priority than the ranks)")
     p.add_argument("--durability-lag-alert", type=SECONDS, metavar="SECONDS",
                    help="alert when a checkpoint has waited this long to reach the store (default 1800)")
     p.add_argument("--resume-from", type=StoreUrl(), metavar="STORE_URL",

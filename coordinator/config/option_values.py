@@ -162,6 +162,20 @@ class StoreUrl(OptionValue):
             raise _refuse(str(exc)) from None
 
 
+class Rate(OptionValue):
+    """A rate in bytes per second, as people write it: 50MB/s, 40MiB/s, 400Mbit/s, 1Gbps."""
+
+    kind = "rate"
+
+    def __call__(self, text: str) -> float:
+        from shared.sizes import parse_rate
+
+        try:
+            return parse_rate(_printable(text, "the rate"))
+        except ValueError as exc:
+            raise _refuse(str(exc)) from None
+
+
 class Names(OptionValue):
     """Comma-separated node names, each once."""
 

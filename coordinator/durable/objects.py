@@ -59,6 +59,11 @@ class ObjectStore(Protocol):
     async def list_objects(self, prefix: str = "") -> list[ObjectInfo]: ...
     async def list_dirs(self, prefix: str = "") -> list[str]: ...
     async def delete(self, keys: list[str]) -> None: ...
+    async def sign_puts(self, keys: list[str], expires_s: float) -> list[str] | None: ...
+
+
+#: What a PUT to a signed URL needs beside it, by the store's kind.
+PUT_HEADERS: dict[str, dict[str, str]] = {"az": {"x-ms-blob-type": "BlockBlob"}}
 
 
 def _hint(location: StoreLocation, code: str, env: Mapping[str, str]) -> tuple[str, str]:
@@ -109,6 +114,24 @@ def store_error(location: StoreLocation, exc: BaseException, doing: str,
     return StoreError(kind, f"{doing} on {location.url} failed: {first_line[:300]}", hint)
 
 
+_S3_CONFIG = (("aws_access_key_id", "AWS_ACCESS_KEY_ID"), ("aws_secret_access_key", "AWS_SECRET_ACCESS_KEY"),
+              ("aws_session_token", "AWS_SESSION_TOKEN"), ("aws_region", "AWS_REGION"),
+              ("aws_endpoint", "AWS_ENDPOINT_URL"))
+_SAID_CODE = re.compile(r"\(([A-Za-z]+)\)")
+
+
+def said_by_node(location: StoreLocation, node: str, message: str,
+                 env: Mapping[str, str] | None = None) -> StoreError:
+    """A node's report of the store's answer to a signed PUT (agent/store_put.py) as a StoreError."""
+    found = _SAID_CODE.search(message)
+    kind, hint = _hint(location, found.group(1) if found else "", env if env is not None else os.environ)
+    if "expired" in message:
+        kind, hint = "timeout", "the part took longer than its signed URL lasts; coord tries again later"
+    elif kind == "failed":
+        kind, hint = "timeout", f"{location.url} did not answer {node}; coord tries again later"
+    return StoreError(kind, f"{node}'s upload to {location.url} failed: {message}", hint)
+
+
 class ObstoreStore:
     """An ObjectStore over obstore, opened at the location (keys are relative to it)."""
 
@@ -131,7 +154,12 @@ class ObstoreStore:
         retry: dict[str, object] = {"max_retries": 3, "retry_timeout": datetime.timedelta(seconds=operation_timeout_s),
                  "backoff": {"init_backoff": datetime.timedelta(milliseconds=200),
                              "max_backoff": datetime.timedelta(seconds=10), "base": 2}}
-        self._store = from_url(location.url, client_options=cast(Any, options), retry_config=cast(Any, retry))
+        # Given an environment (a test's, a bench's), its credentials are passed as they are; else
+        # obstore reads the process's own, as coordd runs.
+        config = {key: self._env[name] for key, name in _S3_CONFIG if name in self._env} \
+            if env is not None and location.scheme == "s3" else {}
+        self._store = from_url(location.url, config=cast(Any, config) or None, client_options=cast(Any, options),
+                               retry_config=cast(Any, retry))
 
     async def _bounded(self, doing: str, call: Callable[[], Awaitable[T]]) -> T:
         try:
@@ -184,6 +212,21 @@ class ObstoreStore:
 
         if keys:
             await self._bounded(f"removing {len(keys)} objects", lambda: obstore.delete_async(self._store, keys))
+
+
+    async def sign_puts(self, keys: list[str], expires_s: float) -> list[str] | None:
+        """A URL for one PUT of each key, valid for ``expires_s`` (so that a node can put a part without
+        credentials); None where the store cannot sign (a file:// store, credentials that sign nothing)."""
+        import obstore
+
+        if self.location.scheme == "file" or not keys:
+            return None
+        try:
+            urls = await self._bounded("signing URLs", lambda: obstore.sign_async(
+                cast(Any, self._store), "PUT", keys, datetime.timedelta(seconds=expires_s)))
+        except StoreError:
+            return None
+        return [str(url) for url in urls]
 
 
 def open_store(location: StoreLocation, env: Mapping[str, str] | None = None) -> ObstoreStore:

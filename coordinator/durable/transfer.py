@@ -12,9 +12,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import anyio
 
@@ -33,6 +35,23 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+class Pace:
+    """At most ``rate`` bytes per second on average through ``wait`` (the head's own puts, under
+    ``--store-bandwidth``)."""
+
+    def __init__(self, rate: float | None):
+        self.rate = rate
+        self._next = 0.0
+
+    async def wait(self, size: int) -> None:
+        if not self.rate:
+            return
+        now = anyio.current_time()
+        start = max(now, self._next)
+        self._next = start + size / self.rate
+        await anyio.sleep(start - now)
+
+
 class UploadDamaged(Exception):
     """The bytes read do not match the size and SHA256 recorded for the checkpoint."""
 
@@ -49,7 +68,8 @@ class UploadFile:
 
 
 async def upload_file(store: ObjectStore, prefix: str, index: int, file: UploadFile, *,
-                      part_bytes: int = mf.PART_BYTES, sent: Callable[[int], None] | None = None) -> mf.FileEntry:
+                      part_bytes: int = mf.PART_BYTES, sent: Callable[[int], None] | None = None,
+                      pace: Pace | None = None) -> mf.FileEntry:
     """Put one file's parts under ``prefix``; its manifest entry, or UploadDamaged / StoreError."""
     whole = hashlib.sha256()
     parts: list[tuple[int, int, str]] = []
@@ -74,6 +94,8 @@ async def upload_file(store: ObjectStore, prefix: str, index: int, file: UploadF
             async def flush(data: bytes) -> None:
                 nonlocal offset
                 await limit.acquire()
+                if pace is not None:
+                    await pace.wait(len(data))
                 parts.append((offset, len(data), await anyio.to_thread.run_sync(_sha256, data)))
                 tasks.start_soon(put, len(parts) - 1, data)
                 offset += len(data)
@@ -96,13 +118,120 @@ async def upload_file(store: ObjectStore, prefix: str, index: int, file: UploadF
 
 async def upload_checkpoint(store: ObjectStore, prefix: str, files: list[UploadFile], *, describe: Callable[
         [list[mf.FileEntry]], mf.StoreManifest], part_bytes: int = mf.PART_BYTES,
-        sent: Callable[[int], None] | None = None) -> mf.StoreManifest:
+        sent: Callable[[int], None] | None = None, pace: Pace | None = None) -> mf.StoreManifest:
     """Every file's parts, then the manifest (``describe`` of the files' entries): the commit. On any
     failure what was put is removed (as far as the store lets it) and the error raised."""
     entries: list[mf.FileEntry] = []
     try:
         for index, file in enumerate(files):
-            entries.append(await upload_file(store, prefix, index, file, part_bytes=part_bytes, sent=sent))
+            entries.append(await upload_file(store, prefix, index, file, part_bytes=part_bytes, sent=sent,
+                                             pace=pace))
+        manifest = describe(entries)
+        await store.put(f"{prefix}/{MANIFEST}", mf.dumps(manifest))
+        return manifest
+    except BaseException:
+        with anyio.CancelScope(shield=True), contextlib.suppress(StoreError):
+            await remove_uncommitted(store, prefix)
+        raise
+
+
+@dataclass(frozen=True)
+class SpreadFile:
+    """One file of a checkpoint every sender holds a copy of, as it was catalogued."""
+
+    path: str  # in the checkpoint
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class PartJob:
+    file: int  # index in the checkpoint's files
+    number: int
+    offset: int
+    size: int
+
+
+class SenderLost(Exception):
+    """A sender that can send no more (its node went away, its copy changed): its parts go to the others."""
+
+
+class PartSender(Protocol):
+    """One holder of a copy that puts parts of it into the store itself (a node, with signed URLs)."""
+
+    name: str
+
+    async def send(self, file_index: int, file: SpreadFile, jobs: list[PartJob],
+                   keys: list[str]) -> list[tuple[int, str]]:
+        """Put each job's bytes under its key; each one's (size, SHA256). SenderLost, or StoreError
+        (the store refused: no other sender would do better)."""
+        ...
+
+
+def plan_parts(files: list[SpreadFile], part_bytes: int = mf.PART_BYTES) -> list[PartJob]:
+    return [PartJob(index, number, offset, size) for index, file in enumerate(files)
+            for number, (offset, size) in enumerate(mf.split_parts(file.size, part_bytes))]
+
+
+async def upload_spread(store: ObjectStore, prefix: str, files: list[SpreadFile], senders: list[PartSender], *,
+                        describe: Callable[[list[mf.FileEntry]], mf.StoreManifest], part_bytes: int = mf.PART_BYTES,
+                        batch: int = PARALLEL_PARTS,
+                        sent: Callable[[str, int], None] | None = None) -> mf.StoreManifest:
+    """A checkpoint that several senders hold, each putting a disjoint share of its parts at once: each
+    takes the next ``batch`` parts (of one file) when it is done with its last, so a faster uplink
+    takes more; a sender lost hands its parts back to the others. Then the manifest, last, by the head;
+    on any failure what was put is removed and the error raised (``sent``: a sender's name and bytes)."""
+    if not senders:
+        raise SenderLost("no node holding a copy can send it")
+    queue = deque(plan_parts(files, part_bytes))
+    done: dict[tuple[int, int], tuple[int, int, str]] = {}
+    lost: list[str] = []
+    in_flight = 0
+
+    async def work(sender: PartSender) -> None:
+        nonlocal in_flight
+        while queue or in_flight:
+            if not queue:  # another sender's batch may yet come back to the queue
+                await anyio.sleep(0.05)
+                continue
+            taken = [queue.popleft()]
+            while queue and len(taken) < batch and queue[0].file == taken[0].file:
+                taken.append(queue.popleft())
+            keys = [f"{prefix}/{part_name(job.file, job.number)}" for job in taken]
+            in_flight += 1
+            try:
+                # Shielded, as the head's own puts are: a failure elsewhere waits for the parts already
+                # on their way (each call is time-limited), so that the removal sees all of them.
+                with anyio.CancelScope(shield=True):
+                    results = await sender.send(taken[0].file, files[taken[0].file], taken, keys)
+            except SenderLost as exc:
+                queue.extendleft(reversed(taken))
+                lost.append(f"{sender.name}: {exc}")
+                return
+            finally:
+                in_flight -= 1
+            for job, (size, sha) in zip(taken, results, strict=True):
+                if size != job.size:
+                    raise UploadDamaged(f"{files[job.file].path}: {sender.name} sent {size} bytes of part "
+                                        f"{job.number}, not {job.size}")
+                done[(job.file, job.number)] = (job.offset, size, sha)
+                if sent is not None:
+                    sent(sender.name, size)
+
+    try:
+        try:
+            async with anyio.create_task_group() as tasks:
+                for sender in senders:
+                    tasks.start_soon(work, sender)
+        except BaseExceptionGroup as group:
+            raise first_error(group) from None
+        if queue:
+            raise SenderLost("no node holding a copy could send it: " + "; ".join(lost))
+        entries: list[mf.FileEntry] = []
+        for index, file in enumerate(files):
+            parts = [done[(index, number)] for number in range(len(mf.split_parts(file.size, part_bytes)))]
+            entries.append({"path": file.path, "size": file.size, "sha256": file.sha256,
+                            "parts": mf.part_entries(index, parts)})
         manifest = describe(entries)
         await store.put(f"{prefix}/{MANIFEST}", mf.dumps(manifest))
         return manifest

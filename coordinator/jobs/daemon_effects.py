@@ -17,17 +17,19 @@ from typing import TYPE_CHECKING, Any, Protocol
 import anyio
 import structlog
 
-from coordinator.config.store_url import parse_store_url
+from coordinator.config.store_url import MANIFEST, parse_store_url
 from coordinator.durable.manifest import FileEntry, StoreManifest
 from coordinator.durable.manifest import build as build_manifest
 from coordinator.durable.objects import open_store
-from coordinator.durable.transfer import UploadFile
+from coordinator.durable.transfer import Pace, SpreadFile, UploadFile, upload_spread
 from coordinator.durable.transfer import remove_checkpoint as remove_from_store
 from coordinator.durable.transfer import upload_checkpoint as upload_to_store
+from coordinator.jobs import catalog
 from coordinator.jobs.checkpoint_formats import written_last
 from coordinator.jobs.effects import HEAD, LaunchError, NodeView, Placement, Task, UploadMeta
 from coordinator.jobs.head_paths import attempt_dir
 from coordinator.jobs.spec import JobSpec, JobSpecFields
+from coordinator.jobs.store_upload import node_senders
 from coordinator.jobs.straggler_cause import link_findings
 from coordinator.jobs.transfer import (
     CheckpointDamaged,
@@ -154,12 +156,12 @@ class DaemonEffects:
                                 follow_outside_links=follow_outside_links)
 
     async def preflight(self, *, backend: str | None, source: str | None, nodes: list[str] | None = None,
-                        launcher: str | None = None) -> PreflightReport:
+                        launcher: str | None = None, checkpoint_store: str | None = None) -> PreflightReport:
         from coordinator.readiness.preflight import run_preflight
         # Only a torch-based launcher's job gets the PyTorch checks; an MLX job's pre-flight is unchanged.
         torch = launcher is not None and is_torch_launcher(launcher)
         return await run_preflight(self.cluster, _quiet, backend=backend, source=source, only=nodes, torch=torch,
-                                   launcher=launcher if torch else None)
+                                   launcher=launcher if torch else None, checkpoint_store=checkpoint_store)
 
     # --- launching ---
     async def plan_launch(self, nodes: list[str], job: JobSpec) -> LaunchPlan:
@@ -360,8 +362,9 @@ class DaemonEffects:
         return job_store or self.config.checkpoint_store
 
     async def upload_checkpoint(self, url: str, source: CheckpointRow, meta: UploadMeta) -> DurableRow:
-        """Read by the head from where the checkpoint lies (its node's agent, or the head's own copy),
-        and put in parts, its manifest last (coordinator/durable/transfer.py)."""
+        """Put in parts, its manifest last (coordinator/durable/transfer.py): by the nodes that hold a copy,
+        each a share, through URLs the head signs (coordinator/jobs/store_upload.py); else read by the head
+        from where it lies (its node's agent, or the head's own copy) and put from here."""
         location = parse_store_url(url)
         store = open_store(location.parent)
         directory = bool(DIR_NAME.match(posixpath.basename(source["path"])))
@@ -376,18 +379,28 @@ class DaemonEffects:
             if source["size"] is None or not source["sha256"]:
                 raise CheckpointDamaged(f"{source['node']}:{source['path']}: no size and SHA256 were recorded for it")
             listed = [(source["path"], posixpath.basename(source["path"]), source["size"], source["sha256"])]
-        uploads = [UploadFile(rel, size, sha, self._reader(source["node"], full).chunks)
-                   for full, rel, size, sha in listed]
         started = time.monotonic()
 
         def describe(entries: list[FileEntry]) -> StoreManifest:
             kind = "directory" if directory else (posixpath.splitext(source["path"])[1].lstrip(".") or "file")
             return build_manifest(run=meta.run, job=meta.job, attempt=source["attempt"], step=source["step"],
                                   format=kind, world_size=meta.world_size, created=time.time(), files=entries)
-        manifest = await upload_to_store(store, location.last, uploads, describe=describe)
+        spread = [SpreadFile(rel, size, sha) for _, rel, size, sha in listed]
+        held = {node: row["path"] for node, row in catalog.holders(
+            [c for c in self.checkpoints(meta.run) if (c["step"], c["attempt"]) == (source["step"], source["attempt"])],
+            source["sha256"]).items() if node != HEAD}
+        senders = node_senders(self.cluster.sessions, store, held, spread, meta.bandwidth, directory)
+        signed = bool(senders) and await store.sign_puts([f"{location.last}/{MANIFEST}"], 60) is not None
+        if signed:
+            manifest = await upload_spread(store, location.last, spread, list(senders), describe=describe)
+        else:
+            uploads = [UploadFile(rel, size, sha, self._reader(source["node"], full).chunks)
+                       for full, rel, size, sha in listed]
+            manifest = await upload_to_store(store, location.last, uploads, describe=describe,
+                                             pace=Pace(meta.bandwidth))
         return {"attempt": source["attempt"], "step": source["step"], "url": location.url,
                 "bytes": manifest["bytes"], "seconds": round(time.monotonic() - started, 3),
-                "committed": manifest["created"]}
+                "committed": manifest["created"], "senders": [s.name for s in senders] if signed else [HEAD]}
 
     def _reader(self, node: str, path: str) -> Source:
         if node == HEAD:

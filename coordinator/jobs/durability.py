@@ -14,7 +14,7 @@ import anyio
 from coordinator.config.store_url import checkpoint_dir, parse_store_url
 from coordinator.durable import policy
 from coordinator.durable.objects import StoreError
-from coordinator.durable.transfer import UploadDamaged
+from coordinator.durable.transfer import SenderLost, UploadDamaged
 from coordinator.jobs.effects import UploadMeta
 from coordinator.jobs.record import Durability
 from coordinator.jobs.run_context import RunContext
@@ -50,7 +50,8 @@ class DurabilityWatch:
 
     def _meta(self) -> UploadMeta:
         return UploadMeta(run=self.ctx.run_id, job=self.ctx.spec.name,
-                          world_size=len(self.ctx.record.order or self.ctx.job_nodes()))
+                          world_size=len(self.ctx.record.order or self.ctx.job_nodes()),
+                          bandwidth=self.ctx.spec.store_bandwidth)
 
     async def upload_pending(self) -> bool:
         """Upload the newest checkpoint not yet durable (if any), then apply the store's retention;
@@ -66,17 +67,20 @@ class DurabilityWatch:
                 started = fx.monotonic()
                 try:
                     row = await fx.upload_checkpoint(where, source, self._meta())
-                except (StoreError, UploadDamaged, RemoteError, OSError) as exc:
+                except (StoreError, UploadDamaged, SenderLost, RemoteError, OSError) as exc:
                     error = exc.message if isinstance(exc, RemoteError) else str(exc)
                     cause = f"store:{exc.kind}" if isinstance(exc, StoreError) else error
                 else:
                     seconds = max(fx.monotonic() - started, 1e-6)
                     speed = row["bytes"] / seconds
                     fx.add_durable(run.run_id, row)
+                    senders = row.get("senders") or []
                     run.event("durable", f"checkpoint of step {row['step']} committed to {row['url']} in "
-                              f"{seconds:.2f} s ({speed / 1e6:.1f} MB/s), every part's SHA256 in its manifest",
+                              f"{seconds:.2f} s ({speed / 1e6:.1f} MB/s"
+                              + (f", put by {', '.join(senders)}" if senders else "")
+                              + "), every part's SHA256 in its manifest",
                               step=row["step"], attempt=row["attempt"], url=row["url"], bytes=row["bytes"],
-                              seconds=round(seconds, 3))
+                              seconds=round(seconds, 3), senders=senders)
                     self._told, self._retry_s = None, RETRY_FIRST_S
             if error is not None:
                 if cause != self._told:

@@ -82,6 +82,7 @@ class UploadMeta:
     run: str
     job: str
     world_size: int
+    bandwidth: float | None = None  # bytes per second for each sender (--store-bandwidth)
 
 
 @dataclass(frozen=True)
@@ -160,8 +161,9 @@ class JobEffects(Protocol):
     async def sync(self, source: str, nodes: list[str] | None = None, *,
                    follow_outside_links: bool = False) -> SyncReport: ...
     async def preflight(self, *, backend: str | None, source: str | None, nodes: list[str] | None = None,
-                        launcher: str | None = None) -> PreflightReport:
-        """Pre-flight on the job's nodes; a torch-based ``launcher`` gets the PyTorch checks."""
+                        launcher: str | None = None, checkpoint_store: str | None = None) -> PreflightReport:
+        """Pre-flight on the job's nodes; a torch-based ``launcher`` gets the PyTorch checks; the job's
+        ``checkpoint_store`` (else the cluster file's) is probed."""
 
     # --- launching ---
     async def plan_launch(self, nodes: list[str], job: JobSpec) -> LaunchPlan:

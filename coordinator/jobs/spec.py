@@ -77,6 +77,7 @@ class JobSpecFields(TypedDict):
     store_keep: int
     store_keep_every: int | None
     durability_lag_alert: float
+    store_bandwidth: float | None
 
 
 @dataclass
@@ -128,6 +129,8 @@ class JobSpec:
     store_keep: int = 3
     store_keep_every: int | None = None
     durability_lag_alert: float = 1800.0
+    # Bytes per second each node (or the head) may put to the store (--store-bandwidth; None: no cap).
+    store_bandwidth: float | None = None
 
     def as_dict(self) -> JobSpecFields:
         return cast(JobSpecFields, asdict(self))  # the fields above, in order (a test holds the two together)
@@ -237,6 +240,12 @@ def _command(value: object) -> str | None:
     return None
 
 
+def _rate(value: object) -> str | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf"):
+        return None
+    return f"must be a number of bytes per second greater than 0, got {value!r}"
+
+
 def _store_url(value: object) -> str | None:
     if not isinstance(value, str):
         return f"must be a store URL (s3://BUCKET/PREFIX, file:///PATH, ...), got {value!r}"
@@ -309,7 +318,7 @@ _FIELD_CHECKS: dict[str, FieldCheck] = {
     "on_spike": _choice(ON_SPIKE), "straggler_policy": _choice(STRAGGLER_POLICIES),
     "straggler_grace": _seconds, "checkpoint_store": _optional(_store_url),
     "store_keep": _whole("store_keep"), "store_keep_every": _optional(_whole("store_keep_every")),
-    "durability_lag_alert": _seconds}
+    "durability_lag_alert": _seconds, "store_bandwidth": _optional(_rate)}
 
 
 def _check_name_and_command(spec: JobSpec) -> None:

@@ -318,7 +318,7 @@ class JobRunner:
             return False
         self.set_state("preflight")
         result = await self.fx.preflight(backend=self.spec.backend, source=self.spec.source, nodes=self.spec.nodes,
-                                         launcher=self.spec.launcher)
+                                         launcher=self.spec.launcher, checkpoint_store=self.spec.checkpoint_store)
         self.record.model_bytes = result.get("model_bytes")  # the first step's limit follows it
         failed = [c for c in result["checks"] if c["status"] == "fail"]
         if failed and not self.spec.force:

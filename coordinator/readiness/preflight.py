@@ -136,15 +136,37 @@ def _mlx_memory_and_calibration(cluster: Cluster, facts: dict[str, Facts], model
     return [checks.memory_for_model(facts, model_bytes or None), checks.calibration(calibrated)]
 
 
+async def store_check(url: str) -> CheckResult:
+    from coordinator.config.store_url import StoreUrlError, parse_store_url
+    from coordinator.durable.objects import open_store
+    from coordinator.durable.probe import probe
+
+    try:
+        found = await probe(open_store(parse_store_url(url)))
+    except StoreUrlError as exc:
+        return checks.check("checkpoint.store", "checkpoint", checks.FAIL, str(exc))
+    except Exception as exc:  # the store's client refused its settings (a malformed endpoint)
+        return checks.check("checkpoint.store", "checkpoint", checks.FAIL, f"{url}: {exc}")
+    if found.ok:
+        return checks.check("checkpoint.store", "checkpoint", checks.PASS, found.detail)
+    # A store that does not answer may by the first checkpoint (the job trains on meanwhile); one that
+    # refuses never will.
+    status: Status = checks.WARN if found.kind == "timeout" else checks.FAIL
+    return checks.check("checkpoint.store", "checkpoint", status, found.detail)
+
+
 async def run_preflight(cluster: Cluster, emit: Emit, backend: str | None = None,
                         source: str | None = None, only: list[str] | None = None, torch: bool = False,
-                        launcher: str | None = None, master_port: int | None = None) -> PreflightReport:
+                        launcher: str | None = None, master_port: int | None = None,
+                        checkpoint_store: str | None = None) -> PreflightReport:
     """Every check on every node, or on the nodes in ``only`` (a job that holds a subset of the cluster).
 
     ``torch``: the job's launcher is torch-based (torchrun, Accelerate, DeepSpeed; ``launcher`` names
     it): the PyTorch checks run (coordinator/readiness/torch_checks.py, with the rendezvous probe on
     ``master_port``), and those that only an MLX launch needs (mlx.launch on the head, the mlx and
-    mlx-lm versions, the MLX backend and its hostfile) give way to them. Without it nothing changes."""
+    mlx-lm versions, the MLX backend and its hostfile) give way to them. Without it nothing changes.
+
+    ``checkpoint_store`` (else the cluster file's): the store is written, listed, read and cleared."""
     started = time.monotonic()
     config = cluster.config
     found = await gather(cluster, emit, Path(source) if source else None, only)
@@ -196,6 +218,10 @@ async def run_preflight(cluster: Cluster, emit: Emit, backend: str | None = None
                                      topologies=found["topologies"], nodes=[n for n in nodes if n in up],
                                      record=False)
         report.append(checks.links_quick(quick["links"], quick["seconds"]))
+    store = checkpoint_store or config.checkpoint_store
+    if store:
+        await emit({"node": "head", "progress": f"the checkpoint store {store}", "fraction": 0.97})
+        report.append(await store_check(store))
     status = checks.overall(report)
     layers = {layer: checks.overall([c for c in report if c["layer"] == layer]) for layer in checks.LAYERS
               if any(c["layer"] == layer for c in report)}

@@ -216,6 +216,7 @@ class DurableRow(TypedDict):
     bytes: int
     seconds: float  # how long its upload took
     committed: float  # wall clock
+    senders: NotRequired[list[str]]  # who put the parts (the nodes, or the head): said, not kept
 
 
 class CalibrationKey(TypedDict):

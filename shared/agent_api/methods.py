@@ -61,6 +61,7 @@ from shared.agent_api.relay import (
     TransferState,
 )
 from shared.agent_api.session import HelloReply, HelloRequest, PingReply
+from shared.agent_api.store import StorePutReply, StorePutRequest
 from shared.agent_api.sync import (
     CheckWritableReply,
     CheckWritableRequest,
@@ -145,6 +146,7 @@ REQUESTS: dict[str, type] = {
     "checkpoint_files": FileRequest,
     "read_file": ReadFileRequest,
     "calibrate": CalibrateRequest,
+    "store_put": StorePutRequest,
     "torch_facts": TorchFactsRequest,
     "rendezvous_listen": RendezvousListenRequest,
     "rendezvous_connect": RendezvousConnectRequest,
@@ -198,6 +200,7 @@ REPLIES: dict[str, type] = {
     "checkpoint_files": CheckpointFilesReply,
     "read_file": ReadFileReply,
     "calibrate": CalibrationReply,
+    "store_put": StorePutReply,
     "torch_facts": TorchFactsReply,
     "rendezvous_listen": RendezvousListenReply,
     "rendezvous_connect": RendezvousConnectReply,

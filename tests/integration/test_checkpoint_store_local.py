@@ -13,10 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import anyio
@@ -27,6 +23,7 @@ from coordinator.config.store_url import parse_store_url
 from coordinator.durable.objects import open_store
 from coordinator.durable.transfer import download_file, read_manifest
 from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir
+from tests.s3_server import S3Server
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -48,37 +45,14 @@ TRAIN = ["python", "-m", "mlx_lm", "lora", "--model", "model", "--train", "--dat
          "full", "--batch-size", "4", "--iters", "300", "--learning-rate", "1e-3", "--seed", "7"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def s3():
     """moto's S3 server on a free port, with a bucket; the environment coordd reads the store's from."""
-    port = _free_port()
-    server = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p",
-                               str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    env = {"AWS_ACCESS_KEY_ID": "coord-test", "AWS_SECRET_ACCESS_KEY": "coord-test-secret",
-           "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            time.sleep(0.2)
-    import boto3  # moto's own dependency: only to make the bucket, as a user does once by hand
-
-    client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1",
-                          aws_access_key_id="coord-test", aws_secret_access_key="coord-test-secret")
-    client.create_bucket(Bucket="ckpt")
+    server = S3Server().start()
     # an upload cut short: a part, and no manifest
-    client.put_object(Bucket="ckpt", Key="cut/run-a/step-0000004-attempt-0/parts/0000-00000", Body=b"x" * 10)
-    yield env
-    server.terminate()
-    server.wait(timeout=10)
+    server.client().put_object(Bucket="ckpt", Key="cut/run-a/step-0000004-attempt-0/parts/0000-00000", Body=b"x" * 10)
+    yield server.env
+    server.stop()
 
 
 def _start(root: Path, state: Path, s3_env: dict[str, str]) -> DaemonProcess:

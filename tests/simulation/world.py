@@ -676,8 +676,8 @@ class SimEffects:
         self._effect()
         return {"status": "ok", "detail": "every node matches"}
 
-    async def preflight(self, *, backend: str | None, source: str | None,
-                        nodes: list[str] | None = None, launcher: str | None = None) -> dict[str, Any]:
+    async def preflight(self, *, backend: str | None, source: str | None, nodes: list[str] | None = None,
+                        launcher: str | None = None, checkpoint_store: str | None = None) -> dict[str, Any]:
         self._effect()
         await anyio.sleep(1.0)
         return {"status": "pass", "checks": [], "seconds": 1.0, "hostfile": None, "backend": None}

@@ -1,0 +1,176 @@
+"""Parts of a checkpoint file put straight into the checkpoint store by a node that holds it.
+
+The head signs a URL for each part (an object of its own, with a short expiry) and hands a node a
+few at a time; the node reads each part where it lies, hashes it, and PUTs it over HTTP(S). So every
+node with a copy uploads at once, each a disjoint share, and no credential ever reaches a node: a
+signed URL allows one PUT of one object, for minutes.
+
+Before a byte goes, the file is checked against the SHA256 recorded when it was validated (from this
+agent's hash cache where it is unchanged since: agent/ranks.py). Each part is read, hashed and sent
+in an upkeep thread (agent/upkeep.py: nice 10 on Linux, so a rank's thread goes first) and paced to
+``bandwidth`` (``--store-bandwidth``) across all of this node's parts in flight. A request has a time
+limit per socket operation, and a part that meets a 5xx or a dropped connection is tried twice more
+before the store's error goes back to the head. Stdlib only: this runs in the node's Python."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import http.client
+import os
+import re
+import ssl
+import threading
+import time
+import urllib.parse
+from typing import Any
+
+from agent import upkeep
+from shared import protocol as p
+from shared.agent_api.store import StorePart, StorePutDone, StorePutReply
+from shared.rpc import RemoteError
+
+REQUEST_TIMEOUT_S = 60.0
+SEND_BYTES = 1 << 20  # what goes to the socket between two looks at the pace
+TRIES = 3
+_CODE = re.compile(rb"<Code>([A-Za-z]+)</Code>")
+_HEADER_NAME = re.compile(r"^[A-Za-z0-9-]{1,64}$")
+
+
+class Pace:
+    """At most ``rate`` bytes per second through every thread that asks (None: no cap)."""
+
+    def __init__(self) -> None:
+        self.rate: float | None = None
+        self._next = 0.0
+        self._lock = threading.Lock()
+
+    def wait(self, size: int) -> None:
+        rate = self.rate
+        if not rate:
+            return
+        with self._lock:
+            now = time.monotonic()
+            start = max(now, self._next)
+            self._next = start + size / rate
+        if start > now:
+            time.sleep(start - now)
+
+
+#: One pace for the node: the cap is on its uplink, whichever upload asks.
+_pace = Pace()
+
+
+class _Retry(Exception):
+    """A failure worth another try: the store's 5xx, a connection dropped or refused."""
+
+
+def _check_part(part: Any) -> StorePart:
+    if not isinstance(part, dict):
+        raise RemoteError(p.BAD_ARGS, "each part must be an object")
+    offset, size, url, headers = part.get("offset"), part.get("size"), part.get("url"), part.get("headers", {})
+    if not isinstance(offset, int) or not isinstance(size, int) or offset < 0 or size < 0:
+        raise RemoteError(p.BAD_ARGS, f"a part's offset and size must be whole numbers, got {offset!r}, {size!r}")
+    parsed = urllib.parse.urlsplit(url) if isinstance(url, str) else None
+    if parsed is None or not isinstance(url, str) or parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise RemoteError(p.BAD_ARGS, "a part's url must be an http or https URL")
+    if not isinstance(headers, dict) or not all(
+            isinstance(k, str) and _HEADER_NAME.match(k) and isinstance(v, str) and "\r" not in v and "\n" not in v
+            for k, v in headers.items()):
+        raise RemoteError(p.BAD_ARGS, "a part's headers must be names and values on one line")
+    return {"offset": offset, "size": size, "url": url, "headers": headers}
+
+
+def _connection(url: urllib.parse.SplitResult) -> http.client.HTTPConnection:
+    if url.scheme == "https":
+        return http.client.HTTPSConnection(url.hostname or "", url.port, timeout=REQUEST_TIMEOUT_S,
+                                           context=ssl.create_default_context())
+    return http.client.HTTPConnection(url.hostname or "", url.port, timeout=REQUEST_TIMEOUT_S)
+
+
+def _put_once(part: StorePart, data: memoryview, pace: Pace) -> None:
+    url = urllib.parse.urlsplit(part["url"])
+    conn = _connection(url)
+    try:
+        conn.putrequest("PUT", url.path + (f"?{url.query}" if url.query else ""), skip_accept_encoding=True)
+        conn.putheader("Content-Length", str(len(data)))
+        conn.putheader("Content-Type", "application/octet-stream")
+        for name, value in part["headers"].items():
+            conn.putheader(name, value)
+        conn.endheaders()
+        for start in range(0, len(data), SEND_BYTES):
+            piece = data[start:start + SEND_BYTES]
+            pace.wait(len(piece))
+            conn.send(piece)
+        response = conn.getresponse()
+        body = response.read(8192)
+    except (OSError, http.client.HTTPException) as exc:  # refused, reset, timed out
+        raise _Retry(f"{url.hostname}:{url.port or ''}: {exc or type(exc).__name__}") from None
+    finally:
+        conn.close()
+    if response.status // 100 == 2:
+        return
+    found = _CODE.search(body)
+    code = found.group(1).decode() if found else ""
+    said = f"the store answered {response.status} {response.reason}" + (f" ({code})" if code else "")
+    if "expired" in body.decode("utf-8", "replace").lower():
+        said += ": the signed URL expired before the part was sent"
+    if response.status >= 500:
+        raise _Retry(said)
+    raise RemoteError(p.STORE, said)
+
+
+def put_part(fd: int, part: StorePart, pace: Pace = _pace) -> StorePutDone:
+    """Read one part, hash it, PUT it (tried again on a 5xx or a dropped connection)."""
+    data = os.pread(fd, part["size"], part["offset"])
+    if len(data) != part["size"]:
+        raise RemoteError(p.DAMAGED, f"the file ends before byte {part['offset'] + part['size']}")
+    digest = hashlib.sha256(data).hexdigest()
+    view = memoryview(data)
+    for attempt in range(TRIES):
+        try:
+            _put_once(part, view, pace)
+            return {"size": len(data), "sha256": digest}
+        except _Retry as exc:
+            if attempt == TRIES - 1:
+                raise RemoteError(p.STORE, f"{exc} ({TRIES} tries)") from None
+            time.sleep(1.0 * 2 ** attempt)
+    raise AssertionError("unreachable")
+
+
+def _open_checked(workdir: str, path: str, sha256: str) -> int:
+    from agent.ranks import sha256_remembered
+    from shared.paths import UnsafePath, resolve_under
+
+    try:
+        full = resolve_under(workdir, os.path.relpath(path, workdir) if os.path.isabs(path) else path,
+                             must_exist=True)
+    except (UnsafePath, ValueError) as exc:
+        raise RemoteError(p.REFUSED, str(exc)) from None
+    if not os.path.isfile(full):
+        raise RemoteError(p.BAD_ARGS, f"{path} is not a file")
+    if sha256_remembered(full) != sha256:
+        raise RemoteError(p.DAMAGED, f"{path} no longer has the SHA256 recorded when it was validated")
+    return os.open(full, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+
+
+async def put_parts(workdir: str, path: str, sha256: str, parts: list[Any],
+                    bandwidth: float | None = None) -> StorePutReply:
+    """Put each part of the file at ``path`` (under ``workdir``) to its URL, all at once; each part's
+    size and SHA256, in the order asked."""
+    checked = [_check_part(part) for part in parts]
+    if bandwidth is not None and not bandwidth > 0:
+        raise RemoteError(p.BAD_ARGS, f"bandwidth must be a positive number of bytes per second, got {bandwidth!r}")
+    _pace.rate = bandwidth
+    started = time.monotonic()
+    fd = await upkeep.run(_open_checked, workdir, path, sha256)
+    try:
+        # Every part's thread ends before the file is closed, a failed one's neighbours too.
+        done = await asyncio.gather(*(upkeep.run(put_part, fd, part) for part in checked), return_exceptions=True)
+    finally:
+        os.close(fd)
+    failed = next((d for d in done if isinstance(d, BaseException)), None)
+    if failed is not None:
+        raise failed
+    return {"parts": [d for d in done if not isinstance(d, BaseException)],
+            "seconds": round(time.monotonic() - started, 3)}

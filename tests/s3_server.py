@@ -1,0 +1,90 @@
+"""A real S3-compatible server for the tests and benches: moto's standalone server, as a process of
+its own reached over HTTP (optionally inside a network namespace), with a bucket made as a user makes
+one by hand; and the environment coordd reads the store's credentials and endpoint from."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ACCESS_KEY, SECRET_KEY, REGION = "coord-test", "coord-test-secret", "us-east-1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class S3Server:
+    """``moto_server`` on ``host:port`` (in ``prefix``'s namespace, e.g. ``ip netns exec NS``)."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int | None = None, prefix: list[str] | None = None):
+        self.host, self.port, self.prefix = host, port or free_port(), prefix or []
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_REGION": REGION,
+                "AWS_ENDPOINT_URL": self.endpoint}
+
+    def start(self, buckets: tuple[str, ...] = ("ckpt",)) -> S3Server:
+        server = str(Path(sys.executable).with_name("moto_server"))
+        self.process = subprocess.Popen([*self.prefix, server, "-H", self.host, "-p", str(self.port)],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while not self._answers():
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                raise RuntimeError(f"moto_server did not start on {self.endpoint}")
+            time.sleep(0.2)
+        for bucket in buckets:
+            self.client().create_bucket(Bucket=bucket)
+        return self
+
+    def _answers(self) -> bool:
+        probe = [*self.prefix, sys.executable, "-c",
+                 f"import socket; socket.create_connection(({self.host!r}, {self.port}), timeout=1).close()"]
+        if not self.prefix:
+            try:
+                socket.create_connection((self.host, self.port), timeout=1).close()
+                return True
+            except OSError:
+                return False
+        return subprocess.run(probe, capture_output=True).returncode == 0
+
+    def client(self):  # noqa: ANN201 - boto3's client (moto's own dependency), as a user's script makes one
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name=REGION, aws_access_key_id=ACCESS_KEY,
+                            aws_secret_access_key=SECRET_KEY)
+
+    def pause(self) -> None:
+        """The server stops answering (its connections stay open): a store that hangs."""
+        assert self.process is not None
+        os.kill(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        os.kill(self.process.pid, signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGCONT)
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
