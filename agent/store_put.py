@@ -31,7 +31,7 @@ from shared.agent_api.store import StorePart, StorePutDone, StorePutReply
 from shared.rpc import RemoteError
 
 REQUEST_TIMEOUT_S = 60.0
-SEND_BYTES = 1 << 20  # what goes to the socket between two looks at the pace
+SEND_BYTES = 256 << 10  # what goes to the socket between two looks at the pace
 TRIES = 3
 _CODE = re.compile(rb"<Code>([A-Za-z]+)</Code>")
 _HEADER_NAME = re.compile(r"^[A-Za-z0-9-]{1,64}$")
@@ -49,12 +49,13 @@ class Pace:
         rate = self.rate
         if not rate:
             return
+        # A piece goes when its whole slot has passed, so no stretch of time carries more than the rate.
         with self._lock:
             now = time.monotonic()
-            start = max(now, self._next)
-            self._next = start + size / rate
-        if start > now:
-            time.sleep(start - now)
+            self._next = max(now, self._next) + size / rate
+            until = self._next
+        if until > now:
+            time.sleep(until - now)
 
 
 #: One pace for the node: the cap is on its uplink, whichever upload asks.

@@ -28,6 +28,7 @@ CONNECT_TIMEOUT_S = 10.0
 OPERATION_TIMEOUT_S = 180.0  # a request and obstore's retries of it
 T = TypeVar("T")
 _CODE = re.compile(r"<Code>([A-Za-z]+)</Code>")
+_STATUS = re.compile(r"non-2xx status code: (\d{3} [A-Za-z ]+?)(?::|$)")
 
 
 class StoreError(Exception):
@@ -111,6 +112,9 @@ def store_error(location: StoreLocation, exc: BaseException, doing: str,
                                          "in coordd's environment" if location.scheme == "s3" else
                                          "no credentials found for the store in coordd's environment")
     first_line = text.splitlines()[0] if text else exc.__class__.__name__
+    answered = _STATUS.search(first_line)
+    if answered:  # the store's own answer, without the client's account of the request around it
+        first_line = f"the store answered {answered.group(1)}" + (f" ({code})" if code else "")
     return StoreError(kind, f"{doing} on {location.url} failed: {first_line[:300]}", hint)
 
 

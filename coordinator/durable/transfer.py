@@ -47,9 +47,8 @@ class Pace:
         if not self.rate:
             return
         now = anyio.current_time()
-        start = max(now, self._next)
-        self._next = start + size / self.rate
-        await anyio.sleep(start - now)
+        self._next = max(now, self._next) + size / self.rate
+        await anyio.sleep(self._next - now)  # a part goes when its slot has passed: never above the rate
 
 
 class UploadDamaged(Exception):
@@ -226,7 +225,7 @@ async def upload_spread(store: ObjectStore, prefix: str, files: list[SpreadFile]
         except BaseExceptionGroup as group:
             raise first_error(group) from None
         if queue:
-            raise SenderLost("no node holding a copy could send it: " + "; ".join(lost))
+            raise SenderLost("no node holding a copy could send it: " + "; ".join(sorted(lost)))
         entries: list[mf.FileEntry] = []
         for index, file in enumerate(files):
             parts = [done[(index, number)] for number in range(len(mf.split_parts(file.size, part_bytes)))]

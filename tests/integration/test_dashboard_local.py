@@ -1,5 +1,6 @@
 """The dashboard of a real local daemon: what it serves, to whom, and what headless Chromium
-draws of it after a real run with a killed rank."""
+draws of it after a real run with a killed rank; and what it draws of a run's checkpoint store,
+from a document of the real shape served by the real web server."""
 
 from __future__ import annotations
 
@@ -11,9 +12,19 @@ import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
+import anyio.from_thread
 import pytest
 
+from coordinator.config.cluster_file import DashboardSettings
+from coordinator.jobs.record import Durability, JobRecord
+from coordinator.jobs.run_context import RunContext
+from coordinator.jobs.spec import JobSpec
+from coordinator.jobs.view import run_view
+from coordinator.observe.dashboard.document import dashboard_document
+from coordinator.observe.web.routes import api_routes, page_routes
+from coordinator.observe.web.server import WebServer
 from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir
 from tests.integration.test_jobs_local import PLAIN
 
@@ -100,7 +111,8 @@ def test_data_needs_the_token_the_page_does_not_and_nothing_but_get_is_answered(
 
 def _run_a_job_with_a_killed_rank(daemon: DaemonProcess, root: Path) -> dict:
     submitted = coord("run", "--config", str(daemon.config), "--name", "dash-job", "--source", str(root / "project"),
-                      "--save-every", "5", "--detach", "--", "python", "plain.py", "--steps", "40", "--sleep", "0.15",
+                      "--save-every", "5", "--checkpoint-store", f"file://{root}/store", "--detach", "--", "python",
+                      "plain.py", "--steps", "40", "--sleep", "0.15",
                       env=daemon.env)
     assert submitted.returncode == 0, submitted.stderr
     doc = daemon.wait_for(lambda d: any(j["name"] == "dash-job" and (j["step"] >= 12 or j["state"] == "failed")
@@ -130,6 +142,8 @@ def test_after_a_real_run_chromium_draws_the_nodes_the_job_and_its_curve(dashboa
     assert job["state"] == "succeeded" and job["restarts"] == 1
     assert job["checkpoints"] and job["checkpoints"][0]["step"] == 40 and job["checkpoints"][0]["valid"]
     assert job["backend"]["backend"] == "ring"
+    # Its last checkpoint went to the store before it was called succeeded.
+    assert job["durability"]["durable_step"] == 40 and job["durability"]["lag_steps"] == 0, job["durability"]
     # One curve across the restart: every step once, attempt 1 from the step it resumed at.
     train = job["history"]["train"]
     assert sorted(train["step"]) == list(range(1, 41)), train["step"]
@@ -153,6 +167,69 @@ def test_after_a_real_run_chromium_draws_the_nodes_the_job_and_its_curve(dashboa
         assert name in dom, name
     assert 'class="uplot' in dom, "no chart drawn"
     assert '<p id="curves-empty" class="muted" hidden="">' in dom, "the curve has no points"
+    assert f"durable up to step 40 in file://{root}/store/{final['run_id']}, lag 0 steps" in dom, "no store line"
     shot = Path(os.environ.get("COORD_SCREENSHOT_DIR") or tmp_path) / "dashboard.png"
     subprocess.run([*argv, f"--screenshot={shot}", page], capture_output=True, timeout=120, check=True)
     assert shot.stat().st_size > 20_000
+
+
+class _Effects:
+    def now(self) -> float:
+        return 1700000000.0
+
+    def node_names(self) -> list[str]:
+        return ["alpha-node"]
+
+
+def _document_of_one_run(durability: Durability | None) -> dict:
+    """The dashboard document of a cluster with one running run, its view the real one."""
+    record = JobRecord(run_id="store-job-1", step=57, started=1.0, order=["alpha-node"], durability=durability)
+    ctx = RunContext(_Effects(), JobSpec(name="store-job", command=["python", "train.py"]), run_id="store-job-1",
+                     record=record, state="running")
+    runner = SimpleNamespace(run_id=ctx.run_id, state="running", record=record, queue_position=None,
+                             view=lambda: run_view(ctx, queue_position=None))
+    cluster = SimpleNamespace(config=SimpleNamespace(name="dash-store"), node_views=list, events=[],
+                              state=SimpleNamespace(checkpoints=lambda run_id: [], links=lambda role: {}))
+    return dict(dashboard_document(cluster, [runner], now=1700000000.0))
+
+
+def test_chromium_draws_how_far_a_runs_checkpoints_are_in_its_store(tmp_path):
+    browser = chromium()
+    if browser is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("chromium is missing (.ci/setup installs it)")
+        pytest.skip("no chromium on this machine (apt-get install chromium)")
+    served: dict = {}
+
+    async def status() -> dict:
+        return {}
+
+    routes = api_routes(status_document=status, history=SimpleNamespace(), dashboard_document=lambda: served,
+                        registry=None)
+    server = WebServer(DashboardSettings(host="127.0.0.1", port=0), routes, public=frozenset(page_routes()))
+    argv = [browser, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}"]
+
+    def drawn(url: str) -> str:
+        # As above: a page not yet drawn on two busy cores is given longer.
+        for wait_ms in (3000, 10000, 30000):
+            dom = subprocess.run([*argv, f"--timeout={wait_ms}", "--dump-dom", url], capture_output=True, text=True,
+                                 timeout=120).stdout
+            if 'data-rendered="' in dom:
+                return dom
+        raise AssertionError(dom[:2000])
+
+    with anyio.from_thread.start_blocking_portal() as portal:
+        future, url = portal.start_task(server.serve)
+        try:
+            served.update(_document_of_one_run(Durability(
+                store="s3://bucket/coord/store-job-1", durable_step=40, lag_steps=10, lag_seconds=73.5,
+                bytes_per_s=12.5e6, error="upload of part 3 timed out")))
+            dom = drawn(url)
+            assert ('<p id="checkpoint-store"><div>durable up to step 40 in s3://bucket/coord/store-job-1, '
+                    'lag 10 steps (74 s), 12 MiB/s to the store</div>'
+                    '<div class="state-down">last upload failed: upload of part 3 timed out</div></p>') in dom, dom
+            served.update(_document_of_one_run(None))  # checkpoints on the cluster only: nothing said
+            dom = drawn(url)
+            assert "store-job-1" in dom and '<p id="checkpoint-store"></p>' in dom, dom
+        finally:
+            future.cancel()

@@ -1,11 +1,21 @@
-"""The dashboard's document: which runs it lists, and how a run's checkpoints are summed up."""
+"""The dashboard's document: which runs it lists, how a run's checkpoints are summed up, and how far
+they are in its checkpoint store."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from coordinator.jobs.record import JobRecord
-from coordinator.observe.dashboard.document import FINISHED_SHOWN, checkpoint_rows, node_entry, shown_runs
+from coordinator.jobs.record import Durability, JobRecord
+from coordinator.jobs.run_context import RunContext
+from coordinator.jobs.spec import JobSpec
+from coordinator.jobs.view import run_view
+from coordinator.observe.dashboard.document import (
+    FINISHED_SHOWN,
+    checkpoint_rows,
+    dashboard_document,
+    node_entry,
+    shown_runs,
+)
 
 
 def _runner(run_id: str, state: str, started: float, position: int | None = None) -> SimpleNamespace:
@@ -65,3 +75,32 @@ def test_each_links_last_doctor_figure_is_drawn_beside_its_baseline(tmp_path) ->
     import pytest
     with pytest.raises(ValueError, match="baseline or the last"):
         store.save_link("n1", "n2", "other", {})
+
+
+class _Effects:
+    def now(self) -> float:
+        return 1700000000.0
+
+    def node_names(self) -> list[str]:
+        return ["n1", "n2"]
+
+
+def _viewed_runner(name: str, durability: Durability | None) -> SimpleNamespace:
+    """A running run whose view is the real one (coordinator/jobs/view.py), from a record holding ``durability``."""
+    record = JobRecord(run_id=f"{name}-1", step=57, started=1.0, order=["n1", "n2"], durability=durability)
+    ctx = RunContext(_Effects(), JobSpec(name=name, command=["python", "train.py"]), run_id=f"{name}-1",
+                     record=record, state="running")
+    return SimpleNamespace(run_id=ctx.run_id, state="running", record=record, queue_position=None,
+                           view=lambda: run_view(ctx, queue_position=None))
+
+
+def test_a_run_with_a_checkpoint_store_says_how_far_its_checkpoints_are_there():
+    durable = Durability(store="s3://bucket/coord/big-1", durable_step=40, lag_steps=10, lag_seconds=73.5,
+                         bytes_per_s=12.5e6, error="upload of part 3 timed out")
+    cluster = SimpleNamespace(config=SimpleNamespace(name="lab"), node_views=list, events=[],
+                              state=SimpleNamespace(checkpoints=lambda run_id: [], links=lambda role: {}))
+    doc = dashboard_document(cluster, [_viewed_runner("big", durable), _viewed_runner("small", None)], now=5.0)
+    by_name = {job["name"]: job for job in doc["jobs"]}
+    assert by_name["big"]["durability"] == durable
+    assert by_name["big"]["durability"] is not durable  # a copy: the page never holds the record's own dict
+    assert by_name["small"]["durability"] is None  # its checkpoints stay on the cluster: nothing to draw

@@ -91,6 +91,14 @@ class ClusterCollector(Collector):
         score = GaugeMetricFamily("coord_rank_straggler_score", "Each running rank's compute time over the ranks' "
                                   "median (1: as fast as the median; a straggler is named at 1.5)",
                                   labels=["job", "rank", "node"])
+        durable = GaugeMetricFamily("coord_job_durable_step", "The newest step of the job's checkpoints committed "
+                                    "to its checkpoint store", labels=["job"])
+        lag_s = GaugeMetricFamily("coord_job_durability_lag_seconds", "How long the job's oldest checkpoint not yet "
+                                  "in its checkpoint store has waited (0: the store is caught up)", labels=["job"])
+        lag_steps = GaugeMetricFamily("coord_job_durability_lag_steps", "The job's newest valid checkpoint's step "
+                                      "over the newest in its checkpoint store", labels=["job"])
+        store_speed = GaugeMetricFamily("coord_job_store_bytes_per_second", "The speed of the last upload of the "
+                                        "job's checkpoints to its checkpoint store", labels=["job"])
         info = InfoMetricFamily("coord_job", "The job's newest run and its state", labels=["job"])
         for name, runner in self.jobs.jobs.items():
             record = runner.record
@@ -113,8 +121,19 @@ class ClusterCollector(Collector):
                     for rank, value in sorted(values.items(), key=lambda kv: int(kv[0])):
                         family.add_metric([name, rank, order[int(rank)] if int(rank) < len(order) else ""],
                                           float(value))
+            # Only a run with a checkpoint store has these; one with nothing committed yet has no durable
+            # step (not 0, which would read as a checkpoint of step 0), and no speed before its first upload.
+            durability = record.durability
+            if durability is not None:
+                if durability["durable_step"] is not None:
+                    durable.add_metric([name], float(durability["durable_step"]))
+                lag_s.add_metric([name], float(durability["lag_seconds"]))
+                lag_steps.add_metric([name], float(durability["lag_steps"]))
+                if durability["bytes_per_s"] is not None:
+                    store_speed.add_metric([name], float(durability["bytes_per_s"]))
             info.add_metric([name], {"run_id": runner.run_id, "state": runner.state})
-        yield from (step, total, loss, val_loss, speed, restarts, age, memory, compute, score, info)
+        yield from (step, total, loss, val_loss, speed, restarts, age, memory, compute, score, durable, lag_s,
+                    lag_steps, store_speed, info)
 
     def _recoveries(self) -> Metric:
         """Every recovery of every run this cluster has had (kept with each run, so it survives restarts)."""

@@ -307,6 +307,19 @@ function renderCheckpoints(job) {
     el("td", {}, c.copies.map(copy => `${copy.node} (${copy.role}${copy.valid ? "" : ", invalid"})`).join(", ")))));
 }
 
+// With a checkpoint store (coordinator/jobs/durability.py): how far the run's checkpoints are off the
+// cluster, as coord status says it; nothing for a run whose checkpoints stay on the cluster.
+function renderStore(job) {
+  const durable = job && job.durability;
+  const box = document.getElementById("checkpoint-store");
+  if (!durable) { box.replaceChildren(); return; }
+  const parts = [(durable.durable_step == null ? "nothing durable yet" : `durable up to step ${durable.durable_step}`)
+    + " in " + durable.store, `lag ${durable.lag_steps} steps (${age(durable.lag_seconds)})`];
+  if (durable.bytes_per_s != null) parts.push(bytes(durable.bytes_per_s) + "/s to the store");
+  box.replaceChildren(el("div", {}, parts.join(", ")),
+    ...(durable.error ? [el("div", { class: "state-down" }, "last upload failed: " + durable.error)] : []));
+}
+
 function renderEvents(doc) {
   const items = doc.events.slice().reverse().map(e => el("li", {},
     new Date(e.ts * 1000).toLocaleTimeString() + " ", el("span", { class: "kind" }, e.kind), " " + e.message));
@@ -331,6 +344,7 @@ function render(doc) {
   renderMemory(doc, job);
   renderHeatmap(job);
   renderCheckpoints(job);
+  renderStore(job);
   renderEvents(doc);
   document.body.dataset.rendered = String(Number(document.body.dataset.rendered || 0) + 1);
 }
