@@ -117,6 +117,8 @@ def test_a_run_uploads_its_checkpoints_and_lives_on_from_the_store_after_the_who
         assert "durable up to step 300" in coord("status", "--config", str(daemon.config), env=daemon.env).stdout
         durable = [e for e in _events(daemon, "whole") if e["kind"] == "job.durable"]
         assert {e["data"]["step"] for e in durable} >= {300}, story
+        # put by the nodes that hold the copies, each its share through URLs the head signed; not by the head
+        assert all(e["data"]["senders"] and set(e["data"]["senders"]) <= {"a", "b"} for e in durable), story
         listed = json.loads(coord("checkpoints", "--store", store, "--json", "--config", str(daemon.config),
                                   env=daemon.env).stdout)["checkpoints"]
         mine = [c for c in listed if c["run"] == whole["run_id"]]
@@ -194,6 +196,14 @@ def test_a_missing_bucket_an_upload_cut_short_and_a_stores_own_prefix_are_said_w
         listed = coord("checkpoints", "--store", "s3://ckpt/cut", "--config", str(daemon.config), env=daemon.env,
                        timeout=120)
         assert "not committed (no manifest)" in listed.stdout, listed.stdout
+        write_project(root / "project")
+        refused = coord("run", "--config", str(daemon.config), "--name", "nobucket", "--source", str(root / "project"),
+                        "--trainer", "coord", "--checkpoint-store", "s3://no-such-bucket/coord", "--", *TRAIN,
+                        env=daemon.env, timeout=300)
+        failed = _job(daemon, "nobucket")
+        assert refused.returncode != 0 and failed["state"] == "failed" and failed.get("step") in (None, 0), failed
+        assert "pre-flight failed" in failed["error"] and "checkpoint.store" in failed["error"], failed["error"]
+        assert "the bucket 'no-such-bucket' does not exist: create it" in failed["error"], failed["error"]
         runs = coord("run", "--config", str(daemon.config), "--name", "x", "--resume-from", "s3://ckpt/cut",
                      "--", "python", "train.py", env=daemon.env, timeout=120)
         assert runs.returncode != 0 and "s3://ckpt/cut holds runs, not checkpoints (run-a)" in runs.stderr, \
