@@ -400,7 +400,11 @@ def list_checkpoints(workdir: str, job: str, attempt: int,
         if not match:
             continue
         found.append(describe_checkpoint_file(name, int(match.group(1)), path))
-    return {"dir": directory, "checkpoints": found}
+    reply: ListCheckpointsReply = {"dir": directory, "checkpoints": found}
+    with contextlib.suppress(OSError):
+        room = os.statvfs(directory if names else workdir)
+        reply["free_bytes"] = room.f_bavail * room.f_frsize
+    return reply
 
 
 def describe_checkpoint_file(name: str, iteration: int, path: str) -> CheckpointInfo:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 _UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")
 
 
@@ -23,18 +25,16 @@ _RATE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9
                "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8, "kbps": 1e3 / 8, "mbps": 1e6 / 8, "gbps": 1e9 / 8}
 
 
+_RATE = re.compile(r"^((?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:e[+-]?[0-9]+)?) ?([a-z]*)(?:/s)?$")
+
+
 def parse_rate(text: str) -> float:
     """A rate as people write it, in bytes per second: ``50MB/s``, ``40MiB/s``, ``400Mbit/s``,
     ``1Gbps``, or a plain number of bytes per second. ValueError, saying what it takes, otherwise."""
-    cleaned = text.strip().lower().replace(" ", "")
-    if cleaned.endswith("/s"):
-        cleaned = cleaned[:-2]
-    number = cleaned.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = cleaned[len(number):]
-    try:
-        value = float(number) * _RATE_UNITS[unit]
-    except (ValueError, KeyError):
-        raise ValueError(f"{text!r} is not a rate: give e.g. 50MB/s, 40MiB/s, 400Mbit/s or 1Gbps") from None
+    found = _RATE.match(text.strip().lower()) if text.isascii() else None
+    if found is None or found.group(2) not in _RATE_UNITS:
+        raise ValueError(f"{text!r} is not a rate: give e.g. 50MB/s, 40MiB/s, 400Mbit/s or 1Gbps")
+    value = float(found.group(1)) * _RATE_UNITS[found.group(2)]
     if not value > 0 or value == float("inf"):
         raise ValueError(f"{text!r}: a rate must be a positive, finite number")
     return value

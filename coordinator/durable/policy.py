@@ -8,11 +8,15 @@
 - **What the nodes keep**: while a store is set, no copy of a checkpoint newer than the newest
   durable one is removed by local retention: until it is in the store, it is the run's only
   protection against losing the cluster.
+- **Room on the nodes**: while checkpoints are held for the store, a node whose disk has room for
+  fewer than ``ROOM_AT_LEAST`` more of them (the newest's size) is said, before the disk fills and a
+  rank's save fails.
 - **The lag**: in steps, the newest valid checkpoint's step over the newest durable one's; in
   seconds, how long the oldest checkpoint not yet durable (newer than the newest durable) has waited."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from coordinator.store.state import CheckpointRow, DurableRow
@@ -71,3 +75,33 @@ def lag(copies: list[CheckpointRow], durable: list[DurableRow], now: float) -> L
     since = min(c["created"] for c in waiting)
     return Lag(newest["step"] if newest else None, top_step - (newest["step"] if newest else 0),
                max(0.0, now - since))
+
+
+ROOM_AT_LEAST = 3  # checkpoints of the newest's size
+
+
+@dataclass(frozen=True)
+class Room:
+    """A node short of room while checkpoints are held on it for the store."""
+
+    node: str
+    free_bytes: int
+    room_for: int  # more checkpoints of the newest one's size
+    held: int  # checkpoints kept on it until they are durable
+    held_bytes: int
+
+
+def short_of_room(copies: list[CheckpointRow], held: set[tuple[int, int]], free: Mapping[str, int],
+                  at_least: int = ROOM_AT_LEAST) -> list[Room]:
+    """The nodes (with ``free`` bytes each) that hold checkpoints for the store and have room for fewer
+    than ``at_least`` more."""
+    short = []
+    for node, free_bytes in sorted(free.items()):
+        mine = [c for c in copies if c["node"] == node and c["valid"] and _key(c) in held]
+        newest = max(mine, key=_key, default=None)
+        if newest is None or not newest["size"]:
+            continue
+        room_for = free_bytes // newest["size"]
+        if room_for < at_least:
+            short.append(Room(node, free_bytes, room_for, len(mine), sum(c["size"] or 0 for c in mine)))
+    return short

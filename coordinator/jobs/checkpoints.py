@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, TypedDict
 
 import anyio
 
+from coordinator.durable import policy
 from coordinator.jobs import catalog, core
 from coordinator.jobs.attempt import Attempt
 from coordinator.jobs.checkpoint_dirs import DirKeeper
@@ -26,6 +27,7 @@ from coordinator.launch.torch_env import is_torch_launcher
 from coordinator.store.state import CheckpointRow
 from shared.agent_api.ranks import CheckpointInfo
 from shared.rpc import RemoteError
+from shared.sizes import size_text
 
 CHECKPOINT_POLL_S = 2.0
 FINAL_COPY_TIMEOUT_S = 600.0
@@ -60,6 +62,8 @@ class CheckpointKeeper:
         self.last_placement: Placed | None = None  # what the last resume's placing did (for its event)
         self.dirs = DirKeeper(ctx, health)  # checkpoint directories, joined from every node's part
         self.durability: DurabilityWatch | None = None  # with a checkpoint store: the uploads
+        self.free_bytes: dict[str, int] = {}  # node -> what its checkpoints' disk had left, when last listed
+        self._short_of_room: set[str] = set()  # nodes said to be short of room (said again once they were not)
 
     def ranks_write_own_copies(self) -> bool:
         """coord's trainer: every rank writes the checkpoint on its own node (data parallel ranks hold
@@ -337,6 +341,8 @@ class CheckpointKeeper:
         except RemoteError as exc:
             self.ctx.log.warning("checkpoints not listed", node=name, reason=exc.message)
             return None
+        if "free_bytes" in found:
+            self.free_bytes[name] = found["free_bytes"]
         diverged_after = current.diverged_after if current is not None and current.number == attempt else None
         current_attempt = current is not None and current.number == attempt
         files = [entry for entry in found["checkpoints"] if entry.get("kind") != "dir"]
@@ -389,3 +395,23 @@ class CheckpointKeeper:
                 self.fx.remove_checkpoint(self.ctx.run_id, old["attempt"], old["node"], old["path"])
             except RemoteError:
                 continue
+        if self.durability is not None:
+            self._say_short_of_room(held)
+
+    def _say_short_of_room(self, held: set[tuple[int, int]]) -> None:
+        """Said once per node, before its disk fills: the checkpoints it holds for the store stay."""
+        short = policy.short_of_room(self.fx.checkpoints(self.ctx.run_id), held, self.free_bytes)
+        for room in short:
+            if room.node in self._short_of_room:
+                continue
+            state = self.ctx.record.durability
+            durable = state["durable_step"] if state else None
+            self.ctx.event("store_disk", f"{room.node} has room for {room.room_for} more checkpoints "
+                           f"({size_text(room.free_bytes)} free): {room.held} checkpoints "
+                           f"({size_text(room.held_bytes)}) are kept there until they reach the checkpoint store "
+                           "(durable up to "
+                           + (f"step {durable}" if durable is not None else "no checkpoint yet")
+                           + "); when the disk fills, a rank's next save fails", node=room.node,
+                           free_bytes=room.free_bytes, room_for=room.room_for, held=room.held,
+                           held_bytes=room.held_bytes)
+        self._short_of_room = {room.node for room in short}

@@ -149,9 +149,10 @@ async def store_check(url: str) -> CheckResult:
         return checks.check("checkpoint.store", "checkpoint", checks.FAIL, f"{url}: {exc}")
     if found.ok:
         return checks.check("checkpoint.store", "checkpoint", checks.PASS, found.detail)
-    # A store that does not answer may by the first checkpoint (the job trains on meanwhile); one that
-    # refuses never will.
-    status: Status = checks.WARN if found.kind == "timeout" else checks.FAIL
+    # A store that refuses (the credentials, a permission, the bucket) never lets a checkpoint in until
+    # someone acts; one that does not answer may by the first checkpoint (the job trains on meanwhile).
+    refused = found.kind in ("credentials", "denied", "no_bucket", "mismatch")
+    status: Status = checks.FAIL if refused else checks.WARN
     return checks.check("checkpoint.store", "checkpoint", status, found.detail)
 
 

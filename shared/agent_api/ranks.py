@@ -202,9 +202,13 @@ class CheckpointFilesReply(TypedDict):
     sha256: str
 
 
-class ListCheckpointsReply(TypedDict):
+class _ListCheckpointsReply(TypedDict):
     dir: str
     checkpoints: list[CheckpointInfo]
+
+
+class ListCheckpointsReply(_ListCheckpointsReply, total=False):
+    free_bytes: int  # what the checkpoints' filesystem has left (so the head sees a disk filling)
 
 
 class _RemoveCheckpointsRequest(_CheckpointsRequest):

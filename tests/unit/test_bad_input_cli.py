@@ -203,6 +203,13 @@ def must_refuse(action: argparse.Action, value: str) -> bool:
     if isinstance(checker, ov.DirToMake):
         return _kind(value) in ("file", "socket", "unusable") or \
             _kind(str(Path(value).expanduser().absolute().parent)) != "dir"
+    if isinstance(checker, ov.Rate):  # digits, a unit of bytes or bits, perhaps /s; more than nothing
+        found = re.fullmatch(r"\s*((?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?) ?([A-Za-z]*)(?:/[sS])?\s*",
+                             value)
+        units = {"", "b", "k", "kb", "m", "mb", "g", "gb", "kib", "mib", "gib", "kbit", "mbit", "gbit", "kbps",
+                 "mbps", "gbps"}
+        return (not value.isascii() or found is None or found.group(2).lower() not in units
+                or not 0 < float(found.group(1)) < math.inf)
     if isinstance(checker, ov.StoreUrl):
         return not value.startswith(("s3://", "gs://", "az://", "file://"))
     if isinstance(checker, cli_parser.Hosts):

@@ -164,6 +164,16 @@ def test_what_is_not_durable_yet_is_held_on_the_nodes_and_the_lag_says_how_long_
     assert policy.lag(copies, [], now=400).steps == 30
 
 
+def test_a_node_short_of_room_for_the_checkpoints_it_holds_for_the_store_is_named_before_its_disk_fills():
+    copies = [_copy(10), _copy(20), _copy(30), _copy(20, node="n2"), _copy(30, node="n2"), _copy(40, valid=False)]
+    held = policy.held_locally(copies, [_durable(10)])
+    # n1: 25 bytes free, room for 2 more of 10; n2: room for 5; n3 holds nothing
+    short = policy.short_of_room(copies, held, {"n1": 25, "n2": 50, "n3": 1})
+    assert short == [policy.Room("n1", 25, 2, 2, 20)]
+    assert policy.short_of_room(copies, set(), {"n1": 25}) == []  # nothing held: retention frees the disk
+    assert policy.short_of_room(copies, held, {"n1": 30}) == []  # room for 3
+
+
 # --- the transfer, over a directory store -----------------------------------------------------
 
 def _upload_file(path: Path, rel: str, *, chunk: int = 700, sha256: str | None = None) -> UploadFile:
