@@ -51,7 +51,7 @@ SPEC_OPTIONS = ("name", "source", "save_every", "max_restarts", "hang_timeout", 
                 "follow_outside_links", "first_step_timeout", "launcher", "procs_per_node", "global_batch",
                 "micro_batch", "on_divergence", "max_rollbacks", "skip_on_rollback", "on_spike",
                 "straggler_policy", "straggler_grace", "checkpoint_store", "store_keep", "store_keep_every",
-                "durability_lag_alert", "store_bandwidth")
+                "durability_lag_alert", "store_bandwidth", "store_from")
 
 
 def run_request(args: argparse.Namespace) -> dict[str, object]:

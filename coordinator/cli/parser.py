@@ -379,6 +379,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store-bandwidth", type=Rate(), metavar="RATE",
                    help="cap each node's uploads to the store, e.g. 50MB/s or 400Mbit/s (default: no cap; uploads "
                         "already run at a lower priority than the ranks)")
+    p.add_argument("--store-from", choices=["nodes", "head"],
+                   help="who puts each checkpoint into the store: nodes (default: every node with a copy a share, "
+                        "through URLs the head signs; the head itself where the nodes cannot reach the store) or head "
+                        "(the nodes never try: they cannot reach the store)")
     p.add_argument("--durability-lag-alert", type=SECONDS, metavar="SECONDS",
                    help="alert when a checkpoint has waited this long to reach the store (default 1800)")
     p.add_argument("--resume-from", type=StoreUrl(), metavar="STORE_URL",

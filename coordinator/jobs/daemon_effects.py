@@ -20,7 +20,7 @@ import structlog
 from coordinator.config.store_url import MANIFEST, parse_store_url
 from coordinator.durable.manifest import FileEntry, StoreManifest
 from coordinator.durable.manifest import build as build_manifest
-from coordinator.durable.objects import open_store
+from coordinator.durable.objects import StoreError, open_store
 from coordinator.durable.transfer import Pace, SpreadFile, UploadFile, upload_spread
 from coordinator.durable.transfer import remove_checkpoint as remove_from_store
 from coordinator.durable.transfer import upload_checkpoint as upload_to_store
@@ -389,11 +389,21 @@ class DaemonEffects:
         held = {node: row["path"] for node, row in catalog.holders(
             [c for c in self.checkpoints(meta.run) if (c["step"], c["attempt"]) == (source["step"], source["attempt"])],
             source["sha256"]).items() if node != HEAD}
-        senders = node_senders(self.cluster.sessions, store, held, spread, meta.bandwidth, directory)
+        senders = node_senders(self.cluster.sessions, store, held, spread, meta.bandwidth, directory) \
+            if meta.from_nodes else []
         signed = bool(senders) and await store.sign_puts([f"{location.last}/{MANIFEST}"], 60) is not None
+        manifest: StoreManifest | None = None
         if signed:
-            manifest = await upload_spread(store, location.last, spread, list(senders), describe=describe)
-        else:
+            try:
+                manifest = await upload_spread(store, location.last, spread, list(senders), describe=describe)
+            except StoreError as exc:
+                if exc.kind != "timeout":
+                    raise
+                # The nodes could not reach the store (a private network, a firewall): the head tries,
+                # reading the bytes from where they lie, as if the store could not sign.
+                log.warning("store_nodes_unreachable", url=location.url, error=str(exc))
+                signed = False
+        if manifest is None:
             uploads = [UploadFile(rel, size, sha, self._reader(source["node"], full).chunks)
                        for full, rel, size, sha in listed]
             manifest = await upload_to_store(store, location.last, uploads, describe=describe,

@@ -51,7 +51,7 @@ class DurabilityWatch:
     def _meta(self) -> UploadMeta:
         return UploadMeta(run=self.ctx.run_id, job=self.ctx.spec.name,
                           world_size=len(self.ctx.record.order or self.ctx.job_nodes()),
-                          bandwidth=self.ctx.spec.store_bandwidth)
+                          bandwidth=self.ctx.spec.store_bandwidth, from_nodes=self.ctx.spec.store_from == "nodes")
 
     async def upload_pending(self) -> bool:
         """Upload the newest checkpoint not yet durable (if any), then apply the store's retention;

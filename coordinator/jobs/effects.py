@@ -83,6 +83,7 @@ class UploadMeta:
     job: str
     world_size: int
     bandwidth: float | None = None  # bytes per second for each sender (--store-bandwidth)
+    from_nodes: bool = True  # the nodes put the parts where they can (--store-from)
 
 
 @dataclass(frozen=True)

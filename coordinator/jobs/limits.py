@@ -32,6 +32,7 @@ WHOLE: dict[str, tuple[int, int]] = {
 SECONDS = ("hang_timeout", "node_timeout", "node_wait", "straggler_grace", "durability_lag_alert")
 #: What coord does about a straggler: only tell, or drop its node (the elastic shrink).
 STRAGGLER_POLICIES = ("tell", "drop")
+STORE_FROM = ("nodes", "head")  # who puts a checkpoint into the store (coord run --store-from)
 
 #: How long a job waits for its nodes to be up before it fails (coord run --node-wait).
 NODE_WAIT_S = 600.0

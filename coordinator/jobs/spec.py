@@ -21,7 +21,7 @@ from typing import Any, TypedDict, cast
 
 from coordinator.config.cluster_file import NODE_NAME
 from coordinator.config.store_url import StoreUrlError, parse_store_url
-from coordinator.jobs.limits import MAX_SECONDS, NODE_WAIT_S, STRAGGLER_POLICIES, WHOLE
+from coordinator.jobs.limits import MAX_SECONDS, NODE_WAIT_S, STORE_FROM, STRAGGLER_POLICIES, WHOLE
 from coordinator.jobs.training_health import ON_DIVERGENCE, ON_SPIKE
 from coordinator.launch.mlx_backend import BACKENDS
 from coordinator.launch.mlx_lm_command import CommandError, is_mlx_lm, mlx_lm_args, option_value
@@ -78,6 +78,7 @@ class JobSpecFields(TypedDict):
     store_keep_every: int | None
     durability_lag_alert: float
     store_bandwidth: float | None
+    store_from: str
 
 
 @dataclass
@@ -131,6 +132,10 @@ class JobSpec:
     durability_lag_alert: float = 1800.0
     # Bytes per second each node (or the head) may put to the store (--store-bandwidth; None: no cap).
     store_bandwidth: float | None = None
+    # Who puts a checkpoint's bytes: "nodes" (each node with a copy a share, through signed URLs; the
+    # head where the store cannot sign or the nodes cannot reach it) or "head" (nodes that cannot reach
+    # the store at all: a private network).
+    store_from: str = "nodes"
 
     def as_dict(self) -> JobSpecFields:
         return cast(JobSpecFields, asdict(self))  # the fields above, in order (a test holds the two together)
@@ -318,7 +323,8 @@ _FIELD_CHECKS: dict[str, FieldCheck] = {
     "on_spike": _choice(ON_SPIKE), "straggler_policy": _choice(STRAGGLER_POLICIES),
     "straggler_grace": _seconds, "checkpoint_store": _optional(_store_url),
     "store_keep": _whole("store_keep"), "store_keep_every": _optional(_whole("store_keep_every")),
-    "durability_lag_alert": _seconds, "store_bandwidth": _optional(_rate)}
+    "durability_lag_alert": _seconds, "store_bandwidth": _optional(_rate),
+    "store_from": _choice(STORE_FROM)}
 
 
 def _check_name_and_command(spec: JobSpec) -> None:

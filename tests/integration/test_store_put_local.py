@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-import urllib.parse
 from pathlib import Path
 
 import anyio
