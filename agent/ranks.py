@@ -457,15 +457,21 @@ def _dir_file(rel: str, full: str) -> DirFile:
     return entry
 
 
-def checkpoint_files(workdir: str, path: str) -> CheckpointFilesReply:
-    """The files of a checkpoint directory under the workdir, with their SHA256, to copy it file by file."""
+def under_workdir(workdir: str, path: str) -> str:
+    """``path`` (absolute, or relative to the workdir) where it lies, refused unless it is there and under
+    the workdir: every path a checkpoint method takes comes from the wire."""
     from shared.paths import UnsafePath, resolve_under
 
     try:
-        full = resolve_under(workdir, os.path.relpath(path, workdir) if os.path.isabs(path) else path,
+        return resolve_under(workdir, os.path.relpath(path, workdir) if os.path.isabs(path) else path,
                              must_exist=True)
     except (UnsafePath, ValueError) as exc:
         raise RemoteError(p.REFUSED, str(exc)) from None
+
+
+def checkpoint_files(workdir: str, path: str) -> CheckpointFilesReply:
+    """The files of a checkpoint directory under the workdir, with their SHA256, to copy it file by file."""
+    full = under_workdir(workdir, path)
     if not os.path.isdir(full):
         raise RemoteError(p.BAD_ARGS, f"{path} is not a checkpoint directory")
     described = describe_checkpoint_dir(os.path.basename(full), full)
@@ -477,13 +483,7 @@ def checkpoint_files(workdir: str, path: str) -> CheckpointFilesReply:
 
 def read_file(workdir: str, path: str, offset: int = 0) -> ReadFileReply:
     """A chunk of a file under the workdir (to copy a checkpoint to another node)."""
-    from shared.paths import UnsafePath, resolve_under
-
-    try:
-        full = resolve_under(workdir, os.path.relpath(path, workdir) if os.path.isabs(path) else path,
-                             must_exist=True)
-    except (UnsafePath, ValueError) as exc:
-        raise RemoteError(p.REFUSED, str(exc)) from None
+    full = under_workdir(workdir, path)
     with open(full, "rb") as handle:
         handle.seek(offset)
         data = handle.read(MAX_READ)
@@ -493,13 +493,7 @@ def read_file(workdir: str, path: str, offset: int = 0) -> ReadFileReply:
 def hash_file(workdir: str, path: str) -> HashFileReply:
     """Size and SHA256 of a file under the workdir: a checkpoint copy checked where it lies before
     a rank resumes from it."""
-    from shared.paths import UnsafePath, resolve_under
-
-    try:
-        full = resolve_under(workdir, os.path.relpath(path, workdir) if os.path.isabs(path) else path,
-                             must_exist=True)
-    except (UnsafePath, ValueError) as exc:
-        raise RemoteError(p.REFUSED, str(exc)) from None
+    full = under_workdir(workdir, path)
     if os.path.isdir(full):  # a checkpoint directory: its digest over its files
         described = describe_checkpoint_dir(os.path.basename(full), full)
         if not described["valid"]:

@@ -140,14 +140,9 @@ def put_part(fd: int, part: StorePart, pace: Pace = _pace) -> StorePutDone:
 
 
 def _open_checked(workdir: str, path: str, sha256: str) -> int:
-    from agent.ranks import sha256_remembered
-    from shared.paths import UnsafePath, resolve_under
+    from agent.ranks import sha256_remembered, under_workdir
 
-    try:
-        full = resolve_under(workdir, os.path.relpath(path, workdir) if os.path.isabs(path) else path,
-                             must_exist=True)
-    except (UnsafePath, ValueError) as exc:
-        raise RemoteError(p.REFUSED, str(exc)) from None
+    full = under_workdir(workdir, path)
     if not os.path.isfile(full):
         raise RemoteError(p.BAD_ARGS, f"{path} is not a file")
     if sha256_remembered(full) != sha256:

@@ -120,12 +120,18 @@ async def upload_checkpoint(store: ObjectStore, prefix: str, files: list[UploadF
         sent: Callable[[int], None] | None = None, pace: Pace | None = None) -> mf.StoreManifest:
     """Every file's parts, then the manifest (``describe`` of the files' entries): the commit. On any
     failure what was put is removed (as far as the store lets it) and the error raised."""
-    entries: list[mf.FileEntry] = []
+    async def put_files() -> list[mf.FileEntry]:
+        return [await upload_file(store, prefix, index, file, part_bytes=part_bytes, sent=sent, pace=pace)
+                for index, file in enumerate(files)]
+    return await commit(store, prefix, put_files, describe)
+
+
+async def commit(store: ObjectStore, prefix: str, put_files: Callable[[], Awaitable[list[mf.FileEntry]]],
+                 describe: Callable[[list[mf.FileEntry]], mf.StoreManifest]) -> mf.StoreManifest:
+    """``put_files`` (every file's parts, their entries), then the manifest: the commit. On any failure
+    what was put is removed (as far as the store lets it) and the error raised."""
     try:
-        for index, file in enumerate(files):
-            entries.append(await upload_file(store, prefix, index, file, part_bytes=part_bytes, sent=sent,
-                                             pace=pace))
-        manifest = describe(entries)
+        manifest = describe(await put_files())
         await store.put(f"{prefix}/{MANIFEST}", mf.dumps(manifest))
         return manifest
     except BaseException:
@@ -217,7 +223,7 @@ async def upload_spread(store: ObjectStore, prefix: str, files: list[SpreadFile]
                 if sent is not None:
                     sent(sender.name, size)
 
-    try:
+    async def put_files() -> list[mf.FileEntry]:
         try:
             async with anyio.create_task_group() as tasks:
                 for sender in senders:
@@ -226,18 +232,10 @@ async def upload_spread(store: ObjectStore, prefix: str, files: list[SpreadFile]
             raise first_error(group) from None
         if queue:
             raise SenderLost("no node holding a copy could send it: " + "; ".join(sorted(lost)))
-        entries: list[mf.FileEntry] = []
-        for index, file in enumerate(files):
-            parts = [done[(index, number)] for number in range(len(mf.split_parts(file.size, part_bytes)))]
-            entries.append({"path": file.path, "size": file.size, "sha256": file.sha256,
-                            "parts": mf.part_entries(index, parts)})
-        manifest = describe(entries)
-        await store.put(f"{prefix}/{MANIFEST}", mf.dumps(manifest))
-        return manifest
-    except BaseException:
-        with anyio.CancelScope(shield=True), contextlib.suppress(StoreError):
-            await remove_uncommitted(store, prefix)
-        raise
+        return [{"path": file.path, "size": file.size, "sha256": file.sha256, "parts": mf.part_entries(index, [
+            done[(index, number)] for number in range(len(mf.split_parts(file.size, part_bytes)))])}
+                for index, file in enumerate(files)]
+    return await commit(store, prefix, put_files, describe)
 
 
 async def remove_uncommitted(store: ObjectStore, prefix: str) -> int:
