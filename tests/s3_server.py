@@ -60,9 +60,16 @@ class S3Server:
             if time.monotonic() > deadline or self.process.poll() is not None:
                 raise RuntimeError(f"moto_server did not start on {self.endpoint}")
             time.sleep(0.2)
-        for bucket in buckets:
-            self.client().create_bucket(Bucket=bucket)
+        if self.prefix:  # the server is reached from its namespace only: the bucket is made from there
+            make = (f"import boto3; c = boto3.client('s3', endpoint_url={self.endpoint!r}, region_name={REGION!r}, "
+                    f"aws_access_key_id={ACCESS_KEY!r}, aws_secret_access_key={SECRET_KEY!r})\n"
+                    + "".join(f"c.create_bucket(Bucket={bucket!r})\n" for bucket in buckets))
+            subprocess.run([*self.prefix, sys.executable, "-c", make], check=True, capture_output=True)
+        else:
+            for bucket in buckets:
+                self.client().create_bucket(Bucket=bucket)
         if self.auth:
+            assert not self.prefix, "IAM users are made from this process: a server beside it"
             for user, actions in (("coord", "s3:*"), ("writer", "s3:PutObject")):
                 iam = self.client("iam")
                 iam.create_user(UserName=user)

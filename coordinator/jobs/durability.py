@@ -22,6 +22,7 @@ from shared.rpc import RemoteError
 
 RETRY_FIRST_S, RETRY_MAX_S = 15.0, 300.0
 FINAL_UPLOAD_TIMEOUT_S = 600.0  # the run's last checkpoint, before it is called succeeded
+STOPPED_UPLOAD_TIMEOUT_S = 120.0  # before it is called stopped or failed: someone may be waiting on coord stop
 
 
 class DurabilityWatch:
@@ -126,10 +127,13 @@ class DurabilityWatch:
         """(step, attempt) of the checkpoints local retention keeps until they are in the store."""
         return policy.held_locally(self.fx.checkpoints(self.ctx.run_id), self.fx.durable_checkpoints(self.ctx.run_id))
 
-    async def final_upload(self) -> None:
-        """Before a run is called succeeded: its newest checkpoint into the store, within a bound; a
-        warning with the run when it did not land."""
-        with anyio.move_on_after(FINAL_UPLOAD_TIMEOUT_S):
+    async def final_upload(self, limit_s: float = FINAL_UPLOAD_TIMEOUT_S) -> None:
+        """Before a run ends: its newest checkpoint into the store, within ``limit_s``; a warning with
+        the run when it did not land."""
+        if policy.to_upload(self.fx.checkpoints(self.ctx.run_id), self.fx.durable_checkpoints(self.ctx.run_id)):
+            self.ctx.event("final_upload", f"uploading the newest checkpoint to {self.url} before the run ends "
+                           f"(at most {limit_s:.0f} s)")
+        with anyio.move_on_after(limit_s):
             for _ in range(3):
                 if await self.upload_pending():
                     return

@@ -33,7 +33,7 @@ import structlog
 from coordinator.jobs import core
 from coordinator.jobs.attempt import Attempt
 from coordinator.jobs.checkpoints import CHECKPOINT_POLL_S, CheckpointKeeper
-from coordinator.jobs.durability import DurabilityWatch
+from coordinator.jobs.durability import STOPPED_UPLOAD_TIMEOUT_S, DurabilityWatch
 from coordinator.jobs.effects import JobEffects, LaunchError
 from coordinator.jobs.node_health import NodeHealth
 from coordinator.jobs.node_wait import NODE_WAIT_S, NodesAway, NodeWait, StopAsked
@@ -291,6 +291,10 @@ class JobRunner:
             self.event("succeeded", f"finished at step {self.record.step} with {self.record.restarts} restarts"
                        + (f"; {self.record.warning}" if self.record.warning else ""))
             return True
+        if decision.action in ("stop", "fail") and self.durability is not None:
+            # A run stopped to move it to other machines, or failed for good, is resumed from the store:
+            # its newest checkpoint goes up first, for a shorter while than a success waits.
+            await self.durability.final_upload(STOPPED_UPLOAD_TIMEOUT_S)
         if decision.action == "stop":
             self.set_state("stopped")
             self.event("stopped", "stopped on request")

@@ -550,3 +550,17 @@ def test_a_store_down_for_good_fails_no_run_but_its_success_says_the_final_check
     # local retention kept every checkpoint: none of them is in the store
     steps = sorted({c["step"] for c in result["catalog"][run["run_id"]] if c["valid"]})
     assert steps == [10, 20, 30, 40, 50, 60], steps
+
+
+def test_a_run_stopped_with_its_newest_checkpoint_not_in_the_store_uploads_it_before_it_is_called_stopped():
+    # The store is down while the run trains (its checkpoints wait on the nodes); it answers again just
+    # before coord stop: the newest checkpoint goes up before the run is called stopped, so that it can
+    # be resumed elsewhere from where it stopped.
+    result = run_schedule(base(spec={"checkpoint_store": STORE}, stop_at=5.5,
+                               faults=[{"kind": "store", "at": 0.0, "for": 5.0}]))
+    (run,) = result["runs"]
+    assert run["state"] == "stopped", run
+    kinds = [kind for _, kind, _ in result["events"]]
+    assert "job.final_upload" in kinds and kinds.index("job.final_upload") < kinds.index("job.stopped"), kinds
+    newest = max(c["step"] for c in result["catalog"][run["run_id"]] if c["valid"])
+    assert max(d["step"] for d in result["durable"][run["run_id"]]) == newest, (newest, result["durable"])
