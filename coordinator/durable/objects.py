@@ -28,6 +28,7 @@ CONNECT_TIMEOUT_S = 10.0
 OPERATION_TIMEOUT_S = 180.0  # a request and obstore's retries of it
 T = TypeVar("T")
 _CODE = re.compile(r"<Code>([A-Za-z]+)</Code>")
+_TRIES = re.compile(r"\d+ retries")
 _STATUS = re.compile(r"non-2xx status code: (\d{3} [A-Za-z ]+?)(?::|$)")
 
 
@@ -105,6 +106,12 @@ def store_error(location: StoreLocation, exc: BaseException, doing: str,
     if kind == "failed":
         if isinstance(exc, (FileNotFoundError, errors.NotFoundError)):
             kind = "not_found"
+        elif "error sending request" in text:  # refused, reset, no route: nothing answered
+            endpoint = (env if env is not None else os.environ).get("AWS_ENDPOINT_URL") \
+                if location.scheme == "s3" else None
+            kind, hint = "timeout", (f"nothing answered at {endpoint or location.url}: is the store up and reachable "
+                                     "from the head" + (", and AWS_ENDPOINT_URL right" if endpoint else "")
+                                     + "? coord tries again later")
         elif isinstance(exc, TimeoutError) or "timed out" in text.lower() or "timeout" in text.lower():
             kind, hint = "timeout", f"{location.url} did not answer in time; coord tries again later"
         elif "credential" in text.lower():
@@ -115,6 +122,9 @@ def store_error(location: StoreLocation, exc: BaseException, doing: str,
     answered = _STATUS.search(first_line)
     if answered:  # the store's own answer, without the client's account of the request around it
         first_line = f"the store answered {answered.group(1)}" + (f" ({code})" if code else "")
+    elif "error sending request" in first_line:  # refused, reset, no route: nothing answered
+        first_line = "no connection to the store" + (f" (after {tries.group(0)})" if (tries := _TRIES.search(
+            first_line)) else "")
     return StoreError(kind, f"{doing} on {location.url} failed: {first_line[:300]}", hint)
 
 

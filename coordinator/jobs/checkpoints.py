@@ -406,7 +406,8 @@ class CheckpointKeeper:
                 continue
             state = self.ctx.record.durability
             durable = state["durable_step"] if state else None
-            self.ctx.event("store_disk", f"{room.node} has room for {room.room_for} more checkpoints "
+            self.ctx.event("store_disk", f"{room.node} has room for {room.room_for} more checkpoint"
+                           f"{'' if room.room_for == 1 else 's'} "
                            f"({size_text(room.free_bytes)} free): {room.held} checkpoints "
                            f"({size_text(room.held_bytes)}) are kept there until they reach the checkpoint store "
                            "(durable up to "

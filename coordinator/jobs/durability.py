@@ -140,6 +140,7 @@ class DurabilityWatch:
                 await self.ctx.pause(RETRY_FIRST_S)
         state = self.ctx.record.durability
         if state and state["lag_steps"] > 0:
+            durable = f"step {state['durable_step']}" if state["durable_step"] is not None else "no checkpoint yet"
             self.ctx.record.add_warning(f"the final checkpoint is not in the checkpoint store ({self.url}): durable "
-                                        f"up to step {state['durable_step']}"
+                                        f"up to {durable}"
                                         + (f" ({state['error']})" if state["error"] else ""))

@@ -932,6 +932,14 @@ class NetnsCluster:
         kw.setdefault("text", True)
         return subprocess.run(self.ns_argv(ns_or_node, argv, user), **kw)
 
+    def in_node_mounts(self, node: str, argv: Sequence[str], **kw: Any) -> subprocess.CompletedProcess:
+        """subprocess.run argv as root in the mount namespace of the node's sshd, and so of its agents:
+        ``ip netns exec`` gave it one of its own, which a mount made outside after it started does not
+        reach (a small disk for a test is mounted from here)."""
+        kw.setdefault("capture_output", True)
+        kw.setdefault("text", True)
+        return subprocess.run(["nsenter", "-t", str(self._sshd[node].pid), "-m", "--", *argv], **kw)
+
     def popen_in(self, ns_or_node: str, argv: Sequence[str], user: str | None = None, **kw: Any) -> subprocess.Popen:
         """subprocess.Popen argv in a namespace (for daemons: coordd in "head")."""
         return subprocess.Popen(self.ns_argv(ns_or_node, argv, user), **kw)
