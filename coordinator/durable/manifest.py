@@ -5,7 +5,10 @@ The manifest names the run, the attempt, the step, the checkpoint's format and t
 and every file with its size and SHA256, each file as its parts (offset, size, SHA256). A manifest
 read back is checked field by field before anything in it is used: it comes from a bucket other
 people and tools may write to, so a path in it is a relative path without ``..``, and every number is
-a number."""
+a number.
+
+A part may be stored compressed (``encoding`` "zstd", ``stored`` bytes in the store): its size and
+SHA256 are those of its bytes as the file holds them, checked after it is decompressed."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import json
 import posixpath
 import re
 from collections.abc import Iterable
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 from coordinator.config.store_url import part_name
 
@@ -26,11 +29,16 @@ class ManifestError(ValueError):
     """A manifest that is not one coord wrote, or is damaged."""
 
 
+ENCODINGS = ("zstd",)
+
+
 class PartEntry(TypedDict):
     key: str  # relative to the checkpoint's prefix
     offset: int
     size: int
     sha256: str
+    encoding: NotRequired[str]  # "zstd" when it is stored compressed
+    stored: NotRequired[int]  # its bytes in the store, when compressed
 
 
 class FileEntry(TypedDict):
@@ -60,10 +68,16 @@ def split_parts(size: int, part_bytes: int = PART_BYTES) -> list[tuple[int, int]
     return [(offset, min(part_bytes, size - offset)) for offset in range(0, size, part_bytes)]
 
 
-def part_entries(file_index: int, parts: Iterable[tuple[int, int, str]]) -> list[PartEntry]:
-    """The parts of file ``file_index`` as (offset, size, sha256), in order."""
-    return [{"key": part_name(file_index, index), "offset": offset, "size": size, "sha256": sha}
-            for index, (offset, size, sha) in enumerate(parts)]
+def part_entries(file_index: int, parts: Iterable[tuple[int, int, str]],
+                 stored: Iterable[tuple[str, int] | None] = ()) -> list[PartEntry]:
+    """The parts of file ``file_index`` as (offset, size, sha256), in order; ``stored``: each one's
+    (encoding, bytes in the store) where it went compressed."""
+    entries: list[PartEntry] = [{"key": part_name(file_index, index), "offset": offset, "size": size, "sha256": sha}
+                                for index, (offset, size, sha) in enumerate(parts)]
+    for entry, how in zip(entries, stored, strict=False):
+        if how is not None:
+            entry["encoding"], entry["stored"] = how
+    return entries
 
 
 def build(*, run: str, job: str, attempt: int, step: int, format: str, world_size: int, created: float,
@@ -126,6 +140,11 @@ def _file(entry: object, index: int, at: str) -> FileEntry:
             raise ManifestError(f"{p_at}: its offset leaves a gap or an overlap")
         p_size = _int(part, "size", p_at)
         parts.append({"key": key, "offset": offset, "size": p_size, "sha256": _sha(part, p_at)})
+        if "encoding" in part:
+            if part["encoding"] not in ENCODINGS:
+                raise ManifestError(f"{p_at}: encoding {part['encoding']!r} is not one this coord reads "
+                                    f"({', '.join(ENCODINGS)})")
+            parts[-1]["encoding"], parts[-1]["stored"] = part["encoding"], _int(part, "stored", p_at)
         offset += p_size
     if offset != size:
         raise ManifestError(f"{at}: its parts add up to {offset} bytes, not its size {size}")

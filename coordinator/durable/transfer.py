@@ -35,6 +35,17 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def decompress(data: bytes, size: int) -> bytes:
+    """A part a node stored with zstd (agent/store_put.py), back to its ``size`` bytes; UploadDamaged
+    when it is not zstd or holds more."""
+    import zstandard
+
+    try:
+        return bytes(zstandard.ZstdDecompressor().decompress(data, max_output_size=size))
+    except zstandard.ZstdError as exc:
+        raise UploadDamaged(f"a compressed part does not decompress: {exc}") from None
+
+
 class Pace:
     """At most ``rate`` bytes per second on average through ``wait`` (the head's own puts, under
     ``--store-bandwidth``)."""
@@ -161,15 +172,19 @@ class SenderLost(Exception):
     """A sender that can send no more (its node went away, its copy changed): its parts go to the others."""
 
 
+#: A part as a sender put it: its size and SHA256 as the file holds it, and (encoding, bytes in the
+#: store) where it went compressed.
+SentPart = tuple[int, str, "tuple[str, int] | None"]
+
+
 class PartSender(Protocol):
     """One holder of a copy that puts parts of it into the store itself (a node, with signed URLs)."""
 
     name: str
 
-    async def send(self, file_index: int, file: SpreadFile, jobs: list[PartJob],
-                   keys: list[str]) -> list[tuple[int, str]]:
-        """Put each job's bytes under its key; each one's (size, SHA256). SenderLost, or StoreError
-        (the store refused: no other sender would do better)."""
+    async def send(self, file_index: int, file: SpreadFile, jobs: list[PartJob], keys: list[str]) -> list[SentPart]:
+        """Put each job's bytes under its key; each one as it went. SenderLost, or StoreError (the store
+        refused: no other sender would do better)."""
         ...
 
 
@@ -190,6 +205,7 @@ async def upload_spread(store: ObjectStore, prefix: str, files: list[SpreadFile]
         raise SenderLost("no node holding a copy can send it")
     queue = deque(plan_parts(files, part_bytes))
     done: dict[tuple[int, int], tuple[int, int, str]] = {}
+    stored: dict[tuple[int, int], tuple[str, int] | None] = {}
     lost: list[str] = []
     in_flight = 0
 
@@ -215,11 +231,12 @@ async def upload_spread(store: ObjectStore, prefix: str, files: list[SpreadFile]
                 return
             finally:
                 in_flight -= 1
-            for job, (size, sha) in zip(taken, results, strict=True):
+            for job, (size, sha, how) in zip(taken, results, strict=True):
                 if size != job.size:
                     raise UploadDamaged(f"{files[job.file].path}: {sender.name} sent {size} bytes of part "
                                         f"{job.number}, not {job.size}")
                 done[(job.file, job.number)] = (job.offset, size, sha)
+                stored[(job.file, job.number)] = how
                 if sent is not None:
                     sent(sender.name, size)
 
@@ -232,9 +249,12 @@ async def upload_spread(store: ObjectStore, prefix: str, files: list[SpreadFile]
             raise first_error(group) from None
         if queue:
             raise SenderLost("no node holding a copy could send it: " + "; ".join(sorted(lost)))
-        return [{"path": file.path, "size": file.size, "sha256": file.sha256, "parts": mf.part_entries(index, [
-            done[(index, number)] for number in range(len(mf.split_parts(file.size, part_bytes)))])}
-                for index, file in enumerate(files)]
+        entries: list[mf.FileEntry] = []
+        for index, file in enumerate(files):
+            numbers = range(len(mf.split_parts(file.size, part_bytes)))
+            entries.append({"path": file.path, "size": file.size, "sha256": file.sha256, "parts": mf.part_entries(
+                index, [done[(index, n)] for n in numbers], [stored[(index, n)] for n in numbers])})
+        return entries
     return await commit(store, prefix, put_files, describe)
 
 
@@ -270,6 +290,11 @@ async def download_file(store: ObjectStore, prefix: str, entry: mf.FileEntry, de
         whole = hashlib.sha256()
         for part in entry["parts"]:
             data = await store.get(f"{prefix}/{part['key']}")
+            if "encoding" in part:
+                if len(data) != part["stored"]:
+                    raise UploadDamaged(f"{store.location.url}/{prefix}/{part['key']}: {len(data)} bytes in the "
+                                        f"store, not the {part['stored']} its manifest says")
+                data = await anyio.to_thread.run_sync(decompress, data, part["size"])
             if len(data) != part["size"] or await anyio.to_thread.run_sync(_sha256, data) != part["sha256"]:
                 raise UploadDamaged(f"{store.location.url}/{prefix}/{part['key']}: does not match its manifest "
                                     "(size or SHA256)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from coordinator.durable.objects import PUT_HEADERS, ObstoreStore, StoreError, said_by_node
-from coordinator.durable.transfer import PartJob, SenderLost, SpreadFile
+from coordinator.durable.transfer import PartJob, SenderLost, SentPart, SpreadFile
 from coordinator.nodes.session import UP, NodeSession
 from shared import protocol as p
 from shared.agent_api.store import StorePart
@@ -29,8 +29,7 @@ class NodePartSender:
         self.name = session.node.name
         self.session, self.store, self.paths, self.bandwidth = session, store, paths, bandwidth
 
-    async def send(self, file_index: int, file: SpreadFile, jobs: list[PartJob],
-                   keys: list[str]) -> list[tuple[int, str]]:
+    async def send(self, file_index: int, file: SpreadFile, jobs: list[PartJob], keys: list[str]) -> list[SentPart]:
         if self.session.state != UP:
             raise SenderLost(f"{self.name} is {self.session.state}")
         total = sum(job.size for job in jobs)
@@ -51,7 +50,8 @@ class NodePartSender:
             if exc.code == p.STORE:
                 raise said_by_node(self.store.location, self.name, exc.message) from None
             raise SenderLost(exc.message) from None  # gone, or its copy is not the one catalogued
-        return [(part["size"], part["sha256"]) for part in reply["parts"]]
+        return [(part["size"], part["sha256"], (part["encoding"], part["stored"]) if "encoding" in part else None)
+                for part in reply["parts"]]
 
 
 def node_senders(sessions: Mapping[str, NodeSession], store: ObstoreStore, holders: Mapping[str, str],

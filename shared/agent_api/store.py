@@ -24,9 +24,14 @@ class StorePutRequest(_StorePutRequired, total=False):
     bandwidth: float | None  # bytes per second for this node's uploads (--store-bandwidth)
 
 
-class StorePutDone(TypedDict):
-    size: int
+class _StorePutDone(TypedDict):
+    size: int  # the part's bytes as the file holds them, and their SHA256
     sha256: str
+
+
+class StorePutDone(_StorePutDone, total=False):
+    encoding: str  # "zstd": the part went compressed (agent/store_put.py says when)
+    stored: int  # its bytes in the store
 
 
 class StorePutReply(TypedDict):

@@ -77,7 +77,8 @@ class AgentSender:
         reply = await store_put.put_parts(str(self.workdir), file.path, file.sha256, [
             {"offset": j.offset, "size": j.size, "url": u, "headers": {}} for j, u in zip(jobs, urls, strict=True)],
             bandwidth=self.bandwidth)
-        return [(part["size"], part["sha256"]) for part in reply["parts"]]
+        return [(part["size"], part["sha256"], (part["encoding"], part["stored"]) if "encoding" in part else None)
+                for part in reply["parts"]]
 
 
 def _describe(entries: list[mf.FileEntry]) -> mf.StoreManifest:
@@ -199,3 +200,47 @@ def test_preflight_probe_names_each_fault_and_its_fix(s3_auth):
         assert hung.kind == "timeout" and time.monotonic() - started < 30, hung
     finally:
         s3.resume()
+
+
+def _bf16_weights(path: Path, size: int) -> str:
+    """bf16 values of a normal distribution, as a model's weights are: their exponents repeat."""
+    import numpy as np
+
+    values = np.random.default_rng(3).normal(0, 0.02, size // 2).astype(np.float32)
+    path.write_bytes((values.view(np.uint32) >> 16).astype(np.uint16).tobytes())
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_bf16_weights_go_compressed_where_that_pays_and_come_back_exact(s3, tmp_path, monkeypatch):
+    store = _store(s3)
+    weights = tmp_path / "bf16.safetensors"
+    sha = _bf16_weights(weights, 3 * MiB)
+    noise, noise_sha = _file(tmp_path, 2 * MiB, "fp32.safetensors")  # random bytes: as fp32 weights, no gain
+    files = [SpreadFile(weights.name, 3 * MiB, sha), SpreadFile(noise.name, 2 * MiB, noise_sha)]
+    manifest = anyio.run(lambda: upload_spread(store, "packed", files, [AgentSender("a", store, tmp_path)],
+                                               describe=_describe, part_bytes=MiB, batch=2))
+    bf16, fp32 = manifest["files"]
+    assert all(p.get("encoding") == "zstd" and p["stored"] < 0.9 * p["size"] for p in bf16["parts"]), bf16
+    assert not any("encoding" in p for p in fp32["parts"]), fp32
+    back = mf.parse(mf.dumps(manifest))
+    assert back["files"][0]["parts"] == bf16["parts"]  # the encoding survives the manifest's own check
+
+    async def fetch() -> None:
+        for entry in back["files"]:
+            await download_file(store, "packed", entry, tmp_path / "back" / entry["path"])
+    anyio.run(fetch)
+    assert (tmp_path / "back" / weights.name).read_bytes() == weights.read_bytes()
+    assert (tmp_path / "back" / noise.name).read_bytes() == noise.read_bytes()
+    # On an uplink faster than half the compression's speed, the same file goes as it is.
+    monkeypatch.setattr(store_put._uplink, "rate", 1e12)
+    monkeypatch.setattr(store_put, "_compressing", {})
+    fast = anyio.run(lambda: upload_spread(store, "fast", files[:1], [AgentSender("a", store, tmp_path)],
+                                           describe=_describe, part_bytes=MiB, batch=2))
+    assert not any("encoding" in p for p in fast["files"][0]["parts"]), fast
+
+
+def test_the_compression_rule():
+    assert store_put.worth_compressing(0.78, 700e6, None)  # bf16, the uplink not measured yet
+    assert store_put.worth_compressing(0.78, 700e6, 12.5e6)  # 100 Mbit/s
+    assert not store_put.worth_compressing(0.78, 700e6, 1.25e9)  # 10 Gbit/s: compressing is the slower part
+    assert not store_put.worth_compressing(0.92, 700e6, 12.5e6)  # fp32: too little saved for the CPU it takes
