@@ -4,7 +4,8 @@ every S3-compatible store, GCS, Azure and local directories behind one client, w
 Every request has a time limit (``REQUEST_TIMEOUT_S`` per request, ``OPERATION_TIMEOUT_S`` for a
 request and its retries): a store that stops answering fails the request, and coord tries again later.
 Credentials come from each platform's standard variables (``AWS_ACCESS_KEY_ID``,
-``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION``, ``AWS_ENDPOINT_URL``;
+``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION``, ``AWS_ENDPOINT_URL``, else an AWS
+profile: coordinator/durable/aws_profile.py;
 ``GOOGLE_APPLICATION_CREDENTIALS``; ``AZURE_STORAGE_ACCOUNT_NAME``, ``AZURE_STORAGE_ACCOUNT_KEY``), read
 by obstore, never by coord: nothing here logs, stores or sends them. A store's error is told as what
 the user can do about it (``StoreError.hint``): the permission missing, the bucket missing, the
@@ -22,6 +23,7 @@ from typing import Any, Protocol, TypeVar, cast
 import anyio
 
 from coordinator.config.store_url import StoreLocation
+from coordinator.durable.aws_profile import profile_config
 
 REQUEST_TIMEOUT_S = 60.0
 CONNECT_TIMEOUT_S = 10.0
@@ -162,7 +164,8 @@ class ObstoreStore:
             return
         options: dict[str, object] = {"timeout": f"{request_timeout_s:g}s",
                                       "connect_timeout": f"{CONNECT_TIMEOUT_S:g}s"}
-        endpoint = self._env.get("AWS_ENDPOINT_URL", "")
+        profile = profile_config(self._env) if location.scheme == "s3" else {}
+        endpoint = self._env.get("AWS_ENDPOINT_URL", "") or profile.get("aws_endpoint", "")
         if location.scheme == "s3" and endpoint.startswith("http://"):
             options["allow_http"] = True  # a MinIO at home, without TLS: the user named it so
         retry: dict[str, object] = {"max_retries": 3, "retry_timeout": datetime.timedelta(seconds=operation_timeout_s),
@@ -172,6 +175,7 @@ class ObstoreStore:
         # obstore reads the process's own, as coordd runs.
         config = {key: self._env[name] for key, name in _S3_CONFIG if name in self._env} \
             if env is not None and location.scheme == "s3" else {}
+        config.update(profile)  # an AWS profile's, where the environment names no keys
         self._store = from_url(location.url, config=cast(Any, config) or None, client_options=cast(Any, options),
                                retry_config=cast(Any, retry))
 

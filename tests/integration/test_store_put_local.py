@@ -182,9 +182,16 @@ def test_the_bandwidth_cap_holds_the_node_to_its_rate(s3, tmp_path):
     assert 3 * MiB / 1.5e6 <= took < 10, took  # 2.1 s at 1.5 MB/s; uncapped it is a tenth of that here
 
 
-def test_preflight_probe_names_each_fault_and_its_fix(s3_auth):
+def test_preflight_probe_names_each_fault_and_its_fix(s3_auth, tmp_path):
     s3 = s3_auth
     assert anyio.run(lambda: probe(_store(s3))).ok
+    # the keys from an AWS profile, where the environment names none
+    key, secret = s3.users["coord"]
+    (tmp_path / ".aws").mkdir()
+    (tmp_path / ".aws" / "credentials").write_text(f"[lab]\naws_access_key_id = {key}\naws_secret_access_key = {secret}\n")
+    profiled = ObstoreStore(parse_store_url("s3://ckpt/runs"), env={
+        "HOME": str(tmp_path), "AWS_PROFILE": "lab", "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": s3.endpoint})
+    assert anyio.run(lambda: probe(profiled)).ok
     writer = anyio.run(lambda: probe(_store(s3, user="writer")))
     assert writer.kind == "denied" and "list failed" in writer.detail and "s3:ListBucket is needed" in writer.detail
     stranger = anyio.run(lambda: probe(ObstoreStore(parse_store_url("s3://ckpt/runs"), env={

@@ -269,3 +269,25 @@ def test_a_store_that_fails_halfway_leaves_no_manifest_and_removes_its_parts(tmp
                                     describe=_describe, part_bytes=1000)
         assert await real.list_objects("") == []
     anyio.run(go)
+
+
+def test_an_aws_profile_gives_the_keys_where_the_environment_names_none(tmp_path):
+    from coordinator.durable.aws_profile import profile_config
+
+    (tmp_path / ".aws").mkdir()
+    (tmp_path / ".aws" / "credentials").write_text(
+        "[default]\naws_access_key_id = AKIADEFAULT\naws_secret_access_key = s1\n\n"
+        "[r2]\naws_access_key_id = AKIAR2\naws_secret_access_key = s2\naws_session_token = t2\n")
+    (tmp_path / ".aws" / "config").write_text(
+        "[default]\nregion = eu-west-1\n\n[profile r2]\nregion = auto\nendpoint_url = https://acct.r2.example\n")
+    home = {"HOME": str(tmp_path)}
+    assert profile_config(home) == {"aws_access_key_id": "AKIADEFAULT", "aws_secret_access_key": "s1",
+                                    "aws_region": "eu-west-1"}
+    assert profile_config({**home, "AWS_PROFILE": "r2"}) == {
+        "aws_access_key_id": "AKIAR2", "aws_secret_access_key": "s2", "aws_session_token": "t2",
+        "aws_region": "auto", "aws_endpoint": "https://acct.r2.example"}
+    # the environment wins, as in the AWS chain: its keys, its region, its endpoint
+    assert profile_config({**home, "AWS_ACCESS_KEY_ID": "AKIAENV"}) == {}
+    assert "aws_region" not in profile_config({**home, "AWS_REGION": "us-east-2"})
+    assert profile_config({**home, "AWS_PROFILE": "missing"}) == {}
+    assert profile_config({"HOME": str(tmp_path / "nowhere")}) == {}
