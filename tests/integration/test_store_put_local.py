@@ -91,7 +91,7 @@ def test_two_nodes_each_put_a_share_and_the_checkpoint_reads_back_whole(s3, tmp_
     store = _store(s3)
     senders = [AgentSender("a", store, tmp_path), AgentSender("b", store, tmp_path)]
     manifest = anyio.run(lambda: upload_spread(store, "step-40", [SpreadFile(path.name, path.stat().st_size, sha)],
-                                               senders, describe=_describe, part_bytes=MiB, batch=2))
+                                               senders, describe=_describe, part_bytes=MiB, batch=2, parallel=1))
     assert [p["size"] for p in manifest["files"][0]["parts"]] == [MiB] * 5 + [123]
     assert senders[0].batches and senders[1].batches  # a share each: both uplinks worked
     assert senders[0].batches + senders[1].batches == 3
@@ -108,7 +108,7 @@ def test_a_node_lost_halfway_hands_its_parts_to_the_other(s3, tmp_path):
     store = _store(s3)
     senders = [AgentSender("a", store, tmp_path, lose_after=1), AgentSender("b", store, tmp_path)]
     manifest = anyio.run(lambda: upload_spread(store, "lost", [SpreadFile(path.name, 6 * MiB, sha)], senders,
-                                               describe=_describe, part_bytes=MiB, batch=1))
+                                               describe=_describe, part_bytes=MiB, batch=1, parallel=1))
     assert len(manifest["files"][0]["parts"]) == 6 and senders[0].batches == 1 and senders[1].batches == 5
 
 
@@ -118,7 +118,7 @@ def test_every_node_lost_leaves_nothing_in_the_store(s3, tmp_path):
     senders = [AgentSender("a", store, tmp_path, lose_after=1), AgentSender("b", store, tmp_path, lose_after=0)]
     with pytest.raises(SenderLost, match="no node holding a copy could send it: a: a went away; b: b went away"):
         anyio.run(lambda: upload_spread(store, "none", [SpreadFile(path.name, 3 * MiB, sha)], senders,
-                                        describe=_describe, part_bytes=MiB, batch=1))
+                                        describe=_describe, part_bytes=MiB, batch=1, parallel=1))
     assert anyio.run(lambda: store.list_objects("none/")) == []  # the part a put was removed
 
 
@@ -177,7 +177,7 @@ def test_the_bandwidth_cap_holds_the_node_to_its_rate(s3, tmp_path):
     started = time.monotonic()
     anyio.run(lambda: upload_spread(store, "capped", [SpreadFile(path.name, 3 * MiB, sha)],
                                     [AgentSender("a", store, tmp_path, bandwidth=1.5e6)], describe=_describe,
-                                    part_bytes=MiB, batch=3))
+                                    part_bytes=MiB, batch=3, parallel=1))
     took = time.monotonic() - started
     assert 3 * MiB / 1.5e6 <= took < 10, took  # 2.1 s at 1.5 MB/s; uncapped it is a tenth of that here
 
@@ -225,7 +225,7 @@ def test_bf16_weights_go_compressed_where_that_pays_and_come_back_exact(s3, tmp_
     noise, noise_sha = _file(tmp_path, 2 * MiB, "fp32.safetensors")  # random bytes: as fp32 weights, no gain
     files = [SpreadFile(weights.name, 3 * MiB, sha), SpreadFile(noise.name, 2 * MiB, noise_sha)]
     manifest = anyio.run(lambda: upload_spread(store, "packed", files, [AgentSender("a", store, tmp_path)],
-                                               describe=_describe, part_bytes=MiB, batch=2))
+                                               describe=_describe, part_bytes=MiB, batch=2, parallel=1))
     bf16, fp32 = manifest["files"]
     assert all(p.get("encoding") == "zstd" and p["stored"] < 0.9 * p["size"] for p in bf16["parts"]), bf16
     assert not any("encoding" in p for p in fp32["parts"]), fp32
@@ -242,7 +242,7 @@ def test_bf16_weights_go_compressed_where_that_pays_and_come_back_exact(s3, tmp_
     monkeypatch.setattr(store_put._uplink, "rate", 1e12)
     monkeypatch.setattr(store_put, "_compressing", {})
     fast = anyio.run(lambda: upload_spread(store, "fast", files[:1], [AgentSender("a", store, tmp_path)],
-                                           describe=_describe, part_bytes=MiB, batch=2))
+                                           describe=_describe, part_bytes=MiB, batch=2, parallel=1))
     assert not any("encoding" in p for p in fast["files"][0]["parts"]), fast
 
 
