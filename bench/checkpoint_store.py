@@ -6,7 +6,8 @@ the S3 server (moto's, its own process) runs in the head's namespace, so what li
 uplink of the machine that holds the bytes, as with a bucket in the cloud. In one run:
 
 1. **A 1 GiB checkpoint into the store.** A job's script writes the same 1 GiB checkpoint directory
-   on each of the 3 nodes (a data-parallel checkpoint: every node holds a copy):
+   on each of the 3 nodes (a data-parallel checkpoint: every node holds a copy), with no replica to
+   the head (its copy would share the uplinks with the upload measured):
    - coord, default: each node puts a share of the parts through URLs the head signs;
    - coord with `--store-from head`: the head reads the bytes from the node and puts them;
    - by hand from one node: obstore's `put` of the file (multipart, 12 parts at once), and boto3's
@@ -113,6 +114,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-mib", type=int, default=1024)
     parser.add_argument("--rate", default="100mbit", help="each node's uplink (tc tbf rate)")
+    parser.add_argument("--measure", default="upload,train,resume", help="which of the three to measure")
     args = parser.parse_args()
     root = short_tempdir("coord-bench-store-")
     project = readable_project(root)
@@ -132,25 +134,31 @@ def main() -> None:
 
         daemon = start("state1")
         try:
-            for name, extra in (("big-nodes", []), ("big-head", ["--store-from", "head"])):
-                run(daemon, project, name, "--checkpoint-store", STORE, *extra, "--", "python", "ckpt.py", "--mib",
-                    str(args.size_mib))
+            measure = args.measure.split(",")
+            for name, extra in (("big-nodes", []), ("big-head", ["--store-from", "head"])) if "upload" in measure \
+                    else ():
+                # No replica to the head: its copy would share the uplinks with the upload measured.
+                run(daemon, project, name, "--checkpoint-store", STORE, "--replica", "none", *extra, "--", "python",
+                    "ckpt.py", "--mib", str(args.size_mib))
                 (durable,) = events(daemon, name, "job.durable")
                 out[name] = durable["data"]["seconds"]
                 print(f"{name}: {durable['message']}", file=sys.stderr, flush=True)
-            final = job(daemon, "big-nodes")
-            copy = next(Path(cluster.node("n1").workdir).glob(f"checkpoints/{final['run_id']}/attempt-0/0000001/"
+            final = job(daemon, "big-nodes") if "upload" in measure else None
+            copy = None if final is None else next(Path(cluster.node("n1").workdir).glob(f"checkpoints/{final['run_id']}/attempt-0/0000001/"
                                                                 "weights.bin"))
-            for client, script in BY_HAND.items():
+            for client, script in BY_HAND.items() if copy is not None else ():
                 done = subprocess.run(["ip", "netns", "exec", cluster._ns["n1"], sys.executable, "-c", script, str(copy),
                                        server.endpoint], capture_output=True, text=True, env={**os.environ, **server.env},
                                       check=True)
                 out[client] = float(done.stdout.strip())
                 print(f"{client} by hand from n1: {out[client]:.1f} s", file=sys.stderr, flush=True)
 
-            for name, extra in (("train-plain", []), ("train-store", ["--checkpoint-store", STORE])):
+            for name, extra in (("train-plain", []), ("train-store", ["--checkpoint-store", STORE])) \
+                    if "train" in measure else ():
                 run(daemon, project, name, "--trainer", "coord", "--save-every", "10", *extra, "--", *TRAIN)
                 out[name] = steps_per_s(cluster, job(daemon, name))
+            if "resume" not in measure:
+                return report(args, out)
             run(daemon, project, "resume-me", "--trainer", "coord", "--save-every", "10", "--checkpoint-store", STORE,
                 "--", *TRAIN, detach=True)
             daemon.wait_for(lambda d: ((next(j for j in d["jobs"] if j["name"] == "resume-me").get("durability") or {})
@@ -175,10 +183,19 @@ def main() -> None:
             run(daemon, project, "resume-me", "--resume-from", f"{STORE}/{stopped['run_id']}", "--trainer", "coord",
                 "--save-every", "10", "--", *TRAIN, detach=True)
             out["resume-store"] = first_step_after(daemon, "resume-me", started, stopped["durability"]["durable_step"])
+            began = time.time() - out["resume-store"]
+            for event in daemon.status(events=2000)["events"]:  # where the time went
+                if event["message"].startswith("resume-me") and event["ts"] >= began - 1:
+                    print(f"  +{event['ts'] - began:5.1f} s {event['kind']}: {event['message'][:150]}",
+                          file=sys.stderr, flush=True)
         finally:
             daemon.stop()
             server.stop()
     shutil.rmtree(root, ignore_errors=True)
+    report(args, out)
+
+
+def report(args: argparse.Namespace, out: dict[str, float]) -> None:
     size = args.size_mib << 20
     rate = float(args.rate.removesuffix("mbit")) * 1e6 / 8 if args.rate.endswith("mbit") else None
     ideal = size / (3 * rate) if rate else float("nan")
@@ -186,17 +203,21 @@ def main() -> None:
           f"(moto) beside the head; {os.cpu_count()} cores\n")
     print("| measure | coord | against | ratio |")
     print("|---|---:|---:|---:|")
-    print(f"| upload (s): the nodes, each a share | {out['big-nodes']:.1f} | ideal size / 3 uplinks "
-          f"{ideal:.1f} | {out['big-nodes'] / ideal:.2f}x (goal <= 1.2x) |")
-    print(f"| upload (s): against the head alone (--store-from head) | {out['big-nodes']:.1f} | {out['big-head']:.1f} "
-          f"| {out['big-head'] / out['big-nodes']:.2f}x faster |")
-    for client in BY_HAND:
-        print(f"| upload (s): against {client} by hand from one node | {out['big-nodes']:.1f} | {out[client]:.1f} | "
-              f"{out[client] / out['big-nodes']:.2f}x faster |")
-    print(f"| training (steps/s) with uploads, against no store | {out['train-store']:.2f} | "
-          f"{out['train-plain']:.2f} | {out['train-store'] / out['train-plain']:.3f}x (goal >= 0.98x) |")
-    print(f"| resume to first step (s): from the store on a fresh cluster, against a local resume | "
-          f"{out['resume-store']:.1f} | {out['resume-local']:.1f} | {out['resume-store'] / out['resume-local']:.2f}x |")
+    if "big-nodes" in out:
+        print(f"| upload (s): the nodes, each a share | {out['big-nodes']:.1f} | ideal size / 3 uplinks "
+              f"{ideal:.1f} | {out['big-nodes'] / ideal:.2f}x (goal <= 1.2x) |")
+        print(f"| upload (s): against the head alone (--store-from head) | {out['big-nodes']:.1f} | "
+              f"{out['big-head']:.1f} | {out['big-head'] / out['big-nodes']:.2f}x faster |")
+        for client in BY_HAND:
+            print(f"| upload (s): against {client} by hand from one node | {out['big-nodes']:.1f} | {out[client]:.1f} "
+                  f"| {out[client] / out['big-nodes']:.2f}x faster |")
+    if "train-store" in out:
+        print(f"| training (steps/s) with uploads, against no store | {out['train-store']:.2f} | "
+              f"{out['train-plain']:.2f} | {out['train-store'] / out['train-plain']:.3f}x (goal >= 0.98x) |")
+    if "resume-store" in out:
+        print(f"| resume to first step (s): from the store on a fresh cluster, against a local resume | "
+              f"{out['resume-store']:.1f} | {out['resume-local']:.1f} | "
+              f"{out['resume-store'] / out['resume-local']:.2f}x |")
 
 
 if __name__ == "__main__":
