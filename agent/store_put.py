@@ -85,8 +85,10 @@ class Uplink:
 
 
 _uplink = Uplink()
-#: (path, sha256) -> whether its first part here went compressed: the rest follow.
+#: (path, sha256) -> whether its first part here went compressed: the rest follow. Bounded, as the hash
+#: cache is: a run writes a new file per checkpoint for as long as it trains.
 _compressing: dict[tuple[str, str], bool] = {}
+_COMPRESSING_AT_MOST = 4096
 
 
 class Pace:
@@ -182,6 +184,8 @@ def _packed(data: bytes, file: tuple[str, str]) -> bytes | None:
     packed = pack(data)
     speed = len(data) / max(time.monotonic() - started, 1e-9)
     worth = worth_compressing(len(packed) / len(data), speed, _uplink.rate)
+    if len(_compressing) >= _COMPRESSING_AT_MOST:
+        _compressing.clear()
     _compressing.setdefault(file, worth)
     return packed if worth else None
 

@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
+import anyio
+
 from coordinator.config.store_url import StoreLocation, StoreUrlError, parse_checkpoint_dir, parse_store_url
 from coordinator.durable.manifest import ManifestError, StoreManifest
 from coordinator.durable.objects import ObjectStore, StoreError, open_store
@@ -22,6 +24,7 @@ from coordinator.jobs.manager import StoredStart
 from coordinator.jobs.replica import head_replica_parts
 from shared import protocol as p
 from shared.checkpoint_dirs import digest
+from shared.errors import first_error
 from shared.rpc import Emit, RemoteError
 
 if TYPE_CHECKING:
@@ -54,6 +57,9 @@ def _location(url: str) -> StoreLocation:
         raise RemoteError(p.BAD_ARGS, str(exc)) from None
 
 
+MANIFESTS_AT_ONCE = 8
+
+
 def _store_failed(exc: StoreError) -> RemoteError:
     return RemoteError(p.REFUSED, str(exc))
 
@@ -67,22 +73,34 @@ async def _checkpoints_of_run(store: ObjectStore, run: str) -> list[StoredCheckp
         if parse_checkpoint_dir(name) is not None:
             found.setdefault(name, []).append(obj.size)
     listed: list[StoredCheckpoint] = []
-    for name in found:
+    limit = anyio.Semaphore(MANIFESTS_AT_ONCE)
+
+    async def describe(name: str) -> None:
         step, attempt = parse_checkpoint_dir(name) or (0, 0)
         prefix = f"{run}/{name}" if run else name
         manifest: StoreManifest | None = None
         problem = None
-        try:
-            manifest = await read_manifest(store, prefix)
-        except StoreError as exc:
-            if exc.kind != "not_found":
-                raise
-        except ManifestError as exc:
-            problem = str(exc)
+        async with limit:
+            try:
+                manifest = await read_manifest(store, prefix)
+            except StoreError as exc:
+                if exc.kind != "not_found":
+                    raise
+            except ManifestError as exc:
+                problem = str(exc)
         listed.append({"run": run or store.location.last, "step": step, "attempt": attempt,
                        "committed": manifest is not None, "bytes": sum(found[name]), "objects": len(found[name]),
                        "format": manifest["format"] if manifest else None,
                        "url": store.location.below(*([run] if run else []), name).url, "problem": problem})
+
+    # The manifests read a few at a time: one after another, a store across the internet took a tenth
+    # of a second per checkpoint listed.
+    try:
+        async with anyio.create_task_group() as tasks:
+            for name in found:
+                tasks.start_soon(describe, name)
+    except BaseExceptionGroup as group:
+        raise first_error(group) from None
     return sorted(listed, key=lambda c: (c["step"], c["attempt"]), reverse=True)
 
 
