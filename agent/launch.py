@@ -16,6 +16,7 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import threading
 import time
@@ -78,12 +79,30 @@ def render_rank_script(*, workdir: str, python: str, argv: list[str], env: dict[
     return "\n".join(lines) + "\n"
 
 
+def _check_port_free(port: int) -> None:
+    """RemoteError unless a TCP socket can listen on ``port`` on every address here."""
+    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+        raise RemoteError(p.BAD_ARGS, f"port {port!r} is not a TCP port")
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a listener's own bind would
+        probe.bind(("", port))
+    except OSError as exc:
+        raise RemoteError(p.BAD_ARGS, f"port {port} is in use on this node ({exc.strerror or exc}): the rank "
+                          "could not listen there") from None
+    finally:
+        probe.close()
+
+
 def prepare_rank(job: str, rank: int, workdir: str, python: str, argv: list[str], env: dict[str, str],
-                 attempt: int = 0, pass_output: bool = True, files: dict[str, str] | None = None) -> PrepareRankReply:
+                 attempt: int = 0, pass_output: bool = True, files: dict[str, str] | None = None,
+                 free_ports: list[int] | None = None) -> PrepareRankReply:
     """Write the rank's script. ``pass_output``: the rank's output also goes to mlx.launch (a
     launch the user runs and watches); coord's own launches read it from the node instead.
     ``files``: {name: text} the rank's launcher reads (a per-node config), written in the rank's
-    directory. ``{rank_dir}`` in a word of ``argv`` or ``env`` is that directory."""
+    directory. ``{rank_dir}`` in a word of ``argv`` or ``env`` is that directory. ``free_ports``: the
+    TCP ports the rank will listen on (a coordinator's), each checked free here first: one in use
+    fails the preparation with its number, rather than the rank with its program's own words."""
     if not JOB_NAME.match(job):
         raise RemoteError(p.BAD_ARGS, f"job name {job!r} must be letters, digits, '.', '_' or '-'")
     if rank < 0 or rank > 4096:
@@ -99,6 +118,8 @@ def prepare_rank(job: str, rank: int, workdir: str, python: str, argv: list[str]
     for name, text in (files or {}).items():
         if not isinstance(name, str) or not FILE_NAME.match(name) or not isinstance(text, str):
             raise RemoteError(p.BAD_ARGS, f"rank file {name!r} must be a plain file name with text")
+    for port in free_ports or []:
+        _check_port_free(port)
     directory = os.path.join(jobs_dir(), job)
     os.makedirs(directory, mode=0o700, exist_ok=True)
     # One TMPDIR per node, shared by its jobs: MLX's compiled CPU kernels are kept there, so a

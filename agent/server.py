@@ -146,7 +146,7 @@ def build_dispatcher(relay: node_relay.Relay | None = None, uploads: node_sync.U
     table.add("check_writable", _in_thread(node_sync.check_writable), required={"root": str, "subdir": str})
     table.add("prepare_rank", _in_thread(node_launch.prepare_rank),
               required={"job": str, "rank": int, "workdir": str, "python": str, "argv": list, "env": dict},
-              optional={"attempt": int, "pass_output": bool, "files": dict})
+              optional={"attempt": int, "pass_output": bool, "files": dict, "free_ports": list})
     rank: dict[str, ArgType] = {"workdir": str, "job": str, "attempt": int, "rank": int}
     table.add("start_rank", _in_thread(node_launch.start_rank), required=rank, optional={"standby": bool})
     table.add("retire_standbys", _in_thread(node_launch.retire_standbys), required={"workdir": str, "job": str})

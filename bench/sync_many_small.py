@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -66,10 +67,10 @@ class Checkout:
                                                                        "PYTHONDONTWRITEBYTECODE")}
         self.env["PYTHONPATH"] = str(self.repo)
 
-    def start(self, cluster: NetnsCluster, root: Path, name: str, source: Path) -> DaemonProcess:
+    def start(self, cluster: NetnsCluster, root: Path, name: str, source: Path, under: str = "") -> DaemonProcess:
         config = cluster.write_cluster_toml(
             root / f"{name}.toml", state_dir=root / f"{name}-state",
-            extra_node_fields={n.name: {"workdir": f"{n.home}/{name}"} for n in cluster.nodes})
+            extra_node_fields={n.name: {"workdir": f"{n.home}/{under}{name}"} for n in cluster.nodes})
         with config.open("a") as handle:
             handle.write(f'\n[sync]\nsource = "{source}"\n')
         daemon = DaemonProcess(config, env=self.env, prefix=["ip", "netns", "exec", cluster.head_ns])
@@ -153,6 +154,38 @@ class Meter:
         return wall, head, nodes, out
 
 
+DISK = "bench-disk"  # --own-disks: each node's own file system, mounted here in its home
+
+
+@contextmanager
+def own_disks(cluster: NetnsCluster, gib: int = 4):
+    """Each node its own fresh ext4 file system (a loop image of ``gib`` GiB, journaled, as a Linux
+    node's disk is) at ``~/bench-disk``, mounted in the node's own mount namespace (where its sshd, and so
+    its agents and rsync's receivers, see it) and owned by the node's user. Without it the nodes' workdirs
+    share the one file system of this machine, and each cold sync's 60,000 new inodes pass over what any
+    other work freed on it lately (see bench/README.md)."""
+    images = []
+    try:
+        for node in cluster.nodes:
+            image = Path(f"/var/tmp/coord-bench-disk-{node.name}.img")
+            image.unlink(missing_ok=True)
+            subprocess.run(["truncate", "-s", f"{gib}G", str(image)], check=True)
+            subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True)
+            images.append(image)
+            mount = f"{node.home}/{DISK}"
+            cluster.exec_in(node.name, ["mkdir", "-p", mount], user=node.user)
+            done = cluster.in_node_mounts(node.name, ["mount", "-o", "loop", str(image), mount])
+            if done.returncode != 0:
+                raise SystemExit(f"cannot mount {image} on {node.name}: {done.stderr}")
+            cluster.in_node_mounts(node.name, ["chown", f"{node.user}:", mount], check=True)
+        yield DISK + "/"
+    finally:
+        for node in cluster.nodes:
+            cluster.in_node_mounts(node.name, ["umount", "-l", f"{node.home}/{DISK}"])
+        for image in images:
+            image.unlink(missing_ok=True)
+
+
 def rsync_each(cluster: NetnsCluster, source: Path, dest: str, parallel: bool) -> None:
     argv = ["rsync", "-a", "-e", f"ssh -F {cluster.ssh_config}", f"{source}/"]
     procs: list[subprocess.Popen] = []
@@ -193,7 +226,7 @@ def many_small(args, nodes, settle, link_rate: str) -> None:
     results: Runs = {}
     noops: dict[str, list[float]] = {}
     notes: list[str] = []
-    with NetnsCluster(nodes) as cluster:
+    with NetnsCluster(nodes) as cluster, (own_disks(cluster) if args.own_disks else _shared_disk()) as under:
         cluster.cap_links(link_rate)
         meter = Meter(cluster)
         settle(source, args.settle_s)
@@ -204,14 +237,14 @@ def many_small(args, nodes, settle, link_rate: str) -> None:
                 subprocess.run(["sync"], check=True)  # each tool starts with nothing of the last one's unflushed
                 checkout = next((c for c in checkouts if c.label == tool), None)
                 if checkout is None:
-                    dest = f"rsync-r{round_}-{'seq' if 'turn' in tool else 'par'}"
+                    dest = f"{under}rsync-r{round_}-{'seq' if 'turn' in tool else 'par'}"
                     wall, head, nodes_cpu, _ = meter.run(partial(rsync_each, cluster, source, dest, "parallel" in tool))
                     results.setdefault(tool, []).append((wall, head, nodes_cpu))
                     print(f"round {round_}: {tool}: {wall:.2f} s (head CPU {head:.2f}, nodes {nodes_cpu:.2f})",
                           file=sys.stderr, flush=True)
                     continue
                 name = f"bench-r{round_}-{checkouts.index(checkout)}"
-                daemon = checkout.start(cluster, root, name, source)
+                daemon = checkout.start(cluster, root, name, source, under)
                 try:
                     wall, head, nodes_cpu, report = meter.run(partial(checkout.sync, daemon), daemon)
                     results.setdefault(tool, []).append((wall, head, nodes_cpu))
@@ -226,8 +259,14 @@ def many_small(args, nodes, settle, link_rate: str) -> None:
                     noops.setdefault(tool, []).append(statistics.median(walls))
                 finally:
                     daemon.stop()
-        rsync_noop = [meter.run(partial(rsync_each, cluster, source, "rsync-r0-seq", False))[0] for _ in range(NOOPS)]
+        rsync_noop = [meter.run(partial(rsync_each, cluster, source, f"{under}rsync-r0-seq", False))[0]
+                      for _ in range(NOOPS)]
         _report(args, nodes, size, link_rate, tools, results, noops, rsync_noop, notes)  # before the clean-up: minutes
+
+
+@contextmanager
+def _shared_disk():
+    yield ""
 
 
 Runs = dict[str, list[tuple[float, float, float]]]  # tool -> (wall, head CPU, nodes CPU) of each round
@@ -237,7 +276,8 @@ def _report(args, nodes, size: int, link_rate: str, tools: list[str], results: R
             rsync_noop: list[float], notes: list[str]) -> None:
     print(f"\n{args.files:,} files of {args.file_bytes} bytes ({size / 2**20:.1f} MiB) in 100 directories, "
           f"{len(nodes)} nodes, {os.cpu_count()} cores, links capped at {link_rate}/s each way; median of "
-          f"{args.rounds} rounds (no-op: of {NOOPS} per round)\n")
+          f"{args.rounds} rounds (no-op: of {NOOPS} per round); "
+          f"{'each node its own ext4 file system' if args.own_disks else 'the nodes share one file system'}\n")
     print("| cold sync to every node | wall (s) | head CPU (s) | nodes CPU (s) | vs rsync -a in turn |")
     print("|---|---:|---:|---:|---:|")
     base = statistics.median(r[0] for r in results["rsync -a, nodes in turn"])

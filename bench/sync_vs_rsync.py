@@ -141,6 +141,9 @@ def main() -> None:
                         help="the many-small-files case: cold and no-op sync vs rsync -a to each node in turn")
     parser.add_argument("--file-bytes", type=int, default=1024, help="--many-small: each file's size")
     parser.add_argument("--rounds", type=int, default=3, help="--many-small: rounds (the median is reported)")
+    parser.add_argument("--own-disks", action="store_true",
+                        help="--many-small: each node its own fresh ext4 file system (a loop image), as real nodes "
+                             "have")
     parser.add_argument("--before", type=Path, help="--many-small: another checkout's coord, measured beside")
     parser.add_argument("--files", type=int, default=None, help="files in the tree (10,000; 20,000 --many-small)")
     parser.add_argument("--model-mib", type=int, default=1024)

@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 #: A scaling run writes no checkpoint unless asked: saving is not what is measured.
 NO_CHECKPOINTS = 10**9
 #: `coord bench scaling`'s options that are fields of each job it runs, as `coord run` takes them.
-JOB_OPTIONS = ("source", "total_steps", "launcher", "procs_per_node", "global_batch", "micro_batch", "trainer",
+JOB_OPTIONS = ("source", "total_steps", "launcher", "procs_per_node", "global_batch", "micro_batch", "env_style",
+               "trainer",
                "backend", "follow_outside_links", "hang_timeout", "first_step_timeout", "node_wait")
 
 

@@ -153,8 +153,12 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     call: dict[str, object] = {"backend": args.backend}
     if args.checkpoint_store:
         call["checkpoint_store"] = args.checkpoint_store
-    if args.torch or args.launcher or args.master_port is not None:
-        call.update(torch=True, launcher=args.launcher, master_port=args.master_port)
+    if args.launcher:
+        from coordinator.launch.registry import capabilities
+
+        call.update(family=capabilities(args.launcher).preflight, launcher=args.launcher, master_port=args.master_port)
+    elif args.torch or args.master_port is not None:
+        call.update(family="torch", master_port=args.master_port)
     result = streamed(args, "preflight", call, render_preflight, NodeProgress)
     return EXIT_FAILED if result["status"] == "fail" else EXIT_OK
 

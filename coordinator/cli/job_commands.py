@@ -49,7 +49,7 @@ def follow_job(socket: Path, name: str, hint: str | None, *, quiet: bool = False
 SPEC_OPTIONS = ("name", "source", "save_every", "max_restarts", "hang_timeout", "keep", "force", "backend", "trainer",
                 "replica", "min_nodes", "node_timeout", "node_wait", "total_steps", "nodes", "priority",
                 "follow_outside_links", "first_step_timeout", "launcher", "procs_per_node", "global_batch",
-                "micro_batch", "on_divergence", "max_rollbacks", "skip_on_rollback", "on_spike",
+                "micro_batch", "env_style", "on_divergence", "max_rollbacks", "skip_on_rollback", "on_spike",
                 "straggler_policy", "straggler_grace", "checkpoint_store", "store_keep", "store_keep_every",
                 "durability_lag_alert", "store_bandwidth", "store_from")
 

@@ -18,6 +18,7 @@ from coordinator.cli.cluster_commands import (
 from coordinator.cli.drill import STEPS_BEFORE_FAULT as DRILL_STEPS
 from coordinator.cli.drill import cmd_drill
 from coordinator.cli.job_commands import cmd_cancel, cmd_logs, cmd_resize, cmd_run, cmd_stop, cmd_wait
+from coordinator.cli.launcher_options import add_launcher_options
 from coordinator.cli.setup_commands import cmd_agent_bundle, cmd_daemon, cmd_demo, cmd_init, cmd_trust
 from coordinator.config.daemon_options import add_daemon_arguments
 from coordinator.config.option_values import (
@@ -40,6 +41,7 @@ from coordinator.config.option_values import (
 )
 from coordinator.jobs.limits import MAX_SECONDS, NODE_WAIT_S, WHOLE
 from coordinator.launch.registry import LAUNCHERS
+from coordinator.launch.torch_plan_kinds import PLAN_KINDS
 
 # The values options take (coordinator/config/option_values.py): each refused at once, naming the option.
 JOB = Text(JOB_NAME, "a job name (letters, digits, '.', '_' or '-', at most 64)")
@@ -215,9 +217,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--torch", action="store_true", help="check for a PyTorch job (torchrun, Accelerate, DeepSpeed): "
                    "torch/CUDA/NCCL versions, GPUs, the rendezvous port from every node, the NCCL environment, "
                    "/dev/shm, instead of the MLX launch's checks")
-    p.add_argument("--launcher", choices=["torchrun", "accelerate", "deepspeed"],
-                   help="the PyTorch launcher the job will use (implies --torch; Accelerate and DeepSpeed must then "
-                        "be installed on every node)")
+    p.add_argument("--launcher", choices=list(LAUNCHERS),
+                   help="check for a job of this launcher: torchrun, accelerate or deepspeed imply --torch (Accelerate "
+                        "and DeepSpeed must then be installed on every node); command checks only what every job "
+                        "needs")
     p.add_argument("--master-port", type=Whole(1, 65535), help="the rendezvous port to check (default 29500)")
     p.add_argument("--checkpoint-store", type=StoreUrl(), metavar="URL",
                    help="probe this checkpoint store (write, list, read back, remove a test object) instead of the "
@@ -273,7 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replica", type=REPLICA, metavar="head|none|NODE")
     p.add_argument("--min-nodes", type=job_whole("min_nodes"))
     p.add_argument("--name", type=JOB, default="job", help="the job name the launch command and hostfile path use")
-    p.add_argument("--launcher", choices=["accelerate", "deepspeed"], help="a PyTorch plan for this launcher: "
+    p.add_argument("--launcher", choices=list(PLAN_KINDS), help="a PyTorch plan for this launcher: "
                    "bytes per GPU under DDP, FSDP and ZeRO, the strategy, precision, batch and learning rate chosen "
                    "from the nodes' GPUs, and the launcher's config files (with --model)")
     p.add_argument("--global-batch-size", type=Whole(1, 1 << 30), help="the target global batch (PyTorch plan: "
@@ -321,16 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", type=job_whole("keep"), help="checkpoints to keep (default 3)")
     p.add_argument("--force", action="store_true", default=None, help="launch even if pre-flight fails")
     p.add_argument("--backend", choices=BACKENDS, help="force a backend")
-    p.add_argument("--launcher", choices=list(LAUNCHERS),
-                   help="what starts the ranks: mlx.launch from the head (default), or on every node torchrun, "
-                        "Accelerate or DeepSpeed with the NCCL/Gloo environment coord chose (a command that starts "
-                        "with torchrun, accelerate launch or deepspeed names its own); coord owns their restarts")
-    p.add_argument("--procs-per-node", type=job_whole("procs_per_node"), help="a PyTorch job's processes per node "
-                   "(default: one per GPU, one on a CPU node; torchrun's own --nproc-per-node works too)")
-    p.add_argument("--global-batch", type=job_whole("global_batch"), help="a PyTorch job's examples per optimizer "
-                   "step, kept when a node is left out: each worker gets COORD_GRAD_ACCUM and COORD_MICRO_BATCH")
-    p.add_argument("--micro-batch", type=job_whole("micro_batch"), help="with --global-batch: examples per process "
-                   "per micro-step (default 1)")
+    add_launcher_options(p, "a PyTorch job's examples per optimizer step, kept when a node is left out: each "
+                         "worker gets COORD_GRAD_ACCUM and COORD_MICRO_BATCH")
     p.add_argument("--plan", type=ExistingDir(), metavar="DIR", help="run with a PyTorch plan: the directory "
                    "`coord plan --launcher accelerate|deepspeed` wrote (its launcher, nodes, processes per node, "
                    "global and micro-batch, and its Accelerate config or DeepSpeed JSON, edited or not); options "
@@ -436,16 +431,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-every", type=job_whole("save_every"), help="checkpoint every N steps (default: none)")
     p.add_argument("--total-steps", type=job_whole("total_steps"), help="for a script of your own: its length "
                    "in steps")
-    p.add_argument("--launcher", choices=list(LAUNCHERS),
-                   help="what starts the ranks, as for coord run")
     p.add_argument("--backend", choices=BACKENDS, help="force a backend (MLX)")
     p.add_argument("--trainer", choices=["mlx_lm", "coord"], help="for `python -m mlx_lm lora ...`, as for coord "
                    "run (coord's trainer reports samples/s and its gradient exchange's time)")
-    p.add_argument("--procs-per-node", type=job_whole("procs_per_node"), help="a PyTorch job's processes per node")
-    p.add_argument("--global-batch", type=job_whole("global_batch"), help="a PyTorch job's examples per optimizer "
-                   "step, the same at every size (COORD_GRAD_ACCUM makes it up)")
-    p.add_argument("--micro-batch", type=job_whole("micro_batch"), help="with --global-batch: examples per process "
-                   "per micro-step")
+    add_launcher_options(p, "a PyTorch job's examples per optimizer step, the same at every size "
+                         "(COORD_GRAD_ACCUM makes it up)")
     p.add_argument("--hang-timeout", type=SECONDS, help="as for coord run")
     p.add_argument("--first-step-timeout", type=SECONDS, help="as for coord run")
     p.add_argument("--node-wait", type=SECONDS, help="as for coord run")

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.cli.client import EXIT_USAGE, CliError
+from coordinator.launch.torch_plan_kinds import PLAN_KINDS
 
 #: What `coord plan --launcher L` writes beside the launcher's files: the plan's pytorch section.
 PLAN_FILE = "plan.json"
@@ -36,7 +37,7 @@ def plan_fields(given: str) -> dict[str, Any]:
 
 def _fields(section: Any, directory: Path, given: str) -> dict[str, Any]:
     launcher = section["launcher"]
-    if launcher not in ("accelerate", "deepspeed"):
+    if launcher not in PLAN_KINDS:
         raise ValueError(f"launcher {launcher!r}")
     if not section.get("strategy"):
         raise CliError(f"--plan {given}: the plan found no strategy that fits, so there is nothing to run: "
@@ -56,13 +57,14 @@ def _fields(section: Any, directory: Path, given: str) -> dict[str, Any]:
 def _launcher_config(launcher: str, section: dict[str, Any], directory: Path, given: str) -> dict[str, Any]:
     """The launcher's file as the plan wrote it (or as the user edited it since), read back."""
     first = str(section["nodes"][0]["node"])
-    name = "ds_config.json" if launcher == "deepspeed" else f"accelerate-{first}.yaml"
+    kind = PLAN_KINDS[launcher]
+    name = kind.config_file(first)
     try:
         text = (directory / name).read_text(encoding="utf-8")
     except OSError as exc:
         raise CliError(f"--plan {given}: cannot read the plan's {name} in {directory}: {exc.strerror or exc}",
                        EXIT_USAGE) from None
-    if launcher == "deepspeed":
+    if kind.config == "json":
         loaded = json.loads(text)
     else:
         import yaml  # mlx-lm's own dependency, on the head

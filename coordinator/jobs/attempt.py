@@ -10,7 +10,7 @@ import posixpath
 from dataclasses import dataclass, field
 
 from coordinator.jobs import catalog
-from coordinator.jobs.effects import JobEffects
+from coordinator.jobs.effects import RunStore
 from coordinator.jobs.fingerprints import Divergence, ReplicaCheck
 from coordinator.jobs.record import JobRecord
 from coordinator.jobs.straggler import StragglerDetector
@@ -69,7 +69,7 @@ class Attempt:
         return attempt
 
     @classmethod
-    def resumed(cls, record: JobRecord, fx: JobEffects, run_id: str) -> Attempt:
+    def resumed(cls, record: JobRecord, fx: RunStore, run_id: str) -> Attempt:
         """After a daemon restart: the head already holds the start of each rank's log, the
         record says how far the progress was read, and the catalog holds the attempt's
         checkpoints; none of them is fetched or judged again."""

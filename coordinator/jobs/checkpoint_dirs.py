@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 from coordinator.jobs import catalog
 from coordinator.jobs.checkpoint_formats import Joined, Verdict, join_parts, judge, written_last
-from coordinator.jobs.effects import Placement
+from coordinator.jobs.effects import CatalogPorts, Placement
 from coordinator.jobs.node_health import NodeHealth
 from coordinator.jobs.run_context import RunContext
 from coordinator.jobs.transfer import CheckpointDamaged
@@ -56,7 +56,7 @@ class DirKeeper:
 
     def __init__(self, ctx: RunContext, health: NodeHealth):
         self.ctx = ctx
-        self.fx = ctx.fx
+        self.fx: CatalogPorts = ctx.fx
         self.health = health
 
     async def settle(self, attempt: int, start_step: int, order: list[str], listings: Listings,

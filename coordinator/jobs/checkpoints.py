@@ -14,7 +14,7 @@ from coordinator.durable import policy
 from coordinator.jobs import catalog, core
 from coordinator.jobs.attempt import Attempt
 from coordinator.jobs.checkpoint_dirs import DirKeeper
-from coordinator.jobs.effects import HEAD, LaunchError, Placement
+from coordinator.jobs.effects import HEAD, CatalogPorts, LaunchError, Placement
 from coordinator.jobs.node_health import NodeHealth
 from coordinator.jobs.record import JobRecord
 from coordinator.jobs.replica import Replicator, node_replica_rel
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from coordinator.jobs.durability import DurabilityWatch
 from coordinator.jobs.run_context import RunContext
 from coordinator.jobs.transfer import CheckpointDamaged
-from coordinator.launch.torch_env import is_torch_launcher
+from coordinator.launch.registry import capabilities
 from coordinator.store.state import CheckpointRow
 from shared.agent_api.ranks import CheckpointInfo
 from shared.rpc import RemoteError
@@ -54,7 +54,7 @@ class CheckpointKeeper:
 
     def __init__(self, ctx: RunContext, health: NodeHealth, replicator: Replicator | None):
         self.ctx = ctx
-        self.fx = ctx.fx
+        self.fx: CatalogPorts = ctx.fx
         self.health = health
         self.replicator = replicator
         self._lock = anyio.Lock()  # the background watcher and the end of an attempt take turns
@@ -71,9 +71,9 @@ class CheckpointKeeper:
         return self.ctx.spec.trainer == "coord"
 
     def parts_on_every_node(self) -> bool:
-        """A torch launcher's job: each node may hold a part of a checkpoint directory (its ranks' random
-        states, their shards), so every node of the attempt is listed."""
-        return is_torch_launcher(self.ctx.spec.launcher)
+        """A launcher whose nodes may each hold a part of a checkpoint directory (its processes' random
+        states, their shards: ``Capabilities.checkpoint_parts``), so every node of the attempt is listed."""
+        return capabilities(self.ctx.spec.launcher).checkpoint_parts
 
     async def await_final_copy(self) -> None:
         """Success means done: with replicas on, the newest valid checkpoint has a copy off its

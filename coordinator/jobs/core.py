@@ -12,10 +12,8 @@ import re
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypedDict
 
 from coordinator.jobs.policy import LAUNCH_FAILED, NODE_LOST, RANK_FAILED, SUCCEEDED
-from coordinator.launch.mlx_backend import BackendChoice
 
 LAUNCH_GRACE_S = 30.0  # how long ranks may take to appear once the launcher has exited
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}-[0-9a-f]{8}$")
@@ -119,34 +117,3 @@ def describe_exception(exc: BaseException, where: str) -> str:
         return f"{where}: {causes}"
     text = str(exc) or exc.__class__.__name__
     return f"{where}: {text} ({exc.__class__.__name__})"
-
-
-class NeighbourLink(TypedDict):
-    """Two neighbouring ranks' nodes (``a`` < ``b``) and the link between them."""
-
-    a: str
-    b: str
-    kind: str | None  # thunderbolt, ethernet, wifi, other; None: RDMA without a shared subnet
-    speed_gbps: float | None
-
-
-class LaunchLinks(TypedDict):
-    """What an attempt ran over (``JobRecord.backend``; the dashboard shows it)."""
-
-    backend: str | None
-    transport: str | None
-    ring: list[str] | None
-    links: list[NeighbourLink]
-
-
-def launch_links(choice: BackendChoice) -> LaunchLinks:
-    """What an attempt's backend choice says about its links, small enough to keep with the run:
-    the backend, the transport, and each pair of neighbours with the kind and speed of their link."""
-    links: list[NeighbourLink] = []
-    for host in choice.get("hosts") or []:
-        for peer, link in (host.get("toward") or {}).items():
-            if link and host["node"] < peer:
-                links.append({"a": host["node"], "b": peer, "kind": link.get("kind"),
-                              "speed_gbps": link.get("speed_gbps")})
-    return {"backend": choice.get("backend"), "transport": choice.get("transport"),
-            "ring": choice.get("ring"), "links": links}

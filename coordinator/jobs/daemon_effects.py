@@ -41,11 +41,9 @@ from coordinator.jobs.transfer import (
     Source,
     copy_verified,
 )
-from coordinator.launch.launcher import LaunchPlan, NodeReadings, PlanError, StartError
-from coordinator.launch.mlx_lm_command import CommandError
 from coordinator.launch.plan import node_topologies
-from coordinator.launch.registry import launcher_named
-from coordinator.launch.torch_env import is_torch_launcher
+from coordinator.launch.registry import capabilities, launcher_named
+from coordinator.launch.seam import CommandError, LaunchPlan, NodeReadings, PlanError, StartError
 from coordinator.nodes.session import DOWN, UP
 from coordinator.readiness.torch_preflight import gather_facts
 from coordinator.relay.broadcast import Source as RelaySource
@@ -158,22 +156,25 @@ class DaemonEffects:
     async def preflight(self, *, backend: str | None, source: str | None, nodes: list[str] | None = None,
                         launcher: str | None = None, checkpoint_store: str | None = None) -> PreflightReport:
         from coordinator.readiness.preflight import run_preflight
-        # Only a torch-based launcher's job gets the PyTorch checks; an MLX job's pre-flight is unchanged.
-        torch = launcher is not None and is_torch_launcher(launcher)
-        return await run_preflight(self.cluster, _quiet, backend=backend, source=source, only=nodes, torch=torch,
-                                   launcher=launcher if torch else None, checkpoint_store=checkpoint_store)
+        # The framework checks the job's launcher declares (an MLX job's by default), beside every job's.
+        family = capabilities(launcher).preflight if launcher is not None else "mlx"
+        return await run_preflight(self.cluster, _quiet, backend=backend, source=source, only=nodes, family=family,
+                                   launcher=launcher, checkpoint_store=checkpoint_store)
 
     # --- launching ---
     async def plan_launch(self, nodes: list[str], job: JobSpec) -> LaunchPlan:
         topologies = await node_topologies(self.cluster)
-        torch: dict[str, TorchFactsReply] = {}
-        if is_torch_launcher(job.launcher):
-            torch, missing = await self._torch_facts(nodes)
+        facts: Mapping[str, Mapping[str, Any]] = {}
+        wanted = capabilities(job.launcher).node_facts
+        if wanted == "torch":
+            facts, missing = await self._torch_facts(nodes)
             if missing:
                 name, reason = sorted(missing.items())[0]
                 raise LaunchError(f"no PyTorch facts from {name}: {reason}", node=name)
+        elif wanted is not None:
+            raise LaunchError(f"the {job.launcher} launcher asks for facts coord has no probe for: {wanted}")
         try:
-            return launcher_named(job.launcher).plan(self.cluster, NodeReadings(topologies, torch), nodes, job.backend,
+            return launcher_named(job.launcher).plan(self.cluster, NodeReadings(topologies, facts), nodes, job.backend,
                                                      job)
         except PlanError as exc:
             raise LaunchError(exc.message, node=exc.node) from None

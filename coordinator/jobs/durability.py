@@ -15,7 +15,7 @@ from coordinator.config.store_url import checkpoint_dir, parse_store_url
 from coordinator.durable import policy
 from coordinator.durable.objects import StoreError
 from coordinator.durable.transfer import SenderLost, UploadDamaged
-from coordinator.jobs.effects import UploadMeta
+from coordinator.jobs.effects import StorePorts, UploadMeta
 from coordinator.jobs.record import Durability
 from coordinator.jobs.run_context import RunContext
 from shared.rpc import RemoteError
@@ -28,7 +28,7 @@ STOPPED_UPLOAD_TIMEOUT_S = 120.0  # before it is called stopped or failed: someo
 class DurabilityWatch:
     def __init__(self, ctx: RunContext, url: str):
         self.ctx = ctx
-        self.fx = ctx.fx
+        self.fx: StorePorts = ctx.fx
         self.url = parse_store_url(url).url
         self.run_url = parse_store_url(url).below(ctx.run_id).url
         self._wake = anyio.Event()

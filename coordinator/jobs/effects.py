@@ -1,10 +1,14 @@
-"""What a job's supervisor may do to the world, as one narrow interface.
+"""What a job's supervisor may do to the world, as narrow ports, one per role.
 
-The supervisor decides; these effects act: calls to a node's agent, the launcher, the
-clock, the store, the event log and the head's own files. The daemon fills them with the
-real parts (``coordinator.jobs.daemon_effects``); the fault simulator (``tests/simulation``)
-fills them with simulated nodes and ranks under a virtual clock, so the same supervisor
-loop runs under thousands of fault schedules without a process.
+The supervisor decides; these effects act: the clock (``Clock``), calls to a node's agent and
+what is known of the nodes (``AgentCalls``), sync, pre-flight and the launcher (``Launching``),
+checkpoint bytes on the head and in the store (``CheckpointBytes``), the run's rows, logs and
+events (``RunStore``), the metrics history (``Metrics``) and work that outlives the job's loop
+(``Tasks``). ``JobEffects`` is all of them: the daemon fills it with the real parts
+(``coordinator.jobs.daemon_effects``); the fault simulator (``tests/simulation``) fills it with
+simulated nodes and ranks under a virtual clock, so the same supervisor loop runs under thousands
+of fault schedules without a process. Each part of a job is handed the whole, but holds it as the
+ports it uses (``self.fx: NodePorts = ctx.fx``), so that what a part may do shows in its type.
 
 Sleeping is not an effect: the supervisor sleeps with anyio, which a virtual clock
 (trio's ``MockClock``) makes free.
@@ -16,7 +20,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
-from coordinator.launch.launcher import LaunchPlan
+from coordinator.launch.seam import LaunchPlan
 from coordinator.store.state import CheckpointEntry, CheckpointRow, DurableRow
 from shared.agent_api.facts import UsageReply
 from shared.agent_api.ranks import (
@@ -94,12 +98,16 @@ class Placement:
     path: str
 
 
-class JobEffects(Protocol):
-    # --- the clock (sleeps are anyio's) ---
+class Clock(Protocol):
+    """Wall and monotonic time (sleeps are anyio's)."""
+
     def now(self) -> float: ...
     def monotonic(self) -> float: ...
 
-    # --- nodes ---
+
+class AgentCalls(Protocol):
+    """The nodes as the head knows them, and calls to their agents."""
+
     def node_names(self) -> list[str]: ...
     def node(self, name: str) -> NodeView: ...
 
@@ -158,15 +166,17 @@ class JobEffects(Protocol):
         """Whether the node is the head's own machine (host "local", or a loopback address): a
         copy on the head then protects nothing against that node's loss."""
 
-    # --- before the first attempt ---
+
+class Launching(Protocol):
+    """Sync, pre-flight, and the launch of an attempt."""
+
     async def sync(self, source: str, nodes: list[str] | None = None, *,
                    follow_outside_links: bool = False) -> SyncReport: ...
     async def preflight(self, *, backend: str | None, source: str | None, nodes: list[str] | None = None,
                         launcher: str | None = None, checkpoint_store: str | None = None) -> PreflightReport:
-        """Pre-flight on the job's nodes; a torch-based ``launcher`` gets the PyTorch checks; the job's
+        """Pre-flight on the job's nodes, with the framework checks its ``launcher`` declares; the job's
         ``checkpoint_store`` (else the cluster file's) is probed."""
 
-    # --- launching ---
     async def plan_launch(self, nodes: list[str], job: JobSpec) -> LaunchPlan:
         """The job's launcher's plan for ``nodes`` (with its backend, if it names one); LaunchError when
         there is none."""
@@ -180,7 +190,11 @@ class JobEffects(Protocol):
     async def stop_launcher(self, pid: int, *, final: bool) -> None:
         """SIGTERM (``final`` False) or SIGKILL and reap (``final`` True)."""
 
-    # --- checkpoint bytes ---
+
+class CheckpointBytes(Protocol):
+    """Checkpoint bytes: copied between nodes and the head, and into the checkpoint store
+    (coordinator/durable): checkpoints off the cluster."""
+
     async def copy_checkpoint(self, source: CheckpointRow, placements: list[Placement]) -> list[str]:
         """Stream ``source`` (a catalog copy) to every placement, SHA256-checked; the paths written.
         RemoteError, CheckpointDamaged or OSError when it cannot."""
@@ -188,7 +202,6 @@ class JobEffects(Protocol):
     def head_path(self, *parts: str) -> str: ...
     def remove_head_file(self, path: str) -> None: ...
 
-    # --- the checkpoint store (coordinator/durable): checkpoints off the cluster ---
     def store_url(self, job_store: str | None) -> str | None:
         """The store a job's checkpoints go to: its own (``--checkpoint-store``), else the cluster file's."""
 
@@ -199,6 +212,11 @@ class JobEffects(Protocol):
     async def remove_stored(self, url: str) -> None:
         """A committed checkpoint out of the store (its manifest first). StoreError when it cannot."""
 
+
+class RunStore(Protocol):
+    """What the head keeps of a run: its spec and record, its checkpoints in the catalog and in the
+    store, the head's copy of each rank's output, and the event log."""
+
     def durable_checkpoints(self, run_id: str) -> list[DurableRow]: ...
     def add_durable(self, run_id: str, row: DurableRow) -> None: ...
     def remove_durable(self, run_id: str, attempt: int, step: int) -> None: ...
@@ -208,7 +226,6 @@ class JobEffects(Protocol):
     def log_size(self, run_id: str, attempt: int, rank: int) -> int: ...
     def log_tail(self, run_id: str, attempt: int, rank: int, size: int) -> bytes: ...
 
-    # --- the store and the event log ---
     def save_run(self, run_id: str, name: str, spec: JobSpecFields, state: str,
                  record: Mapping[str, object]) -> None:
         """The run's spec and its record (``JobRecord.to_json``), as the store keeps them."""
@@ -219,7 +236,10 @@ class JobEffects(Protocol):
     def event(self, kind: str, message: str, data: Mapping[str, object] | None) -> None:
         """One event of the log; ``data``'s keys depend on the kind."""
 
-    # --- the metrics history (and TensorBoard); never raises: a chart is not worth a job ---
+
+class Metrics(Protocol):
+    """The metrics history (and TensorBoard); never raises: a chart is not worth a job."""
+
     def record_attempt(self, run_id: str, attempt: int, start_step: int, nodes: list[str],
                        detail: str | None) -> None:
         """An attempt starts from ``start_step``: the run's points past it are dropped."""
@@ -228,5 +248,42 @@ class JobEffects(Protocol):
         """The ``train`` and ``val`` points (series, point: step, attempt, time and its values) one
         poll read, in order: written together, as one transaction and one append."""
 
-    # --- background work that outlives the job's own loop ---
+
+class Tasks(Protocol):
+    """Background work that outlives the job's own loop."""
+
     def spawn(self, func: Task, *, name: str) -> None: ...
+
+
+class JobEffects(Clock, AgentCalls, Launching, CheckpointBytes, RunStore, Metrics, Tasks, Protocol):
+    """Every port: what the daemon and the simulator fill, and the supervisor's loop holds."""
+
+
+# The ports each part of a job holds (``self.fx``), by what it does.
+class NodePorts(Clock, AgentCalls, Protocol):
+    """A watch of the nodes and their ranks: the clock and the agents."""
+
+
+class CatalogPorts(Clock, AgentCalls, CheckpointBytes, RunStore, Protocol):
+    """The checkpoints: found on the nodes, catalogued, copied, placed and uploaded."""
+
+
+class StorePorts(Clock, CheckpointBytes, RunStore, Protocol):
+    """The uploads to the checkpoint store, and what the run keeps of them."""
+
+
+class AttemptPorts(Clock, AgentCalls, Launching, RunStore, Metrics, Protocol):
+    """One attempt: the launch, the ranks' start and stop on the nodes, the attempt read back from the
+    run, the start of its curve."""
+
+
+class TreePorts(Clock, Launching, Protocol):
+    """The check of the nodes' trees before a relaunch: a sync, timed."""
+
+
+class RankPorts(Clock, AgentCalls, Launching, RunStore, Metrics, Protocol):
+    """The watch of an attempt's ranks: their status and output, the launcher's exit, their metrics."""
+
+
+class ContextPorts(Clock, AgentCalls, RunStore, Protocol):
+    """What the run's shared context does itself: its events and its saved record."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from coordinator.jobs import hang
 from coordinator.jobs.attempt import Attempt
+from coordinator.jobs.effects import Clock
 from coordinator.jobs.run_context import RunContext
 from coordinator.jobs.spec import reports_progress
 from shared.agent_api.progress import HeartbeatRecord
@@ -18,7 +19,7 @@ from shared.agent_api.ranks import RankStatusReply
 class HangWatch:
     def __init__(self, ctx: RunContext):
         self.ctx = ctx
-        self.fx = ctx.fx
+        self.fx: Clock = ctx.fx
 
     def seen(self, attempt: Attempt, rank: int, status: RankStatusReply) -> None:
         """A rank's status reply: its node's clock and its processes' state."""

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from coordinator.jobs.effects import HEAD, JobEffects
+from coordinator.jobs.effects import HEAD, NodePorts
 
 UNREACHABLE_HOLD_S = 15.0  # longer than a session takes to notice its node is gone (keepalives)
 
 
 class NodeHealth:
-    def __init__(self, fx: JobEffects):
+    def __init__(self, fx: NodePorts):
         self.fx = fx
         # node -> (session generation, time) of a call to it that failed: not trusted again until it
         # reconnects, or its session stays up for UNREACHABLE_HOLD_S (the call was merely slow)

@@ -12,13 +12,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from coordinator.jobs.effects import NodePorts
 from coordinator.jobs.elastic import choose_nodes
 from coordinator.jobs.limits import NODE_WAIT_S
 from coordinator.jobs.node_health import NodeHealth
 from coordinator.jobs.run_context import RunContext, Waiting
 from coordinator.launch.batch import BatchSplit, Undividable, rebatch
-from coordinator.launch.launcher import Launcher
 from coordinator.launch.mlx_lm_command import CommandError
+from coordinator.launch.seam import Launcher
 
 __all__ = ["NODE_WAIT_S", "NodeWait", "NodesAway", "StopAsked"]
 
@@ -40,7 +41,7 @@ class StopAsked:
 class NodeWait:
     def __init__(self, ctx: RunContext, health: NodeHealth, launcher: Launcher):
         self.ctx = ctx
-        self.fx = ctx.fx
+        self.fx: NodePorts = ctx.fx
         self.health = health
         self.launcher = launcher
         self._down_since: dict[str, float] = {}  # node -> when it was first seen down, until it is up

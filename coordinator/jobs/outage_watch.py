@@ -9,6 +9,7 @@ import anyio
 
 from coordinator.jobs import core
 from coordinator.jobs.attempt import Attempt
+from coordinator.jobs.effects import NodePorts
 from coordinator.jobs.node_health import NodeHealth
 from coordinator.jobs.outage import ALIVE, HEAD, SETTLE_S, OutageFacts, OutageVerdict, judge_outage
 from coordinator.jobs.run_context import RunContext
@@ -20,7 +21,7 @@ ROUTE_EVERY_S = 2.0  # the head's route is asked again at most this often while 
 class OutageWatch:
     def __init__(self, ctx: RunContext, health: NodeHealth):
         self.ctx = ctx
-        self.fx = ctx.fx
+        self.fx: NodePorts = ctx.fx
         self.health = health
         self.since: float | None = None  # wall clock: when the first node of this outage was lost
         self.step_at_loss = 0  # the job's step when it began

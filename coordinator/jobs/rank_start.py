@@ -9,10 +9,10 @@ import posixpath
 import anyio
 
 from coordinator.jobs import core
-from coordinator.jobs.effects import LaunchError
+from coordinator.jobs.effects import AgentCalls, LaunchError
 from coordinator.jobs.run_context import RunContext
 from coordinator.launch.batch import BatchSplit
-from coordinator.launch.launcher import Launcher, LaunchPlan, RankSlot
+from coordinator.launch.seam import Launcher, LaunchPlan, RankSlot
 from shared.rpc import RemoteError
 
 STANDBY_START_TIMEOUT_S = 180.0  # a start_rank that waits on a standby still importing (agent.standby: 120 s)
@@ -21,6 +21,7 @@ STANDBY_START_TIMEOUT_S = 180.0  # a start_rank that waits on a standby still im
 class RankStarter:
     def __init__(self, ctx: RunContext, launcher: Launcher):
         self.ctx = ctx
+        self.fx: AgentCalls = ctx.fx
         self.launcher = launcher
 
     async def prepare(self, plan: LaunchPlan, attempt: int, order: list[str], resume_files: dict[str, str],
@@ -30,7 +31,7 @@ class RankStarter:
         errors: dict[str, RemoteError] = {}
 
         async def prepare(rank: int, name: str) -> None:
-            node = self.ctx.fx.node(name)
+            node = self.fx.node(name)
             adapter_path = posixpath.join(node.workdir, "checkpoints", self.ctx.run_id, f"attempt-{attempt}")
             slot = RankSlot(plan, rank, self.ctx.run_id, attempt)
             argv = self.launcher.rank_command(self.ctx.spec, slot, checkpoint_dir=adapter_path,
@@ -50,9 +51,10 @@ class RankStarter:
                 env["COORD_RESUME_STEP"] = str(start_step)
             env.update(self.launcher.rank_env(self.ctx.spec, slot, batch))
             try:
-                await self.ctx.fx.call(name, "prepare_rank", {
+                await self.fx.call(name, "prepare_rank", {
                     "job": self.ctx.run_id, "rank": rank, "attempt": attempt, "python": node.python, "argv": argv,
                     "env": env, "files": self.launcher.rank_files(self.ctx.spec, slot, batch),
+                    "free_ports": self.launcher.rank_ports(self.ctx.spec, slot),
                     "pass_output": False},  # coord reads the output from the node
                     timeout=60)
             except RemoteError as exc:
@@ -77,8 +79,9 @@ class RankStarter:
             try:
                 # A standby still importing finishes first; at worst it gives up after two minutes and
                 # the rank starts cold.
-                answer = await self.ctx.fx.call(name, "start_rank", {"job": self.ctx.run_id, "rank": rank,
-                                                                     "attempt": attempt, "standby": True},
+                answer = await self.fx.call(name, "start_rank", {"job": self.ctx.run_id, "rank": rank,
+                                                                     "attempt": attempt,
+                                                                     "standby": self.launcher.capabilities.standby},
                                                 timeout=STANDBY_START_TIMEOUT_S)
             except RemoteError as exc:
                 errors[name] = exc
@@ -103,10 +106,10 @@ class RankStarter:
         """The job is over: its warm standbys go from every node that is up (one left on a node away
         goes by itself once the job's rank there has been gone a while)."""
         async def retire(name: str) -> None:
-            if not self.ctx.fx.node(name).up:
+            if not self.fx.node(name).up:
                 return
             try:
-                await self.ctx.fx.call(name, "retire_standbys", {"job": self.ctx.run_id}, timeout=10)
+                await self.fx.call(name, "retire_standbys", {"job": self.ctx.run_id}, timeout=10)
             except RemoteError as exc:  # it goes by itself a while after the job's rank there
                 self.ctx.log.warning("standbys not retired", node=name, error=exc.message)
 

@@ -17,6 +17,7 @@ from coordinator.jobs import core, diagnosis, training_health
 from coordinator.jobs.attempt import Attempt
 from coordinator.jobs.checkpoints import CheckpointKeeper
 from coordinator.jobs.diagnosis import Diagnosis
+from coordinator.jobs.effects import RankPorts
 from coordinator.jobs.fingerprints import Divergence, comparison_summary
 from coordinator.jobs.hang_watch import HangWatch
 from coordinator.jobs.metric_point import MetricPoint
@@ -61,7 +62,7 @@ READ_AGAIN = "read again"  # every rank has exited, and the last poll read somet
 class RankWatcher:
     def __init__(self, ctx: RunContext, health: NodeHealth, checkpoints: CheckpointKeeper):
         self.ctx = ctx
-        self.fx = ctx.fx
+        self.fx: RankPorts = ctx.fx
         self.health = health
         self.checkpoints = checkpoints
         self.hangs = HangWatch(ctx)

@@ -9,6 +9,7 @@ import anyio
 
 from coordinator.jobs import reboot
 from coordinator.jobs.attempt import Attempt
+from coordinator.jobs.effects import AgentCalls
 from coordinator.jobs.run_context import RunContext
 from shared.agent_api.ranks import StopRankReply
 from shared.rpc import RemoteError
@@ -17,7 +18,7 @@ from shared.rpc import RemoteError
 class RebootWatch:
     def __init__(self, ctx: RunContext):
         self.ctx = ctx
-        self.fx = ctx.fx
+        self.fx: AgentCalls = ctx.fx
 
     def _on_mac(self, name: str) -> bool:
         facts = self.fx.node(name).facts or {}

@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict
 
-from coordinator.jobs.core import LaunchLinks
 from coordinator.jobs.diagnosis import RunDiagnosis
 from coordinator.jobs.fingerprints import ReplicaState, ReplicaSummary
 from coordinator.jobs.policy import OutcomeEntry
 from coordinator.jobs.straggler import StragglerEntry
+from coordinator.launch.seam import LaunchLinks
 
 # The record as the store keeps it: JSON, with whatever keys a newer coord added.
 JsonObject = dict[str, Any]

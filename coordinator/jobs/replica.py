@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from coordinator.jobs import catalog
-from coordinator.jobs.effects import HEAD, Placement
+from coordinator.jobs.effects import HEAD, CatalogPorts, Placement
 from coordinator.jobs.spec import REPLICA_HEAD
 from coordinator.jobs.transfer import CheckpointDamaged
 from coordinator.launch.mlx_lm_command import is_mlx_lm
@@ -41,6 +41,7 @@ def node_replica_rel(run_id: str, attempt: int, name: str) -> str:
 class Replicator:
     def __init__(self, ctx: RunContext, health: NodeHealth):
         self.ctx = ctx
+        self.fx: CatalogPorts = ctx.fx
         self.health = health
         self._wake = anyio.Event()
         self._one_at_a_time = anyio.Lock()  # the background loop and the run's final copy take turns
@@ -79,7 +80,7 @@ class Replicator:
     async def replicate(self, primary: CheckpointRow, targets: list[str] | None = None) -> None:
         """Copy one checkpoint to ``targets`` (node names or ``REPLICA_HEAD``) in one verified stream;
         each copy that lands is catalogued as a replica on its node."""
-        run, fx = self.ctx, self.ctx.fx
+        run, fx = self.ctx, self.fx
         if primary["node"] != HEAD and (primary["node"] not in fx.node_names() or not fx.node(primary["node"]).up):
             return  # its node is away; the resume will use an older replica or this primary when it is back
         name = primary["path"].rsplit("/", 1)[-1]

@@ -5,6 +5,7 @@ said, and the batches it skips owed to the next launch (docs/recovery.md). The d
 from __future__ import annotations
 
 from coordinator.jobs import catalog
+from coordinator.jobs.effects import RunStore
 from coordinator.jobs.record import JobRecord
 from coordinator.jobs.run_context import RunContext
 from shared.json_values import value_text
@@ -17,7 +18,8 @@ def roll_back(ctx: RunContext, reason: str) -> None:
     record.rollbacks += 1
     record.skip_owed = spec.skip_on_rollback
     unsound = record.unsound
-    newest = catalog.newest_valid(ctx.fx.checkpoints(ctx.run_id))
+    store: RunStore = ctx.fx
+    newest = catalog.newest_valid(store.checkpoints(ctx.run_id))
     target = (f"the checkpoint of step {newest['step']}" if newest is not None
               else "step 0 (no valid checkpoint before it)")
     skip = f", skipping the {spec.skip_on_rollback} batches after it" if spec.skip_on_rollback else ""

@@ -23,17 +23,16 @@ from coordinator.config.cluster_file import NODE_NAME
 from coordinator.config.store_url import StoreUrlError, parse_store_url
 from coordinator.jobs.limits import MAX_SECONDS, NODE_WAIT_S, STORE_FROM, STRAGGLER_POLICIES, WHOLE
 from coordinator.jobs.training_health import ON_DIVERGENCE, ON_SPIKE
+from coordinator.launch.command_env import ENV_STYLES
+from coordinator.launch.kinds import OPTIONS
 from coordinator.launch.mlx_backend import BACKENDS
 from coordinator.launch.mlx_lm_command import CommandError, is_mlx_lm, mlx_lm_args, option_value
-from coordinator.launch.registry import DEFAULT_LAUNCHER, LAUNCHERS
-from coordinator.launch.torch_command import launcher_in, read_command
-from coordinator.launch.torch_env import is_torch_launcher
+from coordinator.launch.registry import DEFAULT_LAUNCHER, LAUNCHERS, capabilities, check_command, named_in
 from shared.text import unprintable
 
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 TRAINERS = ("mlx_lm", "coord")
 REPLICA_HEAD, REPLICA_NONE = "head", "none"
-CONFIGURED_LAUNCHERS = ("accelerate", "deepspeed")  # those a PyTorch plan writes settings for
 
 
 class JobSpecError(CommandError):
@@ -67,6 +66,7 @@ class JobSpecFields(TypedDict):
     global_batch: int | None
     micro_batch: int | None
     launcher_config: dict[str, Any] | None  # free-form: a launcher's own settings, from a plan (see JobSpec)
+    env_style: str | None
     on_divergence: str
     max_rollbacks: int
     skip_on_rollback: int
@@ -111,6 +111,8 @@ class JobSpec:
     # The launcher's own settings from a PyTorch plan (coord run --plan): Accelerate's config keys, or
     # DeepSpeed's JSON; free-form, as the launcher reads it, under coord's own keys (docs/pytorch.md).
     launcher_config: dict[str, Any] | None = None
+    # --launcher command: a framework's own variables beside coord's (jax, tf; None: coord's alone).
+    env_style: str | None = None
     # When the training diverges (a NaN or infinite loss or gradient norm; docs/recovery.md): roll back
     # to the checkpoint before it, or stop; how many rollbacks before the run fails; how many batches
     # after the checkpoint a rollback skips; and whether a loss spike is only said or rolled back from.
@@ -318,7 +320,8 @@ _FIELD_CHECKS: dict[str, FieldCheck] = {
     "priority": _whole("priority"), "launcher": _text, "node_wait": _seconds, "follow_outside_links": _flag,
     "first_step_timeout": _optional(_seconds), "procs_per_node": _optional(_whole("procs_per_node")),
     "global_batch": _optional(_whole("global_batch")), "micro_batch": _optional(_whole("micro_batch")),
-    "launcher_config": _optional(_launcher_config), "on_divergence": _choice(ON_DIVERGENCE),
+    "launcher_config": _optional(_launcher_config), "env_style": _optional(_choice(ENV_STYLES)),
+    "on_divergence": _choice(ON_DIVERGENCE),
     "max_rollbacks": _whole("max_rollbacks"), "skip_on_rollback": _whole("skip_on_rollback"),
     "on_spike": _choice(ON_SPIKE), "straggler_policy": _choice(STRAGGLER_POLICIES),
     "straggler_grace": _seconds, "checkpoint_store": _optional(_store_url),
@@ -381,33 +384,25 @@ def _check_straggler_policy(spec: JobSpec) -> None:
 
 
 def _check_launcher(spec: JobSpec) -> None:
-    """The launcher a job names, or the one its command names itself (``-- torchrun ...``); a torch
-    launcher's command read as it will be run (coord's own options refused, the program found)."""
-    named = launcher_in(spec.command)
+    """The launcher a job names, or the one its command names itself (``-- torchrun ...``); the options
+    only some launchers take, given to one that does; the command read as its launcher will run it."""
+    named = named_in(spec.command)
     if named is not None and spec.launcher == DEFAULT_LAUNCHER:
         spec.launcher = named
     if spec.launcher not in LAUNCHERS:
         raise JobSpecError(f"--launcher must be one of {', '.join(sorted(LAUNCHERS))}, got {spec.launcher!r}")
-    torch_only = [key for key in ("procs_per_node", "global_batch", "micro_batch", "launcher_config")
-                  if getattr(spec, key) is not None]
-    if not is_torch_launcher(spec.launcher):
-        if torch_only:
-            raise JobSpecError(f"{option_label(torch_only[0])} is for a PyTorch job (--launcher torchrun, accelerate "
-                               "or deepspeed)")
-        return
-    if spec.trainer != "mlx_lm" or is_mlx_lm(spec.command):
-        raise JobSpecError(f"--launcher {spec.launcher} runs a PyTorch script: give it as -- python train.py ... "
-                           "(mlx_lm and --trainer coord run with --launcher mlx)")
-    if spec.backend is not None:
-        raise JobSpecError(f"--backend {spec.backend} is an MLX backend; a {spec.launcher} job's backend follows its "
-                           "nodes (NCCL on GPUs, Gloo on CPUs)")
-    if spec.launcher_config is not None and spec.launcher not in CONFIGURED_LAUNCHERS:
-        raise JobSpecError(f"a plan's launcher settings are for {' or '.join(CONFIGURED_LAUNCHERS)}, not "
-                           f"{spec.launcher}")
+    declared = capabilities(spec.launcher)
+    for key in OPTIONS:
+        if getattr(spec, key) is not None and key not in declared.options:
+            takers = [name for name in LAUNCHERS if key in capabilities(name).options]
+            raise JobSpecError(f"{option_label(key)}: for --launcher {' or '.join(takers)}, not {spec.launcher}")
+    if declared.own_program and (spec.trainer != "mlx_lm" or is_mlx_lm(spec.command)):
+        raise JobSpecError(f"--launcher {spec.launcher} runs a program of your own: give it as -- python train.py "
+                           "... (mlx_lm and --trainer coord run with --launcher mlx)")
     if spec.micro_batch is not None and spec.global_batch is None:
         raise JobSpecError("--micro-batch goes with --global-batch (the examples per optimizer step coord keeps)")
     try:
-        read_command(spec.command, spec.launcher)
+        check_command(spec.launcher, spec)
     except CommandError as exc:
         raise JobSpecError(str(exc)) from None
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from coordinator.jobs.attempt import Attempt
+from coordinator.jobs.effects import NodePorts
 from coordinator.jobs.run_context import RunContext
 from coordinator.jobs.straggler import Change, StragglerEntry
 from coordinator.jobs.straggler_cause import cause_kind, straggler_cause
@@ -27,7 +28,7 @@ HEAT_COLUMNS = 60  # the heatmap's steps: about two minutes of polls
 class StragglerWatch:
     def __init__(self, ctx: RunContext):
         self.ctx = ctx
-        self.fx = ctx.fx
+        self.fx: NodePorts = ctx.fx
         self._kept: set[str] = set()  # stragglers said to be kept (the job cannot go on without them)
         # Whether the job's global batch can be kept on these nodes (raises Undividable when not): the
         # supervisor's NodeWait.batch_for; None: not asked.

@@ -9,6 +9,7 @@ import math
 
 from coordinator.jobs import catalog
 from coordinator.jobs.attempt import Attempt
+from coordinator.jobs.effects import RunStore
 from coordinator.jobs.policy import NON_FINITE, RANK_FAILED, SUCCEEDED, Outcome, after_the_last_step
 from coordinator.jobs.record import JobRecord
 from coordinator.jobs.run_context import RunContext
@@ -22,7 +23,8 @@ def judge_success(ctx: RunContext, attempt: Attempt | None, outcome: Outcome) ->
     loss is no success; a failure after the last step with its checkpoint valid is one (said); a
     success without a valid final checkpoint is a failure of the final save, or a warning."""
     outcome = unsound_success(ctx.record, outcome)
-    copies = ctx.fx.checkpoints(ctx.run_id)
+    store: RunStore = ctx.fx
+    copies = store.checkpoints(ctx.run_id)
     if attempt is None or not attempt.ended_unread:  # nodes not read: their ranks' last words may say otherwise
         outcome = _after_the_last_step(ctx, outcome, copies)
     judged, warning = final_checkpoint_outcome(outcome, copies, total_steps=ctx.spec.total_steps,

@@ -7,7 +7,7 @@ launch with that reason."""
 
 from __future__ import annotations
 
-from coordinator.jobs.effects import LaunchError
+from coordinator.jobs.effects import LaunchError, TreePorts
 from coordinator.jobs.run_context import RunContext
 
 SHOWN_PATHS = 3  # the paths an event names, of the files a node was sent again
@@ -19,8 +19,9 @@ async def restore_trees(ctx: RunContext, order: list[str]) -> None:
     spec = ctx.spec
     if not spec.source:
         return  # the job brings no tree of its own: nothing to compare with
-    started = ctx.fx.monotonic()
-    report = await ctx.fx.sync(spec.source, order, follow_outside_links=spec.follow_outside_links)
+    fx: TreePorts = ctx.fx
+    started = fx.monotonic()
+    report = await fx.sync(spec.source, order, follow_outside_links=spec.follow_outside_links)
     resent = 0
     for name, entry in sorted(report["nodes"].items()):
         if entry["status"] in ("failed", "skipped"):  # skipped: its tree could not even be read
@@ -42,4 +43,4 @@ async def restore_trees(ctx: RunContext, order: list[str]) -> None:
                   "the relaunch", node=name, files=plan["send"], missing=missing, paths=shown[:20])
     if report["status"] != "ok":
         raise LaunchError(f"the job's tree could not be restored on its nodes before the relaunch: {report['detail']}")
-    ctx.log.info("trees_checked", seconds=round(ctx.fx.monotonic() - started, 3), resent=resent)
+    ctx.log.info("trees_checked", seconds=round(fx.monotonic() - started, 3), resent=resent)

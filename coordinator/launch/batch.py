@@ -5,7 +5,7 @@ mlx-lm's ``--batch-size`` is the batch of one micro-step across all ranks (each 
 examples: the global batch. When a node is left out, the global batch stays, so the run keeps
 its learning dynamics; the micro-step batch and the accumulation are recomputed so that no
 rank takes more examples per micro-step than it did before (its memory was sized for that).
-A launcher says how its jobs state their batch (coordinator/launch/launcher.py); this is the
+A launcher says how its jobs state their batch (coordinator/launch/seam.py); this is the
 arithmetic they share.
 """
 

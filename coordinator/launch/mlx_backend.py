@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import NotRequired, TypedDict
 
+from coordinator.launch.seam import LaunchLinks, NeighbourLink
 from coordinator.launch.topology import (
     BRIDGE_INSTRUCTION,
     LINK_KINDS,
@@ -448,3 +449,16 @@ def _fallback_address(
     if not seen:
         return None
     return min(seen, key=lambda item: _FALLBACK_KINDS.index(item[0]))[1]
+
+
+def launch_links(choice: BackendChoice) -> LaunchLinks:
+    """What an attempt's backend choice says about its links, small enough to keep with the run:
+    the backend, the transport, and each pair of neighbours with the kind and speed of their link."""
+    links: list[NeighbourLink] = []
+    for host in choice.get("hosts") or []:
+        for peer, link in (host.get("toward") or {}).items():
+            if link and host["node"] < peer:
+                links.append({"a": host["node"], "b": peer, "kind": link.get("kind"),
+                              "speed_gbps": link.get("speed_gbps")})
+    return {"backend": choice.get("backend"), "transport": choice.get("transport"),
+            "ring": choice.get("ring"), "links": links}

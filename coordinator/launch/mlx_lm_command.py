@@ -4,42 +4,14 @@ left, the batch of a shrunken world)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from coordinator.launch.batch import BatchSplit
+from coordinator.launch.kinds import CommandError, JobCommand
 
 MLX_LM_FORMS = (["-m", "mlx_lm", "lora"], ["-m", "mlx_lm.lora"], ["-m", "agent.train"])
 MLX_LM_BATCH_SIZE = 4  # mlx-lm's default --batch-size
-
-
-class CommandError(ValueError):
-    """The job's command cannot be read as asked (a batch that is not a whole number, a config file
-    that cannot be read)."""
-
-
-class JobCommand(Protocol):
-    """What of a job its command's handling reads (``coordinator.jobs.spec.JobSpec`` is one)."""
-
-    @property
-    def command(self) -> Sequence[str]: ...
-    @property
-    def source(self) -> str | None: ...
-    @property
-    def trainer(self) -> str: ...
-    @property
-    def total_steps(self) -> int | None: ...
-    @property
-    def save_every(self) -> int: ...
-    @property
-    def procs_per_node(self) -> int | None: ...  # a torch launcher's processes per node (None: its own rule)
-    @property
-    def global_batch(self) -> int | None: ...  # examples per optimizer step, kept on a shrink (torch launchers)
-    @property
-    def micro_batch(self) -> int | None: ...  # examples per process per micro-step (torch launchers)
-    @property
-    def launcher_config(self) -> dict[str, Any] | None: ...  # a plan's settings for the launcher (free-form)
 
 
 def is_mlx_lm(command: list[str]) -> bool:

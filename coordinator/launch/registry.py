@@ -1,34 +1,88 @@
-"""Every launcher coord knows, by the name a job gives (``coord run --launcher NAME``).
+"""Every launcher coord knows, by the name a job gives (``coord run --launcher NAME``), with what each
+declares about itself (``coordinator.launch.seam.Capabilities``).
 
-A launcher is registered here by its name and where it lives; its module is imported the first
-time a job asks for it, so that checking a job's spec (which only needs the names) does not load
-every launcher and what it uses (asyncssh, structlog: a third of a second of `coord run`'s start)."""
+A launcher is registered here by its name, where it lives and its capabilities; its module is imported
+the first time a job asks for it, so that checking a job's spec (which only needs the names and the
+capabilities) does not load every launcher and what it uses (asyncssh, structlog: a third of a second
+of `coord run`'s start). Everything outside ``coordinator/launch/`` that differs by launcher reads the
+capabilities; nothing there asks for a launcher by name."""
 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
+
+from coordinator.launch.kinds import Capabilities
 
 if TYPE_CHECKING:
-    from coordinator.launch.launcher import Launcher
+    from coordinator.launch.kinds import JobCommand
+    from coordinator.launch.seam import Launcher
 
 DEFAULT_LAUNCHER = "mlx"
-#: name -> (its module, its class)
-REGISTERED: dict[str, tuple[str, str]] = {
-    "mlx": ("coordinator.launch.mlx", "MlxLauncher"),
-    "torchrun": ("coordinator.launch.torch_launchers", "TorchrunLauncher"),
-    "accelerate": ("coordinator.launch.torch_launchers", "AccelerateLauncher"),
-    "deepspeed": ("coordinator.launch.torch_launchers", "DeepSpeedLauncher"),
+
+
+class Registered(NamedTuple):
+    module: str
+    cls: str
+    capabilities: Capabilities
+
+
+_TORCH = Capabilities(runs_on="nodes", preflight="torch", node_facts="torch", checkpoint_parts=True, standby=True,
+                      options=frozenset({"procs_per_node", "global_batch", "micro_batch"}), own_program=True,
+                      command_check="coordinator.launch.torch_command:check_command")
+_CONFIGURED = _TORCH.options | {"launcher_config"}  # a PyTorch plan writes its settings (coord run --plan)
+
+#: name -> where it lives and what it declares
+REGISTERED: dict[str, Registered] = {
+    "mlx": Registered("coordinator.launch.mlx", "MlxLauncher",
+                      Capabilities(runs_on="head", preflight="mlx", options=frozenset({"backend"}))),
+    "torchrun": Registered("coordinator.launch.torch_launchers", "TorchrunLauncher", _TORCH),
+    "accelerate": Registered("coordinator.launch.torch_launchers", "AccelerateLauncher",
+                             _TORCH._replace(options=_CONFIGURED, needs=frozenset({"accelerate"}))),
+    "deepspeed": Registered("coordinator.launch.torch_launchers", "DeepSpeedLauncher",
+                            _TORCH._replace(options=_CONFIGURED, needs=frozenset({"deepspeed", "c++"}))),
+    "command": Registered("coordinator.launch.command", "CommandLauncher",
+                          Capabilities(runs_on="nodes", checkpoint_parts=True, own_program=True,
+                                       options=frozenset({"procs_per_node", "env_style"}))),
 }
 LAUNCHERS = tuple(REGISTERED)
 _made: dict[str, Launcher] = {}
 
 
-def launcher_named(name: str) -> Launcher:
-    """The launcher a job names (one instance each); KeyError names the ones there are."""
+def capabilities(name: str) -> Capabilities:
+    """What the launcher a job names declares (KeyError names the ones there are)."""
     if name not in REGISTERED:
         raise KeyError(f"unknown launcher {name!r} (one of {', '.join(sorted(REGISTERED))})")
+    return REGISTERED[name].capabilities
+
+
+def launcher_named(name: str) -> Launcher:
+    """The launcher a job names (one instance each); KeyError names the ones there are."""
+    found = capabilities(name)
     if name not in _made:
-        module, cls = REGISTERED[name]
-        _made[name] = getattr(importlib.import_module(module), cls)()
+        module, cls = REGISTERED[name].module, REGISTERED[name].cls
+        made = getattr(importlib.import_module(module), cls)()
+        made.capabilities = found
+        _made[name] = made
     return _made[name]
+
+
+def check_command(name: str, job: JobCommand) -> None:
+    """The launcher's own check of a job's command (``Capabilities.command_check``), if it has one;
+    CommandError says what cannot be run as given."""
+    where = capabilities(name).command_check
+    if where is None:
+        return
+    module, function = where.split(":")
+    getattr(importlib.import_module(module), function)(job, name)
+
+
+def named_in(command: list[str]) -> str | None:
+    """The launcher a command names itself (``torchrun ...``, ``accelerate launch ...``), or None."""
+    from coordinator.launch.torch_command import launcher_in
+
+    return launcher_in(command)
+
+
+__all__ = ["DEFAULT_LAUNCHER", "LAUNCHERS", "REGISTERED", "capabilities", "check_command", "launcher_named",
+           "named_in"]

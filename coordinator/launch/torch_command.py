@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from coordinator.launch.mlx_lm_command import CommandError
+from coordinator.launch.kinds import CommandError, JobCommand
 
 #: How each launcher is written on a command line: its own command, or ``python -m`` its module.
 FORMS: dict[str, tuple[tuple[str, ...], ...]] = {
@@ -127,6 +127,12 @@ def _split(command: Sequence[str]) -> tuple[str | None, int]:
             elif (first, *words[1:len(form)]) == form:
                 return name, len(form)
     return None, 0
+
+
+def check_command(job: JobCommand, launcher: str) -> None:
+    """A torch launcher's check of a job (``Capabilities.command_check``): its command read as it will be
+    run (coord's own options refused, the program found); CommandError says what is wrong."""
+    read_command(job.command, launcher)
 
 
 def read_command(command: Sequence[str], launcher: str) -> TorchCommand:

@@ -20,16 +20,25 @@ import json
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, cast
 
 from coordinator.launch.batch import BatchSplit
-from coordinator.launch.hostfile import Hostfile
-from coordinator.launch.launcher import LaunchPlan, NodeReadings, PlanError, RankSlot, StartError
-from coordinator.launch.mlx_backend import BackendChoice
-from coordinator.launch.mlx_lm_command import CommandError, JobCommand
+from coordinator.launch.rendezvous import choose_rendezvous
+from coordinator.launch.seam import (
+    Capabilities,
+    CommandError,
+    JobCommand,
+    LaunchPlan,
+    NodeReadings,
+    PlanError,
+    RankSlot,
+    StartError,
+    no_links,
+)
 from coordinator.launch.topology import connectivity_matrix
 from coordinator.launch.torch_command import MODULES, TorchCommand, option_value, read_command, without
-from coordinator.launch.torch_env import choose_rendezvous, shares_network, torch_backend, torch_envs
+from coordinator.launch.torch_env import shares_network, torch_backend, torch_envs
+from shared.agent_api.torch import TorchFactsReply
 
 if TYPE_CHECKING:
     from coordinator.config.cluster_file import ClusterConfig
@@ -55,10 +64,10 @@ def torch_plan(name: str, cluster: Cluster, readings: NodeReadings, nodes: list[
     if backend is not None:
         raise PlanError(f"--backend {backend} is an MLX backend; a {name} job's backend follows its nodes "
                         "(NCCL on GPUs, Gloo on CPUs)")
-    missing = [n for n in nodes if n not in readings.torch]
+    missing = [n for n in nodes if n not in readings.facts]
     if missing:
         raise PlanError(f"no PyTorch facts from {', '.join(missing)} (is it up?)", node=missing[0])
-    facts = {n: readings.torch[n] for n in nodes}
+    facts = {n: cast(TorchFactsReply, readings.facts[n]) for n in nodes}
     without_torch = [n for n in nodes if not facts[n]["versions"]["torch"]]
     if without_torch:
         raise PlanError(f"torch is not installed in the Python of {', '.join(without_torch)} (pip install torch "
@@ -71,11 +80,9 @@ def torch_plan(name: str, cluster: Cluster, readings: NodeReadings, nodes: list[
                                fallback=master.host, one_machine=one_machine)
     collective = torch_backend(facts)
     procs = procs_per_node(job, name, [len(facts[n]["gpus"]) for n in nodes], collective)
-    measured: BackendChoice = {"ok": True, "backend": collective, "transport": "tcp", "order": list(nodes),
-                               "hosts": [], "reasons": [choice["reason"]], "warnings": [], "fixes": []}
-    return LaunchPlan(name, collective, tuple(nodes), measured, {"backend": collective, "envs": [], "hosts": []},
+    return LaunchPlan(name, collective, tuple(nodes), no_links(collective),
                       node_envs=torch_envs(facts, choice["interfaces"]),
-                      master_address=choice["master_address"], procs_per_node=procs)
+                      rendezvous_address=choice["master_address"], procs_per_node=procs)
 
 
 def procs_per_node(job: JobCommand, launcher: str, gpus: list[int], backend: str) -> int:
@@ -105,7 +112,7 @@ class TorchLauncher:
     """What the three torch launchers share: the plan, the environment, the batch."""
 
     name = "torch"
-    runs_on: Literal["head", "nodes"] = "nodes"
+    capabilities: Capabilities
 
     def plan(self, cluster: Cluster, readings: NodeReadings, nodes: list[str], backend: str | None,
              job: JobCommand) -> LaunchPlan:
@@ -115,7 +122,7 @@ class TorchLauncher:
             raise PlanError(str(exc)) from None
         return torch_plan(self.name, cluster, readings, nodes, backend, job)
 
-    def adopt(self, choice: BackendChoice, hosts: Hostfile, nodes: list[str]) -> LaunchPlan | None:
+    def adopt(self, preflight: Mapping[str, Any], nodes: list[str]) -> LaunchPlan | None:
         return None  # planned at launch, from the nodes' PyTorch facts
 
     def rank_command(self, job: JobCommand, slot: RankSlot, *, checkpoint_dir: str, resume_file: str | None,
@@ -127,7 +134,7 @@ class TorchLauncher:
         env = dict(plan.node_envs.get(plan.order[slot.rank], {}))
         env.update({"COORD_NODE_RANK": str(slot.rank), "COORD_NNODES": str(len(plan.order)),
                     "COORD_PROCS_PER_NODE": str(plan.procs_per_node), "COORD_WORLD_SIZE": str(plan.world_size),
-                    "MASTER_ADDR": plan.master_address or "", "MASTER_PORT": str(master_port(slot.run_id,
+                    "MASTER_ADDR": plan.rendezvous_address or "", "MASTER_PORT": str(master_port(slot.run_id,
                                                                                               slot.attempt))})
         split = batch if batch is not None else self.batch(job, len(plan.order))
         if split is not None and job.global_batch is not None:
@@ -137,6 +144,9 @@ class TorchLauncher:
 
     def rank_files(self, job: JobCommand, slot: RankSlot, batch: BatchSplit | None) -> dict[str, str]:
         return {}
+
+    def rank_ports(self, job: JobCommand, slot: RankSlot) -> list[int]:
+        return []  # the rendezvous port is probed by pre-flight, and torchrun says when it is taken
 
     def batch(self, job: JobCommand, ranks: int) -> BatchSplit | None:
         """``--global-batch G --micro-batch M``: on N nodes of P processes each, G = M × P × N × accumulation;
@@ -160,9 +170,9 @@ class TorchLauncher:
 
     def _fixed(self, slot: RankSlot) -> tuple[int, int, str, int]:
         plan = slot.plan
-        if not plan.master_address:
+        if not plan.rendezvous_address:
             raise PlanError(f"the {self.name} plan has no rendezvous address")
-        return len(plan.order), plan.procs_per_node, plan.master_address, master_port(slot.run_id, slot.attempt)
+        return len(plan.order), plan.procs_per_node, plan.rendezvous_address, master_port(slot.run_id, slot.attempt)
 
 
 class TorchrunLauncher(TorchLauncher):

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TypedDict
 
 from coordinator.launch.torch_env import bf16_capable
+from coordinator.launch.torch_plan_kinds import PLAN_KINDS
 from coordinator.plan.model_shape import ModelShape, ModelShapeDict
 from coordinator.plan.torch_memory import STRATEGIES, Precision, StrategyMemory, TorchSetup, strategy_memory
 from shared.agent_api.torch import TorchFactsReply
@@ -38,10 +39,7 @@ from shared.agent_api.torch import TorchFactsReply
 GIB = 2**30
 USABLE_FRACTION = 0.90
 MAX_MICRO_BATCH = 64
-LADDERS = {"accelerate": ("DDP", "FSDP-SHARD_GRAD_OP", "FSDP-FULL_SHARD"),
-           "deepspeed": ("DDP", "ZeRO-2", "ZeRO-3")}
-OFFLOAD = {"accelerate": "FSDP-FULL_SHARD+offload", "deepspeed": "ZeRO-3+offload"}
-TORCH_PLAN_LAUNCHERS = tuple(LADDERS)
+TORCH_PLAN_LAUNCHERS = tuple(PLAN_KINDS)
 
 
 class TorchPlanError(ValueError):
@@ -150,8 +148,8 @@ def build_torch_plan(shape: ModelShape, facts: Mapping[str, TorchFactsReply], or
 
 
 def _validate(request: TorchRequest) -> None:
-    if request.launcher not in LADDERS:
-        raise TorchPlanError(f"launcher must be one of {', '.join(LADDERS)} for a PyTorch plan, got "
+    if request.launcher not in PLAN_KINDS:
+        raise TorchPlanError(f"launcher must be one of {', '.join(PLAN_KINDS)} for a PyTorch plan, got "
                              f"{request.launcher!r}")
     for name in ("seq_len", "micro_batch", "global_batch", "gradient_accumulation_steps", "base_batch"):
         value = getattr(request, name)
@@ -223,13 +221,13 @@ def choose_strategy(shape: ModelShape, nodes: Sequence[NodeDevices], request: To
     tried: list[str] = []
     for checkpointing in (False, True):
         setup = TorchSetup(world, micro, request.seq_len, precision, checkpointing)
-        for name in LADDERS[request.launcher]:
+        for name in PLAN_KINDS[request.launcher].ladder:
             need = strategy_memory(shape, setup, name)["total"]
             if need <= usable:
                 return name, checkpointing, None, f" ({'; '.join(tried)})" if tried else ""
             tried.append(f"{name}{' + checkpointing' if checkpointing else ''} needs {need / GIB:.1f} GiB")
     setup = TorchSetup(world, micro, request.seq_len, precision, True)
-    offloaded = strategy_memory(shape, setup, OFFLOAD[request.launcher])
+    offloaded = strategy_memory(shape, setup, PLAN_KINDS[request.launcher].offload)
     summary = "; ".join(tried)
     if offloaded["total"] > usable:
         return None, True, None, (f"nothing fits {usable / GIB:.1f} GiB per GPU, not even {offloaded['strategy']} "
@@ -237,7 +235,7 @@ def choose_strategy(shape: ModelShape, nodes: Sequence[NodeDevices], request: To
     short = _host_short(offloaded, nodes)
     if not short:
         return offloaded["strategy"], True, "cpu", f", as nothing fits on the GPUs alone ({summary})"
-    if request.launcher == "deepspeed":
+    if PLAN_KINDS[request.launcher].nvme_offload:
         return offloaded["strategy"], True, "nvme", (
             f", as host memory cannot hold {offloaded['host_bytes_per_rank'] / GIB:.1f} GiB per rank ({short}) and "
             f"nothing fits on the GPUs alone ({summary})")

@@ -26,6 +26,7 @@ from coordinator.readiness.head_python import install_mlx_command
 from coordinator.readiness.push import manifest_from_wire
 from coordinator.readiness.sync import ignore_patterns, source_manifest
 from coordinator.readiness.torch_preflight import TorchPreflight, torch_preflight
+from shared import protocol as p
 from shared.ignore import DEFAULT_PATTERNS
 from shared.rpc import Emit, RemoteError
 
@@ -64,7 +65,7 @@ class PreflightReport(TypedDict):
     consistency: ConsistencyReport  # the code's, in full
     topologies: dict[str, Topology]
     seconds: float
-    torch: NotRequired[TorchPreflight]  # with torch=True only: what a PyTorch job's checks found
+    torch: NotRequired[TorchPreflight]  # with family "torch" only: what a PyTorch job's checks found
     model_bytes: NotRequired[int | None]  # the model files named in the cluster file, on the node with most
 
 
@@ -156,18 +157,26 @@ async def store_check(url: str) -> CheckResult:
     return checks.check("checkpoint.store", "checkpoint", status, found.detail)
 
 
+#: The framework checks a launcher may declare (``Capabilities.preflight``), None for neither.
+FAMILIES = ("mlx", "torch", None)
+
+
 async def run_preflight(cluster: Cluster, emit: Emit, backend: str | None = None,
-                        source: str | None = None, only: list[str] | None = None, torch: bool = False,
+                        source: str | None = None, only: list[str] | None = None, family: str | None = "mlx",
                         launcher: str | None = None, master_port: int | None = None,
                         checkpoint_store: str | None = None) -> PreflightReport:
     """Every check on every node, or on the nodes in ``only`` (a job that holds a subset of the cluster).
 
-    ``torch``: the job's launcher is torch-based (torchrun, Accelerate, DeepSpeed; ``launcher`` names
-    it): the PyTorch checks run (coordinator/readiness/torch_checks.py, with the rendezvous probe on
-    ``master_port``), and those that only an MLX launch needs (mlx.launch on the head, the mlx and
-    mlx-lm versions, the MLX backend and its hostfile) give way to them. Without it nothing changes.
+    ``family``: the framework checks the job's launcher declares (``Capabilities.preflight``, from
+    coordinator/launch/registry.py). ``"mlx"`` (the default): mlx.launch on the head, the mlx and mlx-lm
+    versions, MLX's memory and calibration, the MLX backend and its hostfile. ``"torch"`` (torchrun,
+    Accelerate, DeepSpeed; ``launcher`` names which): the PyTorch checks instead
+    (coordinator/readiness/torch_checks.py, with the rendezvous probe on ``master_port``). None (a
+    program of one's own, ``--launcher command``): neither; every other check runs for every job.
 
     ``checkpoint_store`` (else the cluster file's): the store is written, listed, read and cleared."""
+    if family not in FAMILIES:
+        raise RemoteError(p.BAD_ARGS, f"family must be one of {', '.join(str(f) for f in FAMILIES)}, got {family!r}")
     started = time.monotonic()
     config = cluster.config
     found = await gather(cluster, emit, Path(source) if source else None, only)
@@ -181,10 +190,11 @@ async def run_preflight(cluster: Cluster, emit: Emit, backend: str | None = None
     report += checks.reachability(list(nodes.values()))
     report.append(checks.agent_versions({n: v["agent"] or {} for n, v in up.items()},
                                         cluster.bundle.bundle_id))
-    if not torch:
+    mlx, torch = family == "mlx", family == "torch"
+    if mlx:
         report.append(checks.head_launcher(find_launcher(), sys.executable, install_mlx_command()))
     report += [c for c in checks.equal_versions(nodes, facts)
-               if not torch or c["name"] not in ("versions.mlx", "versions.mlx_lm")]
+               if mlx or c["name"] not in ("versions.mlx", "versions.mlx_lm")]
     report.append(checks.equal_os(facts))
     report += checks.system_sleep(nodes, facts)
     code = checks.code_consistency(found["manifests"], found["missing"], config.sync.threshold)
@@ -199,7 +209,7 @@ async def run_preflight(cluster: Cluster, emit: Emit, backend: str | None = None
     model_bytes = max((sum(e["size"] for e in files.values() if e) for files in found["model"].values()),
                       default=0)
     report += checks.disk_and_checkpoints(nodes, found["probes"], needed_bytes=3 * model_bytes)
-    if not torch:  # MLX's memory and calibration: a PyTorch job is sized per GPU by its plan (coord plan --launcher)
+    if mlx:  # MLX's memory and calibration: a PyTorch job is sized per GPU by its plan (coord plan --launcher)
         report += _mlx_memory_and_calibration(cluster, facts, model_bytes)
     last_hook = next((e for e in reversed(cluster.state.recent_events(200)) if e["kind"] == "sync.hook"), None)
     report.append(checks.sync_hook(config.sync.hook, last_hook))
@@ -210,7 +220,7 @@ async def run_preflight(cluster: Cluster, emit: Emit, backend: str | None = None
         found_torch = await torch_preflight(cluster, up, found["topologies"], launcher=launcher,
                                             master_port=master_port)
         report += found_torch["checks"]
-    else:
+    elif mlx:
         report += checks.backend(choice, error if choice is None else None)
         report.append(checks.hostfile(document, error))
     if len(up) > 1:

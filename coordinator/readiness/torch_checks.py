@@ -1,8 +1,8 @@
 """Pre-flight checks of a PyTorch job (torchrun, Accelerate, DeepSpeed), as pure functions of what
 the nodes' agents reported (``torch_facts``, the rendezvous probe).
 
-They run only for a job whose launcher is torch-based (``coordinator.launch.torch_env
-.is_torch_launcher``; ``coord preflight --torch``): an MLX job never asks for them. Each check is a
+They run only for a job whose launcher declares them (``Capabilities.preflight == "torch"`` in
+coordinator/launch/registry.py; ``coord preflight --torch``): an MLX job never asks for them. Each check is a
 ``CheckResult`` like the others (``coordinator/readiness/checks.py``), with the command or the step
 that fixes it. Their rules:
 
@@ -39,7 +39,9 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TypedDict, cast
 
-from coordinator.launch.torch_env import RendezvousChoice, infiniband_ready, torch_envs
+from coordinator.launch.registry import capabilities
+from coordinator.launch.rendezvous import RendezvousChoice
+from coordinator.launch.torch_env import infiniband_ready, torch_envs
 from coordinator.readiness.checks import FAIL, PASS, WARN, CheckResult, NodeAccess, check, on_node
 from shared.agent_api.torch import RendezvousConnectReply, RendezvousListenReply, TorchFactsReply
 
@@ -47,8 +49,13 @@ GIB = 2**30
 SHM_MIN_FREE_BYTES = GIB
 SHM_RAM_FRACTION = 0.10
 BUSY_GPU_FRACTION = 0.10
-#: What each launcher needs besides torch, by the distribution's name.
-LAUNCHER_PACKAGES = {"accelerate": ("accelerate",), "deepspeed": ("deepspeed",)}
+#: In a launcher's ``Capabilities.needs``: a C++ compiler and Python's headers on every node.
+COMPILER = "c++"
+
+
+def _needs(launcher: str | None) -> frozenset[str]:
+    """What the job's launcher needs on every node besides torch: distributions by name, and COMPILER."""
+    return capabilities(launcher).needs if launcher is not None else frozenset()
 _VERSION_LABELS = (("torch", "torch"), ("cuda", "CUDA (torch.version.cuda)"), ("nccl", "NCCL"),
                    ("accelerate", "Accelerate"), ("deepspeed", "DeepSpeed"))
 
@@ -88,7 +95,7 @@ def torch_checks(facts_by_node: Mapping[str, TorchFactsReply], *, launcher: str 
     out.append(backend_check(facts_by_node, nodes=nodes))
     out.append(nccl_env_check(facts_by_node, interfaces or {}, one_machine=one_machine))
     out += shm_checks(facts_by_node, nodes=nodes)
-    if launcher == "deepspeed":
+    if COMPILER in _needs(launcher):
         out += compiler_checks(facts_by_node, nodes=nodes)
     if rendezvous is not None:
         out += rendezvous_checks(rendezvous, nodes=nodes)
@@ -102,7 +109,7 @@ def version_checks(facts: Mapping[str, TorchFactsReply], *, launcher: str | None
                    nodes: Mapping[str, NodeAccess] | None = None) -> list[CheckResult]:
     out = []
     torch_versions = {n: f["versions"]["torch"] for n, f in facts.items()}
-    required = {"torch", *LAUNCHER_PACKAGES.get(launcher or "", ())}
+    required = {"torch", *(_needs(launcher) - {COMPILER})}
     for key, label in _VERSION_LABELS:
         name = f"torch.versions.{key}"
         values: dict[str, str | None] = {n: cast(Mapping[str, str | None], f["versions"])[key]

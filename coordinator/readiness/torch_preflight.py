@@ -15,14 +15,9 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
 
+from coordinator.launch.rendezvous import RendezvousChoice, choose_rendezvous
 from coordinator.launch.topology import Topology, connectivity_matrix
-from coordinator.launch.torch_env import (
-    DEFAULT_MASTER_PORT,
-    RendezvousChoice,
-    choose_rendezvous,
-    shares_network,
-    torch_envs,
-)
+from coordinator.launch.torch_env import DEFAULT_MASTER_PORT, shares_network, torch_envs
 from coordinator.nodes.session import UP
 from coordinator.readiness.checks import CheckResult, NodeAccess
 from coordinator.readiness.torch_checks import RendezvousProbe, torch_checks

@@ -22,6 +22,7 @@ class PrepareRankRequest(_PrepareRankRequest, total=False):
     attempt: int
     pass_output: bool  # the rank's output also goes to mlx.launch (default); False keeps it on the node
     files: dict[str, str]  # {name: text} written in the rank's directory (a launcher's per-node config)
+    free_ports: list[int]  # TCP ports the rank will listen on, checked free first (a coordinator's)
 
 
 class PrepareRankReply(TypedDict):

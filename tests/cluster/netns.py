@@ -51,6 +51,7 @@ __all__ = [
     "NetnsClusterError",
     "NodeSpec",
     "cluster_available",
+    "light_nodes",
 ]
 
 SSHD = "/usr/sbin/sshd"
@@ -80,10 +81,12 @@ class NodeSpec:
     mlx_version: str | None = None
     #: install this mlx-lm version instead of the running interpreter's
     mlx_lm_version: str | None = None
+    #: a light node: no venv of its own, this Python (shared by every light node) runs its agent and ranks
+    shared_python: str | None = None
 
     @property
     def python(self) -> str:
-        return f"{self.venv}/bin/python"
+        return self.shared_python or f"{self.venv}/bin/python"
 
     @property
     def workdir(self) -> str:
@@ -95,6 +98,14 @@ DEFAULT_NODES: tuple[NodeSpec, ...] = (
     NodeSpec("n2", "coordbob", "/srv/coordbob", "/srv/coordbob/mlx/env"),
     NodeSpec("n3", "coordcarol", "/var/tmp/coordcarol-home", "/var/tmp/coordcarol-home/py"),
 )
+
+
+def light_nodes(count: int, suffix: str = "") -> tuple[NodeSpec, ...]:
+    """``count`` light nodes (``s1`` ... ``sN``): a namespace, an sshd, a user and a workdir each, and the
+    system Python shared by all (the agent's dependencies come in its bundle): a scale cluster of a hundred
+    nodes in a few GB. Their ranks run programs of the standard library (``--launcher command``)."""
+    return tuple(NodeSpec(f"s{i}", f"coords{i}{suffix}", f"/var/tmp/coord-scale/s{i}{suffix}", "",
+                          shared_python=SYSTEM_PYTHON) for i in range(1, count + 1))
 
 
 def cluster_available() -> tuple[bool, str]:
@@ -510,7 +521,8 @@ class NetnsCluster:
             versions = self._versions()
             # One after another: copying ~200 MB per venv is CPU-bound in the kernel, and
             # parallel installs were twice as slow as sequential ones on 2 cores.
-            venv_futs = [pool.submit(lambda: [self._make_venv(n, versions) for n in self.nodes])]
+            venv_futs = [pool.submit(lambda: [self._make_venv(n, versions) for n in self.nodes
+                                              if n.shared_python is None])]
             key_futs = [pool.submit(self._keygen, self._tmpdir / "id_ed25519", "coord-netns-head")]
             for n in self.nodes:
                 (self._tmpdir / n.name).mkdir(mode=0o700)

@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ import pytest
 
 from tests.cluster.cgroups import Quota, cpu_controller, rank_processes, show_cgroups_to
 from tests.cluster.jobs import events, job_of, rank_pid, wait_event
+from tests.cluster.netns import SYSTEM_PYTHON
 from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir
 from tests.torch_jobs import ACCELERATE, DDP, expected_accelerate_weights, expected_weights
 
@@ -244,4 +246,49 @@ def test_a_torchrun_worker_throttled_by_a_cpu_quota_is_named_a_straggler_with_th
     finally:
         if quota is not None:
             quota.remove()
+        coord("stop", "--config", str(daemon.config), name, env=daemon.env, timeout=120)
+
+
+HOG = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or (os.cpu_count() or 1) < 2, reason="needs root and two CPUs")
+def test_a_cpu_hog_of_another_user_beside_a_torchrun_worker_is_named_by_pid_and_command(netns_cluster,
+                                                                                        torch_cluster):
+    # n2's worker and a hog of another user on CPU 1, the hog ahead of it (nice -15 in an autogroup of its
+    # own); every other worker and torchrun on CPU 0: n2's worker gets a sliver of its CPU, and the cause
+    # coord names is the hog, by its pid and command.
+    daemon, name = torch_cluster["daemon"], "mh-hog"
+    hog_script = Path(torch_cluster["root"]) / "straggler_hog.py"
+    hog_script.write_text(HOG)
+    hog_script.chmod(0o644)
+    _submit(torch_cluster, name, "--launcher", "torchrun", "--total-steps", "100000", "--hang-timeout", "600", "--",
+            "python", "ddp.py", "--steps", "100000", "--sleep", "0.05", "--work", "10")
+    hog = None
+    try:
+        job = _at_step(netns_cluster, daemon, name, 20)
+        daemon.wait_for(lambda d: not job_of(d, name)["stragglers"], 120, "no straggler shown")
+        slowed = job["nodes"][1]
+        for rank, node in enumerate(job["nodes"]):
+            cpu = "1" if node == slowed else "0"
+            for pid in {*rank_processes(rank_pid(netns_cluster, job, rank)), _worker(netns_cluster, node, "ddp.py")}:
+                subprocess.run(["taskset", "-a", "-p", "-c", cpu, str(pid)], capture_output=True)
+        hog = subprocess.Popen(["nice", "-n", "-15", "setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                                SYSTEM_PYTHON, str(hog_script), "1"], start_new_session=True)
+        autogroup = Path(f"/proc/{hog.pid}/autogroup")
+        if autogroup.exists():
+            autogroup.write_text("-15")
+        time.sleep(1)
+        assert hog.poll() is None, "the hog did not start"
+        onset = time.time()
+        named = wait_event(daemon, name, "job.straggler", 60, f"{slowed}'s worker named a straggler beside the hog",
+                           where=lambda e: e["ts"] >= onset and e["data"]["node"] == slowed)[0]
+        print(f"named {named['ts'] - onset:.1f} s after the hog: {named['message']}")
+        assert named["data"]["rank"] == 1 and named["data"]["cause_kind"] == "process", named
+        cause = named["data"]["cause"]
+        assert f"pid {hog.pid} (nobody: " in cause and "straggler_hog.py" in cause, named
+    finally:
+        if hog is not None:
+            hog.kill()
+            hog.wait()
         coord("stop", "--config", str(daemon.config), name, env=daemon.env, timeout=120)

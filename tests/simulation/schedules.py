@@ -38,7 +38,7 @@ from tests.simulation.world import World
 __all__ = ["STOP_BOUND_S", "InvariantBroken", "JobPlan", "Schedule", "make_schedule", "run_schedule"]
 
 MULTI_JOB_SHARE = 0.25  # of the schedules, those that run several jobs at once
-TORCH_SHARE = 0.5  # of the schedules of a script of its own, those run by a torch launcher
+TORCH_SHARE = 0.5  # of the schedules of a script of its own, those run by a launcher on the nodes
 
 
 def command_for(trainer: str, total: int) -> list[str]:
@@ -103,9 +103,11 @@ class Schedule:
         return "\n".join(lines)
 
 
-def make_schedule(seed: int) -> Schedule:
+def make_schedule(seed: int, count: int | None = None) -> Schedule:
+    """The schedule of ``seed``: a cluster of 2 to 4 nodes, or of ``count`` (the same draws otherwise)."""
     rng = random.Random(seed)
-    count = rng.randint(2, 4)
+    drawn = rng.randint(2, 4)
+    count = count or drawn
     nodes = [f"n{i + 1}" for i in range(count)]
     save_every = rng.choice([5, 10])
     total = save_every * rng.randint(2, 4) + rng.choice([0, 0, 3])
@@ -162,10 +164,10 @@ def make_schedule(seed: int) -> Schedule:
     spec["trainer"] = "coord" if trainer == "coord" else "mlx_lm"
     if trainer == "script":
         _report_before_hanging(schedule)
-        # Drawn apart too: a PyTorch job, whose ranks each node's agent starts (torchrun, Accelerate).
+        # Drawn apart too: a job whose ranks each node's agent starts (torchrun, Accelerate, any program).
         launchers = random.Random(f"launcher:{seed}")
         if launchers.random() < TORCH_SHARE:
-            spec["launcher"] = launchers.choice(["torchrun", "accelerate"])
+            spec["launcher"] = launchers.choice(["torchrun", "accelerate", "command"])
     if more.random() < 0.4:
         schedule.head_machine = (nodes[0],)
     # Drawn apart too: a rank that aborts after its last step and final save (Gloo at interpreter exit).

@@ -36,6 +36,16 @@ def test_a_schedule_is_the_same_every_time_from_its_seed(seed):
     assert first["timeline"] == again["timeline"]
 
 
+@pytest.mark.parametrize(("seed", "count"), [(7, 64), (11, 128), (12, 256)])
+def test_schedules_on_clusters_of_hundreds_of_nodes_keep_every_invariant(seed, count):
+    # The same draws as a small cluster's (faults, crashes, a stop), on many nodes: every poll, wait and
+    # shrink goes over all of them, under the same virtual clock.
+    schedule = make_schedule(seed, count=count)
+    assert len(schedule.nodes) == count
+    result = run_schedule(schedule)
+    assert result["runs"], schedule.describe()
+
+
 def base(**overrides) -> Schedule:
     spec = {"name": "tiny", "command": None, "save_every": 10, "max_restarts": 3, "keep": 3,
             "total_steps": 60, "replica": "head", "min_nodes": None, "node_timeout": 60.0, "hang_timeout": None}

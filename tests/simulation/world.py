@@ -28,7 +28,8 @@ from coordinator.durable.objects import StoreError
 from coordinator.durable.transfer import UploadDamaged
 from coordinator.jobs.effects import HEAD, LaunchError, NodeView, Placement
 from coordinator.jobs.transfer import CheckpointDamaged
-from coordinator.launch.launcher import LaunchPlan
+from coordinator.launch.registry import capabilities
+from coordinator.launch.seam import LaunchPlan, no_links
 from shared.rpc import RemoteError
 
 EPOCH = 1_700_000_000.0
@@ -526,7 +527,8 @@ class SimEffects:
 
     # --- the agent's methods ---
     def _agent_prepare_rank(self, node: SimNode, *, job: str, rank: int, attempt: int, python: str, argv: list,
-                            env: dict, pass_output: bool = True, files: dict | None = None) -> dict[str, Any]:
+                            env: dict, pass_output: bool = True, files: dict | None = None,
+                            free_ports: list | None = None) -> dict[str, Any]:
         if node.disk_full:
             raise RemoteError("internal", "OSError: [Errno 28] No space left on device")
         world = self.world
@@ -690,12 +692,11 @@ class SimEffects:
             node = self.world.nodes[name]
             if not node.reachable or not node.session_up:
                 raise LaunchError(f"no link information from {name} (is it up?)", node=name)
-        if job.launcher != "mlx":  # a torch launcher: one per node, started by each node's agent
-            return LaunchPlan(job.launcher, "gloo", tuple(nodes), {"backend": "gloo", "order": list(nodes)}, {},
+        if capabilities(job.launcher).runs_on == "nodes":  # one per node, started by each node's agent
+            return LaunchPlan(job.launcher, "gloo", tuple(nodes), no_links("gloo"),
                               node_envs={name: {"COORD_TORCH_BACKEND": "gloo"} for name in nodes},
-                              master_address="10.0.0.1", procs_per_node=1)
-        return LaunchPlan(job.launcher, "ring", tuple(nodes), {"backend": "ring", "order": list(nodes)},
-                          {"backend": "ring", "hosts": list(nodes), "envs": []})
+                              rendezvous_address="10.0.0.1", procs_per_node=1)
+        return LaunchPlan(job.launcher, "ring", tuple(nodes), no_links("ring"))
 
     def start_launcher(self, run_id: str, attempt: int, plan: LaunchPlan) -> int:
         self._effect()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from coordinator.jobs import core
+from coordinator.launch.mlx_backend import launch_links
 from coordinator.jobs.policy import LAUNCH_FAILED, NODE_LOST, RANK_FAILED, SUCCEEDED, Outcome, decide
 
 R = core.RankReport
@@ -74,11 +75,11 @@ def test_launch_links_keep_each_pair_of_neighbours_once_with_kind_and_speed():
         {"node": "n2", "toward": {"n1": {"kind": "thunderbolt", "speed_gbps": 40},
                                   "n3": {"kind": "ethernet", "speed_gbps": 10}}},
         {"node": "n3", "toward": {"n2": {"kind": "ethernet", "speed_gbps": 10}}}]}
-    assert core.launch_links(choice) == {
+    assert launch_links(choice) == {
         "backend": "jaccl-ring", "transport": "rdma", "ring": ["n1", "n2", "n3"],
         "links": [{"a": "n1", "b": "n2", "kind": "thunderbolt", "speed_gbps": 40},
                   {"a": "n2", "b": "n3", "kind": "ethernet", "speed_gbps": 10}]}
-    assert core.launch_links({"backend": "ring", "transport": "tcp", "hosts": []})["links"] == []
+    assert launch_links({"backend": "ring", "transport": "tcp", "hosts": []})["links"] == []
 
 
 def test_each_attempt_has_ring_ports_of_its_own():

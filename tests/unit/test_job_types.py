@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from coordinator.jobs.core import LaunchLinks, NeighbourLink, launch_links
+from coordinator.launch.mlx_backend import launch_links
+from coordinator.launch.seam import LaunchLinks, NeighbourLink
 from coordinator.jobs.fingerprints import ReplicaCheck, ReplicaState, ReplicaSummary, comparison_summary
 from coordinator.jobs.policy import Outcome, OutcomeEntry, outcome_entry, outcome_of
 from coordinator.jobs.run_context import RunContext

@@ -1,4 +1,4 @@
-"""The launcher seam (coordinator/launch/launcher.py) and mlx.launch behind it, with plain data."""
+"""The launcher seam (coordinator/launch/seam.py) and mlx.launch behind it, with plain data."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ import pytest
 
 from coordinator.jobs.spec import JobSpec, JobSpecError, validate
 from coordinator.launch.batch import BatchSplit
-from coordinator.launch.launcher import LaunchPlan, RankSlot
+from coordinator.launch.mlx import MlxPlan
+from coordinator.launch.mlx_backend import launch_links
+from coordinator.launch.seam import LaunchPlan, RankSlot, no_links
 from coordinator.launch.registry import LAUNCHERS, launcher_named
 
 MLX_LM = ["python", "-m", "mlx_lm", "lora", "--model", "m", "--train", "--data", "d", "--iters", "40"]
@@ -55,10 +57,13 @@ def test_the_mlx_plan_keeps_the_measured_order_and_the_hostfile_environment():
     mlx = launcher_named("mlx")
     choice = {"ok": True, "backend": "jaccl-ring", "order": ["b", "a"], "hosts": []}
     hosts = {"backend": "jaccl-ring", "envs": ["MLX_METAL_FAST_SYNCH=1", "broken"], "hosts": []}
-    plan = mlx.adopt(choice, hosts, ["a", "b"])
-    assert plan == LaunchPlan("mlx", "jaccl-ring", ("b", "a"), choice, hosts)
+    plan = mlx.adopt({"backend": choice, "hostfile": hosts}, ["a", "b"])
+    assert plan == MlxPlan("mlx", "jaccl-ring", ("b", "a"), launch_links(choice), {"MLX_METAL_FAST_SYNCH": "1"},
+                           choice=choice, hosts=hosts)
     assert plan.envs == {"MLX_METAL_FAST_SYNCH": "1"}
-    assert mlx.adopt({"backend": "ring"}, {"backend": "ring"}, ["a", "b"]).order == ("a", "b")
+    assert mlx.adopt({"backend": {"backend": "ring"}, "hostfile": {"backend": "ring"}}, ["a", "b"]).order == ("a", "b")
+    # Pre-flight without a hostfile (it could not plan one): the first attempt plans from the nodes.
+    assert mlx.adopt({"backend": None, "hostfile": None}, ["a", "b"]) is None
     job = JobSpec(name="j", command=["python", "train.py"])
     assert mlx.rank_env(job, RankSlot(plan, 0, "run", 0), None) == {}  # mlx.launch gives each rank its own MLX_RANK
 
@@ -69,7 +74,7 @@ def test_mlx_lm_jobs_state_their_batch_and_scripts_of_ones_own_do_not():
     assert mlx.batch(fine_tune, 2) == BatchSplit(8, 1, 2)
     script = validate(JobSpec(name="j", command=["python", "train.py"]))
     assert mlx.batch(script, 2) is None
-    slot = RankSlot(mlx.adopt({"backend": "ring"}, {"backend": "ring"}, ["a"]), 0, "run", 0)
+    slot = RankSlot(mlx.adopt({"backend": {"backend": "ring"}, "hostfile": {"backend": "ring"}}, ["a"]), 0, "run", 0)
     assert mlx.rank_command(script, slot, checkpoint_dir="/c", resume_file=None, start_step=0, batch=None) == \
         ["python", "train.py"]
     rewritten = mlx.rank_command(fine_tune, slot, checkpoint_dir="/c", resume_file="/r.safetensors", start_step=10,
@@ -110,7 +115,7 @@ def test_a_launcher_in_the_daemons_own_session_is_refused_and_killed(tmp_path, m
 
     launcher = _SleepLauncher(own_session=False)
     effects = _effects_with(launcher, tmp_path, monkeypatch)
-    plan = LaunchPlan("sleep", "ring", ("a",), {}, {"backend": "ring", "envs": [], "hosts": []})
+    plan = LaunchPlan("sleep", "ring", ("a",), no_links("ring"))
     with pytest.raises(LaunchError, match="session of its own"):
         effects.start_launcher("run-1", 0, plan)
     (proc,) = launcher.started
@@ -120,7 +125,7 @@ def test_a_launcher_in_the_daemons_own_session_is_refused_and_killed(tmp_path, m
 def test_a_launcher_in_a_session_of_its_own_is_kept(tmp_path, monkeypatch):
     launcher = _SleepLauncher(own_session=True)
     effects = _effects_with(launcher, tmp_path, monkeypatch)
-    plan = LaunchPlan("sleep", "ring", ("a",), {}, {"backend": "ring", "envs": [], "hosts": []})
+    plan = LaunchPlan("sleep", "ring", ("a",), no_links("ring"))
     pid = effects.start_launcher("run-1", 0, plan)
     try:
         assert os.getsid(pid) == pid and effects.launcher_exit(pid) is None

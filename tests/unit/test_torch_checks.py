@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
+from coordinator.launch.registry import capabilities
+from coordinator.launch.rendezvous import choose_rendezvous
 from coordinator.launch.topology import connectivity_matrix
 from coordinator.launch.torch_env import (
     bf16_capable,
-    choose_rendezvous,
-    is_torch_launcher,
     torch_backend,
     torch_env,
     torch_envs,
@@ -48,8 +48,8 @@ def by_name(checks: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def test_only_the_torch_launchers_get_these_checks():
-    assert all(is_torch_launcher(name) for name in ("torchrun", "accelerate", "deepspeed"))
-    assert not is_torch_launcher("mlx")
+    assert all(capabilities(name).preflight == "torch" for name in ("torchrun", "accelerate", "deepspeed"))
+    assert capabilities("mlx").preflight == "mlx" and capabilities("command").preflight is None
 
 
 def test_the_same_builds_everywhere_pass():

@@ -11,7 +11,7 @@ import yaml
 
 from coordinator.jobs.spec import JobSpec, JobSpecError, spec_from_fields, validate
 from coordinator.launch.batch import BatchSplit, rebatch
-from coordinator.launch.launcher import LaunchPlan, NodeReadings, PlanError, RankSlot
+from coordinator.launch.seam import LaunchPlan, NodeReadings, PlanError, RankSlot
 from coordinator.launch.mlx_lm_command import CommandError
 from coordinator.launch.registry import launcher_named
 from coordinator.launch.torch_command import launcher_in, read_command
@@ -95,11 +95,12 @@ def test_coord_run_with_a_launchers_command_takes_that_launcher_and_checks_the_r
     assert spec.launcher == "torchrun"
     with pytest.raises(JobSpecError, match="^--rdzv-endpoint: coord runs a static rendezvous"):
         validate(JobSpec(name="j", command=["torchrun", "--rdzv-endpoint", "x:1", "train.py"]))
-    with pytest.raises(JobSpecError, match="MLX backend"):
+    with pytest.raises(JobSpecError, match="^--backend: for --launcher mlx, not torchrun"):
         validate(JobSpec(name="j", command=["python", "t.py"], launcher="torchrun", backend="ring"))
-    with pytest.raises(JobSpecError, match="--procs-per-node is for a PyTorch job"):
+    with pytest.raises(JobSpecError, match="^--procs-per-node: for --launcher torchrun or accelerate or deepspeed "
+                                           "or command, not mlx"):
         validate(JobSpec(name="j", command=["python", "t.py"], procs_per_node=2))
-    with pytest.raises(JobSpecError, match="runs a PyTorch script"):
+    with pytest.raises(JobSpecError, match="runs a program of your own"):
         validate(JobSpec(name="j", command=["python", "-m", "mlx_lm", "lora", "--iters", "3"], launcher="torchrun"))
     with pytest.raises(JobSpecError, match="--micro-batch goes with --global-batch"):
         validate(JobSpec(name="j", command=["python", "t.py"], launcher="torchrun", micro_batch=2))
@@ -113,11 +114,11 @@ def test_coord_run_with_a_launchers_command_takes_that_launcher_and_checks_the_r
 def test_local_nodes_meet_on_loopback_with_gloo_and_one_process_each():
     job = validate(JobSpec(name="j", command=["python", "train.py"], launcher="torchrun"))
     plan = _plan("torchrun", job)
-    assert (plan.launcher, plan.backend, plan.order, plan.master_address) == ("torchrun", "gloo", ("a", "b"),
+    assert (plan.launcher, plan.backend, plan.order, plan.rendezvous_address) == ("torchrun", "gloo", ("a", "b"),
                                                                               "127.0.0.1")
     assert plan.procs_per_node == 1 and plan.world_size == 2
     assert plan.node_envs["a"] == {"COORD_TORCH_BACKEND": "gloo"}
-    assert launcher_named("torchrun").runs_on == "nodes"
+    assert launcher_named("torchrun").capabilities.runs_on == "nodes"
 
 
 def test_gpu_nodes_run_one_process_per_gpu_with_nccl_unless_the_job_says():
@@ -224,9 +225,9 @@ def test_nodes_that_share_a_hostname_but_not_a_network_do_not_meet_on_loopback()
     apart = {"a": {**_facts(hostname="mac"), "network_id": "boot1/net:[1]"},
              "b": {**_facts(hostname="mac"), "network_id": "boot1/net:[2]"}}
     plan = torch_plan("torchrun", cluster, NodeReadings({}, apart), ["a", "b"], None, job)
-    assert plan.master_address == "a.lan"  # the cluster file's host for rank 0, resolved on each node
+    assert plan.rendezvous_address == "a.lan"  # the cluster file's host for rank 0, resolved on each node
     together = {n: {**f, "network_id": "boot1/net:[1]"} for n, f in apart.items()}
-    assert torch_plan("torchrun", cluster, NodeReadings({}, together), ["a", "b"], None, job).master_address == \
+    assert torch_plan("torchrun", cluster, NodeReadings({}, together), ["a", "b"], None, job).rendezvous_address == \
         "127.0.0.1"
 
 
@@ -270,8 +271,9 @@ def test_a_plans_deepspeed_json_is_written_for_each_attempt_with_that_attempts_b
 
 
 @pytest.mark.parametrize(("fields", "words"), [
-    ({"launcher": "mlx", "command": ["python", "t.py"], "launcher_config": {"a": 1}}, "is for a PyTorch job"),
-    ({"launcher": "torchrun", "launcher_config": {"a": 1}}, "for accelerate or deepspeed, not torchrun"),
+    ({"launcher": "mlx", "command": ["python", "t.py"], "launcher_config": {"a": 1}},
+     "--launcher-config: for --launcher accelerate or deepspeed, not mlx"),
+    ({"launcher": "torchrun", "launcher_config": {"a": 1}}, "for --launcher accelerate or deepspeed, not torchrun"),
     ({"launcher": "deepspeed", "launcher_config": [1]}, "must be a mapping"),
     ({"launcher": "deepspeed", "launcher_config": {"a": float("nan")}}, "not finite"),
     ({"launcher": "deepspeed", "launcher_config": {"a": "x\x1b[31m"}}, "control character"),

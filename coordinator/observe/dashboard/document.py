@@ -16,8 +16,8 @@ from coordinator.jobs.supervisor import ACTIVE
 from coordinator.jobs.view import RunView
 
 if TYPE_CHECKING:
-    from coordinator.jobs.core import LaunchLinks
     from coordinator.jobs.supervisor import JobRunner
+    from coordinator.launch.seam import LaunchLinks
     from coordinator.nodes.cluster import Cluster, ClusterNodeView
     from coordinator.observe.metrics.history import RunHistory, UsageSample
     from coordinator.store.state import CheckpointRow, EventRecord

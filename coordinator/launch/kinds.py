@@ -1,0 +1,76 @@
+"""What a launcher declares about itself (``Capabilities``), and what of a job it reads (``JobCommand``).
+
+Light on purpose: the job's spec check and the CLI's start read these, and import nothing else of the
+launchers (the seam itself, coordinator/launch/seam.py, brings the links' types and what they need).
+Plain tuples and protocols: no dataclasses, which `coord sync`'s start does without.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal, NamedTuple, Protocol
+
+
+class CommandError(ValueError):
+    """The job's command, or an option of it, cannot be run as given; the message says why."""
+
+
+class JobCommand(Protocol):
+    """What of a job a launcher reads (``coordinator.jobs.spec.JobSpec`` is one)."""
+
+    @property
+    def command(self) -> Sequence[str]: ...
+    @property
+    def source(self) -> str | None: ...
+    @property
+    def trainer(self) -> str: ...
+    @property
+    def total_steps(self) -> int | None: ...
+    @property
+    def save_every(self) -> int: ...
+    @property
+    def procs_per_node(self) -> int | None: ...  # processes per node (None: the launcher's own rule)
+    @property
+    def global_batch(self) -> int | None: ...  # examples per optimizer step, kept on a shrink
+    @property
+    def micro_batch(self) -> int | None: ...  # examples per process per micro-step
+    @property
+    def launcher_config(self) -> dict[str, Any] | None: ...  # a plan's settings for the launcher (free-form)
+    @property
+    def env_style(self) -> str | None: ...  # a framework's own variables beside coord's (--env-style)
+
+
+#: The job options that only some launchers take, by the JobSpec field that holds each.
+OPTIONS = ("procs_per_node", "global_batch", "micro_batch", "launcher_config", "env_style", "backend")
+
+
+class Capabilities(NamedTuple):
+    """What a launcher declares about itself, so that nothing outside the seam asks which one a job has."""
+
+    # Where an attempt starts: "head" (one process on the head starts every rank over SSH: ``start``),
+    # or "nodes" (each node's agent starts its own rank once its script is prepared).
+    runs_on: Literal["head", "nodes"]
+    # The family of framework checks pre-flight runs for its jobs (coordinator/readiness/preflight.py),
+    # besides the checks every job gets; None: only those.
+    preflight: str | None = None
+    # What a plan reads from every node besides its links (``NodeReadings.facts``), by the name of the
+    # probe that answers it (coordinator/jobs/daemon_effects.py); None: the links alone.
+    node_facts: str | None = None
+    # Each node of an attempt may hold a part of a checkpoint directory (its processes' own files, their
+    # shards), so every node is listed and the parts joined; else a checkpoint is whole where it lies.
+    checkpoint_parts: bool = False
+    # The options of OPTIONS its jobs may give; any other is refused when the job is checked.
+    options: frozenset[str] = frozenset()
+    # The job's command is a program of the user's own (a script, a binary): mlx-lm's fine-tune and
+    # coord's own trainer are not for this launcher.
+    own_program: bool = False
+    # A node whose rank runs ``python -m MODULE`` keeps a warm standby with MODULE imported, for the next
+    # attempt to claim (agent/standby.py): only for a launcher's own module, whose import does nothing
+    # else; never for a user's program, whose import might start its work.
+    standby: bool = False
+    # What it needs on every node besides its framework, for pre-flight to check: distributions by name
+    # ("accelerate"), and "c++" for a C++ compiler and Python's headers (ops built on the node).
+    needs: frozenset[str] = frozenset()
+    # Where the launcher's check of a job's command lives ("module:function", imported only when a job
+    # names this launcher): called with the job; raises CommandError when it cannot be run as given.
+    command_check: str | None = None
