@@ -27,8 +27,8 @@ import os
 import time
 from typing import Any
 
-__all__ = ["accelerate_tracker", "checkpoint_dir", "deepspeed_config", "hf_callback", "report", "resume_dir",
-           "skip_batches", "step_offset"]
+__all__ = ["accelerate_tracker", "checkpoint_dir", "deepspeed_config", "hf_callback", "jax_distributed", "report",
+           "resume_dir", "skip_batches", "step_offset"]
 
 #: Checkpoint names carry the step in seven digits (docs/script-contract.md).
 STEP_DIGITS = 7
@@ -90,6 +90,21 @@ def deepspeed_config() -> str | None:
     plan's ZeRO stage, precision and offload, with this attempt's batch, which a shrink changes), or None
     without a plan: ``deepspeed.initialize(..., config=coord_script.deepspeed_config() or "ds.json")``."""
     return os.environ.get("COORD_DEEPSPEED_CONFIG") or None
+
+
+def jax_distributed() -> dict[str, Any]:
+    """The arguments of ``jax.distributed.initialize`` for this process of a ``coord run --launcher command
+    --env-style jax`` job: ``jax.distributed.initialize(**coord_script.jax_distributed())``. JAX reads the
+    coordinator's address from ``JAX_COORDINATOR_ADDRESS`` itself, but not the number of processes or this
+    one's id outside the clusters it detects (Slurm, Open MPI, Kubernetes, TPUs): coord sets them as
+    ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID``. RuntimeError when they are not set."""
+    try:
+        return {"coordinator_address": os.environ["JAX_COORDINATOR_ADDRESS"],
+                "num_processes": int(os.environ["JAX_NUM_PROCESSES"]),
+                "process_id": int(os.environ["JAX_PROCESS_ID"])}
+    except (KeyError, ValueError) as exc:
+        raise RuntimeError(f"coord_script.jax_distributed: {exc} is not set as a number or an address (the job is "
+                           "not run by coord run --launcher command --env-style jax)") from None
 
 
 def skip_batches() -> int:

@@ -107,7 +107,7 @@ def expected_weight(steps: int, world: int, w: float = 0.0) -> float:
     return w
 
 
-#: JAX over jax.distributed, initialised from the variables ``--env-style jax`` sets (no arguments), on CPU
+#: JAX over jax.distributed, initialised from the variables ``--env-style jax`` sets, on CPU
 #: with Gloo between the processes: each step a process's value is summed over every process
 #: (``process_allgather``), and rank 0 reports the sum and writes it at the end.
 JAX = '''\
@@ -115,10 +115,10 @@ import json, os, sys
 import jax
 jax.config.update("jax_platforms", "cpu")
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
-jax.distributed.initialize()
+import coord_script
+jax.distributed.initialize(**coord_script.jax_distributed())
 import jax.numpy as jnp
 from jax.experimental import multihost_utils
-import coord_script
 
 steps = int(sys.argv[1])
 rank = jax.process_index()

@@ -22,8 +22,9 @@ def add_launcher_options(p: argparse.ArgumentParser, global_batch_help: str) -> 
                    "command job (default: one per GPU, one on a CPU node, one for a command; torchrun's own "
                    "--nproc-per-node works too)")
     p.add_argument("--env-style", choices=list(ENV_STYLES), help="--launcher command: also set a framework's own "
-                   "variables: jax (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID, read by "
-                   "jax.distributed.initialize()) or tf (TF_CONFIG, for MultiWorkerMirroredStrategy)")
+                   "variables: jax (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID: "
+                   "jax.distributed.initialize(**coord_script.jax_distributed())) or tf (TF_CONFIG, for "
+                   "MultiWorkerMirroredStrategy)")
     p.add_argument("--global-batch", type=_whole("global_batch"), help=global_batch_help)
     p.add_argument("--micro-batch", type=_whole("micro_batch"), help="with --global-batch: examples per process "
                    "per micro-step (default 1)")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +47,14 @@ LOCAL_RANKS = ("python", "-m", "agent.local_ranks")
 RANKS_FILE = "ranks.json"
 
 
+@dataclass(frozen=True, kw_only=True)
+class CommandPlan(LaunchPlan):
+    """A command attempt: each node's address, rank by rank, where its processes listen (the first is
+    the coordinator's)."""
+
+    addresses: tuple[str, ...]
+
+
 class CommandLauncher:
     """The job's command on every node, with the world in its environment."""
 
@@ -62,15 +71,14 @@ class CommandLauncher:
         choice = choose_rendezvous(matrix, nodes, configured=first.ips[0] if first.ips else None,
                                    fallback=first.host, one_machine=all(by_name[n].is_local for n in nodes))
         coordinator = choice["master_address"]
-        addresses: dict[str, dict[str, str]] = {}
-        for name in nodes:
+        together = choice["reason"].startswith(("one node", "every node is this machine"))
+        addresses = [coordinator]
+        for name in nodes[1:]:
             node = by_name[name]
-            own = address_toward(matrix, name, nodes[0], coordinator)
-            if choice["reason"].startswith(("one node", "every node is this machine")):
-                own = coordinator
-            addresses[name] = {"COORD_NODE_ADDR": own or (node.ips[0] if node.ips else node.host)}
-        return LaunchPlan(self.name, "own", tuple(nodes), no_links("own"), node_envs=addresses,
-                          rendezvous_address=coordinator, procs_per_node=job.procs_per_node or 1)
+            own = coordinator if together else address_toward(matrix, name, nodes[0], coordinator)
+            addresses.append(own or (node.ips[0] if node.ips else node.host))
+        return CommandPlan(self.name, "own", tuple(nodes), no_links("own"), rendezvous_address=coordinator,
+                           procs_per_node=job.procs_per_node or 1, addresses=tuple(addresses))
 
     def adopt(self, preflight: Mapping[str, Any], nodes: list[str]) -> LaunchPlan | None:
         return None  # planned at launch, from the links
@@ -109,8 +117,8 @@ class CommandLauncher:
     def _envs(self, job: JobCommand, slot: RankSlot) -> list[dict[str, str]]:
         """Each process's environment on this slot's node, local rank by local rank."""
         plan = slot.plan
-        addresses = [plan.node_envs[name]["COORD_NODE_ADDR"] for name in plan.order]
-        addresses[0] = plan.rendezvous_address or addresses[0]
+        if not isinstance(plan, CommandPlan):
+            raise PlanError(f"a command rank cannot run from a {plan.launcher} plan")
         port = coordinator_port(slot.run_id, slot.attempt)
         return [process_env(job.env_style, node_rank=slot.rank, local_rank=local, procs=plan.procs_per_node,
-                            addresses=addresses, port=port) for local in range(plan.procs_per_node)]
+                            addresses=plan.addresses, port=port) for local in range(plan.procs_per_node)]

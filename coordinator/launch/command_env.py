@@ -1,9 +1,12 @@
 """What each process of a ``--launcher command`` job finds in its environment: coord's own ``COORD_*``
 world, and, with ``--env-style``, the variables a framework reads to form its own.
 
-- ``jax``: ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID``, which
-  ``jax.distributed.initialize()`` reads when it is called without arguments (jax/_src/distributed.py),
-  and ``JAX_LOCAL_PROCESS_ID``.
+- ``jax``: ``JAX_COORDINATOR_ADDRESS``, which ``jax.distributed.initialize()`` reads itself when it
+  is not given one (jax/_src/distributed.py); ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID``, which it
+  does not (outside Slurm, Open MPI, Kubernetes and TPUs it must be given them: JAX's own documentation
+  of ``initialize``), so ``jax.distributed.initialize(**coord_script.jax_distributed())`` passes all
+  three; ``JAX_LOCAL_PROCESS_ID``; and with several processes a node ``JAX_LOCAL_DEVICE_IDS``, which
+  JAX reads itself: each process its own GPU (no effect on a CPU).
 - ``tf``: ``TF_CONFIG``, the JSON TensorFlow's ``MultiWorkerMirroredStrategy`` reads through its
   ``TFConfigClusterResolver``: ``{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker",
   "index": i}}``, one worker per process, each on its node's address and a port of its own.
@@ -50,6 +53,8 @@ def process_env(style: str | None, *, node_rank: int, local_rank: int, procs: in
     if style == "jax":
         env.update({"JAX_COORDINATOR_ADDRESS": coordinator, "JAX_NUM_PROCESSES": str(world),
                     "JAX_PROCESS_ID": str(rank), "JAX_LOCAL_PROCESS_ID": str(local_rank)})
+        if procs > 1:
+            env["JAX_LOCAL_DEVICE_IDS"] = str(local_rank)
     elif style == "tf":
         workers = [f"{_host(address)}:{port + local}" for address in addresses for local in range(procs)]
         env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}},

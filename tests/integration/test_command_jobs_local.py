@@ -62,7 +62,8 @@ def _wait(daemon, name: str, timeout: float = 300) -> dict:
 def _programs(root: Path, *, node: str | None = None) -> list[int]:
     """The socket program's processes (or JAX's) running in a node's workdir."""
     return [p.pid for p in running_under(root) if (b"sockets.py" in p.words or b"jaxprog.py" in p.words)
-            and b"agent.local_ranks" not in p.words and (node is None or p.cwd == str(root / node))]
+            and b"agent.local_ranks" not in p.words and b"agent.rank_runner" not in p.words
+            and (node is None or p.cwd == str(root / node))]
 
 
 def _final(root: Path, final: dict) -> dict:

@@ -36,14 +36,17 @@ def test_a_schedule_is_the_same_every_time_from_its_seed(seed):
     assert first["timeline"] == again["timeline"]
 
 
-@pytest.mark.parametrize(("seed", "count"), [(7, 64), (11, 128), (12, 256)])
+@pytest.mark.parametrize(("seed", "count"), [(35, 64), (5, 128), (3, 256)])
 def test_schedules_on_clusters_of_hundreds_of_nodes_keep_every_invariant(seed, count):
-    # The same draws as a small cluster's (faults, crashes, a stop), on many nodes: every poll, wait and
-    # shrink goes over all of them, under the same virtual clock.
+    # The same draws as a small cluster's, on many nodes: every poll, wait and shrink goes over all of
+    # them, under the same virtual clock. These seeds recover and finish: 64 nodes, a node cut, the
+    # head's path and a rank killed; 128, ranks that end early and one that hangs (two jobs, torchrun);
+    # 256, a launch that fails, a rank that hangs, a disk that fills.
     schedule = make_schedule(seed, count=count)
     assert len(schedule.nodes) == count
     result = run_schedule(schedule)
-    assert result["runs"], schedule.describe()
+    assert result["runs"][0]["state"] == "succeeded" and result["runs"][0]["record"]["restarts"] >= 1, \
+        schedule.describe()
 
 
 def base(**overrides) -> Schedule:

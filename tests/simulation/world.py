@@ -19,6 +19,7 @@ import json
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
@@ -28,8 +29,8 @@ from coordinator.durable.objects import StoreError
 from coordinator.durable.transfer import UploadDamaged
 from coordinator.jobs.effects import HEAD, LaunchError, NodeView, Placement
 from coordinator.jobs.transfer import CheckpointDamaged
-from coordinator.launch.registry import capabilities
-from coordinator.launch.seam import LaunchPlan, no_links
+from coordinator.launch.registry import capabilities, launcher_named
+from coordinator.launch.seam import LaunchPlan, NodeReadings, no_links
 from shared.rpc import RemoteError
 
 EPOCH = 1_700_000_000.0
@@ -692,7 +693,12 @@ class SimEffects:
             node = self.world.nodes[name]
             if not node.reachable or not node.session_up:
                 raise LaunchError(f"no link information from {name} (is it up?)", node=name)
-        if capabilities(job.launcher).runs_on == "nodes":  # one per node, started by each node's agent
+        declared = capabilities(job.launcher)
+        if declared.runs_on == "nodes" and declared.node_facts is None:  # the launcher's own plan, from the links
+            cluster = SimpleNamespace(config=SimpleNamespace(nodes=[
+                SimpleNamespace(name=n, is_local=False, ips=[f"10.0.0.{i + 1}"], host=n) for i, n in enumerate(nodes)]))
+            return launcher_named(job.launcher).plan(cluster, NodeReadings({}), list(nodes), None, job)
+        if declared.runs_on == "nodes":  # one per node, started by each node's agent
             return LaunchPlan(job.launcher, "gloo", tuple(nodes), no_links("gloo"),
                               node_envs={name: {"COORD_TORCH_BACKEND": "gloo"} for name in nodes},
                               rendezvous_address="10.0.0.1", procs_per_node=1)

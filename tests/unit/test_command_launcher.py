@@ -53,6 +53,21 @@ def test_jax_style_gives_what_jax_distributed_initialize_reads_without_arguments
     env = process_env("jax", node_rank=2, local_rank=0, procs=1, addresses=["a", "b", "c"], port=14001)
     assert (env["JAX_COORDINATOR_ADDRESS"], env["JAX_NUM_PROCESSES"], env["JAX_PROCESS_ID"]) == ("a:14001", "3", "2")
     assert env["JAX_LOCAL_PROCESS_ID"] == "0" and env["COORD_COORDINATOR_ADDR"] == "a:14001"
+    assert "JAX_LOCAL_DEVICE_IDS" not in env  # one process a node: every device of it
+    two = process_env("jax", node_rank=1, local_rank=1, procs=2, addresses=["a", "b"], port=14001)
+    assert (two["JAX_PROCESS_ID"], two["JAX_LOCAL_DEVICE_IDS"]) == ("3", "1")  # each process its own GPU
+
+
+def test_coord_script_gives_jax_distributed_initialize_its_arguments(monkeypatch):
+    import coord_script
+
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "a:14001")
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "4")
+    monkeypatch.setenv("JAX_PROCESS_ID", "3")
+    assert coord_script.jax_distributed() == {"coordinator_address": "a:14001", "num_processes": 4, "process_id": 3}
+    monkeypatch.delenv("JAX_PROCESS_ID")
+    with pytest.raises(RuntimeError, match="JAX_PROCESS_ID"):
+        coord_script.jax_distributed()
 
 
 def test_tf_style_gives_every_process_a_worker_of_its_own_in_tf_config():
