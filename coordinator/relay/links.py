@@ -25,6 +25,7 @@ class LinkBook:
         # name -> (session generation, its agent's topology answer or None); read by coordinator.launch
         self._topologies: dict[str, tuple[int, Topology | None]] = {}
         self._pairs: dict[str, dict[str, PairView]] = {}  # the connectivity matrix's pairs, both directions
+        self._pairs_of: tuple[tuple[str, int], ...] = ()  # the (node, session generation) answers they came from
         self._head_addresses: dict[str, str | None] = {}
 
     async def refresh(self, sessions: Mapping[str, NodeSession], names: list[str]) -> None:
@@ -49,7 +50,13 @@ class LinkBook:
                     tasks.start_soon(one, name)
         measured: dict[str, Topology | None] = {
             name: topology for name, (_, topology) in self._topologies.items() if topology is not None}
-        self._pairs = connectivity_matrix(measured)["pairs"] if len(measured) > 1 else {}
+        # The matrix is every pair of nodes (a hundred nodes: ten thousand pairs, most of a core-second):
+        # made again only when a node's answer changed, not for every copy the relay makes.
+        answers = tuple(sorted((name, generation) for name, (generation, topology) in self._topologies.items()
+                               if topology is not None))
+        if answers != self._pairs_of:
+            self._pairs = connectivity_matrix(measured)["pairs"] if len(measured) > 1 else {}
+            self._pairs_of = answers
 
     def address(self, sender: str, receiver: str) -> str:
         """The address ``sender`` sends ``receiver``'s bytes to: the head uses the one its SSH session
