@@ -15,7 +15,8 @@ namespace, fresh for the size. Measured, one run each:
 - one node's link cut: to the head's detection (the node not up in ``coord status``), and to the job's
   first step after the shrink to the others;
 - ``coord stop`` to no rank left on any node;
-- the state database's size after the run, per 10,000 steps of it.
+- what the run added to the state database (its file once the daemon stopped), per step and per 10,000
+  steps (the job's steps are its checkpoints every 5 and its metrics).
 
 The cluster file is the test cluster's with the default ``keepalive_s`` (2 s), as a user's is.
 
@@ -109,6 +110,8 @@ def measure(count: int, root: Path, suffix: str) -> dict:
             row["status_p50_ms"] = round(statistics.median(asks), 1)
             row["status_p99_ms"] = round(asks[int(len(asks) * 0.99) - 1], 1)
             time.sleep(5)  # the status asks' own work done
+            database = root / f"state{count}" / "coord.db"
+            empty_db = database.stat().st_size
             share, rss = share_of_a_core(pid, 20)
             row["idle_cpu_share"], row["idle_rss_mb"] = round(share, 4), round(rss, 1)
 
@@ -153,14 +156,15 @@ def measure(count: int, root: Path, suffix: str) -> dict:
                 row["stop_to_none_left_s"] = round(time.monotonic() - stopped, 2)
             finally:
                 cluster.restore_link(cut)
-            database = sum(p.stat().st_size for p in (root / f"state{count}").glob("coord.db*"))
             row["steps"] = steps
-            row["db_mb_per_10k_steps"] = round(database / 2**20 / max(steps, 1) * 10_000, 2)
-            row["db_mb"] = round(database / 2**20, 2)
         finally:
             daemon.stop()
             for node in cluster.nodes:
                 cluster.exec_in(node.name, ["pkill", "-KILL", "-u", node.user, "-f", "sockets.py"])
+        # Its write-ahead log folded into it once the daemon stopped: what the run added, per step.
+        grown = database.stat().st_size - empty_db
+        row["db_kb_per_step"] = round(grown / 1024 / max(steps, 1), 2)
+        row["db_mb_per_10k_steps"] = round(grown / 2**20 / max(steps, 1) * 10_000, 1)
     return row
 
 
@@ -172,7 +176,7 @@ COLUMNS = [("nodes", "nodes"), ("up_first_contact_s", "agents up, first contact 
            ("cut_detected_s", "cut to detection (s)"),
            ("cut_to_step_after_shrink_s", "cut to a step after the shrink (s)"),
            ("stop_to_none_left_s", "stop to no rank left (s)"),
-           ("db_mb_per_10k_steps", "state DB per 10,000 steps (MB)")]
+           ("db_kb_per_step", "state DB per step (KB)"), ("db_mb_per_10k_steps", "state DB per 10,000 steps (MB)")]
 
 
 def main() -> None:

@@ -134,9 +134,12 @@ def connectivity_matrix(topologies: Mapping[str, Topology | None]) -> Matrix:
     nodes = {name: _node_summary(topologies[name]) for name in names}
     pairs: dict[str, dict[str, PairView]] = {name: {} for name in names}
     notes: list[str] = []
+    # Each node's addresses parsed once, not once for every pair it is in (a hundred nodes: ten
+    # thousand pairs, and parsing was most of the time).
+    parsed = {name: _ipv4_interfaces(topologies[name]) for name in names}
     for i, a in enumerate(names):
         for b in names[i + 1:]:
-            forward, backward = _pair(a, b, topologies[a], topologies[b], nodes)
+            forward, backward = _pair(a, b, topologies[a], topologies[b], nodes, (parsed[a], parsed[b]))
             pairs[a][b] = forward
             pairs[b][a] = backward
     notes.extend(_unmatched_cables(names, topologies))
@@ -255,6 +258,7 @@ def _pair(
     topo_a: Topology | None,
     topo_b: Topology | None,
     nodes: dict[str, NodeLinks],
+    parsed: tuple[list[Addressed], list[Addressed]] | None = None,
 ) -> tuple[PairView, PairView]:
     cables_ab: list[Cable] = []
     cables_ba: list[Cable] = []
@@ -265,7 +269,7 @@ def _pair(
     cable_interfaces = {
         (c["local_interface"], c["peer_interface"]) for c in cables_ab
     }
-    links_ab = _shared_links(topo_a, topo_b, cable_interfaces)
+    links_ab = _shared_links(topo_a, topo_b, cable_interfaces, parsed)
     links_ba = [_swap_link(link) for link in links_ab]
     link_detail = None
     if not links_ab:
@@ -398,7 +402,10 @@ def _is_number(value: Any) -> TypeGuard[float]:
 # --- IP links ----------------------------------------------------------------------------
 
 
-def _ipv4_interfaces(topology: Topology | None) -> list[tuple[str, str | None, ipaddress.IPv4Interface]]:
+Addressed = tuple[str, str | None, ipaddress.IPv4Interface]  # (kind, interface, its address)
+
+
+def _ipv4_interfaces(topology: Topology | None) -> list[Addressed]:
     """(kind, interface, IPv4Interface) of the node's up, non-loopback, non-link-local
     addresses."""
     if not isinstance(topology, dict):
@@ -437,10 +444,12 @@ def _shared_links(
     topo_a: Topology | None,
     topo_b: Topology | None,
     cable_interfaces: set[tuple[str | None, str | None]],
+    parsed: tuple[list[Addressed], list[Addressed]] | None = None,
 ) -> list[Link]:
     links: list[Link] = []
-    for kind_a, name_a, ip_a in _ipv4_interfaces(topo_a):
-        for kind_b, name_b, ip_b in _ipv4_interfaces(topo_b):
+    mine, theirs = parsed if parsed is not None else (_ipv4_interfaces(topo_a), _ipv4_interfaces(topo_b))
+    for kind_a, name_a, ip_a in mine:
+        for kind_b, name_b, ip_b in theirs:
             if kind_a != kind_b or ip_a.ip == ip_b.ip:
                 continue
             if ip_b.ip in ip_a.network and ip_a.ip in ip_b.network:
