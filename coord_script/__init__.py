@@ -92,7 +92,7 @@ def deepspeed_config() -> str | None:
     return os.environ.get("COORD_DEEPSPEED_CONFIG") or None
 
 
-def jax_distributed() -> dict[str, Any]:
+def jax_distributed() -> dict[str, str | int]:
     """The arguments of ``jax.distributed.initialize`` for this process of a ``coord run --launcher command
     --env-style jax`` job: ``jax.distributed.initialize(**coord_script.jax_distributed())``. JAX reads the
     coordinator's address from ``JAX_COORDINATOR_ADDRESS`` itself, but not the number of processes or this

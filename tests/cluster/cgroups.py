@@ -104,3 +104,25 @@ class Quota:
                 return
             except OSError:
                 time.sleep(0.1)
+
+
+HOG = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
+
+
+def start_cpu_hog(directory: Path, cpu: int) -> subprocess.Popen:
+    """A busy loop of another user (nobody) pinned to ``cpu``, ahead of the ranks there: nice -15, set as root
+    before it drops to nobody, in a session (so a Linux autogroup) of its own whose weight is set too (a
+    process's own nice does not change its autogroup's weight against the ranks' session). Its script is
+    ``directory/straggler_hog.py``; the system's Python runs it (the tests' own may live where nobody may not
+    go). Running when returned; the caller kills it."""
+    script = directory / "straggler_hog.py"
+    script.write_text(HOG)
+    script.chmod(0o644)
+    hog = subprocess.Popen(["nice", "-n", "-15", "setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                            "/usr/bin/python3", str(script), str(cpu)], start_new_session=True)
+    autogroup = Path(f"/proc/{hog.pid}/autogroup")
+    if autogroup.exists():
+        autogroup.write_text("-15")
+    time.sleep(1)
+    assert hog.poll() is None, "the hog did not start"
+    return hog

@@ -24,9 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.cgroups import Quota, cpu_controller, rank_processes, show_cgroups_to
+from tests.cluster.cgroups import Quota, cpu_controller, rank_processes, show_cgroups_to, start_cpu_hog
 from tests.cluster.jobs import at_step, events, job_of, rank_pid, submit, tiny_project_and_daemon, wait_event
-from tests.cluster.netns import SYSTEM_PYTHON
 from tests.integration.daemon_harness import coord
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
@@ -96,15 +95,9 @@ def test_a_rank_throttled_by_a_cpu_quota_is_named_with_its_cause_and_cleared_onc
         _stop(daemon, name)
 
 
-HOG = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
-
-
 @pytest.mark.skipif(os.geteuid() != 0 or (os.cpu_count() or 1) < 2, reason="needs root and two CPUs")
 def test_a_cpu_hog_of_another_user_is_named_by_pid_and_command(netns_cluster, running):
     daemon, name = running["daemon"], "hogged"
-    hog_script = Path(running["root"]) / "straggler_hog.py"  # a directory nobody may read
-    hog_script.write_text(HOG)
-    hog_script.chmod(0o644)
     submit(daemon, running["project"], name, "--trainer", "coord", "--hang-timeout", "600", command=TRAIN)
     hog = None
     try:
@@ -114,16 +107,7 @@ def test_a_cpu_hog_of_another_user_is_named_by_pid_and_command(netns_cluster, ru
         for rank, cpu in ((0, 0), (1, 1), (2, 0)):
             for pid in rank_processes(rank_pid(netns_cluster, job, rank)):
                 subprocess.run(["taskset", "-a", "-p", "-c", str(cpu), str(pid)], capture_output=True)
-        # The system's Python: the test's own may live where nobody may not go (/root).
-        hog = subprocess.Popen(["nice", "-n", "-15", "setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
-                                SYSTEM_PYTHON, str(hog_script), "1"], start_new_session=True)
-        # A session of its own is an autogroup of its own (Linux's sched_autogroup): its nice is the
-        # group's weight against the rank's session, which a process's own nice does not change.
-        autogroup = Path(f"/proc/{hog.pid}/autogroup")
-        if autogroup.exists():
-            autogroup.write_text("-15")
-        time.sleep(1)
-        assert hog.poll() is None, "the hog did not start"
+        hog = start_cpu_hog(Path(running["root"]), 1)
         named = wait_event(daemon, name, "job.straggler", BOUND_S + SLACK_S, "rank 1 named a straggler")[0]
         print(f"named: {named['message']}")
         assert named["data"]["rank"] == 1, named

@@ -19,9 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.cgroups import Quota, cpu_controller, rank_processes, show_cgroups_to
+from tests.cluster.cgroups import Quota, cpu_controller, rank_processes, show_cgroups_to, start_cpu_hog
 from tests.cluster.jobs import events, job_of, rank_pid, wait_event
-from tests.cluster.netns import SYSTEM_PYTHON
 from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir
 from tests.torch_jobs import ACCELERATE, DDP, expected_accelerate_weights, expected_weights
 
@@ -249,9 +248,6 @@ def test_a_torchrun_worker_throttled_by_a_cpu_quota_is_named_a_straggler_with_th
         coord("stop", "--config", str(daemon.config), name, env=daemon.env, timeout=120)
 
 
-HOG = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
-
-
 @pytest.mark.skipif(os.geteuid() != 0 or (os.cpu_count() or 1) < 2, reason="needs root and two CPUs")
 def test_a_cpu_hog_of_another_user_beside_a_torchrun_worker_is_named_by_pid_and_command(netns_cluster,
                                                                                         torch_cluster):
@@ -259,9 +255,6 @@ def test_a_cpu_hog_of_another_user_beside_a_torchrun_worker_is_named_by_pid_and_
     # own); every other worker and torchrun on CPU 0: n2's worker gets a sliver of its CPU, and the cause
     # coord names is the hog, by its pid and command.
     daemon, name = torch_cluster["daemon"], "mh-hog"
-    hog_script = Path(torch_cluster["root"]) / "straggler_hog.py"
-    hog_script.write_text(HOG)
-    hog_script.chmod(0o644)
     _submit(torch_cluster, name, "--launcher", "torchrun", "--total-steps", "100000", "--hang-timeout", "600", "--",
             "python", "ddp.py", "--steps", "100000", "--sleep", "0.05", "--work", "10")
     hog = None
@@ -273,13 +266,7 @@ def test_a_cpu_hog_of_another_user_beside_a_torchrun_worker_is_named_by_pid_and_
             cpu = "1" if node == slowed else "0"
             for pid in {*rank_processes(rank_pid(netns_cluster, job, rank)), _worker(netns_cluster, node, "ddp.py")}:
                 subprocess.run(["taskset", "-a", "-p", "-c", cpu, str(pid)], capture_output=True)
-        hog = subprocess.Popen(["nice", "-n", "-15", "setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
-                                SYSTEM_PYTHON, str(hog_script), "1"], start_new_session=True)
-        autogroup = Path(f"/proc/{hog.pid}/autogroup")
-        if autogroup.exists():
-            autogroup.write_text("-15")
-        time.sleep(1)
-        assert hog.poll() is None, "the hog did not start"
+        hog = start_cpu_hog(Path(torch_cluster["root"]), 1)
         onset = time.time()
         named = wait_event(daemon, name, "job.straggler", 60, f"{slowed}'s worker named a straggler beside the hog",
                            where=lambda e: e["ts"] >= onset and e["data"]["node"] == slowed)[0]
