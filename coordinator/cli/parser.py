@@ -194,7 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     client_options(p)
     p.add_argument("--all-pairs", action="store_true", help="every pair of nodes, not only ring neighbours")
     p.add_argument("--bytes", type=Whole(0, 8 * 2**30), help="bytes sent each way per link, at most "
-                   "(default 67108864; 0: latency only)")
+                   "(default 67108864; 0: latency only; on links of 10 Gbit/s or more give about a second's worth, "
+                   "e.g. 1073741824)")
     p.add_argument("--seconds", type=Number(0, 600, unit="seconds"), help="the whole run's time limit, shared "
                    "by its links (default 30)")
     p.add_argument("--quick", action="store_true", help="latency and a short burst (4 MiB, 6 s), as pre-flight runs")
