@@ -85,6 +85,8 @@ class DaemonEffects:
         self._spawn = spawn
         self._launchers: dict[int, subprocess.Popen[bytes]] = {}
         self._torch: dict[tuple[str, int], TorchFactsReply] = {}  # (node, session generation) -> its torch facts
+        # The probes a launcher's ``Capabilities.node_facts`` names: (the probe, what its answers are called).
+        self._fact_probes = {"torch": (self._torch_facts, "PyTorch facts")}
 
     # --- the clock ---
     def now(self) -> float:
@@ -166,13 +168,12 @@ class DaemonEffects:
         topologies = await node_topologies(self.cluster)
         facts: Mapping[str, Mapping[str, Any]] = {}
         wanted = capabilities(job.launcher).node_facts
-        if wanted == "torch":
-            facts, missing = await self._torch_facts(nodes)
+        if wanted is not None:
+            probe, what = self._fact_probes[wanted]  # a KeyError here is a registry without its probe: a bug
+            facts, missing = await probe(nodes)
             if missing:
                 name, reason = sorted(missing.items())[0]
-                raise LaunchError(f"no PyTorch facts from {name}: {reason}", node=name)
-        elif wanted is not None:
-            raise LaunchError(f"the {job.launcher} launcher asks for facts coord has no probe for: {wanted}")
+                raise LaunchError(f"no {what} from {name}: {reason}", node=name)
         try:
             return launcher_named(job.launcher).plan(self.cluster, NodeReadings(topologies, facts), nodes, job.backend,
                                                      job)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import posixpath
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NotRequired, TypedDict
 
@@ -157,8 +158,47 @@ async def store_check(url: str) -> CheckResult:
     return checks.check("checkpoint.store", "checkpoint", status, found.detail)
 
 
-#: The framework checks a launcher may declare (``Capabilities.preflight``), None for neither.
-FAMILIES = ("mlx", "torch", None)
+@dataclass(frozen=True)
+class Found:
+    """What every pre-flight gathered that a family of framework checks reads."""
+
+    cluster: Cluster
+    emit: Emit
+    up: dict[str, PreflightNode]
+    facts: dict[str, Facts]
+    version_checks: list[CheckResult]  # every equal-versions check; a family keeps the framework's own
+    topologies: dict[str, Topology]
+    model_bytes: int
+    backend: tuple[BackendChoice | None, Hostfile | None, str | None]  # the MLX backend's choice, its hostfile, why not
+    launcher: str | None
+    master_port: int | None
+
+
+async def _mlx_checks(found: Found) -> tuple[list[CheckResult], TorchPreflight | None]:
+    """An MLX job's: mlx.launch on the head, the mlx and mlx-lm versions, MLX's memory and calibration
+    (a PyTorch job is sized per GPU by its plan, coord plan --launcher), the backend and its hostfile."""
+    choice, document, error = found.backend
+    return [checks.head_launcher(find_launcher(), sys.executable, install_mlx_command()),
+            *[c for c in found.version_checks if c["name"] in MLX_VERSIONS],
+            *_mlx_memory_and_calibration(found.cluster, found.facts, found.model_bytes),
+            *checks.backend(choice, error if choice is None else None), checks.hostfile(document, error)], None
+
+
+async def _torch_checks(found: Found) -> tuple[list[CheckResult], TorchPreflight | None]:
+    """A PyTorch job's (coordinator/readiness/torch_checks.py), with the rendezvous probe."""
+    await found.emit({"node": "head", "progress": "PyTorch facts and the rendezvous", "fraction": 0.9})
+    found_torch = await torch_preflight(found.cluster, found.up, found.topologies, launcher=found.launcher,
+                                        master_port=found.master_port)
+    return found_torch["checks"], found_torch
+
+
+async def _no_framework_checks(found: Found) -> tuple[list[CheckResult], TorchPreflight | None]:
+    return [], None  # a program of one's own (--launcher command): only what every job needs
+
+
+#: The framework checks a launcher may declare (``Capabilities.preflight``), by family; None for neither.
+FAMILIES = {"mlx": _mlx_checks, "torch": _torch_checks, None: _no_framework_checks}
+MLX_VERSIONS = ("versions.mlx", "versions.mlx_lm")  # the equal-versions checks only an MLX job needs
 
 
 async def run_preflight(cluster: Cluster, emit: Emit, backend: str | None = None,
@@ -176,7 +216,7 @@ async def run_preflight(cluster: Cluster, emit: Emit, backend: str | None = None
 
     ``checkpoint_store`` (else the cluster file's): the store is written, listed, read and cleared."""
     if family not in FAMILIES:
-        raise RemoteError(p.BAD_ARGS, f"family must be one of {', '.join(str(f) for f in FAMILIES)}, got {family!r}")
+        raise RemoteError(p.BAD_ARGS, f"family must be one of {', '.join(map(str, FAMILIES))}, got {family!r}")
     started = time.monotonic()
     config = cluster.config
     found = await gather(cluster, emit, Path(source) if source else None, only)
@@ -190,11 +230,8 @@ async def run_preflight(cluster: Cluster, emit: Emit, backend: str | None = None
     report += checks.reachability(list(nodes.values()))
     report.append(checks.agent_versions({n: v["agent"] or {} for n, v in up.items()},
                                         cluster.bundle.bundle_id))
-    mlx, torch = family == "mlx", family == "torch"
-    if mlx:
-        report.append(checks.head_launcher(find_launcher(), sys.executable, install_mlx_command()))
-    report += [c for c in checks.equal_versions(nodes, facts)
-               if mlx or c["name"] not in ("versions.mlx", "versions.mlx_lm")]
+    version_checks = checks.equal_versions(nodes, facts)
+    report += [c for c in version_checks if c["name"] not in MLX_VERSIONS]
     report.append(checks.equal_os(facts))
     report += checks.system_sleep(nodes, facts)
     code = checks.code_consistency(found["manifests"], found["missing"], config.sync.threshold)
@@ -209,20 +246,13 @@ async def run_preflight(cluster: Cluster, emit: Emit, backend: str | None = None
     model_bytes = max((sum(e["size"] for e in files.values() if e) for files in found["model"].values()),
                       default=0)
     report += checks.disk_and_checkpoints(nodes, found["probes"], needed_bytes=3 * model_bytes)
-    if mlx:  # MLX's memory and calibration: a PyTorch job is sized per GPU by its plan (coord plan --launcher)
-        report += _mlx_memory_and_calibration(cluster, facts, model_bytes)
     last_hook = next((e for e in reversed(cluster.state.recent_events(200)) if e["kind"] == "sync.hook"), None)
     report.append(checks.sync_hook(config.sync.hook, last_hook))
     choice, document, error = plan_backend(cluster, found["topologies"], forced=backend, nodes=only)
-    found_torch = None
-    if torch:
-        await emit({"node": "head", "progress": "PyTorch facts and the rendezvous", "fraction": 0.9})
-        found_torch = await torch_preflight(cluster, up, found["topologies"], launcher=launcher,
-                                            master_port=master_port)
-        report += found_torch["checks"]
-    elif mlx:
-        report += checks.backend(choice, error if choice is None else None)
-        report.append(checks.hostfile(document, error))
+    framework, found_torch = await FAMILIES[family](Found(
+        cluster, emit, up, facts, version_checks, found["topologies"], model_bytes, (choice, document, error),
+        launcher, master_port))
+    report += framework
     if len(up) > 1:
         await emit({"node": "head", "progress": "a quick look at each link", "fraction": 0.95})
         quick = await measure_fabric(cluster, quick=True, size=QUICK_BYTES, seconds=QUICK_SECONDS,
