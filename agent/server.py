@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
 import sys
 import time
@@ -10,26 +11,19 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from agent import drill as node_drill
 from agent import facts as node_facts
 from agent import launch as node_launch
-from agent import link_probe, process_end, store_put, upkeep
-from agent import rank_signals as node_rank_signals
+from agent import process_end, upkeep
 from agent import ranks as node_ranks
-from agent import relay as node_relay
-from agent import rendezvous as node_rendezvous
 from agent import sync as node_sync
-from agent import sync_dirs as node_dirs
-from agent import sync_links as node_links
-from agent.calibration_runner import run_calibration
-from agent.topology import collect_topology
-from agent.torch_facts import collect_torch_facts
-from agent.usage import collect_usage
 from shared import protocol as p
 from shared.rpc import ArgType, Dispatcher, Emit, Peer, Reader, RemoteError, Writer
 from shared.version import COORD_VERSION
 
 if TYPE_CHECKING:
+    from agent.link_probe import LinkProbes
+    from agent.relay import Relay
+    from agent.rendezvous import Rendezvous
     from shared.agent_api.calibration import CalibrationProgress, CalibrationReply
     from shared.agent_api.facts import FactsReply
     from shared.agent_api.link import LinkMeasureReply
@@ -41,6 +35,54 @@ Reply = TypeVar("Reply")
 STATUS_CHECK_S = 0.1  # how often a waiting status request looks whether its rank has ended, without exit events
 RECHECK_S = 1.0  # how often it looks anyway, with them
 MAX_STATUS_WAIT_S = 10.0  # the longest a status request waits, whatever it asks
+
+
+def _later(module: str, name: str) -> Callable[..., Any]:
+    """``agent.<module>.<name>``, its module imported at the first call. A session's start imports only
+    what every session uses (facts, sync, ranks); the rest (the relay, link probes, drills, topology,
+    calibration) waits until asked. Each node's agent starts with each daemon start, and at a hundred
+    nodes those starts are most of a restart's time (bench/scale.py)."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(f"agent.{module}"), name)(*args, **kwargs)
+
+    return call
+
+
+class SessionParts:
+    """A session's stateful parts (the relay's transfers, the probes' listeners), each made, its module
+    imported, when first used; ``close_all`` ends those that were."""
+
+    def __init__(self, relay: Relay | None = None, rendezvous: Rendezvous | None = None,
+                 links: LinkProbes | None = None) -> None:
+        self._relay, self._rendezvous, self._links = relay, rendezvous, links
+
+    def relay(self) -> Relay:
+        if self._relay is None:
+            from agent.relay import Relay
+
+            self._relay = Relay()
+        return self._relay
+
+    def rendezvous(self) -> Rendezvous:
+        if self._rendezvous is None:
+            from agent.rendezvous import Rendezvous
+
+            self._rendezvous = Rendezvous()
+        return self._rendezvous
+
+    def links(self) -> LinkProbes:
+        if self._links is None:
+            from agent.link_probe import LinkProbes
+
+            self._links = LinkProbes()
+        return self._links
+
+    async def close_all(self) -> None:
+        # No half-received file outlives the session that asked for it, nor a probe's listener.
+        for part in (self._relay, self._rendezvous, self._links):
+            if part is not None:
+                await part.close_all()
 
 
 def bundle_id() -> str:
@@ -104,22 +146,27 @@ async def rank_status(workdir: str, job: str, attempt: int, rank: int, progress_
     return await asyncio.to_thread(node_ranks.rank_status, workdir, job, attempt, rank, progress_offset, log_offset)
 
 
-def build_dispatcher(relay: node_relay.Relay | None = None, uploads: node_sync.Uploads | None = None,
-                     rendezvous: node_rendezvous.Rendezvous | None = None,
-                     links: link_probe.LinkProbes | None = None) -> Dispatcher:
+def _of(part: Callable[[], Any], method: str) -> Callable[..., Awaitable[Any]]:
+    """``part().method``, the part made (its module imported) at the first call."""
+
+    def call(**args: Any) -> Awaitable[Any]:
+        return getattr(part(), method)(**args)
+
+    return call
+
+
+def build_dispatcher(parts: SessionParts | None = None, uploads: node_sync.Uploads | None = None) -> Dispatcher:
     table = Dispatcher()
-    relay = relay or node_relay.Relay()
+    parts = parts or SessionParts()
     uploads = uploads or node_sync.Uploads()
-    rendezvous = rendezvous or node_rendezvous.Rendezvous()
-    links = links or link_probe.LinkProbes()
     table.add("hello", hello, required={"protocol": int}, optional={"client": str})
     table.add("facts", facts, optional={"workdir": (str, type(None))})
     table.add("ping", ping)
-    table.add("usage", _in_thread(collect_usage))
+    table.add("usage", _in_thread(_later("usage", "collect_usage")))
 
     table.add("manifest", _in_thread(node_sync.describe), required={"root": str, "patterns": list})
     table.add("put_files", _in_thread(node_sync.put_files), required={"root": str, "files": list})
-    table.add("put_links", _in_thread(node_links.put_links), required={"root": str, "links": list})
+    table.add("put_links", _in_thread(_later("sync_links", "put_links")), required={"root": str, "links": list})
     table.add("sync_state", _in_thread(node_sync.sync_state), required={"root": str, "patterns": list},
               optional={"known": (list, type(None))})
     table.add("upload_begin", _in_thread(uploads.begin),
@@ -129,20 +176,21 @@ def build_dispatcher(relay: node_relay.Relay | None = None, uploads: node_sync.U
     table.add("upload_abort", _in_thread(uploads.abort_reply), required={"upload": int})
     table.add("delete_files", _in_thread(node_sync.delete_files), required={"root": str, "paths": list})
     table.add("set_modes", _in_thread(node_sync.set_modes), required={"root": str, "modes": list})
-    table.add("make_dirs", _in_thread(node_dirs.make_dirs), required={"root": str, "dirs": list})
-    table.add("remove_dirs", _in_thread(node_dirs.remove_dirs), required={"root": str, "paths": list})
+    table.add("make_dirs", _in_thread(_later("sync_dirs", "make_dirs")), required={"root": str, "dirs": list})
+    table.add("remove_dirs", _in_thread(_later("sync_dirs", "remove_dirs")), required={"root": str, "paths": list})
     table.add("inspect_files", _in_thread(node_sync.inspect_files), required={"root": str, "paths": list},
               optional={"count_lines": bool})
-    table.add("relay_receive", relay.open_receiver,
+    table.add("relay_receive", _of(parts.relay, "open_receiver"),
               required={"transfer": str, "token": str, "root": str, "path": str, "size": int, "mode": int,
                         "sha256": str, "chunk_bytes": int, "chunks": list})
-    table.add("relay_source", relay.open_source,
+    table.add("relay_source", _of(parts.relay, "open_source"),
               required={"transfer": str, "token": str, "workdir": str, "path": str, "size": int, "sha256": str},
               optional={"chunk_bytes": int})
-    table.add("relay_forward", relay.forward, required={"transfer": str, "targets": list})
-    table.add("relay_wait", relay.wait, required={"transfer": str}, optional={"timeout": (int, float), "have": int})
-    table.add("relay_close", relay.close, required={"transfer": str})
-    table.add("topology", _in_thread(collect_topology))
+    table.add("relay_forward", _of(parts.relay, "forward"), required={"transfer": str, "targets": list})
+    table.add("relay_wait", _of(parts.relay, "wait"), required={"transfer": str},
+              optional={"timeout": (int, float), "have": int})
+    table.add("relay_close", _of(parts.relay, "close"), required={"transfer": str})
+    table.add("topology", _in_thread(_later("topology", "collect_topology")))
     table.add("check_writable", _in_thread(node_sync.check_writable), required={"root": str, "subdir": str})
     table.add("prepare_rank", _in_thread(node_launch.prepare_rank),
               required={"job": str, "rank": int, "workdir": str, "python": str, "argv": list, "env": dict},
@@ -154,13 +202,13 @@ def build_dispatcher(relay: node_relay.Relay | None = None, uploads: node_sync.U
               optional={"progress_offset": int, "log_offset": int, "wait_s": (int, float)})
     table.add("read_log", _in_thread(node_ranks.read_log), required=rank, optional={"offset": int})
     table.add("dump_stacks", _in_thread(node_ranks.dump_stacks), required=rank)
-    table.add("rank_signals", _in_thread(node_rank_signals.rank_signals), required=rank,
+    table.add("rank_signals", _in_thread(_later("rank_signals", "rank_signals")), required=rank,
               optional={"seconds": (int, float)})
     table.add("stop_rank", _in_thread(node_ranks.stop_rank), required=rank, optional={"grace": (int, float)})
-    table.add("signal_rank", _in_thread(node_drill.signal_rank), required={**rank, "fault": str})
-    table.add("remove_run", _in_thread(node_drill.remove_run), required={"workdir": str, "job": str},
+    table.add("signal_rank", _in_thread(_later("drill", "signal_rank")), required={**rank, "fault": str})
+    table.add("remove_run", _in_thread(_later("drill", "remove_run")), required={"workdir": str, "job": str},
               optional={"tree": str})
-    table.add("cut_link", _in_thread(node_drill.cut_link), required={"host": str, "seconds": (int, float)})
+    table.add("cut_link", _in_thread(_later("drill", "cut_link")), required={"host": str, "seconds": (int, float)})
     # The checkpoint upkeep of a training job, at the lower priority of agent/upkeep.py.
     table.add("list_checkpoints", upkeep.in_upkeep(node_ranks.list_checkpoints),
               required={"workdir": str, "job": str, "attempt": int}, optional={"known": list})
@@ -170,21 +218,22 @@ def build_dispatcher(relay: node_relay.Relay | None = None, uploads: node_sync.U
     table.add("checkpoint_files", upkeep.in_upkeep(node_ranks.checkpoint_files), required={"workdir": str, "path": str})
     table.add("read_file", upkeep.in_upkeep(node_ranks.read_file), required={"workdir": str, "path": str},
               optional={"offset": int})
-    table.add("store_put", store_put.put_parts, required={"workdir": str, "path": str, "sha256": str, "parts": list},
+    table.add("store_put", _later("store_put", "put_parts"),
+              required={"workdir": str, "path": str, "sha256": str, "parts": list},
               optional={"bandwidth": (int, float, type(None))})
     table.add("torch_facts", torch_facts, required={"python": str})
-    table.add("rendezvous_listen", rendezvous.listen, required={"port": int, "token": str},
+    table.add("rendezvous_listen", _of(parts.rendezvous, "listen"), required={"port": int, "token": str},
               optional={"seconds": (int, float)})
-    table.add("rendezvous_connect", rendezvous.connect, required={"host": str, "port": int, "token": str},
+    table.add("rendezvous_connect", _of(parts.rendezvous, "connect"), required={"host": str, "port": int, "token": str},
               optional={"timeout": (int, float)})
-    table.add("rendezvous_close", rendezvous.close, required={"port": int})
-    table.add("link_listen", links.listen, required={"address": str, "token": str},
+    table.add("rendezvous_close", _of(parts.rendezvous, "close"), required={"port": int})
+    table.add("link_listen", _of(parts.links, "listen"), required={"address": str, "token": str},
               optional={"seconds": (int, float)})
     table.add("link_measure", _in_thread(_measure_link),
               required={"host": str, "port": int, "token": str, "bytes": int},
               optional={"source": (str, type(None)), "seconds": (int, float), "pings": int})
-    table.add("link_close", links.close, required={"port": int})
-    table.add("link_route", _in_thread(link_probe.link_route), required={"address": str},
+    table.add("link_close", _of(parts.links, "close"), required={"port": int})
+    table.add("link_route", _in_thread(_later("link_probe", "link_route")), required={"address": str},
               optional={"interface": (str, type(None))})
     table.add("calibrate", calibrate, required={"python": str, "workdir": str},
               optional={"quick": bool, "timeout": (int, float)}, streams=True)
@@ -193,13 +242,17 @@ def build_dispatcher(relay: node_relay.Relay | None = None, uploads: node_sync.U
 
 def _measure_link(**args: Any) -> LinkMeasureReply:
     size = args.pop("bytes")  # the wire's name; not the builtin's
-    return link_probe.measure(size=size, **args)
+    from agent.link_probe import measure
+
+    return measure(size=size, **args)
 
 
 async def torch_facts(python: str) -> TorchFactsReply:
     """A PyTorch job's facts of this node, with ``python`` the interpreter its ranks run (never imported here)."""
     if not python or "\0" in python:
         raise RemoteError(p.BAD_ARGS, f"python must name an interpreter, got {python!r}")
+    from agent.torch_facts import collect_torch_facts
+
     return await asyncio.to_thread(collect_torch_facts, python)
 
 
@@ -216,22 +269,21 @@ async def calibrate(emit: Emit, python: str, workdir: str, quick: bool = False,
     def forward(progress: CalibrationProgress) -> None:
         asyncio.run_coroutine_threadsafe(emit(progress), loop)
 
+    from agent.calibration_runner import run_calibration
+
     return await asyncio.to_thread(run_calibration, python, quick=quick, timeout=timeout, on_progress=forward,
                                    env={"TMPDIR": tmpdir})
 
 
 async def serve(reader: Reader, writer: Writer, *, name: str = "agent") -> None:
     """Serve the agent's methods until the other side hangs up."""
-    relay = node_relay.Relay()
+    parts = SessionParts()
     uploads = node_sync.Uploads()
-    rendezvous = node_rendezvous.Rendezvous()
-    links = link_probe.LinkProbes()
-    peer = Peer(reader, writer, dispatcher=build_dispatcher(relay, uploads, rendezvous, links), name=name)
+    peer = Peer(reader, writer, dispatcher=build_dispatcher(parts, uploads), name=name)
     try:
         await peer.run()
     finally:
-        # No half-received file outlives the session that asked for it, nor holds a descriptor.
-        await relay.close_all()
+        # No half-received file outlives the session that asked for it, nor holds a descriptor, nor
+        # a probe's listener.
+        await parts.close_all()
         uploads.abort_all()
-        await rendezvous.close_all()  # no probe listener outlives the session that opened it
-        await links.close_all()

@@ -51,6 +51,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
+def machine_busy_s() -> float:
+    """Core-seconds every CPU of this machine has been busy since boot (user, system, interrupts): the
+    nodes' share of a window is the machine's less coordd's, every node being a namespace here."""
+    with open("/proc/stat") as handle:
+        fields = [int(v) for v in handle.readline().split()[1:8]]
+    return (sum(fields) - fields[3] - fields[4]) / TICK  # less idle and iowait
+
+
 def rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status") as handle:
         for line in handle:
@@ -66,7 +74,76 @@ def share_of_a_core(pid: int, seconds: float) -> tuple[float, float]:
     return (cpu_seconds(pid) - before) / (time.monotonic() - started), rss_mb(pid)
 
 
-def measure(count: int, root: Path, suffix: str) -> dict:
+def profiled(pid: int, seconds: float, out: Path | None) -> tuple[float, float]:
+    """``share_of_a_core``, with py-spy sampling coordd meanwhile into ``out`` (raw stacks) when given."""
+    if out is None:
+        return share_of_a_core(pid, seconds)
+    import subprocess
+
+    spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--nonblocking", "-p", str(pid),
+                            "-d", str(int(seconds)), "-r", "50", "-f", "raw", "-o", str(out)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        return share_of_a_core(pid, seconds)
+    finally:
+        spy.wait(timeout=60)
+
+
+def random_file(path: Path, size: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as handle:
+        left = size
+        while left:
+            handle.write(os.urandom(min(left, 16 << 20)))
+            left -= min(left, 16 << 20)
+    path.chmod(0o644)
+
+
+def timed_sync(daemon, config: Path, source: Path) -> tuple[float, float, float]:
+    """``coord sync --source`` to every node: (seconds, coordd's CPU seconds, the machine's busy core-seconds)."""
+    from tests.integration.daemon_harness import coord
+
+    pid, began, head, busy = daemon.proc.pid, time.monotonic(), cpu_seconds(daemon.proc.pid), machine_busy_s()
+    done = coord("sync", "--json", "--config", str(config), "--source", str(source), env=daemon.env, timeout=3600)
+    seconds = time.monotonic() - began
+    report = json.loads(done.stdout or "{}")
+    if report.get("status") != "ok":
+        raise SystemExit(f"sync of {source} failed: {report.get('detail') or done.stderr}")
+    return seconds, cpu_seconds(pid) - head, machine_busy_s() - busy
+
+
+def transfers(cluster, daemon, config: Path, root: Path, count: int, rate_mbit: int, relay_mib: int) -> dict:
+    """A 100 MiB tree (ten files of 10 MiB, each relayed) and one large file (``relay_mib``, less where
+    the nodes' copies would not fit on this machine's one disk) synced to every node with every link
+    capped at ``rate_mbit``, each beside the link limit: the time the head's own link needs for the
+    bytes once (what a relay that passes every byte on from node to node can come near)."""
+    row: dict = {}
+    tree = root / f"tree{count}"
+    for i in range(10):
+        random_file(tree / f"part{i}.bin", 10 << 20)
+    free = shutil.disk_usage(root).free
+    size_mib = min(relay_mib, int(free / 2 / count) >> 20)
+    big = root / f"big{count}"
+    random_file(big / "model.bin", size_mib << 20)
+    cluster.cap_links(f"{rate_mbit}mbit")
+    try:
+        seconds, head, machine = timed_sync(daemon, config, tree)
+        limit = (100 << 20) * 8 / (rate_mbit * 1e6)
+        row.update(tree_100mib_s=round(seconds, 2), tree_100mib_x_link_limit=round(seconds / limit, 2),
+                   tree_100mib_coordd_cpu_s=round(head, 2), tree_100mib_machine_cpu_s=round(machine, 2))
+        seconds, head, machine = timed_sync(daemon, config, big)
+        limit = (size_mib << 20) * 8 / (rate_mbit * 1e6)
+        row.update(relay_mib=size_mib, relay_s=round(seconds, 2), relay_x_link_limit=round(seconds / limit, 2),
+                   relay_coordd_cpu_s=round(head, 2), relay_machine_cpu_s=round(machine, 2))
+    finally:
+        cluster.cap_links(None)
+        shutil.rmtree(tree, ignore_errors=True)
+        shutil.rmtree(big, ignore_errors=True)
+    return row
+
+
+def measure(count: int, root: Path, suffix: str, profile: Path | None = None, rate_mbit: int = 1000,
+            relay_mib: int = 1024) -> dict:
     from tests.cluster.jobs import job_of
     from tests.cluster.netns import NetnsCluster, light_nodes
     from tests.command_jobs import SOCKETS
@@ -88,17 +165,21 @@ def measure(count: int, root: Path, suffix: str) -> dict:
         def start() -> DaemonProcess:
             daemon = DaemonProcess(config, env=env, prefix=["ip", "netns", "exec", cluster.head_ns],
                                    python=sys.executable)
-            began = time.monotonic()
+            began, busy = time.monotonic(), machine_busy_s()
             daemon.start()
             daemon.wait_for(all_up, 600, f"all {count} agents up")
             daemon.up_s = round(time.monotonic() - began, 2)
+            daemon.cpu_s = round(cpu_seconds(daemon.proc.pid), 2)
+            daemon.machine_s = round(machine_busy_s() - busy, 2)
             return daemon
 
         daemon = start()
         row["up_first_contact_s"] = daemon.up_s
+        row["up_first_contact_coordd_cpu_s"], row["up_first_contact_machine_cpu_s"] = daemon.cpu_s, daemon.machine_s
         daemon.stop()
         daemon = start()
         row["up_restart_s"] = daemon.up_s
+        row["up_restart_coordd_cpu_s"], row["up_restart_machine_cpu_s"] = daemon.cpu_s, daemon.machine_s
         try:
             pid = daemon.proc.pid
             asks = []
@@ -112,10 +193,10 @@ def measure(count: int, root: Path, suffix: str) -> dict:
             time.sleep(5)  # the status asks' own work done
             database = root / f"state{count}" / "coord.db"
             empty_db = database.stat().st_size
-            share, rss = share_of_a_core(pid, 20)
+            share, rss = profiled(pid, 20, profile and profile / f"idle-{count}.txt")
             row["idle_cpu_share"], row["idle_rss_mb"] = round(share, 4), round(rss, 1)
 
-            submitted = time.monotonic()
+            submitted, busy, head = time.monotonic(), machine_busy_s(), cpu_seconds(pid)
             done = coord("run", "--config", str(config), "--name", "wide", "--source", str(project), "--launcher",
                          "command", "--save-every", "5", "--min-nodes", str(count - 1), "--node-timeout", "5",
                          "--total-steps", "1000000", "--hang-timeout", "600", "--detach", "--", "python",
@@ -129,7 +210,9 @@ def measure(count: int, root: Path, suffix: str) -> dict:
             if job["state"] != "running":
                 raise SystemExit(f"the job did not train: {job['error']}")
             row["submit_to_first_step_s"] = round(time.monotonic() - submitted, 2)
-            share, rss = share_of_a_core(pid, 20)
+            row["submit_coordd_cpu_s"] = round(cpu_seconds(pid) - head, 2)
+            row["submit_machine_cpu_s"] = round(machine_busy_s() - busy, 2)
+            share, rss = profiled(pid, 20, profile and profile / f"training-{count}.txt")
             row["training_cpu_share"], row["training_rss_mb"] = round(share, 4), round(rss, 1)
 
             cut = cluster.nodes[-1].name
@@ -157,6 +240,9 @@ def measure(count: int, root: Path, suffix: str) -> dict:
             finally:
                 cluster.restore_link(cut)
             row["steps"] = steps
+            if relay_mib:  # last: the job's own sync would delete what they leave
+                daemon.wait_for(all_up, 600, f"all {count} agents up again")
+                row.update(transfers(cluster, daemon, config, root, count, rate_mbit, relay_mib))
         finally:
             daemon.stop()
             for node in cluster.nodes:
@@ -176,7 +262,10 @@ COLUMNS = [("nodes", "nodes"), ("up_first_contact_s", "agents up, first contact 
            ("cut_detected_s", "cut to detection (s)"),
            ("cut_to_step_after_shrink_s", "cut to a step after the shrink (s)"),
            ("stop_to_none_left_s", "stop to no rank left (s)"),
-           ("db_kb_per_step", "state DB per step (KB)"), ("db_mb_per_10k_steps", "state DB per 10,000 steps (MB)")]
+           ("db_kb_per_step", "state DB per step (KB)"), ("db_mb_per_10k_steps", "state DB per 10,000 steps (MB)"),
+           ("tree_100mib_s", "100 MiB tree synced (s)"), ("tree_100mib_x_link_limit", "tree / link limit"),
+           ("relay_mib", "large file (MiB)"), ("relay_s", "large file relayed (s)"),
+           ("relay_x_link_limit", "large file / link limit")]
 
 
 def main() -> None:
@@ -185,6 +274,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[8, 32, 64, 128], help="cluster sizes (at most 200)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    parser.add_argument("--rate-mbit", type=int, default=1000,
+                        help="every link's cap while the tree and the large file are synced (default 1000)")
+    parser.add_argument("--relay-mib", type=int, default=1024,
+                        help="the large file relayed to every node (default 1024; less where the nodes' copies "
+                             "would not fit on this machine's disk: the row says what was sent); 0 skips both "
+                             "transfers")
+    parser.add_argument("--py-spy", type=Path, metavar="DIR",
+                        help="sample coordd with py-spy (from this Python's environment) while idle and while "
+                             "training, into DIR/idle-N.txt and DIR/training-N.txt (raw stacks; each sample "
+                             "costs coordd a little, so read the CPU shares of such a run as upper bounds)")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # a stop cleans up as an end does
     root = short_tempdir("coord-bench-scale-")
@@ -192,7 +291,10 @@ def main() -> None:
     rows = []
     try:
         for count in args.nodes:
-            rows.append(measure(count, root, os.environ.get("COORD_NETNS_USER_SUFFIX", "")))
+            if args.py_spy:
+                args.py_spy.mkdir(parents=True, exist_ok=True)
+            rows.append(measure(count, root, os.environ.get("COORD_NETNS_USER_SUFFIX", ""), args.py_spy,
+                                args.rate_mbit, args.relay_mib))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
