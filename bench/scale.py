@@ -9,14 +9,20 @@ namespace, fresh for the size. Measured, one run each:
 - ``coord status`` over the control socket, p50 and p99 of 200 asks (from this process: the CLI's own
   start is not the head's cost);
 - coordd's CPU (share of one core) and RSS while idle with every node up, and while a job of every node
-  trains and checkpoints (20 s each);
+  trains (20 s each): once without checkpoints, once with a checkpoint a second;
+- for each daemon start and for the submit, coordd's own CPU seconds and the whole machine's (every node
+  is a namespace of this one machine: the rest is the nodes' sshds and agents, which on a real cluster
+  run on their own machines at once);
 - submit to the first step of a ``--launcher command`` job on every node (a socket program with its own
   all-reduce through rank 0, a checkpoint every 5 steps);
 - one node's link cut: to the head's detection (the node not up in ``coord status``), and to the job's
   first step after the shrink to the others;
 - ``coord stop`` to no rank left on any node;
 - what the run added to the state database (its file once the daemon stopped), per step and per 10,000
-  steps (the job's steps are its checkpoints every 5 and its metrics).
+  steps (the job's steps are its checkpoints every 5 and its metrics);
+- last, with every link capped (``--rate-mbit``, 1000 by default): a 100 MiB tree (ten files of 10 MiB)
+  and one large file (``--relay-mib``, 1 GiB by default) synced to every node, each beside the link
+  limit (its bytes once over one link), with coordd's and the machine's CPU.
 
 The cluster file is the test cluster's with the default ``keepalive_s`` (2 s), as a user's is.
 
@@ -196,19 +202,29 @@ def measure(count: int, root: Path, suffix: str, profile: Path | None = None, ra
             share, rss = profiled(pid, 20, profile and profile / f"idle-{count}.txt")
             row["idle_cpu_share"], row["idle_rss_mb"] = round(share, 4), round(rss, 1)
 
+            def submit(name: str, *save: str) -> None:
+                done = coord("run", "--config", str(config), "--name", name, "--source", str(project), "--launcher",
+                             "command", *save, "--min-nodes", str(count - 1), "--node-timeout", "5",
+                             "--total-steps", "1000000", "--hang-timeout", "600", "--detach", "--", "python",
+                             "sockets.py", "--steps", "1000000", "--sleep", "0.2", env=daemon.env, timeout=300)
+                if done.returncode != 0:
+                    raise SystemExit(done.stderr)
+                daemon.wait_for(lambda d: job_of(d, name)["state"] in ("failed", "stopped")
+                                or (job_of(d, name)["state"] == "running" and job_of(d, name)["step"] >= 1), 900,
+                                "the first step")
+                job = job_of(daemon.status(events=0), name)
+                if job["state"] != "running":
+                    raise SystemExit(f"the job did not train: {job['error']}")
+
+            # First without checkpoints: what watching the ranks costs, the checkpoints' share apart.
+            submit("steady")
+            share, _ = profiled(pid, 20, profile and profile / f"steady-{count}.txt")
+            row["training_no_checkpoints_cpu_share"] = round(share, 4)
+            coord("stop", "--config", str(config), "steady", env=daemon.env, timeout=600)
+            daemon.wait_for(lambda d: job_of(d, "steady")["state"] in ("stopped", "failed"), 600, "steady stopped")
+
             submitted, busy, head = time.monotonic(), machine_busy_s(), cpu_seconds(pid)
-            done = coord("run", "--config", str(config), "--name", "wide", "--source", str(project), "--launcher",
-                         "command", "--save-every", "5", "--min-nodes", str(count - 1), "--node-timeout", "5",
-                         "--total-steps", "1000000", "--hang-timeout", "600", "--detach", "--", "python",
-                         "sockets.py", "--steps", "1000000", "--sleep", "0.2", env=daemon.env, timeout=300)
-            if done.returncode != 0:
-                raise SystemExit(done.stderr)
-            daemon.wait_for(lambda d: job_of(d, "wide")["state"] in ("failed", "stopped")
-                            or (job_of(d, "wide")["state"] == "running" and job_of(d, "wide")["step"] >= 1), 900,
-                            "the first step")
-            job = job_of(daemon.status(events=0), "wide")
-            if job["state"] != "running":
-                raise SystemExit(f"the job did not train: {job['error']}")
+            submit("wide", "--save-every", "5")
             row["submit_to_first_step_s"] = round(time.monotonic() - submitted, 2)
             row["submit_coordd_cpu_s"] = round(cpu_seconds(pid) - head, 2)
             row["submit_machine_cpu_s"] = round(machine_busy_s() - busy, 2)
@@ -257,7 +273,9 @@ def measure(count: int, root: Path, suffix: str, profile: Path | None = None, ra
 COLUMNS = [("nodes", "nodes"), ("up_first_contact_s", "agents up, first contact (s)"),
            ("up_restart_s", "agents up, restart (s)"), ("status_p50_ms", "status p50 (ms)"),
            ("status_p99_ms", "status p99 (ms)"), ("idle_cpu_share", "coordd CPU idle"),
-           ("idle_rss_mb", "coordd RSS idle (MB)"), ("training_cpu_share", "coordd CPU training"),
+           ("idle_rss_mb", "coordd RSS idle (MB)"),
+           ("training_no_checkpoints_cpu_share", "coordd CPU training, no checkpoints"),
+           ("training_cpu_share", "coordd CPU training, a checkpoint a second"),
            ("training_rss_mb", "coordd RSS training (MB)"), ("submit_to_first_step_s", "submit to first step (s)"),
            ("cut_detected_s", "cut to detection (s)"),
            ("cut_to_step_after_shrink_s", "cut to a step after the shrink (s)"),
