@@ -61,6 +61,7 @@ class RunView(TypedDict):
     max_rollbacks: int
     stragglers: list[StragglerEntry]  # the ranks named stragglers now, while running
     rank_compute_seconds: dict[str, float]  # rank -> its compute time per step over the window, while running
+    rank_scores: dict[str, float]  # rank -> that time over the ranks' median (1.5 names it, under 1.25 clears it)
     durability: Durability | None  # with a checkpoint store: durable up to which step, the lag, the speed
 
 
@@ -90,6 +91,7 @@ def run_view(ctx: RunContext, *, queue_position: int | None) -> RunView:
             "rollbacks": record.rollbacks, "max_rollbacks": spec.max_rollbacks,
             "stragglers": [e.copy() for e in record.stragglers] if state == "running" else [],
             "rank_compute_seconds": dict(record.rank_compute) if state == "running" else {},
+            "rank_scores": dict(record.rank_scores) if state == "running" else {},
             "durability": record.durability.copy() if record.durability else None}
 
 

@@ -82,8 +82,8 @@ def test_a_rank_throttled_by_a_cpu_quota_is_named_with_its_cause_and_cleared_onc
             cleared = wait_event(daemon, name, "job.straggler_cleared", 60 + SLACK_S, "rank 2 cleared")[0]
         except AssertionError as exc:  # with the ranks' compute times and scores then, to tell why
             shown = job_of(daemon.status(events=0), name)
-            raise AssertionError(f"{exc}\ncompute times {shown.get('rank_compute')}, scores "
-                                 f"{shown.get('rank_scores')}") from None
+            raise AssertionError(f"{exc}\ncompute times {shown.get('rank_compute_seconds')}, scores "
+                                 f"{shown.get('rank_scores')}, stragglers {shown.get('stragglers')}") from None
         print(f"straggler cleared {cleared['ts'] - lifted:.1f} s after the quota was lifted")
         assert cleared["data"]["rank"] == 2, cleared
         # Rank 2 is no longer shown. (Another rank may be, with its cause: the nodes share this
