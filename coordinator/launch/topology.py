@@ -15,7 +15,7 @@ Which MLX backend those links carry is :mod:`coordinator.launch.mlx_backend`.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, TypedDict, TypeGuard
 
 from coordinator.nodes import versions
@@ -132,18 +132,41 @@ def connectivity_matrix(topologies: Mapping[str, Topology | None]) -> Matrix:
     of b and b's of a."""
     names = list(topologies)
     nodes = {name: _node_summary(topologies[name]) for name in names}
-    pairs: dict[str, dict[str, PairView]] = {name: {} for name in names}
-    notes: list[str] = []
-    # Each node's addresses parsed once, not once for every pair it is in (a hundred nodes: ten
-    # thousand pairs, and parsing was most of the time).
+    pairs: dict[str, dict[str, PairView]] = {}
+    update_pairs(topologies, names, pairs, nodes)
+    return {"names": names, "nodes": nodes, "pairs": pairs, "notes": _unmatched_cables(names, topologies)}
+
+
+def update_pairs(topologies: Mapping[str, Topology | None], changed: Iterable[str],
+                 pairs: dict[str, dict[str, PairView]], nodes: dict[str, NodeLinks] | None = None) -> None:
+    """``connectivity_matrix``'s pairs kept up to date in place: every pair of a node in ``changed``
+    (with each node of ``topologies``) made again, the others kept, those of nodes no longer there
+    dropped. Nodes that answer one at a time then cost a row each, not a whole matrix each (a hundred
+    nodes: ten thousand pairs a matrix)."""
+    names = list(topologies)
+    for gone in set(pairs) - set(names):
+        del pairs[gone]
+    for row in pairs.values():
+        for gone in set(row) - set(topologies):
+            del row[gone]
+    for name in names:
+        pairs.setdefault(name, {})
+    nodes = nodes if nodes is not None else {name: _node_summary(topologies[name]) for name in names}
+    # Each node's addresses parsed once, not once for every pair it is in (parsing was most of the time).
     parsed = {name: _ipv4_interfaces(topologies[name]) for name in names}
-    for i, a in enumerate(names):
-        for b in names[i + 1:]:
+    order = {name: i for i, name in enumerate(names)}
+    done: set[str] = set()
+    for node in dict.fromkeys(changed):
+        if node not in topologies:
+            continue
+        for other in names:
+            if other == node or other in done:
+                continue
+            a, b = (node, other) if order[node] < order[other] else (other, node)  # as the whole matrix pairs them
             forward, backward = _pair(a, b, topologies[a], topologies[b], nodes, (parsed[a], parsed[b]))
             pairs[a][b] = forward
             pairs[b][a] = backward
-    notes.extend(_unmatched_cables(names, topologies))
-    return {"names": names, "nodes": nodes, "pairs": pairs, "notes": notes}
+        done.add(node)
 
 
 def _node_summary(topology: Topology | None) -> NodeLinks:

@@ -11,7 +11,7 @@ import anyio
 
 from coordinator.config.cluster_file import NodeConfig
 from coordinator.launch.hostfile import node_address
-from coordinator.launch.topology import PairView, Topology, connectivity_matrix
+from coordinator.launch.topology import PairView, Topology, update_pairs
 from coordinator.nodes.session import UP, NodeSession
 from coordinator.relay.broadcast import HEAD
 from shared.rpc import RemoteError
@@ -25,7 +25,7 @@ class LinkBook:
         # name -> (session generation, its agent's topology answer or None); read by coordinator.launch
         self._topologies: dict[str, tuple[int, Topology | None]] = {}
         self._pairs: dict[str, dict[str, PairView]] = {}  # the connectivity matrix's pairs, both directions
-        self._pairs_of: tuple[tuple[str, int], ...] = ()  # the (node, session generation) answers they came from
+        self._pairs_of: dict[str, int] = {}  # node -> the session generation of the answer its pairs came from
         self._head_addresses: dict[str, str | None] = {}
 
     async def refresh(self, sessions: Mapping[str, NodeSession], names: list[str]) -> None:
@@ -50,12 +50,14 @@ class LinkBook:
                     tasks.start_soon(one, name)
         measured: dict[str, Topology | None] = {
             name: topology for name, (_, topology) in self._topologies.items() if topology is not None}
-        # The matrix is every pair of nodes (a hundred nodes: ten thousand pairs, most of a core-second):
-        # made again only when a node's answer changed, not for every copy the relay makes.
-        answers = tuple(sorted((name, generation) for name, (generation, topology) in self._topologies.items()
-                               if topology is not None))
+        # The matrix is every pair of nodes (a hundred nodes: ten thousand pairs): only the pairs of a
+        # node whose answer is new are made again, not the whole matrix for every copy the relay makes,
+        # nor for each node as a checkpoint's copies reach the nodes one after another.
+        answers = {name: generation for name, (generation, topology) in self._topologies.items()
+                   if topology is not None}
         if answers != self._pairs_of:
-            self._pairs = connectivity_matrix(measured)["pairs"] if len(measured) > 1 else {}
+            changed = [name for name, generation in answers.items() if self._pairs_of.get(name) != generation]
+            update_pairs(measured, changed, self._pairs)
             self._pairs_of = answers
 
     def address(self, sender: str, receiver: str) -> str:

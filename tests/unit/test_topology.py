@@ -42,6 +42,7 @@ from coordinator.launch.topology import (
     RECOVERY_INSTRUCTION,
     UPGRADE_INSTRUCTION,
     connectivity_matrix,
+    update_pairs,
 )
 
 # The repository is /work/main; the shared fixtures sit beside it in /work/shared.
@@ -561,6 +562,32 @@ def test_ring4_cable_at_40gbps_is_thunderbolt_4():
     assert matrix["pairs"]["C"]["D"]["speed_gbps"] == 40
     assert matrix["pairs"]["A"]["B"]["generation"] == 5
     assert matrix["pairs"]["A"]["C"]["thunderbolt"] is False
+
+
+def test_pairs_kept_up_to_date_node_by_node_are_the_whole_matrixs_and_only_a_new_nodes_are_made(monkeypatch):
+    """Nodes answering one after another (a checkpoint's copies reaching them in turn): each answer makes
+    that node's pairs, never the whole matrix again, and the result is the matrix made at once."""
+    from coordinator.launch import topology
+
+    cluster = synthetic_cluster("ring4", "ABCD")
+    whole = connectivity_matrix(cluster)["pairs"]
+    made: list[tuple[str, str]] = []
+    real = topology._pair
+    monkeypatch.setattr(topology, "_pair", lambda a, b, *rest: made.append((a, b)) or real(a, b, *rest))
+    pairs: dict = {}
+    known: dict = {}
+    for name in "ABCD":
+        known[name] = cluster[name]
+        update_pairs(known, [name], pairs)
+    assert pairs == whole
+    assert len(made) == 6 and len(set(map(frozenset, made))) == 6  # each pair made once
+    made.clear()
+    known["C"] = cluster["C"]  # C's answer again (a new session): its three pairs only
+    update_pairs(known, ["C"], pairs)
+    assert sorted(map(sorted, made)) == [["A", "C"], ["B", "C"], ["C", "D"]] and pairs == whole
+    del known["D"]  # D no longer answers: its pairs go
+    update_pairs(known, [], pairs)
+    assert set(pairs) == {"A", "B", "C"} and all("D" not in row for row in pairs.values())
 
 
 def test_best_link_prefers_thunderbolt_then_ethernet_then_wifi():
