@@ -216,8 +216,9 @@ def measure(count: int, root: Path, suffix: str, profile: Path | None = None, ra
                 if job["state"] != "running":
                     raise SystemExit(f"the job did not train: {job['error']}")
 
-            # First without checkpoints: what watching the ranks costs, the checkpoints' share apart.
-            submit("steady")
+            # First without checkpoints (coord's default is one every 10 steps): what watching the ranks
+            # costs, the checkpoints' share apart.
+            submit("steady", "--save-every", "1000000")
             share, _ = profiled(pid, 20, profile and profile / f"steady-{count}.txt")
             row["training_no_checkpoints_cpu_share"] = round(share, 4)
             coord("stop", "--config", str(config), "steady", env=daemon.env, timeout=600)
