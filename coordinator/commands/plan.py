@@ -16,6 +16,7 @@ import anyio
 from agent.launch import rank_command
 from coordinator.jobs import diagnosis
 from coordinator.launch.mlx_launch import launcher_argv
+from coordinator.launch.registry import preflight_family
 from coordinator.plan import datasets, model_shape, sizing
 from coordinator.plan.document import PlanDocument, build_plan
 from coordinator.plan.inputs import PlanInputs, timings_from_events
@@ -77,8 +78,8 @@ async def serve_plan(cluster: Cluster, runs: Iterable[JobRunner], emit: Emit, *,
         model = model or parsed.model_path
         data = data or parsed.data_path
     await emit({"node": "head", "progress": "pre-flight on every node", "fraction": 0.1})
-    preflight = await run_preflight(cluster, _quiet, family="torch" if launcher is not None else "mlx",
-                                    launcher=launcher, master_port=master_port)
+    preflight = await run_preflight(cluster, _quiet, family=preflight_family(launcher), launcher=launcher,
+                                    master_port=master_port)
     facts = {session.node.name: session.view.facts for session in cluster.sessions.values()}
     calibrations = {n.name: cluster.state.calibration(n.name) for n in cluster.config.nodes}
     fit = None

@@ -42,7 +42,7 @@ from coordinator.jobs.transfer import (
     copy_verified,
 )
 from coordinator.launch.plan import node_topologies
-from coordinator.launch.registry import capabilities, launcher_named
+from coordinator.launch.registry import capabilities, launcher_named, preflight_family
 from coordinator.launch.seam import CommandError, LaunchPlan, NodeReadings, PlanError, StartError
 from coordinator.nodes.session import DOWN, UP
 from coordinator.readiness.torch_preflight import gather_facts
@@ -158,10 +158,10 @@ class DaemonEffects:
     async def preflight(self, *, backend: str | None, source: str | None, nodes: list[str] | None = None,
                         launcher: str | None = None, checkpoint_store: str | None = None) -> PreflightReport:
         from coordinator.readiness.preflight import run_preflight
-        # The framework checks the job's launcher declares (an MLX job's by default), beside every job's.
-        family = capabilities(launcher).preflight if launcher is not None else "mlx"
-        return await run_preflight(self.cluster, _quiet, backend=backend, source=source, only=nodes, family=family,
-                                   launcher=launcher, checkpoint_store=checkpoint_store)
+        # The framework checks the job's launcher declares, beside every job's.
+        return await run_preflight(self.cluster, _quiet, backend=backend, source=source, only=nodes,
+                                   family=preflight_family(launcher), launcher=launcher,
+                                   checkpoint_store=checkpoint_store)
 
     # --- launching ---
     async def plan_launch(self, nodes: list[str], job: JobSpec) -> LaunchPlan:

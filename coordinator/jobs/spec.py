@@ -27,7 +27,7 @@ from coordinator.launch.command_env import ENV_STYLES
 from coordinator.launch.kinds import OPTIONS
 from coordinator.launch.mlx_backend import BACKENDS
 from coordinator.launch.mlx_lm_command import CommandError, is_mlx_lm, mlx_lm_args, option_value
-from coordinator.launch.registry import DEFAULT_LAUNCHER, LAUNCHERS, capabilities, check_command, named_in
+from coordinator.launch.registry import DEFAULT_LAUNCHER, LAUNCHERS, capabilities, check_command, launcher_for
 from shared.text import unprintable
 
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -386,9 +386,7 @@ def _check_straggler_policy(spec: JobSpec) -> None:
 def _check_launcher(spec: JobSpec) -> None:
     """The launcher a job names, or the one its command names itself (``-- torchrun ...``); the options
     only some launchers take, given to one that does; the command read as its launcher will run it."""
-    named = named_in(spec.command)
-    if named is not None and spec.launcher == DEFAULT_LAUNCHER:
-        spec.launcher = named
+    spec.launcher = launcher_for(spec.launcher, spec.command)
     if spec.launcher not in LAUNCHERS:
         raise JobSpecError(f"--launcher must be one of {', '.join(sorted(LAUNCHERS))}, got {spec.launcher!r}")
     declared = capabilities(spec.launcher)

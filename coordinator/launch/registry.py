@@ -77,6 +77,19 @@ def check_command(name: str, job: JobCommand) -> None:
     getattr(importlib.import_module(module), function)(job, name)
 
 
+def launcher_for(named: str, command: list[str]) -> str:
+    """The launcher a job runs: the one it named, or, where it named the default (as every job does that
+    names none), the one its command names itself (``-- torchrun ...``, ``-- accelerate launch ...``)."""
+    own = named_in(command)
+    return own if own is not None and named == DEFAULT_LAUNCHER else named
+
+
+def preflight_family(launcher: str | None) -> str | None:
+    """The framework checks a launcher declares (``Capabilities.preflight``); a job that names none is
+    the default launcher's."""
+    return capabilities(launcher or DEFAULT_LAUNCHER).preflight
+
+
 def named_in(command: list[str]) -> str | None:
     """The launcher a command names itself (``torchrun ...``, ``accelerate launch ...``), or None."""
     from coordinator.launch.torch_command import launcher_in
@@ -84,5 +97,5 @@ def named_in(command: list[str]) -> str | None:
     return launcher_in(command)
 
 
-__all__ = ["DEFAULT_LAUNCHER", "LAUNCHERS", "REGISTERED", "capabilities", "check_command", "launcher_named",
-           "named_in"]
+__all__ = ["DEFAULT_LAUNCHER", "LAUNCHERS", "REGISTERED", "capabilities", "check_command", "launcher_for",
+           "launcher_named", "named_in", "preflight_family"]
