@@ -37,11 +37,17 @@ RECHECK_S = 1.0  # how often it looks anyway, with them
 MAX_STATUS_WAIT_S = 10.0  # the longest a status request waits, whatever it asks
 
 
+#: (module, function) of every method imported at its first call: a test imports each.
+LATER: list[tuple[str, str]] = []
+
+
 def _later(module: str, name: str) -> Callable[..., Any]:
     """``agent.<module>.<name>``, its module imported at the first call. A session's start imports only
     what every session uses (facts, sync, ranks); the rest (the relay, link probes, drills, topology,
     calibration) waits until asked. Each node's agent starts with each daemon start, and at a hundred
     nodes those starts are most of a restart's time (bench/scale.py)."""
+    if (module, name) not in LATER:
+        LATER.append((module, name))
 
     def call(*args: Any, **kwargs: Any) -> Any:
         return getattr(importlib.import_module(f"agent.{module}"), name)(*args, **kwargs)
@@ -146,11 +152,11 @@ async def rank_status(workdir: str, job: str, attempt: int, rank: int, progress_
     return await asyncio.to_thread(node_ranks.rank_status, workdir, job, attempt, rank, progress_offset, log_offset)
 
 
-def _of(part: Callable[[], Any], method: str) -> Callable[..., Awaitable[Any]]:
-    """``part().method``, the part made (its module imported) at the first call."""
+def _of(method: Callable[[], Callable[..., Awaitable[Any]]]) -> Callable[..., Awaitable[Any]]:
+    """A session part's method, the part made (its module imported) at the first call."""
 
     def call(**args: Any) -> Awaitable[Any]:
-        return getattr(part(), method)(**args)
+        return method()(**args)
 
     return call
 
@@ -180,16 +186,16 @@ def build_dispatcher(parts: SessionParts | None = None, uploads: node_sync.Uploa
     table.add("remove_dirs", _in_thread(_later("sync_dirs", "remove_dirs")), required={"root": str, "paths": list})
     table.add("inspect_files", _in_thread(node_sync.inspect_files), required={"root": str, "paths": list},
               optional={"count_lines": bool})
-    table.add("relay_receive", _of(parts.relay, "open_receiver"),
+    table.add("relay_receive", _of(lambda: parts.relay().open_receiver),
               required={"transfer": str, "token": str, "root": str, "path": str, "size": int, "mode": int,
                         "sha256": str, "chunk_bytes": int, "chunks": list})
-    table.add("relay_source", _of(parts.relay, "open_source"),
+    table.add("relay_source", _of(lambda: parts.relay().open_source),
               required={"transfer": str, "token": str, "workdir": str, "path": str, "size": int, "sha256": str},
               optional={"chunk_bytes": int})
-    table.add("relay_forward", _of(parts.relay, "forward"), required={"transfer": str, "targets": list})
-    table.add("relay_wait", _of(parts.relay, "wait"), required={"transfer": str},
+    table.add("relay_forward", _of(lambda: parts.relay().forward), required={"transfer": str, "targets": list})
+    table.add("relay_wait", _of(lambda: parts.relay().wait), required={"transfer": str},
               optional={"timeout": (int, float), "have": int})
-    table.add("relay_close", _of(parts.relay, "close"), required={"transfer": str})
+    table.add("relay_close", _of(lambda: parts.relay().close), required={"transfer": str})
     table.add("topology", _in_thread(_later("topology", "collect_topology")))
     table.add("check_writable", _in_thread(node_sync.check_writable), required={"root": str, "subdir": str})
     table.add("prepare_rank", _in_thread(node_launch.prepare_rank),
@@ -222,17 +228,18 @@ def build_dispatcher(parts: SessionParts | None = None, uploads: node_sync.Uploa
               required={"workdir": str, "path": str, "sha256": str, "parts": list},
               optional={"bandwidth": (int, float, type(None))})
     table.add("torch_facts", torch_facts, required={"python": str})
-    table.add("rendezvous_listen", _of(parts.rendezvous, "listen"), required={"port": int, "token": str},
+    table.add("rendezvous_listen", _of(lambda: parts.rendezvous().listen), required={"port": int, "token": str},
               optional={"seconds": (int, float)})
-    table.add("rendezvous_connect", _of(parts.rendezvous, "connect"), required={"host": str, "port": int, "token": str},
+    table.add("rendezvous_connect", _of(lambda: parts.rendezvous().connect),
+              required={"host": str, "port": int, "token": str},
               optional={"timeout": (int, float)})
-    table.add("rendezvous_close", _of(parts.rendezvous, "close"), required={"port": int})
-    table.add("link_listen", _of(parts.links, "listen"), required={"address": str, "token": str},
+    table.add("rendezvous_close", _of(lambda: parts.rendezvous().close), required={"port": int})
+    table.add("link_listen", _of(lambda: parts.links().listen), required={"address": str, "token": str},
               optional={"seconds": (int, float)})
     table.add("link_measure", _in_thread(_measure_link),
               required={"host": str, "port": int, "token": str, "bytes": int},
               optional={"source": (str, type(None)), "seconds": (int, float), "pings": int})
-    table.add("link_close", _of(parts.links, "close"), required={"port": int})
+    table.add("link_close", _of(lambda: parts.links().close), required={"port": int})
     table.add("link_route", _in_thread(_later("link_probe", "link_route")), required={"address": str},
               optional={"interface": (str, type(None))})
     table.add("calibrate", calibrate, required={"python": str, "workdir": str},

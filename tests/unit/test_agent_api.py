@@ -32,6 +32,19 @@ def _runtime_types(annotation: object) -> set[type]:
     return {origin if origin is not None else annotation}
 
 
+def test_every_method_imported_at_its_first_call_is_there():
+    """The agent imports the modules only some sessions use at their first call: each one named exists,
+    so a misspelt name is a failed test here, not a node's error at a user's first relay or drill."""
+    import importlib
+
+    from agent import server
+
+    build_dispatcher()
+    assert len(server.LATER) >= 10
+    for module, name in server.LATER:
+        assert callable(getattr(importlib.import_module(f"agent.{module}"), name)), (module, name)
+
+
 def test_every_method_served_has_a_request_and_a_reply_shape():
     names = build_dispatcher().names()
     assert sorted(REQUESTS) == names
