@@ -95,16 +95,6 @@ def profiled(pid: int, seconds: float, out: Path | None) -> tuple[float, float]:
         spy.wait(timeout=60)
 
 
-def random_file(path: Path, size: int) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as handle:
-        left = size
-        while left:
-            handle.write(os.urandom(min(left, 16 << 20)))
-            left -= min(left, 16 << 20)
-    path.chmod(0o644)
-
-
 def timed_sync(daemon, config: Path, source: Path) -> tuple[float, float, float]:
     """``coord sync --source`` to every node: (seconds, coordd's CPU seconds, the machine's busy core-seconds)."""
     from tests.integration.daemon_harness import coord
@@ -123,14 +113,16 @@ def transfers(cluster, daemon, config: Path, root: Path, count: int, rate_mbit: 
     the nodes' copies would not fit on this machine's one disk) synced to every node with every link
     capped at ``rate_mbit``, each beside the link limit: the time the head's own link needs for the
     bytes once (what a relay that passes every byte on from node to node can come near)."""
+    from bench.broadcast import make_file  # random bytes, written once (its SHA256 is not needed here)
+
     row: dict = {}
     tree = root / f"tree{count}"
     for i in range(10):
-        random_file(tree / f"part{i}.bin", 10 << 20)
+        make_file(tree / f"part{i}.bin", 10 << 20)
     free = shutil.disk_usage(root).free
     size_mib = min(relay_mib, int(free / 2 / count) >> 20)
     big = root / f"big{count}"
-    random_file(big / "model.bin", size_mib << 20)
+    make_file(big / "model.bin", size_mib << 20)
     cluster.cap_links(f"{rate_mbit}mbit")
     try:
         seconds, head, machine = timed_sync(daemon, config, tree)
