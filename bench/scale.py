@@ -296,6 +296,8 @@ def main() -> None:
                              "training, into DIR/idle-N.txt and DIR/training-N.txt (raw stacks; each sample "
                              "costs coordd a little, so read the CPU shares of such a run as upper bounds)")
     args = parser.parse_args()
+    if args.py_spy and not (Path(sys.executable).parent / "py-spy").is_file():
+        parser.error(f"--py-spy needs py-spy beside {sys.executable} (pip install py-spy into that environment)")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # a stop cleans up as an end does
     root = short_tempdir("coord-bench-scale-")
     root.chmod(0o755)
