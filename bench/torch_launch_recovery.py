@@ -188,7 +188,8 @@ class Bare:
             checkpoints = Path(spec.workdir) / f"bench-{self.tag}-ckpt"
             env = (f"PYTHONPATH={REPO} COORD_PROGRESS_FILE={self.progress if rank == 0 else '/dev/null'} "
                    f"BARE_CHECKPOINTS={checkpoints} GLOO_SOCKET_IFNAME=eth0")
-            command = (f"cd {spec.workdir} && rm -rf {checkpoints} && env {env} {spec.python} -m torch.distributed.run "
+            python = self.cluster.torch_python(name)
+            command = (f"cd {spec.workdir} && rm -rf {checkpoints} && env {env} {python} -m torch.distributed.run "
                        f"--nnodes {self.nnodes} --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint {endpoint} "
                        f"--rdzv-id bench-{self.tag} --rdzv-conf is_host={'true' if rank == 0 else 'false'} "
                        f"--local-addr {self.cluster.node_ip(name)} "
@@ -503,12 +504,13 @@ def main() -> int:
     (project / "bench_ddp.py").chmod(0o644)
     rows: list[tuple[str, str, str, str]] = []
     with NetnsCluster(DEFAULT_NODES[:max(args.nodes)]) as cluster:
-        cluster.add_torch()
+        with_torch = cluster.add_torch()
         for spec in cluster.nodes:  # the bare runs read the script from each node's own workdir
             target = Path(spec.workdir) / "bench_ddp.py"
             shutil.copy(project / "bench_ddp.py", target)
             target.chmod(0o644)
-        config = cluster.write_cluster_toml(root / "cluster.toml", state_dir=root / "state")
+        config = cluster.write_cluster_toml(root / "cluster.toml", state_dir=root / "state",
+                                            extra_node_fields=with_torch)
         daemon = DaemonProcess(config, env=environment(), prefix=["ip", "netns", "exec", cluster.head_ns],
                                python=sys.executable).start()
         try:

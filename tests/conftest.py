@@ -15,6 +15,19 @@ _BIN = os.path.dirname(sys.executable)
 if os.environ.get("PATH", "").split(os.pathsep)[0] != _BIN:
     os.environ["PATH"] = os.pathsep.join(filter(None, [_BIN, os.environ.get("PATH")]))
 
+
+def _waiting_ranks_sleep() -> None:
+    """The processes the tests start (daemons, local agents, their MLX ranks) wait for a peer without
+    spinning one of the two cores they all share (tests/socket_wait.py)."""
+    from tests import socket_wait
+
+    shim = socket_wait.preload()
+    if shim and shim not in os.environ.get("LD_PRELOAD", "").split():
+        os.environ["LD_PRELOAD"] = " ".join(filter(None, [os.environ.get("LD_PRELOAD"), shim]))
+
+
+_waiting_ranks_sleep()
+
 # --- multi-host network-namespace test cluster (tests/cluster/netns.py) -------------
 
 

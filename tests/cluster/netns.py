@@ -45,6 +45,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tests import socket_wait
+
 __all__ = [
     "DEFAULT_NODES",
     "NetnsCluster",
@@ -658,16 +660,24 @@ class NetnsCluster:
             _run([*base, *packages], env=env, timeout=600)
         _run(["chown", "-R", f"{entry.pw_uid}:{entry.pw_gid}", str(venv)])
 
-    def add_torch(self) -> None:
-        """PyTorch (the version this Python has, its CPU build) and Accelerate in every node's venv, once.
+    def add_torch(self) -> dict[str, dict[str, str]]:
+        """A second Python on every node (beside its venv) that has PyTorch (the version this Python has,
+        its CPU build) and Accelerate too, made once; returned as ``extra_node_fields`` for
+        ``write_cluster_toml`` ({node: {"python": its path}}).
 
-        Installed once into a directory every node user can read, which each venv takes on its path (a
-        ``.pth`` file): three copies of torch's 750 MB would cost the suite tens of seconds. The wheels
-        come from where this Python's pip finds them (its find-links), else from PyTorch's CPU index.
+        A second Python, not the node's own: transformers, which mlx-lm imports, imports torch whenever
+        it can, which cost every MLX rank of the tests that follow about 2 s of CPU (tests/node_python.py
+        says the same of the local tests). The node's venv stays as a Mac user's MLX environment is,
+        and the torch Python takes in the venv's packages (``site.addsitedir``) and torch's.
+
+        torch is installed once into a directory every node user can read, which each torch Python
+        takes on its path (a ``.pth`` file): three copies of torch's 750 MB would cost the suite tens of
+        seconds. The wheels come from where this Python's pip finds them (its find-links), else from
+        PyTorch's CPU index.
         """
         with self._lock:
-            if getattr(self, "_torch_site", None):
-                return
+            if getattr(self, "_torch_pythons", None):
+                return {name: {"python": python} for name, python in self._torch_pythons.items()}
             versions = [f"{name}=={importlib.metadata.version(name)}" for name in ("torch", "accelerate")]
             site = Path(tempfile.mkdtemp(prefix=f"coord-netns-{self.prefix}-torch-", dir="/var/tmp"))
             self._add_record("paths", str(site))
@@ -683,13 +693,32 @@ class NetnsCluster:
             _run(["uv", "pip", "install", "-q", "--compile-bytecode", "-p", SYSTEM_PYTHON, "--target", str(site),
                   *sources, *versions], env=env, timeout=900)
             _run(["chmod", "-R", "a+rX", str(site)])
+            pythons: dict[str, str] = {}
             for n in self.nodes:
-                py = str(Path(n.venv) / "bin" / "python")
-                purelib = _run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
-                pth = Path(purelib) / "coord-test-torch.pth"
-                pth.write_text(f"{site}\n")
-                pth.chmod(0o644)
-            self._torch_site = site
+                if n.shared_python is not None:
+                    continue
+                pythons[n.name] = self._make_torch_python(n, site, env)
+            self._torch_pythons = pythons
+            return {name: {"python": python} for name, python in pythons.items()}
+
+    def torch_python(self, node: str) -> str:
+        """The node's Python with torch (``add_torch`` first)."""
+        return self._torch_pythons[node]
+
+    def _make_torch_python(self, n: NodeSpec, site: Path, env: Mapping[str, str]) -> str:
+        venv = Path(f"{n.venv}-torch")
+        entry = pwd.getpwnam(n.user)
+        if not venv.is_relative_to(n.home):
+            self._add_record("paths", str(venv))
+        _run(["uv", "venv", "-q", "-p", SYSTEM_PYTHON, str(venv)], env=dict(env))
+        own = _run([str(Path(n.venv) / "bin" / "python"), "-c",
+                    "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
+        python = str(venv / "bin" / "python")
+        purelib = _run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
+        pth = Path(purelib) / "coord-test-torch.pth"
+        pth.write_text(f"import site; site.addsitedir({own!r})\n{site}\n")
+        _run(["chown", "-R", f"{entry.pw_uid}:{entry.pw_gid}", str(venv)])
+        return python
 
     # ----------------------------------------------------------------- network
 
@@ -813,6 +842,9 @@ class NetnsCluster:
             "PrintMotd no\n"
             "X11Forwarding no\n"
             "Subsystem sftp /usr/lib/openssh/sftp-server\n"
+            # Every session's processes (agents, ranks) wait for a peer without spinning a shared core:
+            # tests/socket_wait.py says why.
+            + (f"SetEnv LD_PRELOAD={shim}\n" if (shim := socket_wait.preload()) else "")
         )
         return path
 

@@ -53,10 +53,12 @@ def store_cluster(netns_cluster) -> Iterator[dict]:
     (project / "ddp.py").chmod(0o644)
     holder = {"root": root, "project": project, "server": server, "daemons": 0}
 
-    def start_daemon() -> DaemonProcess:
+    def start_daemon(with_torch: dict | None = None) -> DaemonProcess:
+        """``with_torch``: the nodes' Pythons with torch (``add_torch``), for a torchrun job."""
         holder["daemons"] += 1
         state = root / f"state{holder['daemons']}"
-        config = netns_cluster.write_cluster_toml(root / f"cluster{holder['daemons']}.toml", state_dir=state)
+        config = netns_cluster.write_cluster_toml(root / f"cluster{holder['daemons']}.toml", state_dir=state,
+                                                  extra_node_fields=with_torch)
         daemon = DaemonProcess(config, env={**environment(), **server.env},
                                prefix=["ip", "netns", "exec", netns_cluster.head_ns], python=sys.executable)
         daemon.start()
@@ -110,9 +112,9 @@ def _stored(daemon: DaemonProcess, url: str) -> list[dict]:
 
 def test_an_mlx_and_a_torchrun_run_live_on_from_the_store_after_the_whole_cluster_is_lost(netns_cluster,
                                                                                           store_cluster):
-    netns_cluster.add_torch()
+    with_torch = netns_cluster.add_torch()
     project = store_cluster["project"]
-    daemon = store_cluster["start_daemon"]()
+    daemon = store_cluster["start_daemon"](with_torch)
     try:
         _run(daemon, project, "straight", "--trainer", "coord", "--save-every", "10", "--", *TRAIN)
         reference = _losses(netns_cluster, finish(daemon, "straight", steps=STEPS), attempt=0)
@@ -140,7 +142,7 @@ def test_an_mlx_and_a_torchrun_run_live_on_from_the_store_after_the_whole_cluste
     netns_cluster.empty_workdirs()
     shutil.rmtree(store_cluster["state"], ignore_errors=True)
 
-    daemon = store_cluster["start_daemon"]()
+    daemon = store_cluster["start_daemon"](with_torch)
     try:
         resumed = _run(daemon, project, "mlx-lost", "--trainer", "coord", "--save-every", "10", "--resume-from",
                        f"{STORE}/{mlx['run_id']}", "--", *TRAIN, detach=False)

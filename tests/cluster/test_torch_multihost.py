@@ -31,7 +31,7 @@ pytestmark = pytest.mark.cluster
 def torch_cluster(netns_cluster) -> Iterator[dict]:
     """Every node with torch, the scripts in a project every node user can read, and a daemon in the head."""
     pytest.importorskip("torch", reason="torch is not installed in this Python (.ci/setup installs its CPU build)")
-    netns_cluster.add_torch()
+    with_torch = netns_cluster.add_torch()
     root = short_tempdir()
     root.chmod(0o755)
     project = root / "project"
@@ -39,7 +39,8 @@ def torch_cluster(netns_cluster) -> Iterator[dict]:
     for name, text in (("ddp.py", DDP), ("acc.py", ACCELERATE)):
         (project / name).write_text(text)
         (project / name).chmod(0o644)
-    config = netns_cluster.write_cluster_toml(root / "cluster.toml", state_dir=root / "state")
+    config = netns_cluster.write_cluster_toml(root / "cluster.toml", state_dir=root / "state",
+                                              extra_node_fields=with_torch)
     holder = {"root": root, "project": project, "config": config,
               "daemon": DaemonProcess(config, env=environment(), prefix=["ip", "netns", "exec", netns_cluster.head_ns],
                                       python=sys.executable)}
