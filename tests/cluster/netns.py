@@ -668,7 +668,8 @@ class NetnsCluster:
         A second Python, not the node's own: transformers, which mlx-lm imports, imports torch whenever
         it can, which cost every MLX rank of the tests that follow about 2 s of CPU (tests/node_python.py
         says the same of the local tests). The node's venv stays as a Mac user's MLX environment is,
-        and the torch Python takes in the venv's packages (``site.addsitedir``) and torch's.
+        and the torch Python (outside the node's home) takes in the venv's packages
+        (``site.addsitedir``) and torch's.
 
         torch is installed once into a directory every node user can read, which each torch Python
         takes on its path (a ``.pth`` file): three copies of torch's 750 MB would cost the suite tens of
@@ -706,10 +707,12 @@ class NetnsCluster:
         return self._torch_pythons[node]
 
     def _make_torch_python(self, n: NodeSpec, site: Path, env: Mapping[str, str]) -> str:
-        venv = Path(f"{n.venv}-torch")
+        # Outside the node's home, where `coord init` would find it beside the node's own venv.
+        venv = Path(f"{site}-pythons") / n.name
+        if not venv.parent.exists():
+            venv.parent.mkdir(mode=0o755)
+            self._add_record("paths", str(venv.parent))
         entry = pwd.getpwnam(n.user)
-        if not venv.is_relative_to(n.home):
-            self._add_record("paths", str(venv))
         _run(["uv", "venv", "-q", "-p", SYSTEM_PYTHON, str(venv)], env=dict(env))
         own = _run([str(Path(n.venv) / "bin" / "python"), "-c",
                     "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()

@@ -14,7 +14,9 @@ through URLs the head signs.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.jobs import events, finish, job_of, readable_project, wait_event
+from tests.cluster.jobs import at_step, events, finish, job_of, rank_pid, readable_project, wait_event
 from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir
 from tests.s3_server import S3Server
 from tests.torch_jobs import DDP, expected_weights
@@ -123,8 +125,12 @@ def test_an_mlx_and_a_torchrun_run_live_on_from_the_store_after_the_whole_cluste
             _story(daemon, "straight")
 
         _run(daemon, project, "mlx-lost", "--trainer", "coord", "--save-every", "10", "--", *TRAIN)
-        mlx = _durable_past(daemon, "mlx-lost", 10)
-        coord("stop", "--config", str(daemon.config), "mlx-lost", env=daemon.env, timeout=120)
+        # Its ranks held still past the checkpoint of step 10, well before the run's end (a step is quicker
+        # than an upload), until that checkpoint is durable; then stopped.
+        at_step(netns_cluster, daemon, "mlx-lost", 11, lambda job: [
+            os.killpg(rank_pid(netns_cluster, job, rank), signal.SIGSTOP) for rank in range(len(job["nodes"]))])
+        _durable_past(daemon, "mlx-lost", 10)
+        coord("stop", "--config", str(daemon.config), "mlx-lost", env=daemon.env, timeout=180)
         # Half a second a step: the stop comes well before the run's end, whose checkpoint would leave the
         # resume nothing to train.
         _run(daemon, project, "ddp-lost", "--launcher", "torchrun", "--save-every", "5", "--total-steps", "40", "--",
@@ -133,7 +139,7 @@ def test_an_mlx_and_a_torchrun_run_live_on_from_the_store_after_the_whole_cluste
         coord("stop", "--config", str(daemon.config), "ddp-lost", env=daemon.env, timeout=120)
         mlx, ddp = job_of(daemon.status(), "mlx-lost"), job_of(daemon.status(), "ddp-lost")
         assert mlx["state"] == ddp["state"] == "stopped", (mlx, ddp)
-        assert mlx["durability"]["durable_step"] < STEPS and ddp["durability"]["durable_step"] < 40, (mlx, ddp)
+        assert 10 <= mlx["durability"]["durable_step"] < STEPS and ddp["durability"]["durable_step"] < 40, (mlx, ddp)
         stored = {c["run"]: c for c in reversed(_stored(daemon, STORE + "/" + ddp["run_id"]))}
         assert stored[ddp["run_id"]]["format"] == "directory", stored
     finally:

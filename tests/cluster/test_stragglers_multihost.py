@@ -70,7 +70,10 @@ def test_a_rank_throttled_by_a_cpu_quota_is_named_with_its_cause_and_cleared_onc
         show_cgroups_to(rank_pid(netns_cluster, job, 2), quota.version)
         quota.take(rank_processes(rank_pid(netns_cluster, job, 2)))
         onset = time.time()
-        named = wait_event(daemon, name, "job.straggler", BOUND_S + SLACK_S, "rank 2 named a straggler")[0]
+        # Rank 2, whatever else is named meanwhile: ranks 0 and 1 share a core with the machine's other work,
+        # and one of them was once named first, rightly, with that work as its cause.
+        named = wait_event(daemon, name, "job.straggler", BOUND_S + SLACK_S, "rank 2 named a straggler",
+                           where=lambda event: event["data"].get("rank") == 2)[0]
         delay = named["ts"] - onset
         print(f"straggler named {delay:.1f} s after the quota: {named['message']}")
         assert named["data"]["rank"] == 2 and named["data"]["node"] == job["nodes"][2], named
