@@ -211,7 +211,7 @@ def _read_progress(path: str, offset: int) -> tuple[list[JsonObject], int]:
     if end < 0:
         return [], offset
     records: list[JsonObject] = []
-    heartbeat = None
+    beats: list[JsonObject] = []
     for line in data[:end].splitlines():
         try:
             record = json.loads(line)
@@ -220,9 +220,32 @@ def _read_progress(path: str, offset: int) -> tuple[list[JsonObject], int]:
         if isinstance(record, dict):
             records.append(record)
             if record.get("kind") == "heartbeat":
-                heartbeat = record
-    # Only the newest heartbeat says what the rank does now: the older ones are not sent.
-    return [r for r in records if r.get("kind") != "heartbeat" or r is heartbeat], offset + end + 1
+                beats.append(record)
+    if not beats:
+        return records, offset + end + 1
+    # Only the newest heartbeat says what the rank does now: the older ones are not sent. Their
+    # compute times are, folded into it: a beat is written at every change of phase too, so where
+    # checkpoints come every second or two, most beats that carry a compute time are followed at
+    # once by one that carries none (the training resumed), and the watch of stragglers would see
+    # almost none of them.
+    newest = _with_compute_of(beats)
+    kept = [newest if r is beats[-1] else r for r in records if r.get("kind") != "heartbeat" or r is beats[-1]]
+    return kept, offset + end + 1
+
+
+def _with_compute_of(beats: list[JsonObject]) -> JsonObject:
+    """The newest of ``beats``, its ``compute_s`` the mean over every step the beats counted (each
+    beat's ``compute_s`` is the mean of its ``compute_steps`` steps)."""
+    total, steps = 0.0, 0
+    for beat in beats:
+        seconds, counted = beat.get("compute_s"), beat.get("compute_steps", 1)
+        if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds >= 0 \
+                and isinstance(counted, int) and not isinstance(counted, bool) and counted > 0:
+            total, steps = total + seconds * counted, steps + counted
+    newest = dict(beats[-1])
+    if steps:
+        newest["compute_s"], newest["compute_steps"] = round(total / steps, 6), steps
+    return newest
 
 
 def read_log(workdir: str, job: str, attempt: int, rank: int, offset: int = 0,

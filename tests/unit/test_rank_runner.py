@@ -86,6 +86,36 @@ def test_only_the_newest_heartbeat_of_a_read_is_sent(tmp_path):
     assert status["progress"] == [lines[1], lines[3]]
 
 
+def test_the_compute_times_of_heartbeats_not_sent_go_with_the_newest(tmp_path):
+    """A checkpoint every few steps: the beat at the change of phase carries the steps' compute time,
+    and the next, at once, carries none. The one sent carries the mean over every step of the read."""
+    from agent.heartbeat import Heartbeat
+
+    directory = ranks.rank_dir(str(tmp_path), "j8", 0, 0)
+    os.makedirs(directory)
+    beat = Heartbeat(os.path.join(directory, "progress.jsonl"), every=3600)
+    beat.phase("training")
+    steps = iter(range(1, 100))
+    for seconds in (0.1, 0.3):  # two steps, then a save: its beats
+        beat.step(next(steps), compute_s=seconds)
+    with beat.during("saving"):
+        pass
+    beat.step(next(steps), compute_s=0.5)
+    beat.beat()
+    beat.step(next(steps), compute_s=0.7)
+    with beat.during("saving"):
+        pass
+    status = ranks.rank_status(str(tmp_path), "j8", 0, 0)
+    [sent] = status["progress"]
+    assert sent["phase"] == "training" and sent["step"] == 4, sent
+    assert sent["compute_steps"] == 4 and sent["compute_s"] == pytest.approx(0.4), sent
+    # The next read holds only what came after: nothing counted twice.
+    beat.step(next(steps), compute_s=0.2)
+    beat.beat()
+    [later] = ranks.rank_status(str(tmp_path), "j8", 0, 0, progress_offset=status["progress_offset"])["progress"]
+    assert later["compute_steps"] == 1 and later["compute_s"] == pytest.approx(0.2), later
+
+
 def test_a_stopped_rank_says_so_and_one_left_after_sigkill_is_named_with_its_state(tmp_path, monkeypatch):
     proc, pgid = _rank_with_a_child(tmp_path, "j6")
     assert ranks.rank_status(str(tmp_path), "j6", 0, 0)["process"] == "running"
