@@ -5,6 +5,7 @@ not take its go in time is never used, and none is left behind."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -48,7 +49,8 @@ def node(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(home))
     yield work
     for pid in _standby_processes(tmp_path):
-        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # it ended between the listing and now
+            os.kill(pid, signal.SIGKILL)
 
 
 def _standby_processes(root: Path) -> list[int]:
