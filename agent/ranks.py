@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import shutil
@@ -235,12 +236,14 @@ def _read_progress(path: str, offset: int) -> tuple[list[JsonObject], int]:
 
 def _with_compute_of(beats: list[JsonObject]) -> JsonObject:
     """The newest of ``beats``, its ``compute_s`` the mean over every step the beats counted (each
-    beat's ``compute_s`` is the mean of its ``compute_steps`` steps)."""
+    beat's ``compute_s`` is the mean of its ``compute_steps`` steps). A beat whose pair the head would
+    not take (coordinator/jobs/progress.py: a finite time of 0 or more, a count of 1 or more) adds
+    nothing."""
     total, steps = 0.0, 0
     for beat in beats:
-        seconds, counted = beat.get("compute_s"), beat.get("compute_steps", 1)
-        if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds >= 0 \
-                and isinstance(counted, int) and not isinstance(counted, bool) and counted > 0:
+        seconds, counted = beat.get("compute_s"), beat.get("compute_steps")
+        if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and math.isfinite(seconds) \
+                and seconds >= 0 and isinstance(counted, int) and not isinstance(counted, bool) and counted > 0:
             total, steps = total + seconds * counted, steps + counted
     newest = dict(beats[-1])
     if steps:

@@ -116,6 +116,20 @@ def test_the_compute_times_of_heartbeats_not_sent_go_with_the_newest(tmp_path):
     assert later["compute_steps"] == 1 and later["compute_s"] == pytest.approx(0.2), later
 
 
+def test_a_heartbeats_compute_time_the_head_would_refuse_adds_nothing_to_the_mean(tmp_path):
+    directory = ranks.rank_dir(str(tmp_path), "j9", 0, 0)
+    os.makedirs(directory)
+    lines = [{"kind": "heartbeat", "phase": "training", "time": 1.0, "compute_s": 0.2, "compute_steps": 2},
+             {"kind": "heartbeat", "phase": "training", "time": 2.0, "compute_s": 1e999, "compute_steps": 1},
+             {"kind": "heartbeat", "phase": "training", "time": 3.0, "compute_s": 9.0},  # no count
+             {"kind": "heartbeat", "phase": "training", "time": 4.0, "compute_s": -1.0, "compute_steps": 1},
+             {"kind": "heartbeat", "phase": "training", "time": 5.0, "compute_s": 0.5, "compute_steps": 1}]
+    with open(os.path.join(directory, "progress.jsonl"), "w") as handle:
+        handle.write("".join(json.dumps(line).replace("Infinity", "1e999") + "\n" for line in lines))
+    [sent] = ranks.rank_status(str(tmp_path), "j9", 0, 0)["progress"]
+    assert sent["time"] == 5.0 and sent["compute_steps"] == 3 and sent["compute_s"] == pytest.approx(0.3), sent
+
+
 def test_a_stopped_rank_says_so_and_one_left_after_sigkill_is_named_with_its_state(tmp_path, monkeypatch):
     proc, pgid = _rank_with_a_child(tmp_path, "j6")
     assert ranks.rank_status(str(tmp_path), "j6", 0, 0)["process"] == "running"
