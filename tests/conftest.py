@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -49,10 +50,10 @@ def netns_cluster():
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"netns cluster unavailable under CI=true: {reason}")
         pytest.skip(reason)
-    from tests.cluster.netns import DEFAULT_NODES, NetnsCluster
+    from tests.cluster.netns import DEFAULT_NODES, NetnsCluster, cluster_user_suffix
 
     nodes = DEFAULT_NODES
-    suffix = os.environ.get("COORD_NETNS_USER_SUFFIX", "")
+    suffix = cluster_user_suffix()
     if suffix:  # a second cluster beside one that holds the default users (another checkout's tests)
         if not suffix.isalnum() or len(suffix) > 6:
             pytest.fail(f"COORD_NETNS_USER_SUFFIX must be up to 6 letters or digits, got {suffix!r}")
@@ -65,27 +66,72 @@ def netns_cluster():
 # --- end netns cluster ---------------------------------------------------------------
 
 
-# --- two workers, the multi-host tests together ---------------------------------------
+# --- three workers, the multi-host tests in two halves ----------------------------------
+
+
+# The multi-host modules' time in a run of the suite (seconds, measured on 2 cores): the two halves
+# they are split into are balanced by it. A module not listed counts as 20 s.
+CLUSTER_MODULE_SECONDS = {
+    "test_checkpoint_store_multihost": 326, "test_training_health_multihost": 240, "test_torch_multihost": 193,
+    "test_stragglers_multihost": 120, "test_recovery_multihost": 142, "test_run_identity_multihost": 120,
+    "test_elastic_multihost": 94, "test_drill_multihost": 86, "test_scale_multihost": 59,
+    "test_command_multihost": 54, "test_service_stop_multihost": 43, "test_doctor_multihost": 39,
+    "test_run_multihost": 38, "test_busy_first_step_multihost": 33, "test_alerts_multihost": 30,
+    "test_observe_multihost": 30, "test_own_copies_multihost": 29, "test_daemon_multihost": 22,
+    "test_exact_resume_multihost": 18, "test_relay_multihost": 16, "test_ready_multihost": 11,
+    "test_onboarding_multihost": 11, "test_hostfile_multihost": 10, "test_host_keys_multihost": 9,
+}
+CLUSTER = "tests/cluster/"
+
+
+def cluster_halves(modules: list[str]) -> dict[str, str]:
+    """Each multi-host module (its path) to one of two halves, ``a`` or ``b``, of about equal time:
+    the longest first, each to the half with less so far."""
+    halves = {"a": 0.0, "b": 0.0}
+    chosen = {}
+    for module in sorted(set(modules), key=lambda m: (-CLUSTER_MODULE_SECONDS.get(Path(m).stem, 20), m)):
+        half = min(halves, key=lambda h: (halves[h], h))
+        halves[half] += CLUSTER_MODULE_SECONDS.get(Path(module).stem, 20)
+        chosen[module] = half
+    return chosen
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """With pytest-xdist (the suite runs on two workers: pyproject.toml): the multi-host tests go to one
-    worker together, since they share one cluster (one set of Unix users and namespaces, made once);
-    they come first in the collection, so that worker starts them at once while the other takes the
-    rest. An integration module runs on one worker (its daemon and cluster are made once, and its tests
-    may follow each other), and so does a fuzz module; every other test is scheduled on its own."""
+    """With pytest-xdist (the suite runs on three workers: pyproject.toml): the multi-host tests go in two
+    halves of about equal time to two workers, each with a cluster of its own (one set of Unix users
+    and namespaces, made once: ``cluster_user_suffix``); those workers start them at once, and take
+    other work only as they go. An integration module runs on one worker (its daemon and cluster
+    are made once, and its tests may follow each other), and so does a fuzz module; every other test
+    is scheduled on its own."""
     from xdist.scheduler import LoadScopeScheduling
 
-    class ClusterTogether(LoadScopeScheduling):
+    class ClusterHalves(LoadScopeScheduling):
+        halves: dict[str, str] | None = None
+
         def _split_scope(self, nodeid: str) -> str:
-            if nodeid.startswith("tests/cluster/"):
-                return "tests/cluster"
+            if nodeid.startswith(CLUSTER):
+                if self.halves is None:
+                    modules = [i.split("::", 1)[0] for i in self.collection or [] if i.startswith(CLUSTER)]
+                    self.halves = cluster_halves(modules) if modules else None
+                module = nodeid.split("::", 1)[0]
+                return CLUSTER + ((self.halves or {}).get(module) or cluster_halves([module])[module])
             if nodeid.startswith(("tests/integration/", "tests/unit/test_bad_input_")):
                 # the fuzz modules too: their last test counts the inputs all of the module's tests tried
                 return nodeid.split("::", 1)[0]
             return nodeid
 
-    return ClusterTogether(config, log)
+        def _assign_work_unit(self, node) -> None:
+            # A worker without a half takes one first, if one is left; one with a half takes other work
+            # first, so the two halves go to two workers (a worker that takes both, with one worker or
+            # once nothing else is left, runs both on its one cluster).
+            holds = any(scope.startswith(CLUSTER) for scope in self.assigned_work.get(node, {}))
+            for scope in self.workqueue:
+                if scope.startswith(CLUSTER) != holds:
+                    self.workqueue.move_to_end(scope, last=False)
+                    break
+            super()._assign_work_unit(node)
+
+    return ClusterHalves(config, log)
 
 
 # --- the fault schedules in the background -------------------------------------------

@@ -110,6 +110,17 @@ def light_nodes(count: int, suffix: str = "") -> tuple[NodeSpec, ...]:
                           shared_python=SYSTEM_PYTHON) for i in range(1, count + 1))
 
 
+def cluster_user_suffix() -> str:
+    """The suffix of this process's cluster users: COORD_NETNS_USER_SUFFIX (a cluster beside another
+    checkout's), and under pytest-xdist the worker's number past the first (each of the two workers
+    that run multi-host tests holds a cluster of its own, its own users among them)."""
+    suffix = os.environ.get("COORD_NETNS_USER_SUFFIX", "")
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw") and worker[2:].isdigit() and int(worker[2:]) > 0:
+        suffix += f"w{worker[2:]}"
+    return suffix
+
+
 def cluster_available() -> tuple[bool, str]:
     """Whether this machine can build a NetnsCluster, and why not if it cannot."""
     if not sys.platform.startswith("linux"):
@@ -385,6 +396,9 @@ class NetnsCluster:
         pid = os.getpid()
         self.prefix = f"c{pid % 1000:03d}{_B36[idx % 36]}"
         self.subnet_k = (pid * 7 + idx * 31) % 250 + 1
+        taken = {rec.get("subnet_k") for rec in _live_records()[0]}  # another worker's cluster, running now
+        while self.subnet_k in taken:
+            self.subnet_k = self.subnet_k % 250 + 1
         self.bridge_ns = f"{self.prefix}-br"
         self.head_ns = f"{self.prefix}-hd"
         self._ns = {n.name: f"{self.prefix}-{i + 1}" for i, n in enumerate(self.nodes)}
@@ -399,6 +413,7 @@ class NetnsCluster:
             "pid": pid,
             "pid_start": _proc_start_time(pid),
             "prefix": self.prefix,
+            "subnet_k": self.subnet_k,
             "namespaces": [],
             "users": [],
             "paths": [],

@@ -99,7 +99,8 @@ def test_a_file_changed_by_hand_fails_preflight_naming_node_and_file_and_sync_re
     daemon, source, _ = ready
     assert run_json(daemon, "sync")[0] == 0
     victim = Path(netns_cluster.node("n2").workdir) / "pkg03" / "module_0003.py"
-    netns_cluster.exec_in("n2", ["sh", "-c", f"echo 'VALUE = -1' > {victim}"], user="coordbob", check=True)
+    netns_cluster.exec_in("n2", ["sh", "-c", f"echo 'VALUE = -1' > {victim}"], user=netns_cluster.node("n2").user,
+                          check=True)
     code, result = run_json(daemon, "preflight")
     assert code == 1 and result["status"] == "fail"
     consistency = checks_by_name(result)["code.consistency"]

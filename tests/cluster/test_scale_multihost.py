@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.cluster.jobs import events, job_of
-from tests.cluster.netns import NetnsCluster, cluster_available, light_nodes
+from tests.cluster.netns import NetnsCluster, cluster_available, cluster_user_suffix, light_nodes
 from tests.command_jobs import SOCKETS
 from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment, short_tempdir
 
@@ -31,7 +31,7 @@ def scale_cluster() -> Iterator[NetnsCluster]:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"netns cluster unavailable under CI=true: {reason}")
         pytest.skip(reason)
-    with NetnsCluster(light_nodes(NODES, os.environ.get("COORD_NETNS_USER_SUFFIX", ""))) as cluster:
+    with NetnsCluster(light_nodes(NODES, cluster_user_suffix())) as cluster:
         yield cluster
 
 
