@@ -125,8 +125,13 @@ def pytest_xdist_make_scheduler(config, log):
             # first, so the two halves go to two workers (a worker that takes both, with one worker or
             # once nothing else is left, runs both on its one cluster).
             holds = any(scope.startswith(CLUSTER) for scope in self.assigned_work.get(node, {}))
+            # The schedules test waits for the batch that runs beside the suite at the lowest priority:
+            # taken last, it waits least, and holds no worker while other tests are left.
+            waiting = next((scope for scope in self.workqueue if scope.endswith("::" + _SCHEDULES_TEST)), None)
+            if waiting is not None and len(self.workqueue) > 1:
+                self.workqueue.move_to_end(waiting)
             for scope in self.workqueue:
-                if scope.startswith(CLUSTER) != holds:
+                if scope.startswith(CLUSTER) != holds and scope != waiting:
                     self.workqueue.move_to_end(scope, last=False)
                     break
             super()._assign_work_unit(node)

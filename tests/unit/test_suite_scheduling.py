@@ -81,3 +81,13 @@ def test_one_worker_runs_both_halves():
     collection = CLUSTER_TESTS + OTHER_TESTS
     ran = _scheduled(1, collection)
     assert sorted(ran["gw0"]) == sorted(collection)
+
+
+def test_the_schedules_test_waiting_on_its_background_batch_is_sent_last():
+    waiting = "tests/simulation/test_fault_schedules.py::test_thousands_of_fault_schedules_keep_every_invariant"
+    for workers in (1, 3):
+        collection = OTHER_TESTS[:50] + [waiting] + CLUSTER_TESTS + OTHER_TESTS[50:]
+        ran = _scheduled(workers, collection)
+        owner = next(tests for tests in ran.values() if waiting in tests)
+        assert owner[-1] == waiting, owner[-3:]
+        assert sorted(t for tests in ran.values() for t in tests) == sorted(collection)
