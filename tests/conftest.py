@@ -97,10 +97,10 @@ def cluster_halves(modules: list[str]) -> dict[str, str]:
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """With pytest-xdist (the suite runs on three workers: pyproject.toml): the multi-host tests go in two
-    halves of about equal time to two workers, each with a cluster of its own (one set of Unix users
-    and namespaces, made once: ``cluster_user_suffix``); those workers start them at once, and take
-    other work only as they go. An integration module runs on one worker (its daemon and cluster
+    """With pytest-xdist: on two workers (pyproject.toml) the multi-host tests run on one of them, on one
+    cluster; on three or more they go in two halves of about equal time to two workers, each with a
+    cluster of its own (one set of Unix users and namespaces, made once: ``cluster_user_suffix``); those
+    workers start them at once, and take other work only as they go. An integration module runs on one worker (its daemon and cluster
     are made once, and its tests may follow each other), and so does a fuzz module; every other test
     is scheduled on its own."""
     from xdist.scheduler import LoadScopeScheduling
@@ -110,6 +110,8 @@ def pytest_xdist_make_scheduler(config, log):
 
         def _split_scope(self, nodeid: str) -> str:
             if nodeid.startswith(CLUSTER):
+                if self.numnodes < 3:
+                    return CLUSTER  # one cluster, on one worker: the others' tests beside it
                 if self.halves is None:
                     modules = [i.split("::", 1)[0] for i in self.collection or [] if i.startswith(CLUSTER)]
                     self.halves = cluster_halves(modules) if modules else None

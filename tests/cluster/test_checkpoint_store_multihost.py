@@ -112,6 +112,7 @@ def _stored(daemon: DaemonProcess, url: str) -> list[dict]:
     return json.loads(listed.stdout)["checkpoints"]
 
 
+@pytest.mark.timeout(600)  # four runs and two daemons: 265 to 288 s in full runs of the suite
 def test_an_mlx_and_a_torchrun_run_live_on_from_the_store_after_the_whole_cluster_is_lost(netns_cluster,
                                                                                           store_cluster):
     with_torch = netns_cluster.add_torch()

@@ -91,3 +91,11 @@ def test_the_schedules_test_waiting_on_its_background_batch_is_sent_last():
         owner = next(tests for tests in ran.values() if waiting in tests)
         assert owner[-1] == waiting, owner[-3:]
         assert sorted(t for tests in ran.values() for t in tests) == sorted(collection)
+
+
+def test_two_workers_keep_one_cluster_on_one_worker():
+    collection = CLUSTER_TESTS + OTHER_TESTS
+    ran = _scheduled(2, collection)
+    holding = [name for name, tests in ran.items() if any(t.startswith("tests/cluster/") for t in tests)]
+    assert len(holding) == 1, holding
+    assert sorted(t for tests in ran.values() for t in tests) == sorted(collection)
