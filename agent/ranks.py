@@ -288,10 +288,13 @@ def stop_rank(workdir: str, job: str, attempt: int, rank: int, grace: float = 5.
     _signal_all(pgid, members, signal.SIGCONT)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGTERM)  # the launcher (or the script) stops its own workers first
+    # Wait on the members already known, a stat each, and read the whole process table only once
+    # more before SIGKILL (for a worker started meanwhile): a table is every process of the machine,
+    # and ten a second in each agent stopping a rank at once took the CPU from the ranks stopping.
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and (members := _rank_members(pgid, runner)):
+    while time.monotonic() < deadline and (members := [pid for pid in members if proc_state.alive(pid)]):
         time.sleep(0.1)
-    if members:
+    if members := _rank_members(pgid, runner):
         _signal_all(pgid, members, signal.SIGKILL)
     # The runner records the rank's exit status just after its child ends: give it that moment
     # before killing it, or the status is lost (it was in about 1 stop in 20 here).
