@@ -25,7 +25,7 @@ from coordinator.jobs.transfer import CheckpointDamaged
 from coordinator.store.state import CheckpointEntry, CheckpointRow
 from shared.agent_api.ranks import CheckpointInfo
 from shared.checkpoint_dirs import DIR_NAME
-from shared.rpc import ConnectionLost, RemoteError
+from shared.rpc import RemoteError
 
 #: node -> what it listed of one attempt's checkpoint directories
 Listings = Mapping[str, list[CheckpointInfo]]
@@ -132,45 +132,79 @@ class DirKeeper:
     async def _complete(self, attempt: int, step: int, name: str, order: list[str], joined: Joined,
                         parts: Mapping[str, CheckpointInfo]) -> dict[str, str]:
         """Send every node of ``order`` that is up the files it lacks; node -> its directory, for the
-        nodes that hold the whole now."""
+        nodes that hold the whole now. Each file goes to every node lacking it in one copy (the relay
+        passes it from node to node): at a hundred nodes, one node after another was a hundred copies
+        a file, each set up on its own, and a checkpoint a second never caught up."""
         complete: dict[str, str] = {}
         dirs = {node: part["path"] for node, part in parts.items()}  # node -> its directory, where it holds files
+        lacking: dict[str, set[str]] = {}  # node -> the files it is to be sent
+        paths: dict[str, str] = {}  # node -> its directory once whole
         for node in order:
             view = self.fx.node(node)
             path = posixpath.join(view.workdir, "checkpoints", self.ctx.run_id, f"attempt-{attempt}", name)
             missing = joined.missing_on(node)
             if not missing:
                 complete[node] = path
+            elif self.health.usable(node):
+                dirs.setdefault(node, path)
+                lacking[node], paths[node] = set(missing), path
+        failed: set[str] = set()
+        # A format's last file goes last here too: a copy cut short never looks whole.
+        for rel in sorted({rel for wanted in lacking.values() for rel in wanted},
+                          key=lambda path: (written_last(path), path)):
+            nodes = [node for node, wanted in lacking.items() if rel in wanted and node not in failed]
+            if not nodes:
                 continue
-            if not self.health.usable(node):
-                continue
-            dirs.setdefault(node, path)
-            try:
-                # A format's last file goes last here too: a copy cut short never looks whole.
-                for rel in sorted(missing, key=lambda path: (written_last(path), path)):
-                    await self._send(attempt, step, name, node, rel, joined, dirs)
-                    # A node that has a file now is a holder of it for the nodes after it: one whose
-                    # writer went away after it listed its files is still completed from the others.
+            for node, problem in (await self._send(attempt, step, name, nodes, rel, joined, dirs)).items():
+                if problem is None:
+                    # A node that has a file now is a holder of it: a node sent it alone later (after
+                    # a copy to many failed) is sent it from another once its writer went away.
                     joined.holders[rel].append(node)
-            except (RemoteError, CheckpointDamaged, OSError) as exc:
-                reason = exc.message if isinstance(exc, RemoteError) else str(exc)
-                self.ctx.log.warning("checkpoint part not sent", node=node, step=step, reason=reason)
-                continue
-            complete[node] = path
-        return complete
+                else:
+                    self.ctx.log.warning("checkpoint part not sent", node=node, step=step, reason=problem)
+                    failed.add(node)
+        for node in lacking:
+            if node not in failed:
+                complete[node] = paths[node]
+        return {node: complete[node] for node in order if node in complete}
 
-    async def _send(self, attempt: int, step: int, name: str, node: str, rel: str, joined: Joined,
-                    dirs: Mapping[str, str]) -> None:
+    async def _send(self, attempt: int, step: int, name: str, nodes: list[str], rel: str, joined: Joined,
+                    dirs: Mapping[str, str]) -> dict[str, str | None]:
+        """``rel`` to ``nodes``: node -> None when it holds the file now, else why not. All at once; when
+        that fails, once more without the nodes gone meanwhile, then node by node (one node's loss must
+        not cost the others their copy)."""
         entry = joined.files[rel]
-        holder = next((n for n in joined.holders[rel] if self.health.reachable(n)), None)
-        if holder is None:  # its holders went away after they listed it: this node stays a part for now
-            raise ConnectionLost(f"no node holding {rel} is reachable ({', '.join(joined.holders[rel])})")
-        source: CheckpointRow = {
-            "step": step, "attempt": attempt, "node": holder, "path": posixpath.join(dirs[holder], rel),
-            "sha256": entry["sha256"], "size": entry["size"], "valid": True, "detail": None,
-            "created": self.fx.now(), "role": catalog.PRIMARY}
         target = f"checkpoints/{self.ctx.run_id}/attempt-{attempt}/{name}/{rel}"
-        await self.fx.copy_checkpoint(source, [Placement(node, target)])
+
+        async def copy(batch: list[str]) -> tuple[str | None, bool]:
+            """Why the copy to ``batch`` failed (None when it did not), and whether the source was damaged."""
+            holder = next((n for n in joined.holders[rel] if self.health.reachable(n)), None)
+            if holder is None:  # its holders went away after they listed it: these stay parts for now
+                return f"no node holding {rel} is reachable ({', '.join(joined.holders[rel])})", False
+            source: CheckpointRow = {
+                "step": step, "attempt": attempt, "node": holder, "path": posixpath.join(dirs[holder], rel),
+                "sha256": entry["sha256"], "size": entry["size"], "valid": True, "detail": None,
+                "created": self.fx.now(), "role": catalog.PRIMARY}
+            try:
+                await self.fx.copy_checkpoint(source, [Placement(node, target) for node in batch])
+            except CheckpointDamaged as exc:
+                return str(exc), True
+            except (RemoteError, OSError) as exc:
+                return exc.message if isinstance(exc, RemoteError) else str(exc), False
+            return None, False
+
+        problem, damaged = await copy(nodes)
+        if problem is None or damaged or len(nodes) == 1:
+            return {node: problem for node in nodes}
+        result: dict[str, str | None] = {node: problem for node in nodes if not self.health.usable(node)}
+        rest = [node for node in nodes if node not in result]
+        if len(rest) > 1:
+            again, damaged = await copy(rest)
+            if again is None or damaged:
+                return {**result, **{node: again for node in rest}}
+        for node in rest:
+            result[node] = (await copy([node]))[0]
+        return result
 
     def _catalogue(self, attempt: int, step: int, order: list[str], complete: Mapping[str, str], joined: Joined,
                    verdict: Verdict, parts: Mapping[str, CheckpointInfo]) -> None:

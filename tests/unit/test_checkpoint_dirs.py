@@ -21,6 +21,7 @@ class Effects:
 
     def __init__(self, cut_after: int | None = None, unreachable: str = "c"):
         self.copies: list[tuple[str, str]] = []  # (node, target path)
+        self.calls: list[list[str]] = []  # each copy's target nodes
         self.catalog: list[dict] = []
         self.events: list[tuple[str, str]] = []
         self.cut_after, self.unreachable = cut_after, unreachable
@@ -38,12 +39,13 @@ class Effects:
         return ["a", "b", "c"]
 
     async def copy_checkpoint(self, source, placements):
-        (placement,) = placements
-        if self.cut_after is not None and placement.node == self.unreachable and \
-                len([c for c in self.copies if c[0] == self.unreachable]) >= self.cut_after:
-            raise RemoteError("connection_lost", f"{placement.node} is gone")
-        self.copies.append((placement.node, placement.path))
-        return [f"/w/{placement.node}/{placement.path}"]
+        self.calls.append([placement.node for placement in placements])
+        for placement in placements:  # as the relay: the others are written when one fails
+            if self.cut_after is not None and placement.node == self.unreachable and \
+                    len([c for c in self.copies if c[0] == self.unreachable]) >= self.cut_after:
+                raise RemoteError("connection_lost", f"{placement.node} is gone")
+            self.copies.append((placement.node, placement.path))
+        return [f"/w/{placement.node}/{placement.path}" for placement in placements]
 
     def add_checkpoint(self, run_id, entry):
         self.catalog = [c for c in self.catalog if (c["node"], c["path"]) != (entry["node"], entry["path"])]
@@ -83,8 +85,10 @@ def test_rank_0s_directory_is_sent_to_every_node_its_last_file_last_and_catalogu
     fx = Effects()
     known: dict[str, set[str]] = {}
     assert _settle(_keeper(fx), {"a": [_part("a", "state.pt", "COMPLETE", "extra.bin")], "b": [], "c": []}, known)
-    assert fx.copies == [(node, f"checkpoints/r/attempt-0/0000010/{name}") for node in ("b", "c")
-                         for name in ("extra.bin", "state.pt", "COMPLETE")]
+    # Each file to both nodes in one copy (the relay passes it on), the last file last.
+    assert fx.copies == [(node, f"checkpoints/r/attempt-0/0000010/{name}")
+                         for name in ("extra.bin", "state.pt", "COMPLETE") for node in ("b", "c")]
+    assert fx.calls == [["b", "c"]] * 3
     whole = digest(_part("a", "state.pt", "COMPLETE", "extra.bin")["files"])
     assert sorted((c["node"], c["valid"], c["sha256"] == whole) for c in fx.catalog) == [
         ("a", True, True), ("b", True, True), ("c", True, True)]
@@ -129,33 +133,49 @@ def test_a_whole_whose_only_holder_went_away_after_listing_stays_whole_there_and
     assert [(c["node"], c["valid"]) for c in sorted(fx.catalog, key=lambda c: c["node"])] == [("a", True)]
 
 
-def test_a_node_sent_the_files_completes_the_next_when_their_writer_goes_away_meanwhile():
-    # The torchrun shrink case on the multi-host cluster: rank 0's node listed the step, b took its files,
-    # and a was cut before c's turn. c is sent them from b, and the step is whole on b and c.
-    class GoneAfterB(Effects):
+def test_a_node_is_completed_from_another_holder_when_the_writer_went_away_after_listing():
+    # The torchrun shrink case on the multi-host cluster: rank 0's node listed the step and was cut; b
+    # holds the files too (sent them earlier), c is sent them from b, and the step is whole on b and c.
+    class Sources(Effects):
         async def copy_checkpoint(self, source, placements):
-            (placement,) = placements
-            self.copies.append((placement.node, source["node"], source["path"]))
-            return [f"/w/{placement.node}/{placement.path}"]
+            self.copies.extend((placement.node, source["node"], source["path"]) for placement in placements)
+            return [f"/w/{placement.node}/{placement.path}" for placement in placements]
 
-    fx = GoneAfterB()
+    fx = Sources()
     keeper = _keeper(fx)
+    keeper.health = SimpleNamespace(usable=lambda node: node != "a", reachable=lambda node: node != "a")  # type: ignore[assignment]
+    known: dict[str, set[str]] = {}
+    listings = {"a": [_part("a", "state.pt", "COMPLETE")], "b": [_part("b", "state.pt", "COMPLETE")], "c": []}
+    assert _settle(keeper, listings, known)
+    assert [(node, source) for node, source, _ in fx.copies] == [("c", "b"), ("c", "b")]
+    assert all(path.startswith("/w/b/checkpoints/r/attempt-0/0000010/") for _, _, path in fx.copies)
+    assert {c["node"] for c in fx.catalog if c["valid"]} == {"a", "b", "c"}
+
+
+def test_a_copy_to_many_that_fails_for_one_node_is_made_again_without_it_and_the_others_are_whole():
+    # c goes away in the middle of the second file's copy to b, c and d: b and d are sent it again
+    # together, and only c is left a part (its marker never sent).
+    fx = Effects(cut_after=1)
+    fx.node_names = lambda: ["a", "b", "c", "d"]  # type: ignore[method-assign]
     gone: set[str] = set()
+    keeper = _keeper(fx)
     keeper.health = SimpleNamespace(usable=lambda node: node not in gone,  # type: ignore[assignment]
                                     reachable=lambda node: node not in gone)
-    sent_to_b = fx.copy_checkpoint
+    copy = fx.copy_checkpoint
 
-    async def copy(source, placements):
-        result = await sent_to_b(source, placements)
-        if placements[0].node == "b" and len([c for c in fx.copies if c[0] == "b"]) == 2:
-            gone.add("a")  # b has both files: a is cut now
-        return result
+    async def cut_c(source, placements):
+        try:
+            return await copy(source, placements)
+        except RemoteError:
+            gone.add("c")  # the session saw it go
+            raise
 
-    fx.copy_checkpoint = copy  # type: ignore[method-assign]
+    fx.copy_checkpoint = cut_c  # type: ignore[method-assign]
     known: dict[str, set[str]] = {}
-    assert _settle(keeper, {"a": [_part("a", "state.pt", "COMPLETE")], "b": [], "c": []}, known)
-    assert [(node, source) for node, source, _ in fx.copies] == [("b", "a"), ("b", "a"), ("c", "b"), ("c", "b")]
-    assert all(path.startswith("/w/b/checkpoints/r/attempt-0/0000010/") for node, source, path in fx.copies
-               if source == "b")
-    assert {c["node"] for c in fx.catalog if c["valid"]} == {"a", "b", "c"}
-    assert "whole on a, b, c" in fx.events[-1][1] and "joined from" not in fx.events[-1][1]  # a wrote it alone
+    assert anyio.run(lambda: keeper.settle(0, 0, ["a", "b", "c", "d"], {"a": [_part("a", "state.pt", "COMPLETE")],
+                                                                       "b": [], "c": [], "d": []},
+                                           known, {}, attempt_over=False, world_size=4, current=True))
+    assert fx.calls == [["b", "c", "d"], ["b", "c", "d"], ["b", "d"]], fx.calls
+    assert ("c", "checkpoints/r/attempt-0/0000010/COMPLETE") not in fx.copies
+    assert {c["node"] for c in fx.catalog if c["valid"]} == {"a", "b", "d"}
+    assert "c" not in known
