@@ -40,6 +40,15 @@ from shared.rpc import RemoteError
 OUTLIVE_MARGIN_S = 30.0  # beyond --node-timeout: the sessions' reconnect backoff, and a poll
 
 
+@dataclasses.dataclass(frozen=True)
+class StopResult:
+    """An attempt's ranks stopped as its watch ended: whether none is left, and how long it took."""
+
+    attempt: int
+    everything: bool
+    seconds: float
+
+
 class AttemptRunner:
     def __init__(self, ctx: RunContext, launcher: Launcher, *, health: NodeHealth, checkpoints: CheckpointKeeper,
                  ranks: RankWatcher, nodes: NodeWait, reboots: RebootWatch, starter: RankStarter):
@@ -56,6 +65,7 @@ class AttemptRunner:
         self.planned: LaunchPlan | None = None  # from pre-flight, for attempt 0
         self.synced = False  # the source was synced just before the next launch (the run's first)
         self.resize_requested: int | None = None  # the checkpoint step the resize waits to pass
+        self.stopped: StopResult | None = None  # the watched attempt's ranks, stopped as it ended
 
     @property
     def record(self) -> JobRecord:
@@ -224,6 +234,13 @@ class AttemptRunner:
         async with anyio.create_task_group() as watchers:
             watchers.start_soon(self.checkpoints.watch, attempt)
             outcome = await self._watch(attempt)
+            # Every rank stopped now, beside a checkpoint poll still under way (it is shielded, and
+            # finishes), not after it: with a large checkpoint being hashed, or at a hundred nodes
+            # with checkpoints coming faster than they were completed, that poll took tens of seconds
+            # while the ranks of a stopped or failed attempt ran on.
+            started = self.fx.monotonic()
+            everything = await self.stop_everything(attempt)
+            self.stopped = StopResult(attempt.number, everything, self.fx.monotonic() - started)
             watchers.cancel_scope.cancel()
         return outcome
 

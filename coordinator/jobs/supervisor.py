@@ -226,11 +226,15 @@ class JobRunner:
     async def _end_attempt(self, outcome: Outcome) -> Decision:
         """Every rank stopped, the last checkpoints catalogued, and the policy's word on what follows."""
         attempt = self.attempts.last()
-        stop_started = self.fx.monotonic()
-        stopped = await self.attempts.stop_everything(attempt)
+        early, self.attempts.stopped = self.attempts.stopped, None
+        if early is not None and attempt is not None and early.attempt == attempt.number:
+            stopped, seconds = early.everything, early.seconds  # as its watch ended
+        else:
+            stop_started = self.fx.monotonic()
+            stopped = await self.attempts.stop_everything(attempt)
+            seconds = self.fx.monotonic() - stop_started
         self.event("stopped_ranks", f"attempt {self.record.attempt}: every rank stopped"
-                   if stopped else "some ranks could not be confirmed stopped",
-                   seconds=round(self.fx.monotonic() - stop_started, 3))
+                   if stopped else "some ranks could not be confirmed stopped", seconds=round(seconds, 3))
         # Checkpoints written up to the end count; with the ranks stopped nothing is still
         # being written, so a damaged one is judged now.
         await self.checkpoints.poll(attempt, attempt_over=True)
