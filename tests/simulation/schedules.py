@@ -85,6 +85,7 @@ class Schedule:
     runs: int = 1  # the first job's name run this many times, one after the other
     head_machine: tuple[str, ...] = ()  # nodes that are the head's own machine (host "local")
     more_jobs: list[JobPlan] = field(default_factory=list)  # submitted beside the first
+    hash_s: float = 0.0  # what a node's listing of its checkpoints takes (hashing a large new one)
 
     def jobs(self) -> list[JobPlan]:
         return [JobPlan(self.spec, 0.0, self.stop_at, None, self.runs), *self.more_jobs]
@@ -346,6 +347,7 @@ async def _drive(schedule: Schedule, world: World, checker: Checker) -> dict[str
             "launches": world.launch_log, "copies": world.copies, "timeline": checker.timeline,
             "requests": daemon.requests, "incarnations": daemon.incarnations,
             "stopped": checker.stopped, "cancelled": checker.cancelled, "stored": world.stored,
+            "exits": [(r.run, r.attempt, r.rank, r.exit, r.exited_at) for r in world.ranks.values()],
             "durable": {run_id: list(rows.values()) for run_id, rows in world.durable.items()},
             "events": world.events,
             "catalog": {run_id: list(copies.values()) for run_id, copies in world.catalog.items()}}
@@ -384,6 +386,7 @@ def run_schedule(seed: int | Schedule) -> dict[str, Any]:
     """Run one schedule under a virtual clock; InvariantBroken (with the replay) when one breaks."""
     schedule = seed if isinstance(seed, Schedule) else make_schedule(seed)
     world = World(schedule.nodes, step_s=schedule.step_s, startup_s=schedule.startup_s, copy_s=schedule.copy_s,
+                  hash_s=schedule.hash_s,
                   every_rank_saves=schedule.spec.get("trainer") == "coord", head_machine=schedule.head_machine,
                   heartbeats=schedule.spec["command"] != command_for("script", 0))
     checker = Checker(schedule, world)

@@ -580,3 +580,17 @@ def test_a_run_stopped_with_its_newest_checkpoint_not_in_the_store_uploads_it_be
     assert "job.final_upload" in kinds and kinds.index("job.final_upload") < kinds.index("job.stopped"), kinds
     newest = max(c["step"] for c in result["catalog"][run["run_id"]] if c["valid"])
     assert max(d["step"] for d in result["durable"][run["run_id"]]) == newest, (newest, result["durable"])
+
+
+def test_a_stop_stops_the_ranks_while_a_checkpoint_poll_is_still_under_way():
+    # Each listing of a node's checkpoints takes 20 s here (a large one being hashed): a stop asked for
+    # meanwhile stops the ranks at once, beside that poll, not once it is over (the poll is shielded, and
+    # the ranks had run on until it ended).
+    result = run_schedule(base(spec={"total_steps": 400}, hash_s=20.0, stop_at=9.0))
+    (run,) = result["runs"]
+    assert run["state"] == "stopped", run["record"]
+    asked = next(t for t, kind, _ in result["events"] if kind == "job.stop_requested")
+    ended = next(t for t, kind, _ in result["events"] if kind == "job.stopped")
+    assert ended - asked >= 10.0, (asked, ended)  # a poll was under way: the job's end waited for it
+    exits = [(status, at) for _, _, _, status, at in result["exits"]]
+    assert len(exits) == 3 and all(status == 143 and at - asked <= 3.0 for status, at in exits), (asked, exits)

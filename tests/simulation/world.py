@@ -176,6 +176,7 @@ class World:
     """The ground truth, shared by every daemon incarnation."""
 
     def __init__(self, nodes: list[str], *, step_s: float = 0.5, startup_s: float = 2.0, copy_s: float = 0.5,
+                 hash_s: float = 0.0,
                  every_rank_saves: bool = False, head_machine: tuple[str, ...] = (), heartbeats: bool = False):
         self.nodes = {name: SimNode(name) for name in nodes}
         # coord's trainer: every rank writes its own copy of each checkpoint on its own node
@@ -187,6 +188,7 @@ class World:
         self.step_s = step_s
         self.startup_s = startup_s
         self.copy_s = copy_s
+        self.hash_s = hash_s  # a listing of a node's checkpoints, hashing what is new
         self.ranks: dict[tuple[str, int, int], SimRank] = {}  # (run, attempt, rank)
         self.prepared: dict[tuple[str, int], dict[int, SimRank]] = {}
         self.launchers: dict[int, tuple[str, int, bool]] = {}  # pid -> (run, attempt, starts ranks)
@@ -505,6 +507,8 @@ class SimEffects:
                 raise RemoteError("timeout", f"{method} got no answer within {timeout:g} s")
         if method == "rank_status" and params.get("wait_s"):
             await self._hold_status(node, params)
+        if method == "list_checkpoints" and self.world.hash_s:
+            await anyio.sleep(self.world.hash_s)
         self._effect()
         return getattr(self, f"_agent_{method}")(node, **params)
 
