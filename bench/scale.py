@@ -17,7 +17,9 @@ namespace, fresh for the size. Measured, one run each:
   all-reduce through rank 0, a checkpoint every 5 steps);
 - one node's link cut: to the head's detection (the node not up in ``coord status``), and to the job's
   first step after the shrink to the others;
-- ``coord stop`` to no rank left on any node;
+- ``coord stop`` to no rank left on any node (one pgrep of every node's user, this machine's process
+  table being every node's), to ``coord stop``'s return, and the daemon's own time stopping the ranks;
+  with ``--json``, the job's events during the shrink and the stop, timed from the cut and the stop;
 - what the run added to the state database (its file once the daemon stopped), per step and per 10,000
   steps (the job's steps are its checkpoints every 5 and its metrics);
 - last, with every link capped (``--rate-mbit``, 1000 by default): a 100 MiB tree (ten files of 10 MiB)
@@ -140,9 +142,43 @@ def transfers(cluster, daemon, config: Path, root: Path, count: int, rate_mbit: 
     return row
 
 
+def timed_stop(cluster, daemon, config: Path, name: str, leave_out: str) -> dict:
+    """``coord stop`` to no rank left on any node but ``leave_out`` (cut off: its rank is stopped once it
+    is back), read from this machine's process table with one pgrep for every node's user (the nodes
+    share this machine's processes); and, apart, to ``coord stop``'s return (the job ``stopped``: its last
+    checkpoints catalogued and completed too) and the daemon's own time for stopping every rank."""
+    import subprocess
+
+    from tests.cluster.jobs import events
+
+    users = ",".join(n.user for n in cluster.nodes if n.name != leave_out)
+    began = time.monotonic()
+    command = subprocess.Popen([sys.executable, "-m", "coordinator.cli.main", "stop", "--config", str(config), name],
+                               env=daemon.env, cwd=Path(__file__).resolve().parents[1], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE)
+    none_left = None
+    while none_left is None or command.poll() is None:
+        if none_left is None and not subprocess.run(["pgrep", "-u", users, "-f", "sockets.py"],
+                                                    capture_output=True, text=True).stdout.strip():
+            none_left = time.monotonic() - began
+        if time.monotonic() - began > 600:
+            command.kill()
+            raise SystemExit("ranks still running, or coord stop not back, 600 s after the stop")
+        time.sleep(0.1)
+    returned = time.monotonic() - began
+    if command.returncode != 0:
+        raise SystemExit(f"coord stop failed: {command.stderr.read().decode(errors='replace')}")
+    since = time.time() - returned
+    story = [e for e in events(daemon, name) if e["ts"] >= since - 1]
+    stopped = [e for e in story if e["kind"] == "job.stopped_ranks"]
+    return {"stop_to_none_left_s": round(none_left, 2), "stop_command_s": round(returned, 2),
+            "stop_daemon_stopping_ranks_s": stopped[-1]["data"].get("seconds") if stopped else None,
+            "stop_events": [f"{e['ts'] - since:+.1f} s {e['kind']}: {e['message'][:160]}" for e in story]}
+
+
 def measure(count: int, root: Path, suffix: str, profile: Path | None = None, rate_mbit: int = 1000,
             relay_mib: int = 1024) -> dict:
-    from tests.cluster.jobs import job_of
+    from tests.cluster.jobs import events, job_of
     from tests.cluster.netns import NetnsCluster, light_nodes
     from tests.command_jobs import SOCKETS
     from tests.integration.daemon_harness import DaemonProcess, all_up, coord, environment
@@ -237,15 +273,12 @@ def measure(count: int, root: Path, suffix: str, profile: Path | None = None, ra
                 first = job_of(doc, "wide")["step"]
                 daemon.wait_for(lambda d: job_of(d, "wide")["step"] > first, 900, "a step after the shrink")
                 row["cut_to_step_after_shrink_s"] = round(time.monotonic() - cut_at, 2)
+                # Where the shrink's time went (in --json only): the job's events since the cut, timed from it.
+                since = time.time() - (time.monotonic() - cut_at)
+                row["shrink_events"] = [f"{e['ts'] - since:+.1f} s {e['kind']}: {e['message'][:160]}"
+                                        for e in events(daemon, "wide") if e["ts"] >= since - 1]
                 steps = job_of(daemon.status(events=0), "wide")["step"]
-                stopped = time.monotonic()
-                coord("stop", "--config", str(config), "wide", env=daemon.env, timeout=600)
-                while any(cluster.exec_in(n.name, ["pgrep", "-u", n.user, "-f", "sockets.py"]).stdout.strip()
-                          for n in cluster.nodes if n.name != cut):
-                    if time.monotonic() - stopped > 600:
-                        raise SystemExit("ranks still running 600 s after the stop")
-                    time.sleep(0.2)
-                row["stop_to_none_left_s"] = round(time.monotonic() - stopped, 2)
+                row.update(timed_stop(cluster, daemon, config, "wide", leave_out=cut))
             finally:
                 cluster.restore_link(cut)
             row["steps"] = steps
@@ -272,7 +305,8 @@ COLUMNS = [("nodes", "nodes"), ("up_first_contact_s", "agents up, first contact 
            ("training_rss_mb", "coordd RSS training (MB)"), ("submit_to_first_step_s", "submit to first step (s)"),
            ("cut_detected_s", "cut to detection (s)"),
            ("cut_to_step_after_shrink_s", "cut to a step after the shrink (s)"),
-           ("stop_to_none_left_s", "stop to no rank left (s)"),
+           ("stop_to_none_left_s", "stop to no rank left (s)"), ("stop_command_s", "coord stop back (s)"),
+           ("stop_daemon_stopping_ranks_s", "daemon stopping the ranks (s)"),
            ("db_kb_per_step", "state DB per step (KB)"), ("db_mb_per_10k_steps", "state DB per 10,000 steps (MB)"),
            ("tree_100mib_s", "100 MiB tree synced (s)"), ("tree_100mib_x_link_limit", "tree / link limit"),
            ("relay_mib", "large file (MiB)"), ("relay_s", "large file relayed (s)"),
