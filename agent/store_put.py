@@ -178,12 +178,16 @@ def _put_once(part: StorePart, data: memoryview, pace: Pace) -> None:
 def _packed(data: bytes, file: tuple[str, str]) -> bytes | None:
     """The part compressed, where that pays (the module's docstring); else None."""
     pack = compressor()
-    if pack is None or not data or _compressing.get(file) is False:
+    decided = _compressing.get(file)
+    if pack is None or not data or decided is False:
         return None
     started = time.monotonic()
     packed = pack(data)
+    ratio = len(packed) / len(data)
+    if decided:  # the file's first part found it pays: its others follow, each still only if it shrinks
+        return packed if ratio <= MAX_RATIO else None
     speed = len(data) / max(time.monotonic() - started, 1e-9)
-    worth = worth_compressing(len(packed) / len(data), speed, _uplink.rate)
+    worth = worth_compressing(ratio, speed, _uplink.rate)
     if len(_compressing) >= _COMPRESSING_AT_MOST:
         _compressing.clear()
     _compressing.setdefault(file, worth)

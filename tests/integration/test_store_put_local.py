@@ -219,6 +219,11 @@ def _bf16_weights(path: Path, size: int) -> str:
 
 
 def test_bf16_weights_go_compressed_where_that_pays_and_come_back_exact(s3, tmp_path, monkeypatch):
+    # An uplink of 10 MB/s, as a user's home or office upload, whatever the tests before measured here.
+    uplink = store_put.Uplink()
+    uplink.rate = 10e6
+    monkeypatch.setattr(store_put, "_uplink", uplink)
+    monkeypatch.setattr(store_put, "_compressing", {})
     store = _store(s3)
     weights = tmp_path / "bf16.safetensors"
     sha = _bf16_weights(weights, 3 * MiB)
@@ -251,3 +256,19 @@ def test_the_compression_rule():
     assert store_put.worth_compressing(0.78, 700e6, 12.5e6)  # 100 Mbit/s
     assert not store_put.worth_compressing(0.78, 700e6, 1.25e9)  # 10 Gbit/s: compressing is the slower part
     assert not store_put.worth_compressing(0.92, 700e6, 12.5e6)  # fp32: too little saved for the CPU it takes
+
+
+def test_a_files_first_part_decides_for_its_others_whatever_the_uplink_measures_meanwhile(tmp_path, monkeypatch):
+    if store_put.compressor() is None:
+        pytest.skip("this Python has no zstd")
+    monkeypatch.setattr(store_put, "_uplink", store_put.Uplink())
+    monkeypatch.setattr(store_put, "_compressing", {})
+    path = tmp_path / "bf16.safetensors"
+    sha = _bf16_weights(path, 2 * MiB)
+    data = path.read_bytes()
+    file = (path.name, sha)
+    assert store_put._packed(data[:MiB], file) is not None  # not measured yet: it pays
+    store_put._uplink.saw(1 << 30, 0.1)  # then a part of another file went at 10 GB/s
+    assert store_put._packed(data[MiB:], file) is not None  # this file's others follow its first
+    assert store_put._packed(data[MiB:], ("other.safetensors", sha)) is None  # a new file decides anew
+    assert store_put._packed(os.urandom(MiB), file) is None  # a part that does not shrink goes as it is
