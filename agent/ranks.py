@@ -8,6 +8,7 @@ Paths are built here from validated names, never taken from the wire.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -51,6 +52,7 @@ LOG_INLINE = 256 << 10  # output sent with a status reply; more is read with rea
 MAX_HEADER = 100 << 20
 MAX_ERROR_FILE = 1 << 20
 RUNNER_GRACE_S = 2.0
+MARK_ENTRIES_AT_MOST = 4096  # beyond this, no mark: the head lists the node's checkpoints at every poll
 
 
 def rank_dir(workdir: str, job: str, attempt: int, rank: int) -> str:
@@ -161,7 +163,7 @@ def rank_status(workdir: str, job: str, attempt: int, rank: int, progress_offset
     reply: RankStatusReply = {
         "state": state, "pid": pid, "exit": code, "rss_bytes": _rss_bytes(pid) if alive else None,
         "progress": progress, "progress_offset": offset, "log_size": log_size, "time": time.time(),
-        "exited_at": exited_at}
+        "exited_at": exited_at, "checkpoints_mark": checkpoints_mark(workdir, job, attempt)}
     if state == "exited":
         errors = worker_errors(directory)
         if errors:
@@ -404,6 +406,40 @@ def nonfinite_of(name: str, scan: Scan) -> NonFinite | None:
     if bad is None:
         return None
     return {"file": name, "tensor": bad.tensor, "value": bad.value, "element": bad.element, "dtype": bad.dtype}
+
+
+def checkpoints_mark(workdir: str, job: str, attempt: int) -> str:
+    """What the attempt's checkpoints on this node look like, in a stat per entry (its name, type, size,
+    inode and mtime, down every checkpoint directory): the head lists this node's checkpoints, which
+    hashes the new ones, only when it changed (or after a slow backstop), not at every poll of every node.
+    "" when it could not be told (too many entries, an error): the head then lists as it always did."""
+    top = checkpoint_dir(workdir, job, attempt)
+    digest = hashlib.blake2b(digest_size=12)
+    seen = 0
+    pending = [""]
+    while pending:
+        rel = pending.pop()
+        try:
+            with os.scandir(os.path.join(top, rel) if rel else top) as listing:
+                entries = sorted(listing, key=lambda entry: entry.name)
+        except FileNotFoundError:
+            return "" if rel else "none"  # nothing written yet; or a directory removed as it was read
+        except OSError:
+            return ""
+        try:
+            for entry in entries:
+                info = entry.stat(follow_symlinks=False)
+                name = f"{rel}/{entry.name}" if rel else entry.name
+                digest.update(f"{name}\0{info.st_mode}\0{info.st_size}\0{info.st_ino}\0{info.st_mtime_ns}\n"
+                              .encode("utf-8", "surrogateescape"))
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(name)
+        except OSError:  # removed as it was read (retention, a rank's own rotation): changing now
+            return ""
+        seen += len(entries)
+        if seen > MARK_ENTRIES_AT_MOST:
+            return ""
+    return digest.hexdigest()
 
 
 def list_checkpoints(workdir: str, job: str, attempt: int,

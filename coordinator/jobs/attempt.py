@@ -27,6 +27,13 @@ class Attempt:
     log_offsets: dict[int, int] = field(default_factory=dict)  # rank -> bytes of its output on the head
     known_checkpoints: dict[str, set[str]] = field(default_factory=dict)  # node -> names catalogued there
     dirs_seen: dict[str, str] = field(default_factory=dict)  # checkpoint directory -> its digest at the last poll
+    # Each node's checkpoints' mark, as its ranks last reported it, and the marks, the head's time and
+    # whether something was left unsettled at the last listing (catalog.listing_due): not saved, so a
+    # restarted daemon lists at once.
+    checkpoint_marks: dict[str, str] = field(default_factory=dict)
+    listed_marks: dict[str, str] | None = None
+    listed_at: float = 0.0
+    listing_pending: bool = True
     replica_check: ReplicaCheck = field(default_factory=lambda: ReplicaCheck(0))
     divergence: Divergence | None = None  # the first divergence seen, which the attempt is stopped for
     diverged_after: int | None = None  # checkpoints of this attempt after this step are not valid

@@ -15,7 +15,7 @@ node's own copy in place and copies the checkpoint only to the nodes that lack i
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from coordinator.store.state import CheckpointRow
@@ -172,3 +172,17 @@ def settled(found: list[CheckpointInfo], *, attempt_over: bool) -> list[Checkpoi
     newest = max((entry["iteration"] for entry in found), default=-1)
     return [entry for entry in found
             if entry["valid"] or attempt_over or entry["iteration"] < newest]
+
+
+def listing_due(nodes: list[str], marks: Mapping[str, str], listed: Mapping[str, str] | None, *,
+                pending: bool, since_listed: float, backstop_s: float) -> bool:
+    """Whether the attempt's nodes are listed at this checkpoint poll. Listing a node asks its agent to walk
+    (and hash what is new in) the attempt's checkpoints: at a hundred nodes, a poll of every node every 2 s
+    was a third of the head's work while nothing was written. Each rank's status carries a mark of its
+    node's checkpoints (a digest of their stats); the nodes are listed when a mark is not the one the last
+    listing was made at, or not told (an older agent, an error: as before, every poll), when the last
+    listing left something unsettled (a file or directory still being written, a node not reached), and
+    at least every ``backstop_s`` whatever the marks say."""
+    if listed is None or pending or since_listed >= backstop_s:
+        return True
+    return any(not marks.get(node) or marks.get(node) != listed.get(node) for node in nodes)

@@ -30,6 +30,7 @@ from shared.rpc import RemoteError
 from shared.sizes import size_text
 
 CHECKPOINT_POLL_S = 2.0
+CHECKPOINT_BACKSTOP_S = 30.0  # the nodes are listed at least this often, whatever their marks say
 FINAL_COPY_TIMEOUT_S = 600.0
 
 
@@ -218,6 +219,10 @@ class CheckpointKeeper:
         while True:
             await anyio.sleep(CHECKPOINT_POLL_S)
             started = self.fx.monotonic()
+            if not catalog.listing_due(self._listed_nodes(attempt), attempt.checkpoint_marks, attempt.listed_marks,
+                                       pending=attempt.listing_pending, since_listed=started - attempt.listed_at,
+                                       backstop_s=CHECKPOINT_BACKSTOP_S):
+                continue
             with anyio.CancelScope(shield=True):  # a poll half done would leave the catalog behind the disk
                 await self.poll(attempt)
             if self.fx.monotonic() - started > 5 * CHECKPOINT_POLL_S:
@@ -257,11 +262,15 @@ class CheckpointKeeper:
         async with self._lock:
             await self._poll_now(attempt, attempt_over)
 
+    def _listed_nodes(self, attempt: Attempt) -> list[str]:
+        every = self.ranks_write_own_copies() or self.parts_on_every_node()
+        return attempt.order if every else attempt.order[:1]
+
     async def _poll_now(self, attempt: Attempt | None, attempt_over: bool) -> None:
         if attempt is None or not attempt.order:
             return
-        every = self.ranks_write_own_copies() or self.parts_on_every_node()
-        nodes = attempt.order if every else attempt.order[:1]
+        nodes = self._listed_nodes(attempt)
+        marks, started = dict(attempt.checkpoint_marks), self.fx.monotonic()  # what this listing is made at
         listed: dict[str, list[CheckpointInfo] | None] = {}
 
         async def one(rank: int, name: str) -> None:
@@ -290,6 +299,10 @@ class CheckpointKeeper:
                 entry = [name, attempt.number, attempt.start_step] + ([] if rank == 0 else [catalog.LOCAL])
                 if listed.get(name) is None and entry not in left:
                     left.append(entry)
+        attempt.listed_marks, attempt.listed_at = marks, started
+        known = attempt.known_checkpoints
+        attempt.listing_pending = len(listings) < len(set(nodes)) or any(
+            entry["name"] not in known.get(name, ()) for name, found in listings.items() for entry in found)
         await self._retain()
         self.ctx.save()
         self._poke_replicator()

@@ -89,6 +89,7 @@ class RankWatcher:
         # poll reads the points of up to HOLD_S of training at once).
         attempt.rank_peaks.clear()
         for rank, reply in replies.items():
+            attempt.checkpoint_marks[attempt.order[rank]] = reply.get("checkpoints_mark") or ""
             if rss := reply.get("rss_bytes"):
                 record.rank_memory[str(rank)] = rss
                 attempt.rank_peaks[str(rank)] = rss

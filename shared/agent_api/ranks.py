@@ -100,6 +100,9 @@ class RankStatusReply(_RankStatusReply, total=False):
     # with its children that ended; absent or None when not known. It grows while the rank works.
     cpu_s: float | None
     worker_errors: list[WorkerError]  # once exited: what a torch launcher's workers died of, oldest first
+    # A digest of the stats of the attempt's checkpoints on the node (agent.ranks.checkpoints_mark): the
+    # head lists them again when it changed. "" or absent when not told.
+    checkpoints_mark: str
 
 
 class ReadLogRequest(RankRequest, total=False):

@@ -349,7 +349,7 @@ async def _drive(schedule: Schedule, world: World, checker: Checker) -> dict[str
             "stopped": checker.stopped, "cancelled": checker.cancelled, "stored": world.stored,
             "exits": [(r.run, r.attempt, r.rank, r.exit, r.exited_at) for r in world.ranks.values()],
             "durable": {run_id: list(rows.values()) for run_id, rows in world.durable.items()},
-            "events": world.events,
+            "events": world.events, "listings": world.listings,
             "catalog": {run_id: list(copies.values()) for run_id, copies in world.catalog.items()}}
 
 

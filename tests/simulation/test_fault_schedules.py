@@ -594,3 +594,25 @@ def test_a_stop_stops_the_ranks_while_a_checkpoint_poll_is_still_under_way():
     assert ended - asked >= 10.0, (asked, ended)  # a poll was under way: the job's end waited for it
     exits = [(status, at) for _, _, _, status, at in result["exits"]]
     assert len(exits) == 3 and all(status == 143 and at - asked <= 3.0 for status, at in exits), (asked, exits)
+
+
+def test_a_nodes_checkpoints_are_listed_when_its_ranks_report_a_change_not_at_every_poll():
+    # coord's trainer: every rank writes its own copy, so every node is listed. A checkpoint every 20 s for
+    # 120 s: a listing of every node at every 2 s poll was about 60 a node; each is now asked when its mark
+    # moved, while something is being written, and every 30 s at least.
+    result = run_schedule(base(spec={"total_steps": 1200, "save_every": 200, "trainer": "coord", "keep": 10}))
+    (run,) = result["runs"]
+    assert run["state"] == "succeeded", run["record"]
+    per_node = {node: sum(1 for _, n in result["listings"] if n == node) for node in ("n1", "n2", "n3")}
+    assert all(0 < count <= 30 for count in per_node.values()), per_node
+    # Nothing is missed, and nothing waits long: every copy of every checkpoint is catalogued valid, each
+    # within two polls and a rank's status wait of its writing.
+    copies = [c for c in result["catalog"][run["run_id"]] if c["role"] != "replica"]
+    assert sorted({(c["step"], c["node"]) for c in copies if c["valid"]}) == [
+        (step, node) for step in range(200, 1201, 200) for node in ("n1", "n2", "n3")], copies
+    validated = {int(message.split("step ")[1].split()[0]): t for t, kind, message in result["events"]
+                 if kind == "job.checkpoint"}
+    assert sorted(validated) == list(range(200, 1201, 200)), validated
+    # Written at startup_s + step × step_s (the simulated write takes a moment more).
+    late = {step: round(t - (2.0 + step * 0.1), 1) for step, t in validated.items()}
+    assert all(0 < lag <= 6.0 for lag in late.values()), late

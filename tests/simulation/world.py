@@ -189,6 +189,7 @@ class World:
         self.startup_s = startup_s
         self.copy_s = copy_s
         self.hash_s = hash_s  # a listing of a node's checkpoints, hashing what is new
+        self.listings: list[tuple[float, str]] = []  # (time, node) of each listing of a node's checkpoints
         self.ranks: dict[tuple[str, int, int], SimRank] = {}  # (run, attempt, rank)
         self.prepared: dict[tuple[str, int], dict[int, SimRank]] = {}
         self.launchers: dict[int, tuple[str, int, bool]] = {}  # pid -> (run, attempt, starts ranks)
@@ -507,8 +508,10 @@ class SimEffects:
                 raise RemoteError("timeout", f"{method} got no answer within {timeout:g} s")
         if method == "rank_status" and params.get("wait_s"):
             await self._hold_status(node, params)
-        if method == "list_checkpoints" and self.world.hash_s:
-            await anyio.sleep(self.world.hash_s)
+        if method == "list_checkpoints":
+            self.world.listings.append((self.world.now(), name))
+            if self.world.hash_s:
+                await anyio.sleep(self.world.hash_s)
         self._effect()
         return getattr(self, f"_agent_{method}")(node, **params)
 
@@ -588,10 +591,19 @@ class SimEffects:
     def _agent_rank_status(self, node: SimNode, *, job: str, attempt: int, rank: int, progress_offset: int = 0,
                            log_offset: int = -1, wait_s: float = 0.0) -> dict[str, Any]:
         answer = self._rank_status(node, job=job, attempt=attempt, rank=rank, progress_offset=progress_offset)
+        answer["checkpoints_mark"] = self._checkpoints_mark(node, job, attempt)
         if log_offset >= 0:
             piece = self._agent_read_log(node, job=job, attempt=attempt, rank=rank, offset=log_offset)
             answer["log"], answer["log_offset"] = piece["data"], piece["offset"]
         return answer
+
+    def _checkpoints_mark(self, node: SimNode, job: str, attempt: int) -> str:
+        """As the agent's: it changes whenever a checkpoint of the attempt is written, completes or goes."""
+        prefix = f"{node.workdir}/checkpoints/{job}/attempt-{attempt}/"
+        now = self.world.now()
+        seen = [(path, file.size, file.whole(now), file.torn, file.corrupt)
+                for path, file in sorted(node.files.items()) if path.startswith(prefix)]
+        return hashlib.sha256(repr(seen).encode()).hexdigest()[:24] if seen else "none"
 
     def _rank_status(self, node: SimNode, *, job: str, attempt: int, rank: int,
                      progress_offset: int) -> dict[str, Any]:

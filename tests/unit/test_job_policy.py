@@ -317,3 +317,21 @@ def test_only_a_rank_failure_or_a_hang_after_the_last_step_counts_as_done(kind):
     # a lost node may hold the only copy; a stop is the user's; diverged weights are not the work done
     other = Outcome(kind, "x", True, "x")
     assert after_the_last_step(other, total_steps=10, step=10, final_checkpoint=10) is other
+
+
+def test_a_nodes_checkpoints_are_listed_when_its_mark_moved_or_something_was_left_unsettled():
+    nodes = ["n1", "n2"]
+    listed = {"n1": "a", "n2": "b"}
+
+    def due(marks, *, listed=listed, pending=False, since=2.0):
+        return catalog.listing_due(nodes, marks, listed, pending=pending, since_listed=since, backstop_s=30.0)
+
+    assert not due({"n1": "a", "n2": "b"})  # nothing written since: no node is asked
+    assert due({"n1": "a", "n2": "c"})  # n2 wrote, or removed, a checkpoint
+    assert due({"n1": "a"})  # n2's ranks have not reported a mark yet
+    assert due({"n1": "a", "n2": ""})  # n2's agent could not tell
+    assert due({"n1": "a", "n2": "b"}, listed=None)  # never listed in this attempt (or by this daemon)
+    assert due({"n1": "a", "n2": "b"}, pending=True)  # a file still being written, a node not reached
+    assert due({"n1": "a", "n2": "b"}, since=30.0)  # the backstop
+    assert not catalog.listing_due(["n1"], {"n1": "a", "n2": "c"}, listed, pending=False, since_listed=2.0,
+                                   backstop_s=30.0)  # only rank 0's node is listed: n2's writes are not ours

@@ -171,6 +171,33 @@ def test_checkpoints_are_validated_and_a_truncated_one_is_refused(tmp_path):
     assert not found[30]["valid"]
 
 
+def test_the_checkpoints_mark_changes_with_every_write_and_only_then(tmp_path):
+    mark = lambda: ranks.checkpoints_mark(str(tmp_path), "j6", 0)  # noqa: E731
+    assert mark() == "none"  # nothing written yet
+    directory = tmp_path / "checkpoints" / "j6" / "attempt-0"
+    directory.mkdir(parents=True)
+    empty = mark()
+    assert empty not in ("", "none") and mark() == empty
+    seen = {empty}
+    (directory / "0000010_adapters.safetensors").write_bytes(b"a" * 10)
+    seen.add(mark())
+    with open(directory / "0000010_adapters.safetensors", "ab") as grow:  # a write under way
+        grow.write(b"b")
+    seen.add(mark())
+    part = directory / "0000020" / "pytorch_model_fsdp_0"
+    part.mkdir(parents=True)
+    seen.add(mark())
+    (part / "shard.distcp").write_bytes(b"x")  # deep in a checkpoint directory
+    seen.add(mark())
+    stamp = os.stat(part / "shard.distcp").st_mtime_ns
+    (part / "shard.distcp").write_bytes(b"y")  # rewritten in place, the same size
+    os.utime(part / "shard.distcp", ns=(stamp + 1000, stamp + 1000))
+    seen.add(mark())
+    assert len(seen) == 6 and mark() == mark()
+    (directory / "0000010_adapters.safetensors").unlink()  # retention
+    assert mark() not in seen
+
+
 def test_without_proc_the_rank_is_stopped_and_confirmed_through_ps(tmp_path, monkeypatch):
     """macOS has no /proc: the rank's processes are read from ps, and stopped as they are with /proc."""
     proc, pgid = _rank_with_a_child(tmp_path, "j5")
