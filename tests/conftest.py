@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -100,9 +102,9 @@ def pytest_xdist_make_scheduler(config, log):
     """With pytest-xdist: on two workers (pyproject.toml) the multi-host tests run on one of them, on one
     cluster; on three or more they go in two halves of about equal time to two workers, each with a
     cluster of its own (one set of Unix users and namespaces, made once: ``cluster_user_suffix``); those
-    workers start them at once, and take other work only as they go. An integration module runs on one worker (its daemon and cluster
-    are made once, and its tests may follow each other), and so does a fuzz module; every other test
-    is scheduled on its own."""
+    workers start them at once, and take other work only as they go. An integration module runs on one
+    worker (its daemon and cluster are made once, and its tests may follow each other), and so does a
+    fuzz module; every other test is scheduled on its own."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ClusterHalves(LoadScopeScheduling):
@@ -156,7 +158,8 @@ def _start_batch(config, out: str) -> None:
     process = subprocess.Popen(["nice", "-n", "19", sys.executable, "-m", "tests.simulation.batch", "--first",
                                 str(FIRST_SEED), "--count", str(SCHEDULES), "--out", out],
                                cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               start_new_session=True)  # its pool's workers are stopped with it
     config._coord_schedules = (process, out)
     with open(out + ".started", "w", encoding="utf-8"):
         pass
@@ -183,6 +186,7 @@ def pytest_xdist_node_collection_finished(node, ids):
         _start_batch(config, os.environ[_RESULT_ENV])
 
 
+@pytest.hookimpl(trylast=True)  # after -k and -m have deselected: a batch for a test that will not run is waste
 def pytest_collection_modifyitems(session, config, items):
     """Without pytest-xdist: when the schedules test is among many, its batch starts now at the lowest
     priority and runs beside the real-process tests, on the cycles they leave idle; the test reads the result."""
@@ -196,7 +200,8 @@ def pytest_collection_modifyitems(session, config, items):
 def pytest_unconfigure(config):
     started = getattr(config, "_coord_schedules", None)
     if started is not None and started[0].poll() is None:
-        started[0].kill()  # the run was cut short before the schedules test read it
+        with contextlib.suppress(ProcessLookupError):  # the run was cut short before the schedules test read it
+            os.killpg(started[0].pid, signal.SIGKILL)  # the batch and its pool's workers
         started[0].wait()
 
 
