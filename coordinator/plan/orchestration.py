@@ -270,7 +270,8 @@ def apply_request(inputs: PlanInputs, request: OrchestrationRequest) -> tuple[Pl
         notes.append(f"clusterConfig.gpusPerNode {request.gpus_per_node}: coord runs one MLX rank per node, "
                      "which uses the node's whole GPU")
     if request.framework and request.framework.lower() not in ("mlx", "mlx-lm", "mlx_lm"):
-        notes.append(f"modelConfig.framework {request.framework!r}: coord trains with MLX only")
+        notes.append(f"modelConfig.framework {request.framework!r}: this plan sizes MLX ranks; a PyTorch job is "
+                     "planned per GPU by coord plan --launcher accelerate or deepspeed")
     if request.parallelism_strategy and request.parallelism_strategy.lower() not in DATA_PARALLEL_NAMES:
         notes.append(f"trainingConfig.parallelismStrategy {request.parallelism_strategy!r}: coord runs data "
                      "parallel only (every rank holds the whole model)")

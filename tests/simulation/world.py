@@ -44,6 +44,11 @@ class DaemonCrash(BaseException):
     """The daemon process dies here (not an Exception: nothing in the daemon may catch it)."""
 
 
+def attempt_dir(node: SimNode, job: str, attempt: int) -> str:
+    """Where an attempt's ranks write their checkpoints on ``node`` (COORD_CHECKPOINT_DIR), with a slash."""
+    return f"{node.workdir}/checkpoints/{job}/attempt-{attempt}/"
+
+
 @dataclass
 class SimFile:
     run: str
@@ -275,7 +280,7 @@ class World:
             if step % rank.save_every and step != rank.total:
                 continue
             iteration = step - rank.start_step
-            path = f"{node.workdir}/checkpoints/{rank.run}/attempt-{rank.attempt}/{iteration:07d}_adapters.safetensors"
+            path = f"{attempt_dir(node, rank.run, rank.attempt)}{iteration:07d}_adapters.safetensors"
             written = rank.time_of(step)
             if node.disk_full or not node.powered:
                 # The save fails: the rank dies with the disk's error.
@@ -599,7 +604,7 @@ class SimEffects:
 
     def _checkpoints_mark(self, node: SimNode, job: str, attempt: int) -> str:
         """As the agent's: it changes whenever a checkpoint of the attempt is written, completes or goes."""
-        prefix = f"{node.workdir}/checkpoints/{job}/attempt-{attempt}/"
+        prefix = attempt_dir(node, job, attempt)
         now = self.world.now()
         seen = [(path, file.size, file.whole(now), file.torn, file.corrupt)
                 for path, file in sorted(node.files.items()) if path.startswith(prefix)]
@@ -656,7 +661,7 @@ class SimEffects:
         return {"sent": True, "detail": "SIGUSR1 sent"}
 
     def _agent_list_checkpoints(self, node: SimNode, *, job: str, attempt: int, known: list) -> dict[str, Any]:
-        prefix = f"{node.workdir}/checkpoints/{job}/attempt-{attempt}/"
+        prefix = attempt_dir(node, job, attempt)
         now = self.world.now()
         found = []
         for path, file in sorted(node.files.items()):

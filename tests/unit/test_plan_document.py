@@ -559,6 +559,11 @@ def test_the_orchestration_document_validates_and_says_what_it_could_not_obey():
     assert "trainingConfig.lr" in notes  # an unknown field is named, not silently dropped
     assert "--iters 1000" in notes  # 2 epochs × 12000 examples / 24
     assert "batchSize 24 = 8 per rank × 3 ranks" in notes
+    assert "framework" not in notes  # MLX's own: nothing to say
+    torch = build_orchestration(inputs, parse_orchestration_input(
+        {**REQUEST, "modelConfig": {**REQUEST["modelConfig"], "framework": "pytorch"}}))
+    assert any("'pytorch'" in note and "coord plan --launcher accelerate or deepspeed" in note
+               for note in torch["requestNotes"]), torch["requestNotes"]
     assignments = document["resourceAllocation"]["nodeAssignments"]
     assert [a["node"] for a in assignments] == inputs.backend["order"]
     plan = build_plan(dataclasses.replace(inputs, options=JobOptions(per_rank_batch_size=24 // 3)))
