@@ -171,7 +171,7 @@ def build_dispatcher(parts: SessionParts | None = None, uploads: node_sync.Uploa
     table.add("usage", _in_thread(_later("usage", "collect_usage")))
 
     table.add("manifest", _in_thread(node_sync.describe), required={"root": str, "patterns": list})
-    table.add("put_files", _in_thread(node_sync.put_files), required={"root": str, "files": list})
+    table.add("put_files", _in_thread(node_sync.put_files), required={"root": str, "batch": dict})
     table.add("put_links", _in_thread(_later("sync_links", "put_links")), required={"root": str, "links": list})
     table.add("sync_state", _in_thread(node_sync.sync_state), required={"root": str, "patterns": list},
               optional={"known": (list, type(None))})

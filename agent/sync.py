@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.write_errors import write_failed
 from shared import protocol as p
+from shared.file_batch import BadBatch, FileBatch, unpack_batch
 from shared.ignore import IgnoreRules
 from shared.manifest import HashCache, ScanStats, keep_links, scan_tree, sha256_file, tree_hash
 from shared.paths import PathGuard, UnsafePath, check_relative, resolve_under
@@ -48,7 +49,6 @@ if TYPE_CHECKING:
         InspectFilesReply,
         ManifestReply,
         ModeRow,
-        PutFileRow,
         PutFilesReply,
         SetModesReply,
         SyncStateReply,
@@ -264,7 +264,7 @@ def _current_umask() -> int:
 _UMASK = _current_umask()
 
 
-def _write_temporary(target: str, data: bytes, mode: int) -> tuple[str, os.stat_result]:
+def _write_temporary(target: str, data: bytes | memoryview, mode: int) -> tuple[str, os.stat_result]:
     """The (already verified) content in a temporary beside target, and its stat; the caller renames it."""
     directory, _, name = target.rpartition("/")
     tmp = f"{directory}/.{name}.coord-{os.getpid()}-{next(_upload_ids)}"
@@ -290,39 +290,39 @@ def _write_temporary(target: str, data: bytes, mode: int) -> tuple[str, os.stat_
     return tmp, info
 
 
-def put_files(root: str, files: list[PutFileRow]) -> PutFilesReply:
-    """Write whole small files: [[rel, mode, sha256, data], ...], each verified, then renamed.
+def put_files(root: str, batch: FileBatch) -> PutFilesReply:
+    """Write whole small files (``shared.file_batch``), each verified, then renamed.
 
     Every hash is checked before anything is written, so a batch with one bad file writes
     none. Each file goes to a temporary beside its target and is renamed into place; none is
     flushed here: ``sync_state`` makes the lot durable at the end.
     """
     root = _root(root, create=True)
-    for item in files:
-        if not (isinstance(item, list) and len(item) == 4 and isinstance(item[0], str) and isinstance(item[1], int)
-                and isinstance(item[2], str) and isinstance(item[3], bytes)):
-            raise RemoteError(p.BAD_ARGS, "each file must be [path, mode, sha256, data]")
+    try:
+        files = unpack_batch(batch)
+    except BadBatch as exc:
+        raise RemoteError(p.BAD_ARGS, str(exc)) from None
     guard = PathGuard(root)
     try:
         # Every path checked before any write: its directories (a file is renamed into place, never written
         # through whatever stands at its name).
-        targets = [guard.resolve(item[0], replaced=True) for item in files]
+        targets = [guard.resolve(rel, replaced=True) for rel, _, _, _ in files]
     except UnsafePath as exc:
         raise RemoteError(p.REFUSED, str(exc)) from None
     sha256 = hashlib.sha256
-    for rel, _, sha, data in files:
-        if sha256(data).hexdigest() != sha:
+    for rel, _, digest, data in files:
+        if sha256(data).digest() != digest:
             raise RemoteError(p.BAD_ARGS, f"content of {rel} does not match its SHA256; nothing of this batch "
                                           "was written")
     state = _pending(root)
     written = 0
-    total = sum(len(item[3]) for item in files)
+    total = len(batch["data"])
     landed: dict[str, _Written] = {}
     # One batch at a time per workdir (the next ones wait decoded in memory): a dozen threads creating
     # files on one filesystem contend in its inode allocator for no gain.
     with state.writing:
         try:
-            for (rel, mode, sha, data), target in zip(files, targets, strict=True):
+            for (rel, mode, digest, data), target in zip(files, targets, strict=True):
                 try:
                     tmp, info = _write_temporary(target, data, mode)
                 except OSError as exc:  # the temporary is gone already; a full disk is said in words
@@ -332,7 +332,7 @@ def put_files(root: str, files: list[PutFileRow]) -> PutFilesReply:
                 except BaseException:
                     os.unlink(tmp)
                     raise
-                landed[rel] = (target, info, sha)
+                landed[rel] = (target, info, digest.hex())
                 written += len(data)
         finally:  # what landed is flushed by the next sync_state, a batch that failed halfway included
             _note_written(state, landed)

@@ -23,6 +23,7 @@ import anyio
 from coordinator.nodes.session import NodeSession
 from coordinator.readiness.consistency import Manifest
 from shared.errors import first_error
+from shared.file_batch import FileBatch, batch_bytes, pack_batch
 from shared.manifest import LINK_MODE, is_dir, is_link, read_file
 from shared.rpc import RemoteError
 
@@ -32,10 +33,6 @@ BATCH_FILES = 2048
 CHUNK_BYTES = 4 << 20
 IN_FLIGHT = 4
 ABORT_TIMEOUT_S = 30
-
-#: One file as ``put_files`` takes it: [rel, mode, sha256, its bytes].
-PutFile = list[Any]
-
 
 class SyncProgress(TypedDict, total=False):
     """A sync's progress event, streamed to the CLI as it happens (coordinator/cli/progress.py)."""
@@ -243,23 +240,23 @@ class SourceReader:
                  hashed: Mapping[str, bytes] | None = None) -> None:
         self.source_dir, self.source, self.keep_bytes = source_dir, source, keep_bytes
         self.hashed = hashed or {}  # files the scan read to hash them (``shared.manifest.Contents``): not read again
-        self._kept: OrderedDict[tuple[str, ...], tuple[list[PutFile], int]] = OrderedDict()
+        self._kept: OrderedDict[tuple[str, ...], FileBatch] = OrderedDict()
         self._kept_bytes = 0
         self._loading: dict[tuple[str, ...], anyio.Event] = {}
         self.reads = 0
 
-    def _read_batch(self, batch: list[str]) -> list[PutFile]:
+    def _read_batch(self, batch: list[str]) -> FileBatch:
         source, directory, hashed = self.source, self.source_dir, self.hashed
-        return [[rel, source[rel][1], source[rel][2], hashed.get(rel) or read_file(os.path.join(directory, rel))]
-                for rel in batch]
+        return pack_batch((rel, source[rel][1], source[rel][2],
+                           hashed.get(rel) or read_file(os.path.join(directory, rel))) for rel in batch)
 
-    async def batch(self, batch: list[str]) -> list[PutFile]:
+    async def batch(self, batch: list[str]) -> FileBatch:
         key = tuple(batch)
         while True:
             kept = self._kept.get(key)
             if kept is not None:
                 self._kept.move_to_end(key)
-                return kept[0]
+                return kept
             loading = self._loading.get(key)
             if loading is None:
                 break
@@ -268,12 +265,11 @@ class SourceReader:
         try:
             files = await anyio.to_thread.run_sync(self._read_batch, batch)
             self.reads += 1
-            size = sum(len(item[3]) for item in files)
-            self._kept[key] = (files, size)
-            self._kept_bytes += size
+            self._kept[key] = files
+            self._kept_bytes += batch_bytes(files)
             while self._kept_bytes > self.keep_bytes and len(self._kept) > 1:
-                _, (_, dropped) = self._kept.popitem(last=False)
-                self._kept_bytes -= dropped
+                _, dropped = self._kept.popitem(last=False)
+                self._kept_bytes -= batch_bytes(dropped)
             return files
         finally:
             del self._loading[key]
@@ -344,8 +340,8 @@ async def sync_node(session: NodeSession, source_dir: str, source: Manifest, pla
     async def send_batch(batch: list[str]) -> None:
         async with limiter:
             files = await reader.batch(batch)
-            await session.call("put_files", {"root": root, "files": files})
-            await meter.add(len(batch), sum(len(f[3]) for f in files))
+            await session.call("put_files", {"root": root, "batch": files})
+            await meter.add(len(batch), batch_bytes(files))
 
     async def send_large(rel: str) -> None:
         async with limiter:

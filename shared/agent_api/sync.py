@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
+from shared.file_batch import FileBatch
+
 #: A manifest row: [path, size, mode, sha256].
 ManifestRow = list[Any]
-#: A small file sent whole: [path, mode, sha256, data], each field checked by the agent.
-PutFileRow = list[Any]
 #: A mode to set: [path, mode].
 ModeRow = list[Any]
 #: A directory to make (or whose mode to set): [path, mode].
@@ -42,7 +42,7 @@ class ManifestReply(TypedDict):
 
 class PutFilesRequest(TypedDict):
     root: str
-    files: list[PutFileRow]
+    batch: FileBatch  # small files sent whole, as columns (shared.file_batch), each checked by the agent
 
 
 class PutFilesReply(TypedDict):

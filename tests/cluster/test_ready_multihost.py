@@ -149,6 +149,7 @@ import asyncio, json, sys
 from coordinator.nodes.agent_bundle import build_bundle
 from coordinator.config.cluster_file import load_config
 from coordinator.nodes.transport import SshTransport
+from shared.file_batch import pack_batch
 from shared.rpc import Peer, RemoteError
 import hashlib
 
@@ -165,7 +166,7 @@ async def main():
     sha = hashlib.sha256(data).hexdigest()
     for bad in sys.argv[2:]:
         try:
-            await peer.call("put_files", {"root": node.workdir, "files": [[bad, 0o644, sha, data]]})
+            await peer.call("put_files", {"root": node.workdir, "batch": pack_batch([(bad, 0o644, sha, data)])})
             outcome[bad] = "written"
         except RemoteError as exc:
             outcome[bad] = exc.code + ": " + exc.message

@@ -114,6 +114,7 @@ TAMPER = """
 import asyncio, hashlib, json, sys
 from coordinator.nodes.transport import LocalTransport
 from shared import protocol as p
+from shared.file_batch import pack_batch
 from shared.rpc import Peer, RemoteError
 
 async def main(root):
@@ -124,9 +125,9 @@ async def main(root):
     good, sent, arrived = b"print('good')\\n", b"print('what the head sent')\\n", b"print('tampered')\\n"
     outcome = {}
     try:
-        await peer.call("put_files", {"root": root, "files": [
-            ["good.py", 0o644, hashlib.sha256(good).hexdigest(), good],
-            ["train.py", 0o644, hashlib.sha256(sent).hexdigest(), arrived]]})
+        await peer.call("put_files", {"root": root, "batch": pack_batch([
+            ("good.py", 0o644, hashlib.sha256(good).hexdigest(), good),
+            ("train.py", 0o644, hashlib.sha256(sent).hexdigest(), arrived)])})
         outcome["put_files"] = "written"
     except RemoteError as exc:
         outcome["put_files"] = exc.message

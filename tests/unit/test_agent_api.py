@@ -28,6 +28,8 @@ def _runtime_types(annotation: object) -> set[type]:
         return {type(None)}
     if annotation is float:
         return {int, float}
+    if typing.is_typeddict(annotation):
+        return {dict}
     origin = typing.get_origin(annotation)
     return {origin if origin is not None else annotation}
 

@@ -10,7 +10,13 @@ import sys
 import pytest
 
 from agent import sync as node_sync
+from shared.file_batch import pack_batch
 from shared.rpc import RemoteError
+
+
+def _put(root: str, rows: list) -> dict:
+    """put_files with [[path, mode, sha256, data], ...], as the head packs them."""
+    return node_sync.put_files(root, pack_batch(rows))
 
 
 def _sha(data: bytes) -> str:
@@ -19,8 +25,8 @@ def _sha(data: bytes) -> str:
 
 def test_files_land_with_their_modes_and_no_temporary_is_left(tmp_path):
     root = str(tmp_path / "work")
-    node_sync.put_files(root, [["bin/run.sh", 0o755, _sha(b"#!/bin/sh\n"), b"#!/bin/sh\n"],
-                               ["a.txt", 0o4644, _sha(b"a"), b"a"]])
+    _put(root, [["bin/run.sh", 0o755, _sha(b"#!/bin/sh\n"), b"#!/bin/sh\n"],
+                ["a.txt", 0o4644, _sha(b"a"), b"a"]])
     assert oct(os.stat(tmp_path / "work/bin/run.sh").st_mode & 0o7777) == oct(0o755)
     assert oct(os.stat(tmp_path / "work/a.txt").st_mode & 0o7777) == oct(0o644)  # no setuid from the wire
     assert sorted(os.listdir(tmp_path / "work/bin")) == ["run.sh"]
@@ -29,7 +35,7 @@ def test_files_land_with_their_modes_and_no_temporary_is_left(tmp_path):
 def test_content_that_does_not_match_its_hash_is_not_written(tmp_path):
     root = str(tmp_path / "work")
     with pytest.raises(RemoteError, match="does not match"):
-        node_sync.put_files(root, [["a.txt", 0o644, _sha(b"other"), b"a"]])
+        _put(root, [["a.txt", 0o644, _sha(b"other"), b"a"]])
     assert os.listdir(root) == []
 
 
@@ -42,7 +48,7 @@ def test_traversal_attempts_are_refused_and_nothing_is_written_outside(tmp_path,
     os.symlink(outside, root / "link")
     before = sorted(p for p in tmp_path.rglob("*"))
     with pytest.raises(RemoteError) as caught:
-        node_sync.put_files(str(root), [[bad, 0o644, _sha(b"x"), b"x"]])
+        _put(str(root), [[bad, 0o644, _sha(b"x"), b"x"]])
     assert bad.split("/")[0] in caught.value.message or "refused" in caught.value.message
     with pytest.raises(RemoteError):
         node_sync.Uploads().begin(str(root), bad, 1, 0o644, _sha(b"x"))
@@ -134,7 +140,7 @@ def test_batches_are_not_flushed_one_by_one_and_sync_state_makes_them_durable_on
     root = str(tmp_path / "work")
     calls = _flush_calls(monkeypatch)
     for start in range(0, 600, 200):
-        node_sync.put_files(root, _batch(start, 200))
+        _put(root, _batch(start, 200))
     assert calls == {"fsync": 0, "syncfs": 0}  # three batches written, renamed, nothing flushed yet
     assert node_sync.cache_for(root).entries == {}  # not in the hash cache before they are durable
     state = node_sync.sync_state(root, [], known=None)
@@ -158,7 +164,7 @@ def test_the_hash_cache_on_disk_names_a_written_file_only_once_it_is_durable(tmp
 
     root = str(tmp_path / "work")
     cache_file = os.path.join(root, node_sync.CACHE_NAME)
-    node_sync.put_files(root, _batch(0, 100))
+    _put(root, _batch(0, 100))
 
     def cached_on_disk() -> bool:
         if not os.path.exists(cache_file):
@@ -193,14 +199,14 @@ def test_the_hash_cache_on_disk_names_a_written_file_only_once_it_is_durable(tmp
 def test_a_few_files_are_flushed_file_by_file_not_with_the_whole_filesystem(tmp_path, monkeypatch):
     root = str(tmp_path / "work")
     calls = _flush_calls(monkeypatch)
-    node_sync.put_files(root, _batch(0, 3))
+    _put(root, _batch(0, 3))
     node_sync.sync_state(root, [])
     assert calls["syncfs"] == 0 and calls["fsync"] == 3 + 3  # three files, their three directories
 
 
 def test_sync_state_sends_the_listing_only_for_a_tree_the_head_does_not_know(tmp_path):
     root = tmp_path / "work"
-    node_sync.put_files(str(root), _batch(0, 5))
+    _put(str(root), _batch(0, 5))
     first = node_sync.sync_state(str(root), [], known=[])
     assert [f[0] for f in first["files"]] == sorted([f"d{i % 7}/f{i}.py" for i in range(5)] +
                                                     [f"d{i}" for i in range(5)])  # its directories too
@@ -215,11 +221,11 @@ def test_a_batch_with_one_bad_hash_writes_nothing_and_a_failed_write_leaves_no_t
     batch = _batch(0, 4)
     batch[2] = [batch[2][0], 0o644, _sha(b"what the head hashed"), b"what arrived"]
     with pytest.raises(RemoteError, match="does not match its SHA256"):
-        node_sync.put_files(str(root), batch)
+        _put(str(root), batch)
     assert not root.exists() or list(root.rglob("*")) == []
     (root / "d3" / "f3.py").mkdir(parents=True)  # a directory where a file must go: its rename fails
     with pytest.raises(OSError):
-        node_sync.put_files(str(root), _batch(0, 4))
+        _put(str(root), _batch(0, 4))
     names = sorted(p.relative_to(root).as_posix() for p in root.rglob("*"))
     assert not [n for n in names if ".coord-" in n], names  # no temporary left behind
     assert node_sync.sync_state(str(root), [])["flushed"] == 3  # what landed before the failure is kept
@@ -311,7 +317,7 @@ def test_a_batch_that_fills_the_disk_says_so_and_keeps_what_landed_before(tmp_pa
     before = _open_fds()
     _disk_fills_after(monkeypatch, 450)  # four files and half of the fifth
     with pytest.raises(RemoteError) as caught:
-        node_sync.put_files(str(root), batch)
+        _put(str(root), batch)
     monkeypatch.undo()
     assert caught.value.code == p.NO_SPACE
     assert f"no space left in {root}/pkg" in caught.value.message
@@ -365,8 +371,8 @@ def test_a_file_replaces_a_link_or_fifo_at_its_name_and_never_writes_through_it(
     outside.write_text("not the node's to change\n")
     os.symlink(outside, root / "data.txt")
     os.mkfifo(root / "pipe")
-    node_sync.put_files(str(root), [["data.txt", 0o644, _sha(b"synced\n"), b"synced\n"],
-                                    ["pipe", 0o644, _sha(b"p"), b"p"]])
+    _put(str(root), [["data.txt", 0o644, _sha(b"synced\n"), b"synced\n"],
+                     ["pipe", 0o644, _sha(b"p"), b"p"]])
     assert not os.path.islink(root / "data.txt") and (root / "data.txt").read_bytes() == b"synced\n"
     assert outside.read_text() == "not the node's to change\n"
     assert (root / "pipe").read_bytes() == b"p"

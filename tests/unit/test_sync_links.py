@@ -3,6 +3,7 @@ content when asked), which names a node would refuse, and the agent's own check 
 
 from __future__ import annotations
 
+import hashlib
 import os
 from types import SimpleNamespace
 
@@ -23,6 +24,7 @@ from coordinator.readiness.source_links import (
     refusal,
     refused_names,
 )
+from shared.file_batch import unpack_batch
 from shared.ignore import IgnoreRules
 from shared.manifest import LINK_MODE, is_link, keep_links, link_entry, scan_tree
 from shared.paths import link_target_problem, name_problem, printable_name
@@ -181,7 +183,8 @@ def test_a_link_replaces_a_file_or_an_empty_directory_never_one_with_files(tmp_p
 
 
 def test_a_plan_sends_links_as_links_and_removes_a_node_link_where_the_source_has_a_directory(tmp_path):
-    source = {"model": link_entry("weights/v1"), "weights/v1/w.bin": [1, 0o644, "hw"], "data/x": [1, 0o644, "hx"]}
+    source = {"model": link_entry("weights/v1"), "weights/v1/w.bin": [1, 0o644, hashlib.sha256(b"w").hexdigest()],
+              "data/x": [1, 0o644, hashlib.sha256(b"x").hexdigest()]}
     remote = {"data": link_entry("/mnt/data"), "old": link_entry("x")}
     plan = push.plan_sync(source, remote, delete=False)
     assert sorted(plan.send) == ["data/x", "model", "weights/v1/w.bin"]
@@ -202,7 +205,7 @@ def test_a_plan_sends_links_as_links_and_removes_a_node_link_where_the_source_ha
     result = anyio.run(lambda: push.sync_node(session, str(tmp_path), source, plan, links={"model": "weights/v1"}))
     assert [m for m, _ in calls] == ["delete_files", "put_files", "put_links"]
     assert calls[0][1]["paths"] == ["data"] and calls[2][1]["links"] == [["model", "weights/v1"]]
-    assert sorted(f[0] for f in calls[1][1]["files"]) == ["data/x", "weights/v1/w.bin"]
+    assert sorted(f[0] for f in unpack_batch(calls[1][1]["batch"])) == ["data/x", "weights/v1/w.bin"]
     assert result["files_sent"] == 3
 
 

@@ -213,6 +213,7 @@ def test_a_sync_sends_the_bytes_its_scan_hashed_read_once_within_a_budget(tmp_pa
     import anyio
 
     from coordinator.readiness.push import SourceReader
+    from shared.file_batch import unpack_batch
     from shared.manifest import Contents
 
     (tmp_path / "a.py").write_text("one\n")
@@ -222,8 +223,8 @@ def test_a_sync_sends_the_bytes_its_scan_hashed_read_once_within_a_budget(tmp_pa
     assert list(contents.files) == ["a.py"] and contents.size == 4
     (tmp_path / "a.py").write_text("two: edited after the scan\n")
     reader = SourceReader(str(tmp_path), manifest, hashed=contents.files)
-    [[rel, _, sha, data], [_, _, _, big]] = anyio.run(reader.batch, ["a.py", "big.bin"])
-    assert (rel, data, sha) == ("a.py", b"one\n", hashlib.sha256(b"one\n").hexdigest()) and len(big) == 300_000
+    [(rel, _, sha, data), (_, _, _, big)] = unpack_batch(anyio.run(reader.batch, ["a.py", "big.bin"]))
+    assert (rel, data, sha.hex()) == ("a.py", b"one\n", hashlib.sha256(b"one\n").hexdigest()) and len(big) == 300_000
     tight = Contents(budget=3)
     again, _ = scan_tree(str(tmp_path), IgnoreRules(), contents=tight)
     assert tight.files == {} and again["a.py"][2] == hashlib.sha256(b"two: edited after the scan\n").hexdigest()
