@@ -34,7 +34,7 @@ class SyncNodeEntry(TypedDict, total=False):
     fallback: SendResult  # the relay's misses, sent over its session
     landed: Landed  # absent when the node could not be asked afterwards
     verify_seconds: float  # its flush and re-check at the end, as the head waited for them
-    flush_seconds: float  # of which the flush (the re-check's scan ran meanwhile)
+    flush_seconds: float  # of which the flush (the re-check's scan ran meanwhile; it goes on behind the answer)
     verify_scan_seconds: float
     unlisted: list[str]  # names in its workdir that are not UTF-8 (escaped): in no listing, never deleted
     unlisted_count: int

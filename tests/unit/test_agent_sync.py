@@ -196,6 +196,77 @@ def test_the_hash_cache_on_disk_names_a_written_file_only_once_it_is_durable(tmp
     assert seen in ([False], []) and cached_on_disk()  # not on disk while flushing; on disk after
 
 
+def _held_flush(monkeypatch, fail: bool = False):
+    """The agent's flush, held until the returned event is set (then done for real, or failed)."""
+    import threading
+
+    gate = threading.Event()
+    real = node_sync._make_durable
+
+    def held(root, *taken):
+        assert gate.wait(30)
+        if fail:  # no syncfs, and the first fsync fails
+            real_fsync, real_syncfs = node_sync._fsync_path, node_sync._syncfs
+            node_sync._fsync_path = lambda path: (_ for _ in ()).throw(OSError(5, "Input/output error"))
+            node_sync._syncfs = lambda path: False
+            try:
+                return real(root, *taken)
+            finally:
+                node_sync._fsync_path, node_sync._syncfs = real_fsync, real_syncfs
+        return real(root, *taken)
+
+    monkeypatch.setattr(node_sync, "_make_durable", held)
+    return gate
+
+
+def _cached_on_disk(root: str, rel: str) -> bool:
+    path = os.path.join(root, node_sync.CACHE_NAME)
+    if not os.path.exists(path):
+        return False
+    with open(path, encoding="utf-8") as handle:
+        return f'"{rel}"' in handle.read()
+
+
+def test_sync_state_answers_while_its_flush_goes_on_and_the_cache_names_the_files_only_once_durable(
+        tmp_path, monkeypatch):
+    """The tree's hash proves a sync; the flush goes on behind the answer, as rsync's writes do. Until it has
+    succeeded no scan writes the hash cache to disk (its entries for those files stay in memory: the scans
+    meanwhile read none of them), and the flush's end writes it."""
+    root = str(tmp_path / "work")
+    _put(root, _batch(0, 100))
+    gate = _held_flush(monkeypatch)
+    state = node_sync.sync_state(root, [], known=[])
+    assert state["flush"] == "under way" and state["flushed"] == 100 and state["count"] == 107
+    assert state["stats"]["hashed_files"] == 0 and len(state["files"]) == 107
+    described = node_sync.describe(root, [])  # a scan while the flush is under way
+    assert described["tree_hash"] != state["tree_hash"]  # (files only: no directories in a describe)
+    assert described["stats"]["hashed_files"] == 0 and not _cached_on_disk(root, "d0/f0.py")
+    again = node_sync.sync_state(root, [])  # nothing new to flush: answered at once, the flush still going
+    assert again["flushed"] == 0 and again["tree_hash"] == state["tree_hash"]
+    assert not _cached_on_disk(root, "d0/f0.py") and not node_sync.wait_flushed(root, 0.1)
+    gate.set()
+    assert node_sync.wait_flushed(root, 30)
+    assert _cached_on_disk(root, "d0/f0.py") and _cached_on_disk(root, "d1/f99.py")
+
+
+def test_a_flush_that_fails_behind_the_answer_is_done_again_by_the_next_sync_state_which_waits_for_it(
+        tmp_path, monkeypatch):
+    root = str(tmp_path / "work")
+    _put(root, _batch(0, 100))
+    gate = _held_flush(monkeypatch, fail=True)
+    state = node_sync.sync_state(root, [])
+    assert state["flush"] == "under way"
+    gate.set()
+    assert node_sync.wait_flushed(root, 30)
+    assert "d0/f0.py" not in node_sync.cache_for(root).entries and not _cached_on_disk(root, "d0/f0.py")
+    with pytest.raises(OSError, match="Input/output error"):  # the disk still fails: this call says so
+        node_sync.sync_state(root, [])
+    monkeypatch.undo()
+    retried = node_sync.sync_state(root, [])  # waited for: its files were put back to be flushed
+    assert retried["flushed"] == 100 and retried["flush"] != "under way" and retried["tree_hash"] == state["tree_hash"]
+    assert _cached_on_disk(root, "d0/f0.py")
+
+
 def test_a_few_files_are_flushed_file_by_file_not_with_the_whole_filesystem(tmp_path, monkeypatch):
     root = str(tmp_path / "work")
     calls = _flush_calls(monkeypatch)
