@@ -20,6 +20,11 @@ SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 def free_bytes(directory: str) -> int | None:
     """What an unprivileged writer may still use under ``directory`` (the nearest existing one)."""
+    info = _statvfs(directory)
+    return None if info is None else info.f_bavail * info.f_frsize
+
+
+def _statvfs(directory: str) -> os.statvfs_result | None:
     path = directory
     while path and not os.path.isdir(path):
         parent = os.path.dirname(path)
@@ -27,10 +32,9 @@ def free_bytes(directory: str) -> int | None:
             break
         path = parent
     try:
-        info = os.statvfs(path or "/")
+        return os.statvfs(path or "/")
     except OSError:
         return None
-    return info.f_bavail * info.f_frsize
 
 
 def write_failed(exc: OSError, path: str, still: int) -> RemoteError | None:
@@ -39,8 +43,13 @@ def write_failed(exc: OSError, path: str, still: int) -> RemoteError | None:
     directory = os.path.dirname(path)
     reason = exc.strerror or str(exc)
     if exc.errno in SPACE_ERRNOS:
-        free = free_bytes(directory)
-        room = size_text(free) if free is not None else "an unknown amount"
+        info = _statvfs(directory)
+        room = size_text(info.f_bavail * info.f_frsize) if info is not None else "an unknown amount"
+        if info is not None and info.f_files and not info.f_favail:
+            # Bytes free, but no inode: a file system given many small files runs out of files first.
+            return RemoteError(p.NO_SPACE, f"no space left in {directory} ({reason}): no free inodes, all "
+                                           f"{info.f_files:,} of its file system's are in use ({room} free); "
+                                           f"{size_text(still)} still to write")
         return RemoteError(p.NO_SPACE, f"no space left in {directory} ({reason}): {size_text(still)} still to "
                                        f"write, {room} free")
     if exc.errno == errno.EFBIG:
