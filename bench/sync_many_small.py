@@ -127,6 +127,22 @@ class Meter:
         usage = resource.getrusage(resource.RUSAGE_CHILDREN)
         return usage.ru_utime + usage.ru_stime
 
+    def quiet(self, daemon: DaemonProcess, seconds: float = 1.0, timeout: float = 60.0) -> float:
+        """Wait until the daemon and the nodes' processes used under 5% of a core for ``seconds`` (a daemon
+        just started goes on with work of its own after its nodes are up: facts, usage, the agents' first
+        imports), so that the sync is measured alone. Returns the seconds waited."""
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            before = self._node_processes()
+            daemon0 = _cpu_of(daemon.proc.pid, children=False) if daemon.proc else 0.0
+            time.sleep(seconds)
+            after = self._node_processes()
+            used = sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
+            used += (_cpu_of(daemon.proc.pid, children=False) if daemon.proc else 0.0) - daemon0
+            if used < 0.05 * seconds:
+                break
+        return time.monotonic() - started
+
     def run(self, fn, daemon: DaemonProcess | None = None) -> tuple[float, float, float, Any]:
         """(wall s, head CPU s, nodes CPU s, what fn returned)."""
         daemon_cpu = (lambda: _cpu_of(daemon.proc.pid, children=False)) if daemon and daemon.proc else lambda: 0.0
@@ -248,11 +264,13 @@ def many_small(args, nodes, settle, link_rate: str) -> None:
                 name = f"bench-r{round_}-{checkouts.index(checkout)}"
                 daemon = checkout.start(cluster, root, name, source, under)
                 try:
+                    waited = meter.quiet(daemon)
+                    subprocess.run(["sync"], check=True)
                     wall, head, nodes_cpu, report = meter.run(partial(checkout.sync, daemon), daemon)
                     results.setdefault(tool, []).append((wall, head, nodes_cpu))
-                    notes.append(f"round {round_}, {tool}: {_phases(report)}")
+                    notes.append(f"round {round_}, {tool}: {_phases(report)}; quiet after {waited:.1f} s")
                     print(f"round {round_}: {tool}: {wall:.2f} s (head CPU {head:.2f}, nodes {nodes_cpu:.2f}); "
-                          f"{_phases(report)}", file=sys.stderr, flush=True)
+                          f"{_phases(report)}; quiet after {waited:.1f} s", file=sys.stderr, flush=True)
                     walls = []
                     for _ in range(NOOPS):
                         wall, _, _, again = meter.run(partial(checkout.sync, daemon), daemon)
