@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent import ranks as node_ranks
 from agent import sync as node_sync
+from agent import sync_durable as durable
 from agent import upkeep
 from agent.write_errors import write_failed
 from shared import protocol as p
@@ -478,10 +479,10 @@ class Relay:
         os.close(fd)
         state.write_fd = None
         os.replace(state.tmp, state.target)
-        node_sync._fsync_dirs({os.path.dirname(state.target)})
+        durable.fsync_dirs({os.path.dirname(state.target)})
         info = os.stat(state.target)
         if stat.S_ISREG(info.st_mode):
-            node_sync.cache_for(state.root).store(state.rel, info, state.sha256)
+            durable.cache_for(state.root).store(state.rel, info, state.sha256)
             node_ranks.remember_hash(state.target, state.sha256)  # a checkpoint copy, re-checked at a resume
         state.done = True
         state.finished = time.monotonic()

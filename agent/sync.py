@@ -18,24 +18,21 @@ so a crash before it costs a re-hash, never a wrong cache entry.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import fcntl
 import hashlib
 import itertools
 import os
 import shutil
 import stat
-import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from agent import sync_durable as durable
 from agent.write_errors import write_failed
 from shared import protocol as p
 from shared.file_batch import BadBatch, FileBatch, unpack_batch
 from shared.ignore import IgnoreRules
-from shared.manifest import HashCache, ScanStats, keep_links, scan_tree, sha256_file, tree_hash
+from shared.manifest import ScanStats, keep_links, scan_tree, sha256_file, tree_hash
 from shared.paths import PathGuard, UnsafePath, check_relative, resolve_under
 from shared.rpc import RemoteError
 
@@ -56,7 +53,6 @@ if TYPE_CHECKING:
         UploadFinishReply,
     )
 
-CACHE_NAME = os.path.join(".coord", "hashcache.json")
 _upload_ids = itertools.count(1)
 
 
@@ -81,44 +77,11 @@ def _mode(mode: int) -> int:
     return mode & 0o777  # permission bits only: never setuid, setgid or sticky from the wire
 
 
-_caches: dict[str, HashCache] = {}
-_scan_locks: dict[str, threading.Lock] = {}
-
-
-def cache_for(root: str) -> HashCache:
-    """One hash cache per workdir for the agent's life: files it writes are entered once flushed,
-    so the check after a sync costs a stat per file, not a read."""
-    cache = _caches.get(root)
-    if cache is None:
-        cache = _caches[root] = HashCache(os.path.join(root, CACHE_NAME))
-    return cache
-
-
-def _scan_lock(root: str) -> threading.Lock:
-    """Held by whatever scans a workdir or saves its cache: two scans of one workdir take turns."""
-    return _scan_locks.setdefault(root, threading.Lock())
-
-
 def _scan(root: str, patterns: list[str]) -> tuple[dict[str, list[Any]], ScanStats]:
-    """scan_tree with this workdir's cache (saved unless a flush is under way: see ``_Flush``)."""
-    with _scan_lock(root):
-        return scan_tree(root, IgnoreRules(patterns), cache=cache_for(root), on_link=keep_links,
-                         save=not _flushing(root))
-
-
-def _syncfs(path: str) -> bool:
-    """Flush the filesystem holding path in one call (Linux); False where not available."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            return libc.syncfs(fd) == 0
-        finally:
-            os.close(fd)
-    except (OSError, AttributeError):
-        return False
+    """scan_tree with this workdir's cache (saved unless a flush is under way: see ``durable.Flush``)."""
+    with durable.scan_lock(root):
+        return scan_tree(root, IgnoreRules(patterns), cache=durable.cache_for(root), on_link=keep_links,
+                         save=not durable.flushing(root))
 
 
 def describe(root: str, patterns: list[str]) -> ManifestReply:
@@ -128,148 +91,6 @@ def describe(root: str, patterns: list[str]) -> ManifestReply:
             "stats": stats.as_dict()}
 
 
-_Written = tuple[str, os.stat_result, str]
-
-
-class _Unflushed:
-    """What ``put_files`` wrote under one workdir since its last flush."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.writing = threading.Lock()
-        self.files: dict[str, _Written] = {}  # rel -> (path, stat when written, sha256)
-        self.dirs: set[str] = set()
-        self.devices: dict[int, str] = {}  # st_dev -> a directory on it (for syncfs)
-
-
-_unflushed: dict[str, _Unflushed] = {}
-_unflushed_lock = threading.Lock()
-
-
-def _pending(root: str) -> _Unflushed:
-    with _unflushed_lock:
-        state = _unflushed.get(root)
-        if state is None:
-            state = _unflushed[root] = _Unflushed()
-        return state
-
-
-#: Up to this many files, a flush fsyncs each of them and their directories rather than the whole
-#: filesystem (syncfs also waits for every other writer's dirty data on it, a training run's included).
-FSYNC_AT_MOST = 64
-
-
-def _take_pending(root: str) -> tuple[dict[str, _Written], set[str], dict[int, str]] | None:
-    """What was written under root since the last flush, taken (files, directories, devices); None if nothing."""
-    state = _pending(root)
-    with state.lock:
-        files, dirs, devices = state.files, state.dirs, state.devices
-        state.files, state.dirs, state.devices = {}, set(), {}
-    return (files, dirs, devices) if files or dirs else None
-
-
-def _make_durable(root: str, files: dict[str, _Written], dirs: set[str], devices: dict[int, str]) -> str:
-    """Flush what ``_take_pending`` took; on failure it goes back to be flushed next time. Returns how.
-
-    Linux: one ``syncfs`` per filesystem written to (it flushes file data, inodes and the
-    directory entries of the renames), or for a handful of files an fsync each and one per
-    directory. Elsewhere, or where syncfs fails: an fsync per file and per directory, and on
-    macOS then one ``F_FULLFSYNC`` (plain fsync there leaves the data in the drive's cache).
-    """
-    try:
-        how = "syncfs"
-        if len(files) <= FSYNC_AT_MOST or not all(_syncfs(directory) for directory in devices.values()):
-            how = "fsync"
-            for path, _, _ in files.values():
-                _fsync_path(path)
-            _fsync_dirs(dirs)
-            if sys.platform == "darwin" and hasattr(fcntl, "F_FULLFSYNC"):
-                how = "fsync+F_FULLFSYNC"
-                fd = os.open(root, os.O_RDONLY)
-                try:
-                    fcntl.fcntl(fd, fcntl.F_FULLFSYNC)
-                except OSError:
-                    pass
-                finally:
-                    os.close(fd)
-    except BaseException:
-        state = _pending(root)
-        with state.lock:  # not flushed: the next flush tries again
-            for rel, item in files.items():
-                state.files.setdefault(rel, item)
-            state.dirs |= dirs
-            state.devices.update(devices)
-        raise
-    return how
-
-
-#: How long ``sync_state`` waits for its flush after its scan before it answers with the flush still under
-#: way: a sync is proven by the tree's hash, not by the disk's flush, which goes on in the background as
-#: rsync's writes do (rsync never flushes). 0.9 to 2 s a node of a cold sync of 20,000 files was the flush.
-FLUSH_WAIT_S = 0.05
-
-
-class _Flush:
-    """A flush of what ``put_files`` wrote, under way in a thread of its own.
-
-    While any flush of a workdir is under way, no scan of it saves the hash cache (the cache holds entries
-    for bytes not yet durable, so that the scans meanwhile do not read those files again); the last flush
-    to end saves it. One that fails drops its files' entries (they are known again only by a read) and
-    puts them back to be flushed by the next ``sync_state``, which then waits for its flush: a disk that
-    cannot flush fails that call, as it would have failed this one.
-    """
-
-    def __init__(self, root: str, taken: tuple[dict[str, _Written], set[str], dict[int, str]]) -> None:
-        self.root, self.taken = root, taken
-        self.done = threading.Event()
-        self.how, self.seconds = "under way", 0.0
-        self.error: BaseException | None = None
-        self.started = time.monotonic()
-        with _flushes_lock:
-            _flushes.setdefault(root, set()).add(self)
-        threading.Thread(target=self._run, name=f"flush {root}", daemon=True).start()
-
-    def _run(self) -> None:
-        try:
-            how = _make_durable(self.root, *self.taken)
-        except BaseException as exc:  # said by a sync_state waiting for it, or the next one (it flushes again)
-            self.error = exc
-        else:
-            self.how = how
-        self.seconds = time.monotonic() - self.started
-        cache = cache_for(self.root)
-        with _scan_lock(self.root):
-            if self.error is not None:
-                _failed_flushes.add(self.root)
-                for rel, (_, info, digest) in self.taken[0].items():
-                    entry = cache.entries.get(rel)
-                    if entry is not None and entry[1:] == [info.st_mtime_ns, info.st_ino, digest]:
-                        cache.entries.pop(rel)
-            with _flushes_lock:
-                _flushes[self.root].discard(self)
-                last = not _flushes[self.root]
-            if last:
-                cache.save()
-        self.done.set()
-
-
-_flushes: dict[str, set[_Flush]] = {}
-_flushes_lock = threading.Lock()
-_failed_flushes: set[str] = set()  # workdirs whose last flush failed: the next one is waited for
-
-
-def _flushing(root: str) -> bool:
-    with _flushes_lock:
-        return bool(_flushes.get(root))
-
-
-def wait_flushed(root: str, timeout: float | None = None) -> bool:
-    """Wait for every flush of root under way now; False if one is still going after ``timeout``."""
-    with _flushes_lock:
-        under_way = list(_flushes.get(root, ()))
-    return all(flush.done.wait(timeout) for flush in under_way)
-
-
 def sync_state(root: str, patterns: list[str], known: list[str] | None = None) -> SyncStateReply:
     """Start making everything written since the last call durable, and describe the tree by its hash from a
     stat-only scan (its directories included: an empty one, or one with another mode, is a difference).
@@ -277,32 +98,18 @@ def sync_state(root: str, patterns: list[str], known: list[str] | None = None) -
     The scan runs while the disk flushes: it reads no file data (the files just written are known by their
     stat and hash), and nothing it learns is saved to the hash cache until the flush has succeeded, so a
     crash never leaves a cache entry for bytes that were not durable. The answer does not wait for the
-    flush beyond ``FLUSH_WAIT_S`` (see ``_Flush``). The full manifest comes back only when ``known``
+    flush beyond ``FLUSH_WAIT_S`` (see ``durable.Flush``). The full manifest comes back only when ``known``
     (hashes of trees the head already holds the manifest of) is given and the tree's hash is not in it:
     an unchanged node sends a hash, not its listing.
     """
     root = _root(root, create=True)
     rules = IgnoreRules(patterns)
-    cache = cache_for(root)
-    flush: _Flush | None = None
-    with _scan_lock(root):  # no other scan saves the cache meanwhile
-        taken = _take_pending(root)
-        if taken is not None:
-            files = taken[0]
-            for rel, (_, info, digest) in files.items():
-                cache.store(rel, info, digest)  # in memory only: a file changed since is not matched by its stat
-            flush = _Flush(root, taken)
-        manifest, stats = scan_tree(root, rules, cache=cache, save=not _flushing(root), on_link=keep_links,
+    cache = durable.cache_for(root)
+    with durable.scan_lock(root):  # no other scan saves the cache meanwhile
+        flush = durable.start_flush(root, cache)
+        manifest, stats = scan_tree(root, rules, cache=cache, save=not durable.flushing(root), on_link=keep_links,
                                     directories=True, ordered=False)
-        retry = root in _failed_flushes
-        _failed_flushes.discard(root)
-    flushed, how, flush_seconds = 0, "nothing", 0.0
-    if flush is not None:
-        flush.done.wait(None if retry else FLUSH_WAIT_S)
-        if flush.error is not None:
-            raise flush.error
-        flushed, how = len(flush.taken[0]), flush.how
-        flush_seconds = flush.seconds if flush.done.is_set() else time.monotonic() - flush.started
+    flushed, how, flush_seconds = flush.outcome() if flush is not None else (0, "nothing", 0.0)
     digest = tree_hash(manifest)
     answer: SyncStateReply = {"tree_hash": digest, "count": len(manifest), "flushed": flushed,
                               "flush": how, "flush_seconds": round(flush_seconds, 4), "stats": stats.as_dict()}
@@ -372,10 +179,10 @@ def put_files(root: str, batch: FileBatch) -> PutFilesReply:
         if sha256(data).digest() != digest:
             raise RemoteError(p.BAD_ARGS, f"content of {rel} does not match its SHA256; nothing of this batch "
                                           "was written")
-    state = _pending(root)
+    state = durable.pending(root)
     written = 0
     total = len(batch["data"])
-    landed: dict[str, _Written] = {}
+    landed: dict[str, durable.Written] = {}
     # One batch at a time per workdir (the next ones wait decoded in memory): a dozen threads creating
     # files on one filesystem contend in its inode allocator for no gain.
     with state.writing:
@@ -393,18 +200,8 @@ def put_files(root: str, batch: FileBatch) -> PutFilesReply:
                 landed[rel] = (target, info, digest.hex())
                 written += len(data)
         finally:  # what landed is flushed by the next sync_state, a batch that failed halfway included
-            _note_written(state, landed)
+            durable.note_written(state, landed)
     return {"files": len(files), "bytes": written}
-
-
-def _note_written(state: _Unflushed, landed: dict[str, _Written]) -> None:
-    with state.lock:
-        state.files.update(landed)
-        for target, info, _ in landed.values():
-            directory = target.rpartition("/")[0]
-            if directory not in state.dirs:
-                state.dirs.add(directory)
-                state.devices.setdefault(info.st_dev, directory)
 
 
 @dataclass
@@ -497,8 +294,8 @@ class Uploads:
                 os.close(fd)
                 state.fd = None
                 os.replace(state.tmp, state.target)
-                _fsync_dirs({os.path.dirname(state.target)})
-                cache_for(state.root).store(state.rel, os.stat(state.target), state.sha256)
+                durable.fsync_dirs({os.path.dirname(state.target)})
+                durable.cache_for(state.root).store(state.rel, os.stat(state.target), state.sha256)
             except OSError as exc:
                 self._end(upload)
                 raise write_failed(exc, state.target, state.size) or exc from None
@@ -605,32 +402,6 @@ def inspect_files(root: str, paths: list[str], count_lines: bool = False) -> Ins
                 entry["lines"] = sum(block.count(b"\n") for block in iter(lambda: handle.read(1 << 20), b""))
         found[rel] = entry
     return {"files": found}
-
-
-def _fsync_path(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:  # replaced or deleted since: nothing of ours to flush
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dirs(directories: set[str]) -> None:
-    # The renames themselves are durable only once their directories are.
-    for directory in directories:
-        try:
-            fd = os.open(directory, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            os.fsync(fd)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
 
 
 def check_writable(root: str, subdir: str) -> CheckWritableReply:

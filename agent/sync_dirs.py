@@ -17,6 +17,7 @@ import stat
 from typing import TYPE_CHECKING
 
 from agent import sync as node_sync
+from agent import sync_durable as durable
 from shared import protocol as p
 from shared.paths import PathGuard, UnsafePath
 from shared.rpc import RemoteError
@@ -40,7 +41,7 @@ def make_dirs(root: str, dirs: list[DirRow]) -> MakeDirsReply:
         places = [guard.resolve(rel) for rel, _ in dirs]
     except UnsafePath as exc:
         raise RemoteError(p.REFUSED, str(exc)) from None
-    state = node_sync._pending(root)
+    state = durable.pending(root)
     made = 0
     with state.writing:
         for (rel, mode), full in zip(dirs, places, strict=True):
@@ -77,7 +78,7 @@ def remove_dirs(root: str, paths: list[str]) -> RemoveDirsReply:
     root = node_sync._root(root)
     targets = sorted(((rel, node_sync._safe_entry(root, rel)) for rel in paths), key=lambda item: item[0],
                      reverse=True)  # a directory's own entries sort after it: reversed, they go first
-    state = node_sync._pending(root)
+    state = durable.pending(root)
     removed, kept = 0, []
     for rel, full in targets:
         try:

@@ -16,6 +16,7 @@ import stat
 from typing import TYPE_CHECKING
 
 from agent import sync as node_sync
+from agent import sync_durable as durable
 from agent.write_errors import write_failed
 from shared import protocol as p
 from shared.paths import PathGuard, UnsafePath, link_target_problem
@@ -55,7 +56,7 @@ def put_links(root: str, links: list[LinkRow]) -> PutLinksReply:
     real_root = os.path.realpath(root)
     guard = PathGuard(root)
     places = [_checked(root, real_root, guard, rel, target) for rel, target in links]
-    state = node_sync._pending(root)
+    state = durable.pending(root)
     with state.writing:
         for (rel, target), full in zip(links, places, strict=True):
             directory = os.path.dirname(full)

@@ -71,7 +71,8 @@ class _SyncStateReply(TypedDict):
     tree_hash: str
     count: int
     flushed: int  # files this call flushes (made durable, or being made durable: see ``flush``)
-    flush: str  # how: "nothing", "syncfs", "fsync" or "fsync+F_FULLFSYNC"; "under way" when it goes on behind the answer
+    # how: "nothing", "syncfs", "fsync" or "fsync+F_FULLFSYNC"; "under way" when it goes on behind the answer
+    flush: str
     flush_seconds: float  # how long the flush took, or has taken so far (the stat-only scan ran meanwhile)
     stats: ScanStatsReport
 

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from agent import sync as node_sync
+from agent import sync_durable as durable
 from shared.file_batch import pack_batch
 from shared.rpc import RemoteError
 
@@ -116,7 +117,7 @@ def test_nothing_under_a_coord_directory_is_ever_in_a_manifest(tmp_path, pattern
 def _flush_calls(monkeypatch) -> dict[str, int]:
     """Count the agent's flushes (fsync of any fd, syncfs of a filesystem)."""
     calls = {"fsync": 0, "syncfs": 0}
-    real_fsync, real_syncfs = os.fsync, node_sync._syncfs
+    real_fsync, real_syncfs = os.fsync, durable.syncfs
 
     def fsync(fd):
         calls["fsync"] += 1
@@ -126,8 +127,8 @@ def _flush_calls(monkeypatch) -> dict[str, int]:
         calls["syncfs"] += 1
         return real_syncfs(path)
 
-    monkeypatch.setattr(node_sync.os, "fsync", fsync)
-    monkeypatch.setattr(node_sync, "_syncfs", syncfs)
+    monkeypatch.setattr(durable.os, "fsync", fsync)
+    monkeypatch.setattr(durable, "syncfs", syncfs)
     return calls
 
 
@@ -142,7 +143,7 @@ def test_batches_are_not_flushed_one_by_one_and_sync_state_makes_them_durable_on
     for start in range(0, 600, 200):
         _put(root, _batch(start, 200))
     assert calls == {"fsync": 0, "syncfs": 0}  # three batches written, renamed, nothing flushed yet
-    assert node_sync.cache_for(root).entries == {}  # not in the hash cache before they are durable
+    assert durable.cache_for(root).entries == {}  # not in the hash cache before they are durable
     state = node_sync.sync_state(root, [], known=None)
     expected = {"syncfs": 1, "fsync": 0} if sys.platform.startswith("linux") else None
     if expected is not None:
@@ -163,7 +164,7 @@ def test_the_hash_cache_on_disk_names_a_written_file_only_once_it_is_durable(tmp
     import time
 
     root = str(tmp_path / "work")
-    cache_file = os.path.join(root, node_sync.CACHE_NAME)
+    cache_file = os.path.join(root, durable.CACHE_NAME)
     _put(root, _batch(0, 100))
 
     def cached_on_disk() -> bool:
@@ -173,7 +174,7 @@ def test_the_hash_cache_on_disk_names_a_written_file_only_once_it_is_durable(tmp
             return "d0/f0.py" in handle.read()
 
     seen: list[bool] = []
-    real_syncfs = node_sync._syncfs
+    real_syncfs = durable.syncfs
 
     def slow_syncfs(path):
         time.sleep(0.3)  # long after the walk is done
@@ -184,13 +185,13 @@ def test_the_hash_cache_on_disk_names_a_written_file_only_once_it_is_durable(tmp
         raise OSError(5, "Input/output error")
 
     with monkeypatch.context() as patch:  # the flush fails: syncfs unavailable, then an fsync fails
-        patch.setattr(node_sync, "_syncfs", lambda path: False)
-        patch.setattr(node_sync, "_fsync_path", failing_fsync)
+        patch.setattr(durable, "syncfs", lambda path: False)
+        patch.setattr(durable, "fsync_path", failing_fsync)
         with pytest.raises(OSError):
             node_sync.sync_state(root, [])
-    assert not cached_on_disk() and "d0/f0.py" not in node_sync.cache_for(root).entries
+    assert not cached_on_disk() and "d0/f0.py" not in durable.cache_for(root).entries
     if sys.platform.startswith("linux"):
-        monkeypatch.setattr(node_sync, "_syncfs", slow_syncfs)
+        monkeypatch.setattr(durable, "syncfs", slow_syncfs)
     state = node_sync.sync_state(root, [])
     assert state["flushed"] == 100 and state["count"] == 107 and state["stats"]["hashed_files"] == 0  # 7 dirs
     assert seen in ([False], []) and cached_on_disk()  # not on disk while flushing; on disk after
@@ -201,26 +202,26 @@ def _held_flush(monkeypatch, fail: bool = False):
     import threading
 
     gate = threading.Event()
-    real = node_sync._make_durable
+    real = durable.make_durable
 
     def held(root, *taken):
         assert gate.wait(30)
         if fail:  # no syncfs, and the first fsync fails
-            real_fsync, real_syncfs = node_sync._fsync_path, node_sync._syncfs
-            node_sync._fsync_path = lambda path: (_ for _ in ()).throw(OSError(5, "Input/output error"))
-            node_sync._syncfs = lambda path: False
+            real_fsync, real_syncfs = durable.fsync_path, durable.syncfs
+            durable.fsync_path = lambda path: (_ for _ in ()).throw(OSError(5, "Input/output error"))
+            durable.syncfs = lambda path: False
             try:
                 return real(root, *taken)
             finally:
-                node_sync._fsync_path, node_sync._syncfs = real_fsync, real_syncfs
+                durable.fsync_path, durable.syncfs = real_fsync, real_syncfs
         return real(root, *taken)
 
-    monkeypatch.setattr(node_sync, "_make_durable", held)
+    monkeypatch.setattr(durable, "make_durable", held)
     return gate
 
 
 def _cached_on_disk(root: str, rel: str) -> bool:
-    path = os.path.join(root, node_sync.CACHE_NAME)
+    path = os.path.join(root, durable.CACHE_NAME)
     if not os.path.exists(path):
         return False
     with open(path, encoding="utf-8") as handle:
@@ -243,9 +244,9 @@ def test_sync_state_answers_while_its_flush_goes_on_and_the_cache_names_the_file
     assert described["stats"]["hashed_files"] == 0 and not _cached_on_disk(root, "d0/f0.py")
     again = node_sync.sync_state(root, [])  # nothing new to flush: answered at once, the flush still going
     assert again["flushed"] == 0 and again["tree_hash"] == state["tree_hash"]
-    assert not _cached_on_disk(root, "d0/f0.py") and not node_sync.wait_flushed(root, 0.1)
+    assert not _cached_on_disk(root, "d0/f0.py") and not durable.wait_flushed(root, 0.1)
     gate.set()
-    assert node_sync.wait_flushed(root, 30)
+    assert durable.wait_flushed(root, 30)
     assert _cached_on_disk(root, "d0/f0.py") and _cached_on_disk(root, "d1/f99.py")
 
 
@@ -257,8 +258,8 @@ def test_a_flush_that_fails_behind_the_answer_is_done_again_by_the_next_sync_sta
     state = node_sync.sync_state(root, [])
     assert state["flush"] == "under way"
     gate.set()
-    assert node_sync.wait_flushed(root, 30)
-    assert "d0/f0.py" not in node_sync.cache_for(root).entries and not _cached_on_disk(root, "d0/f0.py")
+    assert durable.wait_flushed(root, 30)
+    assert "d0/f0.py" not in durable.cache_for(root).entries and not _cached_on_disk(root, "d0/f0.py")
     with pytest.raises(OSError, match="Input/output error"):  # the disk still fails: this call says so
         node_sync.sync_state(root, [])
     monkeypatch.undo()

@@ -10,6 +10,7 @@ import stat
 import pytest
 
 from agent import sync as node_sync
+from agent import sync_durable as durable
 from agent.sync_dirs import make_dirs, remove_dirs
 from coordinator.readiness.consistency import diff_manifests
 from coordinator.readiness.push import SyncPlan, dirs_to_open, plan_sync
@@ -83,7 +84,7 @@ def test_the_agent_makes_directories_with_their_exact_mode_whatever_its_umask(tm
     assert _mode(tmp_path / "work/a") == 0o755 and _mode(tmp_path / "work/empty") == 0o711
     assert _mode(tmp_path / "work/a/b") == 0o750  # permission bits only: no setgid from the wire
     assert make_dirs(root, [["a", 0o700]]) == {"made": 0, "modes": 1} and _mode(tmp_path / "work/a") == 0o700
-    assert os.path.realpath(root) in node_sync._pending(root).dirs  # the new entries are flushed by sync_state
+    assert os.path.realpath(root) in durable.pending(root).dirs  # the new entries are flushed by sync_state
 
 
 @pytest.mark.parametrize("bad", ["../out", "/abs", "link/inside"])
