@@ -152,7 +152,7 @@ class NodeSession:
         if peer is None or self.view.state != UP:
             raise NodeDown(self.node.name, self.view.reason)
         answer = await peer.call(method, args, timeout=timeout, on_event=on_event)
-        self._answered = time.monotonic()  # the agent is alive: the watch's next ping may wait
+        self._answered = time.monotonic()  # the agent is alive, as a heartbeat says
         return answer
 
     async def run(self) -> None:
@@ -293,23 +293,40 @@ class NodeSession:
         await self._set(UP, None)
 
     async def _watch(self, peer: Peer) -> str:
-        """Ping the agent until it stops answering; returns why. A call the agent answered within the
-        interval proves it alive as a ping would: while a job polls its ranks, the watch sends none (at a
-        hundred nodes, the pings were a third of the head's messages)."""
+        """Watch the agent's heartbeat until it stops; returns why. The agent pushes a beat every
+        ``keepalive_s`` (one message a beat: a ping and its answer were two, and at a hundred idle nodes
+        the watch was most of the head's messages); any call it answers proves it alive too. No beat nor
+        answer for three intervals (3 s at least) is a lost agent, as an unanswered ping was."""
         interval = self.ssh.keepalive_s
         timeout = max(3.0, 3 * interval)
-        while True:
-            await anyio.sleep(interval)
-            if time.monotonic() - self._answered < interval:
-                self.view.last_seen = time.time()
-                continue
+        self._answered = time.monotonic()
+
+        def beat(_: object) -> None:
+            self._answered = time.monotonic()
+
+        ended: list[RemoteError] = []  # the heartbeat call's end: the connection lost (it never answers)
+
+        async def beats() -> None:
             try:
-                await peer.call("ping", timeout=timeout)
-            except TimeoutError:
-                return f"agent did not answer a ping within {timeout:g} s"
-            except ConnectionLost as exc:
-                return exc.message
-            self.view.last_seen = time.time()
+                await peer.call("heartbeat", {"interval": interval}, on_event=beat)
+            except RemoteError as exc:
+                ended.append(exc)
+            else:
+                ended.append(RemoteError(p.INTERNAL, "the agent ended its heartbeat"))
+
+        reason = ""
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(beats)
+            while not reason:
+                await anyio.sleep(interval)
+                if ended:
+                    reason = ended[0].message
+                elif time.monotonic() - self._answered >= timeout:
+                    reason = f"agent sent no heartbeat for {timeout:g} s"
+                else:
+                    self.view.last_seen = time.time()
+            tasks.cancel_scope.cancel()
+        return reason
 
     async def _pump_stderr(self, stream: LineReader) -> None:
         """Forward the agent's log lines into ours, keeping the last few for error reports."""

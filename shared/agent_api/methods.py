@@ -60,7 +60,7 @@ from shared.agent_api.relay import (
     TransferRequest,
     TransferState,
 )
-from shared.agent_api.session import HelloReply, HelloRequest, PingReply
+from shared.agent_api.session import HeartbeatRequest, HelloReply, HelloRequest, PingReply
 from shared.agent_api.store import StorePutReply, StorePutRequest
 from shared.agent_api.sync import (
     CheckWritableReply,
@@ -108,6 +108,7 @@ REQUESTS: dict[str, type] = {
     "hello": HelloRequest,
     "facts": FactsRequest,
     "ping": EmptyRequest,
+    "heartbeat": HeartbeatRequest,
     "usage": EmptyRequest,
     "manifest": ManifestRequest,
     "put_files": PutFilesRequest,
@@ -162,6 +163,7 @@ REPLIES: dict[str, type] = {
     "hello": HelloReply,
     "facts": FactsReply,
     "ping": PingReply,
+    "heartbeat": type(None),  # never answers: it streams a HeartbeatEvent a beat
     "usage": UsageReply,
     "manifest": ManifestReply,
     "put_files": PutFilesReply,

@@ -1,4 +1,4 @@
-"""``hello`` and ``ping``: the session's handshake and liveness check."""
+"""``hello``, ``ping`` and ``heartbeat``: the session's handshake and liveness checks."""
 
 from __future__ import annotations
 
@@ -23,3 +23,13 @@ class HelloReply(TypedDict):
 
 class PingReply(TypedDict):
     time: float
+
+
+class HeartbeatRequest(TypedDict):
+    interval: float  # seconds between two beats (kept within 0.2 and 60)
+
+
+class HeartbeatEvent(TypedDict):
+    """``heartbeat`` streams one every interval, and answers only when its session ends."""
+
+    time: float  # the agent's clock at the beat

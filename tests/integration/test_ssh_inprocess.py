@@ -116,6 +116,45 @@ def test_an_agent_that_dies_is_reconnected(tmp_path):
     asyncio.run(_with_session(fixture, fixture.settings(), body))
 
 
+def test_an_agent_whose_heartbeat_stops_is_lost_within_three_intervals_with_no_ping_sent(tmp_path, monkeypatch):
+    """The agent pushes a beat every keepalive_s; the head sends nothing to learn it is alive. An agent
+    whose beats stop (its loop stuck, its path cut) is lost after three intervals (3 s at least)."""
+    from agent import server
+
+    fixture = SshFixture(tmp_path)
+    beats: list[float] = []
+    calls: list[str] = []
+    stalled = asyncio.Event()
+
+    async def heartbeat(emit, interval):
+        while not stalled.is_set():
+            beats.append(time.monotonic())
+            await emit({"time": time.time()})
+            await asyncio.sleep(interval)
+        await asyncio.sleep(3600)  # stuck: no beat, no answer
+
+    real_ping = server.ping
+
+    async def ping():
+        calls.append("ping")
+        return await real_ping()
+
+    monkeypatch.setattr(server, "heartbeat", heartbeat)
+    monkeypatch.setattr(server, "ping", ping)
+
+    async def body(session: NodeSession):
+        await _until(lambda: session.state == UP, 20)
+        await asyncio.sleep(2.0)
+        assert len(beats) >= 3 and calls == [] and session.state == UP  # four intervals: beats, no ping
+        stalled.set()
+        took = await _until(lambda: session.state != UP, 15)
+        assert session.view.reason == "lost: agent sent no heartbeat for 3 s", session.view.reason
+        assert 2.0 <= took <= 8.0, took  # three seconds after the last beat, within an interval or so
+        assert calls == []
+
+    asyncio.run(_with_session(fixture, fixture.settings(), body))
+
+
 def test_an_unknown_host_key_keeps_the_node_down_with_the_fingerprint_and_the_fix(tmp_path):
     fixture = SshFixture(tmp_path)
     fixture.trusted = False  # nobody has trusted this host yet
