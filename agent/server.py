@@ -116,7 +116,7 @@ async def hello(protocol: int, client: str = "") -> HelloReply:
 async def facts(workdir: str | None = None) -> FactsReply:
     if workdir is not None and not os.path.isabs(workdir):
         raise RemoteError(p.BAD_ARGS, f"workdir must be an absolute path, got {workdir!r}")
-    # Facts run commands (system_profiler can take seconds): keep the loop free for pings.
+    # Facts run commands (system_profiler can take seconds): keep the loop free for heartbeats.
     return await asyncio.to_thread(node_facts.collect_facts, workdir)
 
 
@@ -136,7 +136,7 @@ async def heartbeat(emit: Emit, interval: float) -> None:
 
 
 def _in_thread(func: Callable[..., Reply]) -> Callable[..., Awaitable[Reply]]:
-    """Disk work runs off the event loop, so pings are answered during a long hash."""
+    """Disk work runs off the event loop, so heartbeats go on during a long hash."""
 
     async def call(**args: Any) -> Reply:
         return await asyncio.to_thread(func, **args)

@@ -70,7 +70,7 @@ def run(func: Callable[..., Result], *args: Any) -> asyncio.Future[Result]:
 
 
 def in_upkeep(func: Callable[..., Result]) -> Callable[..., Awaitable[Result]]:
-    """An RPC handler that runs ``func(**args)`` in an upkeep thread (pings are answered meanwhile)."""
+    """An RPC handler that runs ``func(**args)`` in an upkeep thread (heartbeats go on meanwhile)."""
 
     async def call(**args: Any) -> Result:
         return await run(functools.partial(func, **args))

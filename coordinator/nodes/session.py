@@ -2,7 +2,7 @@
 
 A session runs forever: it connects (SSH or local), starts the agent with the
 node's own Python, checks the protocol in ``hello``, fetches the node's facts
-and then pings the agent. Whatever ends that (a dead agent, a cut link, a host
+and then watches the agent's heartbeat. Whatever ends that (a dead agent, a cut link, a host
 key nobody trusted yet) marks the node down with the reason, and tenacity
 reconnects with exponential backoff capped at 30 s.
 """

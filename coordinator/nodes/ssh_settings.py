@@ -69,9 +69,9 @@ class SshOptions(TypedDict, total=False):
 def ssh_options(node: NodeConfig, ssh: SshSettings) -> SshOptions:
     """asyncssh.connect options for a node: key auth only, host keys verified, the user's ssh config."""
     options: SshOptions = {
-        # The session's watch pings the agent every keepalive_s (coordinator/nodes/session.py), which proves
-        # the connection as SSH's own keepalive would: that one is only the backstop for the moments no
-        # agent answers yet (connecting, installing), at a fifth of the rate, not a second message per node.
+        # The agent's heartbeat every keepalive_s (coordinator/nodes/session.py) proves the connection as SSH's
+        # own keepalive would: that one is only the backstop for the moments no agent beats yet (connecting,
+        # installing), at a fifth of the rate, not a second message per node.
         "keepalive_interval": max(5 * ssh.keepalive_s, 10.0),
         "keepalive_count_max": 3,
         "connect_timeout": ssh.connect_timeout_s,
