@@ -62,6 +62,11 @@ class SessionParts:
     def __init__(self, relay: Relay | None = None, rendezvous: Rendezvous | None = None,
                  links: LinkProbes | None = None) -> None:
         self._relay, self._rendezvous, self._links = relay, rendezvous, links
+        self.peer: Peer | None = None  # the session's connection, once made
+
+    def quiet_for(self) -> float:
+        """Seconds since this session last sent the head a frame (its heartbeat's business)."""
+        return time.monotonic() - self.peer.last_sent if self.peer is not None else float("inf")
 
     def relay(self) -> Relay:
         if self._relay is None:
@@ -124,14 +129,16 @@ async def ping() -> PingReply:
     return {"time": time.time()}
 
 
-async def heartbeat(emit: Emit, interval: float) -> None:
-    """A beat every ``interval`` s until the session ends: the head's watch of this agent, one message a
-    beat where a ping and its answer were two (at a hundred nodes, the watch is most of an idle head's
-    messages)."""
+async def heartbeat(emit: Emit, interval: float, quiet_for: Callable[[], float]) -> None:
+    """A beat every ``interval`` s in which this agent sent the head nothing else, until the session ends:
+    the head's watch of this agent (any frame from it proves it alive). One message a beat where a ping
+    and its answer were two, and none while a job's polls are answered (at a hundred nodes, the watch was
+    most of an idle head's messages)."""
     interval = min(max(float(interval), 0.2), 60.0)
     while True:
-        beat: HeartbeatEvent = {"time": time.time()}
-        await emit(beat)
+        if quiet_for() >= interval * 0.9:  # a frame that went just under an interval ago still counts
+            beat: HeartbeatEvent = {"time": time.time()}
+            await emit(beat)
         await asyncio.sleep(interval)
 
 
@@ -179,7 +186,8 @@ def build_dispatcher(parts: SessionParts | None = None, uploads: node_sync.Uploa
     table.add("hello", hello, required={"protocol": int}, optional={"client": str})
     table.add("facts", facts, optional={"workdir": (str, type(None))})
     table.add("ping", ping)
-    table.add("heartbeat", heartbeat, required={"interval": (int, float)}, streams=True)
+    table.add("heartbeat", lambda emit, interval: heartbeat(emit, interval, parts.quiet_for),
+              required={"interval": (int, float)}, streams=True)
     table.add("usage", _in_thread(_later("usage", "collect_usage")))
 
     table.add("manifest", _in_thread(node_sync.describe), required={"root": str, "patterns": list})
@@ -299,6 +307,7 @@ async def serve(reader: Reader, writer: Writer, *, name: str = "agent") -> None:
     parts = SessionParts()
     uploads = node_sync.Uploads()
     peer = Peer(reader, writer, dispatcher=build_dispatcher(parts, uploads), name=name)
+    parts.peer = peer
     try:
         await peer.run()
     finally:

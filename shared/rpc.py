@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import inspect
 import itertools
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -146,6 +147,9 @@ class Peer:
         self._serving: set[asyncio.Task[None]] = set()
         self._closed_reason: str | None = None
         self.log = (log or get_logger("rpc")).bind(peer=name)
+        # When the last whole frame went out and came in (monotonic): a heartbeat need not go while other
+        # frames do, and any frame from the other side proves it alive.
+        self.last_sent = self.last_received = time.monotonic()
 
     @property
     def closed(self) -> bool:
@@ -220,6 +224,7 @@ class Peer:
                 return f"connection error: {exc}"
             except Exception as exc:  # transport-specific errors (asyncssh) end the connection
                 return f"connection error: {exc.__class__.__name__}: {exc}"
+            self.last_received = time.monotonic()
             try:
                 message = p.unpack(payload)
             except p.ProtocolError as exc:
@@ -291,6 +296,7 @@ class Peer:
             try:
                 self._writer.write(frame)
                 await self._writer.drain()
+                self.last_sent = time.monotonic()
             except (OSError, EOFError) as exc:  # e.g. a pipe whose reader exited
                 reason = self._shut(f"connection lost while writing: {exc}")
                 raise ConnectionLost(reason) from None

@@ -133,7 +133,6 @@ class NodeSession:
         self._on_change = on_change
         self._connect = connect
         self._peer: Peer | None = None
-        self._answered = 0.0  # when the agent last answered a call (monotonic): a liveness proof
         self.peer_address: str | None = None  # the address the head reached the node at, while connected
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=20)
         self.log = log.bind(node=node.name)
@@ -151,9 +150,7 @@ class NodeSession:
         peer = self._peer
         if peer is None or self.view.state != UP:
             raise NodeDown(self.node.name, self.view.reason)
-        answer = await peer.call(method, args, timeout=timeout, on_event=on_event)
-        self._answered = time.monotonic()  # the agent is alive, as a heartbeat says
-        return answer
+        return await peer.call(method, args, timeout=timeout, on_event=on_event)
 
     async def run(self) -> None:
         """Keep the node connected until cancelled."""
@@ -293,22 +290,17 @@ class NodeSession:
         await self._set(UP, None)
 
     async def _watch(self, peer: Peer) -> str:
-        """Watch the agent's heartbeat until it stops; returns why. The agent pushes a beat every
-        ``keepalive_s`` (one message a beat: a ping and its answer were two, and at a hundred idle nodes
-        the watch was most of the head's messages); any call it answers proves it alive too. No beat nor
-        answer for three intervals (3 s at least) is a lost agent, as an unanswered ping was."""
+        """Watch the agent until it falls silent; returns why. The agent pushes a beat every ``keepalive_s``
+        in which it sent nothing else (one message a beat where a ping and its answer were two, and none
+        while a job's polls are answered); any frame from it proves it alive. Nothing for three intervals
+        (3 s at least) is a lost agent, as an unanswered ping was."""
         interval = self.ssh.keepalive_s
         timeout = max(3.0, 3 * interval)
-        self._answered = time.monotonic()
-
-        def beat(_: object) -> None:
-            self._answered = time.monotonic()
-
         ended: list[RemoteError] = []  # the heartbeat call's end: the connection lost (it never answers)
 
         async def beats() -> None:
             try:
-                await peer.call("heartbeat", {"interval": interval}, on_event=beat)
+                await peer.call("heartbeat", {"interval": interval})
             except RemoteError as exc:
                 ended.append(exc)
             else:
@@ -321,8 +313,8 @@ class NodeSession:
                 await anyio.sleep(interval)
                 if ended:
                     reason = ended[0].message
-                elif time.monotonic() - self._answered >= timeout:
-                    reason = f"agent sent no heartbeat for {timeout:g} s"
+                elif time.monotonic() - peer.last_received >= timeout:
+                    reason = f"agent sent nothing for {timeout:g} s (no heartbeat, no answer)"
                 else:
                     self.view.last_seen = time.time()
             tasks.cancel_scope.cancel()

@@ -116,27 +116,30 @@ def test_an_agent_that_dies_is_reconnected(tmp_path):
     asyncio.run(_with_session(fixture, fixture.settings(), body))
 
 
-def test_an_agent_whose_heartbeat_stops_is_lost_within_three_intervals_with_no_ping_sent(tmp_path, monkeypatch):
-    """The agent pushes a beat every keepalive_s; the head sends nothing to learn it is alive. An agent
-    whose beats stop (its loop stuck, its path cut) is lost after three intervals (3 s at least)."""
+def test_an_agent_beats_only_when_it_sent_nothing_else_and_is_lost_once_silent_for_three_intervals(
+        tmp_path, monkeypatch):
+    """The agent pushes a beat every keepalive_s in which it sent the head nothing else; the head sends
+    nothing to learn it is alive. While the head's calls are answered, no beat goes. An agent that falls
+    silent (its loop stuck, its path cut) is lost after three intervals (3 s at least)."""
     from agent import server
 
     fixture = SshFixture(tmp_path)
     beats: list[float] = []
-    calls: list[str] = []
+    pings: list[float] = []
     stalled = asyncio.Event()
+    real_heartbeat, real_ping = server.heartbeat, server.ping
 
-    async def heartbeat(emit, interval):
-        while not stalled.is_set():
+    async def heartbeat(emit, interval, quiet_for):
+        async def counted(beat):
+            if stalled.is_set():
+                await asyncio.sleep(3600)  # stuck: no beat, and the head calls nothing meanwhile
             beats.append(time.monotonic())
-            await emit({"time": time.time()})
-            await asyncio.sleep(interval)
-        await asyncio.sleep(3600)  # stuck: no beat, no answer
+            await emit(beat)
 
-    real_ping = server.ping
+        await real_heartbeat(counted, interval, quiet_for)
 
     async def ping():
-        calls.append("ping")
+        pings.append(time.monotonic())
         return await real_ping()
 
     monkeypatch.setattr(server, "heartbeat", heartbeat)
@@ -145,12 +148,17 @@ def test_an_agent_whose_heartbeat_stops_is_lost_within_three_intervals_with_no_p
     async def body(session: NodeSession):
         await _until(lambda: session.state == UP, 20)
         await asyncio.sleep(2.0)
-        assert len(beats) >= 3 and calls == [] and session.state == UP  # four intervals: beats, no ping
+        assert len(beats) >= 3 and pings == [] and session.state == UP  # four intervals: beats, no ping
+        busy_from = time.monotonic()
+        while time.monotonic() - busy_from < 2.0:  # the head's calls answered every 0.1 s: no beat needed
+            await session.call("ping", timeout=5)
+            await asyncio.sleep(0.1)
+        assert len([t for t in beats if t > busy_from + 0.5]) == 0, beats
         stalled.set()
         took = await _until(lambda: session.state != UP, 15)
-        assert session.view.reason == "lost: agent sent no heartbeat for 3 s", session.view.reason
-        assert 2.0 <= took <= 8.0, took  # three seconds after the last beat, within an interval or so
-        assert calls == []
+        assert session.view.reason == "lost: agent sent nothing for 3 s (no heartbeat, no answer)", \
+            session.view.reason
+        assert 2.0 <= took <= 8.0, took  # three seconds after the last frame, within an interval or so
 
     asyncio.run(_with_session(fixture, fixture.settings(), body))
 
