@@ -232,7 +232,7 @@ def re_escape(text: str) -> str:
 # --- the wait for nodes -----------------------------------------------------------------------
 
 def test_the_wait_shows_which_nodes_why_and_for_how_long_and_ends_at_node_wait(tmp_path):
-    why = "lost: agent did not answer a ping within 3 s"
+    why = "lost: agent sent nothing for 6 s (no heartbeat, no answer)"
     fx = Effects({"a": up("a"), "b": NodeView("b", False, "/w", "/p", reason=why, generation=1)})
     spec = JobSpec(name="j", command=["python", "train.py"], node_wait=0.3)
     ctx = RunContext(fx, spec, run_id="j-00000000", record=None, state="recovering")  # type: ignore[arg-type]
