@@ -16,7 +16,7 @@ import anyio
 from agent.launch import rank_command
 from coordinator.jobs import diagnosis
 from coordinator.launch.mlx_launch import launcher_argv
-from coordinator.launch.registry import preflight_family
+from coordinator.launch.registry import DEFAULT_LAUNCHER, planned, preflight_family
 from coordinator.plan import datasets, model_shape, sizing
 from coordinator.plan.document import PlanDocument, build_plan
 from coordinator.plan.inputs import PlanInputs, timings_from_events
@@ -29,7 +29,7 @@ from coordinator.plan.orchestration import (
 )
 from coordinator.plan.provenance import DisabledSection
 from coordinator.plan.torch_configs import TorchPlanSection, torch_plan_section
-from coordinator.plan.torch_plan import TORCH_PLAN_LAUNCHERS, TorchPlanError, TorchRequest, build_torch_plan
+from coordinator.plan.torch_plan import TorchPlanError, TorchRequest, build_torch_plan
 from coordinator.readiness.calibration import gpu_memory
 from shared import protocol as p
 from shared.rpc import RemoteError
@@ -67,8 +67,10 @@ async def serve_plan(cluster: Cluster, runs: Iterable[JobRunner], emit: Emit, *,
 
     if schema not in SCHEMAS:
         raise RemoteError(p.BAD_ARGS, f"schema must be one of {', '.join(SCHEMAS)}")
-    if launcher is not None and launcher not in TORCH_PLAN_LAUNCHERS:
-        raise RemoteError(p.BAD_ARGS, f"launcher must be one of {', '.join(TORCH_PLAN_LAUNCHERS)}, got {launcher!r}")
+    try:
+        sized = planned(launcher)  # per_node: the plan's own sizing; per_gpu: its pytorch section
+    except KeyError as exc:
+        raise RemoteError(p.BAD_ARGS, str(exc.args[0])) from None
     try:
         job_options = JobOptions(**{k: v for k, v in (options or {}).items() if k in OPTION_FIELDS and v is not None})
         parsed = parse_orchestration_input(request) if request is not None else None
@@ -83,7 +85,7 @@ async def serve_plan(cluster: Cluster, runs: Iterable[JobRunner], emit: Emit, *,
     facts = {session.node.name: session.view.facts for session in cluster.sessions.values()}
     calibrations = {n.name: cluster.state.calibration(n.name) for n in cluster.config.nodes}
     fit = None
-    if model and launcher is None:  # MLX's sizing; a PyTorch plan sizes per GPU in its own section
+    if model and sized == "per_node":
         fit = await _sizing(emit, model, facts, gpu_memory(calibrations, facts), job_options, seq_len)
     dataset = await _dataset(emit, data) if data else None
     state_dir = cluster.config.state_dir
@@ -108,9 +110,10 @@ async def serve_plan(cluster: Cluster, runs: Iterable[JobRunner], emit: Emit, *,
     # coord's own sections: the memory estimate behind the batch, and the known failures this
     # cluster is exposed to (each with its fix).
     document["memory_sizing"] = fit if fit else {"enabled": False, "reason": "no model given: coord plan --model DIR"
-                                                 if launcher is None else "a PyTorch plan: see its pytorch section"}
-    if launcher is not None:
-        document["pytorch"] = await _torch_section(emit, cluster, preflight, model, launcher, options or {}, seq_len)
+                                                 if sized == "per_node" else "a PyTorch plan: see its pytorch section"}
+    if sized == "per_gpu":
+        document["pytorch"] = await _torch_section(emit, cluster, preflight, model, launcher or DEFAULT_LAUNCHER,
+                                                   options or {}, seq_len)
     document["data_validation"] = dataset if dataset else {"enabled": False,
                                                            "reason": "no data set given: coord plan --data DIR"}
     document["known_failures"] = diagnosis.diagnose_cluster(

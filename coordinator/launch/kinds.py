@@ -74,3 +74,10 @@ class Capabilities(NamedTuple):
     # Where the launcher's check of a job's command lives ("module:function", imported only when a job
     # names this launcher): called with the job; raises CommandError when it cannot be run as given.
     command_check: str | None = None
+    # How ``coord plan`` sizes its jobs: "per_node" (one rank per node holding the whole model: the plan's
+    # memory_sizing and batch), "per_gpu" (the plan's pytorch section, from its PLAN_KINDS entry in
+    # coordinator/launch/torch_plan_kinds.py); None: coord plan does not plan for it.
+    plan: Literal["per_node", "per_gpu"] | None = None
+    # The model frameworks its jobs run, as an orchestration input names them (modelConfig.framework,
+    # any case), so that a plan can say which launcher plans one it does not.
+    frameworks: frozenset[str] = frozenset()

@@ -29,21 +29,25 @@ class Registered(NamedTuple):
 
 _TORCH = Capabilities(runs_on="nodes", preflight="torch", node_facts="torch", checkpoint_parts=True, standby=True,
                       options=frozenset({"procs_per_node", "global_batch", "micro_batch"}), own_program=True,
-                      command_check="coordinator.launch.torch_command:check_command")
+                      command_check="coordinator.launch.torch_command:check_command",
+                      frameworks=frozenset({"pytorch", "torch"}))
 _CONFIGURED = _TORCH.options | {"launcher_config"}  # a PyTorch plan writes its settings (coord run --plan)
 
 #: name -> where it lives and what it declares
 REGISTERED: dict[str, Registered] = {
     "mlx": Registered("coordinator.launch.mlx", "MlxLauncher",
-                      Capabilities(runs_on="head", preflight="mlx", options=frozenset({"backend"}))),
+                      Capabilities(runs_on="head", preflight="mlx", options=frozenset({"backend"}), plan="per_node",
+                                   frameworks=frozenset({"mlx", "mlx-lm", "mlx_lm"}))),
     "torchrun": Registered("coordinator.launch.torch_launchers", "TorchrunLauncher", _TORCH),
     "accelerate": Registered("coordinator.launch.torch_launchers", "AccelerateLauncher",
-                             _TORCH._replace(options=_CONFIGURED, needs=frozenset({"accelerate"}))),
+                             _TORCH._replace(options=_CONFIGURED, needs=frozenset({"accelerate"}), plan="per_gpu")),
     "deepspeed": Registered("coordinator.launch.torch_launchers", "DeepSpeedLauncher",
-                            _TORCH._replace(options=_CONFIGURED, needs=frozenset({"deepspeed", "c++"}))),
+                            _TORCH._replace(options=_CONFIGURED, needs=frozenset({"deepspeed", "c++"}),
+                                            plan="per_gpu")),
     "command": Registered("coordinator.launch.command", "CommandLauncher",
                           Capabilities(runs_on="nodes", checkpoint_parts=True, own_program=True,
-                                       options=frozenset({"procs_per_node", "env_style"}))),
+                                       options=frozenset({"procs_per_node", "env_style"}),
+                                       frameworks=frozenset({"jax", "tensorflow", "horovod"}))),
 }
 LAUNCHERS = tuple(REGISTERED)
 _made: dict[str, Launcher] = {}
@@ -90,6 +94,24 @@ def preflight_family(launcher: str | None) -> str | None:
     return capabilities(launcher or DEFAULT_LAUNCHER).preflight
 
 
+def planned(launcher: str | None) -> str:
+    """How ``coord plan`` sizes a job of this launcher (``Capabilities.plan``); a plan that names none is
+    the default launcher's. KeyError says which launchers it plans for."""
+    found = capabilities(launcher or DEFAULT_LAUNCHER).plan
+    if found is None:
+        planners = [name for name in LAUNCHERS if capabilities(name).plan is not None]
+        raise KeyError(f"coord plan plans for --launcher {', '.join(planners)}, not {launcher}")
+    return found
+
+
+def planners_of(framework: str) -> list[str]:
+    """The launchers whose jobs run this model framework (``Capabilities.frameworks``, any case) and
+    that coord plan plans for, the default first."""
+    wanted = framework.lower()
+    return [name for name in LAUNCHERS
+            if wanted in capabilities(name).frameworks and capabilities(name).plan is not None]
+
+
 def named_in(command: list[str]) -> str | None:
     """The launcher a command names itself (``torchrun ...``, ``accelerate launch ...``), or None."""
     from coordinator.launch.torch_command import launcher_in
@@ -98,4 +120,4 @@ def named_in(command: list[str]) -> str | None:
 
 
 __all__ = ["DEFAULT_LAUNCHER", "LAUNCHERS", "REGISTERED", "capabilities", "check_command", "launcher_for",
-           "launcher_named", "named_in", "preflight_family"]
+           "launcher_named", "named_in", "planned", "planners_of", "preflight_family"]

@@ -39,7 +39,6 @@ from shared.agent_api.torch import TorchFactsReply
 GIB = 2**30
 USABLE_FRACTION = 0.90
 MAX_MICRO_BATCH = 64
-TORCH_PLAN_LAUNCHERS = tuple(PLAN_KINDS)
 
 
 class TorchPlanError(ValueError):

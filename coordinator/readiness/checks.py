@@ -136,17 +136,17 @@ def agent_versions(agents: Mapping[str, Mapping[str, object]], bundle_id: str) -
     return check("agent.version", "worker", PASS, f"every agent runs {bundle_id}")
 
 
-def head_launcher(launcher: Sequence[str] | None, python: str, install: str) -> CheckResult:
-    """Can coordd start mlx.launch? `launcher` is find_launcher()'s answer on the head,
+def head_launcher(argv: Sequence[str] | None, python: str, install: str) -> CheckResult:
+    """Can coordd start mlx.launch? `argv` is find_launcher()'s answer on the head,
     `python` coordd's own interpreter and `install` the command that gives it mlx."""
-    if launcher is None:
+    if argv is None:
         return check("launcher.head", "worker", FAIL,
                      f"the head cannot start mlx.launch: coordd's Python {python} has no mlx and no mlx.launch "
                      "is on PATH; every job is launched with it",
                      install)
-    if launcher[0] != python:
+    if argv[0] != python:
         return check("launcher.head", "worker", WARN,
-                     f"coordd's Python {python} has no mlx: jobs start with {launcher[0]}, a stock mlx.launch "
+                     f"coordd's Python {python} has no mlx: jobs start with {argv[0]}, a stock mlx.launch "
                      "whose output threads keep a core of the head busy",
                      install)
     return check("launcher.head", "worker", PASS, f"coordd starts mlx.launch with its own Python {python}")

@@ -39,7 +39,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TypedDict, cast
 
-from coordinator.launch.registry import capabilities
+from coordinator.launch.registry import DEFAULT_LAUNCHER, capabilities
 from coordinator.launch.rendezvous import RendezvousChoice
 from coordinator.launch.torch_env import infiniband_ready, torch_envs
 from coordinator.readiness.checks import FAIL, PASS, WARN, CheckResult, NodeAccess, check, on_node
@@ -55,7 +55,7 @@ COMPILER = "c++"
 
 def _needs(launcher: str | None) -> frozenset[str]:
     """What the job's launcher needs on every node besides torch: distributions by name, and COMPILER."""
-    return capabilities(launcher).needs if launcher is not None else frozenset()
+    return capabilities(launcher or DEFAULT_LAUNCHER).needs
 _VERSION_LABELS = (("torch", "torch"), ("cuda", "CUDA (torch.version.cuda)"), ("nccl", "NCCL"),
                    ("accelerate", "Accelerate"), ("deepspeed", "DeepSpeed"))
 

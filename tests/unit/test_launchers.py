@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -15,8 +16,9 @@ from coordinator.jobs.spec import JobSpec, JobSpecError, validate
 from coordinator.launch.batch import BatchSplit
 from coordinator.launch.mlx import MlxPlan
 from coordinator.launch.mlx_backend import launch_links
+from coordinator.launch.torch_plan_kinds import PLAN_KINDS
 from coordinator.launch.seam import LaunchPlan, RankSlot, no_links
-from coordinator.launch.registry import LAUNCHERS, launcher_named
+from coordinator.launch.registry import LAUNCHERS, capabilities, launcher_named, planned, planners_of
 
 MLX_LM = ["python", "-m", "mlx_lm", "lora", "--model", "m", "--train", "--data", "d", "--iters", "40"]
 
@@ -132,3 +134,43 @@ def test_a_launcher_in_a_session_of_its_own_is_kept(tmp_path, monkeypatch):
     finally:
         anyio.run(lambda: effects.stop_launcher(pid, final=True))
     assert effects.launcher_exit(pid) is not None
+
+
+def test_what_coord_plan_plans_is_declared_by_each_launcher():
+    # The PyTorch plan's strategies exist for exactly the launchers that declare a per-GPU plan.
+    assert {name for name in LAUNCHERS if capabilities(name).plan == "per_gpu"} == set(PLAN_KINDS)
+    assert planned(None) == "per_node" and planned("mlx") == "per_node" and planned("deepspeed") == "per_gpu"
+    with pytest.raises(KeyError, match="coord plan plans for --launcher mlx, accelerate, deepspeed, not command"):
+        planned("command")
+    assert planners_of("PyTorch") == ["accelerate", "deepspeed"] and planners_of("MLX") == ["mlx"]
+    assert planners_of("jax") == []  # run by --launcher command, which coord plan does not size
+
+
+def test_no_module_outside_the_launch_package_compares_a_launcher_name():
+    # The seam's promise (coordinator/launch/registry.py): whatever differs by launcher is read from its
+    # capabilities, so a new launcher is its module, its tests and a line in the registry. A comparison of
+    # a launcher (or a framework) with a name, or with None (the default's stand-in), is a branch on which
+    # launcher a job has; so is a launcher's name compared with anything.
+    root = Path(__file__).resolve().parents[2] / "coordinator"
+
+    def ends_in_launcher(side: ast.expr) -> bool:
+        last = side.attr if isinstance(side, ast.Attribute) else side.id if isinstance(side, ast.Name) else ""
+        return last in ("launcher", "framework")
+
+    def words(side: ast.expr) -> list[object]:
+        return [e.value for e in (side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side])
+                if isinstance(e, ast.Constant)]
+
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.relative_to(root).parts[0] == "launch":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            constants = [word for side in sides for word in words(side)]
+            by_name = set(constants) & (set(LAUNCHERS) - {"command"})  # "command" is also a field's name
+            if by_name or (any(ends_in_launcher(side) for side in sides) and constants):
+                found.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)}")
+    assert found == [], "\n".join(found)

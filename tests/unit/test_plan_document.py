@@ -564,6 +564,9 @@ def test_the_orchestration_document_validates_and_says_what_it_could_not_obey():
         {**REQUEST, "modelConfig": {**REQUEST["modelConfig"], "framework": "pytorch"}}))
     assert any("'pytorch'" in note and "coord plan --launcher accelerate or deepspeed" in note
                for note in torch["requestNotes"]), torch["requestNotes"]
+    jax = build_orchestration(inputs, parse_orchestration_input(
+        {**REQUEST, "modelConfig": {**REQUEST["modelConfig"], "framework": "JAX"}}))
+    assert any("'JAX'" in note and "coord plan does not plan a JAX job" in note for note in jax["requestNotes"])
     assignments = document["resourceAllocation"]["nodeAssignments"]
     assert [a["node"] for a in assignments] == inputs.backend["order"]
     plan = build_plan(dataclasses.replace(inputs, options=JobOptions(per_rank_batch_size=24 // 3)))
