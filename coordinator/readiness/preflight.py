@@ -15,6 +15,7 @@ from coordinator.launch.hostfile import Hostfile
 from coordinator.launch.mlx_backend import BackendChoice
 from coordinator.launch.mlx_launch import find_launcher
 from coordinator.launch.plan import plan_backend
+from coordinator.launch.registry import preflight_family
 from coordinator.launch.topology import Topology
 from coordinator.nodes.cluster import ClusterNodeView
 from coordinator.nodes.session import UP, NodeSession
@@ -202,15 +203,16 @@ MLX_VERSIONS = ("versions.mlx", "versions.mlx_lm")  # the equal-versions checks 
 
 
 async def run_preflight(cluster: Cluster, emit: Emit, backend: str | None = None,
-                        source: str | None = None, only: list[str] | None = None, family: str | None = "mlx",
+                        source: str | None = None, only: list[str] | None = None,
+                        family: str | None = preflight_family(None),
                         launcher: str | None = None, master_port: int | None = None,
                         checkpoint_store: str | None = None) -> PreflightReport:
     """Every check on every node, or on the nodes in ``only`` (a job that holds a subset of the cluster).
 
     ``family``: the framework checks the job's launcher declares (``Capabilities.preflight``, from
-    coordinator/launch/registry.py). ``"mlx"`` (the default): mlx.launch on the head, the mlx and mlx-lm
-    versions, MLX's memory and calibration, the MLX backend and its hostfile. ``"torch"`` (torchrun,
-    Accelerate, DeepSpeed; ``launcher`` names which): the PyTorch checks instead
+    coordinator/launch/registry.py; by default the default launcher's). ``"mlx"``: mlx.launch on the
+    head, the mlx and mlx-lm versions, MLX's memory and calibration, the MLX backend and its hostfile.
+    ``"torch"`` (torchrun, Accelerate, DeepSpeed; ``launcher`` names which): the PyTorch checks instead
     (coordinator/readiness/torch_checks.py, with the rendezvous probe on ``master_port``). None (a
     program of one's own, ``--launcher command``): neither; every other check runs for every job.
 
