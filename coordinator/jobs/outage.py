@@ -9,7 +9,9 @@ lost session is judged before anything is stopped:
   every node on another machine than the head was lost at once. The job keeps running (state
   ``running``, with a note), nothing is relaunched, and once the nodes are reached again the attempt
   is watched as after a daemon restart: what the ranks wrote meanwhile (progress, checkpoints) is
-  read. If they are not back within ``--node-timeout``, they are lost.
+  read. If they are not back within ``--node-timeout``, they are lost. Once the head reaches some of
+  them again, the ones still away are judged as below, over the time since (``back_s``): a node that
+  went for good while the head was cut off is a node loss then, not a wait to the node timeout.
 - **Out of reach, alive** (``ALIVE``): some nodes still answer, the head's path looks fine, and the
   ranks that answer go on stepping (``ALIVE_STEPS`` steps counted from ``SETTLE_S`` after the loss,
   when what they wrote before it has been read: in data-parallel training no step completes without
@@ -57,6 +59,9 @@ class OutageFacts:
     first_step_done: bool
     node_timeout: float
     judged: str | None = None  # what this outage was found to be already (HEAD or ALIVE)
+    # Since the head reached a node of this outage again, after it was judged HEAD (None: it has not);
+    # ``steps_since`` then counts from SETTLE_S after that, and ``stuck_s`` is read from fresh heartbeats.
+    back_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,9 @@ def judge_outage(facts: OutageFacts) -> OutageVerdict:
     lost = ", ".join(facts.lost)
     head = _head_cut(facts)
     if head is None and facts.judged == HEAD:
+        gone = _gone_since_back(facts)
+        if gone is not None:
+            return OutageVerdict(GONE, False, gone)
         # The head's path is back, and its sessions are still reconnecting (with backoff): the same outage.
         head = f"the head lost its path to {lost}, and its sessions are reconnecting"
     if head is not None:
@@ -106,6 +114,29 @@ def judge_outage(facts: OutageFacts) -> OutageVerdict:
                              f"steps in the {facts.waited_s:.0f} s since")
     return OutageVerdict(UNSURE, True, f"{lost} lost; watching whether the ranks that answer go on stepping "
                          f"(for up to {window:.0f} s)")
+
+
+def _gone_since_back(facts: OutageFacts) -> str | None:
+    """Once the head reaches some of the outage's nodes again: why the ones still away are gone, or None
+    while nothing proves it. Only proof counts here (answering ranks stuck since the head came back, or
+    no steps in the window after it): a head whose sessions reconnect one by one, with backoff, must not
+    take the slower ones for lost while their ranks train on."""
+    if not facts.reached or facts.back_s is None or facts.back_s < SETTLE_S:
+        return None
+    if not facts.first_step_done or facts.step_seconds is None:
+        return None  # nothing shows whether the ranks step: the head's wait holds, to the node timeout
+    lost = ", ".join(facts.lost)
+    stuck_after = max(STUCK_MIN_S, 3 * facts.step_seconds)
+    if facts.stuck_s is not None and facts.stuck_s >= max(stuck_after, facts.back_s):
+        return (f"the head reaches {', '.join(facts.reached)} again, but not {lost}, and the ranks that answer "
+                f"have waited {facts.stuck_s:.0f} s without a step")
+    if facts.steps_since >= ALIVE_STEPS or (facts.stuck_s is not None and facts.stuck_s < stuck_after):
+        return None
+    window = confirm_window(facts.step_seconds, facts.node_timeout)
+    if facts.back_s >= window + SETTLE_S:
+        return (f"the head reaches {', '.join(facts.reached)} again, but not {lost}, and the ranks that answer "
+                f"finished {facts.steps_since} steps in the {facts.back_s:.0f} s since")
+    return None
 
 
 def _head_cut(facts: OutageFacts) -> str | None:

@@ -27,6 +27,10 @@ class OutageWatch:
         self.step_at_loss = 0  # the job's step when it began
         self.settled_step: int | None = None  # the job's step SETTLE_S after it began: steps count from there
         self.cause: str | None = None  # what the run waits on, once said (outage.HEAD or ALIVE)
+        # Once the head, cut off, reaches some of the nodes again: when (wall clock), and the job's step
+        # SETTLE_S after that, from which the steps of the ranks that answer count.
+        self.back_at: float | None = None
+        self.back_step: int | None = None
         self._route: str | None = None
         self._route_asked: float | None = None  # monotonic
 
@@ -46,17 +50,28 @@ class OutageWatch:
         if self.settled_step is None and now - self.since >= SETTLE_S:
             self.settled_step = record.step
         reached = [name for name in attempt.order if name not in lost]
+        if self.cause == HEAD and reached:
+            if self.back_at is None:
+                self.back_at = now
+            if self.back_step is None and now - self.back_at >= SETTLE_S:
+                self.back_step = record.step
+        else:
+            self.back_at = self.back_step = None
+        if self.back_at is not None:
+            steps_since = record.step - self.back_step if self.back_step is not None else 0
+        else:
+            steps_since = record.step - self.settled_step if self.settled_step is not None else 0
         remote = [name for name in fx.node_names() if not fx.on_head_machine(name)]
         facts = OutageFacts(
             lost=tuple(lost), reached=tuple(reached), remote_up=sum(1 for n in remote if self.health.up(n)),
             remote_nodes=len(remote), head_route=await self._head_route(lost),
             lost_at_once=max(downs) - min(downs) <= AT_ONCE_S, waited_s=max(0.0, now - self.since),
-            steps_since=record.step - self.settled_step if self.settled_step is not None else 0,
-            stuck_s=self._stuck(attempt, lost),
+            steps_since=steps_since, stuck_s=self._stuck(attempt, lost),
             # The train records' own average first: the heartbeats' gap is measured at their 2 s grain and is
             # raised at once by one slow step (the hang watch wants that; a judgement of seconds does not).
             step_seconds=record.step_seconds or record.step_gap, first_step_done=record.first_step_at is not None,
-            node_timeout=self.ctx.spec.node_timeout, judged=self.cause)
+            node_timeout=self.ctx.spec.node_timeout, judged=self.cause,
+            back_s=now - self.back_at if self.back_at is not None else None)
         verdict = judge_outage(facts)
         if not verdict.wait:
             self.ctx.log.info("outage_judged", cause=verdict.cause, reason=verdict.reason)
@@ -87,6 +102,7 @@ class OutageWatch:
     def _clear(self) -> None:
         self.since, self.cause, self._route, self._route_asked = None, None, None, None
         self.settled_step = None
+        self.back_at = self.back_step = None
         self.ctx.record.note = None
 
     def _say(self, verdict: OutageVerdict, facts: OutageFacts) -> None:

@@ -66,6 +66,35 @@ def test_the_heads_path_once_judged_holds_while_its_sessions_reconnect():
     assert not judge_outage(facts(judged=HEAD, waited_s=61.0)).wait
 
 
+def test_once_the_head_is_back_a_node_still_away_whose_peers_are_stuck_is_gone_not_waited_to_the_timeout():
+    # Cut off 30 s; n1 and n2 answer again, n3 does not. Their ranks have waited 32 s without a step (since
+    # before the head came back): n3 went for good while the head was away.
+    back = facts(judged=HEAD, waited_s=30.0, back_s=6.0, stuck_s=32.0)
+    verdict = judge_outage(back)
+    assert (verdict.cause, verdict.wait) == (GONE, False), verdict
+    assert "reaches n1, n2 again, but not n3" in verdict.reason and "32 s without a step" in verdict.reason
+    # the first seconds after the reconnect, while what the nodes wrote is read: still the head's wait
+    assert judge_outage(dataclasses.replace(back, back_s=2.0)).cause == HEAD
+    # a rank that stepped after the head came back (idle less than that since) proves nothing yet
+    assert judge_outage(dataclasses.replace(back, stuck_s=3.0)).wait
+    # ranks that write no heartbeats: no step in the window after the head came back
+    quiet = dataclasses.replace(back, stuck_s=None, steps_since=0, back_s=confirm_window(0.1, 60.0) + 4.1)
+    assert judge_outage(quiet).cause == GONE and "finished 0 steps" in judge_outage(quiet).reason
+    assert judge_outage(dataclasses.replace(quiet, back_s=5.0)).cause == HEAD  # the window not yet over
+
+
+def test_once_the_head_is_back_ranks_that_step_keep_the_heads_wait_while_the_slower_sessions_reconnect():
+    # Sessions reconnect one by one, with backoff: n1 answers, n2 and n3 not yet; every rank trains on.
+    stepping = facts(lost=("n2", "n3"), reached=("n1",), judged=HEAD, waited_s=40.0, back_s=20.0, steps_since=50,
+                     stuck_s=0.1)
+    verdict = judge_outage(stepping)
+    assert (verdict.cause, verdict.wait) == (HEAD, True) and "reconnecting" in verdict.reason
+    # before the first step nothing shows whether the ranks live: waited for, to the node timeout
+    assert judge_outage(dataclasses.replace(stepping, first_step_done=False, step_seconds=None, steps_since=0,
+                                            stuck_s=None)).cause == HEAD
+    assert not judge_outage(dataclasses.replace(stepping, waited_s=61.0)).wait
+
+
 def test_the_window_to_see_steps_settles_first_then_four_steps_at_least_five_seconds():
     assert confirm_window(0.1, 60) == 5.0 and confirm_window(2.0, 60) == 12.0 and confirm_window(30.0, 60) == 60.0
     assert confirm_window(None, 60) == 5.0
