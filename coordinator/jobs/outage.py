@@ -62,6 +62,9 @@ class OutageFacts:
     # Since the head reached a node of this outage again, after it was judged HEAD (None: it has not);
     # ``steps_since`` then counts from SETTLE_S after that, and ``stuck_s`` is read from fresh heartbeats.
     back_s: float | None = None
+    # Whether a rank on a node that answers has reported steps in this attempt (in a script where only
+    # rank 0 reports, its node's absence leaves ``steps_since`` at 0 whether or not the ranks step).
+    reached_report_steps: bool = True
 
 
 @dataclass(frozen=True)
@@ -133,7 +136,7 @@ def _gone_since_back(facts: OutageFacts) -> str | None:
     if facts.steps_since >= ALIVE_STEPS or (facts.stuck_s is not None and facts.stuck_s < stuck_after):
         return None
     window = confirm_window(facts.step_seconds, facts.node_timeout)
-    if facts.back_s >= window + SETTLE_S:
+    if facts.reached_report_steps and facts.back_s >= window + SETTLE_S:
         return (f"the head reaches {', '.join(facts.reached)} again, but not {lost}, and the ranks that answer "
                 f"finished {facts.steps_since} steps in the {facts.back_s:.0f} s since")
     return None

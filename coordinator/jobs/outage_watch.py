@@ -71,7 +71,9 @@ class OutageWatch:
             # raised at once by one slow step (the hang watch wants that; a judgement of seconds does not).
             step_seconds=record.step_seconds or record.step_gap, first_step_done=record.first_step_at is not None,
             node_timeout=self.ctx.spec.node_timeout, judged=self.cause,
-            back_s=now - self.back_at if self.back_at is not None else None)
+            back_s=now - self.back_at if self.back_at is not None else None,
+            reached_report_steps=any(attempt.order[rank] in reached for rank in attempt.rank_steps
+                                     if rank < len(attempt.order)))
         verdict = judge_outage(facts)
         if not verdict.wait:
             self.ctx.log.info("outage_judged", cause=verdict.cause, reason=verdict.reason)

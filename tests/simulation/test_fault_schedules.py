@@ -488,6 +488,9 @@ def test_a_head_cut_off_while_a_node_is_really_gone_is_a_recovery_once_the_other
     assert "job.head_disconnected" in kinds
     ended = next(t for t, kind, _ in events if kind == "job.attempt_ended")
     assert ended > 25.0, "nothing is decided while the head is cut off"
+    # ... and once n1 and n2 answer, their stuck ranks make it a node loss then, not at --node-timeout
+    # (60 s) counted from the cut at t=5
+    assert ended < 25.0 + 15.0, ended
     assert run["state"] == "succeeded" and run["record"]["restarts"] >= 1, run["record"]
 
 

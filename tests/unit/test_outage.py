@@ -81,6 +81,9 @@ def test_once_the_head_is_back_a_node_still_away_whose_peers_are_stuck_is_gone_n
     quiet = dataclasses.replace(back, stuck_s=None, steps_since=0, back_s=confirm_window(0.1, 60.0) + 4.1)
     assert judge_outage(quiet).cause == GONE and "finished 0 steps" in judge_outage(quiet).reason
     assert judge_outage(dataclasses.replace(quiet, back_s=5.0)).cause == HEAD  # the window not yet over
+    # ... unless no rank that answers has reported a step (a script whose rank 0 alone reports, its node
+    # the one still reconnecting): no steps then say nothing, and the head's wait holds
+    assert judge_outage(dataclasses.replace(quiet, reached_report_steps=False)).cause == HEAD
 
 
 def test_once_the_head_is_back_ranks_that_step_keep_the_heads_wait_while_the_slower_sessions_reconnect():
