@@ -42,6 +42,7 @@ from coordinator.config.option_values import (
 from coordinator.jobs.limits import MAX_SECONDS, NODE_WAIT_S, WHOLE
 from coordinator.launch.registry import LAUNCHERS
 from coordinator.launch.torch_plan_kinds import PLAN_KINDS
+from coordinator.launch.trainers import TRAINERS
 
 # The values options take (coordinator/config/option_values.py): each refused at once, naming the option.
 JOB = Text(JOB_NAME, "a job name (letters, digits, '.', '_' or '-', at most 64)")
@@ -273,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "memory estimate")
     p.add_argument("--save-every", type=job_whole("save_every"))
     p.add_argument("--keep", type=job_whole("keep"))
-    p.add_argument("--trainer", choices=["mlx_lm", "coord"])
+    p.add_argument("--trainer", choices=list(TRAINERS))
     p.add_argument("--replica", type=REPLICA, metavar="head|none|NODE")
     p.add_argument("--min-nodes", type=job_whole("min_nodes"))
     p.add_argument("--name", type=JOB, default="job", help="the job name the launch command and hostfile path use")
@@ -331,7 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "`coord plan --launcher accelerate|deepspeed` wrote (its launcher, nodes, processes per node, "
                    "global and micro-batch, and its Accelerate config or DeepSpeed JSON, edited or not); options "
                    "given too win over the plan's")
-    p.add_argument("--trainer", choices=["mlx_lm", "coord"],
+    p.add_argument("--trainer", choices=list(TRAINERS),
                    help="for `python -m mlx_lm lora ...`: mlx-lm's own trainer (default; a resume restores the "
                         "weights only) or coord's (agent.train: same options, and a resume restores the optimizer, "
                         "the learning-rate schedule, the RNG and the data order exactly)")
@@ -433,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--total-steps", type=job_whole("total_steps"), help="for a script of your own: its length "
                    "in steps")
     p.add_argument("--backend", choices=BACKENDS, help="force a backend (MLX)")
-    p.add_argument("--trainer", choices=["mlx_lm", "coord"], help="for `python -m mlx_lm lora ...`, as for coord "
+    p.add_argument("--trainer", choices=list(TRAINERS), help="for `python -m mlx_lm lora ...`, as for coord "
                    "run (coord's trainer reports samples/s and its gradient exchange's time)")
     add_launcher_options(p, "a PyTorch job's examples per optimizer step, the same at every size "
                          "(COORD_GRAD_ACCUM makes it up)")

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 from coordinator.jobs.run_context import RunContext
 from coordinator.jobs.transfer import CheckpointDamaged
 from coordinator.launch.registry import capabilities
+from coordinator.launch.trainers import trainer_declared
 from coordinator.store.state import CheckpointRow
 from shared.agent_api.ranks import CheckpointInfo
 from shared.rpc import RemoteError
@@ -68,8 +69,8 @@ class CheckpointKeeper:
 
     def ranks_write_own_copies(self) -> bool:
         """coord's trainer: every rank writes the checkpoint on its own node (data parallel ranks hold
-        the same weights); mlx-lm's trainer and other scripts: rank 0 only."""
-        return self.ctx.spec.trainer == "coord"
+        the same weights); mlx-lm's trainer and other scripts: rank 0 only (``Trainer.every_rank_saves``)."""
+        return trainer_declared(self.ctx.spec.trainer).every_rank_saves
 
     def parts_on_every_node(self) -> bool:
         """A launcher whose nodes may each hold a part of a checkpoint directory (its processes' random

@@ -22,6 +22,7 @@ from coordinator.jobs.effects import HEAD, CatalogPorts, Placement
 from coordinator.jobs.spec import REPLICA_HEAD
 from coordinator.jobs.transfer import CheckpointDamaged
 from coordinator.launch.mlx_lm_command import is_mlx_lm
+from coordinator.launch.trainers import trainer_declared
 from coordinator.store.state import CheckpointRow
 from shared.rpc import RemoteError
 
@@ -61,7 +62,7 @@ class Replicator:
         whose rank 0 alone saves (mlx-lm's), every node of the attempt; with coord's, none (each
         rank writes its own copy on its own node)."""
         run = self.ctx
-        if run.spec.trainer == "coord" or not is_mlx_lm(run.spec.command):
+        if trainer_declared(run.spec.trainer).every_rank_saves or not is_mlx_lm(run.spec.command):
             return []  # coord's trainer: each rank's own copy; a script of one's own: as before, rank 0's
         return [n for n in run.record.order or [] if n in run.fx.node_names()]
 

@@ -28,10 +28,10 @@ from coordinator.launch.kinds import OPTIONS
 from coordinator.launch.mlx_backend import BACKENDS
 from coordinator.launch.mlx_lm_command import CommandError, is_mlx_lm, mlx_lm_args, option_value
 from coordinator.launch.registry import DEFAULT_LAUNCHER, LAUNCHERS, capabilities, check_command, launcher_for
+from coordinator.launch.trainers import DEFAULT_TRAINER, TRAINERS, trainer_named_in
 from shared.text import unprintable
 
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-TRAINERS = ("mlx_lm", "coord")
 REPLICA_HEAD, REPLICA_NONE = "head", "none"
 
 
@@ -92,7 +92,7 @@ class JobSpec:
     force: bool = False
     source: str | None = None
     backend: str | None = None
-    trainer: str = "mlx_lm"  # or "coord": agent.train, which resumes optimizer, schedule, RNG and data order
+    trainer: str = DEFAULT_TRAINER  # or "coord": agent.train, an exact resume (launch/trainers.py)
     replica: str = REPLICA_HEAD  # where each checkpoint is copied: the head, a node's name, or "none"
     min_nodes: int | None = None  # None: every node (no elastic shrink)
     node_timeout: float = 60.0  # how long a lost node is waited for before it may be left out
@@ -315,7 +315,7 @@ _FIELD_CHECKS: dict[str, FieldCheck] = {
     "name": _text, "command": _command, "save_every": _whole("save_every"),
     "max_restarts": _whole("max_restarts"), "hang_timeout": _optional(_seconds), "keep": _whole("keep"),
     "force": _flag, "source": _optional(_text), "backend": _optional(_choice(BACKENDS)),
-    "trainer": _choice(TRAINERS), "replica": _text, "min_nodes": _optional(_whole("min_nodes")),
+    "trainer": _choice(tuple(TRAINERS)), "replica": _text, "min_nodes": _optional(_whole("min_nodes")),
     "node_timeout": _seconds, "total_steps": _optional(_whole("total_steps")), "nodes": _optional(_node_names),
     "priority": _whole("priority"), "launcher": _text, "node_wait": _seconds, "follow_outside_links": _flag,
     "first_step_timeout": _optional(_seconds), "procs_per_node": _optional(_whole("procs_per_node")),
@@ -357,12 +357,13 @@ def _check_source(spec: JobSpec) -> None:
 
 
 def _check_trainer(spec: JobSpec) -> None:
-    if is_mlx_lm(spec.command) and "agent.train" in spec.command[:3]:
-        spec.trainer = "coord"  # the command names coord's trainer itself
+    named = trainer_named_in(spec.command)
+    if is_mlx_lm(spec.command) and named is not None:
+        spec.trainer = named  # the command names a trainer's program itself
     if spec.trainer not in TRAINERS:
         raise JobSpecError(f"--trainer must be one of {', '.join(TRAINERS)}, got {spec.trainer!r}")
-    if spec.trainer == "coord" and not is_mlx_lm(spec.command):
-        raise JobSpecError("--trainer coord runs mlx_lm lora's options: give the command as "
+    if spec.trainer != DEFAULT_TRAINER and not is_mlx_lm(spec.command):
+        raise JobSpecError(f"--trainer {spec.trainer} runs mlx_lm lora's options: give the command as "
                            "python -m mlx_lm lora --model ... --train --data ... --iters N")
 
 
@@ -394,7 +395,7 @@ def _check_launcher(spec: JobSpec) -> None:
         if getattr(spec, key) is not None and key not in declared.options:
             takers = [name for name in LAUNCHERS if key in capabilities(name).options]
             raise JobSpecError(f"{option_label(key)}: for --launcher {' or '.join(takers)}, not {spec.launcher}")
-    if declared.own_program and (spec.trainer != "mlx_lm" or is_mlx_lm(spec.command)):
+    if declared.own_program and (spec.trainer != DEFAULT_TRAINER or is_mlx_lm(spec.command)):
         raise JobSpecError(f"--launcher {spec.launcher} runs a program of your own: give it as -- python train.py "
                            "... (mlx_lm and --trainer coord run with --launcher mlx)")
     if spec.micro_batch is not None and spec.global_batch is None:

@@ -9,6 +9,7 @@ from typing import Any
 
 from coordinator.launch.batch import BatchSplit
 from coordinator.launch.kinds import CommandError, JobCommand
+from coordinator.launch.trainers import trainer_declared
 
 MLX_LM_FORMS = (["-m", "mlx_lm", "lora"], ["-m", "mlx_lm.lora"], ["-m", "agent.train"])
 MLX_LM_BATCH_SIZE = 4  # mlx-lm's default --batch-size
@@ -120,11 +121,12 @@ def attempt_command(spec: JobCommand, *, adapter_path: str, resume_file: str | N
     if batch is not None:
         owned |= {"--batch-size", "--grad-accumulation-steps"}
     kept = without_options(args, owned)
-    if spec.trainer == "coord":
+    declared = trainer_declared(spec.trainer)
+    if declared.exact_resume:
         # coord's trainer resumes its own step from the checkpoint: it is given the job's total.
-        out = ["python", "-m", "agent.train", *kept, "--iters", str(spec.total_steps)]
+        out = ["python", "-m", declared.program, *kept, "--iters", str(spec.total_steps)]
     else:
-        out = ["python", "-m", "agent.mlx_lm_train", *kept, "--iters", str((spec.total_steps or 0) - start_step)]
+        out = ["python", "-m", declared.program, *kept, "--iters", str((spec.total_steps or 0) - start_step)]
     out += ["--adapter-path", adapter_path, "--save-every", str(spec.save_every)]
     if batch is not None:
         out += ["--batch-size", str(batch.batch_size), "--grad-accumulation-steps", str(batch.accumulation)]

@@ -13,6 +13,7 @@ from coordinator.config.cluster_file import NodeConfig
 from coordinator.jobs.policy import restart_delay
 from coordinator.launch.mlx_backend import BackendChoice
 from coordinator.launch.mlx_lm_command import is_mlx_lm
+from coordinator.launch.trainers import trainer_declared, trainer_named_in
 from coordinator.plan.options import JobOptions, ResolvedOptions
 from coordinator.plan.sizing import PlanSizing
 from coordinator.readiness.calibration import is_stale, train_rate
@@ -212,8 +213,9 @@ def trainer_of(inputs: PlanInputs, options: ResolvedOptions) -> tuple[TrainerFac
     command = list(inputs.training_command or [])
     if command and not is_mlx_lm(command):
         return None, "the training command is a script of its own, not mlx_lm lora"
-    if "agent.train" in command[:3]:
-        return TRAINER_FACTS["coord"], "the training command runs agent.train"
+    named = trainer_named_in(command)
+    if named is not None:
+        return TRAINER_FACTS[named], f"the training command runs {trainer_declared(named).program}"
     trainer, source = options["trainer"]
     facts = TRAINER_FACTS[trainer]
     if not command:

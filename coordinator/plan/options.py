@@ -8,7 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, TypeGuard
 
-from coordinator.jobs.spec import REPLICA_HEAD, REPLICA_NONE, TRAINERS, JobSpec
+from coordinator.jobs.spec import REPLICA_HEAD, REPLICA_NONE, JobSpec
+from coordinator.launch.trainers import TRAINERS
 
 FINE_TUNE_TYPES = ("lora", "dora", "full")
 OPTIMIZERS = ("adam", "adamw", "muon", "sgd", "adafactor")  # what mlx_lm lora accepts
@@ -99,7 +100,7 @@ def validate_options(options: JobOptions, nodes: Sequence[str]) -> None:
     choice("optimizer", OPTIMIZERS)
     choice("lr_scaling", LR_SCALING_RULES)
     choice("compression", COMPRESSIONS)
-    choice("trainer", TRAINERS)
+    choice("trainer", tuple(TRAINERS))
     choice("replica", (REPLICA_HEAD, REPLICA_NONE, *nodes))
     for name in ("per_rank_batch_size", "gradient_accumulation_steps", "base_batch_size", "save_every", "keep",
                  "min_nodes"):

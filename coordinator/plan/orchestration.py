@@ -339,9 +339,9 @@ def build_orchestration(inputs: PlanInputs, request: OrchestrationRequest | None
 
 def distributed_config(inputs: PlanInputs, options: ResolvedOptions) -> DistributedConfig:
     order, order_source = rank_order(inputs)
-    trainer, trainer_source = trainer_of(inputs, options)
+    trainer_facts, trainer_source = trainer_of(inputs, options)
     section: Section[DistributedConfig] = Section()
-    sync = trainer["gradient_sync"] if trainer else "gradients synced as the training script does it"
+    sync = trainer_facts["gradient_sync"] if trainer_facts else "gradients synced as the training script does it"
     section.put("strategy", f"data parallel: every rank holds the whole model; {sync}",
                 f"coord runs one data-parallel rank per node; {trainer_source}")
     section.put("worldSize", len(order), f"one rank per node: {order_source}")
@@ -399,11 +399,11 @@ def resource_allocation(inputs: PlanInputs, options: ResolvedOptions) -> Resourc
         section.put("memoryPerNode", text, source)
     else:
         section.lack("memoryPerNode", "no node reported its memory (are the nodes up?)")
-    trainer, trainer_source = trainer_of(inputs, options)
-    if trainer is None:
+    trainer_facts, trainer_source = trainer_of(inputs, options)
+    if trainer_facts is None:
         section.lack("shardingStrategy", f"the training script shards its data itself ({trainer_source})")
     else:
-        section.put("shardingStrategy", trainer["sharding"].format(ranks=len(order)) + " (nothing is partitioned "
+        section.put("shardingStrategy", trainer_facts["sharding"].format(ranks=len(order)) + " (nothing is partitioned "
                     "on disk: every node holds the whole data set)", trainer_source)
     return section.done()
 

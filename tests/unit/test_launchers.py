@@ -19,6 +19,7 @@ from coordinator.launch.mlx_backend import launch_links
 from coordinator.launch.torch_plan_kinds import PLAN_KINDS
 from coordinator.launch.seam import LaunchPlan, RankSlot, no_links
 from coordinator.launch.registry import LAUNCHERS, capabilities, launcher_named, planned, planners_of
+from coordinator.launch.trainers import TRAINERS
 
 MLX_LM = ["python", "-m", "mlx_lm", "lora", "--model", "m", "--train", "--data", "d", "--iters", "40"]
 
@@ -146,16 +147,17 @@ def test_what_coord_plan_plans_is_declared_by_each_launcher():
     assert planners_of("jax") == []  # run by --launcher command, which coord plan does not size
 
 
-def test_no_module_outside_the_launch_package_compares_a_launcher_name():
+def test_no_module_outside_the_launch_package_compares_a_launcher_or_trainer_name():
     # The seam's promise (coordinator/launch/registry.py): whatever differs by launcher is read from its
     # capabilities, so a new launcher is its module, its tests and a line in the registry. A comparison of
     # a launcher (or a framework) with a name, or with None (the default's stand-in), is a branch on which
-    # launcher a job has; so is a launcher's name compared with anything.
+    # launcher a job has; so is a launcher's name compared with anything. The same holds for the trainers
+    # an mlx_lm run takes (coordinator/launch/trainers.py).
     root = Path(__file__).resolve().parents[2] / "coordinator"
 
     def ends_in_launcher(side: ast.expr) -> bool:
         last = side.attr if isinstance(side, ast.Attribute) else side.id if isinstance(side, ast.Name) else ""
-        return last in ("launcher", "framework")
+        return last in ("launcher", "framework", "trainer")
 
     def words(side: ast.expr) -> list[object]:
         return [e.value for e in (side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side])
@@ -170,7 +172,8 @@ def test_no_module_outside_the_launch_package_compares_a_launcher_name():
                 continue
             sides = [node.left, *node.comparators]
             constants = [word for side in sides for word in words(side)]
-            by_name = set(constants) & (set(LAUNCHERS) - {"command"})  # "command" is also a field's name
+            # "command" is also a field's name; "coord" the program's, and the source of an alert's payload
+            by_name = set(constants) & ((set(LAUNCHERS) - {"command"}) | (set(TRAINERS) - {"coord"}))
             if by_name or (any(ends_in_launcher(side) for side in sides) and constants):
                 found.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)}")
     assert found == [], "\n".join(found)

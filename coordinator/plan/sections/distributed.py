@@ -80,11 +80,11 @@ def distributed_section(inputs: PlanInputs, options: ResolvedOptions) -> Distrib
                     "the job's command; a leading 'python' is each node's own Python")
     section.put("ranks", [_rank_entry(inputs, rank, name) for rank, name in enumerate(order)],
                 "cluster file: each node's user, host, Python and workdir")
-    trainer, trainer_source = trainer_of(inputs, options)
-    if trainer is None:
+    trainer_facts, trainer_source = trainer_of(inputs, options)
+    if trainer_facts is None:
         section.lack("gradient_sync", f"the training script syncs its gradients itself ({trainer_source})")
     else:
-        section.put("gradient_sync", trainer["gradient_sync"],
+        section.put("gradient_sync", trainer_facts["gradient_sync"],
                     f"{trainer_source}; mlx-lm {_common_fact(inputs, order, 'mlx_lm_version')} on the nodes")
     unified, unified_source = _unified_memory(inputs, order)
     if unified is None:
