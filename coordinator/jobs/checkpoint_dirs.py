@@ -9,6 +9,11 @@ one node's disk only). So once the nodes' parts joined make a whole (its format 
 attempt that lacks a file is sent it (through the relay, each file checked on arrival), and every
 node's copy is catalogued as a whole, under one digest: from then on it is a checkpoint like any
 other (a resume uses each node's own copy, replicas and retention work on it).
+
+Beyond ``EVERY_NODE_UP_TO`` nodes, only ``WHOLE_COPIES`` nodes are completed (rank 0's first): at a
+hundred nodes, completing each checkpoint on every node was the head's largest cost while a job trained
+(each file relayed to 127 nodes, each copy catalogued), and a resume places the whole on the nodes that
+lack it anyway, in one relayed copy, as it does a single file's.
 """
 
 from __future__ import annotations
@@ -38,6 +43,25 @@ Listings = Mapping[str, list[CheckpointInfo]]
 #: states (DeepSpeed 0.19, ``save_checkpoint``): a shard half written has its final name, so a DeepSpeed
 #: whole counts once seen twice alike, as Accelerate's does.
 WRITTEN_LAST = ("complete", "dcp")
+
+#: An attempt of at most this many nodes has each checkpoint directory made whole on every node (a resume
+#: then copies nothing); a larger one on WHOLE_COPIES nodes, so that one node's loss leaves two.
+EVERY_NODE_UP_TO = 8
+WHOLE_COPIES = 3
+
+
+def completed_on(order: list[str], whole: set[str], usable: set[str]) -> list[str]:
+    """The nodes of ``order`` to hold a directory whole: every usable node of a small attempt; of a large
+    one, those whole already and then the first usable ones in rank order, until WHOLE_COPIES hold it."""
+    if len(order) <= EVERY_NODE_UP_TO:
+        return [node for node in order if node in whole or node in usable]
+    chosen = {node for node in order if node in whole}
+    for node in order:
+        if len(chosen) >= WHOLE_COPIES:
+            break
+        if node in usable:
+            chosen.add(node)
+    return [node for node in order if node in chosen]
 
 
 def settled(joined: Joined, verdict: Verdict, *, seen_before: str | None, newer_exists: bool,
@@ -93,12 +117,12 @@ class DirKeeper:
             complete: dict[str, str] = {}
             if verdict.valid:
                 writers = sorted({n for holders in joined.holders.values() for n in holders})  # before any copy
-                complete = await self._complete(attempt, step, name, order, joined, parts)
-                self._catalogue(attempt, step, order, complete, joined, verdict, parts)
+                complete, chosen = await self._complete(attempt, step, name, order, joined, parts)
+                self._catalogue(attempt, step, order, complete, joined, verdict, parts, chosen)
                 validated = validated or bool(complete)
                 self._announce(step, order, complete, writers, verdict, current)
             else:
-                self._catalogue(attempt, step, order, {}, joined, verdict, parts)
+                self._catalogue(attempt, step, order, {}, joined, verdict, parts, set())
                 self.ctx.event("checkpoint_invalid", f"checkpoint of step {step} is not valid: {verdict.detail}",
                                step=step, **({"nonfinite": verdict.nonfinite} if verdict.nonfinite else {}))
             for node in {*parts, *complete}:  # catalogued there: not listed (nor hashed) again
@@ -130,24 +154,26 @@ class DirKeeper:
                 "created": self.fx.now(), "role": catalog.PRIMARY if order and node == order[0] else catalog.LOCAL})
 
     async def _complete(self, attempt: int, step: int, name: str, order: list[str], joined: Joined,
-                        parts: Mapping[str, CheckpointInfo]) -> dict[str, str]:
-        """Send every node of ``order`` that is up the files it lacks; node -> its directory, for the
-        nodes that hold the whole now. Each file goes to every node lacking it in one copy (the relay
-        passes it from node to node): at a hundred nodes, one node after another was a hundred copies
-        a file, each set up on its own, and a checkpoint a second never caught up."""
+                        parts: Mapping[str, CheckpointInfo]) -> tuple[dict[str, str], set[str]]:
+        """Send the nodes of ``order`` to hold the directory whole (``completed_on``) the files they lack;
+        node -> its directory, for the nodes that hold the whole now; and the nodes chosen to. Each file
+        goes to every node lacking it in one copy (the relay passes it from node to node): at a hundred
+        nodes, one node after another was a hundred copies a file, each set up on its own, and a checkpoint
+        a second never caught up."""
         complete: dict[str, str] = {}
         dirs = {node: part["path"] for node, part in parts.items()}  # node -> its directory, where it holds files
         lacking: dict[str, set[str]] = {}  # node -> the files it is to be sent
         paths: dict[str, str] = {}  # node -> its directory once whole
-        for node in order:
+        whole = {node for node in order if not joined.missing_on(node)}
+        chosen = completed_on(order, whole, {node for node in order if self.health.usable(node)})
+        for node in chosen:
             view = self.fx.node(node)
             path = posixpath.join(view.workdir, "checkpoints", self.ctx.run_id, f"attempt-{attempt}", name)
-            missing = joined.missing_on(node)
-            if not missing:
+            if node in whole:
                 complete[node] = path
-            elif self.health.usable(node):
+            else:
                 dirs.setdefault(node, path)
-                lacking[node], paths[node] = set(missing), path
+                lacking[node], paths[node] = set(joined.missing_on(node)), path
         failed: set[str] = set()
         # A format's last file goes last here too: a copy cut short never looks whole.
         for rel in sorted({rel for wanted in lacking.values() for rel in wanted},
@@ -166,7 +192,7 @@ class DirKeeper:
         for node in lacking:
             if node not in failed:
                 complete[node] = paths[node]
-        return {node: complete[node] for node in order if node in complete}
+        return {node: complete[node] for node in order if node in complete}, set(chosen)
 
     async def _send(self, attempt: int, step: int, name: str, nodes: list[str], rel: str, joined: Joined,
                     dirs: Mapping[str, str]) -> dict[str, str | None]:
@@ -207,9 +233,9 @@ class DirKeeper:
         return result
 
     def _catalogue(self, attempt: int, step: int, order: list[str], complete: Mapping[str, str], joined: Joined,
-                   verdict: Verdict, parts: Mapping[str, CheckpointInfo]) -> None:
+                   verdict: Verdict, parts: Mapping[str, CheckpointInfo], chosen: set[str]) -> None:
         """Each whole copy as valid, under the joined digest; each node's part that is not whole as not
-        valid (so that retention removes it with its step)."""
+        valid (so that retention removes it with its step). ``chosen``: the nodes meant to hold it whole."""
         for node in sorted(set(complete) | set(parts)):
             role = catalog.PRIMARY if order and node == order[0] else catalog.LOCAL
             whole = node in complete
@@ -217,7 +243,8 @@ class DirKeeper:
                 "step": step, "attempt": attempt, "node": node, "path": complete.get(node) or parts[node]["path"],
                 "sha256": joined.digest if whole else None, "size": joined.size if whole else parts[node]["size"],
                 "valid": whole, "detail": verdict.detail if whole else f"a part only: {verdict.detail}"
-                if not verdict.valid else "a part only: the rest could not be sent here",
+                if not verdict.valid else "a part only: the rest could not be sent here" if node in chosen
+                else f"a part only: whole on {', '.join(complete)} (a resume places it where a rank needs it)",
                 "created": self.fx.now(), "role": role}
             self.fx.add_checkpoint(self.ctx.run_id, entry)
 

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from coordinator.jobs.checkpoint_dirs import WHOLE_COPIES
 from tests.cluster.jobs import events, job_of
 from tests.cluster.netns import NetnsCluster, cluster_available, cluster_user_suffix, light_nodes
 from tests.command_jobs import SOCKETS
@@ -76,6 +77,12 @@ def test_32_nodes_come_up_run_a_command_job_shrink_past_a_cut_node_and_stop_with
             print(f"cut to training again on {NODES - 1}: {time.monotonic() - cut_at:.1f} s")
             story = "\n".join(f"{e['kind']}: {e['message']}" for e in events(daemon, "wide"))
             assert f"{NODES} → {NODES - 1} ranks; left out {cut}" in story, story
+            # Each checkpoint was made whole on WHOLE_COPIES nodes, not on every node; the resume placed the
+            # one it took on the nodes of the shrunk job that lacked it, and every rank read it.
+            found = events(daemon, "wide")
+            assert all(len(e["data"]["nodes"]) == WHOLE_COPIES for e in found if e["kind"] == "job.checkpoint"), story
+            placed = [e["data"] for e in found if e["kind"] == "job.checkpoint_placed"]
+            assert placed and len(placed[-1]["copied_to"]) >= NODES - 1 - WHOLE_COPIES, story
             stopped = time.monotonic()
             done = coord("stop", "--config", str(daemon.config), "wide", env=daemon.env, timeout=300)
             assert done.returncode == 0, done.stderr

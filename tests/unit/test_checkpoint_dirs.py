@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import anyio
 
-from coordinator.jobs.checkpoint_dirs import DirKeeper
+from coordinator.jobs import catalog
+from coordinator.jobs.checkpoint_dirs import EVERY_NODE_UP_TO, WHOLE_COPIES, DirKeeper, completed_on
 from coordinator.jobs.effects import NodeView
 from coordinator.jobs.run_context import RunContext
 from coordinator.jobs.spec import JobSpec
@@ -179,3 +180,36 @@ def test_a_copy_to_many_that_fails_for_one_node_is_made_again_without_it_and_the
     assert ("c", "checkpoints/r/attempt-0/0000010/COMPLETE") not in fx.copies
     assert {c["node"] for c in fx.catalog if c["valid"]} == {"a", "b", "d"}
     assert "c" not in known
+
+
+def test_every_node_of_a_small_attempt_holds_the_whole_and_three_of_a_large_one_rank_0s_first():
+    small = ["a", "b", "c", "d"]
+    assert completed_on(small, set(), set(small)) == small
+    assert completed_on(small, {"c"}, {"a", "b"}) == ["a", "b", "c"]  # d is away; c is whole already
+    large = [f"n{i:02}" for i in range(EVERY_NODE_UP_TO + 4)]
+    assert completed_on(large, set(), set(large)) == large[:WHOLE_COPIES]
+    assert completed_on(large, {"n05"}, set(large) - {"n00"}) == ["n01", "n02", "n05"]
+    assert completed_on(large, set(large[3:8]), set(large)) == large[3:8]  # whole already: none unmade
+
+
+def test_a_large_attempts_directory_is_made_whole_on_three_nodes_and_a_resume_places_it_on_the_rest():
+    # Each node wrote its own part (a rank's random states), rank 0's node the model besides.
+    order = [f"n{i:02}" for i in range(12)]
+    fx = Effects()
+    keeper = _keeper(fx)
+    listings = {node: [_part(node, f"random_states_{i}.pkl", *(("model.pt", "COMPLETE") if i == 0 else ()))]
+                for i, node in enumerate(order)}
+    known: dict[str, set[str]] = {}
+    assert anyio.run(lambda: keeper.settle(0, 0, order, listings, known, {}, attempt_over=False, world_size=12,
+                                           current=True))
+    # The three first nodes are sent what they lack (each file in one copy to them), the other nine nothing.
+    assert {node for node, _ in fx.copies} == {"n00", "n01", "n02"} and all(len(call) <= 3 for call in fx.calls)
+    valid = sorted(c["node"] for c in fx.catalog if c["valid"])
+    assert valid == ["n00", "n01", "n02"]
+    parts = [c for c in fx.catalog if not c["valid"]]
+    assert len(parts) == 9 and all("whole on n00, n01, n02" in c["detail"] for c in parts)
+    assert known == {node: {"0000010"} for node in order}  # each node's part is catalogued: not listed again
+    # The resume: the three whole copies are used in place, the nine other nodes are sent it.
+    group = catalog.resume_candidates(fx.checkpoints("r"))[0]
+    plan = catalog.plan_resume(group, order, lambda node: True)
+    assert plan is not None and sorted(plan.in_place) == valid and plan.missing == order[3:]
