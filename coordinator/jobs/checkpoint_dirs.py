@@ -150,7 +150,8 @@ class DirKeeper:
             self.fx.add_checkpoint(self.ctx.run_id, {
                 "step": step, "attempt": attempt, "node": node, "path": part["path"],
                 "sha256": whole if same else None, "size": part["size"], "valid": same,
-                "detail": "the whole, as catalogued" if same else "a part left when its copy here was cut short",
+                "detail": "the whole, as catalogued" if same else
+                "a part only: a copy here cut short, or a node the whole was not sent to",
                 "created": self.fx.now(), "role": catalog.PRIMARY if order and node == order[0] else catalog.LOCAL})
 
     async def _complete(self, attempt: int, step: int, name: str, order: list[str], joined: Joined,
