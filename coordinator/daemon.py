@@ -178,7 +178,7 @@ class Daemon:
                             "quick": bool, "set_baseline": bool, "while_training": bool,
                             "ibv_devices": (list, type(None))}, streams=True)
         table.add("preflight", partial(preflight_service.run_preflight, cluster),
-                  optional={"backend": (str, type(None)), "family": (str, type(None)), "launcher": (str, type(None)),
+                  optional={"backend": (str, type(None)), "launcher": (str, type(None)),
                             "master_port": (int, type(None)), "checkpoint_store": (str, type(None))},
                   streams=True)
         table.add("run", _sync_handler(jobs_command.start_job, jobs), required={"spec": dict},

@@ -216,9 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
     client_options(p)
     p.add_argument("--backend", choices=BACKENDS, help="check this backend instead of the "
                    "one chosen from the measured links")
-    p.add_argument("--torch", action="store_true", help="check for a PyTorch job (torchrun, Accelerate, DeepSpeed): "
-                   "torch/CUDA/NCCL versions, GPUs, the rendezvous port from every node, the NCCL environment, "
-                   "/dev/shm, instead of the MLX launch's checks")
+    p.add_argument("--torch", dest="launcher", action="store_const", const="torchrun",
+                   help="check for a PyTorch job (the same as --launcher torchrun): torch/CUDA/NCCL versions, GPUs, "
+                   "the rendezvous port from every node, the NCCL environment, /dev/shm, instead of the MLX "
+                   "launch's checks")
     p.add_argument("--launcher", choices=list(LAUNCHERS),
                    help="check for a job of this launcher: torchrun, accelerate or deepspeed imply --torch (Accelerate "
                         "and DeepSpeed must then be installed on every node); command checks only what every job "

@@ -16,7 +16,7 @@ import anyio
 from agent.launch import rank_command
 from coordinator.jobs import diagnosis
 from coordinator.launch.mlx_launch import launcher_argv
-from coordinator.launch.registry import DEFAULT_LAUNCHER, planned, preflight_family
+from coordinator.launch.registry import chosen, planned
 from coordinator.plan import datasets, model_shape, sizing
 from coordinator.plan.document import PlanDocument, build_plan
 from coordinator.plan.inputs import PlanInputs, timings_from_events
@@ -67,6 +67,7 @@ async def serve_plan(cluster: Cluster, runs: Iterable[JobRunner], emit: Emit, *,
 
     if schema not in SCHEMAS:
         raise RemoteError(p.BAD_ARGS, f"schema must be one of {', '.join(SCHEMAS)}")
+    launcher = chosen(launcher)
     try:
         sized = planned(launcher)  # per_node: the plan's own sizing; per_gpu: its pytorch section
     except KeyError as exc:
@@ -80,8 +81,7 @@ async def serve_plan(cluster: Cluster, runs: Iterable[JobRunner], emit: Emit, *,
         model = model or parsed.model_path
         data = data or parsed.data_path
     await emit({"node": "head", "progress": "pre-flight on every node", "fraction": 0.1})
-    preflight = await run_preflight(cluster, _quiet, family=preflight_family(launcher), launcher=launcher,
-                                    master_port=master_port)
+    preflight = await run_preflight(cluster, _quiet, launcher=launcher, master_port=master_port)
     facts = {session.node.name: session.view.facts for session in cluster.sessions.values()}
     calibrations = {n.name: cluster.state.calibration(n.name) for n in cluster.config.nodes}
     fit = None
@@ -112,7 +112,7 @@ async def serve_plan(cluster: Cluster, runs: Iterable[JobRunner], emit: Emit, *,
     document["memory_sizing"] = fit if fit else {"enabled": False, "reason": "no model given: coord plan --model DIR"
                                                  if sized == "per_node" else "a PyTorch plan: see its pytorch section"}
     if sized == "per_gpu":
-        document["pytorch"] = await _torch_section(emit, cluster, preflight, model, launcher or DEFAULT_LAUNCHER,
+        document["pytorch"] = await _torch_section(emit, cluster, preflight, model, launcher,
                                                    options or {}, seq_len)
     document["data_validation"] = dataset if dataset else {"enabled": False,
                                                            "reason": "no data set given: coord plan --data DIR"}

@@ -42,7 +42,7 @@ from coordinator.jobs.transfer import (
     copy_verified,
 )
 from coordinator.launch.plan import node_topologies
-from coordinator.launch.registry import capabilities, launcher_named, preflight_family
+from coordinator.launch.registry import capabilities, launcher_named
 from coordinator.launch.seam import CommandError, LaunchPlan, NodeReadings, PlanError, StartError
 from coordinator.nodes.session import DOWN, UP
 from coordinator.readiness.torch_preflight import gather_facts
@@ -160,7 +160,7 @@ class DaemonEffects:
         from coordinator.readiness.preflight import run_preflight
         # The framework checks the job's launcher declares, beside every job's.
         return await run_preflight(self.cluster, _quiet, backend=backend, source=source, only=nodes,
-                                   family=preflight_family(launcher), launcher=launcher,
+                                   launcher=launcher,
                                    checkpoint_store=checkpoint_store)
 
     # --- launching ---

@@ -88,10 +88,11 @@ def launcher_for(named: str, command: list[str]) -> str:
     return own if own is not None and named == DEFAULT_LAUNCHER else named
 
 
-def preflight_family(launcher: str | None) -> str | None:
-    """The framework checks a launcher declares (``Capabilities.preflight``); a job that names none is
-    the default launcher's."""
-    return capabilities(launcher or DEFAULT_LAUNCHER).preflight
+def chosen(launcher: str | None) -> str:
+    """The launcher a request names, or the default where it names none (``coord plan`` and ``coord
+    preflight`` without ``--launcher``): resolved once where a request comes in, so that what follows
+    always has a name to read capabilities by."""
+    return launcher or DEFAULT_LAUNCHER
 
 
 def planned(launcher: str | None) -> str:
@@ -119,5 +120,5 @@ def named_in(command: list[str]) -> str | None:
     return launcher_in(command)
 
 
-__all__ = ["DEFAULT_LAUNCHER", "LAUNCHERS", "REGISTERED", "capabilities", "check_command", "launcher_for",
-           "launcher_named", "named_in", "planned", "planners_of", "preflight_family"]
+__all__ = ["DEFAULT_LAUNCHER", "LAUNCHERS", "REGISTERED", "capabilities", "check_command", "chosen", "launcher_for",
+           "launcher_named", "named_in", "planned", "planners_of"]

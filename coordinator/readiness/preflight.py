@@ -15,7 +15,7 @@ from coordinator.launch.hostfile import Hostfile
 from coordinator.launch.mlx_backend import BackendChoice
 from coordinator.launch.mlx_launch import find_launcher
 from coordinator.launch.plan import plan_backend
-from coordinator.launch.registry import preflight_family
+from coordinator.launch.registry import LAUNCHERS, capabilities, chosen
 from coordinator.launch.topology import Topology
 from coordinator.nodes.cluster import ClusterNodeView
 from coordinator.nodes.session import UP, NodeSession
@@ -171,7 +171,7 @@ class Found:
     topologies: dict[str, Topology]
     model_bytes: int
     backend: tuple[BackendChoice | None, Hostfile | None, str | None]  # the MLX backend's choice, its hostfile, why not
-    launcher: str | None
+    launcher: str
     master_port: int | None
 
 
@@ -204,21 +204,22 @@ MLX_VERSIONS = ("versions.mlx", "versions.mlx_lm")  # the equal-versions checks 
 
 async def run_preflight(cluster: Cluster, emit: Emit, backend: str | None = None,
                         source: str | None = None, only: list[str] | None = None,
-                        family: str | None = preflight_family(None),
                         launcher: str | None = None, master_port: int | None = None,
                         checkpoint_store: str | None = None) -> PreflightReport:
     """Every check on every node, or on the nodes in ``only`` (a job that holds a subset of the cluster).
 
-    ``family``: the framework checks the job's launcher declares (``Capabilities.preflight``, from
-    coordinator/launch/registry.py; by default the default launcher's). ``"mlx"``: mlx.launch on the
-    head, the mlx and mlx-lm versions, MLX's memory and calibration, the MLX backend and its hostfile.
-    ``"torch"`` (torchrun, Accelerate, DeepSpeed; ``launcher`` names which): the PyTorch checks instead
-    (coordinator/readiness/torch_checks.py, with the rendezvous probe on ``master_port``). None (a
-    program of one's own, ``--launcher command``): neither; every other check runs for every job.
+    ``launcher`` (the default one where none is named): its framework checks are the family it declares
+    (``Capabilities.preflight``, coordinator/launch/registry.py). ``"mlx"``: mlx.launch on the head, the
+    mlx and mlx-lm versions, MLX's memory and calibration, the MLX backend and its hostfile. ``"torch"``
+    (torchrun, Accelerate, DeepSpeed): the PyTorch checks instead (coordinator/readiness/torch_checks.py,
+    with the rendezvous probe on ``master_port``). None (a program of one's own, ``--launcher command``):
+    neither; every other check runs for every job.
 
     ``checkpoint_store`` (else the cluster file's): the store is written, listed, read and cleared."""
-    if family not in FAMILIES:
-        raise RemoteError(p.BAD_ARGS, f"family must be one of {', '.join(map(str, FAMILIES))}, got {family!r}")
+    launcher = chosen(launcher)
+    if launcher not in LAUNCHERS:
+        raise RemoteError(p.BAD_ARGS, f"launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
+    family = capabilities(launcher).preflight
     started = time.monotonic()
     config = cluster.config
     found = await gather(cluster, emit, Path(source) if source else None, only)

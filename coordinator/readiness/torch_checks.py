@@ -39,7 +39,6 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TypedDict, cast
 
-from coordinator.launch.registry import DEFAULT_LAUNCHER, capabilities
 from coordinator.launch.rendezvous import RendezvousChoice
 from coordinator.launch.torch_env import infiniband_ready, torch_envs
 from coordinator.readiness.checks import FAIL, PASS, WARN, CheckResult, NodeAccess, check, on_node
@@ -53,9 +52,6 @@ BUSY_GPU_FRACTION = 0.10
 COMPILER = "c++"
 
 
-def _needs(launcher: str | None) -> frozenset[str]:
-    """What the job's launcher needs on every node besides torch: distributions by name, and COMPILER."""
-    return capabilities(launcher or DEFAULT_LAUNCHER).needs
 _VERSION_LABELS = (("torch", "torch"), ("cuda", "CUDA (torch.version.cuda)"), ("nccl", "NCCL"),
                    ("accelerate", "Accelerate"), ("deepspeed", "DeepSpeed"))
 
@@ -72,13 +68,15 @@ class RendezvousProbe(TypedDict):
     suggested: str | None  # an address of rank 0's node that its peers share a subnet with, for a fix
 
 
-def torch_checks(facts_by_node: Mapping[str, TorchFactsReply], *, launcher: str | None = None,
+def torch_checks(facts_by_node: Mapping[str, TorchFactsReply], *, needs: frozenset[str] = frozenset(),
+                 needed_by: str = "the job's launcher",
                  nodes: Mapping[str, NodeAccess] | None = None, missing: Mapping[str, str] | None = None,
                  rendezvous: RendezvousProbe | None = None, interfaces: Mapping[str, str | None] | None = None,
                  one_machine: bool = False) -> list[CheckResult]:
     """Every check of a PyTorch job over ``facts_by_node`` (each node's ``torch_facts``).
 
-    ``launcher`` (torchrun, accelerate, deepspeed) says which packages are required; ``nodes`` how a
+    ``needs``: what the job's launcher needs on every node besides torch (its ``Capabilities.needs``:
+    distributions by name, and COMPILER), ``needed_by`` its name in a message; ``nodes`` how a
     person reaches each node for a fix; ``missing`` the nodes that gave no facts and why;
     ``rendezvous`` the probe's result; ``interfaces`` each node's interface toward rank 0;
     ``one_machine``: every node is the same machine (no interface to pin between them).
@@ -90,12 +88,12 @@ def torch_checks(facts_by_node: Mapping[str, TorchFactsReply], *, launcher: str 
                          "coord status  # see why"))
     if not facts_by_node:
         return out
-    out += version_checks(facts_by_node, launcher=launcher, nodes=nodes)
+    out += version_checks(facts_by_node, needs=needs, needed_by=needed_by, nodes=nodes)
     out += gpu_checks(facts_by_node)
     out.append(backend_check(facts_by_node, nodes=nodes))
     out.append(nccl_env_check(facts_by_node, interfaces or {}, one_machine=one_machine))
     out += shm_checks(facts_by_node, nodes=nodes)
-    if COMPILER in _needs(launcher):
+    if COMPILER in needs:
         out += compiler_checks(facts_by_node, nodes=nodes)
     if rendezvous is not None:
         out += rendezvous_checks(rendezvous, nodes=nodes)
@@ -105,11 +103,12 @@ def torch_checks(facts_by_node: Mapping[str, TorchFactsReply], *, launcher: str 
 # --- versions -------------------------------------------------------------------------------
 
 
-def version_checks(facts: Mapping[str, TorchFactsReply], *, launcher: str | None = None,
+def version_checks(facts: Mapping[str, TorchFactsReply], *, needs: frozenset[str] = frozenset(),
+                   needed_by: str = "the job's launcher",
                    nodes: Mapping[str, NodeAccess] | None = None) -> list[CheckResult]:
     out = []
     torch_versions = {n: f["versions"]["torch"] for n, f in facts.items()}
-    required = {"torch", *(_needs(launcher) - {COMPILER})}
+    required = {"torch", *(needs - {COMPILER})}
     for key, label in _VERSION_LABELS:
         name = f"torch.versions.{key}"
         values: dict[str, str | None] = {n: cast(Mapping[str, str | None], f["versions"])[key]
@@ -121,8 +120,7 @@ def version_checks(facts: Mapping[str, TorchFactsReply], *, launcher: str | None
             continue
         absent = sorted(n for n, v in values.items() if v is None)
         if len(absent) == len(values) and key not in required:
-            out.append(check(name, "worker", PASS, f"{label} is not installed (not needed"
-                             + (f" by the {launcher} launcher)" if launcher else ")")))
+            out.append(check(name, "worker", PASS, f"{label} is not installed (not needed by {needed_by})"))
             continue
         want, odd = _majority({n: v for n, v in values.items() if v is not None} or values)
         if absent and want is None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
 
+from coordinator.launch.registry import capabilities
 from coordinator.launch.rendezvous import RendezvousChoice, choose_rendezvous
 from coordinator.launch.topology import Topology, connectivity_matrix
 from coordinator.launch.torch_env import DEFAULT_MASTER_PORT, shares_network, torch_envs
@@ -46,10 +47,11 @@ class TorchPreflight(TypedDict):
 
 
 async def torch_preflight(cluster: Cluster, nodes: Mapping[str, NodeAccess], topologies: Mapping[str, Topology], *,
-                          launcher: str | None = None, master_port: int | None = None) -> TorchPreflight:
+                          launcher: str, master_port: int | None = None) -> TorchPreflight:
     """Facts from every node of ``nodes`` that is up, the rendezvous among them (rank 0 is the first,
     in the cluster file's order), the checks and each node's environment."""
     order = [n.name for n in cluster.config.nodes if n.name in nodes]
+    needs, needed_by = capabilities(launcher).needs, f"the {launcher} launcher"
     by_name = {n.name: n for n in cluster.config.nodes}
 
     async def call(node: str, method: str, args: dict[str, Any], timeout: float) -> Any:
@@ -65,7 +67,7 @@ async def torch_preflight(cluster: Cluster, nodes: Mapping[str, NodeAccess], top
     up = [name for name in order if name in facts]
     if not up:
         return {"facts": facts, "missing": missing, "rendezvous": None, "envs": {},
-                "checks": torch_checks(facts, launcher=launcher, nodes=nodes, missing=missing)}
+                "checks": torch_checks(facts, needs=needs, needed_by=needed_by, nodes=nodes, missing=missing)}
     master = by_name[up[0]]
     matrix = connectivity_matrix({name: topologies.get(name) for name in up})
     colocated = [name for name in up if shares_network(by_name[name], master, facts[name], facts[master.name])]
@@ -77,7 +79,8 @@ async def torch_preflight(cluster: Cluster, nodes: Mapping[str, NodeAccess], top
                                    suggested=suggested)
     return {"facts": facts, "missing": missing, "rendezvous": probe,
             "envs": torch_envs(facts, choice["interfaces"]),
-            "checks": torch_checks(facts, launcher=launcher, nodes=nodes, missing=missing, rendezvous=probe,
+            "checks": torch_checks(facts, needs=needs, needed_by=needed_by, nodes=nodes, missing=missing,
+                                   rendezvous=probe,
                                    interfaces=choice["interfaces"], one_machine=one_machine)}
 
 

@@ -113,6 +113,9 @@ def test_a_bad_master_port_is_refused_before_the_daemon_is_asked(cluster):
     daemon, _ = cluster
     refused = coord("preflight", "--config", str(daemon.config), "--torch", "--master-port", "70000", env=daemon.env)
     assert refused.returncode == 2 and "--master-port: must be from 1 to 65535, got 70000" in refused.stderr
+    # A rendezvous port is a PyTorch job's: alone, it says which option it goes with.
+    alone = coord("preflight", "--config", str(daemon.config), "--master-port", "29500", env=daemon.env)
+    assert alone.returncode == 2 and "give --torch, or --launcher torchrun|accelerate|deepspeed" in alone.stderr
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,11 @@ H100 = {"index": 0, "name": "NVIDIA H100 80GB HBM3", "memory_total_bytes": 80 * 
 IB_PORT = {"port": 1, "state": "PORT_ACTIVE", "link_layer": "InfiniBand", "active_mtu": 4096, "max_mtu": 4096}
 
 
+
+def _by(launcher: str) -> dict:
+    """What torch_checks is given for a job of ``launcher``: what it declares it needs, and its name."""
+    return {"needs": capabilities(launcher).needs, "needed_by": f"the {launcher} launcher"}
+
 def node(*, torch="2.5.1+cu124", cuda="12.4", nccl="2.21.5", gpus=2, ib=False, shm_gib=32.0, memory_gib=512,
          accelerate=None, deepspeed=None, hostname=None, **extra: Any) -> dict[str, Any]:
     facts = {
@@ -53,7 +58,7 @@ def test_only_the_torch_launchers_get_these_checks():
 
 
 def test_the_same_builds_everywhere_pass():
-    found = by_name(torch_checks({"a": node(), "b": node()}, launcher="torchrun"))
+    found = by_name(torch_checks({"a": node(), "b": node()}, **_by("torchrun")))
     assert found["torch.versions.torch"]["status"] == "pass"
     assert found["torch.versions.cuda"]["detail"] == "CUDA (torch.version.cuda) 12.4 on every node"
     assert found["torch.versions.nccl"]["status"] == "pass"
@@ -84,10 +89,10 @@ def test_torch_missing_on_a_node_fails_and_its_build_checks_wait_for_it():
 
 
 def test_a_launchers_own_package_is_required_and_must_match():
-    missing = by_name(torch_checks({"a": node(), "b": node()}, launcher="deepspeed"))["torch.versions.deepspeed"]
+    missing = by_name(torch_checks({"a": node(), "b": node()}, **_by("deepspeed")))["torch.versions.deepspeed"]
     assert missing["status"] == "fail" and "not installed on a, b" in missing["detail"]
     differs = by_name(torch_checks({"a": node(accelerate="1.2.0"), "b": node(accelerate="1.1.0"),
-                                    "c": node(accelerate="1.2.0")}, launcher="accelerate"))
+                                    "c": node(accelerate="1.2.0")}, **_by("accelerate")))
     check = differs["torch.versions.accelerate"]
     assert check["status"] == "fail" and check["fix_command"] == \
         "on b: /opt/venv/bin/python -m pip install accelerate==1.2.0"
@@ -283,13 +288,13 @@ def test_a_deepspeed_job_needs_a_cpp_compiler_on_every_node_and_fails_without_on
     # Debian without g++ failed every rank with "c++: not found"
     cpu = {"torch": "2.13.0+cpu", "cuda": None, "nccl": None, "gpus": 0, "deepspeed": "0.19.8"}
     both = {"a": node(compiler="/usr/bin/c++", **cpu), "b": node(compiler=None, **cpu)}
-    found = by_name(torch_checks(both, launcher="deepspeed"))["torch.compiler"]
+    found = by_name(torch_checks(both, **_by("deepspeed")))["torch.compiler"]
     assert found["status"] == "fail" and "b lacks a C++ compiler (c++, or $CXX):" in found["detail"], found
     assert found["fix_command"] == "on b: sudo apt-get install g++"
     # torch's extension builder compiles against Python.h: Debian ships it in python3-dev
     headless = {"a": node(compiler="/usr/bin/c++", python_headers=None, **cpu),
                 "b": node(compiler=None, python_headers=None, **cpu)}
-    found = by_name(torch_checks(headless, launcher="deepspeed"))["torch.compiler"]
+    found = by_name(torch_checks(headless, **_by("deepspeed")))["torch.compiler"]
     assert found["status"] == "fail" and "a lacks Python's headers (Python.h); b lacks a C++ compiler (c++, or $CXX) and Python's headers" in \
         found["detail"], found
     assert found["fix_command"] == ("on a: sudo apt-get install python3-dev; "
@@ -297,10 +302,10 @@ def test_a_deepspeed_job_needs_a_cpp_compiler_on_every_node_and_fails_without_on
     # on GPU nodes only the ops built on first use need it: a warning
     gpu = by_name(torch_checks({"a": node(compiler=None, deepspeed="0.19.8"), "b": node(compiler="/usr/bin/c++",
                                                                                         deepspeed="0.19.8")},
-                               launcher="deepspeed"))["torch.compiler"]
+                               **_by("deepspeed")))["torch.compiler"]
     assert gpu["status"] == "warn" and "DS_BUILD_OPS=1" in gpu["detail"], gpu
-    fine = by_name(torch_checks({"a": node(compiler="/usr/bin/c++", **cpu)}, launcher="deepspeed"))
+    fine = by_name(torch_checks({"a": node(compiler="/usr/bin/c++", **cpu)}, **_by("deepspeed")))
     assert fine["torch.compiler"]["status"] == "pass"
     # the other launchers do not build ops: not asked
-    assert "torch.compiler" not in by_name(torch_checks(both, launcher="torchrun"))
-    assert "torch.compiler" not in by_name(torch_checks(both, launcher="accelerate"))
+    assert "torch.compiler" not in by_name(torch_checks(both, **_by("torchrun")))
+    assert "torch.compiler" not in by_name(torch_checks(both, **_by("accelerate")))
