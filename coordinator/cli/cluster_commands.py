@@ -197,10 +197,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
             "model": str(Path(args.model).resolve()) if args.model else None,
             "data": str(Path(args.data).resolve()) if args.data else None, "request": request,
             "name": args.name, "seq_len": args.max_seq_length}
-    if args.launcher or args.master_port is not None:
-        if not args.launcher:
-            raise CliError("--master-port is for a PyTorch plan: give --launcher accelerate|deepspeed", EXIT_USAGE)
+    if args.launcher:
         call.update(launcher=args.launcher, master_port=args.master_port)
+    elif args.master_port is not None:
+        raise CliError("--master-port is for a PyTorch plan: give --launcher accelerate|deepspeed", EXIT_USAGE)
     document = streamed(args, "plan", call, render_plan, NodeProgress)
     torch_section = document.get("pytorch")  # there only for a launcher that plans per GPU
     if isinstance(torch_section, dict) and torch_section.get("files"):

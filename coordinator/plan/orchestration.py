@@ -31,7 +31,7 @@ from coordinator.jobs.hang import (
 )
 from coordinator.jobs.rank_watch import HOLD_S
 from coordinator.jobs.supervisor import CHECKPOINT_POLL_S, NODE_WAIT_S
-from coordinator.launch.registry import DEFAULT_LAUNCHER, planners_of
+from coordinator.launch.registry import LAUNCHERS, capabilities, planners_of
 from coordinator.plan.document import JsonSchema, load_schema
 from coordinator.plan.inputs import PlanInputs, expected_recovery, rank_order, trainer_of, usable_calibrations
 from coordinator.plan.options import ResolvedOptions, resolve_options
@@ -270,10 +270,11 @@ def apply_request(inputs: PlanInputs, request: OrchestrationRequest) -> tuple[Pl
     if request.gpus_per_node not in (None, 1):
         notes.append(f"clusterConfig.gpusPerNode {request.gpus_per_node}: coord runs one MLX rank per node, "
                      "which uses the node's whole GPU")
-    planners = planners_of(request.framework) if request.framework else [DEFAULT_LAUNCHER]
-    if DEFAULT_LAUNCHER not in planners:
+    per_node = [name for name in LAUNCHERS if capabilities(name).plan == "per_node"]  # what this plan sizes
+    planners = planners_of(request.framework) if request.framework else per_node
+    if not set(planners) & set(per_node):
         notes.append(f"modelConfig.framework {request.framework!r}: this plan sizes one rank per node for --launcher "
-                     f"{DEFAULT_LAUNCHER}; " + (f"a {request.framework} job is planned by coord plan --launcher "
+                     f"{' or '.join(per_node)}; " + (f"a {request.framework} job is planned by coord plan --launcher "
                                                 f"{' or '.join(planners)}" if planners else
                                                 f"coord plan does not plan a {request.framework} job"))
     if request.parallelism_strategy and request.parallelism_strategy.lower() not in DATA_PARALLEL_NAMES:
