@@ -115,7 +115,9 @@ def _at_step(daemon, root, name: str, step: int, timeout: float = 120) -> dict:
         if lines and json.loads(lines[-1])["step"] >= step:
             return job
         time.sleep(0.02)
-    raise AssertionError(f"{name} did not reach step {step}")
+    logs = coord("logs", "--config", str(daemon.config), name, env=daemon.env)  # what its ranks were doing
+    story = "\n".join(f"{e['kind']}: {e['message']}" for e in _events(daemon, name))
+    raise AssertionError(f"{name} did not reach step {step}\n{story}\n{logs.stdout[-3000:]}{logs.stderr[-500:]}")
 
 
 def _final_weights(root: Path, final: dict) -> list[float]:
