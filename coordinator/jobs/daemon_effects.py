@@ -45,11 +45,10 @@ from coordinator.launch.plan import node_topologies
 from coordinator.launch.registry import capabilities, launcher_named
 from coordinator.launch.seam import CommandError, LaunchPlan, NodeReadings, PlanError, StartError
 from coordinator.nodes.session import DOWN, UP
-from coordinator.readiness.torch_preflight import gather_facts
+from coordinator.readiness.node_facts import facts_named, gather_facts
 from coordinator.relay.broadcast import Source as RelaySource
 from coordinator.relay.broadcast import Target, broadcast
 from coordinator.store.state import CheckpointEntry, CheckpointRow, DurableRow
-from shared.agent_api.torch import TorchFactsReply
 from shared.checkpoint_dirs import DIR_NAME, DirFile, digest, walk
 from shared.errors import first_error
 from shared.manifest import sha256_file
@@ -84,9 +83,9 @@ class DaemonEffects:
         self.metrics = metrics
         self._spawn = spawn
         self._launchers: dict[int, subprocess.Popen[bytes]] = {}
-        self._torch: dict[tuple[str, int], TorchFactsReply] = {}  # (node, session generation) -> its torch facts
-        # The probes a launcher's ``Capabilities.node_facts`` names: (the probe, what its answers are called).
-        self._fact_probes = {"torch": (self._torch_facts, "PyTorch facts")}
+        # (agent call, node, session generation) -> the node's answer: what a launcher's
+        # ``Capabilities.node_facts`` asks for, asked once per session of each node.
+        self._facts: dict[tuple[str, str, int], Mapping[str, Any]] = {}
 
     # --- the clock ---
     def now(self) -> float:
@@ -167,13 +166,12 @@ class DaemonEffects:
     async def plan_launch(self, nodes: list[str], job: JobSpec) -> LaunchPlan:
         topologies = await node_topologies(self.cluster)
         facts: Mapping[str, Mapping[str, Any]] = {}
-        wanted = capabilities(job.launcher).node_facts
-        if wanted is not None:
-            probe, what = self._fact_probes[wanted]  # a KeyError here is a registry without its probe: a bug
-            facts, missing = await probe(nodes)
+        method = capabilities(job.launcher).node_facts
+        if method is not None:
+            facts, missing = await self._node_facts(method, nodes)
             if missing:
                 name, reason = sorted(missing.items())[0]
-                raise LaunchError(f"no {what} from {name}: {reason}", node=name)
+                raise LaunchError(f"no {facts_named(method)} from {name}: {reason}", node=name)
         try:
             return launcher_named(job.launcher).plan(self.cluster, NodeReadings(topologies, facts), nodes, job.backend,
                                                      job)
@@ -182,13 +180,14 @@ class DaemonEffects:
         except CommandError as exc:
             raise LaunchError(str(exc)) from None
 
-    async def _torch_facts(self, nodes: list[str]) -> tuple[dict[str, TorchFactsReply], dict[str, str]]:
-        """Each node's PyTorch facts, asked once per session of the node (they change only when the
-        node's Python does, which a reconnect follows): asking imports torch on every node. (facts,
-        why the others gave none)."""
+    async def _node_facts(self, method: str, nodes: list[str]) -> tuple[dict[str, Mapping[str, Any]],
+                                                                         dict[str, str]]:
+        """Each node's answer to the agent call ``method``, asked once per session of the node (the
+        facts change only when the node's Python does, which a reconnect follows; asking may import a
+        framework on every node). (facts, why the others gave none)."""
         sessions = self.cluster.sessions
         wanted = {name: sessions[name].node.python for name in nodes
-                  if (name, sessions[name].generation) not in self._torch}
+                  if (method, name, sessions[name].generation) not in self._facts}
 
         async def call(node: str, method: str, args: dict[str, Any], timeout: float) -> Any:
             session = sessions[node]
@@ -199,11 +198,11 @@ class DaemonEffects:
             except TimeoutError as exc:
                 raise RemoteError("timeout", f"{node}: {exc}") from None
 
-        found, missing = await gather_facts(call, wanted)
+        found, missing = await gather_facts(call, method, wanted)
         for name, facts in found.items():
-            self._torch[(name, sessions[name].generation)] = facts
-        return {name: self._torch[key] for name in nodes
-                if (key := (name, sessions[name].generation)) in self._torch}, missing
+            self._facts[(method, name, sessions[name].generation)] = facts
+        return {name: self._facts[key] for name in nodes
+                if (key := (method, name, sessions[name].generation)) in self._facts}, missing
 
     def start_launcher(self, run_id: str, attempt: int, plan: LaunchPlan) -> int:
         directory = attempt_dir(self.config.state_dir, run_id, attempt)

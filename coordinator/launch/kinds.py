@@ -53,8 +53,8 @@ class Capabilities(NamedTuple):
     # The family of framework checks pre-flight runs for its jobs (coordinator/readiness/preflight.py),
     # besides the checks every job gets; None: only those.
     preflight: str | None = None
-    # What a plan reads from every node besides its links (``NodeReadings.facts``), by the name of the
-    # probe that answers it (coordinator/jobs/daemon_effects.py); None: the links alone.
+    # What a plan reads from every node besides its links (``NodeReadings.facts``): the agent call that
+    # answers it (shared/agent_api/methods.py), asked once per session of each node; None: the links alone.
     node_facts: str | None = None
     # Each node of an attempt may hold a part of a checkpoint directory (its processes' own files, their
     # shards), so every node is listed and the parts joined; else a checkpoint is whole where it lies.

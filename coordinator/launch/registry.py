@@ -27,7 +27,7 @@ class Registered(NamedTuple):
     capabilities: Capabilities
 
 
-_TORCH = Capabilities(runs_on="nodes", preflight="torch", node_facts="torch", checkpoint_parts=True, standby=True,
+_TORCH = Capabilities(runs_on="nodes", preflight="torch", node_facts="torch_facts", checkpoint_parts=True, standby=True,
                       options=frozenset({"procs_per_node", "global_batch", "micro_batch"}), own_program=True,
                       command_check="coordinator.launch.torch_command:check_command",
                       frameworks=frozenset({"pytorch", "torch"}))

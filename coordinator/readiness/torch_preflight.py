@@ -1,7 +1,7 @@
 """A PyTorch job's pre-flight: its facts from every node at once, and the rendezvous probe.
 
-Asked only for torch-based launchers (``run_preflight(..., torch=True)``, ``coord preflight
---torch``). What the answers mean is decided by the pure checks in
+Asked only for launchers that declare the PyTorch checks (``Capabilities.preflight == "torch"``:
+torchrun, Accelerate, DeepSpeed; ``coord preflight --launcher torchrun``). What the answers mean is decided by the pure checks in
 :mod:`coordinator.readiness.torch_checks`; the environment each node's ranks get by
 :mod:`coordinator.launch.torch_env`.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
@@ -21,6 +21,7 @@ from coordinator.launch.topology import Topology, connectivity_matrix
 from coordinator.launch.torch_env import DEFAULT_MASTER_PORT, shares_network, torch_envs
 from coordinator.nodes.session import UP
 from coordinator.readiness.checks import CheckResult, NodeAccess
+from coordinator.readiness.node_facts import AgentCall, gather_facts
 from coordinator.readiness.torch_checks import RendezvousProbe, torch_checks
 from shared.agent_api.torch import RendezvousConnectReply, RendezvousListenReply, TorchFactsReply
 from shared.rpc import RemoteError
@@ -28,13 +29,8 @@ from shared.rpc import RemoteError
 if TYPE_CHECKING:
     from coordinator.nodes.cluster import Cluster
 
-FACTS_TIMEOUT_S = 300.0  # the torch probe imports torch (and may initialise CUDA) on a cold disk
 LISTEN_S = 60.0  # the listener closes by itself after this, should the close never come
 CONNECT_TIMEOUT_S = 10.0
-
-#: One agent call: (node, method, arguments, timeout) -> its answer; RemoteError when it fails.
-AgentCall = Callable[[str, str, dict[str, Any], float], Awaitable[Any]]
-
 
 class TorchPreflight(TypedDict):
     """What a PyTorch job's pre-flight found, beside its checks."""
@@ -63,7 +59,7 @@ async def torch_preflight(cluster: Cluster, nodes: Mapping[str, NodeAccess], top
         except TimeoutError as exc:
             raise RemoteError("timeout", str(exc)) from None
 
-    facts, missing = await gather_facts(call, {name: by_name[name].python for name in order})
+    facts, missing = await gather_facts(call, "torch_facts", {name: by_name[name].python for name in order})
     up = [name for name in order if name in facts]
     if not up:
         return {"facts": facts, "missing": missing, "rendezvous": None, "envs": {},
@@ -82,24 +78,6 @@ async def torch_preflight(cluster: Cluster, nodes: Mapping[str, NodeAccess], top
             "checks": torch_checks(facts, needs=needs, needed_by=needed_by, nodes=nodes, missing=missing,
                                    rendezvous=probe,
                                    interfaces=choice["interfaces"], one_machine=one_machine)}
-
-
-async def gather_facts(call: AgentCall, pythons: Mapping[str, str]) -> tuple[dict[str, TorchFactsReply],
-                                                                                 dict[str, str]]:
-    """Each node's ``torch_facts`` with its ranks' Python, all at once: (facts, why the others gave none)."""
-    facts: dict[str, TorchFactsReply] = {}
-    missing: dict[str, str] = {}
-
-    async def one(name: str, python: str) -> None:
-        try:
-            facts[name] = await call(name, "torch_facts", {"python": python}, FACTS_TIMEOUT_S)
-        except RemoteError as exc:
-            missing[name] = exc.message
-
-    async with anyio.create_task_group() as tasks:
-        for name, python in pythons.items():
-            tasks.start_soon(one, name, python)
-    return facts, missing
 
 
 async def probe_rendezvous(call: AgentCall, choice: RendezvousChoice, order: list[str], port: int, *,

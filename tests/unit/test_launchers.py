@@ -147,6 +147,18 @@ def test_what_coord_plan_plans_is_declared_by_each_launcher():
     assert planners_of("jax") == []  # run by --launcher command, which coord plan does not size
 
 
+def test_what_a_launcher_asks_of_the_nodes_and_of_pre_flight_is_there_to_answer_it():
+    """A launcher is its module and a line in the registry: the agent call its plan's facts come from,
+    and the pre-flight checks it declares, are found by what it declares, with no edit elsewhere."""
+    from coordinator.readiness.preflight import FAMILIES
+    from shared.agent_api.methods import REPLIES
+
+    for name in LAUNCHERS:
+        declared = capabilities(name)
+        assert declared.node_facts is None or declared.node_facts in REPLIES, name
+        assert declared.preflight in FAMILIES, name
+
+
 def test_no_module_outside_the_launch_package_compares_a_launcher_or_trainer_name():
     # The seam's promise (coordinator/launch/registry.py): whatever differs by launcher is read from its
     # capabilities, so a new launcher is its module, its tests and a line in the registry. A comparison of
