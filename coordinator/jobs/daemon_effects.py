@@ -158,9 +158,14 @@ class DaemonEffects:
                         launcher: str | None = None, checkpoint_store: str | None = None) -> PreflightReport:
         from coordinator.readiness.preflight import run_preflight
         # The framework checks the job's launcher declares, beside every job's.
-        return await run_preflight(self.cluster, _quiet, backend=backend, source=source, only=nodes,
-                                   launcher=launcher,
-                                   checkpoint_store=checkpoint_store)
+        result = await run_preflight(self.cluster, _quiet, backend=backend, source=source, only=nodes,
+                                     launcher=launcher, checkpoint_store=checkpoint_store)
+        found = result.get("node_facts")
+        if found is not None:  # fresh: the first attempt's plan takes them rather than asking every node again
+            sessions = self.cluster.sessions
+            for name, facts in found["facts"].items():
+                self._facts[(found["method"], name, sessions[name].generation)] = facts
+        return result
 
     # --- launching ---
     async def plan_launch(self, nodes: list[str], job: JobSpec) -> LaunchPlan:

@@ -7,7 +7,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 import anyio
 
@@ -57,6 +57,11 @@ class PreflightInputs(TypedDict):
     topologies: dict[str, Topology]  # each node's ``topology`` answer, as coordinator.launch reads it
 
 
+class NodeFactsFound(TypedDict):
+    method: str  # the agent call, as a launcher's ``Capabilities.node_facts`` names it
+    facts: dict[str, Any]  # by node: each one's answer
+
+
 class PreflightReport(TypedDict):
     status: Status
     checks: list[CheckResult]
@@ -68,6 +73,9 @@ class PreflightReport(TypedDict):
     topologies: dict[str, Topology]
     seconds: float
     torch: NotRequired[TorchPreflight]  # with family "torch" only: what a PyTorch job's checks found
+    # The answers to the agent call a launcher plans from (``Capabilities.node_facts``), where its checks
+    # asked it: a job's first plan reads them rather than asking every node again.
+    node_facts: NotRequired[NodeFactsFound]
     model_bytes: NotRequired[int | None]  # the model files named in the cluster file, on the node with most
 
 
@@ -278,4 +286,5 @@ async def run_preflight(cluster: Cluster, emit: Emit, backend: str | None = None
         "seconds": round(time.monotonic() - started, 3), "model_bytes": model_bytes or None}
     if found_torch is not None:
         result["torch"] = found_torch
+        result["node_facts"] = {"method": "torch_facts", "facts": dict(found_torch["facts"])}
     return result
