@@ -181,12 +181,14 @@ def _packed(data: bytes, file: tuple[str, str]) -> bytes | None:
     decided = _compressing.get(file)
     if pack is None or not data or decided is False:
         return None
-    started = time.monotonic()
+    # The compressor's own CPU time, not the wall clock's: on a busy machine a thread waiting for a core
+    # would make one moment's crowding the decision for the whole file.
+    started = time.thread_time()
     packed = pack(data)
     ratio = len(packed) / len(data)
     if decided:  # the file's first part found it pays: its others follow, each still only if it shrinks
         return packed if ratio <= MAX_RATIO else None
-    speed = len(data) / max(time.monotonic() - started, 1e-9)
+    speed = len(data) / max(time.thread_time() - started, 1e-9)
     worth = worth_compressing(ratio, speed, _uplink.rate)
     if len(_compressing) >= _COMPRESSING_AT_MOST:
         _compressing.clear()
