@@ -45,7 +45,7 @@ from coordinator.launch.plan import node_topologies
 from coordinator.launch.registry import capabilities, launcher_named
 from coordinator.launch.seam import CommandError, LaunchPlan, NodeReadings, PlanError, StartError
 from coordinator.nodes.session import DOWN, UP
-from coordinator.readiness.node_facts import facts_named, gather_facts
+from coordinator.readiness.node_facts import facts_named, gather_facts, session_call
 from coordinator.relay.broadcast import Source as RelaySource
 from coordinator.relay.broadcast import Target, broadcast
 from coordinator.store.state import CheckpointEntry, CheckpointRow, DurableRow
@@ -194,16 +194,7 @@ class DaemonEffects:
         wanted = {name: sessions[name].node.python for name in nodes
                   if (method, name, sessions[name].generation) not in self._facts}
 
-        async def call(node: str, method: str, args: dict[str, Any], timeout: float) -> Any:
-            session = sessions[node]
-            if session.state != UP:
-                raise RemoteError("connection_lost", f"{node} is {session.state}")
-            try:
-                return await session.call(method, args, timeout=timeout)
-            except TimeoutError as exc:
-                raise RemoteError("timeout", f"{node}: {exc}") from None
-
-        found, missing = await gather_facts(call, method, wanted)
+        found, missing = await gather_facts(session_call(sessions), method, wanted)
         for name, facts in found.items():
             self._facts[(method, name, sessions[name].generation)] = facts
         return {name: self._facts[key] for name in nodes

@@ -176,12 +176,20 @@ def check_fields(fields: Mapping[str, object], label: Callable[[str], str] = opt
             raise JobSpecError(f"{label(key)} {problem}")
 
 
+#: What every job is given, however it comes: over the control socket or in a job file.
+REQUIRED_FIELDS = ("name", "command")
+
+
+def _missing(fields: Mapping[str, object]) -> str | None:
+    """The required fields ``fields`` lacks, as a message says them ("name and command"); None: none."""
+    return " and ".join(key for key in REQUIRED_FIELDS if key not in fields) or None
+
+
 def spec_from_fields(fields: Mapping[str, object]) -> JobSpec:
     """A job as it came over the control socket (free-form: any keys, any types), checked field by
     field and as a whole before anything of it is used."""
-    missing = [key for key in ("name", "command") if key not in fields]
-    if missing:
-        raise JobSpecError(f"a job needs {' and '.join(missing)}")
+    if missing := _missing(fields):
+        raise JobSpecError(f"a job needs {missing}")
     check_fields(fields)
     return validate(JobSpec(**cast(dict[str, Any], fields)))
 
@@ -476,8 +484,8 @@ def load_job_file(path: Path) -> JobSpec:
     if unknown:
         raise JobSpecError(f"job file {path}: unknown key {unknown[0]!r} (expected one of: "
                            f"{', '.join(JOB_FILE_KEYS)})")
-    if "name" not in job or "command" not in job:
-        raise JobSpecError(f"job file {path}: name and command are needed")
+    if missing := _missing(job):
+        raise JobSpecError(f"job file {path}: a job needs {missing}")
     try:
         check_fields(job, label=lambda key: key)
         if isinstance(job.get("source"), str):  # relative to the job file

@@ -7,13 +7,13 @@ import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any
 
 from coordinator.config.cluster_file import NodeConfig
 from coordinator.jobs.policy import restart_delay
 from coordinator.launch.mlx_backend import BackendChoice
 from coordinator.launch.mlx_lm_command import is_mlx_lm
-from coordinator.launch.trainers import trainer_declared, trainer_named_in
+from coordinator.launch.trainers import TrainerFacts, trainer_declared, trainer_named_in
 from coordinator.plan.options import JobOptions, ResolvedOptions
 from coordinator.plan.sizing import PlanSizing
 from coordinator.readiness.calibration import is_stale, train_rate
@@ -23,37 +23,6 @@ if TYPE_CHECKING:
     from coordinator.readiness.consistency import ConsistencyReport
     from coordinator.readiness.preflight import PreflightReport
     from coordinator.store.state import StoredCalibration
-
-#: What the plan says about a trainer (``async`` is a keyword, hence the functional form).
-TrainerFacts = TypedDict("TrainerFacts", {"name": str, "gradient_sync": str, "async": bool, "saving": str,
-                                          "contents": str, "sharding": str})
-
-#: What the plan says about each trainer ``coord run --trainer`` offers, from its code.
-TRAINER_FACTS: dict[str, TrainerFacts] = {
-    "mlx_lm": {
-        "name": "mlx-lm's trainer (mlx_lm/tuner/trainer.py)",
-        "gradient_sync": "all-reduce mean of the gradients once per optimizer step (mlx.nn.average_gradients, "
-                         "after the accumulation steps)",
-        "async": False,
-        "saving": "rank 0 saves inside the training loop (mx.save_safetensors); the other ranks wait for it at "
-                  "the next gradient all-reduce",
-        "contents": "trainable parameters only (the adapters, or every weight of a full fine-tune): no optimizer "
-                    "state, so the optimizer's moments, the LR schedule and the data order start again at a resume",
-        "sharding": "every micro-batch is split over the {ranks} ranks: rank r takes examples r, r + {ranks}, … of "
-                    "it",
-    },
-    "coord": {
-        "name": "coord's trainer (python -m agent.train, agent/trainer)",
-        "gradient_sync": "all_sum over the ranks of the token-loss gradients and token counts, divided by the global "
-                         "token count, once per optimizer step",
-        "async": True,
-        "saving": "the training thread copies the arrays to host memory; one background thread writes the file",
-        "contents": "trainable parameters, the optimizer state, and the LR schedule position, RNG key and data "
-                    "position: a resume continues exactly where the run stopped",
-        "sharding": "each optimizer step's global batch is a fixed slice of a seeded shuffle; every micro-batch "
-                    "is split over the {ranks} ranks in contiguous slices",
-    },
-}
 
 CALIBRATION_MODEL = "coord's calibration model, a 2-layer width-64 transformer at sequence length 32"
 
@@ -209,15 +178,17 @@ def expected_recovery(inputs: PlanInputs) -> tuple[float | None, str]:
 
 
 def trainer_of(inputs: PlanInputs, options: ResolvedOptions) -> tuple[TrainerFacts | None, str]:
-    """(TRAINER_FACTS of the trainer the ranks run, why that one); None for a script of the user's own."""
+    """(what the plan says of the trainer the ranks run, ``Trainer.plan``, and why that one); None for a
+    script of the user's own."""
     command = list(inputs.training_command or [])
     if command and not is_mlx_lm(command):
         return None, "the training command is a script of its own, not mlx_lm lora"
     named = trainer_named_in(command)
     if named is not None:
-        return TRAINER_FACTS[named], f"the training command runs {trainer_declared(named).program}"
+        declared = trainer_declared(named)
+        return declared.plan, f"the training command runs {declared.program}"
     trainer, source = options["trainer"]
-    facts = TRAINER_FACTS[trainer]
+    facts = trainer_declared(trainer).plan
     if not command:
         source += "; no training command given, so mlx_lm lora's options are assumed"
     return facts, f"{facts['name']}; {source}"

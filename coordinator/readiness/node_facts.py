@@ -5,16 +5,36 @@ which call it is; what the answers mean is the launcher's business and its check
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from coordinator.nodes.session import UP
 from shared.rpc import RemoteError
+
+if TYPE_CHECKING:
+    from coordinator.nodes.session import NodeSession
 
 FACTS_TIMEOUT_S = 300.0  # a facts call may import a framework (and initialise a GPU) on a cold disk
 
 #: One agent call: (node, method, arguments, timeout) -> its answer; RemoteError when it fails.
 AgentCall = Callable[[str, str, dict[str, Any], float], Awaitable[Any]]
+
+
+def session_call(sessions: Mapping[str, NodeSession]) -> AgentCall:
+    """An ``AgentCall`` through the daemon's sessions: a node that is not up, or a call that times out,
+    is a RemoteError that says so (what ``gather_facts`` keeps as why that node gave none)."""
+
+    async def call(node: str, method: str, args: dict[str, Any], timeout: float) -> Any:
+        session = sessions[node]
+        if session.state != UP:
+            raise RemoteError("unavailable", f"the node is {session.state}")
+        try:
+            return await session.call(method, args, timeout=timeout)
+        except TimeoutError as exc:
+            raise RemoteError("timeout", str(exc)) from None
+
+    return call
 
 
 async def gather_facts(call: AgentCall, method: str, pythons: Mapping[str, str]) -> tuple[dict[str, Any],

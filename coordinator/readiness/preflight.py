@@ -27,7 +27,7 @@ from coordinator.readiness.doctor import QUICK_BYTES, QUICK_SECONDS, measure_fab
 from coordinator.readiness.head_python import install_mlx_command
 from coordinator.readiness.push import manifest_from_wire
 from coordinator.readiness.sync import ignore_patterns, source_manifest
-from coordinator.readiness.torch_preflight import TorchPreflight, torch_preflight
+from coordinator.readiness.torch_preflight import FACTS_CALL, TorchPreflight, torch_preflight
 from shared import protocol as p
 from shared.ignore import DEFAULT_PATTERNS
 from shared.rpc import Emit, RemoteError
@@ -286,5 +286,5 @@ async def run_preflight(cluster: Cluster, emit: Emit, backend: str | None = None
         "seconds": round(time.monotonic() - started, 3), "model_bytes": model_bytes or None}
     if found_torch is not None:
         result["torch"] = found_torch
-        result["node_facts"] = {"method": "torch_facts", "facts": dict(found_torch["facts"])}
+        result["node_facts"] = {"method": FACTS_CALL, "facts": dict(found_torch["facts"])}
     return result

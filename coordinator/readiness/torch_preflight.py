@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 import anyio
 
@@ -19,9 +19,8 @@ from coordinator.launch.registry import capabilities
 from coordinator.launch.rendezvous import RendezvousChoice, choose_rendezvous
 from coordinator.launch.topology import Topology, connectivity_matrix
 from coordinator.launch.torch_env import DEFAULT_MASTER_PORT, shares_network, torch_envs
-from coordinator.nodes.session import UP
 from coordinator.readiness.checks import CheckResult, NodeAccess
-from coordinator.readiness.node_facts import AgentCall, gather_facts
+from coordinator.readiness.node_facts import AgentCall, gather_facts, session_call
 from coordinator.readiness.torch_checks import RendezvousProbe, torch_checks
 from shared.agent_api.torch import RendezvousConnectReply, RendezvousListenReply, TorchFactsReply
 from shared.rpc import RemoteError
@@ -29,6 +28,7 @@ from shared.rpc import RemoteError
 if TYPE_CHECKING:
     from coordinator.nodes.cluster import Cluster
 
+FACTS_CALL = "torch_facts"  # the agent call a PyTorch job's facts come from (its launchers' node_facts)
 LISTEN_S = 60.0  # the listener closes by itself after this, should the close never come
 CONNECT_TIMEOUT_S = 10.0
 
@@ -50,16 +50,8 @@ async def torch_preflight(cluster: Cluster, nodes: Mapping[str, NodeAccess], top
     needs, needed_by = capabilities(launcher).needs, f"the {launcher} launcher"
     by_name = {n.name: n for n in cluster.config.nodes}
 
-    async def call(node: str, method: str, args: dict[str, Any], timeout: float) -> Any:
-        session = cluster.sessions[node]
-        if session.state != UP:
-            raise RemoteError("unavailable", f"node is {session.state}")
-        try:
-            return await session.call(method, args, timeout=timeout)
-        except TimeoutError as exc:
-            raise RemoteError("timeout", str(exc)) from None
-
-    facts, missing = await gather_facts(call, "torch_facts", {name: by_name[name].python for name in order})
+    call = session_call(cluster.sessions)
+    facts, missing = await gather_facts(call, FACTS_CALL, {name: by_name[name].python for name in order})
     up = [name for name in order if name in facts]
     if not up:
         return {"facts": facts, "missing": missing, "rendezvous": None, "envs": {},
