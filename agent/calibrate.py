@@ -350,7 +350,7 @@ def main(argv: list | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m agent.calibrate", description=(__doc__ or "").split("\n")[0]
     )
-    parser.add_argument("--quick", action="store_true", help="short timed loops (about a second)")
+    parser.add_argument("--quick", action="store_true", help="short timed loops (a few seconds in all)")
     args = parser.parse_args(argv)
 
     # The result line gets a private copy of fd 1; fd 1 itself now points at stderr, so

