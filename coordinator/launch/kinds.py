@@ -50,9 +50,9 @@ class Capabilities(NamedTuple):
     # Where an attempt starts: "head" (one process on the head starts every rank over SSH: ``start``),
     # or "nodes" (each node's agent starts its own rank once its script is prepared).
     runs_on: Literal["head", "nodes"]
-    # The family of framework checks pre-flight runs for its jobs (coordinator/readiness/preflight.py),
-    # besides the checks every job gets; None: only those.
-    preflight: str | None = None
+    # The framework check sets pre-flight runs for its jobs, in this order, besides the checks every job
+    # gets (their names: CHECK_SETS in coordinator/readiness/preflight.py); none: only those.
+    preflight: tuple[str, ...] = ()
     # What a plan reads from every node besides its links (``NodeReadings.facts``): the agent call that
     # answers it (shared/agent_api/methods.py), asked once per session of each node; None: the links alone.
     node_facts: str | None = None

@@ -27,7 +27,8 @@ class Registered(NamedTuple):
     capabilities: Capabilities
 
 
-_TORCH = Capabilities(runs_on="nodes", preflight="torch", node_facts="torch_facts", checkpoint_parts=True, standby=True,
+_TORCH = Capabilities(runs_on="nodes", preflight=("pytorch",), node_facts="torch_facts", checkpoint_parts=True,
+                      standby=True,
                       options=frozenset({"procs_per_node", "global_batch", "micro_batch"}), own_program=True,
                       command_check="coordinator.launch.torch_command:check_command",
                       frameworks=frozenset({"pytorch", "torch"}))
@@ -36,7 +37,9 @@ _CONFIGURED = _TORCH.options | {"launcher_config"}  # a PyTorch plan writes its 
 #: name -> where it lives and what it declares
 REGISTERED: dict[str, Registered] = {
     "mlx": Registered("coordinator.launch.mlx", "MlxLauncher",
-                      Capabilities(runs_on="head", preflight="mlx", options=frozenset({"backend"}), plan="per_node",
+                      Capabilities(runs_on="head",
+                                   preflight=("mlx_launch_on_head", "mlx_versions", "mlx_memory", "mlx_backend"),
+                                   options=frozenset({"backend"}), plan="per_node",
                                    frameworks=frozenset({"mlx", "mlx-lm", "mlx_lm"}))),
     "torchrun": Registered("coordinator.launch.torch_launchers", "TorchrunLauncher", _TORCH),
     "accelerate": Registered("coordinator.launch.torch_launchers", "AccelerateLauncher",

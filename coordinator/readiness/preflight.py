@@ -5,6 +5,7 @@ from __future__ import annotations
 import posixpath
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
@@ -72,7 +73,7 @@ class PreflightReport(TypedDict):
     consistency: ConsistencyReport  # the code's, in full
     topologies: dict[str, Topology]
     seconds: float
-    torch: NotRequired[TorchPreflight]  # with family "torch" only: what a PyTorch job's checks found
+    torch: NotRequired[TorchPreflight]  # with the "pytorch" check set only: what a PyTorch job's checks found
     # The answers to the agent call a launcher plans from (``Capabilities.node_facts``), where its checks
     # asked it: a job's first plan reads them rather than asking every node again.
     node_facts: NotRequired[NodeFactsFound]
@@ -169,13 +170,13 @@ async def store_check(url: str) -> CheckResult:
 
 @dataclass(frozen=True)
 class Found:
-    """What every pre-flight gathered that a family of framework checks reads."""
+    """What every pre-flight gathered that a set of framework checks reads."""
 
     cluster: Cluster
     emit: Emit
     up: dict[str, PreflightNode]
     facts: dict[str, Facts]
-    version_checks: list[CheckResult]  # every equal-versions check; a family keeps the framework's own
+    version_checks: list[CheckResult]  # every equal-versions check; a check set keeps its framework's
     topologies: dict[str, Topology]
     model_bytes: int
     backend: tuple[BackendChoice | None, Hostfile | None, str | None]  # the MLX backend's choice, its hostfile, why not
@@ -183,17 +184,31 @@ class Found:
     master_port: int | None
 
 
-async def _mlx_checks(found: Found) -> tuple[list[CheckResult], TorchPreflight | None]:
-    """An MLX job's: mlx.launch on the head, the mlx and mlx-lm versions, MLX's memory and calibration
-    (a PyTorch job is sized per GPU by its plan, coord plan --launcher), the backend and its hostfile."""
+CheckSet = Callable[[Found], Awaitable[tuple[list[CheckResult], TorchPreflight | None]]]
+
+
+async def _mlx_launch_on_head(found: Found) -> tuple[list[CheckResult], TorchPreflight | None]:
+    """mlx.launch on the head, which starts every rank of an MLX job."""
+    return [checks.head_launcher(find_launcher(), sys.executable, install_mlx_command())], None
+
+
+async def _mlx_versions(found: Found) -> tuple[list[CheckResult], TorchPreflight | None]:
+    """The same mlx and mlx-lm on every node (every job gets the other equal-versions checks)."""
+    return [c for c in found.version_checks if c["name"] in MLX_VERSIONS], None
+
+
+async def _mlx_memory(found: Found) -> tuple[list[CheckResult], TorchPreflight | None]:
+    """MLX's memory for the model, and calibration (a PyTorch job is sized per GPU by its plan)."""
+    return _mlx_memory_and_calibration(found.cluster, found.facts, found.model_bytes), None
+
+
+async def _mlx_backend(found: Found) -> tuple[list[CheckResult], TorchPreflight | None]:
+    """The MLX backend chosen from the links, and the hostfile written for it."""
     choice, document, error = found.backend
-    return [checks.head_launcher(find_launcher(), sys.executable, install_mlx_command()),
-            *[c for c in found.version_checks if c["name"] in MLX_VERSIONS],
-            *_mlx_memory_and_calibration(found.cluster, found.facts, found.model_bytes),
-            *checks.backend(choice, error if choice is None else None), checks.hostfile(document, error)], None
+    return [*checks.backend(choice, error if choice is None else None), checks.hostfile(document, error)], None
 
 
-async def _torch_checks(found: Found) -> tuple[list[CheckResult], TorchPreflight | None]:
+async def _pytorch(found: Found) -> tuple[list[CheckResult], TorchPreflight | None]:
     """A PyTorch job's (coordinator/readiness/torch_checks.py), with the rendezvous probe."""
     await found.emit({"node": "head", "progress": "PyTorch facts and the rendezvous", "fraction": 0.9})
     found_torch = await torch_preflight(found.cluster, found.up, found.topologies, launcher=found.launcher,
@@ -201,12 +216,16 @@ async def _torch_checks(found: Found) -> tuple[list[CheckResult], TorchPreflight
     return found_torch["checks"], found_torch
 
 
-async def _no_framework_checks(found: Found) -> tuple[list[CheckResult], TorchPreflight | None]:
-    return [], None  # a program of one's own (--launcher command): only what every job needs
-
-
-#: The framework checks a launcher may declare (``Capabilities.preflight``), by family; None for neither.
-FAMILIES = {"mlx": _mlx_checks, "torch": _torch_checks, None: _no_framework_checks}
+#: The framework check sets a launcher may list (``Capabilities.preflight``), run in the order it lists
+#: them, after the checks every job gets; a launcher that lists none (a program of one's own, ``--launcher
+#: command``) gets only those.
+CHECK_SETS: dict[str, CheckSet] = {
+    "mlx_launch_on_head": _mlx_launch_on_head,
+    "mlx_versions": _mlx_versions,
+    "mlx_memory": _mlx_memory,
+    "mlx_backend": _mlx_backend,
+    "pytorch": _pytorch,
+}
 MLX_VERSIONS = ("versions.mlx", "versions.mlx_lm")  # the equal-versions checks only an MLX job needs
 
 
@@ -216,18 +235,18 @@ async def run_preflight(cluster: Cluster, emit: Emit, backend: str | None = None
                         checkpoint_store: str | None = None) -> PreflightReport:
     """Every check on every node, or on the nodes in ``only`` (a job that holds a subset of the cluster).
 
-    ``launcher`` (the default one where none is named): its framework checks are the family it declares
-    (``Capabilities.preflight``, coordinator/launch/registry.py). ``"mlx"``: mlx.launch on the head, the
-    mlx and mlx-lm versions, MLX's memory and calibration, the MLX backend and its hostfile. ``"torch"``
-    (torchrun, Accelerate, DeepSpeed): the PyTorch checks instead (coordinator/readiness/torch_checks.py,
-    with the rendezvous probe on ``master_port``). None (a program of one's own, ``--launcher command``):
-    neither; every other check runs for every job.
+    ``launcher`` (the default one where none is named): its framework checks are the check sets it lists
+    (``Capabilities.preflight``, coordinator/launch/registry.py; CHECK_SETS above).
+    The MLX launcher's: mlx.launch on the head, the mlx and mlx-lm versions, MLX's memory and calibration,
+    the MLX backend and its hostfile. The PyTorch launchers' (torchrun, Accelerate, DeepSpeed): the
+    PyTorch checks (coordinator/readiness/torch_checks.py, with the rendezvous probe on ``master_port``).
+    A program of one's own (``--launcher command``): none; every other check runs for every job.
 
     ``checkpoint_store`` (else the cluster file's): the store is written, listed, read and cleared."""
     launcher = chosen(launcher)
     if launcher not in LAUNCHERS:
         raise RemoteError(p.BAD_ARGS, f"launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
-    family = capabilities(launcher).preflight
+    check_sets = capabilities(launcher).preflight
     started = time.monotonic()
     config = cluster.config
     found = await gather(cluster, emit, Path(source) if source else None, only)
@@ -260,10 +279,13 @@ async def run_preflight(cluster: Cluster, emit: Emit, backend: str | None = None
     last_hook = next((e for e in reversed(cluster.state.recent_events(200)) if e["kind"] == "sync.hook"), None)
     report.append(checks.sync_hook(config.sync.hook, last_hook))
     choice, document, error = plan_backend(cluster, found["topologies"], forced=backend, nodes=only)
-    framework, found_torch = await FAMILIES[family](Found(
-        cluster, emit, up, facts, version_checks, found["topologies"], model_bytes, (choice, document, error),
-        launcher, master_port))
-    report += framework
+    framework = Found(cluster, emit, up, facts, version_checks, found["topologies"], model_bytes,
+                      (choice, document, error), launcher, master_port)
+    found_torch: TorchPreflight | None = None
+    for name in check_sets:
+        found_checks, found_torch_now = await CHECK_SETS[name](framework)
+        report += found_checks
+        found_torch = found_torch_now or found_torch
     if len(up) > 1:
         await emit({"node": "head", "progress": "a quick look at each link", "fraction": 0.95})
         quick = await measure_fabric(cluster, quick=True, size=QUICK_BYTES, seconds=QUICK_SECONDS,

@@ -1,7 +1,7 @@
 """Pre-flight checks of a PyTorch job (torchrun, Accelerate, DeepSpeed), as pure functions of what
 the nodes' agents reported (``torch_facts``, the rendezvous probe).
 
-They run only for a job whose launcher declares them (their family in ``Capabilities.preflight``, in
+They run only for a job whose launcher declares them (``"pytorch"`` in ``Capabilities.preflight``, in
 coordinator/launch/registry.py; ``coord preflight --torch``): an MLX job never asks for them. Each check is a
 ``CheckResult`` like the others (``coordinator/readiness/checks.py``), with the command or the step
 that fixes it. Their rules:

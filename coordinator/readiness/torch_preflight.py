@@ -1,6 +1,6 @@
 """A PyTorch job's pre-flight: its facts from every node at once, and the rendezvous probe.
 
-Asked only for launchers that declare the PyTorch checks (``Capabilities.preflight == "torch"``:
+Asked only for launchers that declare the PyTorch checks (``"pytorch"`` in ``Capabilities.preflight``:
 torchrun, Accelerate, DeepSpeed; ``coord preflight --launcher torchrun``). What the answers mean
 is decided by the pure checks in :mod:`coordinator.readiness.torch_checks`; the environment each
 node's ranks get by :mod:`coordinator.launch.torch_env`.

@@ -53,8 +53,8 @@ def by_name(checks: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def test_only_the_torch_launchers_get_these_checks():
-    assert all(capabilities(name).preflight == "torch" for name in ("torchrun", "accelerate", "deepspeed"))
-    assert capabilities("mlx").preflight == "mlx" and capabilities("command").preflight is None
+    assert all(capabilities(name).preflight == ("pytorch",) for name in ("torchrun", "accelerate", "deepspeed"))
+    assert "pytorch" not in capabilities("mlx").preflight and capabilities("command").preflight == ()
 
 
 def test_the_same_builds_everywhere_pass():
