@@ -150,10 +150,14 @@ def rank_pid(netns_cluster, job: dict, rank: int) -> int:
 
 
 def ranks_left(netns_cluster, pattern: str = "agent.mlx_lm_train|agent.train") -> dict[str, str]:
-    """Training processes still running, per node (empty when none is left anywhere)."""
+    """Training processes still running, per node (empty when none is left anywhere): each one's pid,
+    state, kernel wait channel, seconds alive and command line, so that a failure says what they were
+    doing (a process that outlived SIGKILL is in state D)."""
     left = {}
     for spec in netns_cluster.nodes:
-        found = netns_cluster.exec_in(spec.name, ["pgrep", "-u", spec.user, "-f", pattern]).stdout.strip()
+        found = netns_cluster.exec_in(spec.name, ["pgrep", "-u", spec.user, "-f", pattern]).stdout.split()
         if found:
-            left[spec.name] = found
+            described = netns_cluster.exec_in(spec.name, ["ps", "-o", "pid=,stat=,wchan:24=,etimes=,args=",
+                                                          "-p", ",".join(found)]).stdout.strip()
+            left[spec.name] = described or " ".join(found)
     return left

@@ -37,7 +37,8 @@ def test_a_killed_rank_resumes_from_the_newest_checkpoint_on_three_nodes(netns_c
     assert ended, found
     # the exit was seen by a poll (every 0.5 s) soon after it happened; a generous bound, against hangs
     assert ended[0]["data"]["seconds"] < 3, ended
-    assert ranks_left(netns_cluster) == {}  # no rank is left running anywhere
+    left = ranks_left(netns_cluster)  # no rank is left running anywhere
+    assert left == {}, (left, [f"{e['kind']}: {e['message']}" for e in events(daemon, "tiny3")][-30:])
     # each rank's output is kept on the head, per attempt and per rank
     logs = coord("logs", "--config", str(daemon.config), "--rank", "0", "--attempt", "1", "tiny3", env=daemon.env)
     assert logs.returncode == 0 and logs.stdout
