@@ -40,7 +40,8 @@ CATEGORIES: list[tuple[str, str]] = [
     ("fault-schedule batch (lowest priority, idle cycles)", r"tests\.simulation\.batch"),
     ("MLX ranks, mlx.launch and calibration",
      r"agent\.train\b|agent\.mlx_lm_train|mlx\.launch|mlx_launch|agent\.calibrate|busy_first_step"),
-    ("MLX's CPU kernels compiled by ranks (c++)", r"/\.coord/tmp/mlx/|cc1plus.*mlx/include"),
+    ("C++ compiles of MLX's CPU kernels, in each fresh node's .coord/tmp",
+     r"/\.coord/tmp/mlx/|cc1plus.*mlx/include|^\[(cc1plus|as|ld|collect2|g\+\+|c\+\+)\]"),
     ("PyTorch: workers, torchrun/Accelerate/DeepSpeed, standbys, facts",
      r"torch|ddp\.py|acc\.py|ds_train|hf\.py|accelerate|deepspeed|agent\.preload|straggler_hog"
      r"|^\S+ -c import json, sys"),
@@ -48,7 +49,8 @@ CATEGORIES: list[tuple[str, str]] = [
     ("coordd", r"cli\.main daemon|coordd"),
     ("agents", r"-m agent\s*$"),
     ("coord commands", r"cli\.main|/coord "),
-    ("rank wrappers, standbys, ssh, sshd", r"agent\.rank_runner|agent\.standby_runner|^ssh |^sshd"),
+    ("rank wrappers, standbys, ssh, sshd", r"agent\.rank_runner|agent\.standby_runner|(^|/)ssh |(^|/)sshd|^\[sshd?\]"),
+    ("the test clusters' set-up (venvs, users, keys)", r"pip_compileall|uv pip |uv venv|useradd|ssh-keygen"),
     ("programs of the command launcher's tests", r"plain\.py|sockets\.py|slow\.py|jaxprog\.py|tfprog\.py"),
 ]
 
@@ -66,53 +68,84 @@ def read_acct(path: Path) -> list[dict]:
     data = path.read_bytes()
     records = []
     for offset in range(0, len(data) - _ACCT_V3.size + 1, _ACCT_V3.size):
-        (_flag, version, _tty, _exit, _uid, _gid, pid, _ppid, btime, _etime, utime, stime,
+        (_flag, version, _tty, _exit, _uid, _gid, pid, _ppid, btime, etime, utime, stime,
          *_rest, comm) = _ACCT_V3.unpack_from(data, offset)
         if version & 0x0F != 3:
             raise SystemExit(f"{path}: not an acct_v3 record at byte {offset} (version {version})")
-        records.append({"pid": pid, "start": btime, "cpu_s": (_comp_t(utime) + _comp_t(stime)) / _AHZ,
+        records.append({"pid": pid, "start": btime, "elapsed_s": etime / _AHZ,
+                        "cpu_s": (_comp_t(utime) + _comp_t(stime)) / _AHZ,
                         "comm": comm.split(b"\0", 1)[0].decode(errors="replace")})
     return records
 
 
 class Sampler(threading.Thread):
-    """Each new process's command line, by (pid, start second since the epoch)."""
+    """Each new process's command line, by (pid, start second since the epoch), written to ``names``
+    as it is seen (a line each: pid, start, the command line as a JSON string)."""
 
-    def __init__(self) -> None:
+    def __init__(self, names: Path) -> None:
         super().__init__(daemon=True)
-        self.seen: dict[tuple[int, int], str] = {}
+        self.names = names
         self.stopping = threading.Event()
         boot = next(line for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime"))
         self.boot = int(boot.split()[1])
         self.hz = os.sysconf("SC_CLK_TCK")
 
     def run(self) -> None:
-        while not self.stopping.wait(0.3):
-            for entry in os.scandir("/proc"):
-                if not entry.name.isdigit():
-                    continue
-                try:
-                    cmdline = Path(entry.path, "cmdline").read_bytes()
-                    stat = Path(entry.path, "stat").read_text()
-                except OSError:
-                    continue  # gone already, or a kernel thread
-                if not cmdline:
-                    continue
-                start = self.boot + int(stat.rsplit(")", 1)[1].split()[19]) // self.hz
-                key = (int(entry.name), start)
-                if key not in self.seen:
-                    self.seen[key] = cmdline.replace(b"\0", b" ").decode(errors="replace").strip()[:300]
+        seen: set[tuple[int, int]] = set()
+        with self.names.open("a", encoding="utf-8") as out:
+            while not self.stopping.wait(0.3):
+                for pid, start, command in self._new(seen):
+                    out.write(f"{pid}\t{start}\t{json.dumps(command)}\n")
+
+    def _new(self, seen: set[tuple[int, int]]) -> list[tuple[int, int, str]]:
+        found = []
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                cmdline = Path(entry.path, "cmdline").read_bytes()
+                stat = Path(entry.path, "stat").read_text()
+            except OSError:
+                continue  # gone already
+            if not cmdline:
+                continue  # a kernel thread
+            key = (int(entry.name), self.boot + int(stat.rsplit(")", 1)[1].split()[19]) // self.hz)
+            if key not in seen:
+                seen.add(key)
+                found.append((*key, cmdline.replace(b"\0", b" ").decode(errors="replace").strip()[:300]))
+        return found
 
 
-def _named(record: dict, seen: dict[tuple[int, int], str]) -> str:
-    for skew in (0, -1, 1, -2, 2):  # the two clocks round a start to the second apart
-        command = seen.get((record["pid"], record["start"] + skew))
-        if command is not None:
-            return command
-    return f"[{record['comm']}]"  # lived less than a sample: its name in the kernel's record
+def read_names(path: Path) -> dict[int, list[tuple[int, str]]]:
+    names: dict[int, list[tuple[int, str]]] = collections.defaultdict(list)
+    for line in path.read_text(encoding="utf-8").splitlines():
+        pid, start, command = line.split("\t", 2)
+        names[int(pid)].append((int(start), json.loads(command)))
+    return names
+
+
+def clock_offset(records: list[dict], names: dict[int, list[tuple[int, str]]]) -> int:
+    """Seconds to add to a record's start to get the sampler's. The kernel dates a record by the
+    wall clock less the process's monotonic age, the sampler by the boot time plus its boot-clock
+    start, and the two clocks part by however long the machine was paused since boot (31 s on this
+    VM): the median difference of the pids seen once by both."""
+    diffs = sorted(entries[0][0] - record["start"] for record in records
+                   if len(entries := names.get(record["pid"], [])) == 1 and abs(entries[0][0] - record["start"]) < 3600)
+    return diffs[len(diffs) // 2] if diffs else 0
+
+
+def _named(record: dict, names: dict[int, list[tuple[int, str]]], offset: int) -> str:
+    """The command line sampled for the record's pid that started within 2 s of it."""
+    start = record["start"] + offset
+    near = [(abs(sampled - start), command) for sampled, command in names.get(record["pid"], [])]
+    best = min(near, default=None)
+    if best is not None and best[0] <= 2:
+        return best[1]
+    return f"[{record['comm']}]"  # lived less than a sample: its name in the kernel's record (or a thread's)
 
 
 def _short(command: str) -> str:
+    command = re.sub(r"\s+", " ", command)
     command = re.sub(r"\S*/(?=[^/\s]+)", "", command)  # paths to their last part
     return re.sub(r"\d+", "N", command)[:80]
 
@@ -122,51 +155,60 @@ def _machine_cpu_s() -> float:
     return sum(int(fields[i]) for i in (0, 1, 2, 5, 6)) / os.sysconf("SC_CLK_TCK")  # user nice system irq softirq
 
 
-def measure(pytest_args: list[str]) -> dict:
+def measure(pytest_args: list[str], workdir: Path) -> None:
+    """Run pytest with accounting on; ``workdir`` gets ``pacct``, ``names.tsv`` and ``run.json``."""
     libc = ctypes.CDLL(None, use_errno=True)
-    workdir = Path(tempfile.mkdtemp(prefix="coord-suite-cost-"))
     accounting = workdir / "pacct"
     accounting.touch()
     if libc.acct(str(accounting).encode()) != 0:
         errno = ctypes.get_errno()
         raise SystemExit(f"acct({accounting}) failed: {os.strerror(errno)} (run as root, on Linux)")
-    sampler = Sampler()
+    sampler = Sampler(workdir / "names.tsv")
     sampler.start()
     started, cpu_before = time.monotonic(), _machine_cpu_s()
+    exit_code = -1
     try:
         env = {**os.environ, "CI": os.environ.get("CI", "true")}
-        done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *pytest_args],
-                              cwd=ROOT, env=env)
+        exit_code = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *pytest_args],
+                                   cwd=ROOT, env=env).returncode
     finally:
         wall, cpu = time.monotonic() - started, _machine_cpu_s() - cpu_before
-        libc.acct(None)
+        libc.acct(None)  # never left on: the kernel would go on writing a record per process
         sampler.stopping.set()
         sampler.join()
+        (workdir / "run.json").write_text(json.dumps({"pytest_exit": exit_code, "wall_s": round(wall),
+                                                      "machine_cpu_s": round(cpu), "cores": os.cpu_count() or 1}))
+
+
+def group(workdir: Path) -> dict:
+    """The processes of a measured run, grouped (``CATEGORIES``), with what the figures bound."""
+    names = read_names(workdir / "names.tsv")
     totals: collections.Counter[str] = collections.Counter()
     counts: collections.Counter[str] = collections.Counter()
     others: collections.Counter[str] = collections.Counter()
-    for record in read_acct(accounting):
-        command = _named(record, sampler.seen)
+    records = read_acct(workdir / "pacct")
+    offset = clock_offset(records, names)
+    for record in records:
+        command = _named(record, names, offset)
         category = next((name for name, pattern in CATEGORIES if re.search(pattern, command)), "other")
         totals[category] += record["cpu_s"]
         counts[category] += 1
         if category == "other":
             others[_short(command)] += record["cpu_s"]
+    run = json.loads((workdir / "run.json").read_text())
     batch = CATEGORIES[0][0]
     tests_cpu = sum(v for k, v in totals.items() if k != batch)
-    cores = os.cpu_count() or 1
-    return {"pytest_exit": done.returncode, "wall_s": round(wall), "machine_cpu_s": round(cpu), "cores": cores,
-            "accounted_cpu_s": round(sum(totals.values())), "tests_cpu_s": round(tests_cpu),
-            "least_wall_s": round(tests_cpu / cores),
-            "categories": [{"category": k, "cpu_s": round(v), "processes": counts[k]}
+    return {**run, "directory": str(workdir), "accounted_cpu_s": round(sum(totals.values())),
+            "tests_cpu_s": round(tests_cpu), "least_wall_s": round(tests_cpu / run["cores"]),
+            "categories": [{"category": k, "cpu_s": round(v, 1), "processes": counts[k]}
                            for k, v in sorted(totals.items(), key=lambda kv: -kv[1])],
             "other_largest": [{"command": k, "cpu_s": round(v, 1)} for k, v in others.most_common(8)]}
 
 
 def render(result: dict) -> str:
     total = result["accounted_cpu_s"] or 1
-    lines = [f"pytest exit {result['pytest_exit']}; wall {result['wall_s']} s; the machine's CPU "
-             f"{result['machine_cpu_s']} s on {result['cores']} cores; every exited process "
+    lines = [f"{result['directory']}: pytest exit {result['pytest_exit']}; wall {result['wall_s']} s; "
+             f"the machine's CPU {result['machine_cpu_s']} s on {result['cores']} cores; every exited process "
              f"{result['accounted_cpu_s']} s", "",
              "| processes | CPU-s | share | count |", "|---|---:|---:|---:|"]
     lines += [f"| {c['category']} | {c['cpu_s']} | {100 * c['cpu_s'] / total:.0f}% | {c['processes']} |"
@@ -183,11 +225,18 @@ def render(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--again", metavar="DIR", type=Path,
+                        help="group an earlier run's processes again (the directory it printed) instead of running")
     parser.add_argument("pytest_args", nargs="*", help="after --: pytest's arguments (default: the whole suite)")
     args = parser.parse_args(argv)
-    if sys.platform != "linux":
-        parser.error("process accounting is read from Linux's acct(2)")
-    result = measure(args.pytest_args or ["-q"])
+    if args.again is None:
+        if sys.platform != "linux":
+            parser.error("process accounting is read from Linux's acct(2)")
+        workdir = Path(tempfile.mkdtemp(prefix="coord-suite-cost-"))
+        measure(args.pytest_args or ["-q"], workdir)
+    elif not (args.again / "pacct").is_file() or not (args.again / "names.tsv").is_file():
+        parser.error(f"{args.again}: no pacct and names.tsv there (a directory this script printed)")
+    result = group(args.again or workdir)
     print(json.dumps(result, indent=2) if args.json else render(result))
     return 0 if result["pytest_exit"] == 0 else 1
 
