@@ -40,8 +40,7 @@ from coordinator.config.option_values import (
     Wholes,
 )
 from coordinator.jobs.limits import MAX_SECONDS, NODE_WAIT_S, WHOLE
-from coordinator.launch.registry import LAUNCHERS
-from coordinator.launch.torch_plan_kinds import PLAN_KINDS
+from coordinator.launch.registry import GPU_PLANNERS, LAUNCHERS
 from coordinator.launch.trainers import TRAINERS
 
 # The values options take (coordinator/config/option_values.py): each refused at once, naming the option.
@@ -279,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replica", type=REPLICA, metavar="head|none|NODE")
     p.add_argument("--min-nodes", type=job_whole("min_nodes"))
     p.add_argument("--name", type=JOB, default="job", help="the job name the launch command and hostfile path use")
-    p.add_argument("--launcher", choices=list(PLAN_KINDS), help="a PyTorch plan for this launcher: "
+    p.add_argument("--launcher", choices=list(GPU_PLANNERS), help="a PyTorch plan for this launcher: "
                    "bytes per GPU under DDP, FSDP and ZeRO, the strategy, precision, batch and learning rate chosen "
                    "from the nodes' GPUs, and the launcher's config files (with --model)")
     p.add_argument("--global-batch-size", type=Whole(1, 1 << 30), help="the target global batch (PyTorch plan: "

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.cli.client import EXIT_USAGE, CliError
-from coordinator.launch.torch_plan_kinds import PLAN_KINDS
+from coordinator.launch.registry import gpu_plan_of
 
 #: What `coord plan --launcher L` writes beside the launcher's files: the plan's pytorch section.
 PLAN_FILE = "plan.json"
@@ -37,8 +37,7 @@ def plan_fields(given: str) -> dict[str, Any]:
 
 def _fields(section: Any, directory: Path, given: str) -> dict[str, Any]:
     launcher = section["launcher"]
-    if launcher not in PLAN_KINDS:
-        raise ValueError(f"launcher {launcher!r}")
+    gpu_plan_of(launcher)  # KeyError: not a launcher coord plan plans per GPU for
     if not section.get("strategy"):
         raise CliError(f"--plan {given}: the plan found no strategy that fits, so there is nothing to run: "
                        f"{section.get('reason', 'see coord plan')}", EXIT_USAGE)
@@ -57,7 +56,7 @@ def _fields(section: Any, directory: Path, given: str) -> dict[str, Any]:
 def _launcher_config(launcher: str, section: dict[str, Any], directory: Path, given: str) -> dict[str, Any]:
     """The launcher's file as the plan wrote it (or as the user edited it since), read back."""
     first = str(section["nodes"][0]["node"])
-    kind = PLAN_KINDS[launcher]
+    kind = gpu_plan_of(launcher)
     name = kind.config_file(first)
     try:
         text = (directory / name).read_text(encoding="utf-8")

@@ -44,6 +44,20 @@ class JobCommand(Protocol):
 OPTIONS = ("procs_per_node", "global_batch", "micro_batch", "launcher_config", "env_style", "backend")
 
 
+class PlanKind(NamedTuple):
+    """What ``coord plan --launcher NAME`` plans for a launcher that sizes its jobs per GPU and takes a
+    plan's settings (coordinator/plan/torch_plan.py reads it, never the launcher's name)."""
+
+    ladder: tuple[str, ...]  # the strategies tried, the least sharded first
+    offload: str  # the strategy that offloads parameters and optimizer state to the host
+    nvme_offload: bool  # it can offload to NVMe when the host's memory is short too
+    config: Literal["json", "yaml"]  # the format of its settings file
+    config_name: str  # the file's name; {node} is the first node's name (a file per node)
+
+    def config_file(self, first_node: str) -> str:
+        return self.config_name.format(node=first_node)
+
+
 class Capabilities(NamedTuple):
     """What a launcher declares about itself, so that nothing outside the seam asks which one a job has."""
 
@@ -75,9 +89,11 @@ class Capabilities(NamedTuple):
     # names this launcher): called with the job; raises CommandError when it cannot be run as given.
     command_check: str | None = None
     # How ``coord plan`` sizes its jobs: "per_node" (one rank per node holding the whole model: the plan's
-    # memory_sizing and batch), "per_gpu" (the plan's pytorch section, from its PLAN_KINDS entry in
-    # coordinator/launch/torch_plan_kinds.py); None: coord plan does not plan for it.
+    # memory_sizing and batch), "per_gpu" (the plan's pytorch section, by ``gpu_plan``); None: coord plan
+    # does not plan for it.
     plan: Literal["per_node", "per_gpu"] | None = None
+    # A "per_gpu" plan's strategies and settings file (coordinator/launch/torch_plan_kinds.py).
+    gpu_plan: PlanKind | None = None
     # The model frameworks its jobs run, as an orchestration input names them (modelConfig.framework,
     # any case), so that a plan can say which launcher plans one it does not.
     frameworks: frozenset[str] = frozenset()

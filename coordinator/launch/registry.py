@@ -12,7 +12,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, NamedTuple
 
-from coordinator.launch.kinds import Capabilities
+from coordinator.launch.kinds import Capabilities, PlanKind
+from coordinator.launch.torch_plan_kinds import ACCELERATE_PLAN, DEEPSPEED_PLAN
 
 if TYPE_CHECKING:
     from coordinator.launch.kinds import JobCommand
@@ -43,16 +44,19 @@ REGISTERED: dict[str, Registered] = {
                                    frameworks=frozenset({"mlx", "mlx-lm", "mlx_lm"}))),
     "torchrun": Registered("coordinator.launch.torch_launchers", "TorchrunLauncher", _TORCH),
     "accelerate": Registered("coordinator.launch.torch_launchers", "AccelerateLauncher",
-                             _TORCH._replace(options=_CONFIGURED, needs=frozenset({"accelerate"}), plan="per_gpu")),
+                             _TORCH._replace(options=_CONFIGURED, needs=frozenset({"accelerate"}), plan="per_gpu",
+                                           gpu_plan=ACCELERATE_PLAN)),
     "deepspeed": Registered("coordinator.launch.torch_launchers", "DeepSpeedLauncher",
                             _TORCH._replace(options=_CONFIGURED, needs=frozenset({"deepspeed", "c++"}),
-                                            plan="per_gpu")),
+                                            plan="per_gpu", gpu_plan=DEEPSPEED_PLAN)),
     "command": Registered("coordinator.launch.command", "CommandLauncher",
                           Capabilities(runs_on="nodes", checkpoint_parts=True, own_program=True,
                                        options=frozenset({"procs_per_node", "env_style"}),
                                        frameworks=frozenset({"jax", "tensorflow", "horovod"}))),
 }
 LAUNCHERS = tuple(REGISTERED)
+#: The launchers ``coord plan --launcher`` plans per GPU for.
+GPU_PLANNERS = tuple(name for name, entry in REGISTERED.items() if entry.capabilities.gpu_plan is not None)
 _made: dict[str, Launcher] = {}
 
 
@@ -108,6 +112,15 @@ def planned(launcher: str | None) -> str:
     return found
 
 
+def gpu_plan_of(launcher: str) -> PlanKind:
+    """What ``coord plan --launcher`` plans for this launcher per GPU (``Capabilities.gpu_plan``); KeyError
+    names the launchers it plans that way for."""
+    found = capabilities(launcher).gpu_plan if launcher in REGISTERED else None
+    if found is None:
+        raise KeyError(f"launcher must be one of {', '.join(GPU_PLANNERS)} for a PyTorch plan, got {launcher!r}")
+    return found
+
+
 def planners_of(framework: str) -> list[str]:
     """The launchers whose jobs run this model framework (``Capabilities.frameworks``, any case) and
     that coord plan plans for, the default first."""
@@ -123,5 +136,5 @@ def named_in(command: list[str]) -> str | None:
     return launcher_in(command)
 
 
-__all__ = ["DEFAULT_LAUNCHER", "LAUNCHERS", "REGISTERED", "capabilities", "check_command", "chosen", "launcher_for",
-           "launcher_named", "named_in", "planned", "planners_of"]
+__all__ = ["DEFAULT_LAUNCHER", "GPU_PLANNERS", "LAUNCHERS", "REGISTERED", "capabilities", "check_command", "chosen",
+           "gpu_plan_of", "launcher_for", "launcher_named", "named_in", "planned", "planners_of"]

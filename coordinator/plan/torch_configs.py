@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from coordinator.launch.torch_plan_kinds import PLAN_KINDS
+from coordinator.launch.registry import gpu_plan_of
 from coordinator.plan.torch_plan import TorchPlan
 
 #: Where DeepSpeed swaps to under NVMe offload: relative to the node's workdir, where ranks start.
@@ -94,7 +94,7 @@ def launcher_files(plan: TorchPlan, master_address: str, master_port: int) -> di
     """{file name: its text} for the plan's launcher; nothing when no strategy fits."""
     if not plan.get("strategy"):
         return {}
-    kind = PLAN_KINDS[plan["launcher"]]
+    kind = gpu_plan_of(plan["launcher"])
     if kind.config == "json":
         return {kind.config_file(""): json.dumps(deepspeed_config(plan), indent=2) + "\n"}
     return {kind.config_file(node): to_yaml(config)

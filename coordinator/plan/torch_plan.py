@@ -30,8 +30,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypedDict
 
+from coordinator.launch.registry import gpu_plan_of
 from coordinator.launch.torch_env import bf16_capable
-from coordinator.launch.torch_plan_kinds import PLAN_KINDS
 from coordinator.plan.model_shape import ModelShape, ModelShapeDict
 from coordinator.plan.torch_memory import STRATEGIES, Precision, StrategyMemory, TorchSetup, strategy_memory
 from shared.agent_api.torch import TorchFactsReply
@@ -147,9 +147,10 @@ def build_torch_plan(shape: ModelShape, facts: Mapping[str, TorchFactsReply], or
 
 
 def _validate(request: TorchRequest) -> None:
-    if request.launcher not in PLAN_KINDS:
-        raise TorchPlanError(f"launcher must be one of {', '.join(PLAN_KINDS)} for a PyTorch plan, got "
-                             f"{request.launcher!r}")
+    try:
+        gpu_plan_of(request.launcher)
+    except KeyError as exc:
+        raise TorchPlanError(exc.args[0]) from None
     for name in ("seq_len", "micro_batch", "global_batch", "gradient_accumulation_steps", "base_batch"):
         value = getattr(request, name)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
@@ -217,16 +218,17 @@ def choose_strategy(shape: ModelShape, nodes: Sequence[NodeDevices], request: To
     """(strategy, activation checkpointing, offload device, why): with a strategy, why the ones before
     it were passed over (``" (DDP needs 110.5 GiB)"``, or ""); without, why nothing fits, with the numbers."""
     usable = min(n["usable_bytes"] for n in nodes)
+    kind = gpu_plan_of(request.launcher)
     tried: list[str] = []
     for checkpointing in (False, True):
         setup = TorchSetup(world, micro, request.seq_len, precision, checkpointing)
-        for name in PLAN_KINDS[request.launcher].ladder:
+        for name in kind.ladder:
             need = strategy_memory(shape, setup, name)["total"]
             if need <= usable:
                 return name, checkpointing, None, f" ({'; '.join(tried)})" if tried else ""
             tried.append(f"{name}{' + checkpointing' if checkpointing else ''} needs {need / GIB:.1f} GiB")
     setup = TorchSetup(world, micro, request.seq_len, precision, True)
-    offloaded = strategy_memory(shape, setup, PLAN_KINDS[request.launcher].offload)
+    offloaded = strategy_memory(shape, setup, kind.offload)
     summary = "; ".join(tried)
     if offloaded["total"] > usable:
         return None, True, None, (f"nothing fits {usable / GIB:.1f} GiB per GPU, not even {offloaded['strategy']} "
@@ -234,7 +236,7 @@ def choose_strategy(shape: ModelShape, nodes: Sequence[NodeDevices], request: To
     short = _host_short(offloaded, nodes)
     if not short:
         return offloaded["strategy"], True, "cpu", f", as nothing fits on the GPUs alone ({summary})"
-    if PLAN_KINDS[request.launcher].nvme_offload:
+    if kind.nvme_offload:
         return offloaded["strategy"], True, "nvme", (
             f", as host memory cannot hold {offloaded['host_bytes_per_rank'] / GIB:.1f} GiB per rank ({short}) and "
             f"nothing fits on the GPUs alone ({summary})")

@@ -16,9 +16,16 @@ from coordinator.jobs.spec import JobSpec, JobSpecError, validate
 from coordinator.launch.batch import BatchSplit
 from coordinator.launch.mlx import MlxPlan
 from coordinator.launch.mlx_backend import launch_links
-from coordinator.launch.torch_plan_kinds import PLAN_KINDS
+from coordinator.launch.registry import (
+    GPU_PLANNERS,
+    LAUNCHERS,
+    capabilities,
+    gpu_plan_of,
+    launcher_named,
+    planned,
+    planners_of,
+)
 from coordinator.launch.seam import LaunchPlan, RankSlot, no_links
-from coordinator.launch.registry import LAUNCHERS, capabilities, launcher_named, planned, planners_of
 from coordinator.launch.trainers import TRAINERS
 
 MLX_LM = ["python", "-m", "mlx_lm", "lora", "--model", "m", "--train", "--data", "d", "--iters", "40"]
@@ -139,7 +146,11 @@ def test_a_launcher_in_a_session_of_its_own_is_kept(tmp_path, monkeypatch):
 
 def test_what_coord_plan_plans_is_declared_by_each_launcher():
     # The PyTorch plan's strategies exist for exactly the launchers that declare a per-GPU plan.
-    assert {name for name in LAUNCHERS if capabilities(name).plan == "per_gpu"} == set(PLAN_KINDS)
+    assert {name for name in LAUNCHERS if capabilities(name).plan == "per_gpu"} == set(GPU_PLANNERS) \
+        == {name for name in LAUNCHERS if capabilities(name).gpu_plan is not None}
+    assert gpu_plan_of("deepspeed").config_file("n1") == "ds_config.json"
+    with pytest.raises(KeyError, match="one of accelerate, deepspeed for a PyTorch plan, got 'torchrun'"):
+        gpu_plan_of("torchrun")
     assert planned(None) == "per_node" and planned("mlx") == "per_node" and planned("deepspeed") == "per_gpu"
     with pytest.raises(KeyError, match="coord plan plans for --launcher mlx, accelerate, deepspeed, not command"):
         planned("command")
