@@ -15,7 +15,9 @@ It prints the wall time, the machine's CPU (``/proc/stat``) and the table, and w
 the tests' own CPU (all of it but the fault-schedule batch, which runs at the lowest priority on idle
 cycles) over the machine's cores is the least wall time any split of the work could reach.
 
-Needs root (``acct(2)`` takes CAP_SYS_PACCT) and Linux."""
+Needs root (``acct(2)`` takes CAP_SYS_PACCT) and Linux. Accounting goes to a file of its own and is
+switched off at the end: on a machine whose own accounting was on (``accton``, psacct), switch that
+back on afterwards."""
 
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TextIO
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -155,8 +158,9 @@ def _machine_cpu_s() -> float:
     return sum(int(fields[i]) for i in (0, 1, 2, 5, 6)) / os.sysconf("SC_CLK_TCK")  # user nice system irq softirq
 
 
-def measure(pytest_args: list[str], workdir: Path) -> None:
-    """Run pytest with accounting on; ``workdir`` gets ``pacct``, ``names.tsv`` and ``run.json``."""
+def measure(pytest_args: list[str], workdir: Path, output: TextIO) -> None:
+    """Run pytest with accounting on, its output to ``output``; ``workdir`` gets ``pacct``, ``names.tsv``
+    and ``run.json`` (written even when the run is interrupted, so that ``--again`` can group it)."""
     libc = ctypes.CDLL(None, use_errno=True)
     accounting = workdir / "pacct"
     accounting.touch()
@@ -170,7 +174,7 @@ def measure(pytest_args: list[str], workdir: Path) -> None:
     try:
         env = {**os.environ, "CI": os.environ.get("CI", "true")}
         exit_code = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *pytest_args],
-                                   cwd=ROOT, env=env).returncode
+                                   cwd=ROOT, env=env, stdout=output).returncode
     finally:
         wall, cpu = time.monotonic() - started, _machine_cpu_s() - cpu_before
         libc.acct(None)  # never left on: the kernel would go on writing a record per process
@@ -233,7 +237,9 @@ def main(argv: list[str] | None = None) -> int:
         if sys.platform != "linux":
             parser.error("process accounting is read from Linux's acct(2)")
         workdir = Path(tempfile.mkdtemp(prefix="coord-suite-cost-"))
-        measure(args.pytest_args or ["-q"], workdir)
+        print(f"recording every process's CPU in {workdir} (--again {workdir} groups it again)", file=sys.stderr)
+        # with --json, stdout is the JSON alone: pytest's own lines go to stderr
+        measure(args.pytest_args or ["-q"], workdir, sys.stderr if args.json else sys.stdout)
     elif not (args.again / "pacct").is_file() or not (args.again / "names.tsv").is_file():
         parser.error(f"{args.again}: no pacct and names.tsv there (a directory this script printed)")
     result = group(args.again or workdir)
